@@ -1,0 +1,194 @@
+"""The fleet.yaml model: what a run, its fleet, its AWS resources and its sites are.
+
+Validated once at load by pydantic (unknown keys are errors, units are in the
+names), then frozen. Nothing here reads the environment; callers pass values in.
+Loading from a file, with line numbers in errors, is in `fleet.config_load`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fleet.crawlers import BUILTIN_CRAWLERS, crawler_problem
+
+#: Replaced by the demo site server's base URL on the embedded default.
+DEMO_PLACEHOLDER = "{demo}"
+
+SITE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunConfig(_Model):
+    max_attempts: int = Field(3, ge=1, le=100, description="attempts (claims) per site before FAILED")
+    hang_after_s: float = Field(120, gt=0, description="URL_CALL unchanged this long = hung")
+    heartbeat_timeout_s: float = Field(90, gt=0, description="no heartbeat this long = lost")
+    watch_interval_s: float = Field(30, gt=0, description="longest sleep of the hub between ticks")
+    deadline_s: float = Field(21600, gt=0, description="the run ends, unfinished sites FAILED/deadline")
+    spot_requeue_cap: int = Field(3, ge=0, description="spot interruptions requeued without spending an attempt")
+    enqueue_grace_s: float = Field(
+        15, gt=0, description="a QUEUED site without its message for this long gets one (crash repair)"
+    )
+    browser_start_timeout_s: float = Field(
+        120, gt=0, description="a crawl whose browser session has not started by then fails"
+    )
+    lock_timeout_s: float = Field(60, ge=0, description="longest wait for a site's profile lock")
+
+
+class FleetConfig(_Model):
+    max_nodes: int = Field(20, ge=1, le=10000)
+    sites_per_node: int = Field(0, ge=0, description="0 = until the queue is empty; 1 = one site then exit")
+    instance_types: tuple[str, ...] = Field(("t3.medium", "t3a.medium"), min_length=1)
+    spot: bool = True
+    boot_timeout_s: float = Field(600, gt=0, description="a node that never heartbeats by then is replaced")
+    idle_exit_s: float = Field(20, gt=0, description="a node with no message for this long exits")
+    node_watchdog: bool = Field(True, description="nodes kill their own hung crawls (fastest kill path)")
+    max_launches: int | None = Field(
+        None, ge=1, description="launches allowed per run; default 3 x max_nodes + sites"
+    )
+
+
+class AwsConfig(_Model):
+    region: str = "ap-northeast-2"
+    endpoint_url: str | None = None
+    table: str = "TrendlyzeStatus"
+    queue: str = "trendlyze-sites"
+    dlq: str | None = Field(None, description="dead-letter queue name; default <queue>-dlq")
+    max_receive_count: int = Field(10, ge=2, description="receives before a message goes to the DLQ")
+    bucket: str = "trendlyze-results"
+    efs_id: str | None = None
+    subnet_ids: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    instance_profile: str | None = None
+    ami: str | None = None
+    key_name: str | None = None
+    result_ttl_days: int = Field(1, ge=1, description="expireAt = run end + this many days")
+    max_retries: int = Field(8, ge=0, description="botocore 'standard' retry attempts per call")
+
+    @property
+    def dlq_name(self) -> str:
+        return self.dlq or f"{self.queue}-dlq"
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and urlsplit(v).scheme not in ("http", "https"):
+            raise ValueError("must be an http(s) URL")
+        return v
+
+
+class BrowserConfig(_Model):
+    chromium: str = "/usr/bin/chromium"
+    chromedriver: str = "/usr/bin/chromedriver"
+    extra_args: tuple[str, ...] = ()
+    page_load_timeout_s: float = Field(600, gt=0)
+
+
+class LocalConfig(_Model):
+    """The embedded default: where the local stack keeps its state."""
+
+    grid_session_request_timeout_s: float = Field(60, gt=0)
+
+
+class SiteConfig(_Model):
+    id: str
+    start_url: str
+    crawler: str = "links"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not SITE_ID_RE.match(v):
+            raise ValueError(
+                "must start with a letter or digit and hold only letters, digits, '.', '_' or '-' (max 128)"
+            )
+        return v
+
+    @field_validator("start_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        probe = v.replace(DEMO_PLACEHOLDER, "http://demo.invalid", 1) if v.startswith(DEMO_PLACEHOLDER) else v
+        parts = urlsplit(probe)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"must be an http(s) URL or start with {DEMO_PLACEHOLDER}, got {v!r}")
+        return v
+
+    @field_validator("crawler")
+    @classmethod
+    def _crawler(cls, v: str) -> str:
+        problem = crawler_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @property
+    def uses_demo(self) -> bool:
+        return self.start_url.startswith(DEMO_PLACEHOLDER)
+
+    def url_for(self, demo_base_url: str | None) -> str:
+        if not self.uses_demo:
+            return self.start_url
+        if demo_base_url is None:
+            raise ValueError(f"site {self.id}: {DEMO_PLACEHOLDER} needs the embedded default's demo server")
+        return demo_base_url.rstrip("/") + self.start_url[len(DEMO_PLACEHOLDER):]
+
+
+class Config(_Model):
+    run: RunConfig = Field(default_factory=RunConfig)
+    fleet: FleetConfig = Field(default_factory=FleetConfig)
+    aws: AwsConfig = Field(default_factory=AwsConfig)
+    browser: BrowserConfig = Field(default_factory=BrowserConfig)
+    local: LocalConfig = Field(default_factory=LocalConfig)
+    sites: tuple[SiteConfig, ...] = Field(min_length=1)
+
+    @field_validator("sites", mode="after")
+    @classmethod
+    def _unique(cls, sites: tuple[SiteConfig, ...]) -> tuple[SiteConfig, ...]:
+        seen: dict[str, int] = {}
+        for i, s in enumerate(sites):
+            if s.id in seen:
+                raise DuplicateSiteError(i, s.id, seen[s.id])
+            seen[s.id] = i
+        return sites
+
+    @property
+    def launch_budget(self) -> int:
+        return self.fleet.max_launches or 3 * self.fleet.max_nodes + len(self.sites)
+
+    def site(self, site_id: str) -> SiteConfig:
+        for s in self.sites:
+            if s.id == site_id:
+                return s
+        raise KeyError(site_id)
+
+    def with_endpoint(self, endpoint_url: str) -> Config:
+        return self.model_copy(update={"aws": self.aws.model_copy(update={"endpoint_url": endpoint_url})})
+
+
+class DuplicateSiteError(ValueError):
+    """Raised inside validation so the loader can point at the duplicate's line."""
+
+    def __init__(self, index: int, site_id: str, first: int):
+        super().__init__(f"duplicate site id {site_id!r} (first at sites[{first}])")
+        self.index = index
+        self.site_id = site_id
+
+
+__all__ = [
+    "BUILTIN_CRAWLERS",
+    "AwsConfig",
+    "BrowserConfig",
+    "Config",
+    "DEMO_PLACEHOLDER",
+    "FleetConfig",
+    "LocalConfig",
+    "RunConfig",
+    "SiteConfig",
+]
