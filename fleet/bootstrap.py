@@ -1,0 +1,79 @@
+"""Create the table, the queue with its DLQ, and the bucket where they are missing.
+
+Idempotent. Used by the embedded default on its moto server; on a real account
+the Terraform in infra/ owns these resources.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from fleet.aws import AwsClients, error_code
+from fleet.table import wait_table_active
+
+
+def ensure_resources(clients: AwsClients, visibility_timeout_s: int) -> list[str]:
+    """Create what is missing; return a line per resource created."""
+    aws = clients.aws
+    created: list[str] = []
+    if _ensure_table(clients.client("dynamodb"), aws.table):
+        created.append(f"DynamoDB table {aws.table}")
+    sqs = clients.client("sqs")
+    dlq_url, new_dlq = _ensure_queue(sqs, aws.dlq_name, {"MessageRetentionPeriod": "1209600"})
+    if new_dlq:
+        created.append(f"SQS queue {aws.dlq_name}")
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    attrs = {
+        "VisibilityTimeout": str(int(visibility_timeout_s)),
+        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": aws.max_receive_count}),
+    }
+    if _ensure_queue(sqs, aws.queue, attrs)[1]:
+        created.append(f"SQS queue {aws.queue} (DLQ {aws.dlq_name})")
+    if _ensure_bucket(clients.client("s3"), aws.bucket, aws.region):
+        created.append(f"S3 bucket {aws.bucket}")
+    return created
+
+
+def _ensure_table(ddb: Any, name: str) -> bool:
+    try:
+        ddb.describe_table(TableName=name)
+        return False
+    except ClientError as e:
+        if error_code(e) != "ResourceNotFoundException":
+            raise
+    ddb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "run_id", "KeyType": "HASH"}, {"AttributeName": "Site", "KeyType": "RANGE"}],
+        AttributeDefinitions=[{"AttributeName": "run_id", "AttributeType": "S"},
+                              {"AttributeName": "Site", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    wait_table_active(ddb, name)
+    ddb.update_time_to_live(TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expireAt"})
+    return True
+
+
+def _ensure_queue(sqs: Any, name: str, attrs: dict[str, str]) -> tuple[str, bool]:
+    try:
+        return sqs.get_queue_url(QueueName=name)["QueueUrl"], False
+    except ClientError as e:
+        if error_code(e) not in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"):
+            raise
+    return sqs.create_queue(QueueName=name, Attributes=attrs)["QueueUrl"], True
+
+
+def _ensure_bucket(s3: Any, name: str, region: str) -> bool:
+    try:
+        s3.head_bucket(Bucket=name)
+        return False
+    except ClientError as e:
+        if error_code(e) not in ("404", "NoSuchBucket", "NotFound"):
+            raise
+    kwargs: dict[str, Any] = {"Bucket": name}
+    if region != "us-east-1":
+        kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+    s3.create_bucket(**kwargs)
+    return True

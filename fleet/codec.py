@@ -1,0 +1,231 @@
+"""Records <-> DynamoDB items (plain Python values; numbers as Decimal).
+
+Field names follow the original design (`run_status`, `site_status`,
+`lastUpdateEpoch`, `attemptCount`, `instance_id`, `expireAt`); the rest are ours.
+Absent values are absent attributes, never NULLs, so a diff of two items is the
+exact update to send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Mapping
+
+from fleet.state import Attempt, RunStatus, SiteRecord, SiteSpec, SiteStatus
+
+RUN_ITEM = "#run"  # Site key of the run-level item
+NODE_PREFIX = "#node#"  # Site key prefix of per-node items
+RUNS_PARTITION = "#runs"  # run_id of the index of runs (one item per run)
+
+
+def num(x: float | int) -> Decimal:
+    return Decimal(str(round(float(x), 3))) if isinstance(x, float) else Decimal(x)
+
+
+def unnum(x: Any) -> Any:
+    if isinstance(x, Decimal):
+        return int(x) if x == x.to_integral_value() else float(x)
+    if isinstance(x, list):
+        return [unnum(v) for v in x]
+    if isinstance(x, dict):
+        return {k: unnum(v) for k, v in x.items()}
+    return x
+
+
+def _plain_to_item(x: Any) -> Any:
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return x
+    if isinstance(x, (int, float)):
+        return num(x)
+    if isinstance(x, Mapping):
+        return {str(k): _plain_to_item(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain_to_item(v) for v in x]
+    raise TypeError(f"cannot store {type(x).__name__} in a site record")
+
+
+def site_to_item(r: SiteRecord) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "run_id": r.run_id,
+        "Site": r.site,
+        "run_status": str(r.run_status),
+        "site_status": str(r.site_status),
+        "attemptCount": num(r.attempt),
+        "version": num(r.version),
+        "enqueued": r.enqueued,
+        "pages": num(r.pages),
+        "spot_requeues": num(r.spot_requeues),
+        "spec": {
+            "start_url": r.spec.start_url,
+            "crawler": r.spec.crawler,
+            "options": _plain_to_item(dict(r.spec.options)),
+        },
+        "attempts": [_attempt_to_item(a) for a in r.attempts],
+    }
+    optional = {
+        "instance_id": r.instance_id,
+        "lastUpdateEpoch": r.last_update,
+        "heartbeatEpoch": r.heartbeat,
+        "failure_reason": r.failure_reason,
+        "error": r.error,
+        "result_key": r.result_key,
+        "url": r.url,
+        "kill_reason": r.kill_reason,
+        "kill_path": r.kill_path,
+        "expireAt": r.expire_at,
+    }
+    for k, v in optional.items():
+        if v is not None:
+            item[k] = num(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    return item
+
+
+def _attempt_to_item(a: Attempt) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": num(a.n), "instance_id": a.instance_id, "start": num(a.start)}
+    if a.end is not None:
+        out["end"] = num(a.end)
+    if a.outcome is not None:
+        out["outcome"] = a.outcome
+    if a.kill_path is not None:
+        out["kill_path"] = a.kill_path
+    return out
+
+
+def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
+    i = unnum(dict(item))
+    spec = i.get("spec") or {}
+    return SiteRecord(
+        run_id=i["run_id"],
+        site=i["Site"],
+        spec=SiteSpec(spec.get("start_url", ""), spec.get("crawler", "links"), spec.get("options") or {}),
+        run_status=RunStatus(i["run_status"]),
+        site_status=SiteStatus(i["site_status"]),
+        attempt=int(i.get("attemptCount", 0)),
+        instance_id=i.get("instance_id"),
+        version=int(i.get("version", 0)),
+        last_update=i.get("lastUpdateEpoch"),
+        heartbeat=i.get("heartbeatEpoch"),
+        enqueued=bool(i.get("enqueued", False)),
+        failure_reason=i.get("failure_reason"),
+        error=i.get("error"),
+        result_key=i.get("result_key"),
+        url=i.get("url"),
+        pages=int(i.get("pages", 0)),
+        kill_reason=i.get("kill_reason"),
+        kill_path=i.get("kill_path"),
+        spot_requeues=int(i.get("spot_requeues", 0)),
+        attempts=tuple(
+            Attempt(int(a["n"]), a["instance_id"], a["start"], a.get("end"), a.get("outcome"), a.get("kill_path"))
+            for a in i.get("attempts", [])
+        ),
+        expire_at=i.get("expireAt"),
+    )
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The run-level item (`Site = "#run"`)."""
+
+    run_id: str
+    status: str  # RUNNING | FINISHED
+    started_at: float
+    deadline_at: float
+    run_date: str  # YYYYMMDD, the date part of result keys
+    hub_id: str | None = None
+    hub_heartbeat: float | None = None
+    finished_at: float | None = None
+    nodes_launched: int = 0
+    expire_at: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "FINISHED"
+
+
+def run_to_item(r: RunInfo) -> dict[str, Any]:
+    item = {
+        "run_id": r.run_id,
+        "Site": RUN_ITEM,
+        "status": r.status,
+        "started_at": num(r.started_at),
+        "deadline_at": num(r.deadline_at),
+        "run_date": r.run_date,
+        "nodes_launched": num(r.nodes_launched),
+    }
+    for k, v in (("hub_id", r.hub_id), ("hub_heartbeat", r.hub_heartbeat), ("finished_at", r.finished_at),
+                 ("expireAt", r.expire_at)):
+        if v is not None:
+            item[k] = num(v) if isinstance(v, (int, float)) else v
+    return item
+
+
+def item_to_run(item: Mapping[str, Any]) -> RunInfo:
+    i = unnum(dict(item))
+    return RunInfo(
+        run_id=i["run_id"],
+        status=i["status"],
+        started_at=i["started_at"],
+        deadline_at=i["deadline_at"],
+        run_date=i["run_date"],
+        hub_id=i.get("hub_id"),
+        hub_heartbeat=i.get("hub_heartbeat"),
+        finished_at=i.get("finished_at"),
+        nodes_launched=int(i.get("nodes_launched", 0)),
+        expire_at=i.get("expireAt"),
+    )
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node's own item (`Site = "#node#<instance id>"`), written only by that node."""
+
+    run_id: str
+    instance_id: str
+    state: str  # booting | idle | busy | exiting
+    heartbeat: float
+    started_at: float
+    site: str | None = None
+    attempt: int | None = None
+    sites_done: int = 0
+    expire_at: int | None = None
+
+
+def node_to_item(n: NodeInfo) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "run_id": n.run_id,
+        "Site": NODE_PREFIX + n.instance_id,
+        "state": n.state,
+        "heartbeatEpoch": num(n.heartbeat),
+        "started_at": num(n.started_at),
+        "sites_done": num(n.sites_done),
+    }
+    if n.site is not None:
+        item["site"] = n.site
+    if n.attempt is not None:
+        item["attempt"] = num(n.attempt)
+    if n.expire_at is not None:
+        item["expireAt"] = num(n.expire_at)
+    return item
+
+
+def item_to_node(item: Mapping[str, Any]) -> NodeInfo:
+    i = unnum(dict(item))
+    return NodeInfo(
+        run_id=i["run_id"],
+        instance_id=i["Site"][len(NODE_PREFIX):],
+        state=i["state"],
+        heartbeat=i["heartbeatEpoch"],
+        started_at=i["started_at"],
+        site=i.get("site"),
+        attempt=i.get("attempt"),
+        sites_done=int(i.get("sites_done", 0)),
+        expire_at=i.get("expireAt"),
+    )
+
+
+def diff_items(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(attributes to SET, attributes to REMOVE) turning `old` into `new`."""
+    sets = {k: v for k, v in new.items() if k not in ("run_id", "Site") and old.get(k) != v}
+    removes = [k for k in old if k not in new and k not in ("run_id", "Site")]
+    return sets, removes

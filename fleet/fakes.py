@@ -1,0 +1,200 @@
+"""In-memory stand-ins for the state table, the queue and the result store.
+
+They keep the same contracts as the AWS adapters (conditional writes, visibility
+timeouts, receive counts and the DLQ, write-once results); the contract suite in
+tests/adapter runs against both so they stay faithful. Unit tests and the
+simulator use them; they are never used to run a real crawl.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from fleet.clock import Clock, SystemClock
+from fleet.codec import (
+    NODE_PREFIX, RUN_ITEM, RUNS_PARTITION, NodeInfo, RunInfo, item_to_node, item_to_run, item_to_site,
+    node_to_item, num, run_to_item, site_to_item,
+)
+from fleet.errors import StaleWrite
+from fleet.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
+from fleet.state import SiteRecord
+from fleet.table import RunIndexEntry, RunRows
+
+
+class MemoryStateTable:
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, str], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def create_site(self, rec: SiteRecord) -> bool:
+        with self._lock:
+            key = (rec.run_id, rec.site)
+            if key in self.items:
+                return False
+            self.items[key] = site_to_item(rec)
+            return True
+
+    def get_site(self, run_id: str, site: str) -> SiteRecord | None:
+        item = self.items.get((run_id, site))
+        return item_to_site(copy.deepcopy(item)) if item else None
+
+    def write(self, old: SiteRecord, new: SiteRecord) -> SiteRecord:
+        with self._lock:
+            key = (old.run_id, old.site)
+            cur = self.items.get(key)
+            fenced = (
+                cur is not None
+                and cur.get("version") == num(old.version)
+                and cur.get("attemptCount") == num(old.attempt)
+                and cur.get("instance_id") == old.instance_id
+            )
+            if not fenced:
+                raise StaleWrite(old.run_id, old.site, old.fence(),
+                                 item_to_site(copy.deepcopy(cur)) if cur else None)
+            self.items[key] = site_to_item(new)
+            return new
+
+    def read_run(self, run_id: str) -> RunRows:
+        run, sites, nodes = None, [], []
+        for (rid, key), item in sorted(self.items.items()):
+            if rid != run_id:
+                continue
+            item = copy.deepcopy(item)
+            if key == RUN_ITEM:
+                run = item_to_run(item)
+            elif key.startswith(NODE_PREFIX):
+                nodes.append(item_to_node(item))
+            elif not key.startswith("#"):
+                sites.append(item_to_site(item))
+        return RunRows(run, sites, nodes)
+
+    def create_run(self, run: RunInfo) -> bool:
+        with self._lock:
+            if (run.run_id, RUN_ITEM) in self.items:
+                return False
+            self.items[(run.run_id, RUN_ITEM)] = run_to_item(run)
+            self.items[(RUNS_PARTITION, run.run_id)] = {"run_id": RUNS_PARTITION, "Site": run.run_id,
+                                                         "started_at": num(run.started_at)}
+            return True
+
+    def get_run(self, run_id: str) -> RunInfo | None:
+        item = self.items.get((run_id, RUN_ITEM))
+        return item_to_run(copy.deepcopy(item)) if item else None
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        from fleet.table import _RUN_FIELDS
+
+        with self._lock:
+            item = self.items[(run_id, RUN_ITEM)]
+            for k, v in fields.items():
+                item[_RUN_FIELDS[k]] = num(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    def add_launched(self, run_id: str, count: int) -> None:
+        with self._lock:
+            item = self.items[(run_id, RUN_ITEM)]
+            item["nodes_launched"] = item.get("nodes_launched", num(0)) + count
+
+    def put_node(self, node: NodeInfo) -> None:
+        with self._lock:
+            self.items[(node.run_id, NODE_PREFIX + node.instance_id)] = node_to_item(node)
+
+    def list_runs(self) -> list[RunIndexEntry]:
+        out = [RunIndexEntry(k, float(v["started_at"])) for (rid, k), v in self.items.items()
+               if rid == RUNS_PARTITION]
+        return sorted(out, key=lambda e: e.started_at)
+
+
+@dataclass
+class _Msg:
+    id: str
+    body: str
+    visible_at: float = 0.0
+    receives: int = 0
+    receipt: str = ""
+
+
+@dataclass
+class MemoryQueue:
+    """SQS semantics that matter here: visibility, receive counts, redrive to a DLQ."""
+
+    clock: Clock = field(default_factory=SystemClock)
+    max_receive_count: int = 10
+    messages: list[_Msg] = field(default_factory=list)
+    dlq: list[_Msg] = field(default_factory=list)
+    sent: int = 0
+    _seq: int = 0
+
+    def _new(self, body: str) -> None:
+        self._seq += 1
+        self.messages.append(_Msg(f"m{self._seq}", body))
+        self.sent += 1
+
+    def send(self, run_id: str, site: str, attempt: int) -> None:
+        self._new(encode(run_id, site, attempt))
+
+    def send_raw(self, body: str) -> None:
+        self._new(body)
+
+    def send_many(self, items: Iterable[tuple[str, str, int]]) -> None:
+        for item in items:
+            self.send(*item)
+
+    def receive(self, wait_s: float, visibility_s: float) -> SiteMessage | BadMessage | None:
+        now = self.clock.monotonic()
+        for m in list(self.messages):
+            if m.visible_at > now:
+                continue
+            if m.receives >= self.max_receive_count:
+                self.messages.remove(m)
+                self.dlq.append(m)
+                continue
+            m.receives += 1
+            m.visible_at = now + visibility_s
+            self._seq += 1
+            m.receipt = f"{m.id}/{self._seq}"
+            return decode(m.body, m.receipt, m.id, m.receives)
+        self.clock.sleep(wait_s)  # a long poll that found nothing waits it out, as SQS does
+        return None
+
+    def _find(self, receipt: str) -> _Msg | None:
+        for m in self.messages:
+            if m.receipt == receipt:
+                return m
+        return None
+
+    def delete(self, msg: SiteMessage | BadMessage) -> None:
+        m = self._find(msg.receipt)
+        if m is not None:
+            self.messages.remove(m)
+
+    def set_visibility(self, msg: SiteMessage | BadMessage, seconds: float) -> None:
+        m = self._find(msg.receipt)
+        if m is not None:
+            m.visible_at = self.clock.monotonic() + seconds
+
+    def depth(self) -> QueueDepth:
+        now = self.clock.monotonic()
+        visible = sum(1 for m in self.messages if m.visible_at <= now)
+        return QueueDepth(visible, len(self.messages) - visible, len(self.dlq))
+
+
+class MemoryResults:
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.refused = 0
+
+    def exists(self, key: str) -> bool:
+        return key in self.objects
+
+    def put_new(self, key: str, body: bytes) -> bool:
+        if key in self.objects:
+            self.refused += 1
+            return False
+        self.objects[key] = body
+        return True
+
+    def get(self, key: str) -> bytes:
+        return self.objects[key]

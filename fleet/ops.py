@@ -1,0 +1,131 @@
+"""What hub and node do to a site record: each operation is a `transition()` then a fenced write.
+
+Both programs use these and nothing else to change a site, so the rules of
+DESIGN 2 live in one place: attempts are counted on claim, a spot interruption
+gives its attempt back (up to a cap), the last failed attempt makes the site
+FAILED with its reason, and a requeue is "write QUEUED, send the message, mark
+it sent" (a crash between the last two is repaired by the hub, see `plan`).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from fleet.queue import SiteQueue
+from fleet.state import (
+    Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus, transition,
+)
+from fleet.table import StateTable
+
+
+def new_site(run_id: str, site: str, spec: SiteSpec, expire_at: int | None) -> SiteRecord:
+    return SiteRecord(run_id=run_id, site=site, spec=spec, expire_at=expire_at)
+
+
+class Verdict(enum.Enum):
+    CLAIM = "claim"  # attempt N may start now
+    STALE = "stale"  # attempt N has been and gone (or the site is done): drop the message
+    WAIT = "wait"  # attempt N is running elsewhere, or its requeue is under way: look again later
+
+
+def classify(rec: SiteRecord | None, attempt: int) -> Verdict:
+    """What a node should do with a message for `attempt` of a site in state `rec`."""
+    if rec is None or rec.is_terminal:
+        return Verdict.STALE
+    if rec.run_status is RunStatus.QUEUED:
+        if rec.attempt == attempt - 1:
+            return Verdict.CLAIM
+        return Verdict.STALE if rec.attempt >= attempt else Verdict.WAIT
+    # RUN
+    return Verdict.STALE if rec.attempt > attempt else Verdict.WAIT
+
+
+def claim(table: StateTable, rec: SiteRecord, instance_id: str, now: float) -> SiteRecord:
+    new = transition(
+        rec, run_status=RunStatus.RUN, site_status=SiteStatus.PENDING, attempt=rec.attempt + 1,
+        instance_id=instance_id, last_update=now, heartbeat=now, enqueued=False, url=None, pages=0,
+        kill_reason=None, error=None,
+        attempts=rec.attempts + (Attempt(rec.attempt + 1, instance_id, now),),
+    )
+    return table.write(rec, new)
+
+
+def report(table: StateTable, rec: SiteRecord, site_status: SiteStatus, now: float, *,
+           url: str | None = None, pages: int | None = None) -> SiteRecord:
+    """Crawler progress: RUNNING, URL_CALL (before a navigation), CALL_DONE (after)."""
+    changes: dict[str, Any] = {"site_status": site_status, "last_update": now}
+    if url is not None:
+        changes["url"] = url
+    if pages is not None:
+        changes["pages"] = pages
+    return table.write(rec, transition(rec, **changes))
+
+
+def beat(table: StateTable, rec: SiteRecord, now: float) -> SiteRecord:
+    """The node's heartbeat on its attempt; fenced, but moves no version."""
+    return table.write(rec, transition(rec, bump=False, heartbeat=now))
+
+
+def mark_enqueued(table: StateTable, rec: SiteRecord) -> SiteRecord:
+    return table.write(rec, transition(rec, bump=False, enqueued=True))
+
+
+def complete(table: StateTable, rec: SiteRecord, result_key: str, now: float, *, skipped: bool = False
+             ) -> SiteRecord:
+    attempts = _close(rec, now, Outcome.SKIPPED if skipped else Outcome.COMPLETED)
+    new = transition(rec, run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED, result_key=result_key,
+                     last_update=now, failure_reason=None, kill_reason=None, attempts=attempts)
+    return table.write(rec, new)
+
+
+def request_kill(table: StateTable, rec: SiteRecord, reason: Reason, now: float) -> SiteRecord:
+    """The hub's mark before it kills an attempt: fences the node off (its next write fails)."""
+    return table.write(rec, transition(rec, kill_reason=str(reason)))
+
+
+def end_attempt(table: StateTable, rec: SiteRecord, *, outcome: Outcome, reason: Reason, now: float,
+                max_attempts: int, spot_cap: int, kill_path: str | None = None, error: str | None = None
+                ) -> SiteRecord:
+    """The current attempt ended without a result: requeue (QUEUED, message not yet sent) or FAILED."""
+    attempts = _close(rec, now, outcome, kill_path)
+    common: dict[str, Any] = {"last_update": now, "kill_reason": None, "attempts": attempts,
+                              "failure_reason": str(reason), "url": None}
+    if kill_path is not None:
+        common["kill_path"] = kill_path
+    if error is not None:
+        common["error"] = error[:1000]
+    if reason is Reason.SPOT and rec.spot_requeues < spot_cap:
+        new = transition(rec, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False,
+                         attempt=rec.attempt - 1, spot_requeues=rec.spot_requeues + 1, **common)
+    elif rec.attempt < max_attempts:
+        new = transition(rec, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False,
+                         **common)
+    else:
+        new = transition(rec, run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED, **common)
+    return table.write(rec, new)
+
+
+def fail_now(table: StateTable, rec: SiteRecord, reason: Reason, now: float, *, error: str | None = None
+             ) -> SiteRecord:
+    """End the site FAILED whatever attempts remain (deadline, teardown)."""
+    outcome = Outcome(str(reason)) if str(reason) in Outcome._value2member_map_ else Outcome.KILLED
+    new = transition(rec, run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED, failure_reason=str(reason),
+                     last_update=now, kill_reason=None, attempts=_close(rec, now, outcome),
+                     **({"error": error} if error else {}))
+    return table.write(rec, new)
+
+
+def send_next(table: StateTable, queue: SiteQueue, rec: SiteRecord) -> SiteRecord:
+    """Send the message for the next attempt of a QUEUED site, then mark it sent."""
+    if rec.run_status is not RunStatus.QUEUED or rec.enqueued:
+        return rec
+    queue.send(rec.run_id, rec.site, rec.attempt + 1)
+    return mark_enqueued(table, rec)
+
+
+def _close(rec: SiteRecord, now: float, outcome: Outcome, kill_path: str | None = None):
+    cur = rec.current_attempt
+    if cur is None:
+        return rec.attempts
+    return rec.attempts[:-1] + (cur.finished(now, outcome, kill_path),)

@@ -1,0 +1,155 @@
+"""The site queue (SQS) and its dead-letter queue.
+
+A message is `{"run_id", "site", "attempt"}`: "attempt N of this site may start".
+Duplicates are harmless (a claim is conditional on the record), so sending is
+at-least-once. A body that is not such a message is left alone: SQS moves it
+to the DLQ after `max_receive_count` receives, and the hub reports it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol
+
+from botocore.exceptions import ClientError
+
+from fleet.aws import error_code
+from fleet.errors import MissingResource
+
+
+@dataclass(frozen=True)
+class SiteMessage:
+    run_id: str
+    site: str
+    attempt: int
+    receipt: str
+    message_id: str = ""
+    receive_count: int = 1
+
+
+@dataclass(frozen=True)
+class BadMessage:
+    """A body that is not a site message (a poison message)."""
+
+    body: str
+    receipt: str
+    message_id: str
+    receive_count: int
+    problem: str
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    visible: int
+    in_flight: int
+    dlq: int
+
+
+def encode(run_id: str, site: str, attempt: int) -> str:
+    return json.dumps({"run_id": run_id, "site": site, "attempt": attempt}, sort_keys=True)
+
+
+def decode(body: str, receipt: str, message_id: str, receive_count: int) -> SiteMessage | BadMessage:
+    try:
+        data = json.loads(body)
+        msg = SiteMessage(str(data["run_id"]), str(data["site"]), int(data["attempt"]), receipt, message_id,
+                          receive_count)
+    except (ValueError, KeyError, TypeError) as e:
+        return BadMessage(body[:200], receipt, message_id, receive_count, f"not a site message: {e}")
+    if msg.attempt < 1:
+        return BadMessage(body[:200], receipt, message_id, receive_count, "attempt must be >= 1")
+    return msg
+
+
+class SiteQueue(Protocol):
+    def send(self, run_id: str, site: str, attempt: int) -> None: ...
+    def send_many(self, items: Iterable[tuple[str, str, int]]) -> None: ...
+    def receive(self, wait_s: float, visibility_s: float) -> SiteMessage | BadMessage | None: ...
+    def delete(self, msg: SiteMessage | BadMessage) -> None: ...
+    def set_visibility(self, msg: SiteMessage | BadMessage, seconds: float) -> None: ...
+    def depth(self) -> QueueDepth: ...
+
+
+class SqsSiteQueue:
+    def __init__(self, client: Any, queue_name: str, dlq_name: str):
+        self._c = client
+        self.queue_name = queue_name
+        self.dlq_name = dlq_name
+        self._url: str | None = None
+        self._dlq_url: str | None = None
+
+    def _lookup(self, name: str) -> str:
+        try:
+            return self._c.get_queue_url(QueueName=name)["QueueUrl"]
+        except ClientError as e:
+            if error_code(e) in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"):
+                raise MissingResource(f"SQS queue {name!r} does not exist") from None
+            raise
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            self._url = self._lookup(self.queue_name)
+        return self._url
+
+    @property
+    def dlq_url(self) -> str:
+        if self._dlq_url is None:
+            self._dlq_url = self._lookup(self.dlq_name)
+        return self._dlq_url
+
+    def check_exists(self) -> None:
+        _ = self.url, self.dlq_url
+
+    def send(self, run_id: str, site: str, attempt: int) -> None:
+        self._c.send_message(QueueUrl=self.url, MessageBody=encode(run_id, site, attempt))
+
+    def send_many(self, items: Iterable[tuple[str, str, int]]) -> None:
+        batch: list[tuple[str, str, int]] = []
+        for item in items:
+            batch.append(item)
+            if len(batch) == 10:
+                self._send_batch(batch)
+                batch = []
+        if batch:
+            self._send_batch(batch)
+
+    def _send_batch(self, batch: list[tuple[str, str, int]]) -> None:
+        entries = [{"Id": str(i), "MessageBody": encode(*item)} for i, item in enumerate(batch)]
+        out = self._c.send_message_batch(QueueUrl=self.url, Entries=entries)
+        for failed in out.get("Failed", []):  # send the few that failed one by one (botocore retries those)
+            self.send(*batch[int(failed["Id"])])
+
+    def receive(self, wait_s: float, visibility_s: float) -> SiteMessage | BadMessage | None:
+        out = self._c.receive_message(
+            QueueUrl=self.url, MaxNumberOfMessages=1, WaitTimeSeconds=int(max(0, min(20, wait_s))),
+            VisibilityTimeout=int(visibility_s), MessageSystemAttributeNames=["ApproximateReceiveCount"],
+        )
+        msgs = out.get("Messages", [])
+        if not msgs:
+            return None
+        m = msgs[0]
+        count = int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1))
+        return decode(m["Body"], m["ReceiptHandle"], m.get("MessageId", ""), count)
+
+    def delete(self, msg: SiteMessage | BadMessage) -> None:
+        try:
+            self._c.delete_message(QueueUrl=self.url, ReceiptHandle=msg.receipt)
+        except ClientError as e:
+            if error_code(e) not in ("ReceiptHandleIsInvalid", "InvalidParameterValue"):
+                raise
+
+    def set_visibility(self, msg: SiteMessage | BadMessage, seconds: float) -> None:
+        try:
+            self._c.change_message_visibility(QueueUrl=self.url, ReceiptHandle=msg.receipt,
+                                              VisibilityTimeout=int(max(0, seconds)))
+        except ClientError as e:
+            if error_code(e) not in ("ReceiptHandleIsInvalid", "InvalidParameterValue", "MessageNotInflight"):
+                raise
+
+    def depth(self) -> QueueDepth:
+        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        q = self._c.get_queue_attributes(QueueUrl=self.url, AttributeNames=names)["Attributes"]
+        d = self._c.get_queue_attributes(QueueUrl=self.dlq_url, AttributeNames=names[:1])["Attributes"]
+        return QueueDepth(int(q.get(names[0], 0)), int(q.get(names[1], 0)), int(d.get(names[0], 0)))

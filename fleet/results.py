@@ -1,0 +1,61 @@
+"""The result store (S3): `s3://<bucket>/<site>/<YYYYMMDD>/result.json`, written once.
+
+`put_new` writes with `IfNoneMatch="*"`: of two writers (a zombie node and the
+attempt that replaced it) exactly one result lands and nothing is overwritten.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from botocore.exceptions import ClientError
+
+from fleet.aws import error_code
+from fleet.errors import MissingResource
+
+
+def result_key(site: str, run_date: str) -> str:
+    return f"{site}/{run_date}/result.json"
+
+
+class ResultStore(Protocol):
+    def exists(self, key: str) -> bool: ...
+    def put_new(self, key: str, body: bytes) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+
+
+class S3ResultStore:
+    def __init__(self, client: Any, bucket: str):
+        self._c = client
+        self.bucket = bucket
+
+    def check_exists(self) -> None:
+        try:
+            self._c.head_bucket(Bucket=self.bucket)
+        except ClientError as e:
+            if error_code(e) in ("404", "NoSuchBucket", "NotFound"):
+                raise MissingResource(f"S3 bucket {self.bucket!r} does not exist") from None
+            raise
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._c.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except ClientError as e:
+            if error_code(e) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def put_new(self, key: str, body: bytes) -> bool:
+        """Write `body` unless the key exists; True if this call wrote it."""
+        try:
+            self._c.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*",
+                               ContentType="application/json")
+            return True
+        except ClientError as e:
+            if error_code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+
+    def get(self, key: str) -> bytes:
+        return self._c.get_object(Bucket=self.bucket, Key=key)["Body"].read()

@@ -1,0 +1,193 @@
+"""The site record: its statuses, the legal moves between them, and the one place that moves it.
+
+A site of a run has two statuses (field names kept from the original design):
+`run_status` is the outcome of the site for the run, `site_status` is what the
+crawler of the current attempt is doing. `transition()` is the only way to make a
+new record from an old one; it refuses illegal moves and bumps `version`, which
+every DynamoDB write is conditional on (see `fleet.table`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Mapping
+
+from fleet.errors import IllegalTransition
+
+
+class RunStatus(StrEnum):
+    QUEUED = "QUEUED"  # waiting for a node; its message is in the queue (or `enqueued` is false: being sent)
+    RUN = "RUN"  # a node claimed it: attempt `attemptCount` runs on `instance_id`
+    COMPLETED = "COMPLETED"  # its result is in S3; terminal
+    FAILED = "FAILED"  # out of attempts, or the run's deadline passed; terminal
+
+    def is_terminal(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED)
+
+
+class SiteStatus(StrEnum):
+    PENDING = "PENDING"  # no crawler yet: queued, or claimed and the browser is starting
+    RUNNING = "RUNNING"  # the crawler started
+    URL_CALL = "URL_CALL"  # a navigation is under way (the only status a hang is detected in)
+    CALL_DONE = "CALL_DONE"  # the last navigation returned
+    COMPLETED = "COMPLETED"  # the attempt produced the site's result
+    FAILED = "FAILED"  # the site failed for good
+
+
+class Reason(StrEnum):
+    """Why an attempt ended without a result (`failure_reason`)."""
+
+    HANG = "hang"  # URL_CALL unchanged for hang_after_s
+    LOST = "lost"  # the node stopped heartbeating, or its instance is gone
+    ERROR = "error"  # the crawler raised (HTTP error, selector missing, browser failed to start...)
+    DEADLINE = "deadline"  # the run's deadline passed first
+    SPOT = "spot"  # the node got a spot interruption notice
+    KILLED = "killed"  # an operator tore the run down
+
+
+class Outcome(StrEnum):
+    """How one attempt ended, in the record's `attempts` history."""
+
+    COMPLETED = "completed"
+    SKIPPED = "skipped"  # the result was already in S3
+    HANG = "hang"
+    LOST = "lost"
+    ERROR = "error"
+    DEADLINE = "deadline"
+    SPOT = "spot"
+    KILLED = "killed"
+
+
+# Legal moves of run_status; every edge says who takes it and why.
+RUN_TRANSITIONS: dict[RunStatus, dict[RunStatus, str]] = {
+    RunStatus.QUEUED: {
+        RunStatus.QUEUED: "hub/node: bookkeeping on a queued site (message sent)",
+        RunStatus.RUN: "node: claimed the site's message; an attempt starts",
+        RunStatus.FAILED: "hub: deadline or teardown before any node took it",
+    },
+    RunStatus.RUN: {
+        RunStatus.RUN: "node: crawler progress / heartbeat; hub: kill requested",
+        RunStatus.QUEUED: "node or hub: the attempt ended without a result and attempts remain (or spot)",
+        RunStatus.COMPLETED: "node: result written to S3 (or found there)",
+        RunStatus.FAILED: "node or hub: the last attempt ended without a result, or deadline",
+    },
+    RunStatus.COMPLETED: {},
+    RunStatus.FAILED: {},
+}
+
+# Legal moves of site_status within an attempt; a new attempt always restarts at PENDING.
+SITE_TRANSITIONS: dict[SiteStatus, frozenset[SiteStatus]] = {
+    SiteStatus.PENDING: frozenset({SiteStatus.RUNNING, SiteStatus.COMPLETED, SiteStatus.FAILED}),
+    SiteStatus.RUNNING: frozenset({SiteStatus.URL_CALL, SiteStatus.COMPLETED, SiteStatus.FAILED}),
+    SiteStatus.URL_CALL: frozenset({SiteStatus.CALL_DONE, SiteStatus.FAILED}),
+    SiteStatus.CALL_DONE: frozenset({SiteStatus.URL_CALL, SiteStatus.COMPLETED, SiteStatus.FAILED}),
+    SiteStatus.COMPLETED: frozenset(),
+    SiteStatus.FAILED: frozenset(),
+}
+
+# What site_status must be once run_status is (or becomes) a given value.
+_SITE_FOR_RUN = {
+    RunStatus.QUEUED: {SiteStatus.PENDING},
+    RunStatus.RUN: {SiteStatus.PENDING, SiteStatus.RUNNING, SiteStatus.URL_CALL, SiteStatus.CALL_DONE},
+    RunStatus.COMPLETED: {SiteStatus.COMPLETED},
+    RunStatus.FAILED: {SiteStatus.FAILED},
+}
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """What to crawl; copied onto the record at seeding so nodes need only the table."""
+
+    start_url: str
+    crawler: str = "links"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    n: int
+    instance_id: str
+    start: float
+    end: float | None = None
+    outcome: str | None = None
+    kill_path: str | None = None
+
+    def finished(self, now: float, outcome: Outcome, kill_path: str | None = None) -> Attempt:
+        return dataclasses.replace(self, end=now, outcome=str(outcome), kill_path=kill_path)
+
+
+@dataclass(frozen=True)
+class SiteRecord:
+    run_id: str
+    site: str
+    spec: SiteSpec
+    run_status: RunStatus = RunStatus.QUEUED
+    site_status: SiteStatus = SiteStatus.PENDING
+    attempt: int = 0  # attemptCount: attempts started (claims), spot requeues given back
+    instance_id: str | None = None
+    version: int = 0
+    last_update: float | None = None  # lastUpdateEpoch, by the writer's clock
+    heartbeat: float | None = None  # heartbeatEpoch, by the node's clock
+    enqueued: bool = False  # the message for the next attempt is in the queue
+    failure_reason: str | None = None
+    error: str | None = None
+    result_key: str | None = None
+    url: str | None = None  # the page of the current URL_CALL/CALL_DONE
+    pages: int = 0  # pages fetched by the current attempt
+    kill_reason: str | None = None  # set by the hub before it kills the current attempt
+    kill_path: str | None = None  # how the last kill was done: watchdog, local, ssm, ssh, terminate
+    spot_requeues: int = 0
+    attempts: tuple[Attempt, ...] = ()
+    expire_at: int | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.run_status.is_terminal()
+
+    @property
+    def current_attempt(self) -> Attempt | None:
+        if self.attempts and self.attempts[-1].n == self.attempt and self.attempts[-1].end is None:
+            return self.attempts[-1]
+        return None
+
+    def fence(self) -> str:
+        return f"attempt {self.attempt} on {self.instance_id or '-'} at version {self.version}"
+
+
+def transition(old: SiteRecord, *, bump: bool = True, **changes: Any) -> SiteRecord:
+    """The new record after `changes`, if the move is legal; raises IllegalTransition if not.
+
+    `bump=False` is for writes that change no status (heartbeats, the `enqueued`
+    mark): they stay fenced by version but do not move it, so they never make a
+    concurrent state write of the hub or a claim fail.
+    """
+    new = dataclasses.replace(old, **changes)
+    if new.run_status != old.run_status or new.site_status != old.site_status:
+        if not bump:
+            raise IllegalTransition(old.site, "status change without a version bump", old.run_status, new.run_status)
+        _check(old, new)
+    if new.site_status not in _SITE_FOR_RUN[new.run_status]:
+        raise IllegalTransition(old.site, "run_status/site_status pair", new.run_status, new.site_status)
+    if new.attempt < 0 or (new.attempt != old.attempt and new.run_status is RunStatus.RUN
+                           and old.run_status is RunStatus.RUN):
+        raise IllegalTransition(old.site, "attemptCount during an attempt", old.attempt, new.attempt)
+    if bump:
+        new = dataclasses.replace(new, version=old.version + 1)
+    elif new.version != old.version:
+        raise IllegalTransition(old.site, "version", old.version, new.version)
+    return new
+
+
+def _check(old: SiteRecord, new: SiteRecord) -> None:
+    if new.run_status not in RUN_TRANSITIONS[old.run_status]:
+        raise IllegalTransition(old.site, "run_status", old.run_status, new.run_status)
+    starting = old.run_status is not RunStatus.RUN and new.run_status is RunStatus.RUN
+    if starting:
+        if new.attempt != old.attempt + 1 or new.site_status is not SiteStatus.PENDING:
+            raise IllegalTransition(old.site, "claim", f"attempt {old.attempt}", f"attempt {new.attempt}")
+        return
+    if new.site_status != old.site_status and new.run_status is RunStatus.RUN:
+        if new.site_status not in SITE_TRANSITIONS[old.site_status]:
+            raise IllegalTransition(old.site, "site_status", old.site_status, new.site_status)
