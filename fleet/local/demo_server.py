@@ -1,0 +1,300 @@
+"""Test web sites for the embedded default, served on loopback.
+
+Crawls run locally (and the tests) need sites that paginate, answer slowly,
+hang or fail on demand. Every behaviour is chosen by the URL, e.g.
+``/s/shop/?pages=3&delay_s=0.5&hang_page=2&hang_attempts=1``, so any sites file
+can describe a test site without this server knowing about it beforehand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import logging
+import math
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+log = logging.getLogger(__name__)
+
+ITEMS_PER_PAGE = 10
+_NAME = r"[A-Za-z0-9._-]+"
+_SITE_PATH = re.compile(rf"/s/({_NAME})/?")
+_ITEM_PATH = re.compile(rf"/item/({_NAME})")
+_INT = re.compile(r"[+-]?[0-9]+")
+
+
+class _BadParam(ValueError):
+    """A query parameter that cannot be used; args[0] is its name."""
+
+
+def _int(params: dict[str, str], key: str, minimum: int | None = None) -> int | None:
+    raw = params.get(key)
+    if raw is None:
+        return None
+    if not _INT.fullmatch(raw.strip()) or (minimum is not None and int(raw) < minimum):
+        raise _BadParam(key)
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class _PageRequest:
+    page: int
+    pages: int
+    delay_s: float
+    hang_page: int | None
+    hang_attempts: int | None  # None: every request for hang_page hangs
+    fail_attempts: int
+
+    @classmethod
+    def parse(cls, params: dict[str, str]) -> _PageRequest:
+        delay_s = 0.0
+        if "delay_s" in params:
+            try:
+                delay_s = float(params["delay_s"])
+            except ValueError:
+                raise _BadParam("delay_s") from None
+            if not math.isfinite(delay_s) or delay_s < 0:
+                raise _BadParam("delay_s")
+        page = _int(params, "page")  # out of range is a 404, not a 400
+        pages = _int(params, "pages", minimum=1)
+        return cls(
+            page=1 if page is None else page,
+            pages=1 if pages is None else pages,
+            delay_s=delay_s,
+            hang_page=_int(params, "hang_page", minimum=1),
+            hang_attempts=_int(params, "hang_attempts", minimum=0),
+            fail_attempts=_int(params, "fail_attempts", minimum=0) or 0,
+        )
+
+
+def _document(title: str, body: str) -> bytes:
+    title = html.escape(title)
+    return (
+        f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{title}</title></head>\n'
+        f"<body>\n{body}\n</body></html>\n"
+    ).encode()
+
+
+def _page_html(name: str, page: int, next_href: str | None) -> bytes:
+    lines = [f"<h1>{html.escape(name)} page {page}</h1>", "<ul>"]
+    for i in range(1, ITEMS_PER_PAGE + 1):
+        item_id = html.escape(f"{name}-{page}-{i}")
+        lines.append(
+            f'<li><a class="item" data-id="{item_id}" href="/item/{item_id}">Item {item_id}</a></li>'
+        )
+    lines.append("</ul>")
+    if next_href is not None:
+        lines.append(f'<a class="next" href="{html.escape(next_href)}">Next</a>')
+    return _document(f"{name} page {page}", "\n".join(lines))
+
+
+def _message_html(message: str) -> bytes:
+    return _document(message, f"<p>{html.escape(message)}</p>")
+
+
+class _State:
+    """Hit counts and arrival times per site, shared by all request threads."""
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._sites: dict[str, dict[str, Any]] = {}
+
+    def record(self, name: str, page: int) -> int:
+        """Count one request for a page; returns how many there have been so far."""
+        with self._lock:
+            site = self._sites.setdefault(name, {"hits": {}, "times": []})
+            site["times"].append(time.time())
+            key = str(page)
+            site["hits"][key] = site["hits"].get(key, 0) + 1
+            return site["hits"][key]
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "sites": {
+                    name: {
+                        "hits": dict(sorted(site["hits"].items(), key=lambda kv: int(kv[0]))),
+                        "times": list(site["times"]),
+                    }
+                    for name, site in self._sites.items()
+                }
+            }
+
+    def reset(self) -> None:
+        with self._lock:
+            self._sites.clear()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    server_version = "gridfleet-demo/1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if 0 < length <= 1 << 20:
+            self.rfile.read(length)
+        self._route("POST")
+
+    def _route(self, method: str) -> None:
+        url = urlsplit(self.path)
+        state = self.server.state
+        if url.path == "/_reset":
+            state.reset()
+            self._send_json({"ok": True})
+        elif method == "GET" and url.path == "/_stats":
+            self._send_json(state.stats())
+        elif method == "GET" and (match := _SITE_PATH.fullmatch(url.path)):
+            self._site_page(match.group(1), url.path, url.query)
+        elif method == "GET" and (match := _ITEM_PATH.fullmatch(url.path)):
+            self._send_html(200, _message_html(f"item {match.group(1)}"))
+        else:
+            self._send_html(404, _message_html("not found"))
+
+    def _site_page(self, name: str, path: str, query: str) -> None:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        try:
+            req = _PageRequest.parse(dict(pairs))
+        except _BadParam as exc:
+            self._send_html(400, _message_html(f"bad value for {exc.args[0]}"))
+            return
+        if not 1 <= req.page <= req.pages:
+            self._send_html(404, _message_html(f"{name} has no page {req.page}"))
+            return
+        state = self.server.state
+        attempt = state.record(name, req.page)
+        if req.page == req.hang_page and (req.hang_attempts is None or attempt <= req.hang_attempts):
+            state.stopping.wait()  # hold the connection, send nothing, until stop()
+            return
+        if req.delay_s and state.stopping.wait(req.delay_s):
+            return
+        if req.page == 1 and attempt <= req.fail_attempts:
+            self._send_html(500, _message_html(f"{name} failed on purpose (attempt {attempt})"))
+            return
+        next_href = None
+        if req.page < req.pages:
+            kept = [(k, v) for k, v in pairs if k != "page"]
+            next_href = f"{path}?{urlencode(kept + [('page', str(req.page + 1))])}"
+        self._send_html(200, _page_html(name, req.page, next_href))
+
+    def _send_json(self, payload: dict[str, Any]) -> None:
+        self._send(200, json.dumps(payload).encode(), "application/json")
+
+    def _send_html(self, status: int, body: bytes) -> None:
+        self._send(status, body, "text/html; charset=utf-8")
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.close_connection = True
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            log.debug("client went away before the response was written")
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # hung handlers are released by stop(), not joined
+
+    def __init__(self, address: tuple[str, int], state: _State) -> None:
+        self.state = state
+        super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("error serving %s", client_address, exc_info=True)
+
+
+class DemoServer:
+    """Serves the demo sites from a daemon thread; usable as a context manager."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._address = (host, port)
+        self._state = _State()
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def start(self) -> DemoServer:
+        if self._httpd is not None or self._stopped:
+            raise RuntimeError("a DemoServer can be started only once")
+        self._httpd = _HTTPServer(self._address, self._state)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name=f"demo-server-{self._httpd.server_address[1]}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._state.stopping.set()
+        if self._httpd is not None and self._thread is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._thread.join()
+
+    @property
+    def base_url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("the DemoServer has not been started")
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def stats(self) -> dict[str, Any]:
+        return self._state.stats()
+
+    def __enter__(self) -> DemoServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fleet.local.demo_server", description="Serve the demo test sites."
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8800, help="0 picks a free port")
+    args = parser.parse_args(argv)
+
+    done = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: done.set())
+        for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        with DemoServer(args.host, args.port) as server:
+            print(f"demo server on {server.base_url}", flush=True)
+            done.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
