@@ -1,0 +1,142 @@
+"""The hub's reconcile loop: snapshot -> plan -> execute -> sleep until the next deadline.
+
+Restartable by construction: everything is read back from the table and the
+provider each tick, so a hub killed at any point and started again with the
+same run id continues where the first one stopped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet.clock import Clock
+from fleet.config import Config
+from fleet.logs import event
+from fleet.queue import SiteQueue
+from fleet.results import ResultStore
+from fleet.state import RunStatus
+from fleet.table import StateTable
+from hub.actions import Plan
+from hub.control.base import NodeControl
+from hub.executor import Executor
+from hub.plan import plan
+from hub.providers.base import ComputeProvider
+from hub.snapshot import Observations, Snapshot, observe
+from hub.summary import build_summary, export
+
+log = logging.getLogger("gridfleet.hub")
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_SITES = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_id: str
+    exit_code: int
+    summary_path: Path
+    counts: dict[str, int]
+    left_running: int
+
+
+class Hub:
+    def __init__(self, *, run_id: str, config: Config, table: StateTable, queue: SiteQueue,
+                 results: ResultStore, provider: ComputeProvider, control: NodeControl, clock: Clock,
+                 out_dir: Path, hub_id: str, min_sleep_s: float = 0.2, max_tick_failures: int = 20):
+        self.run_id = run_id
+        self.config = config
+        self.table = table
+        self.queue = queue
+        self.results = results
+        self.provider = provider
+        self.clock = clock
+        self.out_dir = out_dir
+        self.hub_id = hub_id
+        self.min_sleep_s = min_sleep_s
+        self.max_tick_failures = max_tick_failures
+        self.obs = Observations()
+        self.executor = Executor(run_id=run_id, config=config, table=table, queue=queue, provider=provider,
+                                 control=control, clock=clock, hub_id=hub_id, expire_at=self._expire_at)
+        self._last_progress: tuple | None = None
+
+    def _expire_at(self, t: float) -> int:
+        return int(t + self.config.aws.result_ttl_days * 86400)
+
+    def snapshot(self, now: float) -> Snapshot:
+        rows = self.table.read_run(self.run_id)
+        instances = {i.id: i for i in self.provider.list(self.run_id)}
+        sites = {r.site: r for r in rows.sites}
+        nodes = {n.instance_id: n for n in rows.nodes}
+        self.obs = observe(self.obs, sites, nodes, instances, now)
+        return Snapshot(self.run_id, rows.run, sites, nodes, instances, self.obs)
+
+    def tick(self) -> tuple[Snapshot, Plan]:
+        now = self.clock.now()
+        snap = self.snapshot(now)
+        p = plan(snap, now, self.config)
+        for action in p.actions:
+            self.executor.execute(action, snap)
+            if self.executor.finished:
+                break
+        if snap.run is not None and not self.executor.finished:
+            self.table.update_run(self.run_id, hub_heartbeat=now, hub_id=self.hub_id)
+        self._progress(snap)
+        return snap, p
+
+    def _progress(self, snap: Snapshot) -> None:
+        c = snap.counts()
+        live = len(snap.live_instances)
+        key = (tuple(sorted(c.items())), live)
+        if key != self._last_progress:
+            self._last_progress = key
+            done = c["COMPLETED"] + c["FAILED"]
+            event(log, "progress", run_id=self.run_id, done=f"{done}/{len(self.config.sites)}",
+                  completed=c["COMPLETED"], failed=c["FAILED"], running=c["RUN"], queued=c["QUEUED"], nodes=live)
+
+    def run(self) -> RunOutcome:
+        failures = 0
+        while True:
+            try:
+                _, p = self.tick()
+                failures = 0
+            except Exception as e:  # the outermost loop: a bad tick is logged and retried, not fatal
+                failures += 1
+                event(log, "tick-failed", logging.ERROR, run_id=self.run_id, failures=failures,
+                      error=f"{type(e).__name__}: {e}")
+                log.debug("tick failure", exc_info=True)
+                if failures >= self.max_tick_failures:
+                    raise
+                self.clock.sleep(min(self.config.run.watch_interval_s, 0.5 * 2 ** min(failures, 6)))
+                continue
+            if self.executor.finished:
+                return self._finish()
+            now = self.clock.now()
+            busy = bool(p.actions) or self.executor.conflicts
+            self.executor.conflicts = 0
+            pause = self.min_sleep_s if busy else max(self.min_sleep_s, p.wake_at - now)
+            pause = min(pause, self.config.run.watch_interval_s)
+            self.clock.sleep(pause)
+
+    def _finish(self) -> RunOutcome:
+        fin = self.executor.finished
+        assert fin is not None
+        rows = self.table.read_run(self.run_id)
+        now = self.clock.now()
+        summary = build_summary(rows.run, rows.sites, left_running=fin.left_running, finished_at=now,
+                                finish_reason=fin.reason)
+        path = export(self.out_dir, summary, rows.sites, self.results)
+        self.table.update_run(self.run_id, status="FINISHED", finished_at=now)
+        c = summary["counts"]
+        failed = c[RunStatus.FAILED.value]
+        event(log, "run-finished", run_id=self.run_id, reason=fin.reason, completed=c["COMPLETED"], failed=failed,
+              nodes_launched=summary["nodes"]["launched"], left_running=fin.left_running, summary=str(path))
+        code = EXIT_FAILED_SITES if failed else EXIT_OK
+        if fin.left_running:
+            code = EXIT_ERROR
+        return RunOutcome(self.run_id, code, path, c, fin.left_running)
+
+
+def default_run_id(now: float) -> str:
+    return dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%d")

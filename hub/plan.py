@@ -1,0 +1,135 @@
+"""The hub's decisions: a pure function from what it sees to what it should do.
+
+`plan(snapshot, now, config)` reads no clock, calls no AWS and keeps no state;
+the executor performs the actions it returns and the loop sleeps until
+`Plan.wake_at`, the earliest moment a decision could change on its own (next
+possible hang, heartbeat expiry, boot timeout, run deadline), never longer than
+`run.watch_interval_s`. The simulator drives this same function.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from fleet.config import Config
+from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
+from hub.actions import (
+    Action, EndAttempt, Enqueue, FailSites, Finish, KillAttempt, Launch, Plan, SeedSites, StartRun, Terminate,
+)
+from hub.snapshot import Snapshot
+
+_DATE_ID = re.compile(r"^(\d{4})-?(\d{2})-?(\d{2})")
+
+
+def run_date_for(run_id: str, now: float) -> str:
+    """YYYYMMDD for result keys: the run id's date if it starts with one, else today (UTC)."""
+    m = _DATE_ID.match(run_id)
+    if m:
+        try:
+            return dt.date(int(m[1]), int(m[2]), int(m[3])).strftime("%Y%m%d")
+        except ValueError:
+            pass
+    return dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y%m%d")
+
+
+def spec_of(site) -> SiteSpec:
+    return SiteSpec(site.start_url, site.crawler, dict(site.options))
+
+
+def plan(s: Snapshot, now: float, config: Config) -> Plan:
+    run_cfg, fleet_cfg = config.run, config.fleet
+    actions: list[Action] = []
+    wake = now + run_cfg.watch_interval_s
+
+    def soon(t: float) -> None:
+        nonlocal wake
+        wake = min(wake, t)
+
+    if s.run is None:
+        actions.append(StartRun(now, now + run_cfg.deadline_s, run_date_for(s.run_id, now)))
+    elif s.run.finished:
+        return Plan((), wake)
+
+    missing = tuple((site.id, spec_of(site)) for site in config.sites if site.id not in s.sites)
+    if missing:
+        actions.append(SeedSites(missing))
+
+    # The run's deadline ends everything still open.
+    if s.run is not None and now >= s.run.deadline_at:
+        open_sites = tuple(sorted(n for n, r in s.sites.items() if not r.is_terminal))
+        live = tuple(sorted(i.id for i in s.live_instances))
+        if live:
+            actions.append(Terminate(live, "deadline"))
+        if open_sites:
+            actions.append(FailSites(open_sites, Reason.DEADLINE))
+        actions.append(Finish("deadline"))
+        return Plan(tuple(actions), now + 1.0)
+    if s.run is not None:
+        soon(s.run.deadline_at)
+
+    # Sites: hangs, lost attempts, interrupted kills, messages never sent.
+    for name, r in sorted(s.sites.items()):
+        if r.run_status is RunStatus.QUEUED and not r.enqueued:
+            seen = s.obs.unsent.get(name)
+            if seen is not None and now - seen.since >= run_cfg.enqueue_grace_s:
+                actions.append(Enqueue(name, r.version))
+            elif seen is not None:
+                soon(seen.since + run_cfg.enqueue_grace_s)
+            continue
+        if r.run_status is not RunStatus.RUN:
+            continue
+        inst = s.instances.get(r.instance_id or "")
+        if r.kill_reason:
+            actions.append(KillAttempt(name, r.instance_id, r.attempt, Reason(r.kill_reason)))
+            continue
+        if inst is None or not inst.live:
+            actions.append(EndAttempt(name, r.attempt, Reason.LOST))
+            continue
+        progress = s.obs.progress.get(name)
+        if r.site_status is SiteStatus.URL_CALL and progress is not None:
+            if now - progress.since >= run_cfg.hang_after_s:
+                actions.append(KillAttempt(name, r.instance_id, r.attempt, Reason.HANG))
+                continue
+            soon(progress.since + run_cfg.hang_after_s)
+        beat = s.obs.heartbeat.get(name)
+        if beat is not None:
+            if now - beat.since >= run_cfg.heartbeat_timeout_s:
+                actions.append(KillAttempt(name, r.instance_id, r.attempt, Reason.LOST))
+                continue
+            soon(beat.since + run_cfg.heartbeat_timeout_s)
+
+    # Nodes: never booted, or stopped heartbeating while idle.
+    doomed: list[str] = []
+    busy = {r.instance_id for r in s.sites.values() if r.run_status is RunStatus.RUN}
+    for inst in s.live_instances:
+        seen = s.obs.node_beat.get(inst.id)
+        if seen is None:
+            continue
+        limit = fleet_cfg.boot_timeout_s if seen.value is None else run_cfg.heartbeat_timeout_s
+        if now - seen.since >= limit and inst.id not in busy:
+            doomed.append(inst.id)
+        else:
+            soon(seen.since + limit)
+    boot_dead = tuple(i for i in doomed if s.obs.node_beat[i].value is None)
+    if boot_dead:
+        actions.append(Terminate(boot_dead, "boot-timeout"))
+    beat_dead = tuple(i for i in doomed if s.obs.node_beat[i].value is not None)
+    if beat_dead:
+        actions.append(Terminate(beat_dead, "node-lost"))
+
+    # Done?
+    all_seeded = not missing and s.run is not None
+    open_count = sum(1 for r in s.sites.values() if not r.is_terminal) + len(missing)
+    if all_seeded and open_count == 0:
+        actions.append(Finish("done"))
+        return Plan(tuple(actions), now + 1.0)
+
+    # Fleet size: one node per open site, up to max_nodes; nodes leave by themselves when idle.
+    live = len(s.live_instances) - len(doomed)
+    wanted = min(fleet_cfg.max_nodes, open_count)
+    launched = s.run.nodes_launched if s.run is not None else 0
+    room = max(0, config.launch_budget - launched)
+    if wanted > live and room > 0:
+        actions.append(Launch(min(wanted - live, room)))
+    return Plan(tuple(actions), max(now, wake))

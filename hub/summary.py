@@ -1,0 +1,81 @@
+"""The run summary (`runs/<run_id>/summary.json`, DESIGN 8) and the export of results.
+
+`site_entry` is shared with `gridfleet status --json`, so both print sites in
+the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from fleet.codec import RunInfo
+from fleet.results import ResultStore
+from fleet.state import RunStatus, SiteRecord
+
+log = logging.getLogger("gridfleet.hub")
+
+
+def site_entry(r: SiteRecord) -> dict[str, Any]:
+    return {
+        "run_status": str(r.run_status),
+        "site_status": str(r.site_status),
+        "attemptCount": r.attempt,
+        "failure_reason": r.failure_reason if r.run_status is not RunStatus.COMPLETED else None,
+        "result_key": r.result_key,
+        "attempts": [
+            {"instance_id": a.instance_id, "start": a.start, "end": a.end, "outcome": a.outcome,
+             **({"kill_path": a.kill_path} if a.kill_path else {})}
+            for a in r.attempts
+        ],
+        "error": r.error,
+        "instance_id": r.instance_id,
+        "lastUpdateEpoch": r.last_update,
+    }
+
+
+def counts(sites: Iterable[SiteRecord]) -> dict[str, int]:
+    out = {s.value: 0 for s in RunStatus}
+    for r in sites:
+        out[r.run_status.value] += 1
+    return out
+
+
+def build_summary(run: RunInfo, sites: list[SiteRecord], *, left_running: int, finished_at: float,
+                  finish_reason: str) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "started_at": run.started_at,
+        "finished_at": finished_at,
+        "sites": {r.site: site_entry(r) for r in sorted(sites, key=lambda r: r.site)},
+        "nodes": {"launched": run.nodes_launched, "left_running": left_running},
+        "counts": counts(sites),
+        "finish_reason": finish_reason,
+    }
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def export(out_dir: Path, summary: dict[str, Any], sites: list[SiteRecord], results: ResultStore) -> Path:
+    """Write summary.json and results/<site>.json of every COMPLETED site; return the summary path."""
+    run_dir = out_dir / summary["run_id"]
+    for r in sites:
+        if r.run_status is RunStatus.COMPLETED and r.result_key:
+            try:
+                body = results.get(r.result_key)
+            except Exception as e:  # one unreadable result must not lose the summary
+                log.error("export-failed site=%s key=%s error=%s", r.site, r.result_key, e)
+                continue
+            (run_dir / "results").mkdir(parents=True, exist_ok=True)
+            (run_dir / "results" / f"{r.site}.json").write_bytes(body)
+    path = run_dir / "summary.json"
+    write_json(path, summary)
+    return path
