@@ -1,0 +1,3 @@
+from node.main import main
+
+raise SystemExit(main())

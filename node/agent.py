@@ -1,0 +1,370 @@
+"""The node agent: receive -> claim -> skip check -> lock profile -> crawl -> report -> next or exit.
+
+One loop, one thread. While a crawl runs the agent waits on the crawler's
+events with a timeout that wakes it for the next heartbeat (fenced write of
+heartbeatEpoch + message visibility extension) and for its own watchdog (the
+first, fastest rung of the kill ladder). Every write is fenced by the record
+the agent last wrote: if the hub moved the record on (a kill, a requeue), the
+next write fails, the agent stops its crawler and drops the attempt, and the
+hub owns what happens next. The message is deleted only after the result is in
+S3 and COMPLETED is written, or after the next attempt's message is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from fleet import ops
+from fleet.clock import Clock
+from fleet.codec import NodeInfo
+from fleet.config import Config
+from fleet.errors import StaleWrite
+from fleet.logs import event
+from fleet.local import procs
+from fleet.queue import BadMessage, SiteMessage, SiteQueue
+from fleet.results import ResultStore, result_key
+from fleet.state import Outcome, Reason, RunStatus, SiteRecord, SiteStatus
+from fleet.table import StateTable
+from node.runner import CrawlProcess, Exited
+from profiles import ProfileBusy, ProfileStore
+
+log = logging.getLogger("gridfleet.node")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    run_id: str
+    instance_id: str
+    max_attempts: int = 3
+    spot_cap: int = 3
+    hang_after_s: float = 120
+    heartbeat_interval_s: float = 30
+    visibility_s: float = 90
+    idle_exit_s: float = 20
+    sites_per_node: int = 0
+    lock_timeout_s: float = 60
+    browser_start_timeout_s: float = 120
+    node_watchdog: bool = True
+    receive_wait_s: float = 5
+    grid_url: str = ""
+    chromium: str = "/usr/bin/chromium"
+    chrome_args: tuple[str, ...] = ()
+    page_load_timeout_s: float = 600
+
+    @classmethod
+    def from_config(cls, c: Config, run_id: str, instance_id: str, grid_url: str) -> AgentSettings:
+        beat = max(0.5, c.run.heartbeat_timeout_s / 3)
+        return cls(
+            run_id=run_id, instance_id=instance_id, max_attempts=c.run.max_attempts,
+            spot_cap=c.run.spot_requeue_cap, hang_after_s=c.run.hang_after_s, heartbeat_interval_s=beat,
+            visibility_s=max(30.0, c.run.heartbeat_timeout_s), idle_exit_s=c.fleet.idle_exit_s,
+            sites_per_node=c.fleet.sites_per_node, lock_timeout_s=c.run.lock_timeout_s,
+            browser_start_timeout_s=c.run.browser_start_timeout_s, node_watchdog=c.fleet.node_watchdog,
+            receive_wait_s=min(5.0, c.fleet.idle_exit_s), grid_url=grid_url, chromium=c.browser.chromium,
+            chrome_args=c.browser.extra_args, page_load_timeout_s=c.browser.page_load_timeout_s,
+        )
+
+
+class Fenced(Exception):
+    """The record moved past our attempt: someone else (the hub) owns the site now."""
+
+    def __init__(self, current: SiteRecord | None):
+        self.current = current
+
+
+@dataclass
+class CrawlEnd:
+    kind: str  # result | hang | error | fenced
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    kill_path: str | None = None
+    forced: bool = False  # the crawler was killed: its browser and Grid session must be ended for it
+
+
+StartCrawl = Callable[[dict[str, Any], Path], CrawlProcess]
+Cleanup = Callable[[Path, "str | None", bool], None]  # (profile, Grid session id, forced)
+
+#: How long a crawler that reported its end may take to close its browser before it is killed.
+QUIT_GRACE_S = 15.0
+
+
+class Agent:
+    def __init__(self, s: AgentSettings, *, table: StateTable, queue: SiteQueue, results: ResultStore,
+                 profiles: ProfileStore, start_crawl: StartCrawl, cleanup: Cleanup, clock: Clock,
+                 state_dir: Path, spot_notice: Callable[[], bool] = lambda: False):
+        self.s = s
+        self.table = table
+        self.queue = queue
+        self.results = results
+        self.profiles = profiles
+        self.start_crawl = start_crawl
+        self.cleanup = cleanup
+        self.clock = clock
+        self.state_dir = state_dir
+        self.spot_notice = spot_notice
+        self.started_at = clock.now()
+        self.sites_done = 0
+        self.run_date = ""
+        self._node_state = "booting"
+        self._next_node_beat = 0.0
+        self._node_site: tuple[str | None, int | None] = (None, None)
+        self._rec: SiteRecord | None = None
+        self._msg: SiteMessage | None = None
+
+    # --- the main loop --------------------------------------------------------------
+    def run(self) -> int:
+        run = self.table.get_run(self.s.run_id)
+        if run is None:
+            event(log, "no-run", logging.ERROR, run_id=self.s.run_id, node=self.s.instance_id)
+            return 1
+        self.run_date = run.run_date
+        self._set_node("idle")
+        idle_since = self.clock.monotonic()
+        while True:
+            if self.s.sites_per_node and self.sites_done >= self.s.sites_per_node:
+                event(log, "node-exit", run_id=self.s.run_id, node=self.s.instance_id, why="sites_per_node reached")
+                break
+            msg = self.queue.receive(self.s.receive_wait_s, self.s.visibility_s)
+            self._node_beat()
+            if msg is None:
+                idle = self.clock.monotonic() - idle_since
+                if idle >= self.s.idle_exit_s:
+                    event(log, "node-exit", run_id=self.s.run_id, node=self.s.instance_id,
+                          why=f"no work for {idle:.0f}s")
+                    break
+                run = self.table.get_run(self.s.run_id)
+                if run is None or run.finished:
+                    event(log, "node-exit", run_id=self.s.run_id, node=self.s.instance_id, why="run finished")
+                    break
+                continue
+            if self.handle(msg):
+                self.sites_done += 1
+                idle_since = self.clock.monotonic()
+        self._set_node("exiting")
+        return 0
+
+    def handle(self, msg: SiteMessage | BadMessage) -> bool:
+        """Deal with one message; True if it started an attempt."""
+        if isinstance(msg, BadMessage):
+            event(log, "bad-message", logging.WARNING, node=self.s.instance_id, message_id=msg.message_id,
+                  receives=msg.receive_count, problem=msg.problem)
+            self.queue.set_visibility(msg, 1)  # it reaches the DLQ after max_receive_count receives
+            return False
+        rec = self.table.get_site(msg.run_id, msg.site)
+        verdict = ops.classify(rec, msg.attempt)
+        if verdict is ops.Verdict.STALE:
+            self.queue.delete(msg)
+            event(log, "stale-message", logging.DEBUG, run_id=msg.run_id, site=msg.site, attempt=msg.attempt)
+            return False
+        if verdict is ops.Verdict.WAIT or msg.run_id != self.s.run_id:
+            self.queue.set_visibility(msg, min(self.s.visibility_s, 30))
+            return False
+        assert rec is not None
+        try:
+            rec = ops.claim(self.table, rec, self.s.instance_id, self.clock.now())
+        except StaleWrite as e:  # another node claimed it first (a duplicate message)
+            if ops.classify(e.current, msg.attempt) is ops.Verdict.STALE:
+                self.queue.delete(msg)
+            return False
+        event(log, "claim", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
+        self._rec, self._msg = rec, msg
+        try:
+            self.attempt()
+        finally:
+            self._rec = self._msg = None
+            self._set_node("idle")
+        return True
+
+    # --- one attempt ------------------------------------------------------------------
+    def attempt(self) -> None:
+        rec, msg = self._rec, self._msg
+        assert rec is not None and msg is not None
+        key = result_key(rec.site, self.run_date)
+        if self.results.exists(key):
+            self._write(ops.complete, key, self.clock.now(), skipped=True)
+            self.queue.delete(msg)
+            event(log, "skip", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, why="result already in S3",
+                  key=key)
+            return
+        self._set_node("busy", rec.site, rec.attempt)
+        try:
+            held = self.profiles.acquire(rec.site, self.s.lock_timeout_s, on_wait=self._beat_quietly,
+                                         monotonic=self.clock.monotonic, sleep=self.clock.sleep)
+        except ProfileBusy:
+            self._finish(CrawlEnd("error", error=f"profile lock of {rec.site} held elsewhere for "
+                                                  f"{self.s.lock_timeout_s:.0f}s"))
+            return
+        except Fenced:
+            self._finish(CrawlEnd("fenced"))
+            return
+        if held.removed:
+            event(log, "stale-profile", run_id=rec.run_id, site=rec.site, removed=",".join(held.removed))
+        session: list[str | None] = [None]
+        end: CrawlEnd | None = None
+        try:
+            end = self._crawl(held.path, session)
+        finally:
+            self.cleanup(held.path, session[0], end.forced if end else True)
+            held.release()
+            try:
+                (self.state_dir / "crawler.json").unlink()
+            except FileNotFoundError:
+                pass
+        self._finish(end)
+
+    def _crawl(self, profile: Path, session: list[str | None]) -> CrawlEnd:
+        rec = self._rec
+        assert rec is not None
+        job = {
+            "site": rec.site, "start_url": rec.spec.start_url, "crawler": rec.spec.crawler,
+            "options": dict(rec.spec.options), "attempt": rec.attempt, "node_id": self.s.instance_id,
+            "grid_url": self.s.grid_url, "profile_dir": str(profile), "chromium": self.s.chromium,
+            "chrome_args": list(self.s.chrome_args), "page_load_timeout_s": self.s.page_load_timeout_s,
+        }
+        proc = self.start_crawl(job, self.state_dir / "crawler.log")
+        self._write_crawler_file(rec, proc.pid)
+        status, since = SiteStatus.PENDING, self.clock.monotonic()
+        next_beat = since + self.s.heartbeat_interval_s
+        end = CrawlEnd("fenced", forced=True)
+        try:
+            while True:
+                mono = self.clock.monotonic()
+                watchdog_at = None
+                if status is SiteStatus.URL_CALL and self.s.node_watchdog:
+                    watchdog_at = since + self.s.hang_after_s
+                elif status is SiteStatus.PENDING:
+                    watchdog_at = since + self.s.browser_start_timeout_s
+                wake = min(next_beat, watchdog_at if watchdog_at is not None else next_beat, mono + 1.0)
+                ev = proc.next_event(max(0.0, wake - mono))
+                mono = self.clock.monotonic()
+                if isinstance(ev, Exited):
+                    how = f"killed by signal {-ev.code}" if ev.code < 0 else f"exit code {ev.code}"
+                    end = CrawlEnd("error", error=f"crawler process ended without a result ({how})", forced=True)
+                    return end
+                if isinstance(ev, dict):
+                    kind = ev.get("event")
+                    if kind == "status":
+                        new = SiteStatus(ev["site_status"])
+                        self._write(ops.report, new, self.clock.now(), url=ev.get("url"), pages=ev.get("pages"))
+                        status, since = new, mono
+                    elif kind == "session":
+                        session[0] = ev.get("id")
+                    elif kind == "result":
+                        end = CrawlEnd("result", result=ev)
+                        return end
+                    elif kind == "error":
+                        end = CrawlEnd("error", error=ev.get("message", "crawler error"))
+                        return end
+                if mono >= next_beat:
+                    self._beat()
+                    next_beat = mono + self.s.heartbeat_interval_s
+                if watchdog_at is not None and mono >= watchdog_at:
+                    proc.kill()
+                    if status is SiteStatus.URL_CALL:
+                        end = CrawlEnd("hang", error=f"no progress on {self._rec.url if self._rec else '?'} "
+                                                     f"for {self.s.hang_after_s:.0f}s", kill_path="watchdog",
+                                       forced=True)
+                    else:
+                        end = CrawlEnd("error", error=f"browser session did not start in "
+                                                      f"{self.s.browser_start_timeout_s:.0f}s", kill_path="watchdog",
+                                       forced=True)
+                    return end
+        except Fenced:
+            end = CrawlEnd("fenced", forced=True)
+            return end
+        finally:
+            # A crawler that reported its end closes its own browser; any other is killed now.
+            proc.close(QUIT_GRACE_S if not end.forced else 0)
+
+    def _finish(self, end: CrawlEnd) -> None:
+        rec, msg = self._rec, self._msg
+        assert rec is not None and msg is not None
+        fields = dict(run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
+        try:
+            if end.kind == "result":
+                self._beat()  # still ours? (a zombie must not write a result)
+                key = result_key(rec.site, self.run_date)
+                body = self._result_body(end.result or {})
+                wrote = self.results.put_new(key, body)
+                self._write(ops.complete, key, self.clock.now())
+                self.queue.delete(msg)
+                event(log, "completed", **fields, pages=(end.result or {}).get("pages"),
+                      items=len((end.result or {}).get("items", [])), key=key,
+                      **({} if wrote else {"note": "result existed; kept"}))
+                return
+            if end.kind == "fenced":
+                raise Fenced(None)
+            reason = Reason.HANG if end.kind == "hang" else Reason.ERROR
+            new = self._write(ops.end_attempt, outcome=Outcome(str(reason)), reason=reason, now=self.clock.now(),
+                              max_attempts=self.s.max_attempts, spot_cap=self.s.spot_cap, kill_path=end.kill_path,
+                              error=end.error)
+            if new.run_status is RunStatus.QUEUED:
+                ops.send_next(self.table, self.queue, new)
+                event(log, "requeue", logging.WARNING, **fields, reason=reason, error=end.error,
+                      next_attempt=new.attempt + 1)
+            else:
+                event(log, "failed", logging.WARNING, **fields, reason=reason, error=end.error)
+            self.queue.delete(msg)
+        except Fenced as f:
+            cur = f.current
+            event(log, "fenced", logging.WARNING, **fields,
+                  now=f"{cur.run_status}/{cur.fence()}" if cur else "moved on",
+                  kill_reason=cur.kill_reason if cur else None)
+            self.queue.delete(msg)  # the hub requeues (or has) with a new message
+
+    # --- writes -------------------------------------------------------------------------
+    def _write(self, op: Callable[..., SiteRecord], *args: Any, **kwargs: Any) -> SiteRecord:
+        assert self._rec is not None
+        try:
+            self._rec = op(self.table, self._rec, *args, **kwargs)
+        except StaleWrite as e:
+            raise Fenced(e.current) from None
+        return self._rec
+
+    def _beat(self) -> None:
+        self._write(ops.beat, self.clock.now())
+        if self._msg is not None:
+            self.queue.set_visibility(self._msg, self.s.visibility_s)
+        self._node_beat(force=True)
+
+    def _beat_quietly(self) -> None:
+        """Heartbeat while waiting for the profile lock (at most once per interval)."""
+        if self.clock.monotonic() >= self._next_node_beat:
+            self._beat()
+
+    def _set_node(self, state: str, site: str | None = None, attempt: int | None = None) -> None:
+        self._node_state = state
+        self._node_site = (site, attempt)
+        self._node_beat(force=True)
+
+    def _node_beat(self, force: bool = False) -> None:
+        mono = self.clock.monotonic()
+        if not force and mono < self._next_node_beat:
+            return
+        site, attempt = self._node_site
+        self.table.put_node(NodeInfo(self.s.run_id, self.s.instance_id, self._node_state, self.clock.now(),
+                                     self.started_at, site, attempt, self.sites_done))
+        self._next_node_beat = mono + self.s.heartbeat_interval_s
+
+    def _write_crawler_file(self, rec: SiteRecord, pid: int) -> None:
+        data = {"site": rec.site, "attempt": rec.attempt, "pid": pid, "pgid": pid,
+                "start_ticks": procs.start_ticks(pid)}
+        tmp = self.state_dir / "crawler.json.tmp"
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.state_dir / "crawler.json")
+
+    def _result_body(self, result: dict[str, Any]) -> bytes:
+        rec = self._rec
+        assert rec is not None
+        attempt = rec.current_attempt
+        body = {
+            "run_id": rec.run_id, "site": rec.site, "attempt": rec.attempt, "instance_id": self.s.instance_id,
+            "start_url": rec.spec.start_url, "started_at": attempt.start if attempt else None,
+            "finished_at": self.clock.now(), "pages": result.get("pages", 0), "items": result.get("items", []),
+        }
+        return json.dumps(body, indent=1).encode()

@@ -1,0 +1,105 @@
+"""Chromium for one crawl: its options, and closing it for sure when the crawl is cut short.
+
+The browser runs under the Grid node (Grid node -> chromedriver -> Chromium),
+not under the crawler process, so killing a hung crawler leaves it open. After
+any crawl the agent kills the Chromium whose `--user-data-dir` is the site's
+profile (with its helpers) and asks the Grid to end the session, freeing the
+node's single slot for the next site.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from fleet.local import procs
+
+log = logging.getLogger("gridfleet.node")
+
+#: Flags Chromium needs to run headless on a server (as root, with no network beyond the crawl).
+BASE_ARGS = (
+    "--headless=new", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--no-default-browser-check",
+)
+
+NODE_CAPABILITY = "gridfleet:node"
+
+#: Open a blank tab at start. A fresh profile otherwise opens the new-tab page, which waits on the
+#: network, and chromedriver holds the first navigation until it settles (5-10 s seen with a few
+#: browsers starting at once on two cores: long enough to look like a hang).
+STARTUP_PREFS = {
+    "session.restore_on_startup": 4,
+    "session.startup_urls": ["about:blank"],
+    "homepage": "about:blank",
+    "homepage_is_newtabpage": False,
+}
+
+
+def chrome_args(profile_dir: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    args = list(BASE_ARGS)
+    if os.geteuid() == 0:
+        args.append("--no-sandbox")  # Chromium refuses to run as root with its sandbox
+    args.append(f"--user-data-dir={profile_dir}")
+    args.extend(extra)
+    return args
+
+
+def capabilities(chromium: str, args: list[str], node_id: str, page_load_timeout_s: float) -> dict[str, Any]:
+    return {
+        "browserName": "chrome",
+        "goog:chromeOptions": {"binary": chromium, "args": args, "prefs": STARTUP_PREFS},
+        NODE_CAPABILITY: node_id,  # only this node's Grid slot matches: the browser runs where the profile is
+        "timeouts": {"pageLoad": int(page_load_timeout_s * 1000)},
+    }
+
+
+def kill_browser(profile_dir: Path) -> int:
+    """Kill the Chromium using `profile_dir` and its helper processes; return how many died."""
+    flag = f"--user-data-dir={profile_dir}"
+
+    def select(ps):
+        return [p for p in ps if p.alive and flag in _cmdline(p.pid)]
+
+    return procs.kill_tree(select, grace_s=1.0)
+
+
+def _cmdline(pid: int) -> tuple[str, ...]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ()
+    return tuple(p.decode(errors="replace") for p in raw.split(b"\0") if p)
+
+
+def end_session(grid_url: str, session_id: str, timeout_s: float = 10) -> bool:
+    """Ask the Grid to end a session (after its browser was killed, this just frees the slot)."""
+    req = urllib.request.Request(f"{grid_url.rstrip('/')}/session/{session_id}", method="DELETE")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return 200 <= r.status < 300
+    except urllib.error.HTTPError as e:
+        return e.code == 404  # already gone
+    except OSError as e:
+        log.debug("end-session failed session=%s error=%s", session_id, e)
+        return False
+
+
+def grid_node_ready(grid_url: str, node_id: str, timeout_s: float = 2) -> bool:
+    """Whether the Grid lists an UP node whose stereotype carries `gridfleet:node=<node_id>`."""
+    try:
+        with urllib.request.urlopen(f"{grid_url.rstrip('/')}/status", timeout=timeout_s) as r:
+            status = json.loads(r.read())
+    except (OSError, ValueError):
+        return False
+    for node in status.get("value", {}).get("nodes", []):
+        if node.get("availability") != "UP":
+            continue
+        for slot in node.get("slots", []):
+            if slot.get("stereotype", {}).get(NODE_CAPABILITY) == node_id:
+                return True
+    return False

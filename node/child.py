@@ -1,0 +1,67 @@
+"""The crawler process: runs one crawl and reports to the agent over a pipe.
+
+`python -m node.child --event-fd N` reads the job (JSON) on stdin and writes one
+JSON event per line to fd N: `status`, `session`, then `result` or `error`. It
+runs in its own process group, so the agent, the hub or an SSM/SSH command can
+end a hung crawl with one signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import traceback
+from typing import Any
+
+from node.crawler import CrawlContext, CrawlError
+from node.registry import load_crawler
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gridfleet-crawler")
+    ap.add_argument("--event-fd", type=int, required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s crawler %(levelname)s %(message)s")
+    out = os.fdopen(args.event_fd, "w", buffering=1, encoding="utf-8")
+    lock = threading.Lock()
+
+    def emit(**event: Any) -> None:
+        with lock:
+            out.write(json.dumps(event, default=str) + "\n")
+            out.flush()
+
+    job = json.load(sys.stdin)
+    ctx = CrawlContext(
+        site=job["site"], start_url=job["start_url"], options=job.get("options") or {}, attempt=job["attempt"],
+        node_id=job["node_id"], grid_url=job["grid_url"], profile_dir=job["profile_dir"],
+        chromium=job.get("chromium", "/usr/bin/chromium"), chrome_extra_args=tuple(job.get("chrome_args", ())),
+        page_load_timeout_s=job.get("page_load_timeout_s", 600), emit=emit,
+    )
+    crawler = None
+    try:
+        crawler = load_crawler(job["crawler"])(ctx)
+        result = crawler.run()
+        emit(event="result", **result)
+        return 0
+    except CrawlError as e:
+        emit(event="error", kind="crawl", message=str(e))
+        return 1
+    except Exception as e:  # the outermost frame of the crawler process: report, never hide
+        emit(event="error", kind=type(e).__name__, message=f"{type(e).__name__}: {e}",
+             trace=traceback.format_exc(limit=8))
+        return 1
+    finally:
+        if crawler is not None:
+            try:
+                crawler.close()
+            except Exception:
+                logging.getLogger("gridfleet.crawler").debug("closing the browser failed", exc_info=True)
+        out.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""What a site crawler is: a `BaseCrawler` subclass that walks pages and returns items.
+
+`BaseCrawler` owns the state reporting so site crawlers cannot get it wrong:
+RUNNING when the crawl starts, URL_CALL before each navigation, CALL_DONE
+after it, and the result (reported as COMPLETED once it is safely in S3).
+A crawler runs in its own process (`node.child`), so a hang is ended by
+killing that process; it talks to the agent only through `CrawlContext.emit`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from node.browser import capabilities, chrome_args
+
+Emit = Callable[..., None]
+
+#: The HTTP status of the last navigation, from the Navigation Timing API.
+_STATUS_JS = ("const e = performance.getEntriesByType('navigation')[0];"
+              " return e && e.responseStatus ? e.responseStatus : null;")
+
+
+class CrawlError(Exception):
+    """The site answered, but not with what the crawl needs (HTTP error, missing element...)."""
+
+
+@dataclass(frozen=True)
+class CrawlContext:
+    site: str
+    start_url: str
+    options: Mapping[str, Any]
+    attempt: int
+    node_id: str
+    grid_url: str
+    profile_dir: str
+    chromium: str = "/usr/bin/chromium"
+    chrome_extra_args: tuple[str, ...] = ()
+    page_load_timeout_s: float = 600
+    emit: Emit = field(default=lambda **_: None, repr=False)
+
+
+class BaseCrawler(abc.ABC):
+    #: Crawlers that need no browser (e.g. JSON APIs) set this to False and never touch `driver`.
+    needs_browser = True
+
+    def __init__(self, ctx: CrawlContext):
+        self.ctx = ctx
+        self.options = dict(ctx.options)
+        self.pages = 0
+        self._driver: Any = None
+
+    # --- the browser ------------------------------------------------------------
+    @property
+    def driver(self) -> Any:
+        if self._driver is None:
+            from selenium import webdriver
+            from selenium.webdriver.chrome.options import Options
+
+            opts = Options()
+            caps = capabilities(self.ctx.chromium, chrome_args(self.ctx.profile_dir, self.ctx.chrome_extra_args),
+                                self.ctx.node_id, self.ctx.page_load_timeout_s)
+            chrome = caps["goog:chromeOptions"]
+            opts.binary_location = chrome["binary"]
+            for arg in chrome["args"]:
+                opts.add_argument(arg)
+            opts.add_experimental_option("prefs", chrome["prefs"])
+            for key in ("gridfleet:node", "timeouts"):
+                opts.set_capability(key, caps[key])
+            self._driver = webdriver.Remote(command_executor=self.ctx.grid_url, options=opts)
+            self.ctx.emit(event="session", id=self._driver.session_id)
+        return self._driver
+
+    def close(self) -> None:
+        if self._driver is not None:
+            try:
+                self._driver.quit()
+            finally:
+                self._driver = None
+
+    # --- reporting ----------------------------------------------------------------
+    def status(self, site_status: str, url: str | None = None) -> None:
+        self.ctx.emit(event="status", site_status=site_status, url=url, pages=self.pages)
+
+    def open(self, url: str) -> None:
+        """Navigate to `url`, reporting URL_CALL before and CALL_DONE after; raise CrawlError on HTTP >= 400."""
+        self.status("URL_CALL", url)
+        self.driver.get(url)
+        self.pages += 1
+        code = self.driver.execute_script(_STATUS_JS)
+        if isinstance(code, int) and code >= 400:
+            raise CrawlError(f"HTTP {code} from {url}")
+        self.status("CALL_DONE", url)
+
+    # --- the crawl ------------------------------------------------------------------
+    @abc.abstractmethod
+    def crawl(self) -> Iterable[Mapping[str, Any]]:
+        """Walk the site from `self.ctx.start_url`; return (or yield) its items."""
+
+    def run(self) -> dict[str, Any]:
+        if self.needs_browser:
+            _ = self.driver  # the session starts while the site is still PENDING
+        self.status("RUNNING")
+        items = [dict(i) for i in self.crawl()]
+        return {"items": items, "pages": self.pages}

@@ -1,0 +1,102 @@
+"""`gridfleet node`: the node entrypoint, as cloud-init runs it on EC2 and the LocalProvider runs it locally.
+
+Starts this node's Grid node (unless one runs already), runs the agent until
+there is no more work, stops the Grid node, and exits; on EC2 the instance then
+shuts down, which terminates it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from fleet.aws import LOCAL_CREDENTIALS, AwsClients
+from fleet.clock import SystemClock
+from fleet.config_load import load_config
+from fleet.errors import ConfigError, GridfleetError
+from fleet.logs import event, setup
+from fleet.queue import SqsSiteQueue
+from fleet.results import S3ResultStore
+from fleet.table import DynamoStateTable
+from node import browser
+from node.agent import Agent, AgentSettings
+from node.grid_node import GridNode, GridNodeSpec
+from node.runner import ChildProcess
+from profiles import ProfileStore
+
+log = logging.getLogger("gridfleet.node")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="gridfleet node",
+        description="Run the node agent: take sites from the queue and crawl them until the queue is empty.",
+    )
+    ap.add_argument("--config", required=True, help="fleet.yaml (the hub's effective config)")
+    ap.add_argument("--run-id", required=True, help="the run this node works for")
+    ap.add_argument("--instance-id", required=True, help="this node's id (its Grid stereotype carries it)")
+    ap.add_argument("--state-dir", type=Path, default=Path("/var/lib/gridfleet"),
+                    help="where the agent keeps crawler.json and logs (default: %(default)s)")
+    ap.add_argument("--profiles-root", type=Path, default=Path("/efs"),
+                    help="root of profiles/ and locks/ (EFS on AWS; default: %(default)s)")
+    ap.add_argument("--grid-url", required=True, help="the Selenium Grid hub, e.g. http://127.0.0.1:4444")
+    ap.add_argument("--grid-jar", type=Path, help="start this node's Grid node from this jar")
+    ap.add_argument("--grid-publish", help="the Grid hub's event bus publish address (tcp://host:4442)")
+    ap.add_argument("--grid-subscribe", help="the Grid hub's event bus subscribe address (tcp://host:4443)")
+    ap.add_argument("--java", default="java")
+    ap.add_argument("--local", action="store_true", help="AWS is the embedded default's moto server")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    setup(prefix=f"[{args.instance_id}] ")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"gridfleet node: {e}", file=sys.stderr)
+        return 2
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS if args.local else None)
+    grid = None
+    try:
+        if args.grid_jar:
+            if not (args.grid_publish and args.grid_subscribe):
+                print("gridfleet node: --grid-jar needs --grid-publish and --grid-subscribe", file=sys.stderr)
+                return 2
+            spec = GridNodeSpec(jar=args.grid_jar, grid_url=args.grid_url, publish=args.grid_publish,
+                                subscribe=args.grid_subscribe, chromedriver=config.browser.chromedriver,
+                                java=args.java, session_timeout_s=int(max(60, config.run.hang_after_s * 2)))
+            grid = GridNode(spec, args.instance_id, args.state_dir)
+            grid.start()
+
+        def cleanup(profile: Path, session_id: str | None, forced: bool) -> None:
+            # After a killed crawl its browser still runs under the Grid node: kill it, then free the slot.
+            # After a clean end the crawler has quit its session; only a straggler is left to kill.
+            killed = browser.kill_browser(profile)
+            if session_id and (forced or killed):
+                browser.end_session(args.grid_url, session_id)
+
+        agent = Agent(
+            AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url),
+            table=DynamoStateTable(clients.client("dynamodb"), config.aws.table),
+            queue=SqsSiteQueue(clients.client("sqs"), config.aws.queue, config.aws.dlq_name),
+            results=S3ResultStore(clients.client("s3"), config.aws.bucket),
+            profiles=ProfileStore(args.profiles_root),
+            start_crawl=lambda job, log_path: ChildProcess(job, log_path),
+            cleanup=cleanup, clock=SystemClock(), state_dir=args.state_dir,
+        )
+        return agent.run()
+    except GridfleetError as e:
+        event(log, "node-error", logging.ERROR, run_id=args.run_id, node=args.instance_id, error=str(e))
+        return e.exit_code
+    except Exception:
+        log.exception("node agent failed run_id=%s node=%s", args.run_id, args.instance_id)
+        return 1
+    finally:
+        if grid is not None:
+            grid.stop()
