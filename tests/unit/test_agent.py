@@ -1,0 +1,215 @@
+"""The node agent on fakes with an injected clock: claims, results, its watchdog, fencing, requeues."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleet import ops
+from fleet.clock import FakeClock
+from fleet.codec import RunInfo
+from fleet.fakes import MemoryQueue, MemoryResults, MemoryStateTable
+from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
+from node.agent import Agent, AgentSettings
+from profiles import ProfileStore
+from tests.helpers.fake_node import HANG, ScriptedCrawl, pages_script, status
+
+RUN = "2026-11-21"
+
+
+class Rig:
+    def __init__(self, tmp_path, scripts, **settings):
+        self.clock = FakeClock()
+        self.table = MemoryStateTable()
+        self.queue = MemoryQueue(clock=self.clock)
+        self.results = MemoryResults()
+        self.scripts = list(scripts)
+        self.crawls: list[ScriptedCrawl] = []
+        self.cleanups: list[tuple] = []
+        self.table.create_run(RunInfo(RUN, "RUNNING", self.clock.now(), self.clock.now() + 3600, "20261121"))
+        defaults = dict(run_id=RUN, instance_id="i-1", hang_after_s=10, heartbeat_interval_s=5, visibility_s=30,
+                        idle_exit_s=3, receive_wait_s=1, max_attempts=3, lock_timeout_s=0)
+        defaults.update(settings)
+        self.agent = Agent(AgentSettings(**defaults), table=self.table, queue=self.queue, results=self.results,
+                           profiles=ProfileStore(tmp_path / "efs"), start_crawl=self._start,
+                           cleanup=lambda p, s, forced: self.cleanups.append((p.name, s, forced)),
+                           clock=self.clock, state_dir=tmp_path / "state")
+        (tmp_path / "state").mkdir()
+
+    def _start(self, job, log_path):
+        crawl = ScriptedCrawl(self.clock, self.scripts.pop(0))
+        crawl.job = job
+        self.crawls.append(crawl)
+        return crawl
+
+    def seed(self, site="s1"):
+        rec = ops.new_site(RUN, site, SiteSpec("http://x.test/"), None)
+        self.table.create_site(rec)
+        ops.send_next(self.table, self.queue, rec)
+
+    def site(self, site="s1"):
+        return self.table.get_site(RUN, site)
+
+
+def test_a_healthy_crawl_writes_the_result_then_completed_then_deletes_the_message(tmp_path):
+    rig = Rig(tmp_path, [pages_script(3)])
+    rig.seed()
+    assert rig.agent.run() == 0  # idles out once the queue is empty
+    rec = rig.site()
+    assert (rec.run_status, rec.site_status, rec.attempt, rec.pages) == (RunStatus.COMPLETED, SiteStatus.COMPLETED, 1, 3)
+    body = json.loads(rig.results.get("s1/20261121/result.json"))
+    assert body["attempt"] == 1 and len(body["items"]) == 3
+    assert rig.queue.messages == [] and rig.queue.sent == 1
+    assert rig.crawls[0].job["profile_dir"].endswith("profiles/s1")
+    assert rig.crawls[0].closed_with and rig.crawls[0].closed_with > 0  # it may close its own browser
+    assert rig.cleanups == [("s1", "sess-1", False)]
+
+
+def test_an_existing_result_means_done_without_a_crawl(tmp_path):
+    rig = Rig(tmp_path, [])
+    rig.results.put_new("s1/20261121/result.json", b"{}")
+    rig.seed()
+    rig.agent.run()
+    rec = rig.site()
+    assert rec.run_status is RunStatus.COMPLETED and rec.attempts[-1].outcome == "skipped"
+    assert rig.crawls == [] and rig.queue.messages == []
+
+
+def test_watchdog_kills_a_hang_at_hang_after_s_and_requeues(tmp_path):
+    script = pages_script(1)[:3] + [HANG]  # session, RUNNING, URL_CALL, then nothing
+    rig = Rig(tmp_path, [script, pages_script(2)])
+    rig.seed()
+    rig.agent.run()
+    first = rig.crawls[0]
+    assert first.killed and first.closed_with == 0
+    rec = rig.site()
+    assert rec.run_status is RunStatus.COMPLETED and rec.attempt == 2
+    a1 = rec.attempts[0]
+    assert (a1.outcome, a1.kill_path) == ("hang", "watchdog")
+    lag = (a1.end - a1.start) - (0.61 + 10)  # URL_CALL at 0.61 s, hang_after_s 10
+    assert -0.01 <= lag < 1.01  # killed within the next wake-up after the threshold (epochs kept to ms)
+    assert rig.cleanups[0] == ("s1", "sess-1", True)  # forced: the browser of a killed crawl is ended for it
+    assert rig.queue.sent == 2 and rig.queue.messages == []
+
+
+def test_a_site_that_always_hangs_fails_with_reason_hang_after_three_attempts(tmp_path):
+    hang = pages_script(1)[:3] + [HANG]
+    rig = Rig(tmp_path, [hang, hang, hang])
+    rig.seed()
+    rig.agent.run()
+    rec = rig.site()
+    assert (rec.run_status, rec.failure_reason, rec.attempt) == (RunStatus.FAILED, "hang", 3)
+    assert rig.queue.messages == [] and rig.queue.sent == 3
+
+
+def test_slow_but_alive_is_not_killed(tmp_path):
+    rig = Rig(tmp_path, [pages_script(8, step=9)])  # 9 s a page (< 10), 72 s in all (> 10)
+    rig.seed()
+    rig.agent.run()
+    rec = rig.site()
+    assert rec.run_status is RunStatus.COMPLETED and rec.attempt == 1
+    assert rig.crawls[0].closed_with > 0  # ended by its own result, never by the watchdog
+
+
+def test_crawler_error_requeues_then_succeeds(tmp_path):
+    err = [(0.5, status("RUNNING")), (0.6, {"event": "error", "message": "HTTP 500 from http://x.test/"})]
+    rig = Rig(tmp_path, [err, pages_script(1)])
+    rig.seed()
+    rig.agent.run()
+    rec = rig.site()
+    assert rec.run_status is RunStatus.COMPLETED and [a.outcome for a in rec.attempts] == ["error", "completed"]
+
+
+def test_hub_fencing_stops_the_crawl_and_leaves_the_requeue_to_the_hub(tmp_path):
+    rig = Rig(tmp_path, [pages_script(1)[:3] + [HANG]], node_watchdog=False, hang_after_s=1000)
+    rig.seed()
+    original = rig.agent._beat
+
+    def beat_after_hub_kill():
+        cur = rig.site()
+        if not cur.kill_reason:
+            ops.request_kill(rig.table, cur, Reason.HANG, rig.clock.now())  # the hub's mark
+        original()
+
+    rig.agent._beat = beat_after_hub_kill
+    rig.agent.run()
+    rec = rig.site()
+    assert rec.run_status is RunStatus.RUN and rec.kill_reason == "hang"  # untouched by the node
+    assert rig.crawls[0].killed
+    assert rig.queue.messages == []  # its message deleted; the hub sends the next one
+    assert rig.results.objects == {}
+
+
+def test_a_message_for_an_attempt_in_progress_elsewhere_is_left_for_later(tmp_path):
+    rig = Rig(tmp_path, [])
+    rig.seed()
+    msg = rig.queue.receive(0, 30)
+    ops.claim(rig.table, rig.site(), "i-other", rig.clock.now())
+    rig.queue.set_visibility(msg, 0)
+    rig.agent.s = rig.agent.s.__class__(**{**rig.agent.s.__dict__, "idle_exit_s": 1})
+    assert rig.agent.handle(rig.queue.receive(0, 30)) is False
+    assert len(rig.queue.messages) == 1 and rig.site().instance_id == "i-other"
+
+
+def test_a_duplicate_message_is_dropped_once_its_attempt_ended(tmp_path):
+    rig = Rig(tmp_path, [pages_script(1)])
+    rig.seed()
+    rig.queue.send(RUN, "s1", 1)  # the same attempt twice (at-least-once delivery)
+    rig.agent.run()
+    assert rig.site().attempt == 1 and rig.queue.messages == [] and len(rig.crawls) == 1
+
+
+def test_a_poison_message_is_not_deleted_and_reaches_the_dlq(tmp_path):
+    rig = Rig(tmp_path, [], idle_exit_s=30)
+    rig.queue.max_receive_count = 3
+    rig.queue.send_raw("not json")
+    rig.agent.run()
+    assert rig.queue.messages == [] and len(rig.queue.dlq) == 1
+
+
+def test_profile_locked_elsewhere_ends_the_attempt_as_an_error(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    lock = tmp_path / "efs" / "locks" / "s1.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fasteners, sys, time; l = fasteners.InterProcessLock(sys.argv[1]); l.acquire(); "
+        "print('held', flush=True); time.sleep(60)"), str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        rig = Rig(tmp_path, [], max_attempts=1)
+        rig.seed()
+        rig.agent.run()
+        rec = rig.site()
+        assert rec.run_status is RunStatus.FAILED and "lock" in rec.error
+    finally:
+        holder.kill()
+        holder.wait()
+        time.sleep(0)
+
+
+def test_sites_per_node_one_exits_after_one_site(tmp_path):
+    rig = Rig(tmp_path, [pages_script(1), pages_script(1)], sites_per_node=1)
+    rig.seed("s1")
+    rig.seed("s2")
+    rig.agent.run()
+    done = [s for s in ("s1", "s2") if rig.site(s).run_status is RunStatus.COMPLETED]
+    assert len(done) == 1 and len(rig.crawls) == 1
+
+
+def test_heartbeats_extend_visibility_during_a_long_crawl(tmp_path):
+    rig = Rig(tmp_path, [pages_script(10, step=8)])  # 80 s crawl, visibility 30 s
+    rig.seed()
+    rig.agent.run()
+    assert rig.site().run_status is RunStatus.COMPLETED
+    assert rig.queue.sent == 1  # never redelivered to anyone: nothing resent, nothing duplicated
+
+
+@pytest.mark.parametrize("finished", [True])
+def test_the_agent_exits_when_the_run_is_finished(tmp_path, finished):
+    rig = Rig(tmp_path, [], idle_exit_s=1000)
+    rig.table.update_run(RUN, status="FINISHED")
+    assert rig.agent.run() == 0

@@ -1,0 +1,299 @@
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import parse_qsl, urljoin, urlsplit
+
+import pytest
+
+from fleet.local.demo_server import DemoServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class _Page(HTMLParser):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.title = ""
+        self.item_ids: list[str] = []
+        self.next_hrefs: list[str] = []
+        self._in_title = False
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "title":
+            self._in_title = True
+        elif tag == "a" and a.get("class") == "item":
+            self.item_ids.append(a["data-id"] or "")
+        elif tag == "a" and a.get("class") == "next":
+            self.next_hrefs.append(a["href"] or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "title":
+            self._in_title = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title += data
+
+
+def fetch(url: str, method: str = "GET", timeout: float = 5) -> tuple[int, http.client.HTTPMessage, bytes]:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.headers, resp.read()
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, err.headers, err.read()
+
+
+def page(url: str) -> tuple[int, _Page]:
+    status, _, body = fetch(url)
+    return status, _Page(body.decode())
+
+
+@pytest.fixture
+def server():
+    with DemoServer() as srv:
+        yield srv
+
+
+def test_page_lists_ten_items_and_a_next_link_keeping_params(server):
+    url = f"{server.base_url}/s/shop/?pages=3&delay_s=0&fail_attempts=0"
+    status, headers, body = fetch(url)
+    assert status == 200
+    assert headers["Content-Type"] == "text/html; charset=utf-8"
+    assert int(headers["Content-Length"]) == len(body)
+    p = _Page(body.decode())
+    assert p.title == "shop page 1"
+    assert p.item_ids == [f"shop-1-{i}" for i in range(1, 11)]
+    assert len(p.next_hrefs) == 1
+    nxt = urlsplit(p.next_hrefs[0])
+    assert nxt.path == "/s/shop/"
+    assert dict(parse_qsl(nxt.query)) == {
+        "pages": "3",
+        "delay_s": "0",
+        "fail_attempts": "0",
+        "page": "2",
+    }
+
+    status, p2 = page(urljoin(url, p.next_hrefs[0]))
+    assert status == 200
+    assert p2.title == "shop page 2"
+    assert p2.item_ids == [f"shop-2-{i}" for i in range(1, 11)]
+    assert dict(parse_qsl(urlsplit(p2.next_hrefs[0]).query))["page"] == "3"
+
+
+def test_last_page_has_no_next_link(server):
+    status, p = page(f"{server.base_url}/s/shop/?pages=2&page=2")
+    assert status == 200
+    assert p.item_ids == [f"shop-2-{i}" for i in range(1, 11)]
+    assert p.next_hrefs == []
+
+    status, single = page(f"{server.base_url}/s/solo/")
+    assert status == 200
+    assert len(single.item_ids) == 10
+    assert single.next_hrefs == []
+
+
+def test_page_one_is_the_url_without_page(server):
+    _, _, implicit = fetch(f"{server.base_url}/s/shop/?pages=2")
+    _, _, explicit = fetch(f"{server.base_url}/s/shop/?pages=2&page=1")
+    assert implicit == explicit
+    assert server.stats()["sites"]["shop"]["hits"] == {"1": 2}
+
+
+def test_trailing_slash_is_optional_and_item_links_answer(server):
+    status, p = page(f"{server.base_url}/s/shop")
+    assert status == 200
+    assert p.item_ids[0] == "shop-1-1"
+    status, _, body = fetch(f"{server.base_url}/item/shop-1-1")
+    assert status == 200
+    assert b"shop-1-1" in body
+
+
+def test_delay_is_honoured(server):
+    start = time.monotonic()
+    status, _, _ = fetch(f"{server.base_url}/s/slow/?delay_s=0.3")
+    assert status == 200
+    assert time.monotonic() - start >= 0.3
+
+
+def test_hang_page_hangs_only_the_first_attempts(server):
+    host, port = urlsplit(server.base_url).netloc.split(":")
+    path = "/s/sticky/?pages=3&page=2&hang_page=2&hang_attempts=1"
+    conn = http.client.HTTPConnection(host, int(port), timeout=0.5)
+    try:
+        conn.request("GET", path)
+        with pytest.raises(TimeoutError):
+            conn.getresponse()
+    finally:
+        conn.close()
+
+    status, p = page(server.base_url + path)
+    assert status == 200
+    assert p.item_ids[0] == "sticky-2-1"
+    # other pages of the same site are not affected
+    assert page(f"{server.base_url}/s/sticky/?pages=3&hang_page=2&hang_attempts=1")[0] == 200
+    assert server.stats()["sites"]["sticky"]["hits"] == {"1": 1, "2": 2}
+
+
+def test_fail_attempts_fail_page_one_then_recover(server):
+    url = f"{server.base_url}/s/flaky/?pages=2&fail_attempts=2"
+    for _ in range(2):
+        status, headers, body = fetch(url)
+        assert status == 500
+        assert headers["Content-Type"] == "text/html; charset=utf-8"
+        assert _Page(body.decode()).item_ids == []
+    status, p = page(url)
+    assert status == 200
+    assert len(p.item_ids) == 10
+    assert page(url + "&page=2")[0] == 200
+
+
+def test_stats_count_hits_per_page_and_arrival_times(server):
+    before = time.time()
+    for query in ("pages=2", "pages=2&page=2", "pages=2", "pages=2&page=3"):
+        fetch(f"{server.base_url}/s/a/?{query}")
+    fetch(f"{server.base_url}/s/b/")
+    after = time.time()
+
+    status, headers, body = fetch(f"{server.base_url}/_stats")
+    assert status == 200
+    assert headers["Content-Type"] == "application/json"
+    stats = json.loads(body)
+    assert stats == server.stats()
+    a, b = stats["sites"]["a"], stats["sites"]["b"]
+    assert a["hits"] == {"1": 2, "2": 1}  # the 404 for page 3 is not counted
+    assert b["hits"] == {"1": 1}
+    assert len(a["times"]) == 3 and len(b["times"]) == 1
+    assert a["times"] == sorted(a["times"])
+    assert all(before <= t <= after for t in a["times"] + b["times"])
+    assert a["times"][-1] <= b["times"][0]
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_reset_clears_stats_and_attempt_counters(server, method):
+    url = f"{server.base_url}/s/flaky/?fail_attempts=1"
+    assert fetch(url)[0] == 500
+    assert fetch(url)[0] == 200
+
+    status, _, body = fetch(f"{server.base_url}/_reset", method=method)
+    assert status == 200
+    assert json.loads(body) == {"ok": True}
+    assert server.stats() == {"sites": {}}
+    assert fetch(url)[0] == 500
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/nope",
+        "/s/",
+        "/s/bad name/",
+        "/s/shop/extra",
+        "/s/shop/?pages=2&page=3",
+        "/s/shop/?page=0",
+        "/s/shop/?page=-1",
+    ],
+)
+def test_not_found(server, path):
+    status, headers, _ = fetch(server.base_url + path.replace(" ", "%20"))
+    assert status == 404
+    assert headers["Content-Type"] == "text/html; charset=utf-8"
+    assert server.stats() == {"sites": {}}
+
+
+@pytest.mark.parametrize(
+    "query, param",
+    [
+        ("pages=abc", "pages"),
+        ("pages=0", "pages"),
+        ("pages=", "pages"),
+        ("page=abc", "page"),
+        ("delay_s=-1", "delay_s"),
+        ("delay_s=nan", "delay_s"),
+        ("hang_page=x", "hang_page"),
+        ("hang_attempts=-1", "hang_attempts"),
+        ("fail_attempts=1.5", "fail_attempts"),
+    ],
+)
+def test_bad_params_are_rejected(server, query, param):
+    status, _, body = fetch(f"{server.base_url}/s/shop/?{query}")
+    assert status == 400
+    assert param.encode() in body
+    assert server.stats() == {"sites": {}}
+
+
+def test_stop_releases_hung_requests_promptly():
+    srv = DemoServer().start()
+    host, port = urlsplit(srv.base_url).netloc.split(":")
+    conns = []
+    try:
+        for _ in range(2):
+            conn = http.client.HTTPConnection(host, int(port), timeout=0.5)
+            conn.request("GET", "/s/stuck/?hang_page=1")
+            conns.append(conn)
+        for conn in conns:
+            with pytest.raises(TimeoutError):
+                conn.getresponse()
+        assert srv.stats()["sites"]["stuck"]["hits"] == {"1": 2}
+
+        start = time.monotonic()
+        srv.stop()
+        assert time.monotonic() - start < 2
+        # the held connections are closed without a response
+        for conn in conns:
+            conn.sock.settimeout(2)
+            assert conn.sock.recv(1) == b""
+        srv.stop()  # idempotent
+    finally:
+        for conn in conns:
+            conn.close()
+        srv.stop()
+
+
+def test_stop_without_start_and_base_url_before_start():
+    srv = DemoServer()
+    with pytest.raises(RuntimeError):
+        srv.base_url
+    srv.stop()
+    srv.stop()
+
+
+def test_main_serves_until_sigterm():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet.local.demo_server", "--port", "0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        match = re.fullmatch(r"demo server on (http://127\.0\.0\.1:\d+)\n", line)
+        assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
+        status, p = page(f"{match.group(1)}/s/cli/")
+        assert status == 200
+        assert p.item_ids[0] == "cli-1-1"
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+        assert proc.stderr.read() == ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()

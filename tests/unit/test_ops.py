@@ -1,0 +1,108 @@
+"""Record operations on the in-memory table: claims, fencing, requeue rules, message verdicts."""
+
+import pytest
+
+from fleet import ops
+from fleet.errors import StaleWrite
+from fleet.fakes import MemoryQueue, MemoryStateTable
+from fleet.state import Outcome, Reason, RunStatus, SiteSpec, SiteStatus
+
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture
+def table():
+    return MemoryStateTable()
+
+
+def seeded(table, site="s1"):
+    r = ops.new_site("r1", site, SiteSpec("http://x.test/"), None)
+    assert table.create_site(r)
+    return r
+
+
+def test_seeding_twice_keeps_the_first(table):
+    r = seeded(table)
+    assert not table.create_site(r)
+
+
+def test_claim_then_a_second_claim_on_the_same_record_is_refused(table):
+    r = seeded(table)
+    mine = ops.claim(table, r, "i-1", NOW)
+    assert (mine.run_status, mine.attempt, mine.instance_id) == (RunStatus.RUN, 1, "i-1")
+    with pytest.raises(StaleWrite) as e:
+        ops.claim(table, r, "i-2", NOW)  # computed from the stale record
+    assert e.value.current.instance_id == "i-1"
+
+
+def test_zombie_write_after_the_hub_moved_the_record_is_rejected(table):
+    r = ops.claim(table, seeded(table), "i-1", NOW)
+    node_view = ops.report(table, r, SiteStatus.RUNNING, NOW)
+    ops.request_kill(table, table.get_site("r1", "s1"), Reason.HANG, NOW + 1)
+    with pytest.raises(StaleWrite):
+        ops.report(table, node_view, SiteStatus.URL_CALL, NOW + 2)
+    with pytest.raises(StaleWrite):
+        ops.beat(table, node_view, NOW + 2)
+
+
+def test_heartbeat_does_not_move_the_version_so_the_hub_write_still_lands(table):
+    r = ops.claim(table, seeded(table), "i-1", NOW)
+    hub_view = table.get_site("r1", "s1")
+    ops.beat(table, r, NOW + 5)
+    killed = ops.request_kill(table, hub_view, Reason.HANG, NOW + 6)
+    assert killed.kill_reason == "hang"
+
+
+def end(table, r, reason=Reason.ERROR, **kw):
+    return ops.end_attempt(table, r, outcome=Outcome(str(reason)), reason=reason, now=NOW, max_attempts=3,
+                           spot_cap=1, **kw)
+
+
+def test_attempts_requeue_until_max_then_fail_with_reason(table):
+    r = seeded(table)
+    for n in (1, 2):
+        r = end(table, ops.claim(table, r, "i-1", NOW), Reason.HANG, kill_path="watchdog")
+        assert (r.run_status, r.attempt, r.enqueued) == (RunStatus.QUEUED, n, False)
+    r = end(table, ops.claim(table, r, "i-1", NOW), Reason.HANG)
+    assert (r.run_status, r.site_status, r.failure_reason, r.attempt) == (RunStatus.FAILED, SiteStatus.FAILED, "hang", 3)
+    assert [a.outcome for a in r.attempts] == ["hang", "hang", "hang"]
+    assert r.attempts[0].kill_path == "watchdog"
+
+
+def test_spot_gives_its_attempt_back_up_to_the_cap(table):
+    r = ops.claim(table, seeded(table), "i-1", NOW)
+    r = end(table, r, Reason.SPOT)
+    assert (r.run_status, r.attempt, r.spot_requeues) == (RunStatus.QUEUED, 0, 1)
+    r = end(table, ops.claim(table, r, "i-2", NOW), Reason.SPOT)  # over the cap of 1: it counts
+    assert (r.attempt, r.spot_requeues) == (1, 1)
+
+
+def test_send_next_sends_one_message_for_the_next_attempt_and_marks_it(table):
+    q = MemoryQueue()
+    r = end(table, ops.claim(table, seeded(table), "i-1", NOW))
+    r = ops.send_next(table, q, r)
+    assert r.enqueued and q.sent == 1
+    assert ops.send_next(table, q, r) is r and q.sent == 1  # already sent: nothing more
+    msg = q.receive(0, 30)
+    assert (msg.site, msg.attempt) == ("s1", 2)
+
+
+def test_classify(table):
+    r = seeded(table)
+    assert ops.classify(r, 1) is ops.Verdict.CLAIM
+    assert ops.classify(r, 2) is ops.Verdict.WAIT  # from the future: leave it
+    running = ops.claim(table, r, "i-1", NOW)
+    assert ops.classify(running, 1) is ops.Verdict.WAIT  # attempt 1 runs elsewhere
+    requeued = end(table, running)
+    assert ops.classify(requeued, 1) is ops.Verdict.STALE  # attempt 1 is over
+    assert ops.classify(requeued, 2) is ops.Verdict.CLAIM
+    assert ops.classify(None, 1) is ops.Verdict.STALE
+
+
+def test_complete_and_fail_now(table):
+    r = ops.claim(table, seeded(table), "i-1", NOW)
+    done = ops.complete(table, r, "s1/20261121/result.json", NOW + 3)
+    assert done.run_status is RunStatus.COMPLETED and done.attempts[-1].outcome == "completed"
+    other = seeded(table, "s2")
+    failed = ops.fail_now(table, other, Reason.DEADLINE, NOW)
+    assert (failed.run_status, failed.failure_reason) == (RunStatus.FAILED, "deadline")

@@ -1,0 +1,154 @@
+"""plan(): the hub's decisions from a snapshot and the hub's own clock. No I/O, time passed in."""
+
+import dataclasses
+
+from fleet.codec import NodeInfo, RunInfo
+from fleet.config import Config
+from fleet.state import Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from hub.actions import (
+    EndAttempt, Enqueue, FailSites, Finish, KillAttempt, Launch, SeedSites, StartRun, Terminate,
+)
+from hub.plan import plan, run_date_for
+from hub.snapshot import Instance, Observations, Snapshot, observe
+
+T0 = 1_800_000_000.0
+
+
+def config(n_sites=3, **run):
+    base = {"hang_after_s": 10, "heartbeat_timeout_s": 30, "watch_interval_s": 30, "deadline_s": 3600,
+            "enqueue_grace_s": 15}
+    base.update(run)
+    return Config.model_validate({
+        "run": base, "fleet": {"max_nodes": 2, "boot_timeout_s": 60},
+        "sites": [{"id": f"s{i}", "start_url": f"http://x.test/{i}"} for i in range(n_sites)],
+    })
+
+
+def site(name, **kw):
+    return dataclasses.replace(SiteRecord("r1", name, SiteSpec("http://x.test/"), enqueued=True), **kw)
+
+
+def running(name, node="i-1", **kw):
+    fields = {"site_status": SiteStatus.RUNNING, "last_update": 5.0, "heartbeat": 5.0, **kw}
+    return site(name, run_status=RunStatus.RUN, attempt=1, instance_id=node, **fields)
+
+
+RUN = RunInfo("r1", "RUNNING", T0, T0 + 3600, "20261121")
+
+
+class World:
+    """Snapshots over time, observed the way the hub observes them."""
+
+    def __init__(self, cfg, sites, instances=("i-1",), nodes=None, run=RUN):
+        self.cfg, self.run = cfg, run
+        self.sites = {s.site: s for s in sites}
+        self.instances = {i: Instance(i, "running") for i in instances}
+        self.nodes = nodes if nodes is not None else {i: NodeInfo("r1", i, "busy", 1.0, 0.0) for i in instances}
+        self.obs = Observations()
+
+    def plan(self, now):
+        self.obs = observe(self.obs, self.sites, self.nodes, self.instances, now)
+        return plan(Snapshot("r1", self.run, self.sites, self.nodes, self.instances, self.obs), now, self.cfg)
+
+
+def kinds(p):
+    return [type(a).__name__ for a in p.actions]
+
+
+def test_a_new_run_starts_seeds_and_launches():
+    cfg = config()
+    p = plan(Snapshot("2026-11-21", None, {}, {}, {}, Observations()), T0, cfg)
+    assert isinstance(p.actions[0], StartRun) and p.actions[0].run_date == "20261121"
+    seed = [a for a in p.actions if isinstance(a, SeedSites)][0]
+    assert [name for name, _ in seed.sites] == ["s0", "s1", "s2"]
+    assert Launch(2) in p.actions  # min(max_nodes=2, 3 open sites)
+
+
+def test_hang_is_detected_on_the_hubs_clock_from_when_it_saw_the_value():
+    cfg = config(1)
+    # The node's epoch says the page started long ago (clock skew); only the hub's observation counts.
+    w = World(cfg, [running("s0", site_status=SiteStatus.URL_CALL, last_update=T0 - 10_000)])
+    p = w.plan(T0)
+    assert not any(isinstance(a, KillAttempt) for a in p.actions)
+    assert p.wake_at == T0 + 10  # sleeps exactly until the hang could be declared
+    assert not any(isinstance(a, KillAttempt) for a in w.plan(T0 + 9.9).actions)
+    assert KillAttempt("s0", "i-1", 1, Reason.HANG) in w.plan(T0 + 10).actions
+
+
+def test_slow_but_alive_is_never_a_hang():
+    w = World(config(1), [running("s0", site_status=SiteStatus.URL_CALL, last_update=1.0)])
+    for k in range(1, 20):  # every 8 s the crawler moves on: no kill however long the site takes
+        w.sites["s0"] = dataclasses.replace(w.sites["s0"], last_update=1.0 + k, heartbeat=1.0 + k)
+        assert not any(isinstance(a, KillAttempt) for a in w.plan(T0 + 8 * k).actions)
+
+
+def test_hang_only_in_url_call():
+    w = World(config(1), [running("s0", site_status=SiteStatus.CALL_DONE)])
+    w.plan(T0)
+    w.sites["s0"] = dataclasses.replace(w.sites["s0"], heartbeat=6.0)
+    assert not any(isinstance(a, KillAttempt) for a in w.plan(T0 + 25).actions)
+
+
+def test_lost_when_the_heartbeat_stops():
+    w = World(config(1), [running("s0")])
+    w.plan(T0)
+    assert KillAttempt("s0", "i-1", 1, Reason.LOST) in w.plan(T0 + 30).actions
+
+
+def test_lost_at_once_when_the_instance_is_gone():
+    w = World(config(1), [running("s0", node="i-9")])
+    assert EndAttempt("s0", 1, Reason.LOST) in w.plan(T0).actions
+
+
+def test_an_interrupted_kill_is_finished_by_the_next_hub():
+    w = World(config(1), [running("s0", kill_reason="hang")])
+    assert KillAttempt("s0", "i-1", 1, Reason.HANG) in w.plan(T0).actions
+
+
+def test_a_queued_site_without_its_message_gets_one_after_the_grace():
+    w = World(config(1), [site("s0", enqueued=False, version=3)])
+    p = w.plan(T0)
+    assert not any(isinstance(a, Enqueue) for a in p.actions) and p.wake_at == T0 + 15
+    assert Enqueue("s0", 3) in w.plan(T0 + 15).actions
+
+
+def test_deadline_fails_open_sites_terminates_and_finishes():
+    run = dataclasses.replace(RUN, deadline_at=T0 + 5)
+    done = site("s2", run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED)
+    w = World(config(3), [running("s0"), site("s1"), done], run=run)
+    p = w.plan(T0 + 5)
+    assert p.actions == (Terminate(("i-1",), "deadline"), FailSites(("s0", "s1"), Reason.DEADLINE),
+                         Finish("deadline"))
+
+
+def test_finish_when_every_site_is_terminal():
+    sites = [site(f"s{i}", run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED) for i in range(3)]
+    assert Finish("done") in World(config(3), sites).plan(T0).actions
+
+
+def test_fleet_is_sized_by_open_sites_and_the_launch_budget():
+    sites = [site("s0"), site("s1", run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED),
+             site("s2", run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED)]
+    w = World(config(3), sites, instances=())
+    assert Launch(1) in w.plan(T0).actions
+    spent = dataclasses.replace(RUN, nodes_launched=config(3).launch_budget)
+    assert not any(isinstance(a, Launch) for a in World(config(3), sites, instances=(), run=spent).plan(T0).actions)
+
+
+def test_a_node_that_never_heartbeats_is_terminated_after_boot_timeout():
+    w = World(config(1), [site("s0")], instances=("i-1",), nodes={})
+    w.plan(T0)
+    assert Terminate(("i-1",), "boot-timeout") in w.plan(T0 + 60).actions
+
+
+def test_a_busy_node_is_not_terminated_for_a_stale_node_item():
+    w = World(config(1), [running("s0")])
+    w.plan(T0)
+    w.sites["s0"] = dataclasses.replace(w.sites["s0"], heartbeat=9.0)
+    assert not any(isinstance(a, Terminate) for a in w.plan(T0 + 45).actions)
+
+
+def test_run_date():
+    assert run_date_for("2026-11-21", T0) == "20261121"
+    assert run_date_for("20261121-rerun", T0) == "20261121"
+    assert run_date_for("demo", 0) == "19700101"
