@@ -15,8 +15,8 @@ from typing import Any, Iterable
 
 from fleet.clock import Clock, SystemClock
 from fleet.codec import (
-    NODE_PREFIX, RUN_ITEM, RUNS_PARTITION, NodeInfo, RunInfo, item_to_node, item_to_run, item_to_site,
-    node_to_item, num, run_to_item, site_to_item,
+    NODE_PREFIX, RUN_ITEM, RUNS_PARTITION, NodeInfo, RunInfo, diff_items, item_to_node, item_to_run,
+    item_to_site, node_to_item, num, run_to_item, site_to_item,
 )
 from fleet.errors import StaleWrite
 from fleet.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
@@ -54,7 +54,10 @@ class MemoryStateTable:
             if not fenced:
                 raise StaleWrite(old.run_id, old.site, old.fence(),
                                  item_to_site(copy.deepcopy(cur)) if cur else None)
-            self.items[key] = site_to_item(new)
+            sets, removes = diff_items(site_to_item(old), site_to_item(new))  # what DynamoDB would SET/REMOVE
+            cur.update(copy.deepcopy(sets))
+            for k in removes:
+                cur.pop(k, None)
             return new
 
     def read_run(self, run_id: str) -> RunRows:

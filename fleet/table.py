@@ -112,7 +112,7 @@ class DynamoStateTable:
     def write(self, old: SiteRecord, new: SiteRecord) -> SiteRecord:
         sets, removes = diff_items(site_to_item(old), site_to_item(new))
         if not sets and not removes:
-            return new
+            sets = {"version": num(old.version)}  # nothing to change, but the fence must still hold
         cond, values, names = fence_condition(old)
         parts, n = [], 0
         for k, v in sets.items():
@@ -200,7 +200,7 @@ class DynamoStateTable:
     def add_launched(self, run_id: str, count: int) -> None:
         self._c.update_item(
             TableName=self.name, Key=self._key(run_id, RUN_ITEM), UpdateExpression="ADD nodes_launched :n",
-            ExpressionAttributeValues={":n": {"N": str(count)}},
+            ConditionExpression="attribute_exists(Site)", ExpressionAttributeValues={":n": {"N": str(count)}},
         )
 
     def put_node(self, node: NodeInfo) -> None:

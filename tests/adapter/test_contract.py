@@ -1,0 +1,474 @@
+"""The contract of the state table, the site queue and the result store.
+
+Every test runs twice: against the AWS adapters on a moto server ("moto") and
+against the in-memory stand-ins of `fleet.fakes` ("memory"). A difference
+between the two is a bug in one of them: the fakes are what the unit tests and
+the simulator trust.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from decimal import Decimal
+
+import pytest
+
+from fleet import ops
+from fleet.codec import NodeInfo, RunInfo
+from fleet.errors import StaleWrite
+from fleet.queue import BadMessage, QueueDepth, SiteMessage
+from fleet.results import result_key
+from fleet.state import Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.table import RunIndexEntry
+
+NOW = 1_800_000_000.0
+RUN = "20270115-0600-ab12"
+OPTIONAL_ATTRIBUTES = ("instance_id", "lastUpdateEpoch", "heartbeatEpoch", "failure_reason", "error", "result_key",
+                       "url", "kill_reason", "kill_path", "expireAt")
+
+
+def backends(**known_bugs: str):
+    """Parametrize `backend` over both implementations; a backend named here is an expected failure (a bug)."""
+    return pytest.mark.parametrize("backend", [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=known_bugs[name])) if name in known_bugs
+        else name
+        for name in ("moto", "memory")
+    ], indirect=True)
+
+
+def seed(table, site: str = "s1", run_id: str = RUN, **spec_options) -> SiteRecord:
+    rec = ops.new_site(run_id, site, SiteSpec(f"https://{site}.example.test/", "links", spec_options), 1_800_086_400)
+    assert table.create_site(rec)
+    return rec
+
+
+def full_record(run_id: str = RUN, site: str = "s-full") -> SiteRecord:
+    """A record with every field set, nested options and a closed and an open attempt."""
+    options = {
+        "depth": 2, "ratio": 0.25, "follow": True, "skip": None, "label": "", "tags": ["a", "b", 3],
+        "nested": {"limits": {"pages": 50, "delay_s": 1.5}, "empty_map": {}, "empty_list": []},
+    }
+    return SiteRecord(
+        run_id=run_id, site=site, spec=SiteSpec("https://full.example.test/start?q=1", "links", options),
+        run_status=RunStatus.RUN, site_status=SiteStatus.URL_CALL, attempt=2, instance_id="i-0abc", version=7,
+        last_update=NOW + 12.5, heartbeat=NOW + 11.125, enqueued=True, failure_reason="hang", error="boom: 500",
+        result_key=result_key(site, "20270115"), url="https://full.example.test/p/3", pages=3, kill_reason="hang",
+        kill_path="watchdog", spot_requeues=1,
+        attempts=(Attempt(1, "i-0aaa", NOW, NOW + 5.5, "hang", "local"), Attempt(2, "i-0abc", NOW + 6.75)),
+        expire_at=1_800_086_400,
+    )
+
+
+def run_info(run_id: str = RUN, started_at: float = NOW) -> RunInfo:
+    return RunInfo(run_id=run_id, status="RUNNING", started_at=started_at, deadline_at=started_at + 21600,
+                   run_date="20270115")
+
+
+# --- state table: site records ---------------------------------------------------------------------
+
+
+def test_create_site_is_put_if_absent(table):
+    first = seed(table)
+    other = dataclasses.replace(first, spec=SiteSpec("https://elsewhere.test/"), version=5)
+    assert table.create_site(other) is False
+    assert table.get_site(RUN, "s1") == first
+
+
+def test_get_site_of_an_unknown_site_is_none(table):
+    seed(table)
+    assert table.get_site(RUN, "nope") is None
+    assert table.get_site("other-run", "s1") is None
+
+
+def test_every_field_of_a_site_record_round_trips(backend):
+    rec = full_record()
+    assert backend.table.create_site(rec)
+    assert backend.table.get_site(RUN, "s-full") == rec
+    raw = backend.raw_site(RUN, "s-full")
+    # the names of the original design, and expireAt a number (the table's TTL attribute)
+    assert (raw["attemptCount"], raw["lastUpdateEpoch"], raw["heartbeatEpoch"]) == (2, Decimal("1800000012.5"),
+                                                                                     Decimal("1800000011.125"))
+    assert isinstance(raw["expireAt"], Decimal) and raw["expireAt"] == 1_800_086_400
+
+
+def test_absent_fields_are_absent_attributes(backend):
+    rec = ops.new_site(RUN, "s-min", SiteSpec("http://min.test/"), None)
+    assert backend.table.create_site(rec)
+    assert backend.table.get_site(RUN, "s-min") == rec
+    raw = backend.raw_site(RUN, "s-min")
+    assert [k for k in OPTIONAL_ATTRIBUTES if k in raw] == []
+    assert None not in raw.values()
+
+
+def test_records_written_by_ops_read_back_equal(backend):
+    table = backend.table
+    rec = seed(table, depth=3, budget={"pages": 10, "bytes": 1.5e6})
+    steps = [
+        lambda r: ops.claim(table, r, "i-1", NOW),
+        lambda r: ops.report(table, r, SiteStatus.RUNNING, NOW + 1.25),
+        lambda r: ops.report(table, r, SiteStatus.URL_CALL, NOW + 2.5, url="https://s1.example.test/a", pages=1),
+        lambda r: ops.beat(table, r, NOW + 3.125),
+        lambda r: ops.report(table, r, SiteStatus.CALL_DONE, NOW + 4, pages=2),
+        lambda r: ops.request_kill(table, r, Reason.HANG, NOW + 5),
+        lambda r: ops.end_attempt(table, r, outcome=Outcome.HANG, reason=Reason.HANG, now=NOW + 6,
+                                  max_attempts=3, spot_cap=3, kill_path="local", error="page load hung"),
+        lambda r: ops.send_next(table, backend.queue, r),
+        lambda r: ops.claim(table, r, "i-2", NOW + 7),
+        lambda r: ops.complete(table, r, result_key("s1", "20270115"), NOW + 8),
+    ]
+    for step in steps:
+        rec = step(rec)
+        assert table.get_site(RUN, "s1") == rec
+    assert (rec.run_status, rec.attempt, rec.version) == (RunStatus.COMPLETED, 2, 8)
+    assert [(a.n, a.instance_id, a.outcome, a.kill_path) for a in rec.attempts] == [
+        (1, "i-1", "hang", "local"), (2, "i-2", "completed", None)]
+    msg = backend.queue.receive(0, 30)
+    assert isinstance(msg, SiteMessage) and (msg.run_id, msg.site, msg.attempt) == (RUN, "s1", 2)
+
+
+def test_write_from_a_stale_record_raises_with_the_current_record(table):
+    rec = seed(table)
+    mine = ops.claim(table, rec, "i-1", NOW)
+    with pytest.raises(StaleWrite) as e:
+        ops.claim(table, rec, "i-2", NOW + 1)  # computed from the record before the first claim
+    assert e.value.current == mine
+    assert (e.value.run_id, e.value.site) == (RUN, "s1")
+    assert table.get_site(RUN, "s1") == mine
+
+
+@pytest.mark.parametrize("forge", [
+    pytest.param({"instance_id": "i-zombie"}, id="instance"),
+    pytest.param({"attempt": 2}, id="attempt"),
+    pytest.param({"instance_id": None}, id="no-instance"),
+])
+def test_write_is_fenced_on_attempt_and_instance_too(table, forge):
+    claimed = ops.claim(table, seed(table), "i-1", NOW)
+    forged = dataclasses.replace(claimed, **forge)  # the right version, someone else's attempt
+    with pytest.raises(StaleWrite) as e:
+        ops.report(table, forged, SiteStatus.RUNNING, NOW + 1)
+    assert e.value.current == claimed
+    assert table.get_site(RUN, "s1") == claimed
+
+
+def test_write_of_a_record_that_does_not_exist_is_stale(table):
+    ghost = ops.new_site(RUN, "ghost", SiteSpec("https://ghost.test/"), None)
+    with pytest.raises(StaleWrite) as e:
+        ops.claim(table, ghost, "i-1", NOW)
+    assert e.value.current is None
+    assert table.get_site(RUN, "ghost") is None
+
+
+def test_a_zombie_node_is_fenced_off_after_the_hub_marks_the_kill(table):
+    node_view = ops.beat(table, ops.claim(table, seed(table), "i-1", NOW), NOW + 30)
+    killed = ops.request_kill(table, table.get_site(RUN, "s1"), Reason.HANG, NOW + 31)
+    with pytest.raises(StaleWrite) as e:
+        ops.beat(table, node_view, NOW + 60)
+    assert e.value.current == killed
+    assert e.value.current.kill_reason == "hang"
+
+
+@backends()
+def test_a_write_that_changes_nothing_is_still_fenced(table):
+    node_view = ops.beat(table, ops.claim(table, seed(table), "i-1", NOW), NOW + 30)
+    ops.request_kill(table, table.get_site(RUN, "s1"), Reason.HANG, NOW + 31)
+    # The zombie's check before it writes a result ("still ours?") is a heartbeat; its clock has not
+    # moved past the millisecond of its last one, so the heartbeat attribute would not change.
+    with pytest.raises(StaleWrite):
+        ops.beat(table, node_view, NOW + 30.0004)
+
+
+def test_a_write_that_clears_an_optional_field_removes_the_attribute(backend):
+    table = backend.table
+    rec = ops.claim(table, seed(table), "i-1", NOW)
+    rec = ops.report(table, rec, SiteStatus.RUNNING, NOW + 1)
+    rec = ops.report(table, rec, SiteStatus.URL_CALL, NOW + 2, url="https://s1.example.test/slow")
+    rec = ops.request_kill(table, rec, Reason.HANG, NOW + 3)
+    raw = backend.raw_site(RUN, "s1")
+    assert (raw["kill_reason"], raw["url"]) == ("hang", "https://s1.example.test/slow")
+
+    rec = ops.end_attempt(table, rec, outcome=Outcome.HANG, reason=Reason.HANG, now=NOW + 4, max_attempts=3,
+                          spot_cap=3)
+    raw = backend.raw_site(RUN, "s1")
+    assert "kill_reason" not in raw and "url" not in raw
+    assert raw["failure_reason"] == "hang"
+    got = table.get_site(RUN, "s1")
+    assert got == rec and got.kill_reason is None and got.url is None
+
+
+def test_beat_moves_the_heartbeat_but_not_the_version(table):
+    claimed = ops.claim(table, seed(table), "i-1", NOW)
+    beaten = ops.beat(table, claimed, NOW + 30.5)
+    got = table.get_site(RUN, "s1")
+    assert got == beaten
+    assert (got.version, got.heartbeat, got.last_update) == (claimed.version, NOW + 30.5, NOW)
+
+
+def test_mark_enqueued_does_not_move_the_version(table):
+    rec = seed(table)
+    marked = ops.mark_enqueued(table, rec)
+    got = table.get_site(RUN, "s1")
+    assert got == marked and got.enqueued is True and got.version == rec.version
+
+
+@backends()
+def test_a_state_write_keeps_a_heartbeat_it_did_not_see(table):
+    claimed = ops.claim(table, seed(table), "i-1", NOW)
+    hub_view = table.get_site(RUN, "s1")
+    ops.beat(table, claimed, NOW + 30)  # the node beats after the hub read; the version does not move
+    ops.request_kill(table, hub_view, Reason.LOST, NOW + 31)  # still fenced right: same version
+    got = table.get_site(RUN, "s1")
+    assert got.kill_reason == "lost"
+    assert got.heartbeat == NOW + 30
+
+
+# --- state table: the run partition ---------------------------------------------------------------
+
+
+def test_read_run_separates_the_run_item_sites_and_nodes(table):
+    run = run_info()
+    assert table.create_run(run)
+    sites = [seed(table, s) for s in ("b-site", "a-site", "c.site_2")]
+    nodes = [
+        NodeInfo(RUN, "i-0001", "busy", NOW + 5.5, NOW, site="a-site", attempt=1, sites_done=2,
+                 expire_at=1_800_086_400),
+        NodeInfo(RUN, "i-0002", "booting", NOW + 1, NOW + 0.25),
+    ]
+    for n in nodes:
+        table.put_node(n)
+    seed(table, "a-site", run_id="another-run")
+    table.create_run(run_info("another-run"))
+
+    rows = table.read_run(RUN)
+    assert rows.run == run
+    assert sorted(rows.sites, key=lambda r: r.site) == sorted(sites, key=lambda r: r.site)
+    assert sorted(rows.nodes, key=lambda n: n.instance_id) == nodes
+
+
+def test_read_run_of_an_unknown_run_is_empty(table):
+    rows = table.read_run("never-ran")
+    assert (rows.run, rows.sites, rows.nodes) == (None, [], [])
+    assert table.get_run("never-ran") is None
+
+
+def test_read_run_reads_every_page_of_a_large_run(backend):
+    table = backend.table
+    table.create_run(run_info())
+    blob = "x" * 10_000  # 120 records of ~10 KB: more than one 1 MB Query page
+    expected = {}
+    for i in range(120):
+        rec = ops.new_site(RUN, f"site-{i:03d}", SiteSpec("https://big.test/", "links", {"blob": blob, "i": i}),
+                           None)
+        assert table.create_site(rec)
+        expected[rec.site] = rec
+    if backend.name == "moto":
+        backend.calls.clear()
+
+    rows = table.read_run(RUN)
+    assert rows.run == run_info()
+    assert len(rows.sites) == 120
+    assert {r.site: r for r in rows.sites} == expected
+    if backend.name == "moto":
+        assert backend.calls.get("Query", 0) >= 2, "the run fit in one page; the test does not test paging"
+
+
+def test_node_items_are_overwritten_by_put_node(table):
+    table.create_run(run_info())
+    table.put_node(NodeInfo(RUN, "i-0001", "booting", NOW, NOW))
+    later = NodeInfo(RUN, "i-0001", "idle", NOW + 40, NOW, sites_done=1)
+    table.put_node(later)
+    assert table.read_run(RUN).nodes == [later]
+
+
+def test_create_run_is_put_if_absent_and_indexes_the_run(table):
+    first = run_info(started_at=NOW)
+    assert table.create_run(first)
+    assert table.create_run(dataclasses.replace(first, status="FINISHED", started_at=NOW + 99)) is False
+    assert table.get_run(RUN) == first
+    assert table.list_runs() == [RunIndexEntry(RUN, NOW)]
+
+
+def test_list_runs_is_ordered_by_start(table):
+    for run_id, started in (("r-middle", NOW + 100), ("r-last", NOW + 200.5), ("r-first", NOW)):
+        assert table.create_run(run_info(run_id, started))
+    assert table.list_runs() == [RunIndexEntry("r-first", NOW), RunIndexEntry("r-middle", NOW + 100),
+                                 RunIndexEntry("r-last", NOW + 200.5)]
+    assert table.read_run("r-first").sites == []  # the index is not part of any run
+
+
+def test_update_run_sets_fields(table):
+    run = run_info()
+    table.create_run(run)
+    table.update_run(RUN, hub_id="hub-a", hub_heartbeat=NOW + 10.5)
+    assert table.get_run(RUN) == dataclasses.replace(run, hub_id="hub-a", hub_heartbeat=NOW + 10.5)
+    table.update_run(RUN, status="FINISHED", finished_at=NOW + 3600.25, expire_at=1_800_090_000,
+                     deadline_at=NOW + 7200, hub_heartbeat=NOW + 3600)
+    assert table.get_run(RUN) == dataclasses.replace(
+        run, hub_id="hub-a", hub_heartbeat=NOW + 3600, status="FINISHED", finished_at=NOW + 3600.25,
+        expire_at=1_800_090_000, deadline_at=NOW + 7200)
+    assert table.get_run(RUN).finished
+
+
+def test_add_launched_is_atomic(table):
+    table.create_run(run_info())
+    threads = [threading.Thread(target=lambda k=k: [table.add_launched(RUN, k) for _ in range(5)])
+               for k in (1, 2, 3, 1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert table.get_run(RUN).nodes_launched == 5 * (1 + 2 + 3) * 2
+    assert table.read_run(RUN).run.status == "RUNNING"  # the other attributes are untouched
+
+
+@backends()
+def test_add_launched_on_an_unknown_run_creates_no_run_item(table):
+    with contextlib.suppress(Exception):
+        table.add_launched("never-ran", 1)
+    assert table.get_run("never-ran") is None
+    assert table.read_run("never-ran").run is None
+
+
+# --- queue ----------------------------------------------------------------------------------------------
+
+
+def test_send_then_receive(queue):
+    queue.send(RUN, "s1", 1)
+    msg = queue.receive(0, 30)
+    assert isinstance(msg, SiteMessage)
+    assert (msg.run_id, msg.site, msg.attempt, msg.receive_count) == (RUN, "s1", 1, 1)
+    assert msg.receipt and msg.message_id
+    assert queue.receive(0, 30) is None
+
+
+def test_receive_on_an_empty_queue_is_none(queue):
+    assert queue.receive(0, 30) is None
+    assert queue.depth() == QueueDepth(0, 0, 0)
+
+
+def test_a_received_message_is_invisible_until_its_visibility_runs_out(backend):
+    q = backend.queue
+    q.send(RUN, "short", 1)
+    q.send(RUN, "extended", 1)
+    short, extended = q.receive(0, 1), q.receive(0, 1)
+    assert {short.site, extended.site} == {"short", "extended"}
+    if short.site != "short":
+        short, extended = extended, short
+    assert q.receive(0, 1) is None
+    assert q.depth() == QueueDepth(0, 2, 0)
+    q.set_visibility(extended, 30)  # what a node's heartbeat does for the message it works on
+
+    backend.elapse(1.3)
+    again = q.receive(0, 30)
+    assert isinstance(again, SiteMessage)
+    assert (again.site, again.receive_count) == ("short", 2)
+    assert again.message_id == short.message_id and again.receipt != short.receipt
+    assert q.receive(0, 30) is None  # the extended one is still in flight
+    assert q.depth() == QueueDepth(0, 2, 0)
+
+
+def test_set_visibility_zero_makes_it_receivable_at_once(queue):
+    queue.send(RUN, "s1", 1)
+    first = queue.receive(0, 30)
+    queue.set_visibility(first, 0)
+    again = queue.receive(0, 30)
+    assert isinstance(again, SiteMessage)
+    assert (again.site, again.attempt) == ("s1", 1)
+    assert again.receive_count == first.receive_count + 1
+
+
+def test_delete_removes_the_message(queue):
+    queue.send(RUN, "s1", 1)
+    msg = queue.receive(0, 30)
+    queue.delete(msg)
+    queue.set_visibility(msg, 0)  # a receipt of a deleted message is no error
+    queue.delete(msg)
+    assert queue.receive(0, 30) is None
+    assert queue.depth() == QueueDepth(0, 0, 0)
+
+
+def test_send_many_delivers_every_item(queue):
+    items = [(RUN, f"site-{i:02d}", 1 + i % 3) for i in range(25)]
+    queue.send_many(items)
+    assert queue.depth() == QueueDepth(25, 0, 0)
+    got = []
+    for _ in range(25):
+        msg = queue.receive(0, 30)
+        assert isinstance(msg, SiteMessage)
+        got.append((msg.run_id, msg.site, msg.attempt))
+    assert sorted(got) == sorted(items)
+    assert queue.receive(0, 30) is None
+    assert queue.depth() == QueueDepth(0, 25, 0)
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param("this is not json", id="not-json"),
+    pytest.param('{"run_id": "r", "site": "s"}', id="no-attempt"),
+    pytest.param('{"run_id": "r", "site": "s", "attempt": 0}', id="attempt-0"),
+    pytest.param('["r", "s", 1]', id="a-list"),
+])
+def test_a_body_that_is_not_a_site_message_comes_back_as_bad_message(backend, body):
+    backend.send_raw(backend.queue, body)
+    msg = backend.queue.receive(0, 30)
+    assert isinstance(msg, BadMessage)
+    assert (msg.body, msg.receive_count) == (body, 1)
+    assert msg.receipt and msg.message_id and msg.problem
+
+
+def test_a_poison_message_goes_to_the_dlq_after_max_receive_count(backend):
+    q = backend.new_queue(2)
+    backend.send_raw(q, "poison")
+    counts = []
+    for _ in range(2):
+        bad = q.receive(0, 30)
+        assert isinstance(bad, BadMessage)
+        counts.append(bad.receive_count)
+        q.set_visibility(bad, 0)  # what a node does with it: give it back
+    assert counts == [1, 2]
+    assert q.receive(0, 30) is None  # the third receive moves it to the DLQ instead of delivering it
+    assert q.depth() == QueueDepth(0, 0, 1)
+    q.send(RUN, "s1", 1)  # the queue goes on working
+    assert isinstance(q.receive(0, 30), SiteMessage)
+    assert q.depth() == QueueDepth(0, 1, 1)
+
+
+def test_depth_counts_visible_and_in_flight_messages(queue):
+    for i in range(4):
+        queue.send(RUN, f"s{i}", 1)
+    assert queue.depth() == QueueDepth(4, 0, 0)
+    a, b = queue.receive(0, 30), queue.receive(0, 30)
+    assert queue.depth() == QueueDepth(2, 2, 0)
+    queue.delete(a)
+    assert queue.depth() == QueueDepth(2, 1, 0)
+    queue.set_visibility(b, 0)
+    assert queue.depth() == QueueDepth(3, 0, 0)
+
+
+# --- results -----------------------------------------------------------------------------------------------
+
+
+def test_put_new_writes_once(results):
+    key = result_key("s1", "20270115")
+    assert key == "s1/20270115/result.json"
+    assert results.exists(key) is False
+    assert results.put_new(key, b'{"pages": 3}') is True
+    assert results.exists(key) is True
+    assert results.put_new(key, b'{"pages": 99, "zombie": true}') is False
+    assert results.get(key) == b'{"pages": 3}'
+
+
+def test_results_of_other_keys_are_independent(results):
+    assert results.put_new(result_key("s1", "20270115"), b"one")
+    assert results.put_new(result_key("s1", "20270116"), b"two")
+    assert results.put_new(result_key("s2", "20270115"), b"three")
+    assert results.get(result_key("s1", "20270116")) == b"two"
+    assert results.exists(result_key("s3", "20270115")) is False
+
+
+def test_an_empty_body_is_a_result(results):
+    key = result_key("s-empty", "20270115")
+    assert results.put_new(key, b"") is True
+    assert results.exists(key)
+    assert results.get(key) == b""
+    assert results.put_new(key, b"{}") is False
