@@ -19,8 +19,8 @@ from hub.control.base import KillResult
 
 
 class LocalNodeControl:
-    def __init__(self, instances_dir: Path, stack_id: str, wait_s: float = 3.0):
-        self.dir = instances_dir
+    def __init__(self, instances_dir: Path, stack_id: str, run_id: str, wait_s: float = 3.0):
+        self.dir = instances_dir / run_id
         self.stack_id = stack_id
         self.wait_s = wait_s
 

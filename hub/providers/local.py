@@ -2,7 +2,7 @@
 
 Each instance runs exactly the node entrypoint that cloud-init runs on EC2
 (`gridfleet node`, which starts its own Grid node and Chromium). The registry,
-one `instance.json` per instance under `<stack>/instances/`, plays the part of
+one `instance.json` per instance under `<stack>/instances/<run_id>/<id>/`, plays the part of
 EC2's tags: a hub started again finds what an earlier hub launched. The process
 table is the other half of the truth: a process marked with the run but missing
 from the registry (a crash between spawn and write) is listed too, so it is
@@ -41,8 +41,12 @@ class LocalProvider:
         self._lock = threading.Lock()
 
     # --- registry -------------------------------------------------------------
-    def instance_dir(self, instance_id: str) -> Path:
-        return self.dir / instance_id
+    def instance_dir(self, instance_id: str, run_id: str | None = None) -> Path:
+        """`<instances>/<run_id>/<instance_id>`; without the run, found by looking."""
+        if run_id is not None:
+            return self.dir / run_id / instance_id
+        found = list(self.dir.glob(f"*/{instance_id}"))
+        return found[0] if found else self.dir / "_unknown" / instance_id
 
     def _read(self, path: Path) -> dict | None:
         try:
@@ -51,16 +55,17 @@ class LocalProvider:
             return None
 
     def _write(self, data: dict) -> None:
-        d = self.instance_dir(data["id"])
+        d = self.instance_dir(data["id"], data["run_id"])
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / "instance.json.tmp"
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, d / "instance.json")
 
-    def registry(self) -> list[dict]:
-        if not self.dir.is_dir():
+    def registry(self, run_id: str) -> list[dict]:
+        d = self.dir / run_id
+        if not d.is_dir():
             return []
-        return [e for e in (self._read(p / "instance.json") for p in sorted(self.dir.iterdir())) if e]
+        return [e for e in (self._read(p / "instance.json") for p in sorted(d.iterdir())) if e]
 
     # --- provider interface ---------------------------------------------------
     def list(self, run_id: str) -> list[Instance]:
@@ -69,9 +74,7 @@ class LocalProvider:
                    for p in procs.find(procs.scan(), GRIDFLEET_RUN=run_id, GRIDFLEET_STACK=self.stack_id)
                    if p.markers.get("GRIDFLEET_ROLE") == "node"}
         out: list[Instance] = []
-        for e in self.registry():
-            if e.get("run_id") != run_id:
-                continue
+        for e in self.registry(run_id):
             alive = e["id"] in running
             state = "running" if alive else ("pending" if e.get("state") == "pending" and self._young(e)
                                               else "terminated")
@@ -96,7 +99,7 @@ class LocalProvider:
             entry = {"id": iid, "run_id": run_id, "role": "node", "state": "pending",
                      "launched_at": self.clock.now(), "pid": None}
             self._write(entry)  # before the spawn: a crash after it leaves a "pending" entry, never a ghost
-            d = self.instance_dir(iid)
+            d = self.instance_dir(iid, run_id)
             try:
                 p = procs.spawn(
                     self.node_command(run_id, iid, d),
@@ -133,9 +136,9 @@ class LocalProvider:
         """Hub ids on the embedded default are `local:<pid>:<start ticks>`."""
         try:
             kind, pid, ticks = hub_id.split(":")
-        except ValueError:
+            return kind == "local" and procs.pid_alive(int(pid), int(ticks))
+        except ValueError:  # not an id this provider made
             return False
-        return kind == "local" and procs.pid_alive(int(pid), int(ticks))
 
     def _reap(self) -> None:
         with self._lock:
