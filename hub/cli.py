@@ -20,11 +20,11 @@ from fleet.clock import SystemClock
 from fleet.config_load import load_config
 from fleet.errors import GridfleetError, MissingResource, StackError, UsageError
 from fleet.logs import setup
-from fleet.state import Reason
 from hub import local_env
 from hub.loop import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Hub, default_run_id
 from hub.providers.local import local_hub_id
 from hub.summary import build_summary, counts, export, site_entry
+from hub.teardown import teardown_run
 from hub.views import print_sites
 
 log = logging.getLogger("gridfleet")
@@ -141,7 +141,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(f"run {run_id} is held by a hub that is still running ({existing.hub_id})")
         env.write_config(run_id)
         hub = Hub(run_id=run_id, config=env.config, table=env.table, queue=env.queue, results=env.results,
-                  provider=provider, control=env.control(), clock=clock, out_dir=args.out, hub_id=local_hub_id())
+                  provider=provider, control=env.control(run_id), clock=clock, out_dir=args.out, hub_id=local_hub_id())
         if existing is not None and existing.finished:
             outcome_code = _export_finished(env, run_id, args.out, console)
             finished = True
@@ -157,9 +157,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             finished = adopted
             raise
         finished = True
+        env.export_node_logs(run_id, args.out)
         rows = env.table.read_run(run_id)
         print_sites(console, run_id, {r.site: site_entry(r) for r in rows.sites}, outcome.counts)
-        console.print(f"summary: {outcome.summary_path}")
+        console.print(f"summary: {outcome.summary_path}  (node logs: {args.out / run_id / 'nodes'})")
         return outcome.exit_code
     finally:
         if started_here or (adopted and finished):
@@ -246,36 +247,19 @@ def _status_from_summary(out: Path, run_id: str | None) -> dict[str, Any]:
 
 # --- teardown ------------------------------------------------------------------------------------
 def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
-    from fleet import ops
-    from fleet.errors import StaleWrite
-
     env, run_id = _source(args)
     if env is None or not run_id:
         raise MissingResource("no local stack with a run is up; nothing to tear down")
     clock = SystemClock()
     provider = env.provider(run_id, clock)
-    live = [i.id for i in provider.list(run_id) if i.live]
-    provider.terminate(live)
+    result = teardown_run(run_id, env.table, provider, clock)
     rows = env.table.read_run(run_id)
-    if rows.run is None:
-        raise MissingResource(f"no run {run_id} on the local stack")
-    failed = 0
-    for r in rows.sites:
-        if not r.is_terminal:
-            try:
-                ops.fail_now(env.table, r, Reason.KILLED, clock.now(), error="torn down by an operator")
-                failed += 1
-            except StaleWrite:
-                pass
-    now = clock.now()
-    env.table.update_run(run_id, status="FINISHED", finished_at=now)
-    rows = env.table.read_run(run_id)
-    left = sum(1 for i in provider.list(run_id) if i.live)
-    summary = build_summary(rows.run, rows.sites, left_running=left, finished_at=now, finish_reason="teardown")
+    summary = build_summary(rows.run, rows.sites, left_running=result.left_running, finished_at=clock.now(),
+                            finish_reason="teardown")
     path = export(args.out, summary, rows.sites, env.results)
-    console.print(f"run {run_id}: terminated {len(live)} nodes, {failed} open sites marked FAILED (killed); "
-                  f"summary: {path}")
-    return EXIT_OK if not left else EXIT_ERROR
+    console.print(f"run {run_id}: terminated {len(result.terminated)} nodes, {len(result.failed_sites)} open sites "
+                  f"marked FAILED (killed); summary: {path}")
+    return EXIT_OK if not result.left_running else EXIT_ERROR
 
 
 # --- local -----------------------------------------------------------------------------------------

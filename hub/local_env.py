@@ -7,6 +7,7 @@ instances, and `efs/` (profiles and locks, kept like EFS across runs).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,8 +91,23 @@ class LocalEnv:
 
         return LocalProvider(self.stack.instances_dir, self.stack.stack_id, node_command, clock)
 
-    def control(self) -> LocalNodeControl:
-        return LocalNodeControl(self.stack.instances_dir, self.stack.stack_id)
+    def control(self, run_id: str) -> LocalNodeControl:
+        return LocalNodeControl(self.stack.instances_dir, self.stack.stack_id, run_id)
+
+    def export_node_logs(self, run_id: str, out: Path) -> int:
+        """Copy each local node's logs to `<out>/<run_id>/nodes/<instance>/` (moto keeps nothing)."""
+        src = self.stack.instances_dir / run_id
+        if not src.is_dir():
+            return 0
+        n = 0
+        for inst in sorted(p for p in src.iterdir() if p.is_dir()):
+            dest = out / run_id / "nodes" / inst.name
+            dest.mkdir(parents=True, exist_ok=True)
+            for name in ("node.log", "crawler.log", "grid-node.log", "instance.json"):
+                if (inst / name).is_file():
+                    shutil.copyfile(inst / name, dest / name)
+            n += 1
+        return n
 
 
 def connect(stack: LocalStack, state: StackState, config: Config, *, bootstrap: bool) -> LocalEnv:

@@ -21,7 +21,7 @@ from fleet.state import RunStatus
 from fleet.table import StateTable
 from hub.actions import Plan
 from hub.control.base import NodeControl
-from hub.executor import Executor
+from hub.executor import Executor, Finished
 from hub.plan import plan
 from hub.providers.base import ComputeProvider
 from hub.snapshot import Observations, Snapshot, observe
@@ -75,6 +75,10 @@ class Hub:
     def tick(self) -> tuple[Snapshot, Plan]:
         now = self.clock.now()
         snap = self.snapshot(now)
+        if snap.run is not None and snap.run.finished:  # finished from outside (teardown): nothing left to do
+            left = sum(1 for i in snap.instances.values() if i.live)
+            self.executor.finished = Finished("teardown", left)
+            return snap, Plan((), now)
         p = plan(snap, now, self.config)
         for action in p.actions:
             self.executor.execute(action, snap)

@@ -21,6 +21,10 @@ from hub.snapshot import Snapshot
 
 _DATE_ID = re.compile(r"^(\d{4})-?(\d{2})-?(\d{2})")
 
+#: With node watchdogs on, the hub is the backup for a hang: it waits this much longer, so the node's own
+#: (cheaper, exact) kill normally wins and the two do not race.
+BACKUP_GRACE_S = 2.0
+
 
 def run_date_for(run_id: str, now: float) -> str:
     """YYYYMMDD for result keys: the run id's date if it starts with one, else today (UTC)."""
@@ -39,6 +43,7 @@ def spec_of(site) -> SiteSpec:
 
 def plan(s: Snapshot, now: float, config: Config) -> Plan:
     run_cfg, fleet_cfg = config.run, config.fleet
+    hang_after = run_cfg.hang_after_s + (BACKUP_GRACE_S if fleet_cfg.node_watchdog else 0.0)
     actions: list[Action] = []
     wake = now + run_cfg.watch_interval_s
 
@@ -88,10 +93,10 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
             continue
         progress = s.obs.progress.get(name)
         if r.site_status is SiteStatus.URL_CALL and progress is not None:
-            if now - progress.since >= run_cfg.hang_after_s:
+            if now - progress.since >= hang_after:
                 actions.append(KillAttempt(name, r.instance_id, r.attempt, Reason.HANG))
                 continue
-            soon(progress.since + run_cfg.hang_after_s)
+            soon(progress.since + hang_after)
         beat = s.obs.heartbeat.get(name)
         if beat is not None:
             if now - beat.since >= run_cfg.heartbeat_timeout_s:

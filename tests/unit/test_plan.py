@@ -8,18 +8,18 @@ from fleet.state import Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from hub.actions import (
     EndAttempt, Enqueue, FailSites, Finish, KillAttempt, Launch, SeedSites, StartRun, Terminate,
 )
-from hub.plan import plan, run_date_for
+from hub.plan import BACKUP_GRACE_S, plan, run_date_for
 from hub.snapshot import Instance, Observations, Snapshot, observe
 
 T0 = 1_800_000_000.0
 
 
-def config(n_sites=3, **run):
+def config(n_sites=3, node_watchdog=False, **run):
     base = {"hang_after_s": 10, "heartbeat_timeout_s": 30, "watch_interval_s": 30, "deadline_s": 3600,
             "enqueue_grace_s": 15}
     base.update(run)
     return Config.model_validate({
-        "run": base, "fleet": {"max_nodes": 2, "boot_timeout_s": 60},
+        "run": base, "fleet": {"max_nodes": 2, "boot_timeout_s": 60, "node_watchdog": node_watchdog},
         "sites": [{"id": f"s{i}", "start_url": f"http://x.test/{i}"} for i in range(n_sites)],
     })
 
@@ -73,6 +73,13 @@ def test_hang_is_detected_on_the_hubs_clock_from_when_it_saw_the_value():
     assert p.wake_at == T0 + 10  # sleeps exactly until the hang could be declared
     assert not any(isinstance(a, KillAttempt) for a in w.plan(T0 + 9.9).actions)
     assert KillAttempt("s0", "i-1", 1, Reason.HANG) in w.plan(T0 + 10).actions
+
+
+def test_with_node_watchdogs_the_hub_is_the_backup_a_little_later():
+    w = World(config(1, node_watchdog=True), [running("s0", site_status=SiteStatus.URL_CALL)])
+    assert w.plan(T0).wake_at == T0 + 10 + BACKUP_GRACE_S
+    assert not any(isinstance(a, KillAttempt) for a in w.plan(T0 + 10).actions)
+    assert KillAttempt("s0", "i-1", 1, Reason.HANG) in w.plan(T0 + 10 + BACKUP_GRACE_S).actions
 
 
 def test_slow_but_alive_is_never_a_hang():

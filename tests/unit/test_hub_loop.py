@@ -1,0 +1,211 @@
+"""The hub's loop on fakes: a whole run, a restarted hub, an interrupted kill, an operator's teardown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleet import ops
+from fleet.clock import FakeClock
+from fleet.config import Config
+from fleet.fakes import MemoryQueue, MemoryResults, MemoryStateTable
+from fleet.state import Reason, RunStatus, SiteStatus
+from hub.control.base import KillResult
+from hub.loop import Hub
+from hub.providers.base import LaunchResult
+from hub.snapshot import Instance
+from hub.teardown import teardown_run
+
+RUN = "2026-11-21"
+
+
+class FakeProvider:
+    """Instances as data: what EC2 or the local registry would report."""
+
+    def __init__(self):
+        self.instances: dict[str, str] = {}
+        self.launches = 0
+
+    def list(self, run_id):
+        return [Instance(i, state) for i, state in self.instances.items()]
+
+    def launch(self, run_id, count):
+        ids = []
+        for _ in range(count):
+            self.launches += 1
+            ids.append(f"i-{self.launches}")
+            self.instances[ids[-1]] = "running"
+        return LaunchResult(tuple(ids))
+
+    def terminate(self, ids):
+        for i in ids:
+            self.instances[i] = "terminated"
+
+    def hub_alive(self, hub_id):
+        return False
+
+
+class FakeControl:
+    def __init__(self, ok=True):
+        self.ok = ok
+        self.calls = []
+
+    def kill(self, instance_id, site, attempt):
+        self.calls.append((instance_id, site, attempt))
+        return KillResult(self.ok, "local", "")
+
+
+def config(**run):
+    return Config.model_validate({
+        "run": {"hang_after_s": 10, "heartbeat_timeout_s": 30, "watch_interval_s": 5, "deadline_s": 600, **run},
+        "fleet": {"max_nodes": 2, "node_watchdog": False},  # the hub's own kill path, at hang_after_s
+        "sites": [{"id": f"s{i}", "start_url": f"http://x.test/{i}"} for i in range(3)],
+    })
+
+
+class Rig:
+    def __init__(self, tmp_path, cfg=None):
+        self.clock = FakeClock()
+        self.table, self.queue, self.results = MemoryStateTable(), MemoryQueue(clock=self.clock), MemoryResults()
+        self.provider, self.control = FakeProvider(), FakeControl()
+        self.cfg = cfg or config()
+        self.out = tmp_path / "runs"
+
+    def hub(self):
+        return Hub(run_id=RUN, config=self.cfg, table=self.table, queue=self.queue, results=self.results,
+                   provider=self.provider, control=self.control, clock=self.clock, out_dir=self.out, hub_id="h")
+
+    def node_takes(self, node="i-1"):
+        """What an agent does with the next message: claim, crawl, write the result, complete."""
+        msg = self.queue.receive(0, 30)
+        rec = self.table.get_site(RUN, msg.site)
+        if ops.classify(rec, msg.attempt) is not ops.Verdict.CLAIM:
+            self.queue.delete(msg)
+            return None
+        rec = ops.claim(self.table, rec, node, self.clock.now())
+        return rec, msg
+
+    def node_completes(self, rec, msg):
+        key = f"{rec.site}/20261121/result.json"
+        self.results.put_new(key, json.dumps({"site": rec.site}).encode())
+        ops.complete(self.table, rec, key, self.clock.now())
+        self.queue.delete(msg)
+
+
+def test_a_whole_run_seeds_launches_finishes_and_writes_the_summary(tmp_path):
+    rig = Rig(tmp_path)
+    hub = rig.hub()
+    hub.tick()
+    assert rig.queue.sent == 3 and rig.provider.launches == 2
+    for _ in range(3):
+        rig.node_completes(*rig.node_takes())
+    hub.tick()
+    assert hub.executor.finished is not None
+    out = hub._finish()
+    assert out.exit_code == 0 and out.left_running == 0
+    summary = json.loads(out.summary_path.read_text())
+    assert summary["nodes"] == {"launched": 2, "left_running": 0}
+    assert set(summary["sites"]) == {"s0", "s1", "s2"}
+    assert json.loads((rig.out / RUN / "results" / "s1.json").read_text()) == {"site": "s1"}
+    assert all(state == "terminated" for state in rig.provider.instances.values())
+    assert rig.table.get_run(RUN).finished
+
+
+def test_a_restarted_hub_neither_reseeds_nor_overlaunches(tmp_path):
+    rig = Rig(tmp_path)
+    rig.hub().tick()
+    taken = rig.node_takes()
+    second = rig.hub()  # the first hub died; a new one reads the same table and provider
+    second.tick()
+    assert rig.queue.sent == 3 and rig.provider.launches == 2
+    rig.node_completes(*taken)
+    for _ in range(2):
+        rig.node_completes(*rig.node_takes())
+    second.tick()
+    assert second._finish().exit_code == 0
+
+
+def test_an_interrupted_kill_is_completed_by_the_next_hub(tmp_path):
+    rig = Rig(tmp_path)
+    rig.hub().tick()
+    rec, msg = rig.node_takes()
+    ops.request_kill(rig.table, rec, Reason.HANG, rig.clock.now())  # the first hub died right after this
+    rig.hub().tick()
+    assert rig.control.calls == [("i-1", rec.site, 1)]
+    after = rig.table.get_site(RUN, rec.site)
+    assert (after.run_status, after.attempt, after.enqueued) == (RunStatus.QUEUED, 1, True)
+    assert after.attempts[0].kill_path == "local"
+    assert rig.queue.sent == 4  # exactly one new message, for attempt 2
+
+
+def test_an_unreachable_node_is_terminated_as_the_last_rung(tmp_path):
+    rig = Rig(tmp_path, config(hang_after_s=10))
+    rig.control.ok = False
+    hub = rig.hub()
+    hub.tick()
+    rec, _ = rig.node_takes()
+    rec = ops.report(rig.table, rec, SiteStatus.RUNNING, rig.clock.now())
+    ops.report(rig.table, rec, SiteStatus.URL_CALL, rig.clock.now(), url="http://x.test/")
+    hub.tick()
+    rig.clock.advance(10)
+    hub.tick()
+    assert rig.provider.instances["i-1"] == "terminated"
+    assert rig.table.get_site(RUN, rec.site).attempts[0].kill_path == "terminate"
+
+
+def test_deadline_fails_what_is_open_and_terminates_everything(tmp_path):
+    rig = Rig(tmp_path, config(deadline_s=60))
+    hub = rig.hub()
+    hub.tick()
+    rig.node_completes(*rig.node_takes())
+    rig.clock.advance(61)
+    hub.tick()
+    out = hub._finish()
+    summary = json.loads(out.summary_path.read_text())
+    assert out.exit_code == 3
+    assert sorted(s["failure_reason"] for s in summary["sites"].values() if s["run_status"] == "FAILED") == \
+        ["deadline", "deadline"]
+    assert all(state == "terminated" for state in rig.provider.instances.values())
+
+
+def test_teardown_from_outside_ends_the_run_and_the_hub_stands_down(tmp_path):
+    rig = Rig(tmp_path)
+    hub = rig.hub()
+    hub.tick()
+    rig.node_takes()
+    result = teardown_run(RUN, rig.table, rig.provider, rig.clock)
+    assert sorted(result.failed_sites) == ["s0", "s1", "s2"] and result.left_running == 0
+    assert all(r.failure_reason == "killed" for r in rig.table.read_run(RUN).sites)
+    hub.tick()
+    assert hub.executor.finished.reason == "teardown"
+    assert hub._finish().exit_code == 3
+
+
+def test_a_failing_tick_is_retried_and_does_not_end_the_loop(tmp_path):
+    rig = Rig(tmp_path)
+    hub = rig.hub()
+    calls = {"n": 0}
+    real = rig.table.read_run
+
+    def flaky(run_id):
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise ConnectionError("table unreachable")
+        if calls["n"] == 4:  # once seeded, every site completes
+            for _ in range(3):
+                rig.node_completes(*rig.node_takes())
+        return real(run_id)
+
+    rig.table.read_run = flaky
+    out = hub.run()
+    assert out.exit_code == 0 and calls["n"] >= 5
+
+
+def test_too_many_failing_ticks_end_the_loop(tmp_path):
+    rig = Rig(tmp_path)
+    hub = rig.hub()
+    hub.max_tick_failures = 3
+    rig.table.read_run = lambda run_id: (_ for _ in ()).throw(ConnectionError("down"))
+    with pytest.raises(ConnectionError):
+        hub.run()
