@@ -115,6 +115,7 @@ class Agent:
         self._node_site: tuple[str | None, int | None] = (None, None)
         self._rec: SiteRecord | None = None
         self._msg: SiteMessage | None = None
+        self._marks: dict[str, float] = {}  # phase -> monotonic time, for the timings on the log line
 
     # --- the main loop --------------------------------------------------------------
     def run(self) -> int:
@@ -172,6 +173,7 @@ class Agent:
                 self.queue.delete(msg)
             return False
         event(log, "claim", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
+        self._marks = {"claim": self.clock.monotonic()}
         self._rec, self._msg = rec, msg
         try:
             self.attempt()
@@ -209,6 +211,7 @@ class Agent:
         try:
             end = self._crawl(held.path, session)
         finally:
+            self._marks["closed"] = self.clock.monotonic()
             self.cleanup(held.path, session[0], end.forced if end else True)
             held.release()
             try:
@@ -226,6 +229,7 @@ class Agent:
             "grid_url": self.s.grid_url, "profile_dir": str(profile), "chromium": self.s.chromium,
             "chrome_args": list(self.s.chrome_args), "page_load_timeout_s": self.s.page_load_timeout_s,
         }
+        self._marks["spawn"] = self.clock.monotonic()
         proc = self.start_crawl(job, self.state_dir / "crawler.log")
         self._write_crawler_file(rec, proc.pid)
         status, since = SiteStatus.PENDING, self.clock.monotonic()
@@ -254,7 +258,9 @@ class Agent:
                         status, since = new, mono
                     elif kind == "session":
                         session[0] = ev.get("id")
+                        self._marks["session"] = mono
                     elif kind == "result":
+                        self._marks["result"] = mono
                         end = CrawlEnd("result", result=ev)
                         return end
                     elif kind == "error":
@@ -294,7 +300,7 @@ class Agent:
                 self._write(ops.complete, key, self.clock.now())
                 self.queue.delete(msg)
                 event(log, "completed", **fields, pages=(end.result or {}).get("pages"),
-                      items=len((end.result or {}).get("items", [])), key=key,
+                      items=len((end.result or {}).get("items", [])), key=key, **self._timings(),
                       **({} if wrote else {"note": "result existed; kept"}))
                 return
             if end.kind == "fenced":
@@ -316,6 +322,14 @@ class Agent:
                   now=f"{cur.run_status}/{cur.fence()}" if cur else "moved on",
                   kill_reason=cur.kill_reason if cur else None)
             self.queue.delete(msg)  # the hub requeues (or has) with a new message
+
+    def _timings(self) -> dict[str, str]:
+        """Seconds per phase: setup (claim to crawler start), browser (to session), crawl, close, save."""
+        m, now = self._marks, self.clock.monotonic()
+        spans = {"setup_s": ("claim", "spawn"), "browser_s": ("spawn", "session"), "crawl_s": ("session", "result"),
+                 "close_s": ("result", "closed"), "save_s": ("closed", None)}
+        return {k: f"{(m[b] if b else now) - m[a]:.2f}" for k, (a, b) in spans.items()
+                if a in m and (b is None or b in m)}
 
     # --- writes -------------------------------------------------------------------------
     def _write(self, op: Callable[..., SiteRecord], *args: Any, **kwargs: Any) -> SiteRecord:

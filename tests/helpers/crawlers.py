@@ -1,0 +1,35 @@
+"""Crawlers without a browser, for tests of the agent with real crawler processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from node.crawler import BaseCrawler
+
+
+class QuickCrawler(BaseCrawler):
+    needs_browser = False
+
+    def crawl(self):
+        for page in (1, 2):
+            self.status("URL_CALL", f"{self.ctx.start_url}?page={page}")
+            time.sleep(0.05)
+            self.pages += 1
+            self.status("CALL_DONE", f"{self.ctx.start_url}?page={page}")
+        return [{"id": f"{self.ctx.site}-{i}"} for i in range(3)]
+
+
+class HangCrawler(BaseCrawler):
+    """Starts a helper process (as a browser would), then hangs in URL_CALL."""
+
+    needs_browser = False
+
+    def crawl(self):
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        Path(self.options["pid_file"]).write_text(str(helper.pid))
+        self.status("URL_CALL", self.ctx.start_url)
+        time.sleep(300)
+        return []
