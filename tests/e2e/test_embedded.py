@@ -1,0 +1,153 @@
+"""The embedded default end to end: the real CLI, moto server, a Selenium Grid hub and nodes, Chromium.
+
+Few and small (seconds-long thresholds, a handful of sites): the detail is in the unit tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.e2e.conftest import assert_no_overlap, attempts
+
+pytestmark = pytest.mark.e2e
+
+MIXED = """\
+run: {max_attempts: 3, hang_after_s: 3, heartbeat_timeout_s: 15, watch_interval_s: 2, deadline_s: 240}
+fleet: {max_nodes: 3, idle_exit_s: 5}
+sites:
+  - {id: plain, start_url: "{demo}/s/plain/?pages=3", crawler: links,
+     options: {item: a.item, next: a.next, max_pages: 5}}
+  - {id: hangs, start_url: "{demo}/s/hangs/?pages=2&hang_page=2"}
+  - {id: flaky, start_url: "{demo}/s/flaky/?pages=2&fail_attempts=1"}
+  - {id: broken, start_url: "{demo}/s/broken/?fail_attempts=99"}
+  - {id: slow, start_url: "{demo}/s/slow/?pages=4&delay_s=1.2"}
+"""
+
+
+def test_mixed_sites_on_a_running_stack_end_as_their_behaviour_implies(gf):
+    up = gf.run("local", "up", timeout=120)
+    assert up.returncode == 0, up.stderr
+    status = gf.run("local", "status")
+    assert status.returncode == 0
+    for component in ("moto", "grid", "demo"):
+        assert component in status.stdout
+    assert "http://127.0.0.1:" in status.stdout
+
+    cfg = gf.write_config("mixed.yaml", MIXED)
+    run = gf.run("run", "--local", "--config", str(cfg), "--run-id", "mixed", timeout=240)
+    assert run.returncode == 3, run.stdout + run.stderr  # finished, some sites FAILED
+    s = gf.summary("mixed")
+    assert set(s) >= {"run_id", "started_at", "finished_at", "sites", "nodes"}
+    assert s["nodes"]["left_running"] == 0 and s["nodes"]["launched"] >= 1
+    sites = s["sites"]
+
+    assert (sites["plain"]["run_status"], sites["plain"]["attemptCount"]) == ("COMPLETED", 1)
+    assert (sites["hangs"]["run_status"], sites["hangs"]["failure_reason"]) == ("FAILED", "hang")
+    assert [a["outcome"] for a in attempts(s, "hangs")] == ["hang"] * 3
+    # The node's watchdog kills first; the hub is the backup and may win a race on a loaded machine.
+    assert all(a["kill_path"] in ("watchdog", "local") for a in attempts(s, "hangs"))
+    assert (sites["flaky"]["run_status"], sites["flaky"]["attemptCount"]) == ("COMPLETED", 2)
+    assert (sites["broken"]["run_status"], sites["broken"]["failure_reason"]) == ("FAILED", "error")
+    assert sites["broken"]["attemptCount"] == 3
+    assert (sites["slow"]["run_status"], sites["slow"]["attemptCount"]) == ("COMPLETED", 1)  # never killed
+    assert_no_overlap(s)
+
+    result = json.loads((gf.cwd / "runs" / "mixed" / "results" / "plain.json").read_text())
+    assert len(result["items"]) == 30 and result["pages"] == 3
+    assert {i["id"] for i in result["items"]} == {f"plain-{p}-{i}" for p in (1, 2, 3) for i in range(1, 11)}
+
+    stats = gf.demo_stats()  # the outside view of what was fetched
+    assert stats["plain"]["hits"] == {"1": 1, "2": 1, "3": 1}
+    assert stats["slow"]["hits"] == {"1": 1, "2": 1, "3": 1, "4": 1}
+    assert stats["hangs"]["hits"]["2"] == 3
+    assert stats["flaky"]["hits"] == {"1": 2, "2": 1}
+
+    assert gf.status("mixed")["sites"] == s["sites"]  # status --json and the summary agree
+    assert gf.run("local", "status").returncode == 0  # a stack started by `local up` outlives the run
+    down = gf.run("local", "down", timeout=60)
+    assert down.returncode == 0
+    assert gf.wait_no_leftovers() == []
+
+
+RESUME = """\
+run: {max_attempts: 3, hang_after_s: 4, heartbeat_timeout_s: 20, watch_interval_s: 1, deadline_s: 300}
+fleet: {max_nodes: 3, idle_exit_s: 8, node_watchdog: false}
+sites:
+  - {id: a1, start_url: "{demo}/s/a1/?pages=3&delay_s=0.8"}
+  - {id: a2, start_url: "{demo}/s/a2/?pages=3&delay_s=0.8"}
+  - {id: a3, start_url: "{demo}/s/a3/?pages=3&delay_s=0.8"}
+  - {id: a4, start_url: "{demo}/s/a4/?pages=3&delay_s=0.8"}
+  - {id: a5, start_url: "{demo}/s/a5/?pages=3&delay_s=0.8"}
+  - {id: a6, start_url: "{demo}/s/a6/?pages=3&delay_s=0.8"}
+  - {id: once, start_url: "{demo}/s/once/?pages=2&hang_page=1&hang_attempts=1"}
+"""
+
+
+def sigkill_when(gf, hub, run_id: str, completed: int) -> None:
+    """SIGKILL the hub once `completed` sites of the run are COMPLETED."""
+    deadline = time.monotonic() + 120
+    while True:
+        assert hub.poll() is None, (gf.cwd / "hub.log").read_text()
+        if gf.stack_file.exists():
+            st = gf.run("status", "--run-id", run_id, "--json", timeout=60)
+            if st.returncode == 0 and json.loads(st.stdout)["counts"]["COMPLETED"] >= completed:
+                break
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.3)
+    os.kill(hub.pid, signal.SIGKILL)
+    hub.wait()
+
+
+def test_hub_sigkilled_mid_run_then_resumed_loses_nothing_and_fetches_nothing_twice(gf):
+    assert gf.run("local", "up", timeout=120).returncode == 0
+    cfg = gf.write_config("resume.yaml", RESUME)
+    hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "r1")
+    sigkill_when(gf, hub, "r1", completed=2)
+
+    resumed = gf.run("run", "--local", "--config", str(cfg), "--run-id", "r1", "--resume", timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr + (gf.cwd / "hub.log").read_text()
+    s = gf.summary("r1")
+    assert all(v["run_status"] == "COMPLETED" for v in s["sites"].values())
+    assert s["nodes"]["left_running"] == 0
+    assert_no_overlap(s)
+    # The hang of `once` was ended by the hub (node watchdogs are off): by signalling the crawler's group.
+    assert [a["outcome"] for a in attempts(s, "once")] == ["hang", "completed"]
+    assert attempts(s, "once")[0]["kill_path"] == "local"
+
+    stats = gf.demo_stats()
+    for site in ("a1", "a2", "a3", "a4", "a5", "a6"):
+        assert s["sites"][site]["attemptCount"] == 1, site  # nothing re-crawled
+        assert stats[site]["hits"] == {"1": 1, "2": 1, "3": 1}, site  # every page fetched exactly once
+    assert stats["once"]["hits"] == {"1": 2, "2": 1}  # the hung request, then the good attempt
+    assert gf.run("local", "down", timeout=60).returncode == 0
+    assert gf.wait_no_leftovers() == []
+
+
+def test_run_starts_its_own_stack_and_leaves_nothing_running_even_across_a_crash(gf):
+    cfg = gf.write_config("own.yaml", """\
+        run: {hang_after_s: 5, watch_interval_s: 1}
+        fleet: {max_nodes: 2, sites_per_node: 1}
+        sites:
+          - {id: one, start_url: "{demo}/s/one/?pages=2"}
+          - {id: two, start_url: "{demo}/s/two/?pages=4&delay_s=1"}
+        """)
+    hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "own")
+    sigkill_when(gf, hub, "own", completed=1)
+    assert gf.run("local", "status").returncode == 0  # the stack the dead hub started is still up
+    run = gf.run("run", "--local", "--config", str(cfg), "--run-id", "own", "--resume", timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    s = gf.summary("own")
+    assert {k: v["run_status"] for k, v in s["sites"].items()} == {"one": "COMPLETED", "two": "COMPLETED"}
+    assert s["nodes"] == {"launched": 2, "left_running": 0}  # sites_per_node 1: one node per site
+    assert (gf.cwd / "runs" / "own" / "results" / "two.json").is_file()
+    assert list((gf.cwd / "runs" / "own" / "nodes").glob("*/node.log"))
+    assert gf.wait_no_leftovers() == []
+    assert not gf.stack_file.exists()
+    assert gf.run("local", "status").returncode == 1  # nothing is up
+    # With the stack gone, status falls back to the exported summary.
+    assert gf.status("own")["sites"] == s["sites"]

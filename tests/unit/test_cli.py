@@ -1,0 +1,97 @@
+"""The CLI's contract for bad input: one clear message, exit code 2 (or 1), no traceback, nothing started."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def gridfleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GRIDFLEET_HOME": str(tmp_path / "home")}
+    return subprocess.run([sys.executable, "-m", "hub.cli", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.fixture
+def bad_config(tmp_path):
+    p = tmp_path / "fleet.yaml"
+    p.write_text("run:\n  max_attempts: 0\nsites:\n  - {id: a, start_url: 'http://a.test'}\n")
+    return p
+
+
+def test_validate_ok(tmp_path):
+    (tmp_path / "ok.yaml").write_text("sites:\n  - {id: a, start_url: 'http://a.test'}\n")
+    p = gridfleet(tmp_path, "validate", "--config", "ok.yaml")
+    assert p.returncode == 0 and "OK: 1 sites" in p.stdout
+
+
+@pytest.mark.parametrize("command", [["validate"], ["run", "--local"], ["run", "--local", "--dry-run"]])
+def test_invalid_config_exits_2_with_one_message_and_starts_nothing(tmp_path, bad_config, command):
+    p = gridfleet(tmp_path, *command, "--config", str(bad_config))
+    assert p.returncode == 2
+    assert p.stderr.strip() == f"gridfleet: error: {bad_config}:2: run.max_attempts: " \
+                               "Input should be greater than or equal to 1"
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "home").exists()  # no stack, no instance, nothing
+
+
+def test_missing_config_file(tmp_path):
+    p = gridfleet(tmp_path, "run", "--local")
+    assert p.returncode == 2 and "fleet.yaml: no such file" in p.stderr
+
+
+def test_bad_run_id_is_a_usage_error(tmp_path):
+    p = gridfleet(tmp_path, "run", "--local", "--run-id", "../x")
+    assert p.returncode == 2 and "--run-id" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_aws_run_is_refused_until_it_exists(tmp_path):
+    (tmp_path / "fleet.yaml").write_text("sites:\n  - {id: a, start_url: 'http://a.test'}\n")
+    p = gridfleet(tmp_path, "run")
+    assert p.returncode == 2 and "--local" in p.stderr
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
+    (tmp_path / "fleet.yaml").write_text("sites:\n  - {id: a, start_url: '{demo}/s/a/'}\n")
+    p = gridfleet(tmp_path, "run", "--local", "--dry-run", "--run-id", "d1")
+    assert p.returncode == 0 and "dry run" in p.stdout and "{demo}/s/a/" in p.stdout
+    assert not (tmp_path / "home").exists()
+
+
+def test_status_with_nothing_to_show_says_so(tmp_path):
+    p = gridfleet(tmp_path, "status")
+    assert p.returncode == 1 and "no run to show" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_status_reads_an_exported_summary(tmp_path):
+    import json
+
+    run = tmp_path / "runs" / "2026-11-21"
+    run.mkdir(parents=True)
+    site = {"run_status": "FAILED", "site_status": "FAILED", "attemptCount": 3, "failure_reason": "hang",
+            "result_key": None, "attempts": []}
+    (run / "summary.json").write_text(json.dumps({"run_id": "2026-11-21", "started_at": 0, "finished_at": 1,
+                                                  "sites": {"a": site}, "nodes": {}}))
+    p = gridfleet(tmp_path, "status", "--json")
+    assert p.returncode == 0
+    data = json.loads(p.stdout)
+    assert data["run_id"] == "2026-11-21" and data["counts"]["FAILED"] == 1 and data["sites"]["a"] == site
+    table = gridfleet(tmp_path, "status", "--run-id", "2026-11-21")
+    assert table.returncode == 0 and "hang" in table.stdout
+
+
+def test_help_explains_the_commands(tmp_path):
+    p = gridfleet(tmp_path, "--help")
+    assert p.returncode == 0
+    for word in ("validate", "run", "status", "teardown", "local", "node", "Exit codes"):
+        assert word in p.stdout
+    assert "--resume" in gridfleet(tmp_path, "run", "--help").stdout
+
+
+def test_node_help_is_the_agents(tmp_path):
+    p = gridfleet(tmp_path, "node", "--help")
+    assert p.returncode == 0 and "node agent" in p.stdout

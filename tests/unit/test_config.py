@@ -1,0 +1,97 @@
+"""fleet.yaml validation: every error names the file, the line and the field."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from fleet.config_load import dump_config, load_config, parse_config
+from fleet.errors import ConfigError
+
+GOOD = """\
+run: {max_attempts: 3, hang_after_s: 120}
+fleet: {max_nodes: 20, instance_types: [t3.medium, t3a.medium]}
+aws: {region: ap-northeast-2, table: TrendlyzeStatus, queue: trendlyze-sites, bucket: trendlyze-results}
+sites:
+  - {id: zdnet, start_url: "https://zdnet.co.kr/", crawler: links,
+     options: {item: "a.item", next: "a.next", max_pages: 5}}
+  - {id: demo-1, start_url: "{demo}/s/demo-1/?pages=2"}
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        parse_config(textwrap.dedent(text), "fleet.yaml")
+    return [str(p) for p in e.value.problems]
+
+
+def test_the_design_example_is_valid_and_round_trips():
+    c = parse_config(GOOD, "fleet.yaml")
+    assert c.run.hang_after_s == 120 and c.fleet.instance_types == ("t3.medium", "t3a.medium")
+    assert c.site("zdnet").options["max_pages"] == 5 and c.site("demo-1").uses_demo
+    assert parse_config(dump_config(c)) == c
+    with pytest.raises(Exception):
+        c.run.max_attempts = 5  # frozen
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("run: {max_attempts: 0}\nsites: [{id: a, start_url: 'http://a.test'}]",
+     "fleet.yaml:1: run.max_attempts: Input should be greater than or equal to 1"),
+    ("run:\n  hang_after_s: 0\nsites: [{id: a, start_url: 'http://a.test'}]",
+     "fleet.yaml:2: run.hang_after_s: Input should be greater than 0"),
+    ("run:\n  colour: red\nsites: [{id: a, start_url: 'http://a.test'}]",
+     "fleet.yaml:2: run.colour: unknown key 'colour'"),
+    ("sites:\n  - {id: a, start_url: 'http://a.test'}\n  - {id: a, start_url: 'http://b.test'}",
+     "fleet.yaml:3: sites[1].id: duplicate site id 'a' (first at sites[0])"),
+    ("sites:\n  - {id: a}", "fleet.yaml:2: sites[0].start_url: required key is missing"),
+    ("sites:\n  - {id: a, start_url: 'ftp://a'}", "fleet.yaml:2: sites[0].start_url: must be an http(s) URL"),
+    ("sites:\n  - {id: a, start_url: 'http://'}", "fleet.yaml:2: sites[0].start_url: must be an http(s) URL"),
+    ("sites: []", "fleet.yaml:1: sites: at least one site is required"),
+    ("run: {}", "fleet.yaml:1: sites: required key is missing"),
+    ("sites:\n  - {id: a, start_url: 'http://a.test', crawler: nope}",
+     "fleet.yaml:2: sites[0].crawler: unknown crawler 'nope'"),
+    ("sites:\n  - {id: a, start_url: 'http://a.test', crawler: 'no.such.module:Crawler'}",
+     "fleet.yaml:2: sites[0].crawler: unknown crawler 'no.such.module:Crawler': module 'no.such.module' cannot"),
+    ("sites:\n  - {id: '../x', start_url: 'http://a.test'}", "fleet.yaml:2: sites[0].id: must start with"),
+    ("sites: [\n", "fleet.yaml:2: malformed YAML"),
+    ("run: {a: 1}\nrun: {b: 2}\nsites: []", "fleet.yaml:2: run: duplicate key"),
+    ("- 1\n- 2", "fleet.yaml:1: the top level must be a mapping"),
+    ("", "fleet.yaml: the file is empty"),
+    ("fleet: {sites_per_node: -1}\nsites: [{id: a, start_url: 'http://a.test'}]",
+     "fleet.yaml:1: fleet.sites_per_node: Input should be greater than or equal to 0"),
+    ("aws: {endpoint_url: 'localhost:4566'}\nsites: [{id: a, start_url: 'http://a.test'}]",
+     "fleet.yaml:1: aws.endpoint_url: must be an http(s) URL"),
+])
+def test_bad_input_is_named_by_file_line_and_field(text, expected):
+    found = problems(text)
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_unknown_key_lists_the_allowed_ones():
+    (p,) = problems("fleet: {max_node: 3}\nsites: [{id: a, start_url: 'http://a.test'}]")
+    assert "allowed: max_nodes" in p
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "nope.yaml")
+    assert "nope.yaml: no such file" in str(e.value)
+
+
+def test_demo_placeholder_resolution():
+    c = parse_config(GOOD)
+    assert c.site("demo-1").url_for("http://127.0.0.1:8800") == "http://127.0.0.1:8800/s/demo-1/?pages=2"
+    assert c.site("zdnet").url_for(None) == "https://zdnet.co.kr/"
+    with pytest.raises(ValueError):
+        c.site("demo-1").url_for(None)
+
+
+def test_examples_are_valid():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    for path in sorted(root.glob("*.yaml")):
+        load_config(path)
+    demo = load_config(root / "demo.yaml")
+    assert len(demo.sites) == 80
