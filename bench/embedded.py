@@ -1,0 +1,118 @@
+"""Benchmark: `gridfleet run --local` against a plain sequential Selenium loop, measured side by side.
+
+Both crawl the same N demo sites (P pages each, D seconds of server delay per
+page) on one local stack: gridfleet with K nodes through the Selenium Grid,
+the baseline with one Chromium visiting every page in turn. Prints both wall
+times, their ratio, and the orchestration overhead per site: a site's time
+minus the server's delays for its pages.
+
+    .venv/bin/python bench/embedded.py --sites 20 --nodes 4 --pages 3 --delay 0.3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from node.browser import BASE_ARGS, STARTUP_PREFS  # noqa: E402
+
+
+def gridfleet(env: dict, cwd: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hub.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def sequential(urls: list[str], pages: int, profile: Path) -> tuple[float, int]:
+    """One browser, every site in turn, following `a.next` like the links crawler; (wall s, items)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for a in BASE_ARGS + (("--no-sandbox",) if os.geteuid() == 0 else ()):
+        opts.add_argument(a)
+    opts.add_argument(f"--user-data-dir={profile}")
+    opts.add_experimental_option("prefs", STARTUP_PREFS)
+    start = time.monotonic()
+    driver = webdriver.Chrome(options=opts, service=Service("/usr/bin/chromedriver"))
+    items = 0
+    try:
+        for url in urls:
+            for _ in range(pages):
+                driver.get(url)
+                items += len(driver.find_elements("css selector", "a.item"))
+                nxt = driver.find_elements("css selector", "a.next")
+                if not nxt:
+                    break
+                url = nxt[0].get_attribute("href")
+    finally:
+        driver.quit()
+    return time.monotonic() - start, items
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sites", type=int, default=20)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--pages", type=int, default=3)
+    ap.add_argument("--delay", type=float, default=0.3, help="server delay per page, seconds")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="gridfleet-bench-"))
+    env = {**os.environ, "GRIDFLEET_HOME": str(work / "home")}
+    tag = uuid.uuid4().hex[:6]
+    names = [f"b{tag}-{i:03d}" for i in range(args.sites)]
+    cfg = work / "bench.yaml"
+    lines = ["run: {hang_after_s: 60, watch_interval_s: 1, deadline_s: 3600}",
+             f"fleet: {{max_nodes: {args.nodes}, idle_exit_s: 5}}", "sites:"]
+    lines += [f'  - {{id: {n}, start_url: "{{demo}}/s/{n}/?pages={args.pages}&delay_s={args.delay}"}}'
+              for n in names]
+    cfg.write_text("\n".join(lines) + "\n")
+
+    up = gridfleet(env, work, "local", "up", timeout=180)
+    if up.returncode != 0:
+        print(up.stdout + up.stderr, file=sys.stderr)
+        return 1
+    try:
+        demo = json.loads((work / "home" / "local" / "stack.json").read_text())["components"]["demo"]["url"]
+        t0 = time.monotonic()
+        run = gridfleet(env, work, "run", "--local", "--config", str(cfg), "--run-id", f"bench-{tag}")
+        wall_fleet = time.monotonic() - t0
+        if run.returncode != 0:
+            print(run.stdout + run.stderr, file=sys.stderr)
+            return 1
+        summary = json.loads((work / "runs" / f"bench-{tag}" / "summary.json").read_text())
+        durations = [a["end"] - a["start"] for s in summary["sites"].values() for a in s["attempts"]
+                     if a["outcome"] == "completed"]
+        urls = [f"{demo}/s/{n}/?pages={args.pages}&delay_s={args.delay}" for n in names]
+        wall_seq, items = sequential(urls, args.pages, work / "seq-profile")
+    finally:
+        gridfleet(env, work, "local", "down", timeout=120)
+
+    served = args.pages * args.delay  # what the server itself spends on one site
+    over_fleet = [d - served for d in durations]
+    over_seq = wall_seq / args.sites - served
+    print(f"sites={args.sites} nodes={args.nodes} pages/site={args.pages} server delay/page={args.delay}s")
+    print(f"gridfleet run --local : {wall_fleet:7.1f} s wall (incl. {summary['nodes']['launched']} node boots, "
+          f"teardown)")
+    print(f"sequential Selenium   : {wall_seq:7.1f} s wall ({items} items)")
+    print(f"ratio sequential/gridfleet = {wall_seq / wall_fleet:.2f}x")
+    print(f"orchestration overhead per site (attempt time - server delay): gridfleet mean "
+          f"{statistics.mean(over_fleet):.2f} s, p95 {sorted(over_fleet)[int(0.95 * (len(over_fleet) - 1))]:.2f} s; "
+          f"sequential loop {over_seq:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
