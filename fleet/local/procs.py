@@ -122,8 +122,8 @@ def kill_tree(select, grace_s: float = 3.0, poll_s: float = 0.05) -> int:
     sig = signal.SIGTERM
     while True:
         procs = scan()
-        targets = {pid for pid in descendants(procs, [p.pid for p in select(procs)])
-                   if pid != os.getpid() and pid_alive(pid)}
+        roots = [p.pid for p in select(procs) if p.pid != os.getpid()]  # never the caller, nor through it
+        targets = {pid for pid in descendants(procs, roots) if pid != os.getpid() and pid_alive(pid)}
         if not targets:
             return len(killed)
         if time.monotonic() >= deadline:

@@ -21,7 +21,7 @@ from fleet.config import AwsConfig
 from fleet.local import procs
 from fleet.queue import SqsSiteQueue
 from fleet.results import S3ResultStore
-from fleet.state import Reason, RunStatus, SiteSpec
+from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from fleet.table import DynamoStateTable
 from hub.control.local import LocalNodeControl
 from node.agent import Agent, AgentSettings
@@ -110,15 +110,17 @@ def test_the_hubs_local_kill_reaches_the_crawler_and_the_agent_stands_down(world
                          markers={"GRIDFLEET_INSTANCE": "i-1", "GRIDFLEET_STACK": stack_id})
     done = threading.Event()
     thread = threading.Thread(target=lambda: (agent.run(), done.set()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not (world.state_dir / "crawler.json").exists() or not pid_file.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    # What the hub's executor does: mark the kill (fencing the node off), then signal the crawler's group.
-    rec = world.table.get_site(RUN, "stuck")
-    ops.request_kill(world.table, rec, Reason.HANG, time.time())
     try:
+        thread.start()
+        deadline = time.monotonic() + 20
+        while True:  # until the crawler is hung in URL_CALL, as the hub would see it
+            rec = world.table.get_site(RUN, "stuck")
+            if rec.site_status is SiteStatus.URL_CALL and pid_file.exists():
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # What the hub's executor does: mark the kill (fencing the node off), then signal the crawler's group.
+        ops.request_kill(world.table, rec, Reason.HANG, time.time())
         result = LocalNodeControl(world.tmp / "instances", stack_id, RUN).kill("i-1", "stuck", 1)
         assert result.ok and result.path == "local", result
         assert done.wait(20)
