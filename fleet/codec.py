@@ -224,6 +224,20 @@ def item_to_node(item: Mapping[str, Any]) -> NodeInfo:
     )
 
 
+def split_partition(items) -> tuple[RunInfo | None, list[SiteRecord], list[NodeInfo]]:
+    """The items of one run's partition -> (run item, site records, node items)."""
+    run, sites, nodes = None, [], []
+    for item in items:
+        key = item["Site"]
+        if key == RUN_ITEM:
+            run = item_to_run(item)
+        elif key.startswith(NODE_PREFIX):
+            nodes.append(item_to_node(item))
+        elif not key.startswith("#"):
+            sites.append(item_to_site(item))
+    return run, sites, nodes
+
+
 def diff_items(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """(attributes to SET, attributes to REMOVE) turning `old` into `new`."""
     sets = {k: v for k, v in new.items() if k not in ("run_id", "Site") and old.get(k) != v}

@@ -91,7 +91,7 @@ class BrowserConfig(_Model):
 
 
 class LocalConfig(_Model):
-    """The embedded default: where the local stack keeps its state."""
+    """Settings of the embedded default's local stack."""
 
     grid_session_request_timeout_s: float = Field(60, gt=0)
 

@@ -15,8 +15,8 @@ from typing import Any, Iterable
 
 from fleet.clock import Clock, SystemClock
 from fleet.codec import (
-    NODE_PREFIX, RUN_ITEM, RUNS_PARTITION, NodeInfo, RunInfo, diff_items, item_to_node, item_to_run,
-    item_to_site, node_to_item, num, run_to_item, site_to_item,
+    NODE_PREFIX, RUN_ITEM, RUNS_PARTITION, NodeInfo, RunInfo, diff_items, item_to_run, item_to_site,
+    node_to_item, num, run_to_item, site_to_item, split_partition,
 )
 from fleet.errors import StaleWrite
 from fleet.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
@@ -61,18 +61,8 @@ class MemoryStateTable:
             return new
 
     def read_run(self, run_id: str) -> RunRows:
-        run, sites, nodes = None, [], []
-        for (rid, key), item in sorted(self.items.items()):
-            if rid != run_id:
-                continue
-            item = copy.deepcopy(item)
-            if key == RUN_ITEM:
-                run = item_to_run(item)
-            elif key.startswith(NODE_PREFIX):
-                nodes.append(item_to_node(item))
-            elif not key.startswith("#"):
-                sites.append(item_to_site(item))
-        return RunRows(run, sites, nodes)
+        items = [copy.deepcopy(item) for (rid, _), item in sorted(self.items.items()) if rid == run_id]
+        return RunRows(*split_partition(items))
 
     def create_run(self, run: RunInfo) -> bool:
         with self._lock:

@@ -45,6 +45,7 @@ class Reason(StrEnum):
     DEADLINE = "deadline"  # the run's deadline passed first
     SPOT = "spot"  # the node got a spot interruption notice
     KILLED = "killed"  # an operator tore the run down
+    NO_NODES = "no-nodes"  # no node of the run could start, so nothing could crawl it
 
 
 class Outcome(StrEnum):
@@ -58,6 +59,7 @@ class Outcome(StrEnum):
     DEADLINE = "deadline"
     SPOT = "spot"
     KILLED = "killed"
+    NO_NODES = "no-nodes"
 
 
 # Legal moves of run_status; every edge says who takes it and why.

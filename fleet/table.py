@@ -17,8 +17,8 @@ from botocore.exceptions import ClientError
 
 from fleet.aws import error_code
 from fleet.codec import (
-    NODE_PREFIX, RUN_ITEM, RUNS_PARTITION, NodeInfo, RunInfo, diff_items, item_to_node, item_to_run,
-    item_to_site, node_to_item, num, run_to_item, site_to_item,
+    RUN_ITEM, RUNS_PARTITION, NodeInfo, RunInfo, diff_items, item_to_run, item_to_site, node_to_item, num,
+    run_to_item, site_to_item, split_partition,
 )
 from fleet.errors import MissingResource, StaleWrite
 from fleet.state import SiteRecord
@@ -158,16 +158,7 @@ class DynamoStateTable:
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def read_run(self, run_id: str) -> RunRows:
-        run, sites, nodes = None, [], []
-        for item in self._query(run_id):
-            key = item["Site"]
-            if key == RUN_ITEM:
-                run = item_to_run(item)
-            elif key.startswith(NODE_PREFIX):
-                nodes.append(item_to_node(item))
-            elif not key.startswith("#"):
-                sites.append(item_to_site(item))
-        return RunRows(run, sites, nodes)
+        return RunRows(*split_partition(self._query(run_id)))
 
     def create_run(self, run: RunInfo) -> bool:
         try:

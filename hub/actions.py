@@ -52,6 +52,7 @@ class EndAttempt:
 class FailSites:
     sites: tuple[str, ...]
     reason: Reason
+    error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ from rich.console import Console
 
 from fleet.clock import SystemClock
 from fleet.config_load import load_config
-from fleet.errors import GridfleetError, MissingResource, StackError, UsageError
+from fleet.errors import GridfleetError, MissingResource, UsageError
 from fleet.logs import setup
 from hub import local_env
-from hub.loop import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Hub, default_run_id
+from hub.loop import EXIT_ERROR, EXIT_OK, Hub, default_run_id
 from hub.providers.local import local_hub_id
 from hub.summary import build_summary, counts, export, site_entry
 from hub.teardown import teardown_run
@@ -267,10 +267,7 @@ def cmd_local(args: argparse.Namespace, console: Console) -> int:
     home = local_env.gridfleet_home()
     stack = local_env.make_stack(home, need_jar=args.action == "up", progress=lambda m: console.print(m))
     if args.action == "up":
-        try:
-            st = stack.up()
-        except StackError:
-            raise
+        st = stack.up()
         _print_stack(console, stack)
         console.print(f"stack directory: {st.dir}; stop it with `gridfleet local down`")
         return EXIT_OK

@@ -127,7 +127,7 @@ class Executor:
         now = self.clock.now()
         for name in a.sites:
             try:
-                ops.fail_now(self.table, snap.sites[name], a.reason, now)
+                ops.fail_now(self.table, snap.sites[name], a.reason, now, error=a.error)
                 event(log, "failed", logging.WARNING, run_id=self.run_id, site=name, reason=a.reason)
             except StaleWrite as e:
                 # A node finished it in the meantime; a result beats the deadline.

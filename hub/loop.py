@@ -115,7 +115,7 @@ class Hub:
                 self.clock.sleep(min(self.config.run.watch_interval_s, 0.5 * 2 ** min(failures, 6)))
                 continue
             if self.executor.finished:
-                return self._finish()
+                return self._finish(self.executor.finished)
             now = self.clock.now()
             busy = bool(p.actions) or self.executor.conflicts
             self.executor.conflicts = 0
@@ -123,9 +123,7 @@ class Hub:
             pause = min(pause, self.config.run.watch_interval_s)
             self.clock.sleep(pause)
 
-    def _finish(self) -> RunOutcome:
-        fin = self.executor.finished
-        assert fin is not None
+    def _finish(self, fin: Finished) -> RunOutcome:
         rows = self.table.read_run(self.run_id)
         now = self.clock.now()
         summary = build_summary(rows.run, rows.sites, left_running=fin.left_running, finished_at=now,

@@ -21,6 +21,9 @@ from hub.snapshot import Snapshot
 
 _DATE_ID = re.compile(r"^(\d{4})-?(\d{2})-?(\d{2})")
 
+#: Nodes that end before their first heartbeat, with none ever booted, after which the run gives up.
+NO_NODES_AFTER = 3
+
 #: With node watchdogs on, the hub is the backup for a hang: it waits this much longer, so the node's own
 #: (cheaper, exact) kill normally wins and the two do not race.
 BACKUP_GRACE_S = 2.0
@@ -122,6 +125,20 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
     beat_dead = tuple(i for i in doomed if s.obs.node_beat[i].value is not None)
     if beat_dead:
         actions.append(Terminate(beat_dead, "node-lost"))
+
+    # No node can start (a broken install, a bad image): give up now rather than at the deadline.
+    never_booted = [i.id for i in s.instances.values() if not i.live and i.id not in s.nodes]
+    if not s.nodes and len(never_booted) >= NO_NODES_AFTER and s.run is not None:
+        open_sites = tuple(sorted(n for n, r in s.sites.items() if not r.is_terminal))
+        live = tuple(sorted(i.id for i in s.live_instances))
+        if live:
+            actions.append(Terminate(live, "no-nodes"))
+        if open_sites:
+            actions.append(FailSites(open_sites, Reason.NO_NODES,
+                                     f"no node could start: {len(never_booted)} ended before their first heartbeat "
+                                     f"(e.g. {never_booted[0]}); see its log"))
+        actions.append(Finish("no-nodes"))
+        return Plan(tuple(actions), now + 1.0)
 
     # Done?
     all_seeded = not missing and s.run is not None

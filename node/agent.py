@@ -96,7 +96,8 @@ QUIT_GRACE_S = 15.0
 class Agent:
     def __init__(self, s: AgentSettings, *, table: StateTable, queue: SiteQueue, results: ResultStore,
                  profiles: ProfileStore, start_crawl: StartCrawl, cleanup: Cleanup, clock: Clock,
-                 state_dir: Path, spot_notice: Callable[[], bool] = lambda: False):
+                 state_dir: Path, spot_notice: Callable[[], bool] = lambda: False,
+                 healthy: Callable[[], str | None] = lambda: None):
         self.s = s
         self.table = table
         self.queue = queue
@@ -107,6 +108,7 @@ class Agent:
         self.clock = clock
         self.state_dir = state_dir
         self.spot_notice = spot_notice
+        self.healthy = healthy  # None when the node can crawl, else why not (e.g. its Grid node died)
         self.started_at = clock.now()
         self.sites_done = 0
         self.run_date = ""
@@ -127,6 +129,11 @@ class Agent:
         self._set_node("idle")
         idle_since = self.clock.monotonic()
         while True:
+            sick = self.healthy()
+            if sick:
+                event(log, "node-exit", logging.ERROR, run_id=self.s.run_id, node=self.s.instance_id, why=sick)
+                self._set_node("exiting")
+                return 1
             if self.s.sites_per_node and self.sites_done >= self.s.sites_per_node:
                 event(log, "node-exit", run_id=self.s.run_id, node=self.s.instance_id, why="sites_per_node reached")
                 break

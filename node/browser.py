@@ -63,17 +63,9 @@ def kill_browser(profile_dir: Path) -> int:
     flag = f"--user-data-dir={profile_dir}"
 
     def select(ps):
-        return [p for p in ps if p.alive and flag in _cmdline(p.pid)]
+        return [p for p in ps if p.alive and flag in procs.cmdline(p.pid)]
 
     return procs.kill_tree(select, grace_s=1.0)
-
-
-def _cmdline(pid: int) -> tuple[str, ...]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ()
-    return tuple(p.decode(errors="replace") for p in raw.split(b"\0") if p)
 
 
 def end_session(grid_url: str, session_id: str, timeout_s: float = 10) -> bool:

@@ -72,6 +72,13 @@ class GridNode:
             time.sleep(0.25)
         log.info("grid-node-up node=%s port=%d grid=%s", self.node_id, port, self.spec.grid_url)
 
+    def problem(self) -> str | None:
+        """None while the Grid node runs, else why it does not."""
+        if self.proc is None:
+            return "the Grid node is not started"
+        code = self.proc.poll()
+        return None if code is None else f"the Grid node exited with code {code}"
+
     def stop(self) -> None:
         if self.proc is None:
             return

@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             profiles=ProfileStore(args.profiles_root),
             start_crawl=lambda job, log_path: ChildProcess(job, log_path),
             cleanup=cleanup, clock=SystemClock(), state_dir=args.state_dir,
+            healthy=grid.problem if grid is not None else (lambda: None),
         )
         return agent.run()
     except GridfleetError as e:

@@ -58,7 +58,7 @@ def _markers(pid: int) -> dict[str, str]:
     return out
 
 
-def _cmdline(pid: int) -> tuple[str, ...]:
+def cmdline(pid: int) -> tuple[str, ...]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -75,7 +75,7 @@ def scan(with_cmdline: bool = False) -> list[Proc]:
         st = _read_stat(pid)
         if st is None:
             continue
-        procs.append(Proc(pid, st[0], st[1], st[2], _markers(pid), _cmdline(pid) if with_cmdline else ()))
+        procs.append(Proc(pid, st[0], st[1], st[2], _markers(pid), cmdline(pid) if with_cmdline else ()))
     return procs
 
 

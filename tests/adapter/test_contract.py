@@ -29,13 +29,9 @@ OPTIONAL_ATTRIBUTES = ("instance_id", "lastUpdateEpoch", "heartbeatEpoch", "fail
                        "url", "kill_reason", "kill_path", "expireAt")
 
 
-def backends(**known_bugs: str):
-    """Parametrize `backend` over both implementations; a backend named here is an expected failure (a bug)."""
-    return pytest.mark.parametrize("backend", [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=known_bugs[name])) if name in known_bugs
-        else name
-        for name in ("moto", "memory")
-    ], indirect=True)
+def backends():
+    """Parametrize `backend` over both implementations: the same contract holds for each."""
+    return pytest.mark.parametrize("backend", ["moto", "memory"], indirect=True)
 
 
 def seed(table, site: str = "s1", run_id: str = RUN, **spec_options) -> SiteRecord:

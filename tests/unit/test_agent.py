@@ -213,3 +213,11 @@ def test_the_agent_exits_when_the_run_is_finished(tmp_path, finished):
     rig = Rig(tmp_path, [], idle_exit_s=1000)
     rig.table.update_run(RUN, status="FINISHED")
     assert rig.agent.run() == 0
+
+
+def test_the_agent_stops_taking_sites_when_its_grid_node_is_gone(tmp_path):
+    rig = Rig(tmp_path, [pages_script(1)])
+    rig.seed()
+    rig.agent.healthy = lambda: "the Grid node exited with code 1"
+    assert rig.agent.run() == 1
+    assert rig.site().run_status is RunStatus.QUEUED and rig.crawls == []  # nothing claimed, nothing burned

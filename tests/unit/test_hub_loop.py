@@ -102,7 +102,7 @@ def test_a_whole_run_seeds_launches_finishes_and_writes_the_summary(tmp_path):
         rig.node_completes(*rig.node_takes())
     hub.tick()
     assert hub.executor.finished is not None
-    out = hub._finish()
+    out = hub._finish(hub.executor.finished)
     assert out.exit_code == 0 and out.left_running == 0
     summary = json.loads(out.summary_path.read_text())
     assert summary["nodes"] == {"launched": 2, "left_running": 0}
@@ -123,7 +123,7 @@ def test_a_restarted_hub_neither_reseeds_nor_overlaunches(tmp_path):
     for _ in range(2):
         rig.node_completes(*rig.node_takes())
     second.tick()
-    assert second._finish().exit_code == 0
+    assert second._finish(second.executor.finished).exit_code == 0
 
 
 def test_an_interrupted_kill_is_completed_by_the_next_hub(tmp_path):
@@ -161,7 +161,7 @@ def test_deadline_fails_what_is_open_and_terminates_everything(tmp_path):
     rig.node_completes(*rig.node_takes())
     rig.clock.advance(61)
     hub.tick()
-    out = hub._finish()
+    out = hub._finish(hub.executor.finished)
     summary = json.loads(out.summary_path.read_text())
     assert out.exit_code == 3
     assert sorted(s["failure_reason"] for s in summary["sites"].values() if s["run_status"] == "FAILED") == \
@@ -179,7 +179,7 @@ def test_teardown_from_outside_ends_the_run_and_the_hub_stands_down(tmp_path):
     assert all(r.failure_reason == "killed" for r in rig.table.read_run(RUN).sites)
     hub.tick()
     assert hub.executor.finished.reason == "teardown"
-    assert hub._finish().exit_code == 3
+    assert hub._finish(hub.executor.finished).exit_code == 3
 
 
 def test_a_failing_tick_is_retried_and_does_not_end_the_loop(tmp_path):
@@ -209,3 +209,22 @@ def test_too_many_failing_ticks_end_the_loop(tmp_path):
     rig.table.read_run = lambda run_id: (_ for _ in ()).throw(ConnectionError("down"))
     with pytest.raises(ConnectionError):
         hub.run()
+
+
+def test_nodes_that_die_at_boot_end_the_run_fast_instead_of_at_the_deadline(tmp_path):
+    rig = Rig(tmp_path)
+    launch = rig.provider.launch
+
+    def dies(run_id, count):
+        result = launch(run_id, count)
+        for i in result.launched:
+            rig.provider.instances[i] = "terminated"  # exits before its first heartbeat
+        return result
+
+    rig.provider.launch = dies
+    out = rig.hub().run()
+    summary = json.loads(out.summary_path.read_text())
+    assert out.exit_code == 3 and summary["finish_reason"] == "no-nodes"
+    assert {s["failure_reason"] for s in summary["sites"].values()} == {"no-nodes"}
+    assert rig.provider.launches <= 4
+    assert rig.clock.now() - summary["started_at"] < 60  # not the 600 s deadline

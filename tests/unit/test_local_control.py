@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -15,21 +14,12 @@ import pytest
 from fleet.local import procs
 from hub.control.base import KillResult
 from hub.control.local import LocalNodeControl
+from tests.helpers.wait import wait_for
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 # crawler -> child -> grandchild, all in the crawler's process group
 CRAWLER = ["sh", "-c", 'sh -c "sleep 60 & wait" & wait']
 
-
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02):
-    end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= end:
-            pytest.fail(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 class Crawler:

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -15,6 +14,7 @@ from fleet.clock import FakeClock
 from fleet.local import procs
 from hub.providers.base import LaunchResult
 from hub.providers.local import LocalProvider, local_hub_id
+from tests.helpers.wait import wait_for
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -22,16 +22,6 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 def sleeper(run_id, instance_id, instance_dir):
     return list(SLEEPER)
 
-
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02):
-    end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= end:
-            pytest.fail(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 class Rig:

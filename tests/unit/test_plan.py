@@ -159,3 +159,19 @@ def test_run_date():
     assert run_date_for("2026-11-21", T0) == "20261121"
     assert run_date_for("20261121-rerun", T0) == "20261121"
     assert run_date_for("demo", 0) == "19700101"
+
+
+def test_a_run_whose_nodes_cannot_start_gives_up_at_once_with_a_reason():
+    w = World(config(2), [site("s0"), site("s1")], instances=(), nodes={})
+    w.instances = {f"i-{k}": Instance(f"i-{k}", "terminated") for k in range(3)}
+    p = w.plan(T0)
+    fail = [a for a in p.actions if isinstance(a, FailSites)][0]
+    assert fail.sites == ("s0", "s1") and fail.reason is Reason.NO_NODES and "i-0" in fail.error
+    assert p.actions[-1] == Finish("no-nodes")
+
+
+def test_nodes_that_booted_once_are_not_a_reason_to_give_up():
+    booted = {"i-0": NodeInfo("r1", "i-0", "exiting", 1.0, 0.0)}
+    w = World(config(1), [site("s0")], instances=(), nodes=booted)
+    w.instances = {f"i-{k}": Instance(f"i-{k}", "terminated") for k in range(5)}
+    assert not any(isinstance(a, (FailSites, Finish)) for a in w.plan(T0).actions)

@@ -12,20 +12,10 @@ import uuid
 import pytest
 
 from fleet.local import procs
+from tests.helpers.wait import wait_for
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
-
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02):
-    """Poll `predicate` until it returns something truthy; return that, or fail after `timeout`."""
-    end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= end:
-            pytest.fail(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 @pytest.fixture
