@@ -153,7 +153,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             outcome = hub.run()
         except KeyboardInterrupt:
             log.warning("interrupted: terminating the run's nodes")
-            hub.executor.teardown()
+            hub.executor.teardown(why="interrupted")
             finished = adopted
             raise
         finished = True

@@ -148,10 +148,10 @@ class Executor:
         event(log, "terminate", run_id=self.run_id, nodes=",".join(a.instance_ids), why=a.reason)
 
     def _Finish(self, a: Finish, snap: Snapshot) -> None:
-        left = self.teardown()
+        left = self.teardown(why=f"finish ({a.reason})")
         self.finished = Finished(a.reason, left)
 
-    def teardown(self) -> int:
+    def teardown(self, why: str) -> int:
         """Terminate every instance of the run and wait until none is pending or running."""
         deadline = self.clock.monotonic() + self.teardown_timeout_s
         while True:
@@ -162,5 +162,5 @@ class Executor:
                 event(log, "teardown-incomplete", logging.ERROR, run_id=self.run_id, nodes=",".join(live))
                 return len(live)
             self.provider.terminate(live)
-            event(log, "terminate", run_id=self.run_id, nodes=",".join(live), why="finish")
+            event(log, "terminate", run_id=self.run_id, nodes=",".join(live), why=why)
             self.clock.sleep(0.5)
