@@ -30,6 +30,7 @@ from hub.summary import build_summary, export
 log = logging.getLogger("gridfleet.hub")
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_SITES = 0, 1, 2, 3
+HUB_BEAT_S = 5.0  # how often the hub writes its heartbeat on the run item (the watchdog reads it)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Hub:
         self.executor = Executor(run_id=run_id, config=config, table=table, queue=queue, provider=provider,
                                  control=control, clock=clock, hub_id=hub_id, expire_at=self._expire_at)
         self._last_progress: tuple | None = None
+        self._last_beat = float("-inf")
 
     def _expire_at(self, t: float) -> int:
         return int(t + self.config.aws.result_ttl_days * 86400)
@@ -84,8 +86,9 @@ class Hub:
             self.executor.execute(action, snap)
             if self.executor.finished:
                 break
-        if snap.run is not None and not self.executor.finished:
+        if snap.run is not None and not self.executor.finished and now - self._last_beat >= HUB_BEAT_S:
             self.table.update_run(self.run_id, hub_heartbeat=now, hub_id=self.hub_id)
+            self._last_beat = now
         self._progress(snap)
         return snap, p
 

@@ -115,6 +115,7 @@ class Agent:
         self._node_state = "booting"
         self._next_node_beat = 0.0
         self._node_site: tuple[str | None, int | None] = (None, None)
+        self._expire_at: int | None = None
         self._rec: SiteRecord | None = None
         self._msg: SiteMessage | None = None
         self._marks: dict[str, float] = {}  # phase -> monotonic time, for the timings on the log line
@@ -126,6 +127,7 @@ class Agent:
             event(log, "no-run", logging.ERROR, run_id=self.s.run_id, node=self.s.instance_id)
             return 1
         self.run_date = run.run_date
+        self._expire_at = run.expire_at
         self._set_node("idle")
         idle_since = self.clock.monotonic()
         while True:
@@ -369,7 +371,7 @@ class Agent:
             return
         site, attempt = self._node_site
         self.table.put_node(NodeInfo(self.s.run_id, self.s.instance_id, self._node_state, self.clock.now(),
-                                     self.started_at, site, attempt, self.sites_done))
+                                     self.started_at, site, attempt, self.sites_done, self._expire_at))
         self._next_node_beat = mono + self.s.heartbeat_interval_s
 
     def _write_crawler_file(self, rec: SiteRecord, pid: int) -> None:

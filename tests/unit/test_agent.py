@@ -221,3 +221,11 @@ def test_the_agent_stops_taking_sites_when_its_grid_node_is_gone(tmp_path):
     rig.agent.healthy = lambda: "the Grid node exited with code 1"
     assert rig.agent.run() == 1
     assert rig.site().run_status is RunStatus.QUEUED and rig.crawls == []  # nothing claimed, nothing burned
+
+
+def test_node_items_expire_with_the_run(tmp_path):
+    rig = Rig(tmp_path, [])
+    rig.table.update_run(RUN, expire_at=1_900_000_000)
+    rig.agent.run()
+    (node,) = rig.table.read_run(RUN).nodes
+    assert node.expire_at == 1_900_000_000 and node.state == "exiting"
