@@ -94,6 +94,12 @@ class LocalConfig(_Model):
     """Settings of the embedded default's local stack."""
 
     grid_session_request_timeout_s: float = Field(60, gt=0)
+    max_nodes: int | None = Field(
+        None, ge=1, description="local nodes at most (each is a JVM and a Chromium); default 2 x CPUs"
+    )
+
+    def node_cap(self, cpus: int) -> int:
+        return self.max_nodes or max(2, 2 * cpus)
 
 
 class SiteConfig(_Model):

@@ -147,7 +147,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             finished = True
             return outcome_code
         log.info("run %s: %d sites, up to %d nodes; Grid %s, demo sites %s", run_id, len(config.sites),
-                 config.fleet.max_nodes, state.grid_url, state.demo_url)
+                 env.config.fleet.max_nodes, state.grid_url, state.demo_url)
         _term_as_interrupt()
         try:
             outcome = hub.run()
@@ -186,7 +186,7 @@ def _export_finished(env: local_env.LocalEnv, run_id: str, out: Path, console: C
 
 
 def _dry_run(config, run_id: str, console: Console) -> int:
-    nodes = min(config.fleet.max_nodes, len(config.sites))
+    nodes = min(config.fleet.max_nodes, config.local.node_cap(os.cpu_count() or 1), len(config.sites))
     console.print(f"run {run_id} (dry run, nothing started): {len(config.sites)} sites, {nodes} local nodes, "
                   f"max_attempts {config.run.max_attempts}, hang_after_s {config.run.hang_after_s:g}")
     for s in config.sites:

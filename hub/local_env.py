@@ -6,6 +6,7 @@ instances, and `efs/` (profiles and locks, kept like EFS across runs).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -25,6 +26,7 @@ from hub.control.local import LocalNodeControl
 from hub.providers.local import LocalProvider
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger("gridfleet")
 
 
 def gridfleet_home(environ: dict[str, str] | None = None) -> Path:
@@ -45,11 +47,18 @@ def make_stack(home: Path, config: Config | None = None, *, need_jar: bool = Tru
     return LocalStack(home, grid_jar=jar, session_request_timeout_s=timeout, progress=progress)
 
 
-def effective_config(config: Config, state: StackState) -> Config:
-    """The config nodes get: AWS is the stack's moto server, `{demo}` is the demo server."""
+def effective_config(config: Config, state: StackState, cpus: int | None = None) -> Config:
+    """The config nodes get: AWS is the stack's moto server, `{demo}` is the demo server, and no more
+    nodes than this machine can run (`local.max_nodes`)."""
     sites = tuple(SiteConfig(id=s.id, start_url=s.url_for(state.demo_url), crawler=s.crawler, options=s.options)
                   for s in config.sites)
-    return config.with_endpoint(state.moto_url).model_copy(update={"sites": sites})
+    cap = config.local.node_cap(cpus or os.cpu_count() or 1)
+    fleet = config.fleet
+    if fleet.max_nodes > cap:
+        log.info("embedded default: at most %d local nodes on this machine (fleet.max_nodes is %d; "
+                 "set local.max_nodes to change)", cap, fleet.max_nodes)
+        fleet = fleet.model_copy(update={"max_nodes": cap})
+    return config.with_endpoint(state.moto_url).model_copy(update={"sites": sites, "fleet": fleet})
 
 
 @dataclass
