@@ -17,7 +17,7 @@ from tests.e2e.conftest import assert_no_overlap, attempts
 pytestmark = pytest.mark.e2e
 
 MIXED = """\
-run: {max_attempts: 3, hang_after_s: 3, heartbeat_timeout_s: 15, watch_interval_s: 2, deadline_s: 240}
+run: {max_attempts: 3, hang_after_s: 4, heartbeat_timeout_s: 15, watch_interval_s: 2, deadline_s: 240}
 fleet: {max_nodes: 3, idle_exit_s: 5}
 sites:
   - {id: plain, start_url: "{demo}/s/plain/?pages=3", crawler: links,
