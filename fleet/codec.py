@@ -189,6 +189,7 @@ class NodeInfo:
     attempt: int | None = None
     sites_done: int = 0
     expire_at: int | None = None
+    error: str | None = None  # why it could not work (state boot-failed)
 
 
 def node_to_item(n: NodeInfo) -> dict[str, Any]:
@@ -206,6 +207,8 @@ def node_to_item(n: NodeInfo) -> dict[str, Any]:
         item["attempt"] = num(n.attempt)
     if n.expire_at is not None:
         item["expireAt"] = num(n.expire_at)
+    if n.error is not None:
+        item["error"] = n.error[:1000]
     return item
 
 
@@ -221,6 +224,7 @@ def item_to_node(item: Mapping[str, Any]) -> NodeInfo:
         attempt=i.get("attempt"),
         sites_done=int(i.get("sites_done", 0)),
         expire_at=i.get("expireAt"),
+        error=i.get("error"),
     )
 
 

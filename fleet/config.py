@@ -8,7 +8,7 @@ Loading from a file, with line numbers in errors, is in `fleet.config_load`.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -49,6 +49,7 @@ class FleetConfig(_Model):
     boot_timeout_s: float = Field(600, gt=0, description="a node that never heartbeats by then is replaced")
     idle_exit_s: float = Field(20, gt=0, description="a node with no message for this long exits")
     node_watchdog: bool = Field(True, description="nodes kill their own hung crawls (fastest kill path)")
+    on_demand_fallback: bool = Field(True, description="launch on-demand when no spot capacity is left")
     max_launches: int | None = Field(
         None, ge=1, description="launches allowed per run; default 3 x max_nodes + sites"
     )
@@ -70,6 +71,31 @@ class AwsConfig(_Model):
     key_name: str | None = None
     result_ttl_days: int = Field(1, ge=1, description="expireAt = run end + this many days")
     max_retries: int = Field(8, ge=0, description="botocore 'standard' retry attempts per call")
+    # Where nodes find the hub, the code and the run's config.
+    hub_address: str | None = Field(
+        None, description="address nodes reach the hub's Grid on; default the hub's private IPv4 from IMDS"
+    )
+    grid_port: int = Field(4444, ge=1, le=65535)
+    grid_publish_port: int = Field(4442, ge=1, le=65535)
+    grid_subscribe_port: int = Field(4443, ge=1, le=65535)
+    node_port: int = Field(5555, ge=1, le=65535)
+    bundle_key: str = Field("bundle/gridfleet-bundle.tar.gz", description="S3 key of the code bundle")
+    hub_config_key: str = Field("config/fleet.yaml", description="S3 key of the config the hub instance runs")
+    run_config_key: str = Field("runs/{run_id}/fleet.yaml", description="S3 key of a run's config, for its nodes")
+    install_dir: str = "/opt/gridfleet"
+    state_dir: str = "/var/lib/gridfleet"
+    efs_mount: str = "/efs"
+    # How the hub kills a crawl on a node (SSM, then SSH, then TerminateInstances).
+    ssm_timeout_s: float = Field(60, gt=0)
+    ssh_user: str = "admin"
+    ssh_key_path: str | None = Field(None, description="private key the hub uses for SSH to nodes; none: no SSH")
+    ssh_host_keys: Literal["console", "accept-new"] = Field(
+        "console", description="console: trust only the host keys the node printed to its EC2 console output"
+    )
+    hub_self_stop: Literal["shutdown", "terminate", "none"] = Field(
+        "shutdown", description="what the hub instance does to itself once the run is over and the fleet is gone"
+    )
+    imds_url: str = Field("http://169.254.169.254", description="instance metadata service (IMDSv2)")
 
     @property
     def dlq_name(self) -> str:

@@ -21,6 +21,9 @@ from hub.snapshot import Snapshot
 
 _DATE_ID = re.compile(r"^(\d{4})-?(\d{2})-?(\d{2})")
 
+#: The state a node writes on its item when its bootstrap failed (`gridfleet node report-failure`).
+BOOT_FAILED = "boot-failed"
+
 #: Nodes that end before their first heartbeat, with none ever booted, after which the run gives up.
 NO_NODES_AFTER = 3
 
@@ -126,17 +129,27 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
     if beat_dead:
         actions.append(Terminate(beat_dead, "node-lost"))
 
+    # A node that reported its bootstrap failed is terminated at once (it shuts itself down, too).
+    failed_boot = tuple(sorted(i.id for i in s.live_instances if getattr(s.nodes.get(i.id), "state", None)
+                               == BOOT_FAILED and i.id not in doomed))
+    if failed_boot:
+        actions.append(Terminate(failed_boot, "boot-failed"))
+        doomed.extend(failed_boot)
+
     # No node can start (a broken install, a bad image): give up now rather than at the deadline.
-    never_booted = [i.id for i in s.instances.values() if not i.live and i.id not in s.nodes]
-    if not s.nodes and len(never_booted) >= NO_NODES_AFTER and s.run is not None:
+    booted = [n for n in s.nodes.values() if n.state != BOOT_FAILED]
+    never_booted = [i.id for i in s.instances.values()
+                    if not i.live and (i.id not in s.nodes or s.nodes[i.id].state == BOOT_FAILED)]
+    if not booted and len(never_booted) >= NO_NODES_AFTER and s.run is not None:
         open_sites = tuple(sorted(n for n, r in s.sites.items() if not r.is_terminal))
         live = tuple(sorted(i.id for i in s.live_instances))
         if live:
             actions.append(Terminate(live, "no-nodes"))
         if open_sites:
+            why = next((s.nodes[i].error for i in never_booted if i in s.nodes and s.nodes[i].error), None)
             actions.append(FailSites(open_sites, Reason.NO_NODES,
                                      f"no node could start: {len(never_booted)} ended before their first heartbeat "
-                                     f"(e.g. {never_booted[0]}); see its log"))
+                                     f"(e.g. {never_booted[0]}: {why or 'see its log'})"))
         actions.append(Finish("no-nodes"))
         return Plan(tuple(actions), now + 1.0)
 

@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fleet import ops
+from fleet import crawlerfile, ops
 from fleet.clock import Clock
 from fleet.codec import NodeInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
-from fleet.local import procs
 from fleet.queue import BadMessage, SiteMessage, SiteQueue
 from fleet.results import ResultStore, result_key
 from fleet.state import Outcome, Reason, RunStatus, SiteRecord, SiteStatus
@@ -223,10 +221,7 @@ class Agent:
             self._marks["closed"] = self.clock.monotonic()
             self.cleanup(held.path, session[0], end.forced if end else True)
             held.release()
-            try:
-                (self.state_dir / "crawler.json").unlink()
-            except FileNotFoundError:
-                pass
+            crawlerfile.remove(self.state_dir)
         self._finish(end)
 
     def _crawl(self, profile: Path, session: list[str | None]) -> CrawlEnd:
@@ -240,7 +235,7 @@ class Agent:
         }
         self._marks["spawn"] = self.clock.monotonic()
         proc = self.start_crawl(job, self.state_dir / "crawler.log")
-        self._write_crawler_file(rec, proc.pid)
+        crawlerfile.write(self.state_dir, rec.site, rec.attempt, proc.pid)
         status, since = SiteStatus.PENDING, self.clock.monotonic()
         next_beat = since + self.s.heartbeat_interval_s
         end = CrawlEnd("fenced", forced=True)
@@ -373,13 +368,6 @@ class Agent:
         self.table.put_node(NodeInfo(self.s.run_id, self.s.instance_id, self._node_state, self.clock.now(),
                                      self.started_at, site, attempt, self.sites_done, self._expire_at))
         self._next_node_beat = mono + self.s.heartbeat_interval_s
-
-    def _write_crawler_file(self, rec: SiteRecord, pid: int) -> None:
-        data = {"site": rec.site, "attempt": rec.attempt, "pid": pid, "pgid": pid,
-                "start_ticks": procs.start_ticks(pid)}
-        tmp = self.state_dir / "crawler.json.tmp"
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.state_dir / "crawler.json")
 
     def _result_body(self, result: dict[str, Any]) -> bytes:
         rec = self._rec

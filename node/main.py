@@ -11,10 +11,13 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 
+from fleet import crawlerfile
 from fleet.aws import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import SystemClock
+from fleet.codec import NodeInfo
 from fleet.config_load import load_config
 from fleet.errors import ConfigError, GridfleetError
 from fleet.logs import event, setup
@@ -28,12 +31,14 @@ from node.runner import ChildProcess
 from profiles import ProfileStore
 
 log = logging.getLogger("gridfleet.node")
+BOOT_FAILED = "boot-failed"  # the node item state the hub acts on (hub.plan.BOOT_FAILED)
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gridfleet node",
-        description="Run the node agent: take sites from the queue and crawl them until the queue is empty.",
+        description="Run the node agent: take sites from the queue and crawl them until the queue is empty. "
+                    "`gridfleet node kill --site S --attempt N` ends one crawl on this node.",
     )
     ap.add_argument("--config", required=True, help="fleet.yaml (the hub's effective config)")
     ap.add_argument("--run-id", required=True, help="the run this node works for")
@@ -46,12 +51,50 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--grid-jar", type=Path, help="start this node's Grid node from this jar")
     ap.add_argument("--grid-publish", help="the Grid hub's event bus publish address (tcp://host:4442)")
     ap.add_argument("--grid-subscribe", help="the Grid hub's event bus subscribe address (tcp://host:4443)")
+    ap.add_argument("--grid-host", default="127.0.0.1",
+                    help="address this node's Grid node listens on and the hub reaches it at (its private IP on EC2)")
+    ap.add_argument("--grid-port", type=int, default=0, help="port of this node's Grid node (0: a free one)")
     ap.add_argument("--java", default="java")
     ap.add_argument("--local", action="store_true", help="AWS is the embedded default's moto server")
     return ap
 
 
+def kill_main(argv: list[str]) -> int:
+    """`gridfleet node kill`: what SSM or SSH runs on a node to end one crawl (exit 0: it no longer runs)."""
+    ap = argparse.ArgumentParser(prog="gridfleet node kill",
+                                 description="Kill the crawler of one site and attempt on this node, if it runs.")
+    ap.add_argument("--state-dir", type=Path, default=Path("/var/lib/gridfleet"))
+    ap.add_argument("--site", required=True)
+    ap.add_argument("--attempt", type=int, required=True)
+    args = ap.parse_args(argv)
+    k = crawlerfile.kill(args.state_dir, args.site, args.attempt)
+    print(f"{'ok' if k.ok else 'failed'}: {k.detail}")
+    return 0 if k.ok else 1
+
+
+def report_failure_main(argv: list[str]) -> int:
+    """`gridfleet node report-failure`: a node whose bootstrap failed says why, on its node item."""
+    ap = argparse.ArgumentParser(prog="gridfleet node report-failure",
+                                 description="Record that this node's bootstrap failed, and why, for the hub.")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--run-id", required=True)
+    ap.add_argument("--instance-id", required=True)
+    ap.add_argument("--message", required=True)
+    args = ap.parse_args(argv)
+    config = load_config(args.config)
+    table = DynamoStateTable(AwsClients(config.aws).client("dynamodb"), config.aws.table)
+    now = time.time()
+    table.put_node(NodeInfo(args.run_id, args.instance_id, BOOT_FAILED, now, now, error=args.message))
+    print(f"reported: {args.instance_id} {BOOT_FAILED}: {args.message}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["kill"]:
+        return kill_main(argv[1:])
+    if argv[:1] == ["report-failure"]:
+        return report_failure_main(argv[1:])
     args = parser().parse_args(argv)
     setup(prefix=f"[{args.instance_id}] ")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -70,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             spec = GridNodeSpec(jar=args.grid_jar, grid_url=args.grid_url, publish=args.grid_publish,
                                 subscribe=args.grid_subscribe, chromedriver=config.browser.chromedriver,
-                                java=args.java, session_timeout_s=int(max(60, config.run.hang_after_s * 2)))
+                                host=args.grid_host, port=args.grid_port, java=args.java,
+                                session_timeout_s=int(max(60, config.run.hang_after_s * 2)))
             grid = GridNode(spec, args.instance_id, args.state_dir)
             grid.start()
 

@@ -1,19 +1,15 @@
 """Kill a crawl on a local instance: signal the crawler's process group.
 
-The node agent writes `crawler.json` (site, attempt, pgid) in its instance
-directory while a crawler runs; this is the local twin of the shell command that
-SSM or SSH runs on EC2. The agent notices its crawler died and closes the
-browser session itself.
+The local twin of the command that SSM or SSH runs on an EC2 node (`gridfleet
+node kill`): both read the node's `crawler.json` (see `fleet.crawlerfile`). The
+agent notices its crawler died and closes the browser session itself.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import time
 from pathlib import Path
 
+from fleet import crawlerfile
 from fleet.local import procs
 from hub.control.base import KillResult
 
@@ -28,24 +24,5 @@ class LocalNodeControl:
         alive = procs.find(procs.scan(), GRIDFLEET_INSTANCE=instance_id, GRIDFLEET_STACK=self.stack_id)
         if not alive:
             return KillResult(False, "local", "instance is not running")
-        try:
-            info = json.loads((self.dir / instance_id / "crawler.json").read_text())
-        except (OSError, ValueError):
-            return KillResult(True, "local", "no crawler running")
-        if info.get("site") != site or int(info.get("attempt", -1)) != attempt:
-            return KillResult(True, "local", f"crawler runs {info.get('site')} attempt {info.get('attempt')}")
-        pid, pgid = int(info["pid"]), int(info["pgid"])
-        if not procs.pid_alive(pid, info.get("start_ticks")):
-            return KillResult(True, "local", "crawler already exited")
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            return KillResult(True, "local", "crawler already exited")
-        except PermissionError as e:
-            return KillResult(False, "local", str(e))
-        end = time.monotonic() + self.wait_s
-        while procs.pid_alive(pid) and time.monotonic() < end:
-            time.sleep(0.05)
-        if procs.pid_alive(pid):
-            return KillResult(False, "local", "crawler survived SIGKILL")
-        return KillResult(True, "local", f"killed process group {pgid}")
+        k = crawlerfile.kill(self.dir / instance_id, site, attempt, self.wait_s)
+        return KillResult(k.ok, "local", k.detail)

@@ -215,3 +215,21 @@ def test_an_agent_that_died_does_not_count(rig):
     agent.kill()  # not reaped: it stays in the process table as a zombie
     wait_for(lambda: not procs.pid_alive(agent.pid, ticks))
     assert rig.control().kill(rig.instance, "example.com", 1).ok is False
+
+
+def test_the_node_kill_command_kills_only_the_named_crawl(rig, tmp_path):
+    import subprocess
+
+    crawler = rig.start_crawler()
+    state = tmp_path / "state"
+    state.mkdir()
+    from fleet import crawlerfile
+
+    crawlerfile.write(state, "example.com", 2, crawler.pid)
+    cmd = [sys.executable, "-m", "node", "kill", "--state-dir", str(state), "--site", "example.com"]
+    other = subprocess.run(cmd + ["--attempt", "3"], capture_output=True, text=True)
+    assert other.returncode == 0 and "crawler runs example.com attempt 2" in other.stdout
+    assert procs.pid_alive(crawler.pid)
+    done = subprocess.run(cmd + ["--attempt", "2"], capture_output=True, text=True)
+    assert done.returncode == 0 and "killed process group" in done.stdout
+    wait_for(lambda: not procs.pid_alive(crawler.pid))

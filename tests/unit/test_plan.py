@@ -175,3 +175,12 @@ def test_nodes_that_booted_once_are_not_a_reason_to_give_up():
     w = World(config(1), [site("s0")], instances=(), nodes=booted)
     w.instances = {f"i-{k}": Instance(f"i-{k}", "terminated") for k in range(5)}
     assert not any(isinstance(a, (FailSites, Finish)) for a in w.plan(T0).actions)
+
+
+def test_a_node_that_reports_a_failed_boot_is_terminated_and_its_reason_surfaces():
+    failed = {"i-1": NodeInfo("r1", "i-1", "boot-failed", 1.0, 0.0, error="mount of fs-1 timed out")}
+    w = World(config(1), [site("s0")], instances=("i-1",), nodes=failed)
+    assert Terminate(("i-1",), "boot-failed") in w.plan(T0).actions
+    w.instances = {f"i-{k}": Instance(f"i-{k}", "terminated") for k in range(1, 4)}
+    fail = [a for a in w.plan(T0).actions if isinstance(a, FailSites)][0]
+    assert "mount of fs-1 timed out" in fail.error
