@@ -1,1 +1,21 @@
-"""Cloud-init templates for hub and node instances on AWS, rendered by a pure function (not built yet)."""
+"""Cloud-init user-data for gridfleet's hub and node instances on AWS, rendered by pure functions."""
+
+from cloud_init.render import (
+    USER_DATA_LIMIT,
+    HubUserData,
+    NodeUserData,
+    RenderError,
+    environment,
+    render_hub,
+    render_node,
+)
+
+__all__ = [
+    "USER_DATA_LIMIT",
+    "HubUserData",
+    "NodeUserData",
+    "RenderError",
+    "environment",
+    "render_hub",
+    "render_node",
+]
