@@ -92,7 +92,7 @@ class LocalEnv:
         def node_command(run: str, iid: str, inst_dir: Path) -> list[str]:
             cmd = [sys.executable, "-m", "node", "--local", "--config", str(cfg_path), "--run-id", run,
                    "--instance-id", iid, "--state-dir", str(inst_dir), "--profiles-root", str(self.stack.efs_root),
-                   "--grid-url", st.grid_url]
+                   "--grid-url", st.grid_url, "--imds-url", f"{st.imds_url}/{iid}"]
             if jar is not None:
                 cmd += ["--grid-jar", str(jar), "--grid-publish", st.grid_publish, "--grid-subscribe",
                         st.grid_subscribe]

@@ -77,7 +77,7 @@ class Fenced(Exception):
 
 @dataclass
 class CrawlEnd:
-    kind: str  # result | hang | error | fenced
+    kind: str  # result | hang | error | fenced | spot
     result: dict[str, Any] | None = None
     error: str | None = None
     kill_path: str | None = None
@@ -94,7 +94,7 @@ QUIT_GRACE_S = 15.0
 class Agent:
     def __init__(self, s: AgentSettings, *, table: StateTable, queue: SiteQueue, results: ResultStore,
                  profiles: ProfileStore, start_crawl: StartCrawl, cleanup: Cleanup, clock: Clock,
-                 state_dir: Path, spot_notice: Callable[[], bool] = lambda: False,
+                 state_dir: Path, spot_notice: Callable[[], object] = lambda: None,
                  healthy: Callable[[], str | None] = lambda: None):
         self.s = s
         self.table = table
@@ -105,7 +105,8 @@ class Agent:
         self.cleanup = cleanup
         self.clock = clock
         self.state_dir = state_dir
-        self.spot_notice = spot_notice
+        self.spot_notice = spot_notice  # a truthy value once EC2 announced this spot instance's interruption
+        self._stopping = False  # after a spot notice: finish the current message, take no more
         self.healthy = healthy  # None when the node can crawl, else why not (e.g. its Grid node died)
         self.started_at = clock.now()
         self.sites_done = 0
@@ -134,6 +135,10 @@ class Agent:
                 event(log, "node-exit", logging.ERROR, run_id=self.s.run_id, node=self.s.instance_id, why=sick)
                 self._set_node("exiting")
                 return 1
+            if self._stopping or self.spot_notice():
+                event(log, "node-exit", logging.WARNING, run_id=self.s.run_id, node=self.s.instance_id,
+                      why=f"spot interruption notice: {self.spot_notice()}")
+                break
             if self.s.sites_per_node and self.sites_done >= self.s.sites_per_node:
                 event(log, "node-exit", run_id=self.s.run_id, node=self.s.instance_id, why="sites_per_node reached")
                 break
@@ -273,6 +278,11 @@ class Agent:
                 if mono >= next_beat:
                     self._beat()
                     next_beat = mono + self.s.heartbeat_interval_s
+                notice = self.spot_notice()
+                if notice:
+                    proc.kill()
+                    end = CrawlEnd("spot", error=f"spot interruption notice: {notice}", forced=True)
+                    return end
                 if watchdog_at is not None and mono >= watchdog_at:
                     proc.kill()
                     if status is SiteStatus.URL_CALL:
@@ -309,6 +319,9 @@ class Agent:
                 return
             if end.kind == "fenced":
                 raise Fenced(None)
+            if end.kind == "spot":
+                self._give_back(end)
+                return
             reason = Reason.HANG if end.kind == "hang" else Reason.ERROR
             new = self._write(ops.end_attempt, outcome=Outcome(str(reason)), reason=reason, now=self.clock.now(),
                               max_attempts=self.s.max_attempts, spot_cap=self.s.spot_cap, kill_path=end.kill_path,
@@ -334,6 +347,26 @@ class Agent:
                  "close_s": ("result", "closed"), "save_s": ("closed", None)}
         return {k: f"{(m[b] if b else now) - m[a]:.2f}" for k, (a, b) in spans.items()
                 if a in m and (b is None or b in m)}
+
+    def _give_back(self, end: CrawlEnd) -> None:
+        """Spot: end the attempt without spending it and release the message for another node at once."""
+        rec, msg = self._rec, self._msg
+        assert rec is not None and msg is not None
+        self._stopping = True
+        new = self._write(ops.end_attempt, outcome=Outcome.SPOT, reason=Reason.SPOT, now=self.clock.now(),
+                          max_attempts=self.s.max_attempts, spot_cap=self.s.spot_cap, error=end.error)
+        fields = dict(run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
+        if new.run_status is RunStatus.QUEUED and new.attempt < rec.attempt:
+            self._write(ops.mark_enqueued)  # the released message is the next attempt's message
+            self.queue.set_visibility(msg, 0)
+            event(log, "spot-release", logging.WARNING, **fields, spot_requeues=new.spot_requeues)
+        elif new.run_status is RunStatus.QUEUED:  # over the spot cap: an ordinary requeue
+            ops.send_next(self.table, self.queue, new)
+            self.queue.delete(msg)
+            event(log, "requeue", logging.WARNING, **fields, reason=Reason.SPOT, next_attempt=new.attempt + 1)
+        else:
+            self.queue.delete(msg)
+            event(log, "failed", logging.WARNING, **fields, reason=Reason.SPOT)
 
     # --- writes -------------------------------------------------------------------------
     def _write(self, op: Callable[..., SiteRecord], *args: Any, **kwargs: Any) -> SiteRecord:

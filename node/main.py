@@ -20,6 +20,7 @@ from fleet.clock import SystemClock
 from fleet.codec import NodeInfo
 from fleet.config_load import load_config
 from fleet.errors import ConfigError, GridfleetError
+from fleet.imds import Imds, ImdsError
 from fleet.logs import event, setup
 from fleet.queue import SqsSiteQueue
 from fleet.results import S3ResultStore
@@ -28,6 +29,7 @@ from node import browser
 from node.agent import Agent, AgentSettings
 from node.grid_node import GridNode, GridNodeSpec
 from node.runner import ChildProcess
+from node.spot import SpotWatcher
 from profiles import ProfileStore
 
 log = logging.getLogger("gridfleet.node")
@@ -42,7 +44,8 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--config", required=True, help="fleet.yaml (the hub's effective config)")
     ap.add_argument("--run-id", required=True, help="the run this node works for")
-    ap.add_argument("--instance-id", required=True, help="this node's id (its Grid stereotype carries it)")
+    ap.add_argument("--instance-id", help="this node's id (its Grid stereotype carries it); default: from IMDS")
+    ap.add_argument("--imds-url", help="instance metadata service (default: aws.imds_url of the config)")
     ap.add_argument("--state-dir", type=Path, default=Path("/var/lib/gridfleet"),
                     help="where the agent keeps crawler.json and logs (default: %(default)s)")
     ap.add_argument("--profiles-root", type=Path, default=Path("/efs"),
@@ -96,13 +99,20 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["report-failure"]:
         return report_failure_main(argv[1:])
     args = parser().parse_args(argv)
-    setup(prefix=f"[{args.instance_id}] ")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         config = load_config(args.config)
     except ConfigError as e:
         print(f"gridfleet node: {e}", file=sys.stderr)
         return 2
+    imds = Imds(args.imds_url or config.aws.imds_url)
+    if not args.instance_id:
+        try:
+            args.instance_id = imds.instance_id()
+        except ImdsError as e:
+            print(f"gridfleet node: no --instance-id and {e}", file=sys.stderr)
+            return 2
+    setup(prefix=f"[{args.instance_id}] ")
     args.state_dir.mkdir(parents=True, exist_ok=True)
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS if args.local else None)
     grid = None
@@ -118,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             grid = GridNode(spec, args.instance_id, args.state_dir)
             grid.start()
 
+        clock = SystemClock()
+
         def cleanup(profile: Path, session_id: str | None, forced: bool) -> None:
             # After a killed crawl its browser still runs under the Grid node: kill it, then free the slot.
             # After a clean end the crawler has quit its session; only a straggler is left to kill.
@@ -132,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             results=S3ResultStore(clients.client("s3"), config.aws.bucket),
             profiles=ProfileStore(args.profiles_root),
             start_crawl=lambda job, log_path: ChildProcess(job, log_path),
-            cleanup=cleanup, clock=SystemClock(), state_dir=args.state_dir,
+            cleanup=cleanup, clock=clock, state_dir=args.state_dir,
             healthy=grid.problem if grid is not None else (lambda: None),
+            spot_notice=SpotWatcher(imds, clock).notice,
         )
         return agent.run()
     except GridfleetError as e:

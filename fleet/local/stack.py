@@ -1,4 +1,5 @@
-"""The embedded default's stack: moto server (AWS), a Selenium Grid hub, the demo site server.
+"""The embedded default's stack: moto server (AWS), a Selenium Grid hub, the demo site server, and an
+IMDSv2 emulator (instance metadata for local nodes, where spot notices can be posted).
 
 `gridfleet local up` starts it and leaves it running (state in `stack.json`
 under the stack directory), so a hub can be killed and resumed against it;
@@ -24,7 +25,8 @@ from fleet.errors import MissingResource, StackError
 from fleet.local import procs
 
 JAR_GLOB = "selenium-server-*.jar"
-PREFERRED_PORTS = {"moto": 5000, "grid": 4444, "grid_publish": 4442, "grid_subscribe": 4443, "demo": 8800}
+PREFERRED_PORTS = {"moto": 5000, "grid": 4444, "grid_publish": 4442, "grid_subscribe": 4443, "demo": 8800,
+                   "imds": 8169}
 
 
 def stack_id_for(path: Path) -> str:
@@ -92,6 +94,10 @@ class StackState:
     @property
     def demo_url(self) -> str:
         return self.components["demo"].url
+
+    @property
+    def imds_url(self) -> str:
+        return self.components["imds"].url
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -169,6 +175,8 @@ class LocalStack:
              {"publish": ports["grid_publish"], "subscribe": ports["grid_subscribe"]}),
             ("demo", [py, "-m", "fleet.local.demo_server", "--host", "127.0.0.1", "--port", str(ports["demo"])],
              f"http://127.0.0.1:{ports['demo']}", {}),
+            ("imds", [py, "-m", "fleet.local.imds_server", "--host", "127.0.0.1", "--port", str(ports["imds"])],
+             f"http://127.0.0.1:{ports['imds']}", {}),
         ]
         try:
             for name, cmd, url, extra in specs:
@@ -199,7 +207,7 @@ class LocalStack:
         st = self.read_state()
         rows: list[tuple[str, str, str, int | None]] = []
         if st is None:
-            return [(n, "stopped", "-", None) for n in ("moto", "grid", "demo")]
+            return [(n, "stopped", "-", None) for n in ("moto", "grid", "demo", "imds")]
         for c in st.components.values():
             state = ("up" if _healthy(c) else "not answering") if c.alive else "stopped"
             rows.append((c.name, state, c.url, c.pid))
@@ -222,7 +230,7 @@ class LocalStack:
 
 
 def _healthy(c: Component) -> bool:
-    path = {"moto": "/moto-api/", "grid": "/status", "demo": "/_stats"}.get(c.name, "/")
+    path = {"moto": "/moto-api/", "grid": "/status", "demo": "/_stats", "imds": "/_health"}.get(c.name, "/")
     try:
         with urllib.request.urlopen(c.url + path, timeout=2) as r:
             return 200 <= r.status < 300  # the Grid says "not ready" until a node registers: answering is enough

@@ -229,3 +229,34 @@ def test_node_items_expire_with_the_run(tmp_path):
     rig.agent.run()
     (node,) = rig.table.read_run(RUN).nodes
     assert node.expire_at == 1_900_000_000 and node.state == "exiting"
+
+
+def test_a_spot_notice_mid_crawl_gives_the_attempt_back_and_releases_the_message(tmp_path):
+    rig = Rig(tmp_path, [pages_script(1)[:3] + [HANG]], spot_cap=3)
+    rig.seed()
+    notices = {"on": False}
+    rig.agent.spot_notice = lambda: notices["on"] and {"action": "terminate"}
+    start = rig.agent.start_crawl
+
+    def start_and_notice(job, log_path):  # EC2 announces the interruption once the crawl is running
+        notices["on"] = True
+        return start(job, log_path)
+
+    rig.agent.start_crawl = start_and_notice
+    assert rig.agent.run() == 0
+    rec = rig.site()
+    assert (rec.run_status, rec.attempt, rec.spot_requeues, rec.enqueued) == (RunStatus.QUEUED, 0, 1, True)
+    assert rec.attempts[0].outcome == "spot"
+    assert rig.crawls[0].killed
+    assert len(rig.queue.messages) == 1 and rig.queue.sent == 1  # the same message, visible again, no new one
+    msg = rig.queue.receive(0, 30)
+    assert (msg.site, msg.attempt) == ("s1", 1)  # attempt 1 again: the spot attempt did not count
+    assert ops.classify(rec, msg.attempt) is ops.Verdict.CLAIM
+
+
+def test_a_spot_notice_between_sites_stops_the_node_taking_work(tmp_path):
+    rig = Rig(tmp_path, [pages_script(1)])
+    rig.seed()
+    rig.agent.spot_notice = lambda: {"action": "terminate"}
+    assert rig.agent.run() == 0
+    assert rig.site().run_status is RunStatus.QUEUED and rig.crawls == []
