@@ -137,6 +137,9 @@ class RunInfo:
     finished_at: float | None = None
     nodes_launched: int = 0
     expire_at: int | None = None
+    launch_failures: int = 0  # launches in a row that started no node
+    launch_error: str | None = None  # the last launch error
+    launch_retry_at: float | None = None  # hub clock: no launch before this (backoff)
 
     @property
     def finished(self) -> bool:
@@ -152,9 +155,10 @@ def run_to_item(r: RunInfo) -> dict[str, Any]:
         "deadline_at": num(r.deadline_at),
         "run_date": r.run_date,
         "nodes_launched": num(r.nodes_launched),
+        "launch_failures": num(r.launch_failures),
     }
     for k, v in (("hub_id", r.hub_id), ("hub_heartbeat", r.hub_heartbeat), ("finished_at", r.finished_at),
-                 ("expireAt", r.expire_at)):
+                 ("expireAt", r.expire_at), ("launch_error", r.launch_error), ("launch_retry_at", r.launch_retry_at)):
         if v is not None:
             item[k] = num(v) if isinstance(v, (int, float)) else v
     return item
@@ -173,6 +177,9 @@ def item_to_run(item: Mapping[str, Any]) -> RunInfo:
         finished_at=i.get("finished_at"),
         nodes_launched=int(i.get("nodes_launched", 0)),
         expire_at=i.get("expireAt"),
+        launch_failures=int(i.get("launch_failures", 0)),
+        launch_error=i.get("launch_error"),
+        launch_retry_at=i.get("launch_retry_at"),
     )
 
 

@@ -51,7 +51,9 @@ class StateTable(Protocol):
 
 
 _RUN_FIELDS = {"status": "status", "hub_id": "hub_id", "hub_heartbeat": "hub_heartbeat",
-               "finished_at": "finished_at", "expire_at": "expireAt", "deadline_at": "deadline_at"}
+               "finished_at": "finished_at", "expire_at": "expireAt", "deadline_at": "deadline_at",
+               "launch_failures": "launch_failures", "launch_error": "launch_error",
+               "launch_retry_at": "launch_retry_at"}
 
 
 def fence_condition(old: SiteRecord) -> tuple[str, dict[str, Any], dict[str, str]]:

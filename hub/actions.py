@@ -58,6 +58,7 @@ class FailSites:
 @dataclass(frozen=True)
 class Launch:
     count: int
+    target: int | None = None  # live nodes wanted: the provider re-reads what runs and launches only the difference
 
 
 @dataclass(frozen=True)

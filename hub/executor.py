@@ -28,6 +28,8 @@ from hub.snapshot import Snapshot
 
 log = logging.getLogger("gridfleet.hub")
 
+LAUNCH_BACKOFF_MAX_S = 60.0
+
 
 @dataclass
 class Finished:
@@ -136,12 +138,20 @@ class Executor:
 
     # --- the fleet --------------------------------------------------------------
     def _Launch(self, a: Launch, snap: Snapshot) -> None:
-        result = self.provider.launch(self.run_id, a.count)
+        result = self.provider.launch(self.run_id, a.count, target=a.target)
+        for err in result.errors:
+            event(log, "launch-error", logging.WARNING, run_id=self.run_id, error=err)
         if result.launched:
             self.table.add_launched(self.run_id, len(result.launched))
             event(log, "launch", run_id=self.run_id, count=len(result.launched), nodes=",".join(result.launched))
-        for err in result.errors:
-            event(log, "launch-error", logging.WARNING, run_id=self.run_id, error=err)
+            if snap.run is not None and snap.run.launch_failures:
+                self.table.update_run(self.run_id, launch_failures=0)
+        elif result.errors:  # nothing started: back off, and let the plan give up if it never works
+            failures = (snap.run.launch_failures if snap.run else 0) + 1
+            delay = min(LAUNCH_BACKOFF_MAX_S, 2.0 ** failures)
+            self.table.update_run(self.run_id, launch_failures=failures, launch_error=result.errors[-1][:500],
+                                  launch_retry_at=self.clock.now() + delay)
+            event(log, "launch-backoff", logging.WARNING, run_id=self.run_id, failures=failures, retry_in_s=delay)
 
     def _Terminate(self, a: Terminate, snap: Snapshot) -> None:
         self.provider.terminate(list(a.instance_ids))

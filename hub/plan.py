@@ -21,6 +21,9 @@ from hub.snapshot import Snapshot
 
 _DATE_ID = re.compile(r"^(\d{4})-?(\d{2})-?(\d{2})")
 
+#: Launches in a row that started nothing (with backoff between them) before the run gives up.
+LAUNCH_GIVE_UP = 5
+
 #: The state a node writes on its item when its bootstrap failed (`gridfleet node report-failure`).
 BOOT_FAILED = "boot-failed"
 
@@ -140,16 +143,21 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
     booted = [n for n in s.nodes.values() if n.state != BOOT_FAILED]
     never_booted = [i.id for i in s.instances.values()
                     if not i.live and (i.id not in s.nodes or s.nodes[i.id].state == BOOT_FAILED)]
-    if not booted and len(never_booted) >= NO_NODES_AFTER and s.run is not None:
+    cannot_launch = (s.run is not None and s.run.launch_failures >= LAUNCH_GIVE_UP and not booted
+                     and not s.live_instances)
+    if s.run is not None and not booted and (len(never_booted) >= NO_NODES_AFTER or cannot_launch):
         open_sites = tuple(sorted(n for n, r in s.sites.items() if not r.is_terminal))
         live = tuple(sorted(i.id for i in s.live_instances))
         if live:
             actions.append(Terminate(live, "no-nodes"))
         if open_sites:
-            why = next((s.nodes[i].error for i in never_booted if i in s.nodes and s.nodes[i].error), None)
-            actions.append(FailSites(open_sites, Reason.NO_NODES,
-                                     f"no node could start: {len(never_booted)} ended before their first heartbeat "
-                                     f"(e.g. {never_booted[0]}: {why or 'see its log'})"))
+            if cannot_launch:
+                error = f"no node could be launched ({s.run.launch_failures} tries): {s.run.launch_error}"
+            else:
+                why = next((s.nodes[i].error for i in never_booted if i in s.nodes and s.nodes[i].error), None)
+                error = (f"no node could start: {len(never_booted)} ended before their first heartbeat "
+                         f"(e.g. {never_booted[0]}: {why or 'see its log'})")
+            actions.append(FailSites(open_sites, Reason.NO_NODES, error))
         actions.append(Finish("no-nodes"))
         return Plan(tuple(actions), now + 1.0)
 
@@ -165,6 +173,10 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
     wanted = min(fleet_cfg.max_nodes, open_count)
     launched = s.run.nodes_launched if s.run is not None else 0
     room = max(0, config.launch_budget - launched)
+    retry_at = s.run.launch_retry_at if s.run is not None else None
     if wanted > live and room > 0:
-        actions.append(Launch(min(wanted - live, room)))
+        if retry_at is not None and now < retry_at:
+            soon(retry_at)  # the last launch started nothing: wait out its backoff
+        else:
+            actions.append(Launch(min(wanted - live, room), target=wanted))
     return Plan(tuple(actions), max(now, wake))

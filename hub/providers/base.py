@@ -23,7 +23,8 @@ class ComputeProvider(Protocol):
     def list(self, run_id: str) -> list[Instance]:
         """Every instance tagged with the run, in any state the provider still reports."""
 
-    def launch(self, run_id: str, count: int) -> LaunchResult: ...
+    def launch(self, run_id: str, count: int, target: int | None = None) -> LaunchResult:
+        """Start up to `count` nodes; with `target`, re-read what runs and start only the difference."""
 
     def terminate(self, instance_ids: Sequence[str]) -> None: ...
 

@@ -92,7 +92,9 @@ class LocalProvider:
     def _young(self, e: dict) -> bool:
         return self.clock.now() - float(e.get("launched_at", 0)) < 30
 
-    def launch(self, run_id: str, count: int) -> LaunchResult:
+    def launch(self, run_id: str, count: int, target: int | None = None) -> LaunchResult:
+        if target is not None:
+            count = min(count, max(0, target - sum(1 for i in self.list(run_id) if i.live)))
         launched, errors = [], []
         for _ in range(count):
             iid = "i-local-" + secrets.token_hex(4)

@@ -30,7 +30,7 @@ class FakeProvider:
     def list(self, run_id):
         return [Instance(i, state) for i, state in self.instances.items()]
 
-    def launch(self, run_id, count):
+    def launch(self, run_id, count, target=None):
         ids = []
         for _ in range(count):
             self.launches += 1
@@ -215,8 +215,8 @@ def test_nodes_that_die_at_boot_end_the_run_fast_instead_of_at_the_deadline(tmp_
     rig = Rig(tmp_path)
     launch = rig.provider.launch
 
-    def dies(run_id, count):
-        result = launch(run_id, count)
+    def dies(run_id, count, target=None):
+        result = launch(run_id, count, target)
         for i in result.launched:
             rig.provider.instances[i] = "terminated"  # exits before its first heartbeat
         return result
@@ -228,3 +228,22 @@ def test_nodes_that_die_at_boot_end_the_run_fast_instead_of_at_the_deadline(tmp_
     assert {s["failure_reason"] for s in summary["sites"].values()} == {"no-nodes"}
     assert rig.provider.launches <= 4
     assert rig.clock.now() - summary["started_at"] < 60  # not the 600 s deadline
+
+
+def test_a_launch_error_backs_off_and_ends_the_run_naming_it(tmp_path):
+    rig = Rig(tmp_path)
+    calls = []
+
+    def refuses(run_id, count, target=None):
+        calls.append(rig.clock.now())
+        return LaunchResult((), ("spot t3.medium in subnet-1: UnauthorizedOperation: not allowed",))
+
+    rig.provider.launch = refuses
+    out = rig.hub().run()
+    summary = json.loads(out.summary_path.read_text())
+    assert out.exit_code == 3 and summary["finish_reason"] == "no-nodes"
+    site = summary["sites"]["s0"]
+    assert site["failure_reason"] == "no-nodes" and "UnauthorizedOperation" in site["error"]
+    assert len(calls) == 5
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    assert all(g2 > g1 for g1, g2 in zip(gaps, gaps[1:]))  # each wait longer than the last

@@ -61,7 +61,7 @@ def test_a_new_run_starts_seeds_and_launches():
     assert isinstance(p.actions[0], StartRun) and p.actions[0].run_date == "20261121"
     seed = [a for a in p.actions if isinstance(a, SeedSites)][0]
     assert [name for name, _ in seed.sites] == ["s0", "s1", "s2"]
-    assert Launch(2) in p.actions  # min(max_nodes=2, 3 open sites)
+    assert Launch(2, target=2) in p.actions  # min(max_nodes=2, 3 open sites)
 
 
 def test_hang_is_detected_on_the_hubs_clock_from_when_it_saw_the_value():
@@ -137,7 +137,7 @@ def test_fleet_is_sized_by_open_sites_and_the_launch_budget():
     sites = [site("s0"), site("s1", run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED),
              site("s2", run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED)]
     w = World(config(3), sites, instances=())
-    assert Launch(1) in w.plan(T0).actions
+    assert Launch(1, target=1) in w.plan(T0).actions
     spent = dataclasses.replace(RUN, nodes_launched=config(3).launch_budget)
     assert not any(isinstance(a, Launch) for a in World(config(3), sites, instances=(), run=spent).plan(T0).actions)
 
@@ -184,3 +184,20 @@ def test_a_node_that_reports_a_failed_boot_is_terminated_and_its_reason_surfaces
     w.instances = {f"i-{k}": Instance(f"i-{k}", "terminated") for k in range(1, 4)}
     fail = [a for a in w.plan(T0).actions if isinstance(a, FailSites)][0]
     assert "mount of fs-1 timed out" in fail.error
+
+
+def test_a_launch_that_started_nothing_is_not_retried_before_its_backoff():
+    run = dataclasses.replace(RUN, launch_failures=2, launch_error="x", launch_retry_at=T0 + 4)
+    w = World(config(1), [site("s0")], instances=(), nodes={}, run=run)
+    p = w.plan(T0)
+    assert not any(isinstance(a, Launch) for a in p.actions) and p.wake_at == T0 + 4
+    assert any(isinstance(a, Launch) for a in w.plan(T0 + 4).actions)
+
+
+def test_launches_that_never_start_a_node_end_the_run_with_the_error():
+    run = dataclasses.replace(RUN, launch_failures=5, launch_error="spot t3.medium: UnauthorizedOperation",
+                              launch_retry_at=T0 - 1)
+    p = World(config(1), [site("s0")], instances=(), nodes={}, run=run).plan(T0)
+    fail = [a for a in p.actions if isinstance(a, FailSites)][0]
+    assert fail.reason is Reason.NO_NODES and "UnauthorizedOperation" in fail.error
+    assert p.actions[-1] == Finish("no-nodes")

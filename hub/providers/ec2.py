@@ -1,0 +1,167 @@
+"""Nodes on EC2: one-time spot instances over several types and subnets, on-demand when spot runs out.
+
+Launches never trust memory: `launch` re-reads EC2 by the run's tag and starts
+only the difference to the target, so a hub that crashed mid-launch and came
+back does not double the fleet (EC2's ClientToken helps on AWS; moto ignores
+it, so the re-read is what counts). Capacity errors move on to the next
+instance type / subnet, then to on-demand; any other error stops the launch and
+is returned as data for the next plan, never raised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+from typing import Any, Callable, Sequence
+
+from botocore.exceptions import ClientError
+
+from fleet.aws import error_code
+from fleet.config import Config
+from hub.providers.base import LaunchResult
+from hub.snapshot import Instance
+
+log = logging.getLogger("gridfleet.hub")
+
+RUN_TAG, ROLE_TAG = "gridfleet:run_id", "gridfleet:role"
+
+#: Errors that mean "not here, not now": try another type, subnet or market.
+CAPACITY_ERRORS = frozenset({
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity", "SpotMaxPriceTooLow",
+    "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported",
+    "InsufficientFreeAddressesInSubnet", "SpotCapacityNotAvailable",
+})
+
+STATES = ["pending", "running", "shutting-down", "stopping", "stopped", "terminated"]
+
+
+class Ec2Provider:
+    def __init__(self, ec2: Any, config: Config, *, ami: str, user_data: Callable[[str], str], role: str = "node"):
+        self.ec2 = ec2
+        self.config = config
+        self.ami = ami
+        self.user_data = user_data
+        self.role = role
+        self._rotation = itertools.count()
+
+    # --- what runs ---------------------------------------------------------------
+    def list(self, run_id: str) -> list[Instance]:
+        filters = [{"Name": f"tag:{RUN_TAG}", "Values": [run_id]}, {"Name": f"tag:{ROLE_TAG}", "Values": [self.role]},
+                   {"Name": "instance-state-name", "Values": STATES}]
+        out = []
+        for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
+            for res in page.get("Reservations", []):
+                for i in res.get("Instances", []):
+                    tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+                    out.append(Instance(i["InstanceId"], i["State"]["Name"], tags.get(ROLE_TAG, self.role), tags,
+                                        i.get("InstanceType")))
+        return out
+
+    def address_of(self, instance_id: str) -> str | None:
+        """The node's private IPv4 (for SSH from the hub)."""
+        try:
+            res = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        except ClientError:
+            return None
+        for r in res:
+            for i in r.get("Instances", []):
+                return i.get("PrivateIpAddress")
+        return None
+
+    # --- launch -----------------------------------------------------------------------
+    def launch(self, run_id: str, count: int, target: int | None = None) -> LaunchResult:
+        instances = self.list(run_id)
+        live = sum(1 for i in instances if i.live)
+        if target is not None:
+            count = min(count, max(0, target - live))
+        if count <= 0:
+            return LaunchResult()
+        fleet, aws = self.config.fleet, self.config.aws
+        subnets = list(aws.subnet_ids) or [None]
+        start = next(self._rotation) % len(subnets)  # spread launches over the subnets (AZs)
+        subnets = subnets[start:] + subnets[:start]
+        markets = (["spot"] if fleet.spot else []) + (["on-demand"] if (not fleet.spot or fleet.on_demand_fallback)
+                                                        else [])
+        launched: list[str] = []
+        errors: list[str] = []
+        remaining = count
+        for market, itype, subnet in ((m, t, s) for m in markets for t in fleet.instance_types for s in subnets):
+            if remaining <= 0:
+                break
+            token = self._token(run_id, len(instances), market, itype, subnet)
+            try:
+                ids = self._run(run_id, remaining, market, itype, subnet, token)
+            except ClientError as e:
+                code = error_code(e) or "Error"
+                errors.append(f"{market} {itype} in {subnet or 'default subnet'}: {code}: "
+                              f"{e.response.get('Error', {}).get('Message', '')}")
+                if code in CAPACITY_ERRORS:
+                    continue
+                break  # a configuration or permission error: other types will not fare better
+            launched.extend(ids)
+            remaining -= len(ids)
+            log.info("ec2-launch run_id=%s market=%s type=%s subnet=%s count=%d", run_id, market, itype, subnet,
+                     len(ids))
+        return LaunchResult(tuple(launched), tuple(errors))
+
+    def _token(self, run_id: str, seen: int, market: str, itype: str, subnet: str | None) -> str:
+        """Same launch after a crash -> same token (EC2 returns the earlier instances instead of new ones)."""
+        raw = f"{run_id}|{self.role}|{seen}|{market}|{itype}|{subnet}"
+        return "gf-" + hashlib.sha256(raw.encode()).hexdigest()[:48]
+
+    def _run(self, run_id: str, count: int, market: str, itype: str, subnet: str | None, token: str) -> list[str]:
+        aws = self.config.aws
+        tags = [{"Key": RUN_TAG, "Value": run_id}, {"Key": ROLE_TAG, "Value": self.role},
+                {"Key": "Name", "Value": f"gridfleet-{self.role}-{run_id}"}]
+        kwargs: dict[str, Any] = {
+            "MinCount": 1, "MaxCount": count, "InstanceType": itype, "ClientToken": token,
+            "UserData": self.user_data(run_id),
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
+                                  {"ResourceType": "volume", "Tags": tags}],
+        }
+        if aws.node_launch_template:
+            kwargs["LaunchTemplate"] = {"LaunchTemplateName": aws.node_launch_template}
+        else:
+            kwargs["ImageId"] = self.ami
+            if aws.instance_profile:
+                kwargs["IamInstanceProfile"] = {"Name": aws.instance_profile}
+            if aws.key_name:
+                kwargs["KeyName"] = aws.key_name
+        if subnet:
+            kwargs["SubnetId"] = subnet
+        if aws.security_group_ids:
+            kwargs["SecurityGroupIds"] = list(aws.security_group_ids)
+        if market == "spot":
+            kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        out = self.ec2.run_instances(**kwargs)
+        return [i["InstanceId"] for i in out.get("Instances", [])]
+
+    # --- terminate -------------------------------------------------------------------
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        ids = list(dict.fromkeys(instance_ids))
+        for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+            try:
+                self.ec2.terminate_instances(InstanceIds=chunk)
+            except ClientError as e:
+                if error_code(e) != "InvalidInstanceID.NotFound":
+                    raise
+                for iid in chunk:  # one of them is gone already: terminate the others one by one
+                    try:
+                        self.ec2.terminate_instances(InstanceIds=[iid])
+                    except ClientError as e2:
+                        if error_code(e2) != "InvalidInstanceID.NotFound":
+                            raise
+
+    def hub_alive(self, hub_id: str) -> bool:
+        """Hub ids on EC2 are `ec2:<instance id>`: alive while that instance is pending or running."""
+        if not hub_id.startswith("ec2:"):
+            return False
+        try:
+            res = self.ec2.describe_instances(InstanceIds=[hub_id[4:]])["Reservations"]
+        except ClientError:
+            return False
+        return any(i["State"]["Name"] in ("pending", "running") for r in res for i in r.get("Instances", []))
