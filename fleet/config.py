@@ -69,6 +69,9 @@ class AwsConfig(_Model):
     instance_profile: str | None = None
     ami: str | None = None
     key_name: str | None = None
+    node_launch_template: str | None = Field(
+        None, description="launch nodes from this template (type, subnet, market and user-data overridden)"
+    )
     result_ttl_days: int = Field(1, ge=1, description="expireAt = run end + this many days")
     max_retries: int = Field(8, ge=0, description="botocore 'standard' retry attempts per call")
     # Where nodes find the hub, the code and the run's config.

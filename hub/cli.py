@@ -8,21 +8,20 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 
 from fleet.clock import SystemClock
 from fleet.config_load import load_config
-from fleet.errors import GridfleetError, MissingResource, UsageError
+from fleet.errors import GridfleetError, MissingResource
 from fleet.logs import setup
-from hub import local_env
-from hub.loop import EXIT_ERROR, EXIT_OK, Hub, default_run_id
-from hub.providers.local import local_hub_id
+from hub import aws_cmd, aws_env, local_env, run_cmd
+from hub.providers.ec2 import Ec2Provider
+from hub.loop import EXIT_ERROR, EXIT_OK
 from hub.summary import build_summary, counts, export, site_entry
 from hub.teardown import teardown_run
 from hub.views import print_sites
@@ -62,14 +61,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print what would be done; start nothing")
     p.add_argument("--out", type=Path, default=Path("runs"), help="where runs/<run_id>/ goes (default: %(default)s)")
 
+    p = sub.add_parser("render", help="print the cloud-init user-data of the hub or of a node",
+                       description="Print the rendered cloud-config (for the launch template, or to review it).")
+    p.add_argument("role", choices=("hub", "node"))
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="fleet.yaml (default: %(default)s)")
+    p.add_argument("--run-id", type=_run_id, help="node: the run (default: today's UTC date)")
+    p.add_argument("--hub-address", help="node: the hub's private address (default: aws.hub_address)")
+
+    p = sub.add_parser("aws", help="AWS housekeeping: `aws bootstrap` creates the table, queue + DLQ and bucket")
+    p.add_argument("action", choices=("bootstrap",),
+                   help="bootstrap: create what is missing, idempotently (dev accounts, LocalStack, moto)")
+    p.add_argument("--config", required=True)
+
+    p = sub.add_parser("bundle", help="build the code bundle and the Lambda package; --upload puts them in S3")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="fleet.yaml (its bucket and keys; uploaded as the "
+                                                            "hub's config)")
+    p.add_argument("--out", type=Path, default=Path("dist"), help="where to build (default: %(default)s)")
+    p.add_argument("--upload", action="store_true", help="upload the bundle, the Lambda package and the config")
+    p.add_argument("--efs-utils-deb", help="an amazon-efs-utils .deb to upload beside the bundle (for AMIs "
+                                           "without it)")
+
     p = sub.add_parser("status", help="the sites of a run: status, attempt, node, last update, reason")
     p.add_argument("--run-id", type=_run_id, help="default: the latest run")
     p.add_argument("--json", action="store_true", help='{"run_id", "sites", "counts"} as JSON')
-    p.add_argument("--config", help="fleet.yaml naming the table (default: the run's own config on the local stack)")
+    p.add_argument("--config", help="read the run on AWS, from the resources this fleet.yaml names "
+                                     "(default: the local stack, else runs/<run_id>/summary.json)")
+    p.add_argument("--local", action="store_true", help="read the run on the local stack")
     p.add_argument("--out", type=Path, default=Path("runs"), help="where to look for summaries (default: %(default)s)")
 
     p = sub.add_parser("teardown", help="end a run now: terminate its nodes, mark open sites FAILED/killed")
     p.add_argument("--run-id", type=_run_id, help="default: the latest run")
+    p.add_argument("--config", help="the run is on AWS, in the resources this fleet.yaml names")
+    p.add_argument("--local", action="store_true", help="the run is on the local stack (the default without --config)")
     p.add_argument("--out", type=Path, default=Path("runs"))
 
     p = sub.add_parser("local", help="the embedded default's stack (moto server, Selenium Grid, demo sites)")
@@ -110,115 +133,66 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
 
 # --- run ------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    config = load_config(args.config)
-    run_id = args.run_id or default_run_id(time.time())
-    if not args.local:
-        raise UsageError("runs on AWS are not available in this version; use --local for the embedded default")
-    if args.dry_run:
-        return _dry_run(config, run_id, console)
-    home = local_env.gridfleet_home()
-    local_env.preflight(config)
-    stack = local_env.make_stack(home, config, progress=lambda m: log.info("stack: %s", m))
-    state = stack.running()
-    started_here = state is None  # this run owns the stack: it stops it however the run ends
-    adopted = state is not None and state.owner_run == run_id  # a crashed earlier hub of this run started it
-    if state is None:
-        log.info("stack: starting the embedded default (moto server, Selenium Grid, demo sites)")
-        state = stack.up(owner_run=run_id)
-    finished = False
-    try:
-        env = local_env.connect(stack, state, config, bootstrap=True)
-        existing = env.table.get_run(run_id)
-        clock = SystemClock()
-        provider = env.provider(run_id, clock)
-        if existing is not None and not args.resume:
-            raise UsageError(f"run {run_id} already exists on this stack; pass --resume to continue it "
-                             f"or --run-id to start another")
-        if existing is None and args.resume:
-            raise UsageError(f"there is no run {run_id} to resume on the stack in {stack.dir}")
-        if existing is not None and not existing.finished and existing.hub_id \
-                and provider.hub_alive(existing.hub_id):
-            raise UsageError(f"run {run_id} is held by a hub that is still running ({existing.hub_id})")
-        env.write_config(run_id)
-        hub = Hub(run_id=run_id, config=env.config, table=env.table, queue=env.queue, results=env.results,
-                  provider=provider, control=env.control(run_id), clock=clock, out_dir=args.out, hub_id=local_hub_id())
-        if existing is not None and existing.finished:
-            outcome_code = _export_finished(env, run_id, args.out, console)
-            finished = True
-            return outcome_code
-        log.info("run %s: %d sites, up to %d nodes; Grid %s, demo sites %s", run_id, len(config.sites),
-                 env.config.fleet.max_nodes, state.grid_url, state.demo_url)
-        _term_as_interrupt()
-        try:
-            outcome = hub.run()
-        except KeyboardInterrupt:
-            log.warning("interrupted: terminating the run's nodes")
-            hub.executor.teardown(why="interrupted")
-            finished = adopted
-            raise
-        finished = True
-        env.export_node_logs(run_id, args.out)
-        rows = env.table.read_run(run_id)
-        print_sites(console, run_id, {r.site: site_entry(r) for r in rows.sites}, outcome.counts)
-        console.print(f"summary: {outcome.summary_path}  (node logs: {args.out / run_id / 'nodes'})")
-        return outcome.exit_code
-    finally:
-        if started_here or (adopted and finished):
-            stack.down(quiet=True)
+    return run_cmd.cmd_run(args, console, load_config)
 
 
-def _term_as_interrupt() -> None:
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
+# --- aws: render, bootstrap, bundle ------------------------------------------------------------
+def cmd_render(args: argparse.Namespace, console: Console) -> int:
+    return aws_cmd.cmd_render(args, console, load_config(args.config))
 
 
-def _export_finished(env: local_env.LocalEnv, run_id: str, out: Path, console: Console) -> int:
-    rows = env.table.read_run(run_id)
-    assert rows.run is not None
-    summary = build_summary(rows.run, rows.sites, left_running=0, finished_at=rows.run.finished_at or time.time(),
-                            finish_reason="done")
-    path = export(out, summary, rows.sites, env.results)
-    print_sites(console, run_id, summary["sites"], summary["counts"])
-    console.print(f"run {run_id} had already finished; summary: {path}")
-    return 3 if summary["counts"]["FAILED"] else 0
+def cmd_aws(args: argparse.Namespace, console: Console) -> int:
+    return aws_cmd.cmd_bootstrap(args, console, load_config(args.config))
 
 
-def _dry_run(config, run_id: str, console: Console) -> int:
-    nodes = min(config.fleet.max_nodes, config.local.node_cap(os.cpu_count() or 1), len(config.sites))
-    console.print(f"run {run_id} (dry run, nothing started): {len(config.sites)} sites, {nodes} local nodes, "
-                  f"max_attempts {config.run.max_attempts}, hang_after_s {config.run.hang_after_s:g}")
-    for s in config.sites:
-        console.print(f"  {s.id:<24} {s.crawler:<8} {s.start_url}")
-    return EXIT_OK
+def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
+    return aws_cmd.cmd_bundle(args, console, load_config(args.config))
 
 
 # --- status ------------------------------------------------------------------------------------
-def _source(args: argparse.Namespace, need_run: bool = True):
-    """(LocalEnv or None, run_id) for commands that read a run: the local stack if it is up."""
-    home = local_env.gridfleet_home()
-    stack = local_env.make_stack(home, need_jar=False)
+@dataclass
+class Source:
+    """Where a run's records are: the local stack's moto server, or the AWS resources of a config."""
+
+    where: str
+    table: Any
+    results: Any
+    provider: Callable[[str], Any]  # run id -> provider (to list and terminate its nodes)
+    latest: Callable[[], str | None]
+
+
+def _source(args: argparse.Namespace) -> Source | None:
+    if args.config and not args.local:  # the run is on AWS
+        env = aws_env.connect(load_config(args.config))
+        env.preflight()
+
+        def latest() -> str | None:
+            runs = env.table.list_runs()
+            return runs[-1].run_id if runs else None
+
+        return Source("aws", env.table, env.results,
+                      lambda run_id: Ec2Provider(env.ec2, env.config, ami="", user_data=lambda r: ""), latest)
+    stack = local_env.make_stack(local_env.gridfleet_home(), need_jar=False)
     state = stack.running()
-    run_id = args.run_id
-    if state is None:
-        return None, run_id
-    run_id = run_id or local_env.latest_run_on_stack(stack)
-    config = load_config(args.config) if getattr(args, "config", None) else (
-        local_env.run_config(stack, run_id) if run_id else None)
+    run_id = args.run_id or (local_env.latest_run_on_stack(stack) if state else None)
+    config = local_env.run_config(stack, run_id) if state and run_id else None
     if config is None:
-        return None, run_id
-    return local_env.connect(stack, state, config, bootstrap=False), run_id
+        return None
+    env = local_env.connect(stack, state, config, bootstrap=False)
+    return Source("local", env.table, env.results, lambda rid: env.provider(rid, SystemClock()), lambda: run_id)
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    env, run_id = _source(args)
+    src = _source(args)
+    run_id = args.run_id or (src.latest() if src else None)
     data = None
-    if env is not None and run_id:
-        rows = env.table.read_run(run_id)
+    if src is not None and run_id:
+        rows = src.table.read_run(run_id)
         if rows.run is not None:
             data = {"run_id": run_id, "sites": {r.site: site_entry(r) for r in sorted(rows.sites, key=lambda r: r.site)},
                     "counts": counts(rows.sites)}
+        elif src.where == "aws":
+            raise MissingResource(f"there is no run {run_id} in the table {args.config} names")
     if data is None:
         data = _status_from_summary(args.out, run_id)
     if args.json:
@@ -247,16 +221,16 @@ def _status_from_summary(out: Path, run_id: str | None) -> dict[str, Any]:
 
 # --- teardown ------------------------------------------------------------------------------------
 def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
-    env, run_id = _source(args)
-    if env is None or not run_id:
-        raise MissingResource("no local stack with a run is up; nothing to tear down")
+    src = _source(args)
+    run_id = args.run_id or (src.latest() if src else None)
+    if src is None or not run_id:
+        raise MissingResource("no run to tear down: no local stack with a run is up (for a run on AWS pass --config)")
     clock = SystemClock()
-    provider = env.provider(run_id, clock)
-    result = teardown_run(run_id, env.table, provider, clock)
-    rows = env.table.read_run(run_id)
+    result = teardown_run(run_id, src.table, src.provider(run_id), clock)
+    rows = src.table.read_run(run_id)
     summary = build_summary(rows.run, rows.sites, left_running=result.left_running, finished_at=clock.now(),
                             finish_reason="teardown")
-    path = export(args.out, summary, rows.sites, env.results)
+    path = export(args.out, summary, rows.sites, src.results)
     console.print(f"run {run_id}: terminated {len(result.terminated)} nodes, {len(result.failed_sites)} open sites "
                   f"marked FAILED (killed); summary: {path}")
     return EXIT_OK if not result.left_running else EXIT_ERROR
@@ -293,6 +267,9 @@ def _print_stack(console: Console, stack) -> None:
 COMMANDS = {
     "validate": cmd_validate,
     "run": cmd_run,
+    "render": cmd_render,
+    "aws": cmd_aws,
+    "bundle": cmd_bundle,
     "status": cmd_status,
     "teardown": cmd_teardown,
     "local": cmd_local,

@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 JAR_VERSION=4.48.0
 JAR="vendor/selenium-server-${JAR_VERSION}.jar"
 JAR_SHA256=c3119218bcd07b221622ffd57874519891718029358c85a2dccf506e17815cd7
-DEB_PACKAGES=(chromium chromium-driver default-jre-headless)
+# Chromium, ChromeDriver and a JRE for the embedded default; cloud-init, shellcheck and an SSH server for the
+# tests that check rendered user-data and the SSH kill path against the real tools.
+DEB_PACKAGES=(chromium chromium-driver default-jre-headless cloud-init shellcheck openssh-server)
 PYTHON=${PYTHON:-python3}
 
 say() { printf 'setup: %s\n' "$*"; }
@@ -69,7 +71,7 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt constrai
 else
     say "installing the project into .venv"
     [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-    .venv/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+    .venv/bin/python -m pip install -q -c constraints.txt -e '.[local,test]'
     touch "$stamp"
 fi
 say "ready: .venv/bin/gridfleet"

@@ -49,10 +49,15 @@ def test_bad_run_id_is_a_usage_error(tmp_path):
     assert p.returncode == 2 and "--run-id" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_aws_run_is_refused_until_it_exists(tmp_path):
-    (tmp_path / "fleet.yaml").write_text("sites:\n  - {id: a, start_url: 'http://a.test'}\n")
-    p = gridfleet(tmp_path, "run")
-    assert p.returncode == 2 and "--local" in p.stderr
+def test_an_aws_run_without_credentials_exits_1_naming_them_and_starts_nothing(tmp_path):
+    (tmp_path / "fleet.yaml").write_text("aws: {imds_url: 'http://127.0.0.1:9'}\n"
+                                         "sites:\n  - {id: a, start_url: 'http://a.test'}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(GRIDFLEET_HOME=str(tmp_path / "home"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
+    p = subprocess.run([sys.executable, "-m", "hub.cli", "run"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1 and "no AWS credentials" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):

@@ -1,0 +1,173 @@
+"""`gridfleet run`: one run of the crawl, on the embedded default (`--local`) or on AWS.
+
+Both build the same `Hub` with other adapters behind the same seams. `--resume`
+continues the run if it exists (after its hub died) and starts it if not, so
+the hub instance's boot script and the external watchdog can both say
+`run --resume` for the day's run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+
+from fleet.clock import SystemClock
+from fleet.codec import RunInfo
+from fleet.config import Config
+from fleet.errors import UsageError
+from fleet.results import ResultStore
+from fleet.table import StateTable
+from hub import aws_env, local_env
+from hub.loop import EXIT_OK, Hub, RunOutcome
+from hub.providers.local import local_hub_id
+from hub.summary import build_summary, export, site_entry
+from hub.views import print_sites
+
+log = logging.getLogger("gridfleet")
+
+
+def check_existing(existing: RunInfo | None, run_id: str, resume: bool, hub_alive: Callable[[str], bool]) -> None:
+    if existing is None:
+        if resume:
+            log.info("run %s does not exist yet: starting it", run_id)
+        return
+    if not resume:
+        raise UsageError(f"run {run_id} already exists; pass --resume to continue it or --run-id to start another")
+    if not existing.finished and existing.hub_id and hub_alive(existing.hub_id):
+        raise UsageError(f"run {run_id} is held by a hub that is still running ({existing.hub_id})")
+
+
+def export_finished(table: StateTable, results: ResultStore, run_id: str, out: Path, console: Console) -> int:
+    rows = table.read_run(run_id)
+    assert rows.run is not None
+    summary = build_summary(rows.run, rows.sites, left_running=0, finished_at=rows.run.finished_at or time.time(),
+                            finish_reason="done")
+    path = export(out, summary, rows.sites, results)
+    print_sites(console, run_id, summary["sites"], summary["counts"])
+    console.print(f"run {run_id} had already finished; summary: {path}")
+    return 3 if summary["counts"]["FAILED"] else 0
+
+
+def _term_as_interrupt() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _drive(hub: Hub) -> RunOutcome:
+    _term_as_interrupt()
+    try:
+        return hub.run()
+    except KeyboardInterrupt:
+        log.warning("interrupted: terminating the run's nodes")
+        hub.executor.teardown(why="interrupted")
+        raise
+
+
+def _report(console: Console, table: StateTable, run_id: str, outcome: RunOutcome, extra: str = "") -> None:
+    rows = table.read_run(run_id)
+    print_sites(console, run_id, {r.site: site_entry(r) for r in rows.sites}, outcome.counts)
+    console.print(f"summary: {outcome.summary_path}{extra}")
+
+
+# --- the embedded default -----------------------------------------------------------------
+def run_local(args: argparse.Namespace, config: Config, run_id: str, console: Console) -> int:
+    if args.dry_run:
+        nodes = min(config.fleet.max_nodes, config.local.node_cap(os.cpu_count() or 1), len(config.sites))
+        console.print(f"run {run_id} (dry run, nothing started): {len(config.sites)} sites, {nodes} local nodes, "
+                      f"max_attempts {config.run.max_attempts}, hang_after_s {config.run.hang_after_s:g}")
+        for s in config.sites:
+            console.print(f"  {s.id:<24} {s.crawler:<8} {s.start_url}")
+        return EXIT_OK
+    home = local_env.gridfleet_home()
+    local_env.preflight(config)
+    stack = local_env.make_stack(home, config, progress=lambda m: log.info("stack: %s", m))
+    state = stack.running()
+    started_here = state is None  # this run owns the stack: it stops it however the run ends
+    adopted = state is not None and state.owner_run == run_id  # a crashed earlier hub of this run started it
+    if state is None:
+        log.info("stack: starting the embedded default (moto server, Selenium Grid, demo sites)")
+        state = stack.up(owner_run=run_id)
+    finished = False
+    try:
+        env = local_env.connect(stack, state, config, bootstrap=True)
+        clock = SystemClock()
+        provider = env.provider(run_id, clock)
+        existing = env.table.get_run(run_id)
+        check_existing(existing, run_id, args.resume, provider.hub_alive)
+        if existing is not None and existing.finished:
+            finished = True
+            return export_finished(env.table, env.results, run_id, args.out, console)
+        env.write_config(run_id)
+        hub = Hub(run_id=run_id, config=env.config, table=env.table, queue=env.queue, results=env.results,
+                  provider=provider, control=env.control(run_id), clock=clock, out_dir=args.out,
+                  hub_id=local_hub_id())
+        log.info("run %s: %d sites, up to %d nodes; Grid %s, demo sites %s", run_id, len(config.sites),
+                 env.config.fleet.max_nodes, state.grid_url, state.demo_url)
+        try:
+            outcome = _drive(hub)
+        except KeyboardInterrupt:
+            finished = adopted
+            raise
+        finished = True
+        env.export_node_logs(run_id, args.out)
+        _report(console, env.table, run_id, outcome, f"  (node logs: {args.out / run_id / 'nodes'})")
+        return outcome.exit_code
+    finally:
+        if started_here or (adopted and finished):
+            stack.down(quiet=True)
+
+
+# --- AWS ------------------------------------------------------------------------------------
+def run_aws(args: argparse.Namespace, config: Config, run_id: str, console: Console) -> int:
+    env = aws_env.connect(config)
+    if args.dry_run:
+        from hub.aws_cmd import dry_run
+
+        return dry_run(env, run_id, console)
+    env.preflight()
+    ami = env.resolve_ami()
+    ident = aws_env.identify(config.aws.imds_url)
+    hub_address = config.aws.hub_address or ident.address
+    if not hub_address:
+        raise UsageError("aws.hub_address is not set and this host is not on EC2: nodes need the address of "
+                         "the hub's Selenium Grid")
+    provider = env.provider(ami, hub_address)
+    existing = env.table.get_run(run_id)
+    check_existing(existing, run_id, args.resume,
+                   lambda hid: provider.hub_alive(hid) or aws_env.same_host_hub_alive(hid))
+    if existing is not None and existing.finished:
+        return export_finished(env.table, env.results, run_id, args.out, console)
+    env.node_user_data(run_id, hub_address)  # renders (and checks) the nodes' user-data before anything starts
+    key = env.upload_run_config(run_id)
+    clock = SystemClock()
+    hub = Hub(run_id=run_id, config=config, table=env.table, queue=env.queue, results=env.results,
+              provider=provider, control=env.control(clock), clock=clock, out_dir=args.out,
+              hub_id=ident.hub_id)
+    log.info("run %s on AWS (%s): %d sites, up to %d nodes, Grid at %s:%d, node config s3://%s/%s", run_id,
+             config.aws.region, len(config.sites), config.fleet.max_nodes, hub_address, config.aws.grid_port,
+             config.aws.bucket, key)
+    outcome = _drive(hub)
+    _report(console, env.table, run_id, outcome)
+    if outcome.left_running == 0:
+        log.info("hub self-stop: %s", aws_env.self_stop(config.aws.hub_self_stop, ident, env.ec2))
+    else:
+        log.error("hub stays up: %d nodes could not be terminated", outcome.left_running)
+    return outcome.exit_code
+
+
+def cmd_run(args: argparse.Namespace, console: Console, load: Callable[[str], Config]) -> int:
+    from hub.loop import default_run_id
+
+    config = load(args.config)
+    run_id = args.run_id or default_run_id(time.time())
+    return (run_local if args.local else run_aws)(args, config, run_id, console)
+

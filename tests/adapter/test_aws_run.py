@@ -1,0 +1,164 @@
+"""A run on AWS, against a moto server on 127.0.0.1: bootstrap, spot nodes from cloud-init, deadline, teardown.
+
+moto's instances never boot, so no node ever heartbeats: with a short deadline the run ends with every
+site FAILED (deadline), every launched instance terminated, exit code 3 and a summary.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from moto.server import ThreadedMotoServer
+from rich.console import Console
+
+from fleet.aws import LOCAL_CREDENTIALS, AwsClients
+from fleet.config_load import parse_config
+from hub import aws_env
+from hub.aws_cmd import dry_run
+
+
+@pytest.fixture(scope="module")
+def moto_url():
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{server.get_host_and_port()[1]}"
+    server.stop()
+
+
+@pytest.fixture
+def account(moto_url, tmp_path):
+    """What Terraform would have made: a VPC with two subnets, a security group, an EFS file system."""
+    clients = AwsClients(parse_config(f"aws: {{endpoint_url: '{moto_url}'}}\nsites: [{{id: a, start_url: "
+                                      f"'http://a.test'}}]").aws, credentials=LOCAL_CREDENTIALS)
+    ec2, efs = clients.client("ec2"), clients.client("efs")
+    vpc = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
+    subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.1.{k}.0/24")["Subnet"]["SubnetId"] for k in (1, 2)]
+    sg = ec2.create_security_group(GroupName=f"n-{uuid.uuid4().hex[:6]}", Description="nodes", VpcId=vpc)["GroupId"]
+    fs = efs.create_file_system(CreationToken=uuid.uuid4().hex, Encrypted=True)["FileSystemId"]
+    iam = clients.client("iam")
+    profile = f"gridfleet-node-{uuid.uuid4().hex[:6]}"
+    iam.create_instance_profile(InstanceProfileName=profile)
+    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    tag = uuid.uuid4().hex[:8]
+    text = f"""\
+run: {{deadline_s: 6, watch_interval_s: 1, hang_after_s: 60}}
+fleet: {{max_nodes: 2, instance_types: [t3.medium, t3a.medium], spot: true}}
+aws:
+  region: ap-northeast-2
+  endpoint_url: {moto_url}
+  table: t-{tag}
+  queue: q-{tag}
+  bucket: b-{tag}
+  efs_id: {fs}
+  subnet_ids: [{subnets[0]}, {subnets[1]}]
+  security_group_ids: [{sg}]
+  instance_profile: {profile}
+  ami: {ami}
+  hub_address: 10.1.1.10
+  imds_url: http://127.0.0.1:9
+sites:
+  - {{id: alpha, start_url: "https://alpha.test/"}}
+  - {{id: beta, start_url: "https://beta.test/"}}
+  - {{id: gamma, start_url: "https://gamma.test/"}}
+"""
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text)
+    return {"path": path, "ec2": ec2, "efs_id": fs, "config": parse_config(text), "clients": clients}
+
+
+def gridfleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_EC2_METADATA_DISABLED="true",
+               GRIDFLEET_HOME=str(tmp_path / "home"))
+    return subprocess.run([sys.executable, "-m", "hub.cli", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_bootstrap_then_a_run_to_its_deadline_on_moto(account, tmp_path):
+    boot = gridfleet(tmp_path, "aws", "bootstrap", "--config", str(account["path"]))
+    assert boot.returncode == 0, boot.stderr
+    assert "created DynamoDB table" in boot.stdout
+    again = gridfleet(tmp_path, "aws", "bootstrap", "--config", str(account["path"]))
+    assert again.returncode == 0 and "all present" in again.stdout
+
+    run = gridfleet(tmp_path, "run", "--config", str(account["path"]), "--run-id", "aws-1")
+    assert run.returncode == 3, run.stdout + run.stderr
+    summary = json.loads((tmp_path / "runs" / "aws-1" / "summary.json").read_text())
+    assert {s["failure_reason"] for s in summary["sites"].values()} == {"deadline"}
+    assert summary["nodes"]["launched"] == 2 and summary["nodes"]["left_running"] == 0, run.stderr
+    assert "hub self-stop: not stopping: not on EC2" in run.stderr
+
+    ec2 = account["ec2"]
+    nodes = [i for r in ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:run_id", "Values": ["aws-1"]}])
+             ["Reservations"] for i in r["Instances"]]
+    assert len(nodes) == 2
+    for i in nodes:
+        assert i["State"]["Name"] in ("shutting-down", "terminated")
+        assert i["InstanceLifecycle"] == "spot" and i["MetadataOptions"]["HttpTokens"] == "required"
+        assert {t["Key"]: t["Value"] for t in i["Tags"]}["gridfleet:role"] == "node"
+        shutdown = ec2.describe_instance_attribute(InstanceId=i["InstanceId"],
+                                                   Attribute="instanceInitiatedShutdownBehavior")
+        assert shutdown["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+        raw = ec2.describe_instance_attribute(InstanceId=i["InstanceId"], Attribute="userData")["UserData"]["Value"]
+        user_data = base64.b64decode(raw).decode()
+        assert user_data.startswith("#cloud-config") and account["efs_id"] in user_data
+        doc = yaml.safe_load(user_data)
+        boot_script = "\n".join(f["content"] for f in doc["write_files"])
+        assert "mount -t efs" in boot_script and "tls" in boot_script
+        ud_file = tmp_path / f"{i['InstanceId']}.yaml"
+        ud_file.write_text(user_data)
+        if shutil.which("cloud-init"):
+            check = subprocess.run(["cloud-init", "schema", "--config-file", str(ud_file)], capture_output=True,
+                                   text=True)
+            assert check.returncode == 0, check.stdout + check.stderr
+
+    s3 = account["clients"].client("s3")  # the nodes' config was published where their user-data looks for it
+    body = s3.get_object(Bucket=account["config"].aws.bucket, Key="runs/aws-1/fleet.yaml")["Body"].read()
+    assert parse_config(body.decode()).aws.table == account["config"].aws.table
+
+    status = gridfleet(tmp_path, "status", "--config", str(account["path"]), "--run-id", "aws-1", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["sites"] == summary["sites"]
+
+
+def test_missing_resources_are_named_before_anything_is_launched(account, tmp_path):
+    run = gridfleet(tmp_path, "run", "--config", str(account["path"]), "--run-id", "aws-missing")
+    assert run.returncode == 1
+    cfg = account["config"].aws
+    for name in (cfg.table, cfg.queue, cfg.bucket):
+        assert name in run.stderr
+    ec2 = account["ec2"]
+    assert not ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:run_id", "Values": ["aws-missing"]}])[
+        "Reservations"]
+
+
+READ_ONLY = ("Describe", "Get", "List", "Head")
+
+
+def test_dry_run_prints_the_plan_and_calls_no_mutating_api(account, tmp_path):
+    calls: list[str] = []
+
+    def record(service, client):
+        client.meta.events.register("before-call", lambda model, **_: calls.append(f"{service}.{model.name}"))
+
+    assert gridfleet(tmp_path, "aws", "bootstrap", "--config", str(account["path"])).returncode == 0
+    config = account["config"]
+    env = aws_env.connect(config, AwsClients(config.aws, credentials=LOCAL_CREDENTIALS, on_client=(record,)))
+    out = io.StringIO()
+    code = dry_run(env, "aws-dry", Console(file=out, width=200))
+    text = out.getvalue()
+    assert code == 0, text
+    assert "up to 2 x t3.medium/t3a.medium (spot, on-demand fallback)" in text
+    assert "bytes of cloud-config" in text and config.aws.efs_id in text and "3 (alpha, beta, gamma)" in text
+    assert calls and all(c.split(".")[1].startswith(READ_ONLY) for c in calls), calls
+    ec2 = account["ec2"]
+    assert not ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:run_id", "Values": ["aws-dry"]}])["Reservations"]
