@@ -10,7 +10,7 @@ from pathlib import Path
 from botocore.exceptions import ClientError, NoCredentialsError
 from rich.console import Console
 
-from cloud_init import HubUserData, render_hub, render_node
+from cloud_init import HubUserData, RenderError, render_hub
 from fleet.bootstrap import ensure_resources
 from fleet.config import Config
 from fleet.errors import GridfleetError, MissingResource, UsageError
@@ -33,7 +33,10 @@ def hub_params(config: Config) -> HubUserData:
 
 def cmd_render(args: argparse.Namespace, console: Console, config: Config) -> int:
     if args.role == "hub":
-        text = render_hub(hub_params(config))
+        try:
+            text = render_hub(hub_params(config))
+        except RenderError as e:
+            raise UsageError(f"the hub's user-data cannot be made from this config: {e}") from None
     else:
         from hub.loop import default_run_id
 
@@ -41,7 +44,7 @@ def cmd_render(args: argparse.Namespace, console: Console, config: Config) -> in
         if not hub_address:
             raise UsageError("rendering node user-data needs the hub's address: --hub-address or aws.hub_address")
         run_id = args.run_id or default_run_id(time.time())
-        text = render_node(aws_env.node_params(config, run_id, hub_address))
+        text = aws_env.connect(config).node_user_data(run_id, hub_address)
     print(text, end="")
     return 0
 

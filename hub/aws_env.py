@@ -16,12 +16,12 @@ from typing import Any
 
 from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError
 
-from cloud_init import NodeUserData, render_node
+from cloud_init import NodeUserData, RenderError, render_node
 from fleet.aws import AwsClients, error_code
 from fleet.clock import Clock
 from fleet.config import Config
 from fleet.config_load import dump_config
-from fleet.errors import GridfleetError, MissingResource
+from fleet.errors import GridfleetError, MissingResource, UsageError
 from fleet.imds import Imds, ImdsError
 from fleet.local import procs
 from fleet.queue import SqsSiteQueue
@@ -88,7 +88,10 @@ class AwsEnv:
         return self.config.aws.run_config_key.format(run_id=run_id)
 
     def node_user_data(self, run_id: str, hub_address: str) -> str:
-        return render_node(node_params(self.config, run_id, hub_address))
+        try:
+            return render_node(node_params(self.config, run_id, hub_address))
+        except RenderError as e:
+            raise UsageError(f"the nodes' user-data cannot be made from this config: {e}") from None
 
     def provider(self, ami: str, hub_address: str) -> Ec2Provider:
         return Ec2Provider(self.ec2, self.config, ami=ami,
@@ -116,8 +119,11 @@ def node_params(config: Config, run_id: str, hub_address: str) -> NodeUserData:
         config_key=aws.run_config_key.format(run_id=run_id), efs_id=aws.efs_id, hub_address=hub_address,
         grid_port=aws.grid_port, grid_publish_port=aws.grid_publish_port, grid_subscribe_port=aws.grid_subscribe_port,
         node_port=aws.node_port, install_dir=aws.install_dir, state_dir=aws.state_dir, efs_mount=aws.efs_mount,
-        boot_timeout_s=int(config.fleet.boot_timeout_s), imds_url=aws.imds_url,
+        boot_timeout_s=int(config.fleet.boot_timeout_s),  # nodes use EC2's own metadata service
     )
+
+
+EC2_IMDS = "http://169.254.169.254"
 
 
 @dataclass(frozen=True)
@@ -125,13 +131,14 @@ class HubIdentity:
     hub_id: str  # ec2:<instance id> on EC2, host:<hostname>:<pid>:<start ticks> elsewhere
     address: str | None  # the private IPv4 nodes reach the Grid on
     instance_id: str | None
+    real_ec2: bool = False  # the metadata came from EC2 itself, not from an emulator
 
 
 def identify(imds_url: str) -> HubIdentity:
     try:
         imds = Imds(imds_url, timeout_s=1.0)
         iid = imds.instance_id()
-        return HubIdentity(f"ec2:{iid}", imds.local_ipv4(), iid)
+        return HubIdentity(f"ec2:{iid}", imds.local_ipv4(), iid, imds_url.rstrip("/") == EC2_IMDS)
     except ImdsError:
         pid = os.getpid()
         return HubIdentity(f"host:{socket.gethostname()}:{pid}:{procs.start_ticks(pid)}", None, None)
@@ -155,5 +162,7 @@ def self_stop(how: str, identity: HubIdentity, ec2: Any) -> str:
     if how == "terminate":
         ec2.terminate_instances(InstanceIds=[identity.instance_id])
         return f"terminating {identity.instance_id}"
+    if not identity.real_ec2:  # never shut down a machine whose "instance" came from an emulator
+        return f"not shutting down: instance metadata is not EC2's own ({identity.hub_id})"
     subprocess.run(["shutdown", "-h", "+1", "gridfleet: the run is over"], check=False)
     return "shutting down in one minute"

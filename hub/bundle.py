@@ -37,12 +37,8 @@ def build_bundle(project: Path, out_dir: Path, jar: Path, *, deps: bool = True) 
     out = out_dir / "gridfleet-bundle.tar.gz"
     with tempfile.TemporaryDirectory() as tmp:
         wheels = Path(tmp) / "wheels"
-        args = ["wheel", "-q", "--wheel-dir", str(wheels), str(project)]
-        if deps:
-            args[3:3] = ["-c", str(project / "constraints.txt")]
-        else:
-            args.insert(1, "--no-deps")
-        _pip(args)
+        pins = ["-c", str(project / "constraints.txt")] if deps else ["--no-deps"]
+        _pip(["wheel", "-q", *pins, "--wheel-dir", str(wheels), str(project)])
         with tarfile.open(out, "w:gz") as tar:
             tar.add(wheels, arcname="wheels")
             tar.add(jar, arcname="selenium-server.jar")

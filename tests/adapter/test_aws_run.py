@@ -162,3 +162,35 @@ def test_dry_run_prints_the_plan_and_calls_no_mutating_api(account, tmp_path):
     assert calls and all(c.split(".")[1].startswith(READ_ONLY) for c in calls), calls
     ec2 = account["ec2"]
     assert not ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:run_id", "Values": ["aws-dry"]}])["Reservations"]
+
+
+def test_a_hub_on_ec2_takes_its_identity_from_imds_and_stops_itself(account, tmp_path):
+    from fleet.local.imds_server import ImdsServer
+
+    ec2 = account["ec2"]
+    hub = ec2.run_instances(ImageId=account["config"].aws.ami, MinCount=1, MaxCount=1,
+                            TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                                {"Key": "gridfleet:role", "Value": "hub"}]}])["Instances"][0]["InstanceId"]
+    with ImdsServer() as imds:
+        imds.set(hub, local_ipv4="10.1.1.77")
+        text = account["path"].read_text().replace("  hub_address: 10.1.1.10\n", "  hub_self_stop: terminate\n")
+        text = text.replace("imds_url: http://127.0.0.1:9", f"imds_url: {imds.base_url(hub)}")
+        cfg = tmp_path / "hub.yaml"
+        cfg.write_text(text)
+        assert gridfleet(tmp_path, "aws", "bootstrap", "--config", str(cfg)).returncode == 0
+        run = gridfleet(tmp_path, "run", "--config", str(cfg), "--run-id", "aws-hub")
+    assert run.returncode == 3, run.stderr
+    assert f"hub self-stop: terminating {hub}" in run.stderr
+    assert "Grid at 10.1.1.77:4444" in run.stderr  # the nodes were told the hub's private address from IMDS
+    state = ec2.describe_instances(InstanceIds=[hub])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    assert state in ("shutting-down", "terminated")
+    summary = json.loads((tmp_path / "runs" / "aws-hub" / "summary.json").read_text())
+    assert summary["nodes"]["left_running"] == 0
+
+
+def test_shutdown_is_refused_when_the_metadata_is_an_emulator():
+    from hub.aws_env import HubIdentity, self_stop
+
+    ident = HubIdentity("ec2:i-0abc", "10.0.0.1", "i-0abc", real_ec2=False)
+    assert self_stop("shutdown", ident, ec2=None).startswith("not shutting down")
+    assert self_stop("none", ident, ec2=None).startswith("not stopping")

@@ -100,3 +100,30 @@ def test_help_explains_the_commands(tmp_path):
 def test_node_help_is_the_agents(tmp_path):
     p = gridfleet(tmp_path, "node", "--help")
     assert p.returncode == 0 and "node agent" in p.stdout
+
+
+AWS_CONFIG = """\
+aws: {efs_id: fs-0123456789abcdef0, bucket: trendlyze-results, hub_address: 10.0.1.10}
+sites:
+  - {id: a, start_url: 'http://a.test'}
+"""
+
+
+def test_render_prints_valid_user_data_for_hub_and_node(tmp_path):
+    import yaml
+
+    (tmp_path / "fleet.yaml").write_text(AWS_CONFIG)
+    node = gridfleet(tmp_path, "render", "node", "--run-id", "2026-11-21")
+    assert node.returncode == 0 and node.stdout.startswith("#cloud-config")
+    assert "fs-0123456789abcdef0" in node.stdout and yaml.safe_load(node.stdout)["write_files"]
+    hub = gridfleet(tmp_path, "render", "hub")
+    assert hub.returncode == 0 and "gridfleet-hub.service" in hub.stdout
+
+
+def test_render_refuses_what_cannot_be_user_data(tmp_path):
+    (tmp_path / "fleet.yaml").write_text(AWS_CONFIG.replace("fs-0123456789abcdef0", "fs-nothex!"))
+    p = gridfleet(tmp_path, "render", "node")
+    assert p.returncode == 2 and "efs_id" in p.stderr and "Traceback" not in p.stderr
+    (tmp_path / "fleet.yaml").write_text(AWS_CONFIG.replace(", hub_address: 10.0.1.10", ""))
+    p = gridfleet(tmp_path, "render", "node")
+    assert p.returncode == 2 and "--hub-address" in p.stderr
