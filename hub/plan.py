@@ -97,8 +97,8 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
         if r.kill_reason:
             actions.append(KillAttempt(name, r.instance_id, r.attempt, Reason(r.kill_reason)))
             continue
-        if inst is None or not inst.live:
-            actions.append(EndAttempt(name, r.attempt, Reason.LOST))
+        if inst is None or not inst.live:  # reclaimed by EC2 before its node could say so: not its fault
+            actions.append(EndAttempt(name, r.attempt, Reason.SPOT if inst and inst.interrupted else Reason.LOST))
             continue
         progress = s.obs.progress.get(name)
         if r.site_status is SiteStatus.URL_CALL and progress is not None:

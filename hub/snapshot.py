@@ -28,6 +28,7 @@ class Instance:
     role: str = "node"
     tags: Mapping[str, str] = field(default_factory=dict)
     instance_type: str | None = None
+    interrupted: bool = False  # EC2 reclaimed it (spot interruption)
 
     @property
     def live(self) -> bool:

@@ -33,6 +33,8 @@ CAPACITY_ERRORS = frozenset({
     "InsufficientFreeAddressesInSubnet", "SpotCapacityNotAvailable",
 })
 
+SPOT_RECLAIMED = "Server.SpotInstanceTermination"  # EC2's StateReason of a reclaimed spot instance
+
 STATES = ["pending", "running", "shutting-down", "stopping", "stopped", "terminated"]
 
 
@@ -54,8 +56,9 @@ class Ec2Provider:
             for res in page.get("Reservations", []):
                 for i in res.get("Instances", []):
                     tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+                    reason = i.get("StateReason", {}).get("Code", "")
                     out.append(Instance(i["InstanceId"], i["State"]["Name"], tags.get(ROLE_TAG, self.role), tags,
-                                        i.get("InstanceType")))
+                                        i.get("InstanceType"), interrupted=reason == SPOT_RECLAIMED))
         return out
 
     def address_of(self, instance_id: str) -> str | None:

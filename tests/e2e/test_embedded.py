@@ -151,3 +151,44 @@ def test_run_starts_its_own_stack_and_leaves_nothing_running_even_across_a_crash
     assert gf.run("local", "status").returncode == 1  # nothing is up
     # With the stack gone, status falls back to the exported summary.
     assert gf.status("own")["sites"] == s["sites"]
+
+
+SPOT = """\
+run: {max_attempts: 3, hang_after_s: 20, heartbeat_timeout_s: 20, watch_interval_s: 1, deadline_s: 240}
+fleet: {max_nodes: 2, idle_exit_s: 6}
+sites:
+  - {id: long, start_url: "{demo}/s/long/?pages=8&delay_s=1"}
+  - {id: short, start_url: "{demo}/s/short/?pages=2"}
+"""
+
+
+def test_a_spot_notice_mid_crawl_requeues_the_site_without_spending_an_attempt(gf):
+    import urllib.request
+
+    assert gf.run("local", "up", timeout=120).returncode == 0
+    cfg = gf.write_config("spot.yaml", SPOT)
+    hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "spot")
+    deadline = time.monotonic() + 120
+    while True:  # wait until `long` is being crawled, then interrupt its node
+        assert hub.poll() is None, (gf.cwd / "hub.log").read_text()
+        st = gf.run("status", "--run-id", "spot", "--json", timeout=60)
+        site = json.loads(st.stdout)["sites"].get("long") if st.returncode == 0 else None
+        if site and site["site_status"] in ("URL_CALL", "CALL_DONE") and site["instance_id"]:
+            node = site["instance_id"]
+            break
+        assert time.monotonic() < deadline, "the long site never started"
+        time.sleep(0.3)
+    imds = json.loads(gf.stack_file.read_text())["components"]["imds"]["url"]
+    urllib.request.urlopen(urllib.request.Request(f"{imds}/_spot/{node}", method="POST"), timeout=5).read()
+    assert hub.wait(timeout=180) == 0, (gf.cwd / "hub.log").read_text()
+
+    s = gf.summary("spot")
+    long = s["sites"]["long"]
+    assert long["run_status"] == "COMPLETED"
+    assert [a["outcome"] for a in long["attempts"]] == ["spot", "completed"]
+    assert long["attempts"][0]["instance_id"] == node
+    assert long["attemptCount"] == 1  # the interrupted attempt was given back
+    node_log = (gf.cwd / "runs" / "spot" / "nodes" / node / "node.log").read_text()
+    assert "spot-release" in node_log and "node-exit" in node_log
+    assert gf.run("local", "down", timeout=60).returncode == 0
+    assert gf.wait_no_leftovers() == []

@@ -247,3 +247,17 @@ def test_a_launch_error_backs_off_and_ends_the_run_naming_it(tmp_path):
     assert len(calls) == 5
     gaps = [b - a for a, b in zip(calls, calls[1:])]
     assert all(g2 > g1 for g1, g2 in zip(gaps, gaps[1:]))  # each wait longer than the last
+
+
+def test_a_reclaimed_spot_node_does_not_spend_the_sites_attempt(tmp_path):
+    rig = Rig(tmp_path)
+    hub = rig.hub()
+    hub.tick()
+    rec, _ = rig.node_takes()
+    rig.provider.instances["i-1"] = "terminated"
+    rig.provider.list = lambda run_id: [Instance(i, st, interrupted=(i == "i-1")) for i, st in
+                                        rig.provider.instances.items()]
+    hub.tick()
+    after = rig.table.get_site(RUN, rec.site)
+    assert (after.run_status, after.attempt, after.spot_requeues) == (RunStatus.QUEUED, 0, 1)
+    assert after.attempts[0].outcome == "spot"

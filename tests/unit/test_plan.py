@@ -201,3 +201,9 @@ def test_launches_that_never_start_a_node_end_the_run_with_the_error():
     fail = [a for a in p.actions if isinstance(a, FailSites)][0]
     assert fail.reason is Reason.NO_NODES and "UnauthorizedOperation" in fail.error
     assert p.actions[-1] == Finish("no-nodes")
+
+
+def test_a_site_whose_spot_node_was_reclaimed_is_requeued_as_spot_not_lost():
+    w = World(config(1), [running("s0")])
+    w.instances = {"i-1": Instance("i-1", "terminated", interrupted=True)}
+    assert EndAttempt("s0", 1, Reason.SPOT) in w.plan(T0).actions
