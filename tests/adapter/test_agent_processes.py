@@ -10,7 +10,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from moto.server import ThreadedMotoServer
 
 from fleet import ops
 from fleet.aws import LOCAL_CREDENTIALS, AwsClients
@@ -33,11 +32,8 @@ RUN = "2026-11-21"
 
 
 @pytest.fixture(scope="module")
-def moto_url():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{server.get_host_and_port()[1]}"
-    server.stop()
+def moto_url(moto_endpoint):
+    return moto_endpoint
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from moto.server import ThreadedMotoServer
 from rich.console import Console
 
 from fleet.aws import LOCAL_CREDENTIALS, AwsClients
@@ -28,11 +27,8 @@ from hub.aws_cmd import dry_run
 
 
 @pytest.fixture(scope="module")
-def moto_url():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{server.get_host_and_port()[1]}"
-    server.stop()
+def moto_url(moto_endpoint):
+    return moto_endpoint
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import uuid
 
 import pytest
 from botocore.exceptions import ClientError
-from moto.server import ThreadedMotoServer
 
 from fleet.aws import LOCAL_CREDENTIALS, AwsClients
 from fleet.config import AwsConfig, Config
@@ -15,13 +14,8 @@ from hub.providers.ec2 import Ec2Provider
 
 
 @pytest.fixture(scope="module")
-def ec2():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    clients = AwsClients(AwsConfig(endpoint_url=f"http://127.0.0.1:{server.get_host_and_port()[1]}"),
-                         credentials=LOCAL_CREDENTIALS)
-    yield clients.client("ec2")
-    server.stop()
+def ec2(moto_endpoint):
+    return AwsClients(AwsConfig(endpoint_url=moto_endpoint), credentials=LOCAL_CREDENTIALS).client("ec2")
 
 
 @pytest.fixture(scope="module")

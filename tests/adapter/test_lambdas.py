@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
-from moto.server import ThreadedMotoServer
 
 from fleet.aws import LOCAL_CREDENTIALS, AwsClients
 from fleet.bootstrap import ensure_resources
@@ -40,14 +39,8 @@ _seq = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def endpoint():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+def endpoint(moto_endpoint):
+    return moto_endpoint
 
 
 @pytest.fixture(scope="module")
