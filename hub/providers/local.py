@@ -75,7 +75,10 @@ class LocalProvider:
                    if p.markers.get("GRIDFLEET_ROLE") == "node"}
         out: list[Instance] = []
         for e in self.registry(run_id):
-            alive = e["id"] in running
+            # Right after the spawn the child may not show its markers yet (until its exec), so the registry's
+            # own pid and start time count as well.
+            alive = e["id"] in running or (e.get("state") != "terminated" and e.get("pid") is not None
+                                           and procs.pid_alive(int(e["pid"]), e.get("start_ticks")))
             state = "running" if alive else ("pending" if e.get("state") == "pending" and self._young(e)
                                               else "terminated")
             if state == "terminated" and e.get("state") != "terminated":

@@ -343,3 +343,17 @@ def test_hub_alive_is_false_for_ids_of_the_wrong_shape(rig, hub_id):
                          ids=["word-pid", "none-ticks", "empty-parts"])
 def test_hub_alive_is_false_for_ids_with_non_numeric_parts(rig, hub_id):
     assert rig.provider().hub_alive(hub_id) is False
+
+
+def test_a_just_spawned_instance_is_running_before_its_markers_show(rig):
+    """Between fork and exec a child's /proc environ is still the parent's: the registry's pid must count."""
+    p = subprocess.Popen(SLEEPER)  # alive, but carrying none of the instance's markers
+    rig.popens.append(p)
+    provider = rig.provider()
+    provider._write({"id": "i-local-fresh", "run_id": rig.run, "role": "node", "state": "running",
+                     "launched_at": 0.0, "pid": p.pid, "start_ticks": procs.start_ticks(p.pid)})
+    (inst,) = provider.list(rig.run)
+    assert (inst.id, inst.state) == ("i-local-fresh", "running")
+    p.kill()
+    p.wait()
+    assert provider.list(rig.run)[0].state == "terminated"
