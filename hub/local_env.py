@@ -108,6 +108,7 @@ class LocalEnv:
         src = self.stack.instances_dir / run_id
         if not src.is_dir():
             return 0
+        shutil.rmtree(out / run_id / "nodes", ignore_errors=True)
         n = 0
         for inst in sorted(p for p in src.iterdir() if p.is_dir()):
             dest = out / run_id / "nodes" / inst.name

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -67,6 +68,7 @@ def write_json(path: Path, data: Any) -> None:
 def export(out_dir: Path, summary: dict[str, Any], sites: list[SiteRecord], results: ResultStore) -> Path:
     """Write summary.json and results/<site>.json of every COMPLETED site; return the summary path."""
     run_dir = out_dir / summary["run_id"]
+    shutil.rmtree(run_dir / "results", ignore_errors=True)  # an earlier export of this run id is replaced whole
     for r in sites:
         if r.run_status is RunStatus.COMPLETED and r.result_key:
             try:

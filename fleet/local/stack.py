@@ -153,6 +153,10 @@ class LocalStack:
         if st is not None:
             return st
         self.down(quiet=True)  # a half-alive stack: start clean
+        # moto starts empty: what referred to the old state (local instances, run configs) goes with it.
+        # Runs are exported to runs/<run_id>/ (node logs included) when they end.
+        for stale in (self.instances_dir, self.dir / "runs"):
+            shutil.rmtree(stale, ignore_errors=True)
         if self.grid_jar is None:
             raise MissingResource("the Selenium server jar is needed to start the local stack; run `make setup`")
         self.dir.mkdir(parents=True, exist_ok=True)
