@@ -128,11 +128,11 @@ def test_kill_tree_kills_the_selected_root_with_all_its_children(run_marker, tmp
     targets = with_ticks(tree)
 
     started = time.monotonic()
-    killed = procs.kill_tree(lambda ps: [p for p in ps if p.pid == root.pid], grace_s=3.0)
+    killed = procs.kill_tree(lambda ps: [p for p in ps if p.pid == root.pid], grace_s=10.0)
 
     assert killed == 3
     assert all_dead(targets)
-    assert time.monotonic() - started < 2.0  # SIGTERM was enough; no need to wait for the grace
+    assert time.monotonic() - started < 5.0  # SIGTERM was enough; no need to wait for the grace
 
 
 def test_kill_tree_kills_a_descendant_that_cleared_its_environment(run_marker, tmp_path):
@@ -164,7 +164,7 @@ def test_kill_tree_escalates_to_sigkill_after_the_grace(run_marker, tmp_path):
 
     assert killed == 1
     assert not procs.pid_alive(p.pid, ticks)
-    assert 0.5 <= elapsed < 2.0
+    assert 0.5 <= elapsed < 5.0
 
 
 def test_kill_tree_tries_sigterm_first(run_marker, tmp_path):
@@ -182,9 +182,9 @@ def test_kill_tree_tries_sigterm_first(run_marker, tmp_path):
     ticks = procs.start_ticks(p.pid)
 
     started = time.monotonic()
-    procs.kill_tree(lambda ps: [x for x in ps if x.pid == p.pid], grace_s=5.0)
+    procs.kill_tree(lambda ps: [x for x in ps if x.pid == p.pid], grace_s=10.0)
 
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 5.0
     assert not procs.pid_alive(p.pid, ticks)
     assert "got SIGTERM" in log.read_text()
 
