@@ -33,14 +33,16 @@ from hub.views import print_sites
 log = logging.getLogger("gridfleet")
 
 
-def check_existing(existing: RunInfo | None, run_id: str, resume: bool, hub_alive: Callable[[str], bool]) -> None:
+def check_existing(existing: RunInfo | None, run_id: str, resume: bool, hub_alive: Callable[[str], bool],
+                   me: str) -> None:
     if existing is None:
         if resume:
             log.info("run %s does not exist yet: starting it", run_id)
         return
     if not resume:
         raise UsageError(f"run {run_id} already exists; pass --resume to continue it or --run-id to start another")
-    if not existing.finished and existing.hub_id and hub_alive(existing.hub_id):
+    # The same hub instance started again (a stopped hub restarted) is not another hub.
+    if not existing.finished and existing.hub_id and existing.hub_id != me and hub_alive(existing.hub_id):
         raise UsageError(f"run {run_id} is held by a hub that is still running ({existing.hub_id})")
 
 
@@ -102,14 +104,14 @@ def run_local(args: argparse.Namespace, config: Config, run_id: str, console: Co
         clock = SystemClock()
         provider = env.provider(run_id, clock)
         existing = env.table.get_run(run_id)
-        check_existing(existing, run_id, args.resume, provider.hub_alive)
+        hub_id = local_hub_id()
+        check_existing(existing, run_id, args.resume, provider.hub_alive, hub_id)
         if existing is not None and existing.finished:
             finished = True
             return export_finished(env.table, env.results, run_id, args.out, console)
         env.write_config(run_id)
         hub = Hub(run_id=run_id, config=env.config, table=env.table, queue=env.queue, results=env.results,
-                  provider=provider, control=env.control(run_id), clock=clock, out_dir=args.out,
-                  hub_id=local_hub_id())
+                  provider=provider, control=env.control(run_id), clock=clock, out_dir=args.out, hub_id=hub_id)
         log.info("run %s: %d sites, up to %d nodes; Grid %s, demo sites %s", run_id, len(config.sites),
                  env.config.fleet.max_nodes, state.grid_url, state.demo_url)
         try:
@@ -143,7 +145,7 @@ def run_aws(args: argparse.Namespace, config: Config, run_id: str, console: Cons
     provider = env.provider(ami, hub_address)
     existing = env.table.get_run(run_id)
     check_existing(existing, run_id, args.resume,
-                   lambda hid: provider.hub_alive(hid) or aws_env.same_host_hub_alive(hid))
+                   lambda hid: provider.hub_alive(hid) or aws_env.same_host_hub_alive(hid), ident.hub_id)
     if existing is not None and existing.finished:
         return export_finished(env.table, env.results, run_id, args.out, console)
     env.node_user_data(run_id, hub_address)  # renders (and checks) the nodes' user-data before anything starts

@@ -9,6 +9,7 @@ import pytest
 from fleet import ops
 from fleet.clock import FakeClock
 from fleet.config import Config
+from fleet.codec import RunInfo
 from fleet.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from fleet.state import Reason, RunStatus, SiteStatus
 from hub.control.base import KillResult
@@ -261,3 +262,17 @@ def test_a_reclaimed_spot_node_does_not_spend_the_sites_attempt(tmp_path):
     after = rig.table.get_site(RUN, rec.site)
     assert (after.run_status, after.attempt, after.spot_requeues) == (RunStatus.QUEUED, 0, 1)
     assert after.attempts[0].outcome == "spot"
+
+
+def test_resume_is_refused_only_for_another_live_hub():
+    from fleet.errors import UsageError
+    from hub.run_cmd import check_existing
+
+    run = RunInfo(RUN, "RUNNING", 0.0, 1e12, "20261121", hub_id="ec2:i-hub")
+    with pytest.raises(UsageError, match="held by a hub"):
+        check_existing(run, RUN, True, lambda hid: True, me="ec2:i-other")
+    check_existing(run, RUN, True, lambda hid: True, me="ec2:i-hub")  # the same instance, booted again
+    check_existing(run, RUN, True, lambda hid: False, me="ec2:i-other")  # the old hub is gone
+    check_existing(None, RUN, True, lambda hid: True, me="x")  # --resume starts a run that does not exist
+    with pytest.raises(UsageError, match="already exists"):
+        check_existing(run, RUN, False, lambda hid: False, me="x")
