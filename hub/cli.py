@@ -17,7 +17,7 @@ from rich.console import Console
 
 from fleet.clock import SystemClock
 from fleet.config_load import load_config
-from fleet.errors import GridfleetError, MissingResource
+from fleet.errors import GridfleetError, MissingResource, UsageError
 from fleet.logs import setup
 from hub import aws_cmd, aws_env, local_env, run_cmd
 from hub.providers.ec2 import Ec2Provider
@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upload", action="store_true", help="upload the bundle, the Lambda package and the config")
     p.add_argument("--efs-utils-deb", help="an amazon-efs-utils .deb to upload beside the bundle (for AMIs "
                                            "without it)")
+
+    p = sub.add_parser("config", help="`config from-terraform`: the aws: section of fleet.yaml from Terraform")
+    p.add_argument("action", choices=("from-terraform",))
+    p.add_argument("--tf-output", default="-", help="a file holding `terraform output -json` (default: stdin)")
 
     p = sub.add_parser("status", help="the sites of a run: status, attempt, node, last update, reason")
     p.add_argument("--run-id", type=_run_id, help="default: the latest run")
@@ -147,6 +151,20 @@ def cmd_aws(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     return aws_cmd.cmd_bundle(args, console, load_config(args.config))
+
+
+def cmd_config(args: argparse.Namespace, console: Console) -> int:
+    from hub import tf_config
+
+    if args.tf_output == "-":
+        text, source = sys.stdin.read(), "stdin"
+    else:
+        try:
+            text, source = Path(args.tf_output).read_text(), args.tf_output
+        except OSError as e:
+            raise UsageError(f"{args.tf_output}: cannot read: {e}") from None
+    print(tf_config.render(tf_config.aws_section(text, source)), end="")
+    return EXIT_OK
 
 
 # --- status ------------------------------------------------------------------------------------
@@ -270,6 +288,7 @@ COMMANDS = {
     "render": cmd_render,
     "aws": cmd_aws,
     "bundle": cmd_bundle,
+    "config": cmd_config,
     "status": cmd_status,
     "teardown": cmd_teardown,
     "local": cmd_local,

@@ -65,6 +65,17 @@ else
 fi
 
 # --- virtualenv with the project -------------------------------------------
+# --- checkov, in a venv of its own (it pins its own boto3) ----------------------
+tools=.tools/checkov
+if [ -x "$tools/bin/checkov" ] && [ "$tools/.installed" -nt constraints-checkov.txt ]; then
+    say "checkov present"
+else
+    say "installing checkov into $tools"
+    [ -x "$tools/bin/python" ] || "$PYTHON" -m venv "$tools"
+    "$tools/bin/python" -m pip install -q -c constraints-checkov.txt checkov
+    touch "$tools/.installed"
+fi
+
 stamp=.venv/.installed
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt constraints.txt ]; then
     say "virtualenv up to date"

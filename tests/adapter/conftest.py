@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 import pytest
 from boto3.dynamodb.types import TypeDeserializer
-from moto.server import ThreadedMotoServer
 
 from fleet.aws import LOCAL_CREDENTIALS, AwsClients
 from fleet.bootstrap import ensure_resources
@@ -29,18 +28,6 @@ from fleet.table import DynamoStateTable
 
 REGION = "ap-northeast-2"
 BACKENDS = ("moto", "memory")
-
-
-@pytest.fixture(scope="session")
-def moto_endpoint():
-    """URL of an in-process moto server on 127.0.0.1 (any free port), up for the whole session."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
 
 
 def fresh_names() -> dict[str, str]:

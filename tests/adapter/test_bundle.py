@@ -41,3 +41,21 @@ def test_the_lambda_package_holds_the_handlers_and_the_templates(tmp_path):
         names = set(z.namelist())
     assert {"hub/lambdas.py", "fleet/table.py", "cloud_init/templates/node.yaml.j2"} <= names
     assert not any("__pycache__" in n for n in names)
+
+
+def test_the_lambda_package_imports_where_only_boto3_is_installed(tmp_path):
+    """The Lambda runtime brings boto3 and nothing else: the package must carry the rest."""
+    zipped = build_lambda_zip(PROJECT_ROOT, tmp_path / "dist")
+    code = tmp_path / "task"
+    with zipfile.ZipFile(zipped) as z:
+        z.extractall(code)
+    runtime = tmp_path / "runtime"
+    subprocess.run([sys.executable, "-m", "venv", str(runtime)], check=True)
+    boto = subprocess.run([str(runtime / "bin" / "pip"), "install", "-q", "-c", str(PROJECT_ROOT / "constraints.txt"),
+                           "boto3"], capture_output=True, text=True)
+    assert boto.returncode == 0, boto.stderr
+    probe = subprocess.run([str(runtime / "bin" / "python"), "-c",
+                            "import hub.lambdas as l; print(l.starter_handler.__name__, l.watchdog_handler.__name__)"],
+                           capture_output=True, text=True, cwd=code, env={"PYTHONPATH": str(code), "PATH": "/usr/bin"})
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split() == ["starter_handler", "watchdog_handler"]

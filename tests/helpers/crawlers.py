@@ -33,3 +33,15 @@ class HangCrawler(BaseCrawler):
         self.status("URL_CALL", self.ctx.start_url)
         time.sleep(300)
         return []
+
+
+class FailingCrawler(BaseCrawler):
+    """A site that always answers with an error page."""
+
+    needs_browser = False
+
+    def crawl(self):
+        from node.crawler import CrawlError
+
+        self.status("URL_CALL", self.ctx.start_url)
+        raise CrawlError(f"HTTP 500 from {self.ctx.start_url}")

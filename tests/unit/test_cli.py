@@ -127,3 +127,46 @@ def test_render_refuses_what_cannot_be_user_data(tmp_path):
     (tmp_path / "fleet.yaml").write_text(AWS_CONFIG.replace(", hub_address: 10.0.1.10", ""))
     p = gridfleet(tmp_path, "render", "node")
     assert p.returncode == 2 and "--hub-address" in p.stderr
+
+
+TF_OUTPUT = {
+    "gridfleet_aws": {"sensitive": False, "type": "object", "value": {
+        "region": "ap-northeast-2", "table": "TrendlyzeStatus", "queue": "trendlyze-sites",
+        "dlq": "trendlyze-sites-dlq", "bucket": "trendlyze-results", "efs_id": "fs-0123456789abcdef0",
+        "subnet_ids": ["subnet-1", "subnet-2"], "security_group_ids": ["sg-1"], "instance_profile": "gridfleet-node",
+        "ami": "/aws/service/debian/release/12/latest/amd64", "key_name": None,
+        "node_launch_template": "gridfleet-node"}},
+    "nat_public_ip": {"sensitive": False, "type": "string", "value": "203.0.113.7"},
+}
+
+
+def test_config_from_terraform_prints_an_aws_section_that_validates(tmp_path):
+    import json
+
+    import yaml
+
+    from fleet.config_load import parse_config
+
+    (tmp_path / "out.json").write_text(json.dumps(TF_OUTPUT))
+    p = gridfleet(tmp_path, "config", "from-terraform", "--tf-output", "out.json")
+    assert p.returncode == 0, p.stderr
+    section = yaml.safe_load(p.stdout)
+    assert section["aws"]["efs_id"] == "fs-0123456789abcdef0" and section["aws"]["subnet_ids"] == ["subnet-1", "subnet-2"]
+    config = parse_config(p.stdout + "sites: [{id: a, start_url: 'https://a.test/'}]\n")
+    assert config.aws.node_launch_template == "gridfleet-node" and config.aws.dlq_name == "trendlyze-sites-dlq"
+    piped = subprocess.run([sys.executable, "-m", "hub.cli", "config", "from-terraform"], input=json.dumps(TF_OUTPUT),
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert piped.returncode == 0 and piped.stdout == p.stdout
+
+
+def test_config_from_terraform_names_what_is_wrong(tmp_path):
+    import json
+
+    (tmp_path / "other.json").write_text(json.dumps({"nat_public_ip": TF_OUTPUT["nat_public_ip"]}))
+    p = gridfleet(tmp_path, "config", "from-terraform", "--tf-output", "other.json")
+    assert p.returncode == 2 and "no output 'gridfleet_aws'" in p.stderr
+    bad = json.loads(json.dumps(TF_OUTPUT))
+    bad["gridfleet_aws"]["value"]["colour"] = "red"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    p = gridfleet(tmp_path, "config", "from-terraform", "--tf-output", "bad.json")
+    assert p.returncode == 2 and "gridfleet_aws.colour" in p.stderr and "Traceback" not in p.stderr

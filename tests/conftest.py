@@ -1,0 +1,18 @@
+"""Fixtures shared by every tier of the suite."""
+
+from __future__ import annotations
+
+import pytest
+from moto.server import ThreadedMotoServer
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """URL of an in-process moto server on 127.0.0.1 (any free port), up for the whole session."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()

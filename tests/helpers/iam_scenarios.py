@@ -1,0 +1,234 @@
+"""Each IAM role's code, run against a moto server, with every AWS call it makes recorded.
+
+A role's scenario runs the code that role runs in production (the hub, the node agent,
+the two Lambdas) through `AwsClients(on_client=...)`, the seam every client comes from,
+and returns the set of `service.Operation` names the code called. The IAM cross-check
+compares these with the policies in infra/terraform.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from fleet import ops
+from fleet.aws import LOCAL_CREDENTIALS, AwsClients
+from fleet.bootstrap import ensure_resources
+from fleet.clock import FakeClock, SystemClock
+from fleet.codec import NodeInfo, RunInfo
+from fleet.config import Config
+from fleet.config_load import parse_config
+from fleet.state import SiteSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: set[str] = set()
+
+    def hook(self, service: str, client: Any) -> None:
+        client.meta.events.register("before-call", lambda model, **_: self.calls.add(f"{service}.{model.name}"))
+
+    def clients(self, config: Config) -> AwsClients:
+        return AwsClients(config.aws, credentials=LOCAL_CREDENTIALS, on_client=(self.hook,))
+
+
+def _account(endpoint: str, tmp: Path) -> Config:
+    tmp.mkdir(parents=True, exist_ok=True)
+    """A config on moto with the resources Terraform would make (made without recording)."""
+    setup = AwsClients(parse_config(f"aws: {{endpoint_url: '{endpoint}'}}\nsites: [{{id: a, start_url: "
+                                    "'http://a.test'}]").aws, credentials=LOCAL_CREDENTIALS)
+    ec2 = setup.client("ec2")
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.9.1.0/24")["Subnet"]["SubnetId"]
+    sg = ec2.create_security_group(GroupName=f"g-{uuid.uuid4().hex[:6]}", Description="n", VpcId=vpc)["GroupId"]
+    fs = setup.client("efs").create_file_system(CreationToken=uuid.uuid4().hex)["FileSystemId"]
+    profile = f"node-{uuid.uuid4().hex[:6]}"
+    setup.client("iam").create_instance_profile(InstanceProfileName=profile)
+    setup.client("ssm").put_parameter(Name=f"/gridfleet/ami-{uuid.uuid4().hex[:6]}", Type="String",
+                                      Value=ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+    ami_param = setup.client("ssm").describe_parameters()["Parameters"][-1]["Name"]
+    tag = uuid.uuid4().hex[:8]
+    config = parse_config(f"""
+run: {{deadline_s: 3, watch_interval_s: 0.5}}
+fleet: {{max_nodes: 2}}
+aws: {{endpoint_url: '{endpoint}', table: t-{tag}, queue: q-{tag}, bucket: b-{tag}, efs_id: {fs},
+       subnet_ids: [{subnet}], security_group_ids: [{sg}], instance_profile: {profile}, ami: '{ami_param}',
+       hub_address: 10.9.1.10, imds_url: 'http://127.0.0.1:9', hub_self_stop: terminate}}
+sites: [{{id: s1, start_url: 'https://s1.test/'}}, {{id: s2, start_url: 'https://s2.test/'}}]
+""")
+    ensure_resources(AwsClients(config.aws, credentials=LOCAL_CREDENTIALS), 30)
+    return config
+
+
+def hub_calls(endpoint: str, tmp: Path) -> set[str]:
+    """`gridfleet run` on AWS (to its deadline), the kill ladder, status, teardown, dry run, self-stop."""
+    from fleet.local.imds_server import ImdsServer
+    from hub import aws_env
+    from hub.aws_cmd import dry_run
+    from hub.control.aws import ConsoleHostKeys
+    from hub.loop import Hub
+    from hub.teardown import teardown_run
+    from rich.console import Console
+    import io
+
+    config = _account(endpoint, tmp)
+    rec = Recorder()
+    env = aws_env.connect(config, rec.clients(config))
+    dry_run(env, "iam-dry", Console(file=io.StringIO()))
+    env.preflight()
+    ami = env.resolve_ami()
+    env.upload_run_config("iam-hub")
+    provider = env.provider(ami, "10.9.1.10")
+    clock = SystemClock()
+    control = env.control(clock)
+    hub = Hub(run_id="iam-hub", config=config, table=env.table, queue=env.queue, results=env.results,
+              provider=provider, control=control, clock=clock, out_dir=tmp / "runs", hub_id="ec2:i-hub")
+    hub.tick()  # start, seed, launch
+    node = provider.list("iam-hub")[0].id
+    _act_as_a_node(config, node)  # s1 completed with its result, s2 hung in URL_CALL and marked for a kill
+    hub.run()  # kills s2 through SSM, requeues it, then the deadline: export (reads s1's result), teardown
+    control.kill(node, "s1", 1)  # SSM (moto answers Success)
+    ConsoleHostKeys(env.ec2)  # the SSH rung reads host keys from the console output
+    env.ec2.get_console_output(InstanceId=node)
+    provider.hub_alive(f"ec2:{node}")
+    teardown_run("iam-hub", env.table, provider, clock)
+    env.table.list_runs()
+    hub_instance = env.ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    with ImdsServer() as imds:
+        imds.set(hub_instance, local_ipv4="10.9.1.10")
+        ident = aws_env.identify(imds.base_url(hub_instance))
+    aws_env.self_stop("terminate", ident, env.ec2)
+    return rec.calls
+
+
+def _act_as_a_node(config: Config, node: str) -> None:
+    """Unrecorded: what nodes would have written, so the hub takes its completion and kill paths."""
+    from fleet.results import S3ResultStore, result_key
+    from fleet.state import Reason, SiteStatus
+    from fleet.table import DynamoStateTable
+
+    clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)
+    table = DynamoStateTable(clients.client("dynamodb"), config.aws.table)
+    now = time.time()
+    s1 = ops.claim(table, table.get_site("iam-hub", "s1"), node, now)
+    key = result_key("s1", table.get_run("iam-hub").run_date)
+    S3ResultStore(clients.client("s3"), config.aws.bucket).put_new(key, b"{}")
+    ops.complete(table, s1, key, now)
+    s2 = ops.claim(table, table.get_site("iam-hub", "s2"), node, now)
+    s2 = ops.report(table, ops.report(table, s2, SiteStatus.RUNNING, now), SiteStatus.URL_CALL, now)
+    ops.request_kill(table, s2, Reason.HANG, now)
+
+
+def node_calls(endpoint: str, tmp: Path) -> set[str]:
+    """The node agent crawling a site in a real crawler process, and a failed boot reported."""
+    from fleet.queue import SqsSiteQueue
+    from fleet.results import S3ResultStore
+    from fleet.table import DynamoStateTable
+    from node.agent import Agent, AgentSettings
+    from node.main import BOOT_FAILED
+    from node.runner import ChildProcess
+    from profiles import ProfileStore
+
+    config = _account(endpoint, tmp)
+    aws = config.aws
+    seed = AwsClients(aws, credentials=LOCAL_CREDENTIALS)
+    table = DynamoStateTable(seed.client("dynamodb"), aws.table)
+    table.create_run(RunInfo("iam-node", "RUNNING", time.time(), time.time() + 600, "20261121"))
+    rec_site = ops.new_site("iam-node", "s1", SiteSpec("http://x.test/", "tests.helpers.crawlers:QuickCrawler"),
+                            None)
+    table.create_site(rec_site)
+    ops.send_next(table, SqsSiteQueue(seed.client("sqs"), aws.queue, aws.dlq_name), rec_site)
+    failing = ops.new_site("iam-node", "s2", SiteSpec("http://y.test/", "tests.helpers.crawlers:FailingCrawler"),
+                           None)  # an error: the node requeues it itself (a new message), then fails it
+    table.create_site(failing)
+    ops.send_next(table, SqsSiteQueue(seed.client("sqs"), aws.queue, aws.dlq_name), failing)
+
+    rec = Recorder()
+    clients = rec.clients(config)
+    state = tmp / "state"
+    state.mkdir(parents=True)
+    agent = Agent(
+        AgentSettings(run_id="iam-node", instance_id="i-node", heartbeat_interval_s=0.2, idle_exit_s=1,
+                      receive_wait_s=0, hang_after_s=30),
+        table=DynamoStateTable(clients.client("dynamodb"), aws.table),
+        queue=SqsSiteQueue(clients.client("sqs"), aws.queue, aws.dlq_name),
+        results=S3ResultStore(clients.client("s3"), aws.bucket), profiles=ProfileStore(tmp / "efs"),
+        start_crawl=lambda job, log: ChildProcess(job, log), cleanup=lambda *a: None, clock=SystemClock(),
+        state_dir=state)
+    sys.path.insert(0, str(ROOT))
+    agent.run()
+    assert table.get_site("iam-node", "s1").run_status.value == "COMPLETED"
+    # `gridfleet node report-failure`: one item written with the node's own table client
+    DynamoStateTable(clients.client("dynamodb"), aws.table).put_node(
+        NodeInfo("iam-node", "i-x", BOOT_FAILED, time.time(), time.time(), error="mount failed"))
+    return rec.calls
+
+
+def lambda_calls(endpoint: str, tmp: Path) -> dict[str, set[str]]:
+    """The starter and the watchdog, through their handlers' code paths."""
+    from hub.lambdas import run_starter, run_watchdog
+
+    config = _account(endpoint, tmp)
+    setup = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)
+    ec2 = setup.client("ec2")
+    template = f"hub-{uuid.uuid4().hex[:6]}"
+    ec2.create_launch_template(LaunchTemplateName=template, LaunchTemplateData={
+        "ImageId": ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"], "InstanceType": "t3.small"})
+    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    reusable = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    ec2.stop_instances(InstanceIds=[reusable])
+    base = {"GRIDFLEET_REGION": config.aws.region, "GRIDFLEET_TABLE": config.aws.table,
+            "GRIDFLEET_ENDPOINT_URL": endpoint, "GRIDFLEET_HUB_LAUNCH_TEMPLATE": template,
+            "GRIDFLEET_HUB_STALE_S": "60"}
+    recs = {"starter": Recorder(), "watchdog": Recorder()}
+
+    def factory(name: str) -> Callable[[Any], AwsClients]:
+        return lambda settings: AwsClients(
+            parse_config(f"aws: {{region: {settings.region}, endpoint_url: '{endpoint}', table: "
+                         f"{settings.table}}}\nsites: [{{id: a, start_url: 'http://a.test'}}]").aws,
+            credentials=LOCAL_CREDENTIALS, on_client=(recs[name].hook,))
+
+    clock = FakeClock(time.time())
+    # The starter: a hub from the launch template, and the reusable stopped hub started again.
+    run_starter({"run_id": f"iam-{uuid.uuid4().hex[:6]}"}, base, clients_factory=factory("starter"), clock=clock)
+    run_starter({"run_id": f"iam-{uuid.uuid4().hex[:6]}"}, {**base, "GRIDFLEET_HUB_INSTANCE_ID": reusable},
+                clients_factory=factory("starter"), clock=clock)
+    # The watchdog: a run whose hub went silent (restarted once it is stale) and a finished run's orphan.
+    from fleet.table import DynamoStateTable
+
+    table = DynamoStateTable(setup.client("dynamodb"), config.aws.table)
+    stale = f"iam-stale-{uuid.uuid4().hex[:6]}"
+    table.create_run(RunInfo(stale, "RUNNING", clock.now(), clock.now() + 7200, "20261121", hub_id="ec2:i-gone",
+                             hub_heartbeat=clock.now()))
+    done = f"iam-done-{uuid.uuid4().hex[:6]}"
+    table.create_run(RunInfo(done, "RUNNING", clock.now(), clock.now() + 7200, "20261121"))
+    table.update_run(done, status="FINISHED", finished_at=clock.now())
+    ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=[{"ResourceType": "instance", "Tags": [
+        {"Key": "gridfleet:run_id", "Value": done}, {"Key": "gridfleet:role", "Value": "node"}]}])
+    run_watchdog({}, base, clients_factory=factory("watchdog"), clock=clock)
+    clock.advance(61)
+    run_watchdog({}, base, clients_factory=factory("watchdog"), clock=clock)
+    return {name: r.calls for name, r in recs.items()}
+
+
+if __name__ == "__main__":  # print what each role calls (for writing policies)
+    import tempfile
+
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
+    try:
+        with tempfile.TemporaryDirectory() as t:
+            result = {"hub": hub_calls(url, Path(t) / "h"), "node": node_calls(url, Path(t) / "n"),
+                      **lambda_calls(url, Path(t) / "l")}
+        print(json.dumps({k: sorted(v) for k, v in result.items()}, indent=1))
+    finally:
+        server.stop()
