@@ -43,6 +43,7 @@ SELF_STOP_CHOICES = ("shutdown", "terminate", "none")
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # the same rule as `gridfleet run --run-id`
 _EFS_ID_RE = re.compile(r"^fs-[0-9a-f]{8,40}$")
+_EFS_AP_RE = re.compile(r"^fsap-[0-9a-f]{8,40}$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")  # a DNS name or an IPv4 address
@@ -132,9 +133,12 @@ class NodeUserData:
     efs_mount: str = "/efs"
     boot_timeout_s: int = 600  # give up (report + shut down) if the bootstrap is not done by then
     imds_url: str = "http://169.254.169.254"
+    efs_access_point_id: str | None = None  # mount through this access point (its file-system policy may require it)
 
     def __post_init__(self) -> None:
         _match("run_id", self.run_id, _RUN_ID_RE, "a run id (letters, digits, '.', '_' or '-', max 64)")
+        if self.efs_access_point_id is not None:
+            _match("efs_access_point_id", self.efs_access_point_id, _EFS_AP_RE, "an EFS access point id (fsap-<hex>)")
         _check_common(self)
         _s3_key("config_key", self.config_key)
         _match("efs_id", self.efs_id, _EFS_ID_RE, "an EFS file system id (fs-<hex>)")
@@ -230,6 +234,7 @@ def render_node(p: NodeUserData) -> str:
     ctx = dataclasses.asdict(p)
     # amazon-efs-utils.deb, when the AMI and apt lack it, sits beside the bundle.
     ctx["efs_utils_key"] = posixpath.join(posixpath.dirname(p.bundle_key), "amazon-efs-utils.deb")
+    ctx["efs_options"] = "tls,iam" + (f",accesspoint={p.efs_access_point_id}" if p.efs_access_point_id else "")
     return _cloud_config("node.yaml.j2", NODE_BOOT_SCRIPT, _render("node-boot.sh.j2", ctx),
                          NODE_ENV_FILE, _render("node.env.j2", ctx))
 

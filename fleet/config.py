@@ -64,6 +64,7 @@ class AwsConfig(_Model):
     max_receive_count: int = Field(10, ge=2, description="receives before a message goes to the DLQ")
     bucket: str = "trendlyze-results"
     efs_id: str | None = None
+    efs_access_point_id: str | None = Field(None, description="nodes mount EFS through this access point")
     subnet_ids: tuple[str, ...] = ()
     security_group_ids: tuple[str, ...] = ()
     instance_profile: str | None = None

@@ -14,6 +14,11 @@ from fleet.aws import error_code
 from fleet.errors import MissingResource
 
 
+#: Every result carries this tag: the bucket's expiry rule selects results by it (results share no key prefix,
+#: and the bundle and configs live in the same bucket).
+RESULT_TAG = "gridfleet=result"
+
+
 def result_key(site: str, run_date: str) -> str:
     return f"{site}/{run_date}/result.json"
 
@@ -50,7 +55,7 @@ class S3ResultStore:
         """Write `body` unless the key exists; True if this call wrote it."""
         try:
             self._c.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*",
-                               ContentType="application/json")
+                               ContentType="application/json", Tagging=RESULT_TAG)
             return True
         except ClientError as e:
             if error_code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):

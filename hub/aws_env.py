@@ -120,6 +120,7 @@ def node_params(config: Config, run_id: str, hub_address: str) -> NodeUserData:
         grid_port=aws.grid_port, grid_publish_port=aws.grid_publish_port, grid_subscribe_port=aws.grid_subscribe_port,
         node_port=aws.node_port, install_dir=aws.install_dir, state_dir=aws.state_dir, efs_mount=aws.efs_mount,
         boot_timeout_s=int(config.fleet.boot_timeout_s),  # nodes use EC2's own metadata service
+        efs_access_point_id=aws.efs_access_point_id,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import uuid
 from decimal import Decimal
 
 import pytest
@@ -468,3 +469,19 @@ def test_an_empty_body_is_a_result(results):
     assert results.exists(key)
     assert results.get(key) == b""
     assert results.put_new(key, b"{}") is False
+
+
+def test_results_carry_the_tag_the_expiry_rule_selects(moto_endpoint):
+    """moto only: the tag is what infra/terraform's lifecycle rule filters on (results share no prefix)."""
+    from fleet.aws import LOCAL_CREDENTIALS, AwsClients
+    from fleet.bootstrap import ensure_resources
+    from fleet.config import AwsConfig
+    from fleet.results import RESULT_TAG, S3ResultStore
+
+    hx = uuid.uuid4().hex[:10]
+    clients = AwsClients(AwsConfig(endpoint_url=moto_endpoint, table=f"t-{hx}", queue=f"q-{hx}", bucket=f"b-{hx}"),
+                         credentials=LOCAL_CREDENTIALS)
+    ensure_resources(clients, 30)
+    S3ResultStore(clients.client("s3"), f"b-{hx}").put_new("s1/20261121/result.json", b"{}")
+    tags = clients.client("s3").get_object_tagging(Bucket=f"b-{hx}", Key="s1/20261121/result.json")["TagSet"]
+    assert [f"{t['Key']}={t['Value']}" for t in tags] == [RESULT_TAG]

@@ -490,6 +490,18 @@ def test_node_happy_path(sandbox, keys):
     assert not list(sandbox.root.rglob("pwned"))
 
 
+def test_node_mounts_through_the_access_point_when_one_is_given(sandbox):
+    ap = "fsap-0123456789abcdef0"
+    p = dataclasses.replace(sandbox_node(sandbox), efs_access_point_id=ap)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(node_script(render_node(p)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sandbox.calls("mount") == [["mount", "-t", "efs", "-o", f"tls,iam,accesspoint={ap}", f"{EFS_ID}:/",
+                                       p.efs_mount]]
+    with pytest.raises(RenderError, match="efs_access_point_id"):
+        dataclasses.replace(p, efs_access_point_id="fsap-nothex!")
+
+
 def test_node_agent_exit_status_is_kept(sandbox):
     p = sandbox_node(sandbox)
     upload_node_objects(sandbox, p)

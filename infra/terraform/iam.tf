@@ -1,0 +1,688 @@
+# IAM. Four roles run the fleet: the hub and the nodes (EC2), the starter and the
+# watchdog (Lambda). Each has exactly one inline policy built from the policy
+# document of the same name. Every action is spelled out; a resource is "*"
+# only where the action has no resource-level permissions (said at the
+# statement). Only the hub passes a role (the node role, to the nodes it
+# launches) and only the Lambdas pass the hub role (to the hub they launch).
+
+locals {
+  instance_arns  = "${local.ec2_arn}:instance/*"
+  volume_arns    = "${local.ec2_arn}:volume/*"
+  eni_arns       = "${local.ec2_arn}:network-interface/*"
+  spot_req_arns  = "${local.ec2_arn}:spot-instances-request/*"
+  image_arns     = "arn:${local.partition}:ec2:${local.region}::image/*"
+  private_subnet = [for s in aws_subnet.private : s.arn]
+  key_pair_arns  = var.key_name == null ? [] : ["${local.ec2_arn}:key-pair/${var.key_name}"]
+
+  queue_arns = [aws_sqs_queue.sites.arn, aws_sqs_queue.sites_dlq.arn]
+
+  # kms:ViaService values of the services that use the key on a role's behalf.
+  via_dynamodb = "dynamodb.${local.region}.amazonaws.com"
+  via_sqs      = "sqs.${local.region}.amazonaws.com"
+  via_s3       = "s3.${local.region}.amazonaws.com"
+  via_efs      = "elasticfilesystem.${local.region}.amazonaws.com"
+}
+
+# --- trust ----------------------------------------------------------------------
+
+data "aws_iam_policy_document" "ec2_trust" {
+  statement {
+    sid     = "Ec2AssumesRole"
+    effect  = "Allow"
+    actions = ["sts:AssumeRole"]
+
+    principals {
+      type        = "Service"
+      identifiers = ["ec2.amazonaws.com"]
+    }
+  }
+}
+
+data "aws_iam_policy_document" "lambda_trust" {
+  statement {
+    sid     = "LambdaAssumesRole"
+    effect  = "Allow"
+    actions = ["sts:AssumeRole"]
+
+    principals {
+      type        = "Service"
+      identifiers = ["lambda.amazonaws.com"]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:SourceAccount"
+      values   = [local.account_id]
+    }
+  }
+}
+
+resource "aws_iam_role" "hub" {
+  name               = "${var.name_prefix}-hub"
+  description        = "gridfleet hub instance: runs the crawl, launches and kills nodes"
+  assume_role_policy = data.aws_iam_policy_document.ec2_trust.json
+}
+
+resource "aws_iam_role" "node" {
+  name               = "${var.name_prefix}-node"
+  description        = "gridfleet node instances: crawl sites from the queue"
+  assume_role_policy = data.aws_iam_policy_document.ec2_trust.json
+}
+
+resource "aws_iam_role" "starter" {
+  name               = "${var.name_prefix}-starter"
+  description        = "gridfleet starter Lambda: starts the day's hub"
+  assume_role_policy = data.aws_iam_policy_document.lambda_trust.json
+}
+
+resource "aws_iam_role" "watchdog" {
+  name               = "${var.name_prefix}-watchdog"
+  description        = "gridfleet watchdog Lambda: restarts a silent hub, terminates orphans"
+  assume_role_policy = data.aws_iam_policy_document.lambda_trust.json
+}
+
+resource "aws_iam_instance_profile" "hub" {
+  name = "${var.name_prefix}-hub"
+  role = aws_iam_role.hub.name
+}
+
+resource "aws_iam_instance_profile" "node" {
+  name = "${var.name_prefix}-node"
+  role = aws_iam_role.node.name
+}
+
+# --- hub ------------------------------------------------------------------------
+
+data "aws_iam_policy_document" "hub" {
+  # fleet.table: the run item, the site items, the node items.
+  statement {
+    sid = "StateTable"
+    actions = [
+      "dynamodb:DescribeTable",
+      "dynamodb:GetItem",
+      "dynamodb:PutItem",
+      "dynamodb:Query",
+      "dynamodb:UpdateItem",
+    ]
+    resources = [aws_dynamodb_table.status.arn]
+  }
+
+  # fleet.queue: enqueueing the sites, reading the queue depth (and the DLQ's).
+  statement {
+    sid       = "SiteQueue"
+    actions   = ["sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:SendMessage"]
+    resources = local.queue_arns
+  }
+
+  # hub.aws_env preflight and fleet.results: the bucket exists; a missing result reads as 404.
+  statement {
+    sid       = "BucketList"
+    actions   = ["s3:ListBucket"]
+    resources = [aws_s3_bucket.results.arn]
+  }
+
+  # The hub's boot script (bundle, config/fleet.yaml), the run configs it writes
+  # (runs/<run id>/fleet.yaml) and fleet.results reads.
+  statement {
+    sid       = "BucketObjects"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${aws_s3_bucket.results.arn}/*"]
+  }
+
+  # hub.providers.ec2.Ec2Provider: finding the run's nodes. Describe* has no resource-level permissions.
+  statement {
+    sid       = "DescribeInstances"
+    actions   = ["ec2:DescribeInstances"]
+    resources = ["*"]
+  }
+
+  # hub.control.aws.ConsoleHostKeys: a node's SSH host keys from its console output.
+  statement {
+    sid       = "NodeConsoleOutput"
+    actions   = ["ec2:GetConsoleOutput"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_role}"
+      values   = ["node"]
+    }
+  }
+
+  # hub.providers.ec2.Ec2Provider: launching nodes; the instance must carry gridfleet:role=node.
+  statement {
+    sid       = "RunNodeInstances"
+    actions   = ["ec2:RunInstances"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.tag_role}"
+      values   = ["node"]
+    }
+  }
+
+  # hub.providers.ec2.Ec2Provider: what a node launch uses besides the instance
+  # (spot-instances-request: the one-time request of a spot launch).
+  statement {
+    sid     = "RunNodeResources"
+    actions = ["ec2:RunInstances"]
+    resources = concat(
+      [
+        local.volume_arns,
+        local.eni_arns,
+        local.spot_req_arns,
+        local.image_arns,
+        aws_security_group.node.arn,
+        aws_launch_template.node.arn,
+      ],
+      local.private_subnet,
+      local.key_pair_arns,
+    )
+  }
+
+  # hub.providers.ec2.Ec2Provider: the tags of a launch (TagSpecifications), nothing else.
+  statement {
+    sid       = "TagNodesAtLaunch"
+    actions   = ["ec2:CreateTags"]
+    resources = [local.instance_arns, local.volume_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "ec2:CreateAction"
+      values   = ["RunInstances"]
+    }
+  }
+
+  # hub.providers.ec2.Ec2Provider (nodes) and hub.aws_env.self_stop (the hub itself, hub_self_stop=terminate).
+  statement {
+    sid       = "TerminateFleetInstances"
+    actions   = ["ec2:TerminateInstances"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_role}"
+      values   = ["node", "hub"]
+    }
+  }
+
+  # hub.control.aws.SsmControl: the kill path runs a shell command on a node through SSM.
+  statement {
+    sid       = "RunShellScriptDocument"
+    actions   = ["ssm:SendCommand"]
+    resources = ["arn:${local.partition}:ssm:${local.region}::document/AWS-RunShellScript"]
+  }
+
+  # hub.control.aws.SsmControl: ...on node instances only.
+  statement {
+    sid       = "SendCommandToNodes"
+    actions   = ["ssm:SendCommand"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_role}"
+      values   = ["node"]
+    }
+  }
+
+  # hub.control.aws.SsmControl: polling and cancelling the command. These actions have no
+  # resource-level permissions.
+  statement {
+    sid       = "CommandResults"
+    actions   = ["ssm:CancelCommand", "ssm:GetCommandInvocation"]
+    resources = ["*"]
+  }
+
+  # hub.aws_env.AwsEnv.resolve_ami: the AMI id behind aws.ami.
+  statement {
+    sid       = "AmiParameter"
+    actions   = ["ssm:GetParameter"]
+    resources = ["arn:${local.partition}:ssm:${local.region}::parameter${var.ami_parameter}"]
+  }
+
+  # hub.providers.ec2.Ec2Provider: the node launch template's instance profile.
+  statement {
+    sid       = "PassNodeRole"
+    actions   = ["iam:PassRole"]
+    resources = [aws_iam_role.node.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "iam:PassedToService"
+      values   = ["ec2.amazonaws.com"]
+    }
+  }
+
+  # The key behind the table, the queues and the bucket, used through them only.
+  statement {
+    sid       = "KeyThroughFleetServices"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+    resources = [aws_kms_key.main.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = [local.via_dynamodb, local.via_sqs, local.via_s3]
+    }
+  }
+}
+
+resource "aws_iam_role_policy" "hub" {
+  name   = "${var.name_prefix}-hub"
+  role   = aws_iam_role.hub.id
+  policy = data.aws_iam_policy_document.hub.json
+}
+
+# --- node -----------------------------------------------------------------------
+
+data "aws_iam_policy_document" "node" {
+  # node.agent: its site items and its node item.
+  statement {
+    sid       = "StateTable"
+    actions   = ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]
+    resources = [aws_dynamodb_table.status.arn]
+  }
+
+  # node.agent: taking sites, extending their visibility while crawling,
+  # deleting them when done, requeueing on a spot notice.
+  statement {
+    sid = "SiteQueue"
+    actions = [
+      "sqs:ChangeMessageVisibility",
+      "sqs:DeleteMessage",
+      "sqs:GetQueueUrl",
+      "sqs:ReceiveMessage",
+      "sqs:SendMessage",
+    ]
+    resources = local.queue_arns
+  }
+
+  # fleet.results: a missing result reads as 404 (not 403) only with ListBucket.
+  statement {
+    sid       = "BucketList"
+    actions   = ["s3:ListBucket"]
+    resources = [aws_s3_bucket.results.arn]
+  }
+
+  # node bootstrap: the bundle and the run's config; fleet.results: reading a result.
+  statement {
+    sid       = "BucketRead"
+    actions   = ["s3:GetObject"]
+    resources = ["${aws_s3_bucket.results.arn}/*"]
+  }
+
+  # fleet.results.put_new: results only (<site>/<date>/result.json), so a node
+  # can never overwrite the bundle or a config.
+  statement {
+    sid       = "ResultWrite"
+    actions   = ["s3:PutObject", "s3:PutObjectTagging"]
+    resources = ["${aws_s3_bucket.results.arn}/*/result.json"]
+  }
+
+  # node bootstrap: mounting the shared file system through the access point.
+  statement {
+    sid       = "SharedFileSystem"
+    actions   = ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"]
+    resources = [aws_efs_file_system.main.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "elasticfilesystem:AccessPointArn"
+      values   = [aws_efs_access_point.main.arn]
+    }
+  }
+
+  # The SSM agent, through which the hub's kill path runs commands: its
+  # registration, on the instances of this account and region...
+  statement {
+    sid       = "SsmAgentRegistration"
+    actions   = ["ssm:UpdateInstanceInformation"]
+    resources = [local.instance_arns]
+  }
+
+  # ...and its message channels. These actions have no resource-level permissions.
+  statement {
+    sid = "SsmAgentChannels"
+    actions = [
+      "ec2messages:AcknowledgeMessage",
+      "ec2messages:DeleteMessage",
+      "ec2messages:FailMessage",
+      "ec2messages:GetEndpoint",
+      "ec2messages:GetMessages",
+      "ec2messages:SendReply",
+      "ssmmessages:CreateControlChannel",
+      "ssmmessages:CreateDataChannel",
+      "ssmmessages:OpenControlChannel",
+      "ssmmessages:OpenDataChannel",
+    ]
+    resources = ["*"]
+  }
+
+  # The key behind the table, the queues, the bucket and EFS, used through them only.
+  statement {
+    sid       = "KeyThroughFleetServices"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+    resources = [aws_kms_key.main.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = [local.via_dynamodb, local.via_sqs, local.via_s3, local.via_efs]
+    }
+  }
+}
+
+resource "aws_iam_role_policy" "node" {
+  name   = "${var.name_prefix}-node"
+  role   = aws_iam_role.node.id
+  policy = data.aws_iam_policy_document.node.json
+}
+
+# --- the Lambdas ------------------------------------------------------------------
+# The watchdog restarts hubs the way the starter starts them: its document
+# repeats the starter's statements (with its own log group and DLQ) and adds
+# its own.
+
+data "aws_iam_policy_document" "starter" {
+  # hub.lambdas.start_hub: the run item (is the run FINISHED? note the hub start).
+  statement {
+    sid       = "StateTable"
+    actions   = ["dynamodb:GetItem", "dynamodb:UpdateItem"]
+    resources = [aws_dynamodb_table.status.arn]
+  }
+
+  # hub.lambdas: live hubs of the run. Describe* has no resource-level permissions.
+  statement {
+    sid       = "DescribeInstances"
+    actions   = ["ec2:DescribeInstances"]
+    resources = ["*"]
+  }
+
+  # hub.lambdas.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub.
+  statement {
+    sid       = "RunHubInstance"
+    actions   = ["ec2:RunInstances"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.tag_role}"
+      values   = ["hub"]
+    }
+  }
+
+  # hub.lambdas.start_hub: what the hub launch uses besides the instance.
+  statement {
+    sid     = "RunHubResources"
+    actions = ["ec2:RunInstances"]
+    resources = concat(
+      [
+        local.volume_arns,
+        local.eni_arns,
+        local.image_arns,
+        aws_security_group.hub.arn,
+        aws_launch_template.hub.arn,
+      ],
+      local.private_subnet,
+    )
+  }
+
+  # hub.lambdas.start_hub: the tags of the launch (TagSpecifications).
+  statement {
+    sid       = "TagHubAtLaunch"
+    actions   = ["ec2:CreateTags"]
+    resources = [local.instance_arns, local.volume_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "ec2:CreateAction"
+      values   = ["RunInstances"]
+    }
+  }
+
+  # hub.lambdas.start_hub: the run id on a stopped, reusable hub before starting it.
+  statement {
+    sid       = "TagReusableHub"
+    actions   = ["ec2:CreateTags"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_role}"
+      values   = ["hub"]
+    }
+
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "aws:TagKeys"
+      values   = [local.tag_role, local.tag_run_id]
+    }
+  }
+
+  # hub.lambdas.start_hub: starting the stopped, reusable hub.
+  statement {
+    sid       = "StartHub"
+    actions   = ["ec2:StartInstances"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_role}"
+      values   = ["hub"]
+    }
+  }
+
+  # The hub launch template's instance profile.
+  statement {
+    sid       = "PassHubRole"
+    actions   = ["iam:PassRole"]
+    resources = [aws_iam_role.hub.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "iam:PassedToService"
+      values   = ["ec2.amazonaws.com"]
+    }
+  }
+
+  # The Lambda runtime: the function's log group.
+  statement {
+    sid       = "OwnLogGroup"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.this["starter"].arn}:*"]
+  }
+
+  # Active tracing. X-Ray has no resource-level permissions.
+  statement {
+    sid       = "Tracing"
+    actions   = ["xray:PutTelemetryRecords", "xray:PutTraceSegments"]
+    resources = ["*"]
+  }
+
+  # Lambda: failed asynchronous invocations go to the function's DLQ.
+  statement {
+    sid       = "OwnDeadLetterQueue"
+    actions   = ["sqs:SendMessage"]
+    resources = [aws_sqs_queue.lambda_dlq["starter"].arn]
+  }
+
+  # Lambda: the encrypted environment; DynamoDB: the table's key.
+  statement {
+    sid       = "FleetKey"
+    actions   = ["kms:Decrypt"]
+    resources = [aws_kms_key.main.arn]
+  }
+}
+
+resource "aws_iam_role_policy" "starter" {
+  name   = "${var.name_prefix}-starter"
+  role   = aws_iam_role.starter.id
+  policy = data.aws_iam_policy_document.starter.json
+}
+
+data "aws_iam_policy_document" "watchdog" {
+  # hub.lambdas.watch: recent runs (Query), the heartbeat it watches and the
+  # restart it claims (GetItem, UpdateItem), as the starter for a restart.
+  statement {
+    sid       = "StateTable"
+    actions   = ["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"]
+    resources = [aws_dynamodb_table.status.arn]
+  }
+
+  # hub.lambdas: live hubs of the run. Describe* has no resource-level permissions.
+  statement {
+    sid       = "DescribeInstances"
+    actions   = ["ec2:DescribeInstances"]
+    resources = ["*"]
+  }
+
+  # hub.lambdas.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub.
+  statement {
+    sid       = "RunHubInstance"
+    actions   = ["ec2:RunInstances"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.tag_role}"
+      values   = ["hub"]
+    }
+  }
+
+  # hub.lambdas.start_hub: what the hub launch uses besides the instance.
+  statement {
+    sid     = "RunHubResources"
+    actions = ["ec2:RunInstances"]
+    resources = concat(
+      [
+        local.volume_arns,
+        local.eni_arns,
+        local.image_arns,
+        aws_security_group.hub.arn,
+        aws_launch_template.hub.arn,
+      ],
+      local.private_subnet,
+    )
+  }
+
+  # hub.lambdas.start_hub: the tags of the launch (TagSpecifications).
+  statement {
+    sid       = "TagHubAtLaunch"
+    actions   = ["ec2:CreateTags"]
+    resources = [local.instance_arns, local.volume_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "ec2:CreateAction"
+      values   = ["RunInstances"]
+    }
+  }
+
+  # hub.lambdas.start_hub: the run id on a stopped, reusable hub before starting it.
+  statement {
+    sid       = "TagReusableHub"
+    actions   = ["ec2:CreateTags"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_role}"
+      values   = ["hub"]
+    }
+
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "aws:TagKeys"
+      values   = [local.tag_role, local.tag_run_id]
+    }
+  }
+
+  # hub.lambdas.start_hub: starting the stopped, reusable hub.
+  statement {
+    sid       = "StartHub"
+    actions   = ["ec2:StartInstances"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_role}"
+      values   = ["hub"]
+    }
+  }
+
+  # hub.lambdas._clean_orphans: instances of a finished, abandoned or unknown run.
+  # Only instances gridfleet launched carry a run id; untagged ones are never touched.
+  statement {
+    sid       = "TerminateRunInstances"
+    actions   = ["ec2:TerminateInstances"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "Null"
+      variable = "aws:ResourceTag/${local.tag_run_id}"
+      values   = ["false"]
+    }
+  }
+
+  # hub.lambdas._clean_orphans: the reusable hub is stopped, not terminated.
+  statement {
+    sid       = "StopHub"
+    actions   = ["ec2:StopInstances"]
+    resources = [local.instance_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_role}"
+      values   = ["hub"]
+    }
+  }
+
+  # The hub launch template's instance profile.
+  statement {
+    sid       = "PassHubRole"
+    actions   = ["iam:PassRole"]
+    resources = [aws_iam_role.hub.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "iam:PassedToService"
+      values   = ["ec2.amazonaws.com"]
+    }
+  }
+
+  # The Lambda runtime: the function's log group.
+  statement {
+    sid       = "OwnLogGroup"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.this["watchdog"].arn}:*"]
+  }
+
+  # Active tracing. X-Ray has no resource-level permissions.
+  statement {
+    sid       = "Tracing"
+    actions   = ["xray:PutTelemetryRecords", "xray:PutTraceSegments"]
+    resources = ["*"]
+  }
+
+  # Lambda: failed asynchronous invocations go to the function's DLQ.
+  statement {
+    sid       = "OwnDeadLetterQueue"
+    actions   = ["sqs:SendMessage"]
+    resources = [aws_sqs_queue.lambda_dlq["watchdog"].arn]
+  }
+
+  # Lambda: the encrypted environment; DynamoDB: the table's key.
+  statement {
+    sid       = "FleetKey"
+    actions   = ["kms:Decrypt"]
+    resources = [aws_kms_key.main.arn]
+  }
+}
+
+resource "aws_iam_role_policy" "watchdog" {
+  name   = "${var.name_prefix}-watchdog"
+  role   = aws_iam_role.watchdog.id
+  policy = data.aws_iam_policy_document.watchdog.json
+}

@@ -1,0 +1,74 @@
+# The run's state (DynamoDB) and its work queue (SQS).
+
+resource "aws_dynamodb_table" "status" {
+  name         = var.table_name
+  billing_mode = "PAY_PER_REQUEST"
+  hash_key     = "run_id"
+  range_key    = "Site"
+
+  attribute {
+    name = "run_id"
+    type = "S"
+  }
+
+  attribute {
+    name = "Site"
+    type = "S"
+  }
+
+  # Items carry expireAt = run end + aws.result_ttl_days.
+  ttl {
+    attribute_name = "expireAt"
+    enabled        = true
+  }
+
+  point_in_time_recovery {
+    enabled = true
+  }
+
+  server_side_encryption {
+    enabled     = true
+    kms_key_arn = aws_kms_key.main.arn
+  }
+
+  deletion_protection_enabled = true
+
+  tags = { Name = var.table_name }
+}
+
+# A site message moves here after max_receive_count receives without a delete.
+resource "aws_sqs_queue" "sites_dlq" {
+  name                              = local.dlq_name
+  message_retention_seconds         = 1209600 # 14 days, the SQS maximum
+  kms_master_key_id                 = aws_kms_key.main.arn
+  kms_data_key_reuse_period_seconds = 3600
+
+  tags = { Name = local.dlq_name }
+}
+
+resource "aws_sqs_queue" "sites" {
+  name = var.queue_name
+  # The node heartbeat timeout: a node extends the visibility of the message it
+  # works on while it is alive; a silent node's message comes back after 90 s.
+  visibility_timeout_seconds        = 90
+  message_retention_seconds         = 345600 # 4 days
+  kms_master_key_id                 = aws_kms_key.main.arn
+  kms_data_key_reuse_period_seconds = 3600
+
+  redrive_policy = jsonencode({
+    deadLetterTargetArn = aws_sqs_queue.sites_dlq.arn
+    maxReceiveCount     = var.max_receive_count
+  })
+
+  tags = { Name = var.queue_name }
+}
+
+# Only the site queue may use the DLQ as its dead-letter queue.
+resource "aws_sqs_queue_redrive_allow_policy" "sites_dlq" {
+  queue_url = aws_sqs_queue.sites_dlq.id
+
+  redrive_allow_policy = jsonencode({
+    redrivePermission = "byQueue"
+    sourceQueueArns   = [aws_sqs_queue.sites.arn]
+  })
+}

@@ -1,0 +1,239 @@
+# --- where and what -------------------------------------------------------------
+
+variable "region" {
+  description = "AWS region of the fleet (fleet.yaml aws.region)."
+  type        = string
+  default     = "ap-northeast-2"
+}
+
+variable "name_prefix" {
+  description = "Prefix of the names of the resources that are not named by a variable below."
+  type        = string
+  default     = "gridfleet"
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{1,30}$", var.name_prefix))
+    error_message = "name_prefix: 2 to 31 lower-case letters, digits and hyphens, starting with a letter."
+  }
+}
+
+variable "tags" {
+  description = "Extra tags on every resource (added to the provider's default_tags)."
+  type        = map(string)
+  default     = {}
+}
+
+# --- network --------------------------------------------------------------------
+
+variable "vpc_cidr" {
+  description = "CIDR block of the VPC. Public subnets get /24s at its start, private subnets /20s after them."
+  type        = string
+  default     = "10.42.0.0/16"
+
+  validation {
+    condition     = can(cidrhost(var.vpc_cidr, 0)) && try(tonumber(split("/", var.vpc_cidr)[1]) <= 16, false)
+    error_message = "vpc_cidr must be a valid IPv4 CIDR block of /16 or larger."
+  }
+}
+
+variable "azs" {
+  description = "Availability zones: one public and one private subnet in each. At least two."
+  type        = list(string)
+  default     = ["ap-northeast-2a", "ap-northeast-2c"]
+
+  validation {
+    condition     = length(var.azs) >= 2 && length(var.azs) <= 6 && length(distinct(var.azs)) == length(var.azs)
+    error_message = "azs: two to six distinct availability zones."
+  }
+}
+
+variable "nat_instance_type" {
+  description = "Instance type of the NAT instance (x86_64, to match ami_parameter). Every node's traffic goes through it: size it for the fleet."
+  type        = string
+  default     = "t3.micro"
+}
+
+# --- instances ------------------------------------------------------------------
+
+variable "hub_instance_type" {
+  description = "Instance type of the hub (Selenium Grid hub and the orchestrator)."
+  type        = string
+  default     = "t3.medium"
+}
+
+variable "node_instance_type" {
+  description = "Instance type written into the node launch template. gridfleet overrides it at each launch with the types of fleet.yaml."
+  type        = string
+  default     = "c6i.large"
+}
+
+variable "hub_volume_size_gb" {
+  description = "Size of the hub's root volume (GiB)."
+  type        = number
+  default     = 16
+}
+
+variable "node_volume_size_gb" {
+  description = "Size of a node's root volume (GiB): Chromium, its caches and the crawl's scratch space."
+  type        = number
+  default     = 20
+}
+
+variable "ami_parameter" {
+  description = "SSM parameter holding the AMI id of the hub, the nodes and the NAT instance (fleet.yaml aws.ami)."
+  type        = string
+  default     = "/aws/service/debian/release/12/latest/amd64"
+
+  validation {
+    condition     = startswith(var.ami_parameter, "/")
+    error_message = "ami_parameter is an SSM parameter name starting with '/'."
+  }
+}
+
+variable "key_name" {
+  description = "EC2 key pair the nodes are launched with, for the hub's SSH kill path (fleet.yaml aws.key_name). null: no key pair, the hub kills through SSM only."
+  type        = string
+  default     = null
+}
+
+variable "max_nodes" {
+  description = "Ceiling of the fleet: the alarm fires when the hub reports more active nodes than this."
+  type        = number
+  default     = 20
+}
+
+variable "hub_user_data_file" {
+  description = <<-EOT
+    The hub's cloud-init user-data. null (the default): hub-user-data.yaml next to
+    this configuration, i.e. "$${path.module}/hub-user-data.yaml", produced with
+      gridfleet render hub --config fleet.yaml > infra/terraform/hub-user-data.yaml
+  EOT
+  type        = string
+  default     = null
+}
+
+# --- state, queue, results ------------------------------------------------------
+
+variable "table_name" {
+  description = "DynamoDB table of the runs and sites (fleet.yaml aws.table)."
+  type        = string
+  default     = "TrendlyzeStatus"
+}
+
+variable "queue_name" {
+  description = "SQS queue of the sites to crawl (fleet.yaml aws.queue). Its dead-letter queue is <queue_name>-dlq."
+  type        = string
+  default     = "trendlyze-sites"
+}
+
+variable "max_receive_count" {
+  description = "Receives of a site message before SQS moves it to the dead-letter queue (fleet.yaml aws.max_receive_count)."
+  type        = number
+  default     = 10
+
+  validation {
+    condition     = var.max_receive_count >= 2
+    error_message = "max_receive_count must be at least 2."
+  }
+}
+
+variable "bucket_name" {
+  description = "S3 bucket of the results, the code bundle (bundle/), the hub's config (config/) and the runs' configs (runs/) (fleet.yaml aws.bucket)."
+  type        = string
+}
+
+variable "result_retention_days" {
+  description = "Days after which an object of the bucket expires."
+  type        = number
+  default     = 90
+
+  validation {
+    condition     = var.result_retention_days >= 1
+    error_message = "result_retention_days must be at least 1."
+  }
+}
+
+# --- schedules ------------------------------------------------------------------
+
+variable "start_schedule" {
+  description = <<-EOT
+    EventBridge schedule expression (UTC) of the starter Lambda, which starts the day's run.
+    Daily at 01:00 UTC: "cron(0 1 * * ? *)". Every few days: "rate(3 days)" (counted from
+    the apply) or "cron(0 1 */3 * ? *)" (days 1, 4, 7, ... of each month). Weekdays only:
+    "cron(0 1 ? * MON-FRI *)".
+  EOT
+  type        = string
+  default     = "cron(0 1 * * ? *)"
+
+  validation {
+    condition     = can(regex("^(cron|rate)\\(.+\\)$", var.start_schedule))
+    error_message = "start_schedule must be a cron(...) or rate(...) expression."
+  }
+}
+
+variable "watchdog_schedule" {
+  description = "EventBridge schedule expression of the watchdog Lambda."
+  type        = string
+  default     = "rate(2 minutes)"
+}
+
+variable "hub_stale_s" {
+  description = "Seconds a hub heartbeat may stay unchanged before the watchdog starts a new hub for the run."
+  type        = number
+  default     = 600
+}
+
+variable "run_grace_s" {
+  description = "Seconds after a run's deadline before the watchdog treats a still RUNNING run as abandoned."
+  type        = number
+  default     = 3600
+}
+
+variable "lookback_runs" {
+  description = "Number of recent runs the watchdog examines on each pass."
+  type        = number
+  default     = 7
+}
+
+# --- monitoring -----------------------------------------------------------------
+
+variable "log_retention_days" {
+  description = "Retention of the CloudWatch log groups (days; one of the values CloudWatch Logs accepts)."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = contains([1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653], var.log_retention_days)
+    error_message = "log_retention_days must be a retention CloudWatch Logs accepts (1, 3, 5, 7, 14, 30, 60, 90, ...)."
+  }
+}
+
+variable "metrics_namespace" {
+  description = "CloudWatch namespace of the metrics the hub publishes (ActiveNodes, SitesCompleted, SitesFailed, Kills; no dimensions)."
+  type        = string
+  default     = "gridfleet"
+}
+
+variable "queue_depth_alarm_threshold" {
+  description = "Alarm when more site messages than this are visible in the queue for 30 minutes."
+  type        = number
+  default     = 5000
+}
+
+variable "run_overdue_s" {
+  description = "Alarm when the oldest site message is older than this many seconds: the run is overdue."
+  type        = number
+  default     = 21600
+}
+
+variable "alarm_email" {
+  description = "E-mail address subscribed to the alarms topic (confirm the subscription e-mail). null: no subscription."
+  type        = string
+  default     = null
+}
+
+variable "create_spot_service_linked_role" {
+  description = "Create the account's EC2 Spot service-linked role (AWSServiceRoleForEC2Spot). Set false when the account has it already (it has if it ever launched a spot instance)."
+  type        = bool
+  default     = true
+}

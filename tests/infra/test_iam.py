@@ -1,0 +1,168 @@
+"""IAM against the code: each role's policy in infra/terraform grants every AWS call its code makes, and no
+service beyond them.
+
+The calls come from running each role's code against a moto server with a botocore hook on every client
+(tests/helpers/iam_scenarios.py). What AWS needs on the code's behalf, and so never shows up as a call
+(the SSM agent, the EFS mount helper, KMS behind SSE, the Lambda runtime's logs), is listed below, each
+with its reason. A checker that passed whatever the policy said would be worthless, so the last test
+removes each needed action in turn and expects the checker to name it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import iam_scenarios
+
+ROOT = Path(__file__).resolve().parents[2]
+TF = ROOT / "infra" / "terraform"
+ROLES = ("hub", "node", "starter", "watchdog")
+
+#: botocore service name -> IAM action prefix, where they differ.
+PREFIX = {"efs": "elasticfilesystem"}
+
+#: An operation that IAM authorizes under other actions.
+OPERATION_ACTIONS = {
+    "s3.HeadObject": {"s3:GetObject"},
+    "s3.HeadBucket": {"s3:ListBucket"},
+    "sqs.SendMessageBatch": {"sqs:SendMessage"},
+    "sqs.DeleteMessageBatch": {"sqs:DeleteMessage"},
+    "sqs.ChangeMessageVisibilityBatch": {"sqs:ChangeMessageVisibility"},
+    # Launching with tags and an instance profile also needs CreateTags and PassRole.
+    "ec2.RunInstances": {"ec2:RunInstances", "ec2:CreateTags", "iam:PassRole"},
+}
+
+_SSM_AGENT = {"ssm:UpdateInstanceInformation", "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
+              "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel", "ec2messages:AcknowledgeMessage",
+              "ec2messages:DeleteMessage", "ec2messages:FailMessage", "ec2messages:GetEndpoint",
+              "ec2messages:GetMessages", "ec2messages:SendReply"}
+_LAMBDA_RUNTIME = {"logs:CreateLogStream", "logs:PutLogEvents", "xray:PutTraceSegments", "xray:PutTelemetryRecords",
+                   "sqs:SendMessage"}
+
+#: Needed on the code's behalf, never seen as a call from it: (actions, why).
+IMPLIED: dict[str, list[tuple[set[str], str]]] = {
+    "hub": [({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue and bucket"),
+            ({"s3:GetObject"}, "the hub's boot script fetches the bundle and its config with `aws s3 cp`"),
+            ({"sqs:GetQueueAttributes"}, "queue depth for the dashboard's metrics")],
+    "node": [({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue, bucket and EFS"),
+             ({"s3:GetObject", "s3:ListBucket"}, "the boot script's `aws s3 cp`; a missing result reads as 404"),
+             ({"s3:PutObjectTagging"}, "results are written with a tag, which the bucket's expiry rule selects"),
+             ({"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}, "mount -t efs -o tls,iam"),
+             (_SSM_AGENT, "the SSM agent, through which the hub's kill command reaches the node")],
+    "starter": [({"kms:Decrypt"}, "the encrypted environment and the table's CMK"),
+                (_LAMBDA_RUNTIME, "the Lambda runtime: its logs, traces and dead-letter queue")],
+    "watchdog": [({"kms:Decrypt"}, "the encrypted environment and the table's CMK"),
+                 (_LAMBDA_RUNTIME, "the Lambda runtime: its logs, traces and dead-letter queue"),
+                 ({"ec2:StopInstances", "ec2:CreateTags", "ec2:StartInstances"},
+                  "restarting or parking the reusable hub instance (paths the scenario does not take)")],
+}
+
+
+def unquote(v: str) -> str:
+    return v[1:-1] if len(v) >= 2 and v[0] == v[-1] == '"' else v
+
+
+def policy_statements() -> dict[str, list[dict]]:
+    """role -> the Allow statements of its `data.aws_iam_policy_document.<role>` (actions, resources unquoted)."""
+    import hcl2
+
+    docs: dict[str, list[dict]] = {}
+    for path in sorted(TF.glob("*.tf")):
+        with open(path) as f:
+            parsed = hcl2.load(f)
+        for block in parsed.get("data", []):
+            for kind, named in block.items():
+                if unquote(kind) != "aws_iam_policy_document":
+                    continue
+                for name, body in named.items():
+                    docs[unquote(name)] = [
+                        {"actions": {unquote(a) for a in st.get("actions", [])},
+                         "resources": [unquote(r) for r in st.get("resources", [])]}
+                        for st in body.get("statement", []) if unquote(str(st.get("effect", '"Allow"'))) == "Allow"
+                    ]
+    return docs
+
+
+def policy_actions() -> dict[str, set[str]]:
+    return {role: set().union(*(st["actions"] for st in sts)) for role, sts in policy_statements().items()}
+
+
+def needed(calls: set[str]) -> set[str]:
+    out: set[str] = set()
+    for call in calls:
+        if call in OPERATION_ACTIONS:
+            out |= OPERATION_ACTIONS[call]
+        else:
+            service, op = call.split(".", 1)
+            out.add(f"{PREFIX.get(service, service)}:{op}")
+    return out
+
+
+def problems(role: str, calls: set[str], granted: set[str]) -> list[str]:
+    """What is wrong with a role's grants, given the calls its code made (empty: nothing)."""
+    need = needed(calls)
+    implied = set().union(*(a for a, _ in IMPLIED[role]))
+    out = [f"{role}: the code calls {a}, which the policy does not grant" for a in sorted(need - granted)]
+    allowed_services = {a.split(":")[0] for a in need | implied}
+    for a in sorted(granted):
+        if a.split(":")[0] not in allowed_services:
+            out.append(f"{role}: the policy grants {a}, a service its code never uses")
+        if "*" in a:
+            out.append(f"{role}: wildcard action {a}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def recorded(moto_endpoint, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("iam")
+    calls = {"hub": iam_scenarios.hub_calls(moto_endpoint, tmp / "hub"),
+             "node": iam_scenarios.node_calls(moto_endpoint, tmp / "node")}
+    calls.update(iam_scenarios.lambda_calls(moto_endpoint, tmp / "lambdas"))
+    return calls
+
+
+@pytest.fixture(scope="module")
+def granted():
+    if not TF.is_dir():
+        pytest.fail(f"{TF} is missing")
+    docs = policy_actions()
+    missing = [r for r in ROLES if r not in docs]
+    assert not missing, f"no data.aws_iam_policy_document for {missing}"
+    return docs
+
+
+def test_the_scenarios_exercise_each_roles_code(recorded):
+    assert {"ec2.RunInstances", "ec2.TerminateInstances", "ssm.SendCommand", "sqs.SendMessageBatch",
+            "s3.GetObject"} <= recorded["hub"]
+    assert {"sqs.ReceiveMessage", "sqs.DeleteMessage", "sqs.SendMessage", "s3.PutObject"} <= recorded["node"]
+    assert {"ec2.RunInstances", "ec2.StartInstances"} <= recorded["starter"]
+    assert {"dynamodb.Query", "ec2.TerminateInstances"} <= recorded["watchdog"]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_each_role_is_granted_what_its_code_calls_and_no_other_service(role, recorded, granted):
+    assert problems(role, recorded[role], granted[role]) == []
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_implied_grants_are_in_the_policy(role, granted):
+    for actions, why in IMPLIED[role]:
+        assert actions <= granted[role], f"{role}: {sorted(actions - granted[role])} ({why})"
+
+
+def test_pass_role_is_granted_only_where_a_role_is_passed(granted):
+    assert {r for r in ROLES if "iam:PassRole" in granted[r]} == {"hub", "starter", "watchdog"}
+    statements = policy_statements()
+    for doc, target in (("hub", "aws_iam_role.node"), ("starter", "aws_iam_role.hub"), ("watchdog", "aws_iam_role.hub")):
+        passes = [st for st in statements[doc] if "iam:PassRole" in st["actions"]]
+        assert passes and all(st["actions"] == {"iam:PassRole"} for st in passes), f"{doc}: PassRole alone"
+        assert all(st["resources"] == [f"${{{target}.arn}}"] for st in passes), (doc, passes)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_the_check_fails_when_any_needed_action_is_removed(role, recorded, granted):
+    for action in sorted(needed(recorded[role])):
+        found = problems(role, recorded[role], granted[role] - {action})
+        assert any(action in p for p in found), f"removing {action} from {role} went unnoticed"
