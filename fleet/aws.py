@@ -35,6 +35,19 @@ class StaticCredentials:
 LOCAL_CREDENTIALS = StaticCredentials("gridfleet-local", "gridfleet-local")
 
 
+def is_transient(e: BaseException) -> bool:
+    """An AWS error worth waiting out (throttling, a 5xx, a dropped connection), after botocore's own retries."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import ReadTimeoutError
+
+    if isinstance(e, (BotoConnectionError, ReadTimeoutError, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(e, ClientError):
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return error_code(e) in RETRYABLE_CODES or status >= 500
+    return False
+
+
 def error_code(e: BaseException) -> str | None:
     if isinstance(e, ClientError):
         return e.response.get("Error", {}).get("Code")

@@ -17,6 +17,7 @@ from fleet.state import Attempt, RunStatus, SiteRecord, SiteSpec, SiteStatus
 RUN_ITEM = "#run"  # Site key of the run-level item
 NODE_PREFIX = "#node#"  # Site key prefix of per-node items
 RUNS_PARTITION = "#runs"  # run_id of the index of runs (one item per run)
+HISTORY_PREFIX = "#h#"  # Site key prefix of the run's history events: #h#<epoch ms>#<n>
 
 
 def num(x: float | int) -> Decimal:
@@ -235,18 +236,46 @@ def item_to_node(item: Mapping[str, Any]) -> NodeInfo:
     )
 
 
-def split_partition(items) -> tuple[RunInfo | None, list[SiteRecord], list[NodeInfo]]:
-    """The items of one run's partition -> (run item, site records, node items)."""
-    run, sites, nodes = None, [], []
+@dataclass(frozen=True)
+class HistoryEvent:
+    """Something the hub did (launch, terminate, kill, requeue, failed, ...), by the hub's clock."""
+
+    run_id: str
+    at: float
+    kind: str
+    fields: Mapping[str, Any]
+    seq: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{HISTORY_PREFIX}{int(self.at * 1000):013d}#{self.seq:06d}"
+
+
+def history_to_item(e: HistoryEvent) -> dict[str, Any]:
+    return {"run_id": e.run_id, "Site": e.key, "kind": e.kind, "at": num(e.at),
+            "fields": _plain_to_item({k: v for k, v in e.fields.items() if v is not None})}
+
+
+def item_to_history(item: Mapping[str, Any]) -> HistoryEvent:
+    i = unnum(dict(item))
+    seq = int(str(i["Site"]).rsplit("#", 1)[-1] or 0)
+    return HistoryEvent(i["run_id"], i["at"], i["kind"], i.get("fields") or {}, seq)
+
+
+def split_partition(items) -> tuple[RunInfo | None, list[SiteRecord], list[NodeInfo], list[HistoryEvent]]:
+    """The items of one run's partition -> (run item, site records, node items, history in order)."""
+    run, sites, nodes, history = None, [], [], []
     for item in items:
         key = item["Site"]
         if key == RUN_ITEM:
             run = item_to_run(item)
         elif key.startswith(NODE_PREFIX):
             nodes.append(item_to_node(item))
+        elif key.startswith(HISTORY_PREFIX):
+            history.append(item_to_history(item))
         elif not key.startswith("#"):
             sites.append(item_to_site(item))
-    return run, sites, nodes
+    return run, sites, nodes, sorted(history, key=lambda e: (e.at, e.seq))
 
 
 def diff_items(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:

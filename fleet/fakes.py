@@ -15,8 +15,8 @@ from typing import Any, Iterable
 
 from fleet.clock import Clock, SystemClock
 from fleet.codec import (
-    NODE_PREFIX, RUN_ITEM, RUNS_PARTITION, NodeInfo, RunInfo, diff_items, item_to_run, item_to_site,
-    node_to_item, num, run_to_item, site_to_item, split_partition,
+    NODE_PREFIX, RUN_ITEM, RUNS_PARTITION, HistoryEvent, NodeInfo, RunInfo, diff_items, history_to_item,
+    item_to_run, item_to_site, node_to_item, num, run_to_item, site_to_item, split_partition,
 )
 from fleet.errors import StaleWrite
 from fleet.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
@@ -94,6 +94,10 @@ class MemoryStateTable:
         with self._lock:
             self.items[(node.run_id, NODE_PREFIX + node.instance_id)] = node_to_item(node)
 
+    def add_history(self, event: HistoryEvent) -> None:
+        with self._lock:
+            self.items[(event.run_id, event.key)] = history_to_item(event)
+
     def list_runs(self) -> list[RunIndexEntry]:
         out = [RunIndexEntry(k, float(v["started_at"])) for (rid, k), v in self.items.items()
                if rid == RUNS_PARTITION]
@@ -168,6 +172,9 @@ class MemoryQueue:
         if m is not None:
             m.visible_at = self.clock.monotonic() + seconds
 
+    def peek(self, limit: int = 100, dlq: bool = False) -> list[SiteMessage | BadMessage]:
+        return [decode(m.body, m.receipt, m.id, m.receives) for m in (self.dlq if dlq else self.messages)][:limit]
+
     def depth(self) -> QueueDepth:
         now = self.clock.monotonic()
         visible = sum(1 for m in self.messages if m.visible_at <= now)
@@ -191,3 +198,6 @@ class MemoryResults:
 
     def get(self, key: str) -> bytes:
         return self.objects[key]
+
+    def keys(self, prefix: str) -> list[str]:
+        return sorted(k for k in self.objects if k.startswith(prefix))

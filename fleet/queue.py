@@ -69,6 +69,7 @@ class SiteQueue(Protocol):
     def delete(self, msg: SiteMessage | BadMessage) -> None: ...
     def set_visibility(self, msg: SiteMessage | BadMessage, seconds: float) -> None: ...
     def depth(self) -> QueueDepth: ...
+    def peek(self, limit: int = 100, dlq: bool = False) -> list[SiteMessage | BadMessage]: ...
 
 
 class SqsSiteQueue:
@@ -147,6 +148,23 @@ class SqsSiteQueue:
         except ClientError as e:
             if error_code(e) not in ("ReceiptHandleIsInvalid", "InvalidParameterValue", "MessageNotInflight"):
                 raise
+
+    def peek(self, limit: int = 100, dlq: bool = False) -> list[SiteMessage | BadMessage]:
+        """Up to `limit` messages, left in place (received with visibility 0; their receive count goes up)."""
+        url = self.dlq_url if dlq else self.url
+        seen: dict[str, SiteMessage | BadMessage] = {}
+        for _ in range(max(1, limit // 10) + 2):
+            out = self._c.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0,
+                                          VisibilityTimeout=0, MessageSystemAttributeNames=["ApproximateReceiveCount"])
+            new = [m for m in out.get("Messages", []) if m.get("MessageId") not in seen]
+            if not new:
+                break
+            for m in new:
+                count = int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1))
+                seen[m.get("MessageId", "")] = decode(m["Body"], m["ReceiptHandle"], m.get("MessageId", ""), count)
+            if len(seen) >= limit:
+                break
+        return list(seen.values())[:limit]
 
     def depth(self) -> QueueDepth:
         names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]

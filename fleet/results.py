@@ -27,6 +27,7 @@ class ResultStore(Protocol):
     def exists(self, key: str) -> bool: ...
     def put_new(self, key: str, body: bytes) -> bool: ...
     def get(self, key: str) -> bytes: ...
+    def keys(self, prefix: str) -> list[str]: ...
 
 
 class S3ResultStore:
@@ -64,3 +65,9 @@ class S3ResultStore:
 
     def get(self, key: str) -> bytes:
         return self._c.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+    def keys(self, prefix: str) -> list[str]:
+        out: list[str] = []
+        for page in self._c.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            out.extend(o["Key"] for o in page.get("Contents", []))
+        return sorted(out)

@@ -9,7 +9,7 @@ write is not applied. Reads of a run are a paginated Query of its partition.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
@@ -17,8 +17,8 @@ from botocore.exceptions import ClientError
 
 from fleet.aws import error_code
 from fleet.codec import (
-    RUN_ITEM, RUNS_PARTITION, NodeInfo, RunInfo, diff_items, item_to_run, item_to_site, node_to_item, num,
-    run_to_item, site_to_item, split_partition,
+    RUN_ITEM, RUNS_PARTITION, HistoryEvent, NodeInfo, RunInfo, diff_items, history_to_item, item_to_run,
+    item_to_site, node_to_item, num, run_to_item, site_to_item, split_partition,
 )
 from fleet.errors import MissingResource, StaleWrite
 from fleet.state import SiteRecord
@@ -29,6 +29,7 @@ class RunRows:
     run: RunInfo | None
     sites: list[SiteRecord]
     nodes: list[NodeInfo]
+    history: list[HistoryEvent] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class StateTable(Protocol):
     def update_run(self, run_id: str, **fields: Any) -> None: ...
     def add_launched(self, run_id: str, count: int) -> None: ...
     def put_node(self, node: NodeInfo) -> None: ...
+    def add_history(self, event: HistoryEvent) -> None: ...
     def list_runs(self) -> list[RunIndexEntry]: ...
 
 
@@ -198,6 +200,9 @@ class DynamoStateTable:
 
     def put_node(self, node: NodeInfo) -> None:
         self._c.put_item(TableName=self.name, Item=self._enc(node_to_item(node)))
+
+    def add_history(self, event: HistoryEvent) -> None:
+        self._c.put_item(TableName=self.name, Item=self._enc(history_to_item(event)))
 
     def list_runs(self) -> list[RunIndexEntry]:
         out = [RunIndexEntry(i["Site"], float(i.get("started_at", 0))) for i in self._query(RUNS_PARTITION)]

@@ -93,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local", action="store_true", help="read the run on the local stack")
     p.add_argument("--out", type=Path, default=Path("runs"), help="where to look for summaries (default: %(default)s)")
 
+    p = sub.add_parser("check", help="assert a finished run kept every promise (exit 0) or list what broke (exit 1)",
+                       description="Every site terminal; attempts within max_attempts and never overlapping; one "
+                                   "result per COMPLETED site; no instance or message of the run left; the DLQ "
+                                   "reported; on the embedded default, the demo server's own count of fetches.")
+    p.add_argument("--run-id", type=_run_id, help="default: the latest run")
+    p.add_argument("--config", help="the run is on AWS, in the resources this fleet.yaml names")
+    p.add_argument("--local", action="store_true", help="the run is on the local stack (the default without --config)")
+
     p = sub.add_parser("teardown", help="end a run now: terminate its nodes, mark open sites FAILED/killed")
     p.add_argument("--run-id", type=_run_id, help="default: the latest run")
     p.add_argument("--config", help="the run is on AWS, in the resources this fleet.yaml names")
@@ -177,6 +185,9 @@ class Source:
     results: Any
     provider: Callable[[str], Any]  # run id -> provider (to list and terminate its nodes)
     latest: Callable[[], str | None]
+    queue: Any = None
+    config: Any = None
+    demo_url: str | None = None
 
 
 def _source(args: argparse.Namespace) -> Source | None:
@@ -189,7 +200,8 @@ def _source(args: argparse.Namespace) -> Source | None:
             return runs[-1].run_id if runs else None
 
         return Source("aws", env.table, env.results,
-                      lambda run_id: Ec2Provider(env.ec2, env.config, ami="", user_data=lambda r: ""), latest)
+                      lambda run_id: Ec2Provider(env.ec2, env.config, ami="", user_data=lambda r: ""), latest,
+                      env.queue, env.config)
     stack = local_env.make_stack(local_env.gridfleet_home(), need_jar=False)
     state = stack.running()
     run_id = args.run_id or (local_env.latest_run_on_stack(stack) if state else None)
@@ -197,7 +209,8 @@ def _source(args: argparse.Namespace) -> Source | None:
     if config is None:
         return None
     env = local_env.connect(stack, state, config, bootstrap=False)
-    return Source("local", env.table, env.results, lambda rid: env.provider(rid, SystemClock()), lambda: run_id)
+    return Source("local", env.table, env.results, lambda rid: env.provider(rid, SystemClock()), lambda: run_id,
+                  env.queue, env.config, state.demo_url)
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
@@ -235,6 +248,27 @@ def _status_from_summary(out: Path, run_id: str | None) -> dict[str, Any]:
     return {"run_id": summary["run_id"], "sites": summary["sites"], "counts": summary.get("counts") or
             {k: sum(1 for s in summary["sites"].values() if s["run_status"] == k)
              for k in ("QUEUED", "RUN", "COMPLETED", "FAILED")}}
+
+
+# --- check --------------------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    from hub.check import check_run
+
+    src = _source(args)
+    run_id = args.run_id or (src.latest() if src else None)
+    if src is None or not run_id:
+        raise MissingResource("no run to check: no local stack with a run is up (for a run on AWS pass --config)")
+    stats = run_cmd.demo_stats(src.demo_url) if src.demo_url else None
+    report = check_run(run_id, table=src.table, queue=src.queue, results=src.results, provider=src.provider(run_id),
+                       config=src.config, demo_stats=stats, demo_url=src.demo_url)
+    for text in report.violations:
+        console.print(f"[red]violation:[/] {text}")
+    for text in report.notes:
+        console.print(f"note: {text}")
+    what = ", ".join(f"{n} {k}" for k, n in report.checked.items())
+    console.print(f"run {run_id}: {'OK' if report.ok else f'{len(report.violations)} violation(s)'} ({what}"
+                  f"{', demo server fetches' if stats is not None else ''})")
+    return EXIT_OK if report.ok else EXIT_ERROR
 
 
 # --- teardown ------------------------------------------------------------------------------------
@@ -290,6 +324,7 @@ COMMANDS = {
     "bundle": cmd_bundle,
     "config": cmd_config,
     "status": cmd_status,
+    "check": cmd_check,
     "teardown": cmd_teardown,
     "local": cmd_local,
 }

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from fleet import ops
 from fleet.clock import Clock
-from fleet.codec import RunInfo
+from fleet.codec import HistoryEvent, RunInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
@@ -53,6 +53,14 @@ class Executor:
     kills: dict[str, int] = field(default_factory=dict)
     teardown_timeout_s: float = 60.0
 
+    def history(self, kind: str, **fields: Any) -> None:
+        """Record what the hub did on the run (best effort: a lost history line must not stop the run)."""
+        self._seq = getattr(self, "_seq", 0) + 1
+        try:
+            self.table.add_history(HistoryEvent(self.run_id, self.clock.now(), kind, fields, self._seq))
+        except Exception as e:  # noqa: BLE001 - the history is a record, not a decision
+            log.warning("history-lost kind=%s error=%s", kind, e)
+
     def execute(self, action: Action, snap: Snapshot) -> None:
         try:
             getattr(self, "_" + type(action).__name__)(action, snap)
@@ -84,6 +92,7 @@ class Executor:
         rec = snap.sites[a.site]
         ops.send_next(self.table, self.queue, rec)
         event(log, "enqueue", run_id=self.run_id, site=a.site, attempt=rec.attempt + 1, why="message never marked sent")
+        self.history("enqueue", site=a.site, attempt=rec.attempt + 1)
 
     # --- ending attempts ----------------------------------------------------------
     def _KillAttempt(self, a: KillAttempt, snap: Snapshot) -> None:
@@ -102,11 +111,14 @@ class Executor:
         result = self.control.kill(iid, rec.site, rec.attempt)
         event(log, "kill", run_id=self.run_id, site=rec.site, attempt=rec.attempt, node=iid, reason=reason,
               path=result.path, ok=result.ok, detail=result.detail or None)
+        self.history("kill", site=rec.site, attempt=rec.attempt, node=iid, reason=str(reason), path=result.path,
+                     ok=result.ok, detail=result.detail or None)
         if result.ok and reason is not Reason.LOST:
             return result.path
         # Last rung: the node is unreachable, or its agent stopped heartbeating (it is sick): terminate it.
         self.provider.terminate([iid])
         event(log, "terminate", run_id=self.run_id, node=iid, why=f"kill {reason}", site=rec.site)
+        self.history("terminate", nodes=[iid], why=f"kill {reason}", site=rec.site)
         return "terminate" if not result.ok else f"{result.path}+terminate"
 
     def _EndAttempt(self, a: EndAttempt, snap: Snapshot) -> None:
@@ -117,6 +129,9 @@ class Executor:
         new = ops.end_attempt(self.table, rec, outcome=Outcome(str(reason)), reason=reason, now=now,
                               max_attempts=self.config.run.max_attempts, spot_cap=self.config.run.spot_requeue_cap,
                               kill_path=kill_path)
+        kind = "requeue" if new.run_status is RunStatus.QUEUED else "failed"
+        self.history(kind, site=rec.site, attempt=rec.attempt, node=rec.instance_id, reason=str(reason),
+                     kill_path=kill_path)
         if new.run_status is RunStatus.QUEUED:
             event(log, "requeue", run_id=self.run_id, site=rec.site, attempt=rec.attempt, node=rec.instance_id,
                   reason=reason, next_attempt=new.attempt + 1)
@@ -131,6 +146,7 @@ class Executor:
             try:
                 ops.fail_now(self.table, snap.sites[name], a.reason, now, error=a.error)
                 event(log, "failed", logging.WARNING, run_id=self.run_id, site=name, reason=a.reason)
+                self.history("failed", site=name, reason=str(a.reason))
             except StaleWrite as e:
                 # A node finished it in the meantime; a result beats the deadline.
                 if e.current is None or not e.current.is_terminal:
@@ -141,9 +157,12 @@ class Executor:
         result = self.provider.launch(self.run_id, a.count, target=a.target)
         for err in result.errors:
             event(log, "launch-error", logging.WARNING, run_id=self.run_id, error=err)
+        if result.errors:
+            self.history("launch-error", errors=list(result.errors[-3:]))
         if result.launched:
             self.table.add_launched(self.run_id, len(result.launched))
             event(log, "launch", run_id=self.run_id, count=len(result.launched), nodes=",".join(result.launched))
+            self.history("launch", nodes=list(result.launched))
             if snap.run is not None and snap.run.launch_failures:
                 self.table.update_run(self.run_id, launch_failures=0)
         elif result.errors:  # nothing started: back off, and let the plan give up if it never works
@@ -156,10 +175,12 @@ class Executor:
     def _Terminate(self, a: Terminate, snap: Snapshot) -> None:
         self.provider.terminate(list(a.instance_ids))
         event(log, "terminate", run_id=self.run_id, nodes=",".join(a.instance_ids), why=a.reason)
+        self.history("terminate", nodes=list(a.instance_ids), why=a.reason)
 
     def _Finish(self, a: Finish, snap: Snapshot) -> None:
         left = self.teardown(why=f"finish ({a.reason})")
         self.finished = Finished(a.reason, left)
+        self.history("finish", reason=a.reason, left_running=left)
 
     def teardown(self, why: str) -> int:
         """Terminate every instance of the run and wait until none is pending or running."""
@@ -173,4 +194,5 @@ class Executor:
                 return len(live)
             self.provider.terminate(live)
             event(log, "terminate", run_id=self.run_id, nodes=",".join(live), why=why)
+            self.history("terminate", nodes=live, why=why)
             self.clock.sleep(0.5)

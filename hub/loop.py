@@ -131,6 +131,14 @@ class Hub:
         now = self.clock.now()
         summary = build_summary(rows.run, rows.sites, left_running=fin.left_running, finished_at=now,
                                 finish_reason=fin.reason)
+        try:
+            depth = self.queue.depth()
+            summary["queue"] = {"visible": depth.visible, "in_flight": depth.in_flight, "dlq": depth.dlq}
+            if depth.dlq:
+                event(log, "dlq-not-empty", logging.WARNING, run_id=self.run_id, messages=depth.dlq,
+                      hint="see `gridfleet check`")
+        except Exception as e:  # noqa: BLE001 - depths are a report, not a decision
+            log.warning("queue-depth-unavailable error=%s", e)
         path = export(self.out_dir, summary, rows.sites, self.results)
         self.table.update_run(self.run_id, status="FINISHED", finished_at=now)
         c = summary["counts"]

@@ -25,6 +25,7 @@ from fleet.errors import UsageError
 from fleet.results import ResultStore
 from fleet.table import StateTable
 from hub import aws_env, local_env
+from hub.check import CheckReport, attach, check_run
 from hub.loop import EXIT_OK, Hub, RunOutcome
 from hub.providers.local import local_hub_id
 from hub.summary import build_summary, export, site_entry
@@ -74,10 +75,27 @@ def _drive(hub: Hub) -> RunOutcome:
         raise
 
 
-def _report(console: Console, table: StateTable, run_id: str, outcome: RunOutcome, extra: str = "") -> None:
+def _report(console: Console, table: StateTable, run_id: str, outcome: RunOutcome, extra: str = "",
+            report: CheckReport | None = None) -> None:
     rows = table.read_run(run_id)
     print_sites(console, run_id, {r.site: site_entry(r) for r in rows.sites}, outcome.counts)
+    if report is not None:
+        for text in report.violations:
+            console.print(f"[red]check violation:[/] {text}")
+        console.print(f"check: {'OK' if report.ok else f'{len(report.violations)} violation(s)'}"
+                      f"{f', {len(report.notes)} note(s)' if report.notes else ''}")
     console.print(f"summary: {outcome.summary_path}{extra}")
+
+
+def demo_stats(demo_url: str) -> dict[str, Any] | None:
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(demo_url + "/_stats", timeout=10) as r:
+            return json.loads(r.read())["sites"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 # --- the embedded default -----------------------------------------------------------------
@@ -121,8 +139,11 @@ def run_local(args: argparse.Namespace, config: Config, run_id: str, console: Co
             raise
         finished = True
         env.export_node_logs(run_id, args.out)
-        _report(console, env.table, run_id, outcome, f"  (node logs: {args.out / run_id / 'nodes'})")
-        return outcome.exit_code
+        report = check_run(run_id, table=env.table, queue=env.queue, results=env.results, provider=provider,
+                           config=env.config, demo_stats=demo_stats(state.demo_url), demo_url=state.demo_url)
+        attach(report, outcome.summary_path)
+        _report(console, env.table, run_id, outcome, f"  (node logs: {args.out / run_id / 'nodes'})", report)
+        return outcome.exit_code if report.ok else max(outcome.exit_code, 1)
     finally:
         if started_here or (adopted and finished):
             stack.down(quiet=True)
@@ -158,7 +179,10 @@ def run_aws(args: argparse.Namespace, config: Config, run_id: str, console: Cons
              config.aws.region, len(config.sites), config.fleet.max_nodes, hub_address, config.aws.grid_port,
              config.aws.bucket, key)
     outcome = _drive(hub)
-    _report(console, env.table, run_id, outcome)
+    report = check_run(run_id, table=env.table, queue=env.queue, results=env.results, provider=provider,
+                       config=config)
+    attach(report, outcome.summary_path)
+    _report(console, env.table, run_id, outcome, report=report)
     if outcome.left_running == 0:
         log.info("hub self-stop: %s", aws_env.self_stop(config.aws.hub_self_stop, ident, env.ec2))
     else:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from fleet import crawlerfile, ops
 from fleet.clock import Clock
+from fleet.aws import is_transient
 from fleet.codec import NodeInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite
@@ -87,6 +88,9 @@ class CrawlEnd:
 StartCrawl = Callable[[dict[str, Any], Path], CrawlProcess]
 Cleanup = Callable[[Path, "str | None", bool], None]  # (profile, Grid session id, forced)
 
+#: AWS errors in a row (after botocore's retries) after which the node gives up and exits.
+MAX_AWS_FAILURES = 10
+
 #: How long a crawler that reported its end may take to close its browser before it is killed.
 QUIT_GRACE_S = 15.0
 
@@ -129,8 +133,10 @@ class Agent:
         self._expire_at = run.expire_at
         self._set_node("idle")
         idle_since = self.clock.monotonic()
+        failures = 0
         while True:
-            sick = self.healthy()
+            sick = self.healthy() or (f"AWS failing for {failures} tries in a row" if failures >= MAX_AWS_FAILURES
+                                      else None)
             if sick:
                 event(log, "node-exit", logging.ERROR, run_id=self.s.run_id, node=self.s.instance_id, why=sick)
                 self._set_node("exiting")
@@ -142,8 +148,19 @@ class Agent:
             if self.s.sites_per_node and self.sites_done >= self.s.sites_per_node:
                 event(log, "node-exit", run_id=self.s.run_id, node=self.s.instance_id, why="sites_per_node reached")
                 break
-            msg = self.queue.receive(self.s.receive_wait_s, self.s.visibility_s)
-            self._node_beat()
+            try:
+                msg = self.queue.receive(self.s.receive_wait_s, self.s.visibility_s)
+                self._node_beat()
+                worked = self.handle(msg) if msg is not None else False
+                failures = 0
+            except Exception as e:  # the outermost loop: AWS beyond botocore's retries is waited out, not fatal
+                if not is_transient(e):
+                    raise
+                failures += 1
+                event(log, "aws-error", logging.WARNING, run_id=self.s.run_id, node=self.s.instance_id,
+                      failures=failures, error=f"{type(e).__name__}: {e}")
+                self.clock.sleep(min(30.0, 2.0 ** failures))
+                continue
             if msg is None:
                 idle = self.clock.monotonic() - idle_since
                 if idle >= self.s.idle_exit_s:
@@ -155,7 +172,7 @@ class Agent:
                     event(log, "node-exit", run_id=self.s.run_id, node=self.s.instance_id, why="run finished")
                     break
                 continue
-            if self.handle(msg):
+            if worked:
                 self.sites_done += 1
                 idle_since = self.clock.monotonic()
         self._set_node("exiting")
@@ -263,7 +280,13 @@ class Agent:
                     kind = ev.get("event")
                     if kind == "status":
                         new = SiteStatus(ev["site_status"])
-                        self._write(ops.report, new, self.clock.now(), url=ev.get("url"), pages=ev.get("pages"))
+                        try:
+                            self._write(ops.report, new, self.clock.now(), url=ev.get("url"), pages=ev.get("pages"))
+                        except Exception as e:  # the table is throttling: the node's own watchdog still sees it
+                            if not is_transient(e):
+                                raise
+                            event(log, "status-missed", logging.WARNING, node=self.s.instance_id, status=new,
+                                  error=f"{type(e).__name__}: {e}")
                         status, since = new, mono
                     elif kind == "session":
                         session[0] = ev.get("id")
@@ -378,10 +401,15 @@ class Agent:
         return self._rec
 
     def _beat(self) -> None:
-        self._write(ops.beat, self.clock.now())
-        if self._msg is not None:
-            self.queue.set_visibility(self._msg, self.s.visibility_s)
-        self._node_beat(force=True)
+        try:
+            self._write(ops.beat, self.clock.now())
+            if self._msg is not None:
+                self.queue.set_visibility(self._msg, self.s.visibility_s)
+            self._node_beat(force=True)
+        except Exception as e:  # a missed heartbeat is made up by the next; a fenced one is not (Fenced)
+            if not is_transient(e):
+                raise
+            event(log, "heartbeat-missed", logging.WARNING, node=self.s.instance_id, error=f"{type(e).__name__}: {e}")
 
     def _beat_quietly(self) -> None:
         """Heartbeat while waiting for the profile lock (at most once per interval)."""
@@ -398,8 +426,13 @@ class Agent:
         if not force and mono < self._next_node_beat:
             return
         site, attempt = self._node_site
-        self.table.put_node(NodeInfo(self.s.run_id, self.s.instance_id, self._node_state, self.clock.now(),
-                                     self.started_at, site, attempt, self.sites_done, self._expire_at))
+        try:
+            self.table.put_node(NodeInfo(self.s.run_id, self.s.instance_id, self._node_state, self.clock.now(),
+                                         self.started_at, site, attempt, self.sites_done, self._expire_at))
+        except Exception as e:  # the node item is a liveness hint: a missed one is made up by the next
+            if not is_transient(e):
+                raise
+            return
         self._next_node_beat = mono + self.s.heartbeat_interval_s
 
     def _result_body(self, result: dict[str, Any]) -> bytes:

@@ -107,10 +107,11 @@ data "aws_iam_policy_document" "hub" {
     resources = [aws_dynamodb_table.status.arn]
   }
 
-  # fleet.queue: enqueueing the sites, reading the queue depth (and the DLQ's).
+  # fleet.queue: enqueueing the sites; the queue depths and, at the end of a run, a look at what is left
+  # in the queue and the DLQ (hub.check peeks with visibility 0).
   statement {
     sid       = "SiteQueue"
-    actions   = ["sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:SendMessage"]
+    actions   = ["sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:SendMessage"]
     resources = local.queue_arns
   }
 

@@ -27,6 +27,7 @@ PREFIX = {"efs": "elasticfilesystem"}
 OPERATION_ACTIONS = {
     "s3.HeadObject": {"s3:GetObject"},
     "s3.HeadBucket": {"s3:ListBucket"},
+    "s3.ListObjectsV2": {"s3:ListBucket"},
     "sqs.SendMessageBatch": {"sqs:SendMessage"},
     "sqs.DeleteMessageBatch": {"sqs:DeleteMessage"},
     "sqs.ChangeMessageVisibilityBatch": {"sqs:ChangeMessageVisibility"},
@@ -45,7 +46,7 @@ _LAMBDA_RUNTIME = {"logs:CreateLogStream", "logs:PutLogEvents", "xray:PutTraceSe
 IMPLIED: dict[str, list[tuple[set[str], str]]] = {
     "hub": [({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue and bucket"),
             ({"s3:GetObject"}, "the hub's boot script fetches the bundle and its config with `aws s3 cp`"),
-            ({"sqs:GetQueueAttributes"}, "queue depth for the dashboard's metrics")],
+            ],
     "node": [({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue, bucket and EFS"),
              ({"s3:GetObject", "s3:ListBucket"}, "the boot script's `aws s3 cp`; a missing result reads as 404"),
              ({"s3:PutObjectTagging"}, "results are written with a tag, which the bucket's expiry rule selects"),

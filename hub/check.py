@@ -1,0 +1,151 @@
+"""`gridfleet check`: read a finished run back and assert what gridfleet promises.
+
+From the table (site records with their attempt histories, the run item, the
+hub's history events), the provider (instances tagged with the run), the queue
+and its DLQ, and the results bucket:
+- every site is terminal; a site of the config that was never seeded is lost;
+- attempts stay within `max_attempts` (spot attempts apart) and none is left open;
+- no two attempts of one site overlap in time;
+- every COMPLETED site has exactly one result object, and its record names it;
+- no instance tagged with the run is pending or running;
+- no message of the run is left in the queue;
+- what sits in the DLQ is reported.
+On the embedded default it also reads the demo site server's own count of what
+was fetched (`/_stats`): a page fetched more often than its site had attempts
+means two crawls of one site ran at once, or a finished site was crawled again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from fleet.config import Config
+from fleet.logs import event
+from fleet.queue import BadMessage, SiteMessage, SiteQueue
+from fleet.results import ResultStore, result_key
+from fleet.state import Outcome, RunStatus, SiteRecord
+from fleet.table import StateTable
+from hub.providers.base import ComputeProvider
+from hub.summary import write_json
+
+log = logging.getLogger("gridfleet.hub")
+
+_DEMO_SITE = re.compile(r"/s/([A-Za-z0-9._-]+)/?")
+
+
+@dataclass
+class CheckReport:
+    run_id: str
+    violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    checked: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def check_run(run_id: str, *, table: StateTable, queue: SiteQueue, results: ResultStore,
+              provider: ComputeProvider, config: Config | None = None,
+              demo_stats: Mapping[str, Any] | None = None, demo_url: str | None = None) -> CheckReport:
+    report = CheckReport(run_id)
+    v, note = report.violations.append, report.notes.append
+    rows = table.read_run(run_id)
+    if rows.run is None:
+        v(f"run {run_id}: no run item in the table")
+        return report
+    if not rows.run.finished:
+        v(f"run {run_id}: not finished (status {rows.run.status})")
+    max_attempts = config.run.max_attempts if config else 3
+    sites = {r.site: r for r in rows.sites}
+    if config is not None:
+        for s in config.sites:
+            if s.id not in sites:
+                v(f"{s.id}: in the config but never seeded")
+
+    for name, r in sorted(sites.items()):
+        _check_site(r, max_attempts, rows.run.run_date, results, v, note)
+    report.checked["sites"] = len(sites)
+
+    live = sorted(i.id for i in provider.list(run_id) if i.live)
+    if live:
+        v(f"instances of the run still pending or running: {', '.join(live)}")
+    report.checked["instances"] = len(provider.list(run_id))
+
+    left = [m for m in queue.peek(limit=200) if isinstance(m, SiteMessage) and m.run_id == run_id]
+    for m in left:
+        v(f"{m.site}: a message of the run is still in the queue (attempt {m.attempt})")
+    for m in queue.peek(limit=200, dlq=True):
+        if isinstance(m, BadMessage):
+            note(f"DLQ: a message that is not a site message ({m.problem}): {m.body[:80]!r}")
+        else:
+            note(f"DLQ: {m.site} attempt {m.attempt} of run {m.run_id} (received {m.receive_count} times)")
+
+    if demo_stats is not None:
+        _check_demo(sites, demo_stats, demo_url, v, note)
+    kills = [e for e in rows.history if e.kind == "kill"]
+    report.checked["history_events"] = len(rows.history)
+    report.checked["kills"] = len(kills)
+    return report
+
+
+def _check_site(r: SiteRecord, max_attempts: int, run_date: str, results: ResultStore, v, note) -> None:
+    name = r.site
+    if not r.is_terminal:
+        v(f"{name}: not terminal ({r.run_status}/{r.site_status})")
+    counted = [a for a in r.attempts if a.outcome != Outcome.SPOT.value]
+    if r.attempt > max_attempts or len(counted) > max_attempts:
+        v(f"{name}: {len(counted)} attempts counted (attemptCount {r.attempt}), more than max_attempts "
+          f"{max_attempts}")
+    spans = sorted((a.start, a.end if a.end is not None else float("inf"), a.n, a.instance_id) for a in r.attempts)
+    for (s1, e1, n1, i1), (s2, _, n2, i2) in zip(spans, spans[1:]):
+        if e1 > s2:
+            v(f"{name}: attempts {n1} ({i1}) and {n2} ({i2}) overlap in time")
+    if r.is_terminal and any(a.end is None for a in r.attempts):
+        v(f"{name}: {r.run_status} with an attempt never closed")
+    key = result_key(name, run_date)
+    found = [k for k in results.keys(f"{name}/{run_date}/") if k.endswith("/result.json")]
+    if r.run_status is RunStatus.COMPLETED:
+        if found != [key]:
+            v(f"{name}: COMPLETED but {len(found)} result objects under {name}/{run_date}/ (want exactly {key})")
+        if r.result_key != key:
+            v(f"{name}: COMPLETED, but its record names result {r.result_key!r}, not {key!r}")
+    elif found:
+        note(f"{name}: {r.run_status} but a result exists ({found[0]}), written by a node that was fenced off")
+
+
+def _check_demo(sites: Mapping[str, SiteRecord], stats: Mapping[str, Any], demo_url: str | None, v, note) -> None:
+    for name, r in sorted(sites.items()):
+        url = r.spec.start_url
+        if demo_url and not url.startswith(demo_url):
+            continue
+        m = _DEMO_SITE.search(url)
+        if not m:
+            continue
+        hits = {int(p): n for p, n in stats.get(m.group(1), {}).get("hits", {}).items()}
+        attempts = len([a for a in r.attempts if a.outcome != Outcome.SKIPPED.value])
+        for page, n in sorted(hits.items()):
+            if n > attempts:
+                v(f"{name}: page {page} was fetched {n} times by {attempts} attempts (/_stats): two crawls at once, "
+                  "or a finished site crawled again")
+        if r.run_status is RunStatus.COMPLETED and r.pages:
+            missing = [p for p in range(1, r.pages + 1) if hits.get(p, 0) < 1]
+            if missing and attempts:
+                v(f"{name}: COMPLETED with {r.pages} pages, but /_stats never saw page(s) {missing}")
+
+
+def attach(report: CheckReport, summary_path: Path) -> None:
+    """Put the check into the run's summary.json (and log what broke)."""
+    data = json.loads(summary_path.read_text())
+    data["check"] = {"ok": report.ok, "violations": report.violations, "notes": report.notes,
+                     "checked": report.checked}
+    write_json(summary_path, data)
+    for text in report.violations:
+        event(log, "check-violation", logging.ERROR, run_id=report.run_id, violation=text)
+    event(log, "check", run_id=report.run_id, ok=report.ok, violations=len(report.violations),
+          notes=len(report.notes))
