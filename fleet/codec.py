@@ -74,6 +74,7 @@ def site_to_item(r: SiteRecord) -> dict[str, Any]:
         "url": r.url,
         "kill_reason": r.kill_reason,
         "kill_path": r.kill_path,
+        "receipt": r.receipt,
         "expireAt": r.expire_at,
     }
     for k, v in optional.items():
@@ -115,6 +116,7 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
         pages=int(i.get("pages", 0)),
         kill_reason=i.get("kill_reason"),
         kill_path=i.get("kill_path"),
+        receipt=i.get("receipt"),
         spot_requeues=int(i.get("spot_requeues", 0)),
         attempts=tuple(
             Attempt(int(a["n"]), a["instance_id"], a["start"], a.get("end"), a.get("outcome"), a.get("kill_path"))

@@ -167,6 +167,11 @@ class MemoryQueue:
         if m is not None:
             self.messages.remove(m)
 
+    def delete_receipt(self, receipt: str) -> None:
+        m = self._find(receipt)
+        if m is not None:
+            self.messages.remove(m)
+
     def set_visibility(self, msg: SiteMessage | BadMessage, seconds: float) -> None:
         m = self._find(msg.receipt)
         if m is not None:

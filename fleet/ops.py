@@ -14,7 +14,7 @@ from typing import Any
 
 from fleet.queue import SiteQueue
 from fleet.state import (
-    Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus, transition,
+    GIVEN_BACK, Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus, transition,
 )
 from fleet.table import StateTable
 
@@ -41,11 +41,13 @@ def classify(rec: SiteRecord | None, attempt: int) -> Verdict:
     return Verdict.STALE if rec.attempt > attempt else Verdict.WAIT
 
 
-def claim(table: StateTable, rec: SiteRecord, instance_id: str, now: float) -> SiteRecord:
+def claim(table: StateTable, rec: SiteRecord, instance_id: str, now: float, receipt: str | None = None
+          ) -> SiteRecord:
+    """Start an attempt; `receipt` (of the message that asked for it) lets the hub delete that message later."""
     new = transition(
         rec, run_status=RunStatus.RUN, site_status=SiteStatus.PENDING, attempt=rec.attempt + 1,
         instance_id=instance_id, last_update=now, heartbeat=now, enqueued=False, url=None, pages=0,
-        kill_reason=None, error=None,
+        kill_reason=None, error=None, receipt=receipt,
         attempts=rec.attempts + (Attempt(rec.attempt + 1, instance_id, now),),
     )
     return table.write(rec, new)
@@ -75,7 +77,7 @@ def complete(table: StateTable, rec: SiteRecord, result_key: str, now: float, *,
              ) -> SiteRecord:
     attempts = _close(rec, now, Outcome.SKIPPED if skipped else Outcome.COMPLETED)
     new = transition(rec, run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED, result_key=result_key,
-                     last_update=now, failure_reason=None, kill_reason=None, attempts=attempts)
+                     last_update=now, failure_reason=None, kill_reason=None, attempts=attempts, receipt=None)
     return table.write(rec, new)
 
 
@@ -90,12 +92,12 @@ def end_attempt(table: StateTable, rec: SiteRecord, *, outcome: Outcome, reason:
     """The current attempt ended without a result: requeue (QUEUED, message not yet sent) or FAILED."""
     attempts = _close(rec, now, outcome, kill_path)
     common: dict[str, Any] = {"last_update": now, "kill_reason": None, "attempts": attempts,
-                              "failure_reason": str(reason), "url": None}
+                              "failure_reason": str(reason), "url": None, "receipt": None}
     if kill_path is not None:
         common["kill_path"] = kill_path
     if error is not None:
         common["error"] = error[:1000]
-    if reason is Reason.SPOT and rec.spot_requeues < spot_cap:
+    if reason in GIVEN_BACK and rec.spot_requeues < spot_cap:
         new = transition(rec, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False,
                          attempt=rec.attempt - 1, spot_requeues=rec.spot_requeues + 1, **common)
     elif rec.attempt < max_attempts:
@@ -111,7 +113,7 @@ def fail_now(table: StateTable, rec: SiteRecord, reason: Reason, now: float, *, 
     """End the site FAILED whatever attempts remain (deadline, teardown)."""
     outcome = Outcome(str(reason)) if str(reason) in Outcome._value2member_map_ else Outcome.KILLED
     new = transition(rec, run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED, failure_reason=str(reason),
-                     last_update=now, kill_reason=None, attempts=_close(rec, now, outcome),
+                     last_update=now, kill_reason=None, attempts=_close(rec, now, outcome), receipt=None,
                      **({"error": error} if error else {}))
     return table.write(rec, new)
 

@@ -46,6 +46,11 @@ class Reason(StrEnum):
     SPOT = "spot"  # the node got a spot interruption notice
     KILLED = "killed"  # an operator tore the run down
     NO_NODES = "no-nodes"  # no node of the run could start, so nothing could crawl it
+    BUSY = "busy"  # the site's profile was locked elsewhere (a node cut off but still alive): tried again later
+
+
+#: Attempts that end for these reasons are given back (not counted), up to `run.spot_requeue_cap`.
+GIVEN_BACK = frozenset({Reason.SPOT, Reason.BUSY})
 
 
 class Outcome(StrEnum):
@@ -60,6 +65,7 @@ class Outcome(StrEnum):
     SPOT = "spot"
     KILLED = "killed"
     NO_NODES = "no-nodes"
+    BUSY = "busy"
 
 
 # Legal moves of run_status; every edge says who takes it and why.
@@ -140,7 +146,8 @@ class SiteRecord:
     pages: int = 0  # pages fetched by the current attempt
     kill_reason: str | None = None  # set by the hub before it kills the current attempt
     kill_path: str | None = None  # how the last kill was done: watchdog, local, ssm, ssh, terminate
-    spot_requeues: int = 0
+    receipt: str | None = None  # the SQS receipt handle of the current attempt's message (to delete it)
+    spot_requeues: int = 0  # attempts given back (spot interruption, profile busy), capped
     attempts: tuple[Attempt, ...] = ()
     expire_at: int | None = None
 

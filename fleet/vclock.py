@@ -108,6 +108,14 @@ class VirtualClock:
             heapq.heapify(self._queue)
             self._push(self._now, actor)
 
+    def stall(self, actor: Actor, seconds: float) -> None:
+        """It runs nothing for `seconds` more (a stopped process, a network partition)."""
+        with self._cv:
+            for i, (wake, seq, a) in enumerate(self._queue):
+                if a is actor:
+                    self._queue[i] = (max(wake, self._now + seconds), seq, a)
+            heapq.heapify(self._queue)
+
     def _push(self, wake: float, actor: Actor) -> None:
         heapq.heappush(self._queue, (wake, next(self._seq), actor))
 

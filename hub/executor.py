@@ -129,6 +129,8 @@ class Executor:
         new = ops.end_attempt(self.table, rec, outcome=Outcome(str(reason)), reason=reason, now=now,
                               max_attempts=self.config.run.max_attempts, spot_cap=self.config.run.spot_requeue_cap,
                               kill_path=kill_path)
+        if rec.receipt:  # the message of the attempt that ended (its node is dead or was stopped): not needed
+            self.queue.delete_receipt(rec.receipt)
         kind = "requeue" if new.run_status is RunStatus.QUEUED else "failed"
         self.history(kind, site=rec.site, attempt=rec.attempt, node=rec.instance_id, reason=str(reason),
                      kill_path=kill_path)
@@ -179,8 +181,25 @@ class Executor:
 
     def _Finish(self, a: Finish, snap: Snapshot) -> None:
         left = self.teardown(why=f"finish ({a.reason})")
+        drained = self.drain()
+        if drained:
+            event(log, "drain", run_id=self.run_id, messages=drained, why="every site is done: its messages are stale")
         self.finished = Finished(a.reason, left)
         self.history("finish", reason=a.reason, left_running=left)
+
+    def drain(self, rounds: int = 20) -> int:
+        """Delete what is left of this run in the queue (duplicates, messages of dead nodes); leave the rest."""
+        deleted = 0
+        for _ in range(rounds):
+            msg = self.queue.receive(0, 5)
+            if msg is None:
+                return deleted
+            if getattr(msg, "run_id", None) == self.run_id:
+                self.queue.delete(msg)
+                deleted += 1
+            else:
+                self.queue.set_visibility(msg, 0)
+        return deleted
 
     def teardown(self, why: str) -> int:
         """Terminate every instance of the run and wait until none is pending or running."""

@@ -78,11 +78,20 @@ class Fenced(Exception):
 
 @dataclass
 class CrawlEnd:
-    kind: str  # result | hang | error | fenced | spot
+    kind: str  # result | hang | error | fenced | spot | busy
     result: dict[str, Any] | None = None
     error: str | None = None
     kill_path: str | None = None
     forced: bool = False  # the crawler was killed: its browser and Grid session must be ended for it
+    current: SiteRecord | None = None  # fenced: the record as the hub left it
+
+
+def declared_lost(rec: SiteRecord, attempt: int, instance_id: str) -> bool:
+    """Whether the hub ended (or is ending) `attempt` on `instance_id` because it took the node for dead."""
+    if rec.kill_reason == str(Reason.LOST) and rec.instance_id == instance_id:
+        return True
+    return any(a.n == attempt and a.instance_id == instance_id and a.outcome == str(Reason.LOST)
+               for a in rec.attempts)
 
 
 StartCrawl = Callable[[dict[str, Any], Path], CrawlProcess]
@@ -90,6 +99,9 @@ Cleanup = Callable[[Path, "str | None", bool], None]  # (profile, Grid session i
 
 #: AWS errors in a row (after botocore's retries) after which the node gives up and exits.
 MAX_AWS_FAILURES = 10
+
+#: A site whose profile was locked elsewhere is offered again after this long.
+BUSY_RETRY_S = 30.0
 
 #: How long a crawler that reported its end may take to close its browser before it is killed.
 QUIT_GRACE_S = 15.0
@@ -142,8 +154,10 @@ class Agent:
                 self._set_node("exiting")
                 return 1
             if self._stopping or self.spot_notice():
-                event(log, "node-exit", logging.WARNING, run_id=self.s.run_id, node=self.s.instance_id,
-                      why=f"spot interruption notice: {self.spot_notice()}")
+                notice = self.spot_notice()
+                if notice:
+                    event(log, "node-exit", logging.WARNING, run_id=self.s.run_id, node=self.s.instance_id,
+                          why=f"spot interruption notice: {notice}")
                 break
             if self.s.sites_per_node and self.sites_done >= self.s.sites_per_node:
                 event(log, "node-exit", run_id=self.s.run_id, node=self.s.instance_id, why="sites_per_node reached")
@@ -196,7 +210,7 @@ class Agent:
             return False
         assert rec is not None
         try:
-            rec = ops.claim(self.table, rec, self.s.instance_id, self.clock.now())
+            rec = ops.claim(self.table, rec, self.s.instance_id, self.clock.now(), receipt=msg.receipt)
         except StaleWrite as e:  # another node claimed it first (a duplicate message)
             if ops.classify(e.current, msg.attempt) is ops.Verdict.STALE:
                 self.queue.delete(msg)
@@ -226,9 +240,9 @@ class Agent:
         try:
             held = self.profiles.acquire(rec.site, self.s.lock_timeout_s, on_wait=self._beat_quietly,
                                          monotonic=self.clock.monotonic, sleep=self.clock.sleep)
-        except ProfileBusy:
-            self._finish(CrawlEnd("error", error=f"profile lock of {rec.site} held elsewhere for "
-                                                  f"{self.s.lock_timeout_s:.0f}s"))
+        except ProfileBusy:  # a node cut off mid-crawl may still hold it: not the site's fault, try again later
+            self._give_back(CrawlEnd("busy", error=f"profile lock of {rec.site} held elsewhere for "
+                                                   f"{self.s.lock_timeout_s:.0f}s"), Reason.BUSY)
             return
         except Fenced:
             self._finish(CrawlEnd("fenced"))
@@ -317,8 +331,8 @@ class Agent:
                                                       f"{self.s.browser_start_timeout_s:.0f}s", kill_path="watchdog",
                                        forced=True)
                     return end
-        except Fenced:
-            end = CrawlEnd("fenced", forced=True)
+        except Fenced as f:
+            end = CrawlEnd("fenced", forced=True, current=f.current)
             return end
         finally:
             # A crawler that reported its end closes its own browser; any other is killed now.
@@ -341,9 +355,9 @@ class Agent:
                       **({} if wrote else {"note": "result existed; kept"}))
                 return
             if end.kind == "fenced":
-                raise Fenced(None)
+                raise Fenced(end.current)
             if end.kind == "spot":
-                self._give_back(end)
+                self._give_back(end, Reason.SPOT)
                 return
             reason = Reason.HANG if end.kind == "hang" else Reason.ERROR
             new = self._write(ops.end_attempt, outcome=Outcome(str(reason)), reason=reason, now=self.clock.now(),
@@ -362,6 +376,10 @@ class Agent:
                   now=f"{cur.run_status}/{cur.fence()}" if cur else "moved on",
                   kill_reason=cur.kill_reason if cur else None)
             self.queue.delete(msg)  # the hub requeues (or has) with a new message
+            if cur is not None and declared_lost(cur, rec.attempt, self.s.instance_id):
+                # The hub thinks this node is dead and has terminated it (or is about to): take no more work.
+                self._stopping = True
+                event(log, "node-exit", logging.WARNING, **fields, why="the hub declared this node lost")
 
     def _timings(self) -> dict[str, str]:
         """Seconds per phase: setup (claim to crawler start), browser (to session), crawl, close, save."""
@@ -371,25 +389,32 @@ class Agent:
         return {k: f"{(m[b] if b else now) - m[a]:.2f}" for k, (a, b) in spans.items()
                 if a in m and (b is None or b in m)}
 
-    def _give_back(self, end: CrawlEnd) -> None:
-        """Spot: end the attempt without spending it and release the message for another node at once."""
+    def _give_back(self, end: CrawlEnd, reason: Reason) -> None:
+        """End the attempt without spending it (spot notice: this node stops; busy profile: try again later)
+        and release the message: at once after a spot notice, after a while for a busy profile."""
         rec, msg = self._rec, self._msg
         assert rec is not None and msg is not None
-        self._stopping = True
-        new = self._write(ops.end_attempt, outcome=Outcome.SPOT, reason=Reason.SPOT, now=self.clock.now(),
-                          max_attempts=self.s.max_attempts, spot_cap=self.s.spot_cap, error=end.error)
+        if reason is Reason.SPOT:
+            self._stopping = True
+        try:
+            new = self._write(ops.end_attempt, outcome=Outcome(str(reason)), reason=reason, now=self.clock.now(),
+                              max_attempts=self.s.max_attempts, spot_cap=self.s.spot_cap, error=end.error)
+        except Fenced:
+            self.queue.delete(msg)  # the hub took it over meanwhile
+            return
         fields = dict(run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
         if new.run_status is RunStatus.QUEUED and new.attempt < rec.attempt:
             self._write(ops.mark_enqueued)  # the released message is the next attempt's message
-            self.queue.set_visibility(msg, 0)
-            event(log, "spot-release", logging.WARNING, **fields, spot_requeues=new.spot_requeues)
+            self.queue.set_visibility(msg, 0 if reason is Reason.SPOT else BUSY_RETRY_S)
+            event(log, f"{reason}-release", logging.WARNING, **fields, given_back=new.spot_requeues,
+                  error=end.error)
         elif new.run_status is RunStatus.QUEUED:  # over the spot cap: an ordinary requeue
             ops.send_next(self.table, self.queue, new)
             self.queue.delete(msg)
-            event(log, "requeue", logging.WARNING, **fields, reason=Reason.SPOT, next_attempt=new.attempt + 1)
+            event(log, "requeue", logging.WARNING, **fields, reason=reason, next_attempt=new.attempt + 1)
         else:
             self.queue.delete(msg)
-            event(log, "failed", logging.WARNING, **fields, reason=Reason.SPOT)
+            event(log, "failed", logging.WARNING, **fields, reason=reason)
 
     # --- writes -------------------------------------------------------------------------
     def _write(self, op: Callable[..., SiteRecord], *args: Any, **kwargs: Any) -> SiteRecord:

@@ -83,7 +83,7 @@ class SimCloud:
         self.table = MemoryStateTable()
         self.queue = MemoryQueue(clock=self.clock, max_receive_count=config.aws.max_receive_count)
         self.results = MemoryResults()
-        self.profiles = ProfileStore(tmp / "efs")
+        self.profiles = HostLocks(tmp / "efs")
         self.boot_s = boot_s
         self.node_clock = SkewedClock(self.clock, node_clock_skew_s)
         self.instances: dict[str, dict[str, Any]] = {}
@@ -93,13 +93,15 @@ class SimCloud:
         self.concurrent: list[str] = []  # a site crawled by two live crawls at once (must stay empty)
         self.kills: list[tuple[str, str, int]] = []
         self.duplicate_sends = 0
+        self.duds = 0  # how many of the next launched nodes never boot
 
     # --- the hub ------------------------------------------------------------------
-    def start_hub(self, at: float | None = None, crash_after_writes: int | None = None) -> Actor:
+    def start_hub(self, at: float | None = None, crash_after_writes: int | None = None, control: Any = None,
+                  provider: Any = None) -> Actor:
         table = CrashAt(self.table, self.clock, crash_after_writes) if crash_after_writes is not None else self.table
         hub = Hub(run_id=RUN, config=self.config, table=table, queue=self.queue, results=self.results,
-                  provider=SimProvider(self), control=SimControl(self), clock=self.clock, out_dir=self.tmp / "runs",
-                  hub_id=f"sim:hub{len(self.hubs)}")
+                  provider=provider or SimProvider(self), control=control or SimControl(self), clock=self.clock,
+                  out_dir=self.tmp / "runs", hub_id=f"sim:hub{len(self.hubs)}")
 
         def run() -> RunOutcome:
             out = hub.run()
@@ -116,6 +118,12 @@ class SimCloud:
     # --- nodes ----------------------------------------------------------------------------
     def launch_node(self) -> str:
         iid = f"i-sim{len(self.instances):03d}"
+        if self.duds > 0:  # its bootstrap fails silently: no agent, no heartbeat, ever
+            self.duds -= 1
+            actor = self.clock.spawn(iid, lambda: self.clock.sleep(10 ** 9))
+            self.instances[iid] = {"actor": actor, "crawl": None, "interrupted": False, "spot": None,
+                                   "partitioned": False, "dud": True}
+            return iid
         state = self.tmp / "nodes" / iid
         state.mkdir(parents=True)
         settings = dataclasses.replace(AgentSettings.from_config(self.config, RUN, iid, grid_url=""),
@@ -125,7 +133,8 @@ class SimCloud:
                       clock=self.node_clock, state_dir=state,
                       spot_notice=lambda: self.instances[iid]["spot"])
         actor = self.clock.spawn(iid, agent.run, at=self.clock.now() + self.boot_s)
-        self.instances[iid] = {"actor": actor, "crawl": None, "interrupted": False, "spot": None}
+        self.instances[iid] = {"actor": actor, "crawl": None, "interrupted": False, "spot": None,
+                               "partitioned": False, "dud": False}
         return iid
 
     def _crawl(self, iid: str, job: dict) -> ScriptedCrawl:
@@ -142,6 +151,13 @@ class SimCloud:
         self.instances[iid]["crawl"] = crawl
         return crawl
 
+    def partition(self, iid: str, seconds: float) -> None:
+        """The node is cut off for `seconds`: it writes nothing, the hub cannot reach it, and EC2 reports it
+        terminated, but it is still running and comes back afterwards (a zombie)."""
+        inst = self.instances[iid]
+        inst["partitioned"] = True
+        self.clock.stall(inst["actor"], seconds)
+
     def kill_node(self, iid: str, spot: bool = False) -> None:
         """The instance is gone (reclaimed, crashed) without its agent saying a word."""
         inst = self.instances[iid]
@@ -152,7 +168,7 @@ class SimCloud:
         self.instances[iid]["spot"] = {"action": "terminate"}
 
     def live(self) -> list[str]:
-        return [i for i, inst in self.instances.items() if not inst["actor"].done]
+        return [i for i, inst in self.instances.items() if not inst["actor"].done and not inst.get("terminated")]
 
     def duplicate_messages(self) -> None:
         """From now on every message is delivered twice (SQS is at-least-once)."""
@@ -210,7 +226,7 @@ class SimProvider:
         self.cloud = cloud
 
     def list(self, run_id: str) -> list[Instance]:
-        return [Instance(iid, "terminated" if inst["actor"].done else "running",
+        return [Instance(iid, "terminated" if inst["actor"].done or inst.get("terminated") else "running",
                          interrupted=inst["interrupted"]) for iid, inst in self.cloud.instances.items()]
 
     def launch(self, run_id: str, count: int, target: int | None = None) -> LaunchResult:
@@ -220,8 +236,12 @@ class SimProvider:
 
     def terminate(self, ids: Sequence[str]) -> None:
         for iid in ids:
-            if iid in self.cloud.instances:
-                self.cloud.clock.crash(self.cloud.instances[iid]["actor"])
+            inst = self.cloud.instances.get(iid)
+            if inst is None:
+                continue
+            inst["terminated"] = True
+            if not inst["partitioned"]:  # a partitioned node does not hear it (yet)
+                self.cloud.clock.crash(inst["actor"])
 
     def hub_alive(self, hub_id: str) -> bool:
         return False
@@ -235,11 +255,47 @@ class SimControl:
 
     def kill(self, instance_id: str, site: str, attempt: int) -> KillResult:
         inst = self.cloud.instances.get(instance_id)
-        if inst is None or inst["actor"].done:
-            return KillResult(False, "local", "instance is not running")
+        if inst is None or inst["actor"].done or inst["partitioned"]:
+            return KillResult(False, "local", "instance is not running or not reachable")
         crawl = inst["crawl"]
         if crawl is not None and (crawl.site, crawl.attempt) == (site, attempt) and not crawl.killed:
             crawl.kill()
             self.cloud.kills.append((instance_id, site, attempt))
             return KillResult(True, "local", "killed")
         return KillResult(True, "local", "no crawler of that attempt running")
+
+
+class HostLocks:
+    """Profile locks as several hosts see them on one EFS: a lock held by another node makes `acquire`
+    wait (in virtual time) up to its timeout, then ProfileBusy. One test process cannot hold fcntl locks
+    for several hosts (they are per process), hence this stand-in; profiles.ProfileStore has its own tests."""
+
+    def __init__(self, root: Path):
+        self.store = ProfileStore(root)  # paths and Singleton* cleanup stay the real code's
+        self.owner: dict[str, object] = {}
+
+    def acquire(self, site: str, timeout_s: float, *, poll_s: float = 0.2, on_wait=None, monotonic=None,
+                sleep=None):
+        from profiles import ProfileBusy
+
+        me = object()
+        deadline = monotonic() + timeout_s
+        while site in self.owner:
+            if monotonic() >= deadline:
+                raise ProfileBusy(site)
+            if on_wait:
+                on_wait()
+            sleep(min(poll_s * 5, max(0.01, deadline - monotonic())))
+        self.owner[site] = me
+        held = self.store.acquire(site, 0)
+        locks = self
+
+        class Held:
+            path, removed = held.path, held.removed
+
+            def release(self) -> None:
+                held.release()
+                if locks.owner.get(site) is me:
+                    del locks.owner[site]
+
+        return Held()
