@@ -98,10 +98,11 @@ def _check_site(r: SiteRecord, max_attempts: int, run_date: str, results: Result
     name = r.site
     if not r.is_terminal:
         v(f"{name}: not terminal ({r.run_status}/{r.site_status})")
-    counted = [a for a in r.attempts if a.outcome != Outcome.SPOT.value]
-    if r.attempt > max_attempts or len(counted) > max_attempts:
-        v(f"{name}: {len(counted)} attempts counted (attemptCount {r.attempt}), more than max_attempts "
-          f"{max_attempts}")
+    counted = len(r.attempts) - r.spot_requeues  # attempts given back (spot, busy profile) do not count
+    if r.attempt > max_attempts or counted > max_attempts:
+        v(f"{name}: {counted} attempts counted (attemptCount {r.attempt}), more than max_attempts {max_attempts}")
+    elif counted != r.attempt:
+        v(f"{name}: {len(r.attempts)} attempts, {r.spot_requeues} given back, but attemptCount is {r.attempt}")
     spans = sorted((a.start, a.end if a.end is not None else float("inf"), a.n, a.instance_id) for a in r.attempts)
     for (s1, e1, n1, i1), (s2, _, n2, i2) in zip(spans, spans[1:]):
         if e1 > s2:

@@ -187,13 +187,20 @@ class Executor:
         self.finished = Finished(a.reason, left)
         self.history("finish", reason=a.reason, left_running=left)
 
-    def drain(self, rounds: int = 20) -> int:
-        """Delete what is left of this run in the queue (duplicates, messages of dead nodes); leave the rest."""
-        deleted = 0
-        for _ in range(rounds):
+    def drain(self, max_messages: int = 1000) -> int:
+        """Delete what is left of this run in the queue (duplicates, messages put aside by nodes, messages of
+        dead nodes); leave other runs' messages alone. Messages still invisible are waited for, at most one
+        visibility timeout: every node is gone, so nobody holds them any more."""
+        deleted, seen = 0, 0
+        give_up = self.clock.monotonic() + max(30.0, self.config.run.heartbeat_timeout_s) + 5
+        while seen < max_messages:
             msg = self.queue.receive(0, 5)
             if msg is None:
-                return deleted
+                if self.queue.depth().in_flight == 0 or self.clock.monotonic() >= give_up:
+                    return deleted
+                self.clock.sleep(2.0)
+                continue
+            seen += 1
             if getattr(msg, "run_id", None) == self.run_id:
                 self.queue.delete(msg)
                 deleted += 1
