@@ -174,6 +174,7 @@ class Agent:
                 event(log, "aws-error", logging.WARNING, run_id=self.s.run_id, node=self.s.instance_id,
                       failures=failures, error=f"{type(e).__name__}: {e}")
                 self.clock.sleep(min(30.0, 2.0 ** failures))
+                idle_since = self.clock.monotonic()  # waiting out AWS is not being idle
                 continue
             if msg is None:
                 idle = self.clock.monotonic() - idle_since

@@ -68,6 +68,9 @@ def test_mixed_sites_on_a_running_stack_end_as_their_behaviour_implies(gf):
     assert stats["flaky"]["hits"] == {"1": 2, "2": 1}
 
     assert gf.status("mixed")["sites"] == s["sites"]  # status --json and the summary agree
+    assert s["check"]["ok"], s["check"]  # the run checked itself at its end
+    check = gf.run("check", "--run-id", "mixed")  # and again from outside, with the demo server's own counts
+    assert check.returncode == 0 and "OK" in check.stdout and "demo server fetches" in check.stdout, check.stdout
     assert gf.run("local", "status").returncode == 0  # a stack started by `local up` outlives the run
     down = gf.run("local", "down", timeout=60)
     assert down.returncode == 0
@@ -112,6 +115,7 @@ def test_hub_sigkilled_mid_run_then_resumed_loses_nothing_and_fetches_nothing_tw
     resumed = gf.run("run", "--local", "--config", str(cfg), "--run-id", "r1", "--resume", timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr + (gf.cwd / "hub.log").read_text()
     s = gf.summary("r1")
+    assert s["check"]["ok"], s["check"]
     assert all(v["run_status"] == "COMPLETED" for v in s["sites"].values())
     assert s["nodes"]["left_running"] == 0
     assert_no_overlap(s)
@@ -142,6 +146,7 @@ def test_run_starts_its_own_stack_and_leaves_nothing_running_even_across_a_crash
     run = gf.run("run", "--local", "--config", str(cfg), "--run-id", "own", "--resume", timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr
     s = gf.summary("own")
+    assert s["check"]["ok"], s["check"]
     assert {k: v["run_status"] for k, v in s["sites"].items()} == {"one": "COMPLETED", "two": "COMPLETED"}
     assert s["nodes"] == {"launched": 2, "left_running": 0}  # sites_per_node 1: one node per site
     assert (gf.cwd / "runs" / "own" / "results" / "two.json").is_file()
@@ -190,6 +195,7 @@ def test_a_spot_notice_mid_crawl_requeues_the_site_without_spending_an_attempt(g
     assert hub.wait(timeout=180) == 0, (gf.cwd / "hub.log").read_text()
 
     s = gf.summary("spot")
+    assert s["check"]["ok"], s["check"]
     long = s["sites"]["long"]
     assert long["run_status"] == "COMPLETED"
     assert [a["outcome"] for a in long["attempts"]] == ["spot", "completed"]
@@ -197,5 +203,50 @@ def test_a_spot_notice_mid_crawl_requeues_the_site_without_spending_an_attempt(g
     assert long["attemptCount"] == 1  # the interrupted attempt was given back
     node_log = (gf.cwd / "runs" / "spot" / "nodes" / node / "node.log").read_text()
     assert "spot-release" in node_log and "node-exit" in node_log
+    assert gf.run("local", "down", timeout=60).returncode == 0
+    assert gf.wait_no_leftovers() == []
+
+
+KILL_AGENT = """\
+run: {max_attempts: 3, hang_after_s: 20, heartbeat_timeout_s: 8, watch_interval_s: 1, deadline_s: 240}
+fleet: {max_nodes: 2, idle_exit_s: 6}
+sites:
+  - {id: victim, start_url: "{demo}/s/victim/?pages=6&delay_s=1.5"}
+  - {id: other, start_url: "{demo}/s/other/?pages=2"}
+"""
+
+
+def test_a_node_agent_sigkilled_mid_crawl_is_lost_its_instance_ended_and_the_site_retried(gf):
+    from fleet.local import procs
+
+    assert gf.run("local", "up", timeout=120).returncode == 0
+    cfg = gf.write_config("kill.yaml", KILL_AGENT)
+    hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "kill")
+    deadline = time.monotonic() + 120
+    while True:
+        assert hub.poll() is None, (gf.cwd / "hub.log").read_text()
+        st = gf.run("status", "--run-id", "kill", "--json", timeout=60)
+        site = json.loads(st.stdout)["sites"].get("victim") if st.returncode == 0 else None
+        if site and site["site_status"] in ("URL_CALL", "CALL_DONE") and site["instance_id"]:
+            node = site["instance_id"]
+            break
+        assert time.monotonic() < deadline, "the victim site never started"
+        time.sleep(0.3)
+    agents = [p for p in procs.scan(with_cmdline=True) if p.alive and p.markers.get("GRIDFLEET_INSTANCE") == node
+              and "node" in p.cmdline and "--instance-id" in p.cmdline]
+    assert len(agents) == 1, agents
+    os.kill(agents[0].pid, signal.SIGKILL)  # the agent dies; its Grid node, crawler and browser do not
+    assert hub.wait(timeout=180) == 0, (gf.cwd / "hub.log").read_text()
+
+    s = gf.summary("kill")
+    assert s["check"]["ok"], s["check"]
+    victim = s["sites"]["victim"]
+    assert victim["run_status"] == "COMPLETED"
+    assert [a["outcome"] for a in victim["attempts"]] == ["lost", "completed"]
+    assert victim["attempts"][0]["instance_id"] == node != victim["attempts"][1]["instance_id"]
+    assert "terminate" in victim["attempts"][0]["kill_path"]  # a node whose agent stopped is ended whole
+    assert not [p for p in procs.scan() if p.alive and p.markers.get("GRIDFLEET_INSTANCE") == node]
+    check = gf.run("check", "--run-id", "kill")  # /_stats agrees: no page fetched more often than attempts
+    assert check.returncode == 0, check.stdout
     assert gf.run("local", "down", timeout=60).returncode == 0
     assert gf.wait_no_leftovers() == []
