@@ -170,3 +170,34 @@ def test_config_from_terraform_names_what_is_wrong(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     p = gridfleet(tmp_path, "config", "from-terraform", "--tf-output", "bad.json")
     assert p.returncode == 2 and "gridfleet_aws.colour" in p.stderr and "Traceback" not in p.stderr
+
+
+BAD_INPUT = {
+    "malformed YAML": ("sites: [\n", "fleet.yaml:2: malformed YAML"),
+    "unknown key": ("fleet: {max_node: 2}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
+                    "fleet.yaml:1: fleet.max_node: unknown key 'max_node'"),
+    "duplicate site ids": ("sites:\n  - {id: a, start_url: 'http://a.test'}\n  - {id: a, start_url: 'http://b.test'}\n",
+                           "fleet.yaml:3: sites[1].id: duplicate site id 'a'"),
+    "missing URL": ("sites:\n  - {id: a}\n", "fleet.yaml:2: sites[0].start_url: required key is missing"),
+    "malformed URL": ("sites:\n  - {id: a, start_url: 'not a url'}\n", "fleet.yaml:2: sites[0].start_url: must be"),
+    "zero sites": ("sites: []\n", "fleet.yaml:1: sites: at least one site is required"),
+    "hang_after_s <= 0": ("run: {hang_after_s: 0}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
+                          "fleet.yaml:1: run.hang_after_s: Input should be greater than 0"),
+    "max_attempts < 1": ("run: {max_attempts: 0}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
+                         "fleet.yaml:1: run.max_attempts: Input should be greater than or equal to 1"),
+    "max_nodes < 1": ("fleet: {max_nodes: 0}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
+                      "fleet.yaml:1: fleet.max_nodes: Input should be greater than or equal to 1"),
+    "unknown crawler": ("sites:\n  - {id: a, start_url: 'http://a.test', crawler: shop}\n",
+                        "fleet.yaml:2: sites[0].crawler: unknown crawler 'shop'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_each_kind_of_bad_input_stops_the_run_before_anything_starts(tmp_path, case):
+    text, expected = BAD_INPUT[case]
+    (tmp_path / "fleet.yaml").write_text(text)
+    p = gridfleet(tmp_path, "run", "--local", "--config", "fleet.yaml")
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith(f"gridfleet: error: {expected}"), p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
+    assert not (tmp_path / "home").exists()  # no stack, no node, nothing
