@@ -107,11 +107,19 @@ data "aws_iam_policy_document" "hub" {
     resources = [aws_dynamodb_table.status.arn]
   }
 
-  # fleet.queue: enqueueing the sites; the queue depths and, at the end of a run, a look at what is left
-  # in the queue and the DLQ (hub.check peeks with visibility 0).
+  # fleet.queue: enqueueing the sites; deleting the message of an attempt whose node died (its receipt is on
+  # the record); at the finish, draining the run's leftovers (other runs' messages are put back), the queue
+  # depths, and hub.check's look at the queue and the DLQ (received with visibility 0).
   statement {
     sid       = "SiteQueue"
-    actions   = ["sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:SendMessage"]
+    actions = [
+      "sqs:ChangeMessageVisibility",
+      "sqs:DeleteMessage",
+      "sqs:GetQueueAttributes",
+      "sqs:GetQueueUrl",
+      "sqs:ReceiveMessage",
+      "sqs:SendMessage",
+    ]
     resources = local.queue_arns
   }
 

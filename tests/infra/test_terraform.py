@@ -61,7 +61,8 @@ STARTER_ACTIONS = {
 EXPECTED_ACTIONS = {
     "hub": {
         "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem",
-        "sqs:GetQueueUrl", "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:ReceiveMessage",
+        "sqs:GetQueueUrl", "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:ReceiveMessage", "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
         "s3:ListBucket", "s3:GetObject", "s3:PutObject",
         "ec2:DescribeInstances", "ec2:GetConsoleOutput", "ec2:RunInstances", "ec2:CreateTags",
         "ec2:TerminateInstances",
