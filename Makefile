@@ -11,8 +11,9 @@ setup:
 
 # A crawl of the 80 demo sites on the embedded default. Some demo sites are
 # built to fail, so exit code 3 ("finished, some sites FAILED") is the expected end.
+# Each demo is a run of its own (run id demo-<UTC time>), so it can be repeated.
 demo: setup
-	@rc=0; $(GRIDFLEET) run --local --config examples/demo.yaml || rc=$$?; \
+	@rc=0; $(GRIDFLEET) run --local --config examples/demo.yaml --run-id demo-$$(date -u +%Y%m%dT%H%M%SZ) || rc=$$?; \
 	if [ $$rc -eq 3 ]; then echo "demo: finished; the sites built to fail are FAILED, as intended (exit 3)"; \
 	elif [ $$rc -ne 0 ]; then exit $$rc; fi
 

@@ -58,6 +58,29 @@ def export_finished(table: StateTable, results: ResultStore, run_id: str, out: P
     return 3 if summary["counts"]["FAILED"] else 0
 
 
+def finished_export(out: Path, run_id: str) -> dict[str, Any] | None:
+    """The summary a finished run of this id exported under `out`, if any."""
+    import json
+
+    path = out / run_id / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("finished_at") else None
+
+
+def report_finished_export(summary: dict[str, Any], path: Path, run_id: str, resume: bool, console: Console) -> int:
+    """A finished run on the embedded default: `--resume` reports it; a new run of its id is refused."""
+    if not resume:
+        raise UsageError(f"run {run_id} already finished ({path}); pass --run-id to start another, "
+                         f"or --resume to see how it ended")
+    counts = summary.get("counts") or {}
+    print_sites(console, run_id, summary.get("sites") or {}, counts)
+    console.print(f"run {run_id} had already finished; nothing to resume. summary: {path}")
+    return 3 if counts.get("FAILED") else EXIT_OK
+
+
 def _term_as_interrupt() -> None:
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -111,6 +134,10 @@ def run_local(args: argparse.Namespace, config: Config, run_id: str, console: Co
     local_env.preflight(config)
     stack = local_env.make_stack(home, config, progress=lambda m: log.info("stack: %s", m))
     state = stack.running()
+    # moto keeps nothing once its stack stops: a run that finished lives on only in its export.
+    done = finished_export(args.out, run_id)
+    if state is None and done is not None:
+        return report_finished_export(done, args.out / run_id / "summary.json", run_id, args.resume, console)
     started_here = state is None  # this run owns the stack: it stops it however the run ends
     adopted = state is not None and state.owner_run == run_id  # a crashed earlier hub of this run started it
     if state is None:
@@ -122,6 +149,9 @@ def run_local(args: argparse.Namespace, config: Config, run_id: str, console: Co
         clock = SystemClock()
         provider = env.provider(run_id, clock)
         existing = env.table.get_run(run_id)
+        if existing is None and done is not None:
+            finished = True
+            return report_finished_export(done, args.out / run_id / "summary.json", run_id, args.resume, console)
         hub_id = local_hub_id()
         check_existing(existing, run_id, args.resume, provider.hub_alive, hub_id)
         if existing is not None and existing.finished:

@@ -156,13 +156,12 @@ def test_run_starts_its_own_stack_and_leaves_nothing_running_even_across_a_crash
     assert gf.run("local", "status").returncode == 1  # nothing is up
     # With the stack gone, status falls back to the exported summary.
     assert gf.status("own")["sites"] == s["sites"]
-    # The same run id again on a new stack (`make demo` twice in a day): a fresh run, nothing stale from the last.
-    again = gf.run("run", "--local", "--config", str(cfg), "--run-id", "own", timeout=180)
-    assert again.returncode == 0, again.stdout + again.stderr
-    s2 = gf.summary("own")
-    assert all(v["attemptCount"] == 1 and v["run_status"] == "COMPLETED" for v in s2["sites"].values())
-    assert s2["nodes"]["launched"] == 2 and len(list((gf.cwd / "runs" / "own" / "nodes").iterdir())) >= 2
-    assert gf.wait_no_leftovers() == []
+    # The same run id again once its stack is gone: refused, and --resume reports it from the export.
+    again = gf.run("run", "--local", "--config", str(cfg), "--run-id", "own", timeout=60)
+    assert again.returncode == 2 and "already finished" in again.stderr, again.stdout + again.stderr
+    told = gf.run("run", "--local", "--config", str(cfg), "--run-id", "own", "--resume", timeout=60)
+    assert told.returncode == 0 and "had already finished" in told.stdout, told.stdout + told.stderr
+    assert gf.summary("own") == s and not gf.stack_file.exists()  # nothing crawled, nothing started
 
 
 SPOT = """\

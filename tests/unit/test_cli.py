@@ -201,3 +201,38 @@ def test_each_kind_of_bad_input_stops_the_run_before_anything_starts(tmp_path, c
     assert p.stderr.startswith(f"gridfleet: error: {expected}"), p.stderr
     assert "Traceback" not in p.stderr and p.stdout == ""
     assert not (tmp_path / "home").exists()  # no stack, no node, nothing
+
+
+def _finished_export(tmp_path: Path, run_id: str, failed: int) -> None:
+    import json
+
+    (tmp_path / "fleet.yaml").write_text("sites:\n  - {id: a, start_url: '{demo}/s/a/'}\n")
+    run_dir = tmp_path / "runs" / run_id
+    run_dir.mkdir(parents=True)
+    status = "FAILED" if failed else "COMPLETED"
+    sites = {"a": {"run_status": status, "site_status": status, "attemptCount": 1, "attempts": [],
+                   "failure_reason": "error: x" if failed else None, "result_key": None, "error": None,
+                   "instance_id": "n1", "lastUpdateEpoch": 2.0}}
+    (run_dir / "summary.json").write_text(json.dumps({
+        "run_id": run_id, "started_at": 1.0, "finished_at": 2.0, "sites": sites,
+        "counts": {"COMPLETED": 1 - failed, "FAILED": failed}}))
+
+
+@pytest.mark.parametrize("failed, code", [(0, 0), (1, 3)])
+def test_resuming_a_finished_local_run_reports_it_and_starts_nothing(tmp_path, failed, code):
+    # moto's state went with the stack that ran it: only runs/<id>/summary.json is left, and it is enough.
+    _finished_export(tmp_path, "r1", failed)
+    p = gridfleet(tmp_path, "run", "--local", "--resume", "--run-id", "r1")
+    assert p.returncode == code, p.stderr
+    assert "had already finished" in p.stdout and "runs/r1/summary.json" in p.stdout
+    assert not (tmp_path / "home" / "local").exists()  # no stack was started
+
+
+def test_a_new_run_with_the_id_of_a_finished_local_run_is_refused(tmp_path):
+    _finished_export(tmp_path, "r1", 0)
+    before = (tmp_path / "runs" / "r1" / "summary.json").read_bytes()
+    p = gridfleet(tmp_path, "run", "--local", "--run-id", "r1")
+    assert p.returncode == 2 and "run r1 already finished" in p.stderr and "--run-id" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert (tmp_path / "runs" / "r1" / "summary.json").read_bytes() == before
+    assert not (tmp_path / "home" / "local").exists()
