@@ -57,6 +57,7 @@ def site_to_item(r: SiteRecord) -> dict[str, Any]:
         "enqueued": r.enqueued,
         "pages": num(r.pages),
         "spot_requeues": num(r.spot_requeues),
+        "attemptBase": num(r.attempt_base),
         "spec": {
             "start_url": r.spec.start_url,
             "crawler": r.spec.crawler,
@@ -118,6 +119,7 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
         kill_path=i.get("kill_path"),
         receipt=i.get("receipt"),
         spot_requeues=int(i.get("spot_requeues", 0)),
+        attempt_base=int(i.get("attemptBase", 0)),
         attempts=tuple(
             Attempt(int(a["n"]), a["instance_id"], a["start"], a.get("end"), a.get("outcome"), a.get("kill_path"))
             for a in i.get("attempts", [])
@@ -143,6 +145,7 @@ class RunInfo:
     launch_failures: int = 0  # launches in a row that started no node
     launch_error: str | None = None  # the last launch error
     launch_retry_at: float | None = None  # hub clock: no launch before this (backoff)
+    reruns: int = 0  # times an operator reopened the run (`gridfleet rerun`); each brings a new launch budget
 
     @property
     def finished(self) -> bool:
@@ -159,6 +162,7 @@ def run_to_item(r: RunInfo) -> dict[str, Any]:
         "run_date": r.run_date,
         "nodes_launched": num(r.nodes_launched),
         "launch_failures": num(r.launch_failures),
+        "reruns": num(r.reruns),
     }
     for k, v in (("hub_id", r.hub_id), ("hub_heartbeat", r.hub_heartbeat), ("finished_at", r.finished_at),
                  ("expireAt", r.expire_at), ("launch_error", r.launch_error), ("launch_retry_at", r.launch_retry_at)):
@@ -183,6 +187,7 @@ def item_to_run(item: Mapping[str, Any]) -> RunInfo:
         launch_failures=int(i.get("launch_failures", 0)),
         launch_error=i.get("launch_error"),
         launch_retry_at=i.get("launch_retry_at"),
+        reruns=int(i.get("reruns", 0)),
     )
 
 
@@ -200,6 +205,7 @@ class NodeInfo:
     sites_done: int = 0
     expire_at: int | None = None
     error: str | None = None  # why it could not work (state boot-failed)
+    stats: Mapping[str, Any] | None = None  # the node's job counters (`fleet.metrics.JobStats.to_plain`)
 
 
 def node_to_item(n: NodeInfo) -> dict[str, Any]:
@@ -219,6 +225,8 @@ def node_to_item(n: NodeInfo) -> dict[str, Any]:
         item["expireAt"] = num(n.expire_at)
     if n.error is not None:
         item["error"] = n.error[:1000]
+    if n.stats:
+        item["stats"] = _plain_to_item(n.stats)
     return item
 
 
@@ -235,6 +243,7 @@ def item_to_node(item: Mapping[str, Any]) -> NodeInfo:
         sites_done=int(i.get("sites_done", 0)),
         expire_at=i.get("expireAt"),
         error=i.get("error"),
+        stats=i.get("stats"),
     )
 
 

@@ -53,6 +53,10 @@ class FleetConfig(_Model):
     max_launches: int | None = Field(
         None, ge=1, description="launches allowed per run; default 3 x max_nodes + sites"
     )
+    hourly_price: dict[str, float] = Field(
+        default_factory=lambda: {"t3.medium": 0.0156, "t3a.medium": 0.0141, "local": 0.0},
+        description="USD per node-hour by instance type, for the report's cost estimate (spot prices vary: set yours)",
+    )
 
 
 class AwsConfig(_Model):
@@ -72,6 +76,9 @@ class AwsConfig(_Model):
     key_name: str | None = None
     node_launch_template: str | None = Field(
         None, description="launch nodes from this template (type, subnet, market and user-data overridden)"
+    )
+    hub_launch_template: str | None = Field(
+        None, description="`gridfleet rerun` on AWS starts a hub from this template when none runs"
     )
     result_ttl_days: int = Field(1, ge=1, description="expireAt = run end + this many days")
     max_retries: int = Field(8, ge=0, description="botocore 'standard' retry attempts per call")
@@ -111,6 +118,22 @@ class AwsConfig(_Model):
         if v is not None and urlsplit(v).scheme not in ("http", "https"):
             raise ValueError("must be an http(s) URL")
         return v
+
+
+class HubConfig(_Model):
+    """The hub's HTTP server: the live dashboard, /status and /metrics (Prometheus)."""
+
+    http: bool = Field(True, description="serve the dashboard, /status and /metrics while the run goes")
+    bind: str = Field("127.0.0.1", description="address to listen on; 0.0.0.0 exposes it to the network")
+    port: int = Field(8787, ge=0, le=65535, description="0 = any free port (logged at start)")
+
+
+class MetricsConfig(_Model):
+    """Custom metrics in CloudWatch (the hub's fleet gauges, each node's jobs and heartbeat)."""
+
+    cloudwatch: bool = Field(False, description="put_metric_data from the hub and the nodes")
+    namespace: str = Field("gridfleet", min_length=1, max_length=255)
+    interval_s: float = Field(60, gt=0, description="the hub publishes its gauges at most this often")
 
 
 class BrowserConfig(_Model):
@@ -182,6 +205,8 @@ class Config(_Model):
     aws: AwsConfig = Field(default_factory=AwsConfig)
     browser: BrowserConfig = Field(default_factory=BrowserConfig)
     local: LocalConfig = Field(default_factory=LocalConfig)
+    hub: HubConfig = Field(default_factory=HubConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     sites: tuple[SiteConfig, ...] = Field(min_length=1)
 
     @field_validator("sites", mode="after")
@@ -224,7 +249,9 @@ __all__ = [
     "Config",
     "DEMO_PLACEHOLDER",
     "FleetConfig",
+    "HubConfig",
     "LocalConfig",
+    "MetricsConfig",
     "RunConfig",
     "SiteConfig",
 ]

@@ -20,6 +20,7 @@ from fleet.codec import (
 )
 from fleet.errors import StaleWrite
 from fleet.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
+from fleet.results import aside_key
 from fleet.state import SiteRecord
 from fleet.table import RunIndexEntry, RunRows
 
@@ -83,6 +84,9 @@ class MemoryStateTable:
         with self._lock:
             item = self.items[(run_id, RUN_ITEM)]
             for k, v in fields.items():
+                if v is None:
+                    item.pop(_RUN_FIELDS[k], None)
+                    continue
                 item[_RUN_FIELDS[k]] = num(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
 
     def add_launched(self, run_id: str, count: int) -> None:
@@ -206,3 +210,10 @@ class MemoryResults:
 
     def keys(self, prefix: str) -> list[str]:
         return sorted(k for k in self.objects if k.startswith(prefix))
+
+    def set_aside(self, key: str, suffix: str) -> str | None:
+        if key not in self.objects:
+            return None
+        new = aside_key(key, suffix)
+        self.objects[new] = self.objects.pop(key)
+        return new

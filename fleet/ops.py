@@ -100,7 +100,7 @@ def end_attempt(table: StateTable, rec: SiteRecord, *, outcome: Outcome, reason:
     if reason in GIVEN_BACK and rec.spot_requeues < spot_cap:
         new = transition(rec, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False,
                          attempt=rec.attempt - 1, spot_requeues=rec.spot_requeues + 1, **common)
-    elif rec.attempt < max_attempts:
+    elif rec.attempt - rec.attempt_base < max_attempts:
         new = transition(rec, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False,
                          **common)
     else:
@@ -115,6 +115,16 @@ def fail_now(table: StateTable, rec: SiteRecord, reason: Reason, now: float, *, 
     new = transition(rec, run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED, failure_reason=str(reason),
                      last_update=now, kill_reason=None, attempts=_close(rec, now, outcome), receipt=None,
                      **({"error": error} if error else {}))
+    return table.write(rec, new)
+
+
+def reopen(table: StateTable, rec: SiteRecord, now: float, spec: SiteSpec | None = None) -> SiteRecord:
+    """An operator's rerun: a FAILED (or, forced, COMPLETED) site is QUEUED again with max_attempts fresh attempts.
+
+    The history of its attempts stays; the message is sent by `send_next`, as for any requeue."""
+    new = transition(rec, reopen=True, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False,
+                     attempt_base=rec.attempt, failure_reason=None, error=None, kill_reason=None, result_key=None,
+                     url=None, receipt=None, last_update=now, **({"spec": spec} if spec is not None else {}))
     return table.write(rec, new)
 
 

@@ -23,11 +23,19 @@ def result_key(site: str, run_date: str) -> str:
     return f"{site}/{run_date}/result.json"
 
 
+def aside_key(key: str, suffix: str) -> str:
+    """`site/20261121/result.json` -> `site/20261121/result.replaced-<suffix>.json` (kept, no longer the result)."""
+    stem, dot, ext = key.rpartition(".")
+    return f"{stem}.replaced-{suffix}.{ext}" if dot else f"{key}.replaced-{suffix}"
+
+
 class ResultStore(Protocol):
     def exists(self, key: str) -> bool: ...
     def put_new(self, key: str, body: bytes) -> bool: ...
     def get(self, key: str) -> bytes: ...
     def keys(self, prefix: str) -> list[str]: ...
+    def set_aside(self, key: str, suffix: str) -> str | None:
+        """Move a result out of the way (a forced rerun); returns where it went, None if there was none."""
 
 
 class S3ResultStore:
@@ -65,6 +73,15 @@ class S3ResultStore:
 
     def get(self, key: str) -> bytes:
         return self._c.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+    def set_aside(self, key: str, suffix: str) -> str | None:
+        if not self.exists(key):
+            return None
+        new = aside_key(key, suffix)
+        self._c.copy_object(Bucket=self.bucket, Key=new, CopySource={"Bucket": self.bucket, "Key": key},
+                            TaggingDirective="COPY")
+        self._c.delete_object(Bucket=self.bucket, Key=key)
+        return new
 
     def keys(self, prefix: str) -> list[str]:
         out: list[str] = []

@@ -85,6 +85,13 @@ RUN_TRANSITIONS: dict[RunStatus, dict[RunStatus, str]] = {
     RunStatus.FAILED: {},
 }
 
+# Terminal is terminal for hub and nodes. Only an operator's rerun (`transition(..., reopen=True)`, through
+# `ops.reopen` alone) opens a site again, with max_attempts fresh attempts.
+REOPEN_TRANSITIONS: dict[RunStatus, dict[RunStatus, str]] = {
+    RunStatus.COMPLETED: {RunStatus.QUEUED: "operator: `rerun --force` (the old result is set aside)"},
+    RunStatus.FAILED: {RunStatus.QUEUED: "operator: `rerun` (the site failed for good)"},
+}
+
 # Legal moves of site_status within an attempt; a new attempt always restarts at PENDING.
 SITE_TRANSITIONS: dict[SiteStatus, frozenset[SiteStatus]] = {
     SiteStatus.PENDING: frozenset({SiteStatus.RUNNING, SiteStatus.COMPLETED, SiteStatus.FAILED}),
@@ -148,6 +155,7 @@ class SiteRecord:
     kill_path: str | None = None  # how the last kill was done: watchdog, local, ssm, ssh, terminate
     receipt: str | None = None  # the SQS receipt handle of the current attempt's message (to delete it)
     spot_requeues: int = 0  # attempts given back (spot interruption, profile busy), capped
+    attempt_base: int = 0  # attemptCount when an operator last reran the site: max_attempts counts from here
     attempts: tuple[Attempt, ...] = ()
     expire_at: int | None = None
 
@@ -165,7 +173,7 @@ class SiteRecord:
         return f"attempt {self.attempt} on {self.instance_id or '-'} at version {self.version}"
 
 
-def transition(old: SiteRecord, *, bump: bool = True, **changes: Any) -> SiteRecord:
+def transition(old: SiteRecord, *, bump: bool = True, reopen: bool = False, **changes: Any) -> SiteRecord:
     """The new record after `changes`, if the move is legal; raises IllegalTransition if not.
 
     `bump=False` is for writes that change no status (heartbeats, the `enqueued`
@@ -176,7 +184,11 @@ def transition(old: SiteRecord, *, bump: bool = True, **changes: Any) -> SiteRec
     if new.run_status != old.run_status or new.site_status != old.site_status:
         if not bump:
             raise IllegalTransition(old.site, "status change without a version bump", old.run_status, new.run_status)
-        _check(old, new)
+        if reopen:
+            if new.run_status not in REOPEN_TRANSITIONS.get(old.run_status, {}):
+                raise IllegalTransition(old.site, "reopen", old.run_status, new.run_status)
+        else:
+            _check(old, new)
     if new.site_status not in _SITE_FOR_RUN[new.run_status]:
         raise IllegalTransition(old.site, "run_status/site_status pair", new.run_status, new.site_status)
     if new.attempt < 0 or (new.attempt != old.attempt and new.run_status is RunStatus.RUN

@@ -55,7 +55,7 @@ class StateTable(Protocol):
 _RUN_FIELDS = {"status": "status", "hub_id": "hub_id", "hub_heartbeat": "hub_heartbeat",
                "finished_at": "finished_at", "expire_at": "expireAt", "deadline_at": "deadline_at",
                "launch_failures": "launch_failures", "launch_error": "launch_error",
-               "launch_retry_at": "launch_retry_at"}
+               "launch_retry_at": "launch_retry_at", "reruns": "reruns"}
 
 
 def fence_condition(old: SiteRecord) -> tuple[str, dict[str, Any], dict[str, str]]:
@@ -181,13 +181,18 @@ class DynamoStateTable:
         return item_to_run(self._dec(out["Item"])) if "Item" in out else None
 
     def update_run(self, run_id: str, **fields: Any) -> None:
-        names, values, parts = {}, {}, []
+        """Set fields of the run item; a field given as None is removed."""
+        names, values, parts, removes = {}, {}, [], []
         for i, (k, v) in enumerate(fields.items()):
             names[f"#f{i}"] = _RUN_FIELDS[k]
+            if v is None:
+                removes.append(f"#f{i}")
+                continue
             values[f":f{i}"] = num(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
             parts.append(f"#f{i} = :f{i}")
+        update = ("SET " + ", ".join(parts) if parts else "") + (" REMOVE " + ", ".join(removes) if removes else "")
         self._c.update_item(
-            TableName=self.name, Key=self._key(run_id, RUN_ITEM), UpdateExpression="SET " + ", ".join(parts),
+            TableName=self.name, Key=self._key(run_id, RUN_ITEM), UpdateExpression=update.strip(),
             ConditionExpression="attribute_exists(Site)", ExpressionAttributeNames=names,
             ExpressionAttributeValues=self._enc(values),
         )

@@ -99,7 +99,7 @@ def _check_site(r: SiteRecord, max_attempts: int, run_date: str, results: Result
     if not r.is_terminal:
         v(f"{name}: not terminal ({r.run_status}/{r.site_status})")
     counted = len(r.attempts) - r.spot_requeues  # attempts given back (spot, busy profile) do not count
-    if r.attempt > max_attempts or counted > max_attempts:
+    if r.attempt - r.attempt_base > max_attempts or counted - r.attempt_base > max_attempts:
         v(f"{name}: {counted} attempts counted (attemptCount {r.attempt}), more than max_attempts {max_attempts}")
     elif counted != r.attempt:
         v(f"{name}: {len(r.attempts)} attempts, {r.spot_requeues} given back, but attemptCount is {r.attempt}")

@@ -61,6 +61,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print what would be done; start nothing")
     p.add_argument("--out", type=Path, default=Path("runs"), help="where runs/<run_id>/ goes (default: %(default)s)")
 
+    p = sub.add_parser("rerun", help="crawl chosen sites of a run again, or all its FAILED sites (--failed)",
+                       description="Queue the sites again with max_attempts fresh attempts, through the same hub and "
+                                   "nodes. On the embedded default this drives the run to its end on the running "
+                                   "local stack; on AWS it starts a hub from aws.hub_launch_template when none runs. "
+                                   "With --config on the embedded default, reopened sites take their spec from it.")
+    p.add_argument("sites", nargs="*", metavar="SITE", help="site ids to crawl again")
+    p.add_argument("--failed", action="store_true", help="every FAILED site of the run")
+    p.add_argument("--force", action="store_true",
+                   help="also crawl sites that have a result (the old one is kept as result.replaced-<time>.json)")
+    p.add_argument("--run-id", type=_run_id, help="default: the latest run")
+    p.add_argument("--config", help="fleet.yaml: the run is on AWS (or, with --local, the sites' specs)")
+    p.add_argument("--local", action="store_true", help="the run is on the local stack (the default without --config)")
+    p.add_argument("--out", type=Path, default=Path("runs"), help="where runs/<run_id>/ goes (default: %(default)s)")
+
     p = sub.add_parser("render", help="print the cloud-init user-data of the hub or of a node",
                        description="Print the rendered cloud-config (for the launch template, or to review it).")
     p.add_argument("role", choices=("hub", "node"))
@@ -92,6 +106,24 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(default: the local stack, else runs/<run_id>/summary.json)")
     p.add_argument("--local", action="store_true", help="read the run on the local stack")
     p.add_argument("--out", type=Path, default=Path("runs"), help="where to look for summaries (default: %(default)s)")
+
+    p = sub.add_parser("watch", help="follow a run live until it finishes: progress bar, counts, open sites",
+                       description="Refreshes every --interval seconds until the run finishes; exits 0 when every "
+                                   "site COMPLETED, 3 when some FAILED (as `run` does).")
+    p.add_argument("--run-id", type=_run_id, help="default: the latest run")
+    p.add_argument("--config", help="follow the run on AWS, in the resources this fleet.yaml names")
+    p.add_argument("--local", action="store_true", help="follow the run on the local stack")
+    p.add_argument("--out", type=Path, default=Path("runs"), help="where to look for summaries (default: %(default)s)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default: %(default)s)")
+
+    p = sub.add_parser("report", help="write a self-contained HTML report of a run (timeline, cost, diff)",
+                       description="One HTML file: the sites, a timeline of every attempt on every node, durations, "
+                                   "estimated cost (node-seconds x fleet.hourly_price) and the difference from the "
+                                   "previous run under the same runs directory.")
+    p.add_argument("--run-id", type=_run_id, help="default: the latest run under --runs")
+    p.add_argument("--out", type=Path, help="the HTML file (default: runs/<run_id>/report.html)")
+    p.add_argument("--runs", type=Path, default=Path("runs"), help="where the runs' summaries are (default: %(default)s)")
+    p.add_argument("--config", help="fleet.yaml whose fleet.hourly_price prices the node-seconds")
 
     p = sub.add_parser("check", help="assert a finished run kept every promise (exit 0) or list what broke (exit 1)",
                        description="Every site terminal; attempts within max_attempts and never overlapping; one "
@@ -149,6 +181,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 # --- aws: render, bootstrap, bundle ------------------------------------------------------------
+def cmd_rerun(args: argparse.Namespace, console: Console) -> int:
+    return run_cmd.cmd_rerun(args, console, load_config)
+
+
 def cmd_render(args: argparse.Namespace, console: Console) -> int:
     return aws_cmd.cmd_render(args, console, load_config(args.config))
 
@@ -213,24 +249,75 @@ def _source(args: argparse.Namespace) -> Source | None:
                   env.queue, env.config, state.demo_url)
 
 
-def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    src = _source(args)
-    run_id = args.run_id or (src.latest() if src else None)
-    data = None
+def _status_data(src: Source | None, run_id: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    """The `status --json` shape (plus `finished`): from the live records, else from the run's summary.json."""
     if src is not None and run_id:
         rows = src.table.read_run(run_id)
         if rows.run is not None:
-            data = {"run_id": run_id, "sites": {r.site: site_entry(r) for r in sorted(rows.sites, key=lambda r: r.site)},
-                    "counts": counts(rows.sites)}
-        elif src.where == "aws":
+            return {"run_id": run_id, "sites": {r.site: site_entry(r) for r in sorted(rows.sites, key=lambda r: r.site)},
+                    "counts": counts(rows.sites), "finished": rows.run.finished}
+        if src.where == "aws":
             raise MissingResource(f"there is no run {run_id} in the table {args.config} names")
-    if data is None:
-        data = _status_from_summary(args.out, run_id)
+    return {**_status_from_summary(args.out, run_id), "finished": True}
+
+
+def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    src = _source(args)
+    run_id = args.run_id or (src.latest() if src else None)
+    data = _status_data(src, run_id, args)
     if args.json:
+        data.pop("finished")
         print(json.dumps(data, indent=2))
     else:
         print_sites(console, data["run_id"], data["sites"], data["counts"], limit_full=10**6)
     return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from fleet.config import FleetConfig
+    from hub.report import write_report
+
+    if args.run_id:
+        path = args.runs / args.run_id / "summary.json"
+    else:
+        found = sorted(args.runs.glob("*/summary.json"), key=lambda p: p.stat().st_mtime) if args.runs.is_dir() else []
+        if not found:
+            raise MissingResource(f"no run to report on: no {args.runs}/*/summary.json (a run writes it when it ends)")
+        path = found[-1]
+    if not path.is_file():
+        raise MissingResource(f"no {path}: a run writes its summary when it ends (see `gridfleet status` meanwhile)")
+    prices = load_config(args.config).fleet.hourly_price if args.config else FleetConfig().hourly_price
+    out = args.out or path.parent / "report.html"
+    try:
+        write_report(path, out, prices=prices)
+    except ValueError as e:
+        raise UsageError(f"{path}: not a run summary: {e}") from None
+    console.print(f"report: {out}")
+    return EXIT_OK
+
+
+def cmd_watch(args: argparse.Namespace, console: Console) -> int:
+    from hub.views import watch
+
+    src = _source(args)
+    run_id = args.run_id or (src.latest() if src else None)
+    first = _status_data(src, run_id, args)
+    run_id = first["run_id"]
+    state = {"data": first}
+
+    def fetch() -> dict[str, Any]:
+        try:
+            state["data"] = _status_data(src, run_id, args)
+        except MissingResource:
+            raise
+        except Exception as e:  # noqa: BLE001 - the local stack stops when its run ends: the summary tells the end
+            try:
+                state["data"] = {**_status_from_summary(args.out, run_id), "finished": True}
+            except MissingResource:
+                log.warning("watch: cannot read run %s right now (%s); trying again", run_id, e)
+        return state["data"]
+
+    return watch(fetch, console, interval_s=args.interval)
 
 
 def _status_from_summary(out: Path, run_id: str | None) -> dict[str, Any]:
@@ -324,6 +411,9 @@ COMMANDS = {
     "bundle": cmd_bundle,
     "config": cmd_config,
     "status": cmd_status,
+    "watch": cmd_watch,
+    "report": cmd_report,
+    "rerun": cmd_rerun,
     "check": cmd_check,
     "teardown": cmd_teardown,
     "local": cmd_local,

@@ -22,10 +22,11 @@ from fleet.table import StateTable
 from hub.actions import Plan
 from hub.control.base import NodeControl
 from hub.executor import Executor, Finished
+from hub.monitor import HubMonitor
 from hub.plan import plan
 from hub.providers.base import ComputeProvider
 from hub.snapshot import Observations, Snapshot, observe
-from hub.summary import build_summary, export
+from hub.summary import build_summary, export, instances_section
 
 log = logging.getLogger("gridfleet.hub")
 
@@ -45,7 +46,8 @@ class RunOutcome:
 class Hub:
     def __init__(self, *, run_id: str, config: Config, table: StateTable, queue: SiteQueue,
                  results: ResultStore, provider: ComputeProvider, control: NodeControl, clock: Clock,
-                 out_dir: Path, hub_id: str, min_sleep_s: float = 0.2, max_tick_failures: int = 20):
+                 out_dir: Path, hub_id: str, min_sleep_s: float = 0.2, max_tick_failures: int = 20,
+                 monitor: HubMonitor | None = None):
         self.run_id = run_id
         self.config = config
         self.table = table
@@ -57,6 +59,7 @@ class Hub:
         self.hub_id = hub_id
         self.min_sleep_s = min_sleep_s
         self.max_tick_failures = max_tick_failures
+        self.monitor = monitor
         self.obs = Observations()
         self.executor = Executor(run_id=run_id, config=config, table=table, queue=queue, provider=provider,
                                  control=control, clock=clock, hub_id=hub_id, expire_at=self._expire_at)
@@ -90,7 +93,16 @@ class Hub:
             self.table.update_run(self.run_id, hub_heartbeat=now, hub_id=self.hub_id)
             self._last_beat = now
         self._progress(snap)
+        self._monitor(snap)
         return snap, p
+
+    def _monitor(self, snap: Snapshot, finished: bool = False) -> None:
+        if self.monitor is None:
+            return
+        try:
+            self.monitor.observe(snap, finished)
+        except Exception as e:  # noqa: BLE001 - the dashboard and metrics never stop a run
+            log.warning("monitor-failed error=%s: %s", type(e).__name__, e)
 
     def _progress(self, snap: Snapshot) -> None:
         c = snap.counts()
@@ -132,6 +144,12 @@ class Hub:
         summary = build_summary(rows.run, rows.sites, left_running=fin.left_running, finished_at=now,
                                 finish_reason=fin.reason)
         try:
+            types = {i.id: i.instance_type for i in self.provider.list(self.run_id)}
+        except Exception as e:  # noqa: BLE001 - instance types are for the report's cost only
+            log.warning("instance-types-unavailable error=%s", e)
+            types = {}
+        summary["instances"] = instances_section(rows.nodes, types)
+        try:
             depth = self.queue.depth()
             summary["queue"] = {"visible": depth.visible, "in_flight": depth.in_flight, "dlq": depth.dlq}
             if depth.dlq:
@@ -141,6 +159,8 @@ class Hub:
             log.warning("queue-depth-unavailable error=%s", e)
         path = export(self.out_dir, summary, rows.sites, self.results)
         self.table.update_run(self.run_id, status="FINISHED", finished_at=now)
+        if self.monitor is not None:
+            self._monitor(self.snapshot(now), finished=True)
         c = summary["counts"]
         failed = c[RunStatus.FAILED.value]
         event(log, "run-finished", run_id=self.run_id, reason=fin.reason, completed=c["COMPLETED"], failed=failed,

@@ -172,7 +172,8 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
     live = len(s.live_instances) - len(doomed)
     wanted = min(fleet_cfg.max_nodes, open_count)
     launched = s.run.nodes_launched if s.run is not None else 0
-    room = max(0, config.launch_budget - launched)
+    reruns = s.run.reruns if s.run is not None else 0
+    room = max(0, config.launch_budget * (1 + reruns) - launched)
     retry_at = s.run.launch_retry_at if s.run is not None else None
     if wanted > live and room > 0:
         if retry_at is not None and now < retry_at:

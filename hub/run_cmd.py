@@ -22,11 +22,14 @@ from fleet.clock import SystemClock
 from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.errors import UsageError
+from fleet.logs import event
+from fleet.metrics import CloudWatchSink
 from fleet.results import ResultStore
 from fleet.table import StateTable
 from hub import aws_env, local_env
 from hub.check import CheckReport, attach, check_run
 from hub.loop import EXIT_OK, Hub, RunOutcome
+from hub.monitor import HubMonitor
 from hub.providers.local import local_hub_id
 from hub.summary import build_summary, export, site_entry
 from hub.views import print_sites
@@ -88,14 +91,41 @@ def _term_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def monitor_for(run_id: str, config: Config, queue: Any, clients: Any, clock: Any) -> HubMonitor:
+    cw = CloudWatchSink(clients.client("cloudwatch") if config.metrics.cloudwatch else None,
+                        config.metrics.namespace, clock)
+    return HubMonitor(run_id, config, queue, clock, cw)
+
+
+def _serve(hub: Hub) -> Any:
+    """The dashboard, /status and /metrics while the run goes; a port in use costs the dashboard, not the run."""
+    cfg = hub.config.hub
+    if not cfg.http or hub.monitor is None:
+        return None
+    from hub.http_server import HubServer
+
+    try:
+        server = HubServer(hub.monitor.status, hub.monitor.registry, bind=cfg.bind, port=cfg.port).start()
+    except OSError as e:
+        log.warning("dashboard-unavailable bind=%s port=%d error=%s (set hub.port, or 0 for any free port)",
+                    cfg.bind, cfg.port, e)
+        return None
+    event(log, "dashboard", run_id=hub.run_id, url=server.url, metrics=server.url + "metrics")
+    return server
+
+
 def _drive(hub: Hub) -> RunOutcome:
     _term_as_interrupt()
+    server = _serve(hub)
     try:
         return hub.run()
     except KeyboardInterrupt:
         log.warning("interrupted: terminating the run's nodes")
         hub.executor.teardown(why="interrupted")
         raise
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def _report(console: Console, table: StateTable, run_id: str, outcome: RunOutcome, extra: str = "",
@@ -159,7 +189,8 @@ def run_local(args: argparse.Namespace, config: Config, run_id: str, console: Co
             return export_finished(env.table, env.results, run_id, args.out, console)
         env.write_config(run_id)
         hub = Hub(run_id=run_id, config=env.config, table=env.table, queue=env.queue, results=env.results,
-                  provider=provider, control=env.control(run_id), clock=clock, out_dir=args.out, hub_id=hub_id)
+                  provider=provider, control=env.control(run_id), clock=clock, out_dir=args.out, hub_id=hub_id,
+                  monitor=monitor_for(run_id, env.config, env.queue, env.clients, clock))
         log.info("run %s: %d sites, up to %d nodes; Grid %s, demo sites %s", run_id, len(config.sites),
                  env.config.fleet.max_nodes, state.grid_url, state.demo_url)
         try:
@@ -204,7 +235,7 @@ def run_aws(args: argparse.Namespace, config: Config, run_id: str, console: Cons
     clock = SystemClock()
     hub = Hub(run_id=run_id, config=config, table=env.table, queue=env.queue, results=env.results,
               provider=provider, control=env.control(clock), clock=clock, out_dir=args.out,
-              hub_id=ident.hub_id)
+              hub_id=ident.hub_id, monitor=monitor_for(run_id, config, env.queue, env.clients, clock))
     log.info("run %s on AWS (%s): %d sites, up to %d nodes, Grid at %s:%d, node config s3://%s/%s", run_id,
              config.aws.region, len(config.sites), config.fleet.max_nodes, hub_address, config.aws.grid_port,
              config.aws.bucket, key)
@@ -227,3 +258,92 @@ def cmd_run(args: argparse.Namespace, console: Console, load: Callable[[str], Co
     run_id = args.run_id or default_run_id(time.time())
     return (run_local if args.local else run_aws)(args, config, run_id, console)
 
+
+
+# --- rerun ------------------------------------------------------------------------------------
+def cmd_rerun(args: argparse.Namespace, console: Console, load: Callable[[str], Config]) -> int:
+    if bool(args.sites) == bool(args.failed):
+        raise UsageError("name the sites to rerun, or pass --failed for every FAILED site of the run (not both)")
+    if args.config and not args.local:
+        return _rerun_aws(args, load(args.config), console)
+    return _rerun_local(args, load(args.config) if args.config else None, console)
+
+
+def _choose_and_report(console: Console, run_id: str, records: dict[str, Any], args: argparse.Namespace):
+    from hub.rerun import choose
+
+    choice = choose(records, args.sites, failed=args.failed, force=args.force)
+    for name, why in choice.skipped.items():
+        console.print(f"{name}: not rerun: {why}")
+    if not choice.sites:
+        console.print(f"run {run_id}: nothing to rerun" + (" (no FAILED site)" if args.failed else ""))
+    return choice
+
+
+def _rerun_local(args: argparse.Namespace, config: Config | None, console: Console) -> int:
+    from hub.rerun import reopen
+
+    stack = local_env.make_stack(local_env.gridfleet_home())
+    state = stack.running()
+    run_id = args.run_id or (local_env.latest_run_on_stack(stack) if state else None)
+    if state is None or run_id is None:
+        raise UsageError("no local stack with a run is up: a rerun on the embedded default works on the stack that "
+                         "holds the run (moto keeps nothing once it stops). Start one with `gridfleet local up`, "
+                         "then `gridfleet run --local`; for a run on AWS pass --config")
+    config = config or local_env.run_config(stack, run_id)
+    if config is None:
+        raise UsageError(f"run {run_id} did not run on this stack (no {stack.dir / 'runs' / run_id / 'fleet.yaml'}); "
+                         f"pass --config with its fleet.yaml")
+    local_env.preflight(config)
+    env = local_env.connect(stack, state, config, bootstrap=False)
+    rows = env.table.read_run(run_id)
+    if rows.run is None:
+        raise UsageError(f"there is no run {run_id} on the local stack")
+    choice = _choose_and_report(console, run_id, {r.site: r for r in rows.sites}, args)
+    if not choice.sites:
+        return EXIT_OK
+    provider = env.provider(run_id, SystemClock())
+    hub_live = not rows.run.finished and rows.run.hub_id and provider.hub_alive(rows.run.hub_id)
+    reopen(run_id=run_id, run=rows.run, records={r.site: r for r in rows.sites}, choice=choice, table=env.table,
+           queue=env.queue, results=env.results, config=env.config, now=time.time())
+    console.print(f"run {run_id}: {len(choice.sites)} site(s) queued again: {', '.join(choice.sites)}")
+    if hub_live:
+        console.print(f"the run's hub ({rows.run.hub_id}) picks them up; follow with `gridfleet watch --run-id {run_id}`")
+        return EXIT_OK
+    resume = argparse.Namespace(**{**vars(args), "resume": True, "dry_run": False})
+    return run_local(resume, config, run_id, console)
+
+
+def _rerun_aws(args: argparse.Namespace, config: Config, console: Console) -> int:
+    from hub.lambdas import LambdaSettings, live_hub_ids, start_hub
+    from hub.rerun import reopen
+
+    env = aws_env.connect(config)
+    env.preflight()
+    runs = env.table.list_runs()
+    run_id = args.run_id or (runs[-1].run_id if runs else None)
+    rows = env.table.read_run(run_id) if run_id else None
+    if rows is None or rows.run is None:
+        raise UsageError(f"there is no run {run_id or '(none yet)'} in the table {config.aws.table}")
+    choice = _choose_and_report(console, run_id, {r.site: r for r in rows.sites}, args)
+    if not choice.sites:
+        return EXIT_OK
+    hubs = live_hub_ids(env.ec2, run_id)
+    if not hubs and not config.aws.hub_launch_template:
+        raise UsageError("aws.hub_launch_template is not set, and no hub runs this run: a rerun on AWS starts a hub "
+                         "from that template (`gridfleet config from-terraform` fills it in)")
+    clock = SystemClock()
+    reopen(run_id=run_id, run=rows.run, records={r.site: r for r in rows.sites}, choice=choice, table=env.table,
+           queue=env.queue, results=env.results, config=config, now=clock.now())
+    console.print(f"run {run_id}: {len(choice.sites)} site(s) queued again: {', '.join(choice.sites)}")
+    if hubs:
+        console.print(f"the run's hub ({', '.join(hubs)}) picks them up")
+    else:
+        settings = LambdaSettings(region=config.aws.region, table=config.aws.table,
+                                  endpoint_url=config.aws.endpoint_url,
+                                  hub_launch_template=config.aws.hub_launch_template)
+        started = start_hub(settings, env.ec2, env.table, clock, run_id)
+        console.print(f"hub: {started['action']} {started.get('instance_id') or ''} "
+                      f"({started.get('reason') or started.get('how')}); it launches the nodes these sites need")
+    console.print(f"follow with `gridfleet watch --config {args.config} --run-id {run_id}`")
+    return EXIT_OK

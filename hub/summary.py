@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from fleet.codec import RunInfo
 from fleet.results import ResultStore
@@ -56,6 +56,13 @@ def build_summary(run: RunInfo, sites: list[SiteRecord], *, left_running: int, f
         "counts": counts(sites),
         "finish_reason": finish_reason,
     }
+
+
+def instances_section(nodes: Iterable[Any], types: Mapping[str, str | None]) -> dict[str, Any]:
+    """Each node of the run: its type and how long its agent ran (start to last heartbeat), for the report's cost."""
+    return {n.instance_id: {"type": types.get(n.instance_id), "started_at": n.started_at, "ended_at": n.heartbeat,
+                            "sites_done": n.sites_done}
+            for n in sorted(nodes, key=lambda n: n.started_at)}
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -1,11 +1,13 @@
-"""Tables for people: the sites of a run and its counts (rich)."""
+"""Views for people: the sites of a run, its counts, and `watch`'s live view (rich)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 STYLE = {"COMPLETED": "green", "FAILED": "red", "RUN": "yellow", "QUEUED": "cyan"}
@@ -52,3 +54,55 @@ def print_sites(console: Console, run_id: str, sites: Mapping[str, Mapping[str, 
             table.caption = "sites completed on their first attempt are not listed"
         console.print(table)
     console.print(counts_line(counts))
+
+
+def watch(fetch: Callable[[], dict[str, Any]], console: Console, *, interval_s: float = 2.0,
+          sleep: Callable[[float], None] = time.sleep, max_polls: int | None = None) -> int:
+    """Follow a run until it finishes: a progress bar of finished sites, the counts and the sites still open.
+
+    `fetch` returns the `status --json` shape plus `finished`. On a terminal the view
+    refreshes in place; otherwise a line is printed each time the counts change. Returns
+    0 when every site COMPLETED, 3 when the run finished with FAILED sites.
+    """
+    data = fetch()
+    total = max(1, len(data["sites"]))
+    bar = Progress(TextColumn("[bold]run {task.fields[run_id]}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), console=console)
+    task = bar.add_task("sites", total=total, run_id=data["run_id"], counts="")
+    last_line = None
+    polls = 0
+
+    def render(d: dict[str, Any]) -> Group:
+        c = d["counts"]
+        bar.update(task, total=max(1, len(d["sites"])), completed=c.get("COMPLETED", 0) + c.get("FAILED", 0),
+                   counts=counts_line(c).split(": ", 1)[-1])
+        open_sites = {k: v for k, v in d["sites"].items() if v["run_status"] in ("RUN", "QUEUED")
+                      or v["attemptCount"] > 1 or v["run_status"] == "FAILED"}
+        table = sites_table(d["run_id"], dict(list(sorted(open_sites.items()))[:40]))
+        table.title = f"run {d['run_id']}: sites running, retried or failed"
+        return Group(bar.get_renderable(), table)
+
+    live = console.is_terminal
+    ctx = Live(render(data), console=console, refresh_per_second=4, transient=False) if live else None
+    if ctx is not None:
+        ctx.start()
+    try:
+        while True:
+            if ctx is not None:
+                ctx.update(render(data))
+            else:
+                line = f"run {data['run_id']}: {counts_line(data['counts'])}"
+                if line != last_line:
+                    console.print(line, highlight=False)
+                    last_line = line
+            polls += 1
+            if data.get("finished") or (max_polls is not None and polls >= max_polls):
+                break
+            sleep(interval_s)
+            data = fetch()
+    finally:
+        if ctx is not None:
+            ctx.stop()
+    if not data.get("finished"):
+        return 1
+    return 3 if data["counts"].get("FAILED") else 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +26,7 @@ from fleet.codec import NodeInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
+from fleet.metrics import CloudWatchSink, JobStats, node_heartbeat, node_job_data
 from fleet.queue import BadMessage, SiteMessage, SiteQueue
 from fleet.results import ResultStore, result_key
 from fleet.state import Outcome, Reason, RunStatus, SiteRecord, SiteStatus
@@ -100,6 +102,21 @@ Cleanup = Callable[[Path, "str | None", bool], None]  # (profile, Grid session i
 #: AWS errors in a row (after botocore's retries) after which the node gives up and exits.
 MAX_AWS_FAILURES = 10
 
+#: How often a node sends its Heartbeat metric to CloudWatch (its table heartbeat is more frequent).
+METRIC_BEAT_S = 60.0
+
+_EXC_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception|Timeout))\b")
+
+
+def error_type(kind: str, error: str | None) -> str:
+    """The type of a failed job for metrics: the exception's class when the error names one, else the kind."""
+    if kind == "error" and error:
+        m = _EXC_NAME.match(error)
+        if m:
+            return m[1].rsplit(".", 1)[-1]
+    return kind
+
+
 #: A site whose profile was locked elsewhere is offered again after this long.
 BUSY_RETRY_S = 30.0
 
@@ -111,7 +128,7 @@ class Agent:
     def __init__(self, s: AgentSettings, *, table: StateTable, queue: SiteQueue, results: ResultStore,
                  profiles: ProfileStore, start_crawl: StartCrawl, cleanup: Cleanup, clock: Clock,
                  state_dir: Path, spot_notice: Callable[[], object] = lambda: None,
-                 healthy: Callable[[], str | None] = lambda: None):
+                 healthy: Callable[[], str | None] = lambda: None, metrics: CloudWatchSink | None = None):
         self.s = s
         self.table = table
         self.queue = queue
@@ -134,6 +151,9 @@ class Agent:
         self._rec: SiteRecord | None = None
         self._msg: SiteMessage | None = None
         self._marks: dict[str, float] = {}  # phase -> monotonic time, for the timings on the log line
+        self.stats = JobStats()  # pushed on the node item with each heartbeat (the hub serves it to Prometheus)
+        self.metrics = metrics or CloudWatchSink(None, "")
+        self._next_metric_beat = 0.0
 
     # --- the main loop --------------------------------------------------------------
     def run(self) -> int:
@@ -233,6 +253,7 @@ class Agent:
         key = result_key(rec.site, self.run_date)
         if self.results.exists(key):
             self._write(ops.complete, key, self.clock.now(), skipped=True)
+            self._job_ended(None)
             self.queue.delete(msg)
             event(log, "skip", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, why="result already in S3",
                   key=key)
@@ -343,6 +364,8 @@ class Agent:
         rec, msg = self._rec, self._msg
         assert rec is not None and msg is not None
         fields = dict(run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
+        if end.kind != "spot":  # a spot end is counted where it is given back
+            self._job_ended(None if end.kind == "result" else error_type(end.kind, end.error))
         try:
             if end.kind == "result":
                 self._beat()  # still ours? (a zombie must not write a result)
@@ -397,6 +420,7 @@ class Agent:
         assert rec is not None and msg is not None
         if reason is Reason.SPOT:
             self._stopping = True
+        self._job_ended(str(reason))
         try:
             new = self._write(ops.end_attempt, outcome=Outcome(str(reason)), reason=reason, now=self.clock.now(),
                               max_attempts=self.s.max_attempts, spot_cap=self.s.spot_cap, error=end.error)
@@ -416,6 +440,14 @@ class Agent:
         else:
             self.queue.delete(msg)
             event(log, "failed", logging.WARNING, **fields, reason=reason)
+
+    # --- metrics --------------------------------------------------------------------------
+    def _job_ended(self, error: str | None) -> None:
+        """Count the attempt that just ended (None: it produced the site's result) and push it to CloudWatch."""
+        seconds = self.clock.monotonic() - self._marks.get("claim", self.clock.monotonic())
+        self.stats.job(seconds, error)
+        self.metrics.add(node_job_data(self.s.instance_id, seconds, error))
+        self.metrics.flush()
 
     # --- writes -------------------------------------------------------------------------
     def _write(self, op: Callable[..., SiteRecord], *args: Any, **kwargs: Any) -> SiteRecord:
@@ -454,12 +486,17 @@ class Agent:
         site, attempt = self._node_site
         try:
             self.table.put_node(NodeInfo(self.s.run_id, self.s.instance_id, self._node_state, self.clock.now(),
-                                         self.started_at, site, attempt, self.sites_done, self._expire_at))
+                                         self.started_at, site, attempt, self.sites_done, self._expire_at,
+                                         stats=self.stats.to_plain()))
         except Exception as e:  # the node item is a liveness hint: a missed one is made up by the next
             if not is_transient(e):
                 raise
             return
         self._next_node_beat = mono + self.s.heartbeat_interval_s
+        if self.metrics.enabled and mono >= self._next_metric_beat:
+            self.metrics.add(node_heartbeat(self.s.instance_id))
+            self.metrics.flush()
+            self._next_metric_beat = mono + METRIC_BEAT_S
 
     def _result_body(self, result: dict[str, Any]) -> bytes:
         rec = self._rec

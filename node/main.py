@@ -22,6 +22,7 @@ from fleet.config_load import load_config
 from fleet.errors import ConfigError, GridfleetError
 from fleet.imds import Imds, ImdsError
 from fleet.logs import event, setup
+from fleet.metrics import CloudWatchSink
 from fleet.queue import SqsSiteQueue
 from fleet.results import S3ResultStore
 from fleet.table import DynamoStateTable
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         except ImdsError as e:
             print(f"gridfleet node: no --instance-id and {e}", file=sys.stderr)
             return 2
-    setup(prefix=f"[{args.instance_id}] ")
+    setup(prefix=f"[{args.instance_id}] ", defaults={"instance_id": args.instance_id, "run_id": args.run_id})
     args.state_dir.mkdir(parents=True, exist_ok=True)
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS if args.local else None)
     grid = None
@@ -147,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             cleanup=cleanup, clock=clock, state_dir=args.state_dir,
             healthy=grid.problem if grid is not None else (lambda: None),
             spot_notice=SpotWatcher(imds, clock).notice,
+            metrics=CloudWatchSink(clients.client("cloudwatch") if config.metrics.cloudwatch else None,
+                                   config.metrics.namespace, clock),
         )
         return agent.run()
     except GridfleetError as e:

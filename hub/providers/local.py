@@ -85,11 +85,12 @@ class LocalProvider:
                 e["state"] = "terminated"
                 e["terminated_at"] = self.clock.now()
                 self._write(e)
-            out.append(Instance(e["id"], state, "node", {"gridfleet:run_id": run_id, "gridfleet:role": "node"}))
+            out.append(Instance(e["id"], state, "node", {"gridfleet:run_id": run_id, "gridfleet:role": "node"},
+                                instance_type="local"))
         known = {i.id for i in out}
         for iid in running:
             if iid and iid not in known:  # spawned, but the registry write was lost: list it so it is not leaked
-                out.append(Instance(iid, "running", "node", {"gridfleet:run_id": run_id}))
+                out.append(Instance(iid, "running", "node", {"gridfleet:run_id": run_id}, instance_type="local"))
         return out
 
     def _young(self, e: dict) -> bool:

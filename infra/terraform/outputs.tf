@@ -96,5 +96,6 @@ output "gridfleet_aws" {
     ami                  = var.ami_parameter
     key_name             = var.key_name
     node_launch_template = aws_launch_template.node.name
+    hub_launch_template  = aws_launch_template.hub.name
   }
 }

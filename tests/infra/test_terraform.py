@@ -36,6 +36,7 @@ ANYWHERE = {"0.0.0.0/0", "::/0"}
 GRIDFLEET_AWS_KEYS = {
     "region", "table", "queue", "dlq", "bucket", "efs_id", "efs_access_point_id", "subnet_ids", "security_group_ids",
     "instance_profile", "ami", "key_name", "node_launch_template",
+    "hub_launch_template",
 }
 
 # Actions that have no resource-level permissions: the only ones granted on "*".

@@ -1,0 +1,325 @@
+"""The hub's HTTP face: a live dashboard, the run's status as JSON, Prometheus metrics.
+
+People watch a run in a browser (``/``, kept current by the Server-Sent Events
+stream ``/events``), scripts read ``/status``, Prometheus scrapes ``/metrics``.
+The server lives inside the hub's process on daemon threads, so nothing here may
+take the hub down: a ``status()`` that raises (the run's table briefly out of
+reach) becomes a 503 or a skipped event, and clients that go away are dropped
+quietly. Every open stream shares one poller, so what ``status()`` costs does not
+grow with the number of open dashboards, and nothing is polled while no one watches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import socketserver
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger("gridfleet.http")
+
+StatusFn = Callable[[], dict]
+
+KEEPALIVE_S = 15.0
+_IO_TIMEOUT_S = 30.0  # a client that neither sends its request nor reads for this long is dropped
+_STOP_JOIN_S = 1.0
+_TEXT = "text/plain; charset=utf-8"
+_PAGE_HEADERS = {
+    # The page is self-contained: it may run its own inline script and talk only to this server.
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                               "connect-src 'self'",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+class _StatusUnavailable(Exception):
+    """status() failed or returned something JSON cannot hold; args[0] says why."""
+
+
+def _status_json(status: StatusFn) -> str:
+    """The run's status as JSON text, or _StatusUnavailable."""
+    try:
+        return json.dumps(status())
+    except Exception as exc:  # noqa: BLE001 - a failing status source must never fail the hub
+        raise _StatusUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+
+class _StatusFeed:
+    """One poller of status() for every open event stream; `version` grows each time the JSON changes."""
+
+    def __init__(self, status: StatusFn, poll_s: float, stopping: threading.Event) -> None:
+        self._status = status
+        self._poll_s = poll_s
+        self._stopping = stopping
+        self._changed = threading.Condition()
+        self._wake = threading.Event()
+        self._text: str | None = None
+        self._version = 0
+        self._viewers = 0
+        self._failing = False
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.clear()
+            if self._watched():
+                self._poll()
+            self._wake.wait(self._poll_s)
+
+    def close(self) -> None:
+        """Release every waiting stream; call after `stopping` is set."""
+        self._wake.set()
+        with self._changed:
+            self._changed.notify_all()
+
+    @contextmanager
+    def viewer(self) -> Iterator[None]:
+        with self._changed:
+            self._viewers += 1
+            first = self._viewers == 1
+            if first:
+                self._text = None  # polled before a pause in watching: possibly long out of date
+        if first:
+            self._wake.set()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._viewers -= 1
+
+    def wait_newer(self, seen: int, timeout_s: float) -> tuple[int, str] | None:
+        """(version, text) newer than version `seen`; None after `timeout_s` or once the server stops."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._stopping.is_set() or self._has_newer(seen), timeout_s)
+            text = self._text
+            if self._stopping.is_set() or text is None or self._version <= seen:
+                return None
+            return self._version, text
+
+    def _has_newer(self, seen: int) -> bool:
+        return self._text is not None and self._version > seen
+
+    def _watched(self) -> bool:
+        with self._changed:
+            return self._viewers > 0
+
+    def _poll(self) -> None:
+        try:
+            text = _status_json(self._status)
+        except _StatusUnavailable as exc:
+            self._note_failure(exc)
+            return
+        if self._failing:
+            self._failing = False
+            log.info("the run's status can be read again")
+        with self._changed:
+            if text != self._text:
+                self._text = text
+                self._version += 1
+                self._changed.notify_all()
+
+    def _note_failure(self, exc: _StatusUnavailable) -> None:
+        if not self._failing:
+            self._failing = True
+            log.warning("cannot read the run's status for the dashboard: %s", exc.args[0])
+        else:
+            log.debug("still cannot read the run's status: %s", exc.args[0])
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # stop() closes event streams itself rather than waiting for them
+    allow_reuse_port = False  # a port another server listens on must fail to bind
+
+    def __init__(self, address: tuple[str, int], *, status: StatusFn, registry: CollectorRegistry,
+                 feed: _StatusFeed, stopping: threading.Event, keepalive_s: float, page: bytes) -> None:
+        self.status = status
+        self.registry = registry
+        self.feed = feed
+        self.stopping = stopping
+        self.keepalive_s = keepalive_s
+        self.page = page
+        self._streams: set[socket.socket] = set()
+        self._streams_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind looks up the bound address's name in DNS, which can stall for
+        # seconds where DNS is out of reach; nothing here uses that name.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+    @contextmanager
+    def stream(self, sock: socket.socket) -> Iterator[None]:
+        with self._streams_lock:
+            self._streams.add(sock)
+        try:
+            yield
+        finally:
+            with self._streams_lock:
+                self._streams.discard(sock)
+
+    def close_streams(self) -> None:
+        """Cut every open event stream, even one whose thread is blocked in a write."""
+        with self._streams_lock:
+            socks = list(self._streams)
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its client
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        gone = isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError))
+        log.log(logging.DEBUG if gone else logging.WARNING, "error serving %s", client_address, exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "gridfleet-hub/1"
+    timeout = _IO_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/":
+            self._send(200, self.server.page, "text/html; charset=utf-8", _PAGE_HEADERS)
+        elif path == "/status":
+            self._status()
+        elif path == "/metrics":
+            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+        elif path == "/events":
+            self._events()
+        elif path == "/healthz":
+            self._send(200, b"ok", _TEXT)
+        else:
+            self._send(404, b"not found", _TEXT)
+
+    def _status(self) -> None:
+        try:
+            text = _status_json(self.server.status)
+        except _StatusUnavailable as exc:
+            log.debug("/status: %s", exc.args[0])
+            self._send(503, json.dumps({"error": exc.args[0]}).encode(), "application/json")
+            return
+        self._send(200, text.encode(), "application/json")
+
+    def _events(self) -> None:
+        self.close_connection = True
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            with self.server.stream(self.connection), self.server.feed.viewer():
+                self._pump_events()
+        except OSError:
+            log.debug("event stream to %s ended by its client", self.address_string())
+
+    def _pump_events(self) -> None:
+        """Send the status at once, then each change, with a comment whenever the line was quiet too long."""
+        server = self.server
+        seen = 0
+        last_write = time.monotonic()
+        while not server.stopping.is_set():
+            quiet_s = time.monotonic() - last_write
+            news = server.feed.wait_newer(seen, max(server.keepalive_s - quiet_s, 0.0))
+            if server.stopping.is_set():
+                return
+            if news is not None:
+                seen, text = news
+                self.wfile.write(f"data: {text}\n\n".encode())
+            elif time.monotonic() - last_write >= server.keepalive_s:
+                self.wfile.write(b": keepalive\n\n")
+            else:
+                continue
+            last_write = time.monotonic()
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        self.close_connection = True
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            log.debug("client %s went away before the response was written", self.address_string())
+
+
+class HubServer:
+    """The dashboard, /status, /metrics and /events of one hub, served from daemon threads.
+
+    `keepalive_s` is how long an event stream may stay silent before it gets a comment line
+    (which lets clients and proxies tell a quiet run from a dead connection); set it before start().
+    """
+
+    keepalive_s: float = KEEPALIVE_S
+
+    def __init__(self, status: StatusFn, registry: CollectorRegistry | None = None, *,
+                 bind: str = "127.0.0.1", port: int = 0, poll_s: float = 0.5) -> None:
+        self._status = status
+        self._registry = registry if registry is not None else CollectorRegistry()
+        self._address = (bind, port)
+        self._stopping = threading.Event()
+        self._feed = _StatusFeed(status, poll_s, self._stopping)
+        self._httpd: _Server | None = None
+        self._serve_thread: threading.Thread | None = None
+
+    def start(self) -> HubServer:
+        """Bind (port 0: any free port) and serve; OSError if the address cannot be bound."""
+        if self._httpd is not None or self._stopping.is_set():
+            raise RuntimeError("a HubServer can be started only once")
+        page = resources.files("hub").joinpath("dashboard.html").read_bytes()
+        self._httpd = _Server(self._address, status=self._status, registry=self._registry, feed=self._feed,
+                              stopping=self._stopping, keepalive_s=self.keepalive_s, page=page)
+        port = self._httpd.server_address[1]
+        self._serve_thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                              name=f"hub-http-{port}", daemon=True)
+        self._serve_thread.start()
+        threading.Thread(target=self._feed.run, name=f"hub-http-feed-{port}", daemon=True).start()
+        log.debug("dashboard on %s", self.url)
+        return self
+
+    @property
+    def url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("the HubServer has not been started")
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/"
+
+    def stop(self) -> None:
+        """Stop accepting, close the listening socket and cut every open event stream."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._feed.close()
+        if self._httpd is None or self._serve_thread is None:
+            return
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._httpd.close_streams()
+        self._serve_thread.join(_STOP_JOIN_S)
+
+    def __enter__(self) -> HubServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
