@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -190,3 +191,66 @@ def test_shutdown_is_refused_when_the_metadata_is_an_emulator():
     ident = HubIdentity("ec2:i-0abc", "10.0.0.1", "i-0abc", real_ec2=False)
     assert self_stop("shutdown", ident, ec2=None).startswith("not shutting down")
     assert self_stop("none", ident, ec2=None).startswith("not stopping")
+
+
+def test_metrics_reach_cloudwatch_and_a_rerun_on_aws_starts_a_hub_for_the_reopened_sites(account, tmp_path):
+    """moto serves CloudWatch: the hub's gauges come back from list_metrics/get_metric_statistics. A rerun of the
+    failed sites reopens them and the run, and starts one hub from the hub launch template (its cloud-init then
+    runs `gridfleet run --resume` for the run named by its tag); a second rerun starts no second hub."""
+    ec2, clients = account["ec2"], account["clients"]
+    template = f"hub-{uuid.uuid4().hex[:6]}"
+    ec2.create_launch_template(LaunchTemplateName=template, LaunchTemplateData={
+        "ImageId": account["config"].aws.ami, "InstanceType": "t3.small"})
+    text = account["path"].read_text().replace("aws:\n", f"metrics: {{cloudwatch: true, namespace: gf-{template}}}\n"
+                                               f"hub: {{port: 0}}\naws:\n  hub_launch_template: {template}\n", 1)
+    account["path"].write_text(text)
+    assert gridfleet(tmp_path, "aws", "bootstrap", "--config", str(account["path"])).returncode == 0
+    run = gridfleet(tmp_path, "run", "--config", str(account["path"]), "--run-id", "aws-re")
+    assert run.returncode == 3, run.stdout + run.stderr
+
+    cw = clients.client("cloudwatch")
+    names = {m["MetricName"] for m in cw.list_metrics(Namespace=f"gf-{template}")["Metrics"]}
+    assert {"ActiveNodes", "SitesCompleted", "SitesFailed", "RunProgress", "QueueVisible"} <= names
+    stats = cw.get_metric_statistics(Namespace=f"gf-{template}", MetricName="SitesFailed", Statistics=["Maximum"],
+                                     StartTime=time.time() - 600, EndTime=time.time() + 60, Period=60)
+    assert max(p["Maximum"] for p in stats["Datapoints"]) == 3
+
+    rerun = gridfleet(tmp_path, "rerun", "--failed", "--config", str(account["path"]), "--run-id", "aws-re")
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "3 site(s) queued again" in rerun.stdout and "hub: started" in rerun.stdout
+    hubs = [i for r in ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:run_id", "Values": ["aws-re"]},
+                                                       {"Name": "tag:gridfleet:role", "Values": ["hub"]}])
+            ["Reservations"] for i in r["Instances"]]
+    assert len(hubs) == 1 and hubs[0]["State"]["Name"] in ("pending", "running")
+    status = json.loads(gridfleet(tmp_path, "status", "--config", str(account["path"]), "--run-id", "aws-re",
+                                  "--json").stdout)
+    assert {s["run_status"] for s in status["sites"].values()} == {"QUEUED"}
+    assert {s["attemptCount"] for s in status["sites"].values()} == {0}  # the deadline came before any claim
+    sqs = clients.client("sqs")
+    url = sqs.get_queue_url(QueueName=account["config"].aws.queue)["QueueUrl"]
+    depth = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+    assert int(depth["Attributes"]["ApproximateNumberOfMessages"]) == 3  # one message per reopened site
+
+    again = gridfleet(tmp_path, "rerun", "--failed", "--config", str(account["path"]), "--run-id", "aws-re")
+    assert again.returncode == 0 and "nothing to rerun" in again.stdout
+    assert len([i for r in ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:role", "Values": ["hub"]},
+                {"Name": "tag:gridfleet:run_id", "Values": ["aws-re"]}])["Reservations"] for i in r["Instances"]]) == 1
+
+
+def test_node_metrics_round_trip_through_cloudwatch_on_moto(account):
+    from fleet.metrics import CloudWatchSink, node_heartbeat, node_job_data
+
+    ns = f"gf-node-{uuid.uuid4().hex[:6]}"
+    sink = CloudWatchSink(account["clients"].client("cloudwatch"), ns)
+    sink.add(node_job_data("i-0abc", 12.5, None) + node_job_data("i-0abc", 3.0, "hang") + [node_heartbeat("i-0abc")])
+    assert sink.flush() == 5
+    cw = account["clients"].client("cloudwatch")
+    metrics = cw.list_metrics(Namespace=ns)["Metrics"]
+    dims = {(m["MetricName"], tuple(sorted((d["Name"], d["Value"]) for d in m["Dimensions"]))) for m in metrics}
+    assert ("JobsCompleted", (("WorkerId", "i-0abc"),)) in dims
+    assert ("JobErrors", (("ErrorType", "hang"), ("WorkerId", "i-0abc"))) in dims
+    assert ("Heartbeat", (("WorkerId", "i-0abc"),)) in dims
+    got = cw.get_metric_statistics(Namespace=ns, MetricName="JobDuration", Statistics=["Sum", "SampleCount"],
+                                   Dimensions=[{"Name": "WorkerId", "Value": "i-0abc"}],
+                                   StartTime=time.time() - 600, EndTime=time.time() + 60, Period=60)
+    assert sum(p["Sum"] for p in got["Datapoints"]) == 15.5 and sum(p["SampleCount"] for p in got["Datapoints"]) == 2

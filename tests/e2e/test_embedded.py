@@ -9,6 +9,8 @@ import json
 import os
 import signal
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.e2e
 MIXED = """\
 run: {max_attempts: 3, hang_after_s: 4, heartbeat_timeout_s: 15, watch_interval_s: 2, deadline_s: 240}
 fleet: {max_nodes: 3, idle_exit_s: 5}
+hub: {port: 0}
 sites:
   - {id: plain, start_url: "{demo}/s/plain/?pages=3", crawler: links,
      options: {item: a.item, next: a.next, max_pages: 5}}
@@ -39,8 +42,13 @@ def test_mixed_sites_on_a_running_stack_end_as_their_behaviour_implies(gf):
     assert "http://127.0.0.1:" in status.stdout
 
     cfg = gf.write_config("mixed.yaml", MIXED)
-    run = gf.run("run", "--local", "--config", str(cfg), "--run-id", "mixed", timeout=240)
-    assert run.returncode == 3, run.stdout + run.stderr  # finished, some sites FAILED
+    hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "mixed", log="mixed.log")
+    metrics = metrics_while_running(gf.cwd / "mixed.log", hub)  # the hub's /metrics, scraped mid-run
+    for family in ("gridfleet_sites", "gridfleet_nodes_active", "gridfleet_queue_messages",
+                   "gridfleet_run_progress_ratio", "gridfleet_node_jobs_completed_total",
+                   "gridfleet_node_heartbeat_timestamp_seconds"):
+        assert family in metrics, family
+    assert hub.wait(timeout=240) == 3, (gf.cwd / "mixed.log").read_text()[-3000:]  # finished, some sites FAILED
     s = gf.summary("mixed")
     assert set(s) >= {"run_id", "started_at", "finished_at", "sites", "nodes"}
     assert s["nodes"]["left_running"] == 0 and s["nodes"]["launched"] >= 1
@@ -72,9 +80,43 @@ def test_mixed_sites_on_a_running_stack_end_as_their_behaviour_implies(gf):
     check = gf.run("check", "--run-id", "mixed")  # and again from outside, with the demo server's own counts
     assert check.returncode == 0 and "OK" in check.stdout and "demo server fetches" in check.stdout, check.stdout
     assert gf.run("local", "status").returncode == 0  # a stack started by `local up` outlives the run
+
+    # The operator fixes what broke the two FAILED sites and reruns them: fresh attempts, same machinery.
+    fixed = gf.write_config("fixed.yaml", MIXED.replace("&hang_page=2", "").replace("?fail_attempts=99", ""))
+    rerun = gf.run("rerun", "--failed", "--local", "--config", str(fixed), "--run-id", "mixed", timeout=180)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    s2 = gf.summary("mixed")
+    for name in ("hangs", "broken"):
+        assert (s2["sites"][name]["run_status"], s2["sites"][name]["attemptCount"]) == ("COMPLETED", 4), name
+    assert s2["sites"]["plain"]["attempts"] == s["sites"]["plain"]["attempts"]  # untouched
+    assert s2["check"]["ok"], s2["check"]
+    assert gf.status("mixed")["sites"] == s2["sites"]
+    report = gf.run("report", "--run-id", "mixed")
+    assert report.returncode == 0, report.stderr
+    html = (gf.cwd / "runs" / "mixed" / "report.html").read_text()
+    assert html.count('<rect class="bar') == sum(len(v["attempts"]) for v in s2["sites"].values())
+
     down = gf.run("local", "down", timeout=60)
     assert down.returncode == 0
     assert gf.wait_no_leftovers() == []
+
+
+def metrics_while_running(log: Path, hub, timeout: float = 60) -> str:
+    """The text of the hub's /metrics once it shows a node at work (the URL is on its `dashboard` log line)."""
+    end = time.monotonic() + timeout
+    url = None
+    while time.monotonic() < end and hub.poll() is None:
+        if url is None:
+            for line in log.read_text().splitlines():
+                if line.startswith("{") and '"event": "dashboard"' in line:
+                    url = json.loads(line)["metrics"]
+        if url is not None:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                text = r.read().decode()
+            if "gridfleet_node_jobs_completed_total{" in text:
+                return text
+        time.sleep(0.5)
+    raise AssertionError(f"no /metrics with node counters while the run went (url {url})")
 
 
 RESUME = """\
