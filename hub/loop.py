@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleet.clock import Clock
 from fleet.config import Config
@@ -22,11 +23,13 @@ from fleet.table import StateTable
 from hub.actions import Plan
 from hub.control.base import NodeControl
 from hub.executor import Executor, Finished
-from hub.monitor import HubMonitor
 from hub.plan import plan
 from hub.providers.base import ComputeProvider
 from hub.snapshot import Observations, Snapshot, observe
 from hub.summary import build_summary, export, instances_section
+
+if TYPE_CHECKING:  # the Lambda package imports this module without prometheus_client
+    from hub.monitor import HubMonitor
 
 log = logging.getLogger("gridfleet.hub")
 

@@ -251,6 +251,20 @@ data "aws_iam_policy_document" "hub" {
     resources = ["arn:${local.partition}:ssm:${local.region}::parameter${var.ami_parameter}"]
   }
 
+  # hub.monitor (metrics.cloudwatch: true): the run's gauges and kills. PutMetricData has no
+  # resource-level permissions; the condition holds it to the fleet's namespace.
+  statement {
+    sid       = "FleetMetrics"
+    actions   = ["cloudwatch:PutMetricData"]
+    resources = ["*"]
+
+    condition {
+      test     = "StringEquals"
+      variable = "cloudwatch:namespace"
+      values   = [var.metrics_namespace]
+    }
+  }
+
   # hub.providers.ec2.Ec2Provider: the node launch template's instance profile.
   statement {
     sid       = "PassNodeRole"
@@ -367,6 +381,20 @@ data "aws_iam_policy_document" "node" {
       "ssmmessages:OpenDataChannel",
     ]
     resources = ["*"]
+  }
+
+  # node.agent (metrics.cloudwatch: true): its jobs and heartbeat, by WorkerId. PutMetricData has
+  # no resource-level permissions; the condition holds it to the fleet's namespace.
+  statement {
+    sid       = "FleetMetrics"
+    actions   = ["cloudwatch:PutMetricData"]
+    resources = ["*"]
+
+    condition {
+      test     = "StringEquals"
+      variable = "cloudwatch:namespace"
+      values   = [var.metrics_namespace]
+    }
   }
 
   # The key behind the table, the queues, the bucket and EFS, used through them only.

@@ -151,8 +151,21 @@ resource "aws_cloudwatch_metric_alarm" "fleet_ceiling" {
 }
 
 # --- dashboard --------------------------------------------------------------------
+# The metrics gridfleet publishes with metrics.cloudwatch on. The hub's, without
+# dimensions: gauges (ActiveNodes, SitesQueued, SitesRunning, SitesCompleted,
+# SitesFailed, RunProgress, QueueVisible, QueueInFlight, QueueDlq), the current
+# value every metrics.interval_s, so read with Maximum (a Sum would add the same
+# count up once per publish); and Kills, the kills since its last publish, also by
+# KillPath. Each node's, by WorkerId (its instance id): JobDuration, JobsCompleted,
+# JobErrors (also by ErrorType) and Heartbeat, drawn with SEARCH, which finds each
+# node's series as it appears (a schema matches that exact set of dimensions).
+# The hub's Queue* gauges are not drawn: the site queue widget reads the same
+# depths from SQS, with or without a hub.
 
 locals {
+  # The namespace as the first term of a SEARCH schema, quoted: a namespace may hold hyphens.
+  search_namespace = "\"${var.metrics_namespace}\""
+
   dashboard_widgets = [
     {
       title = "Site queue"
@@ -172,17 +185,69 @@ locals {
       }
     },
     {
-      title = "Sites completed and failed"
-      stat  = "Sum"
+      title = "Sites by status"
+      stat  = "Maximum"
       metrics = [
+        [var.metrics_namespace, "SitesQueued", { label = "queued" }],
+        [var.metrics_namespace, "SitesRunning", { label = "running" }],
         [var.metrics_namespace, "SitesCompleted", { label = "completed" }],
         [var.metrics_namespace, "SitesFailed", { label = "failed" }],
       ]
     },
     {
-      title   = "Kills"
-      stat    = "Sum"
-      metrics = [[var.metrics_namespace, "Kills", { label = "kills" }]]
+      title   = "Run progress (%)"
+      stat    = "Maximum"
+      metrics = [[var.metrics_namespace, "RunProgress", { label = "sites completed or failed" }]]
+      yAxis   = { left = { min = 0, max = 100, showUnits = false } }
+    },
+    {
+      title = "Kills"
+      stat  = "Sum"
+      metrics = [
+        [var.metrics_namespace, "Kills", { label = "kills" }],
+        [{
+          expression = "SEARCH('{${local.search_namespace},KillPath} MetricName=\"Kills\"', 'Sum', 300)"
+          label      = "$${PROP('Dim.KillPath')}"
+          id         = "e1"
+        }],
+      ]
+    },
+    {
+      title = "Jobs completed per node"
+      stat  = "Sum"
+      metrics = [[{
+        expression = "SEARCH('{${local.search_namespace},WorkerId} MetricName=\"JobsCompleted\"', 'Sum', 300)"
+        label      = "$${PROP('Dim.WorkerId')}"
+        id         = "e1"
+      }]]
+    },
+    {
+      title = "Job errors by type and node"
+      stat  = "Sum"
+      metrics = [[{
+        expression = "SEARCH('{${local.search_namespace},ErrorType,WorkerId} MetricName=\"JobErrors\"', 'Sum', 300)"
+        label      = "$${PROP('Dim.ErrorType')} on $${PROP('Dim.WorkerId')}"
+        id         = "e1"
+      }]]
+    },
+    {
+      title = "Job duration per node (s, average)"
+      stat  = "Average"
+      metrics = [[{
+        expression = "SEARCH('{${local.search_namespace},WorkerId} MetricName=\"JobDuration\"', 'Average', 300)"
+        label      = "$${PROP('Dim.WorkerId')}"
+        id         = "e1"
+      }]]
+    },
+    {
+      # One a minute from each live node: a line that stops is a node gone silent.
+      title = "Node heartbeats"
+      stat  = "Sum"
+      metrics = [[{
+        expression = "SEARCH('{${local.search_namespace},WorkerId} MetricName=\"Heartbeat\"', 'Sum', 300)"
+        label      = "$${PROP('Dim.WorkerId')}"
+        id         = "e1"
+      }]]
     },
   ]
 }
@@ -209,6 +274,7 @@ resource "aws_cloudwatch_dashboard" "fleet" {
             metrics = w.metrics
           },
           try({ annotations = w.annotations }, {}),
+          try({ yAxis = w.yAxis }, {}),
         )
       }
     ]

@@ -209,9 +209,21 @@ variable "log_retention_days" {
 }
 
 variable "metrics_namespace" {
-  description = "CloudWatch namespace of the metrics the hub publishes (ActiveNodes, SitesCompleted, SitesFailed, Kills; no dimensions)."
+  description = <<-EOT
+    CloudWatch namespace of gridfleet's metrics (fleet.yaml metrics.namespace; published when
+    metrics.cloudwatch is true). The hub's, without dimensions: the gauges ActiveNodes, SitesQueued,
+    SitesRunning, SitesCompleted, SitesFailed, RunProgress, QueueVisible, QueueInFlight, QueueDlq (current
+    values), and Kills (kills since its last publish; also by KillPath). Each node's, by WorkerId (its instance id):
+    JobDuration, JobsCompleted, JobErrors (also by ErrorType), Heartbeat. The hub and node roles may put
+    metrics into this namespace only.
+  EOT
   type        = string
   default     = "gridfleet"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9 ._/#-][A-Za-z0-9 ._/#:-]{0,254}$", var.metrics_namespace)) && !startswith(var.metrics_namespace, "AWS/")
+    error_message = "metrics_namespace: 1 to 255 letters, digits, spaces and . _ / # : -, not starting with ':' or AWS/ (CloudWatch's rule for custom namespaces)."
+  }
 }
 
 variable "queue_depth_alarm_threshold" {

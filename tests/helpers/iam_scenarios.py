@@ -4,6 +4,10 @@ A role's scenario runs the code that role runs in production (the hub, the node 
 the two Lambdas) through `AwsClients(on_client=...)`, the seam every client comes from,
 and returns the set of `service.Operation` names the code called. The IAM cross-check
 compares these with the policies in infra/terraform.
+
+The account's config turns CloudWatch metrics on (`metrics.cloudwatch: true`), so the hub's
+gauges and the node's job metrics are published as in production; since publishing is best
+effort (a failure is logged, not raised), each scenario checks that its metrics arrived.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ def _account(endpoint: str, tmp: Path) -> Config:
     config = parse_config(f"""
 run: {{deadline_s: 3, watch_interval_s: 0.5}}
 fleet: {{max_nodes: 2}}
+metrics: {{cloudwatch: true, namespace: gridfleet-{tag}, interval_s: 1}}
 aws: {{endpoint_url: '{endpoint}', table: t-{tag}, queue: q-{tag}, bucket: b-{tag}, efs_id: {fs},
        subnet_ids: [{subnet}], security_group_ids: [{sg}], instance_profile: {profile}, ami: '{ami_param}',
        hub_address: 10.9.1.10, imds_url: 'http://127.0.0.1:9', hub_self_stop: terminate}}
@@ -66,6 +71,14 @@ sites: [{{id: s1, start_url: 'https://s1.test/'}}, {{id: s2, start_url: 'https:/
     return config
 
 
+def published(config: Config) -> set[tuple[str, tuple[str, ...]]]:
+    """Unrecorded: (metric name, dimension names) of what reached CloudWatch in the config's namespace."""
+    cw = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS).client("cloudwatch")
+    pages = cw.get_paginator("list_metrics").paginate(Namespace=config.metrics.namespace)
+    return {(m["MetricName"], tuple(sorted(d["Name"] for d in m.get("Dimensions", []))))
+            for page in pages for m in page["Metrics"]}
+
+
 def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     """`gridfleet run` on AWS (to its deadline), the kill ladder, status, teardown, dry run, self-stop."""
     from fleet.local.imds_server import ImdsServer
@@ -73,6 +86,7 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     from hub.aws_cmd import dry_run
     from hub.control.aws import ConsoleHostKeys
     from hub.loop import Hub
+    from hub.run_cmd import monitor_for
     from hub.teardown import teardown_run
     from rich.console import Console
     import io
@@ -88,7 +102,8 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     clock = SystemClock()
     control = env.control(clock)
     hub = Hub(run_id="iam-hub", config=config, table=env.table, queue=env.queue, results=env.results,
-              provider=provider, control=control, clock=clock, out_dir=tmp / "runs", hub_id="ec2:i-hub")
+              provider=provider, control=control, clock=clock, out_dir=tmp / "runs", hub_id="ec2:i-hub",
+              monitor=monitor_for("iam-hub", config, env.queue, env.clients, clock))  # as `gridfleet run`
     hub.tick()  # start, seed, launch
     node = provider.list("iam-hub")[0].id
     _act_as_a_node(config, node)  # s1 completed with its result, s2 hung in URL_CALL and marked for a kill
@@ -108,6 +123,8 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
         imds.set(hub_instance, local_ipv4="10.9.1.10")
         ident = aws_env.identify(imds.base_url(hub_instance))
     aws_env.self_stop("terminate", ident, env.ec2)
+    metrics = published(config)
+    assert {("ActiveNodes", ()), ("SitesCompleted", ()), ("RunProgress", ()), ("Kills", ())} <= metrics, metrics
     return rec.calls
 
 
@@ -131,6 +148,7 @@ def _act_as_a_node(config: Config, node: str) -> None:
 
 def node_calls(endpoint: str, tmp: Path) -> set[str]:
     """The node agent crawling a site in a real crawler process, and a failed boot reported."""
+    from fleet.metrics import CloudWatchSink
     from fleet.queue import SqsSiteQueue
     from fleet.results import S3ResultStore
     from fleet.table import DynamoStateTable
@@ -157,17 +175,23 @@ def node_calls(endpoint: str, tmp: Path) -> set[str]:
     clients = rec.clients(config)
     state = tmp / "state"
     state.mkdir(parents=True)
+    clock = SystemClock()
     agent = Agent(
         AgentSettings(run_id="iam-node", instance_id="i-node", heartbeat_interval_s=0.2, idle_exit_s=1,
                       receive_wait_s=0, hang_after_s=30),
         table=DynamoStateTable(clients.client("dynamodb"), aws.table),
         queue=SqsSiteQueue(clients.client("sqs"), aws.queue, aws.dlq_name),
         results=S3ResultStore(clients.client("s3"), aws.bucket), profiles=ProfileStore(tmp / "efs"),
-        start_crawl=lambda job, log: ChildProcess(job, log), cleanup=lambda *a: None, clock=SystemClock(),
-        state_dir=state)
+        start_crawl=lambda job, log: ChildProcess(job, log), cleanup=lambda *a: None, clock=clock,
+        state_dir=state,
+        metrics=CloudWatchSink(clients.client("cloudwatch") if config.metrics.cloudwatch else None,
+                               config.metrics.namespace, clock))  # as node.main builds it
     sys.path.insert(0, str(ROOT))
     agent.run()
     assert table.get_site("iam-node", "s1").run_status.value == "COMPLETED"
+    metrics = published(config)
+    assert {("JobsCompleted", ("WorkerId",)), ("JobDuration", ("WorkerId",)), ("Heartbeat", ("WorkerId",)),
+            ("JobErrors", ("ErrorType", "WorkerId"))} <= metrics, metrics
     # `gridfleet node report-failure`: one item written with the node's own table client
     DynamoStateTable(clients.client("dynamodb"), aws.table).put_node(
         NodeInfo("iam-node", "i-x", BOOT_FAILED, time.time(), time.time(), error="mount failed"))

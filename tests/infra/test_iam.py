@@ -136,8 +136,9 @@ def granted():
 
 def test_the_scenarios_exercise_each_roles_code(recorded):
     assert {"ec2.RunInstances", "ec2.TerminateInstances", "ssm.SendCommand", "sqs.SendMessageBatch",
-            "s3.GetObject"} <= recorded["hub"]
-    assert {"sqs.ReceiveMessage", "sqs.DeleteMessage", "sqs.SendMessage", "s3.PutObject"} <= recorded["node"]
+            "s3.GetObject", "cloudwatch.PutMetricData"} <= recorded["hub"]
+    assert {"sqs.ReceiveMessage", "sqs.DeleteMessage", "sqs.SendMessage", "s3.PutObject",
+            "cloudwatch.PutMetricData"} <= recorded["node"]
     assert {"ec2.RunInstances", "ec2.StartInstances"} <= recorded["starter"]
     assert {"dynamodb.Query", "ec2.TerminateInstances"} <= recorded["watchdog"]
 

@@ -13,6 +13,7 @@ below strips the quotes of literals and labels and drops hcl2's bookkeeping keys
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -23,7 +24,7 @@ from typing import Any, Iterator
 import hcl2
 import pytest
 
-from fleet.config import AwsConfig
+from fleet.config import AwsConfig, MetricsConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TF_DIR = ROOT / "infra" / "terraform"
@@ -47,6 +48,12 @@ STAR_RESOURCE_ACTIONS = {
     "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel",
     "ec2messages:AcknowledgeMessage", "ec2messages:DeleteMessage", "ec2messages:FailMessage",
     "ec2messages:GetEndpoint", "ec2messages:GetMessages", "ec2messages:SendReply",
+    "cloudwatch:PutMetricData",
+}
+
+# Of those, the ones granted on "*" only under a condition: action -> (test, variable, values).
+STAR_RESOURCE_CONDITIONS = {
+    "cloudwatch:PutMetricData": ("StringEquals", "cloudwatch:namespace", ["${var.metrics_namespace}"]),
 }
 
 STARTER_ACTIONS = {
@@ -70,6 +77,7 @@ EXPECTED_ACTIONS = {
         "ssm:SendCommand", "ssm:GetCommandInvocation", "ssm:CancelCommand", "ssm:GetParameter",
         "iam:PassRole",
         "kms:Decrypt", "kms:GenerateDataKey",
+        "cloudwatch:PutMetricData",
     },
     "node": {
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
@@ -83,6 +91,7 @@ EXPECTED_ACTIONS = {
         "ec2messages:AcknowledgeMessage", "ec2messages:DeleteMessage", "ec2messages:FailMessage",
         "ec2messages:GetEndpoint", "ec2messages:GetMessages", "ec2messages:SendReply",
         "kms:Decrypt", "kms:GenerateDataKey",
+        "cloudwatch:PutMetricData",
     },
     "starter": STARTER_ACTIONS,
     "watchdog": STARTER_ACTIONS | {"dynamodb:Query", "ec2:TerminateInstances", "ec2:StopInstances"},
@@ -90,6 +99,10 @@ EXPECTED_ACTIONS = {
 
 
 # --- reading hcl2's output ------------------------------------------------------------------------
+
+
+#: hcl2's bookkeeping keys: a body is a block; the comments above and inside it.
+HCL2_KEYS = ("__is_block__", "__comments__", "__inline_comments__")
 
 
 def unquote(value: str) -> str:
@@ -101,7 +114,7 @@ def unquote(value: str) -> str:
 def clean(node: Any) -> Any:
     """hcl2's output without its bookkeeping keys, with literal strings and labels unquoted."""
     if isinstance(node, dict):
-        return {unquote(k): clean(v) for k, v in node.items() if k not in ("__is_block__", "__comments__")}
+        return {unquote(k): clean(v) for k, v in node.items() if k not in HCL2_KEYS}
     if isinstance(node, list):
         return [clean(v) for v in node]
     if isinstance(node, str):
@@ -113,7 +126,7 @@ def comments(node: Any) -> Iterator[str]:
     """Every comment hcl2 kept, anywhere below `node`."""
     if isinstance(node, dict):
         for k, v in node.items():
-            if k == "__comments__":
+            if k in ("__comments__", "__inline_comments__"):
                 yield from (c.get("value", "") for c in v)
             else:
                 yield from comments(v)
@@ -573,6 +586,10 @@ def test_statements_are_literal_scoped_and_commented(tf):
             if "*" in as_list(s["resources"]):
                 assert s["resources"] == ["*"], f"{role}/{s['sid']}: '*' beside other resources"
                 assert set(actions) <= STAR_RESOURCE_ACTIONS, f"{role}/{s['sid']}: {actions} on '*'"
+                for action in set(actions) & set(STAR_RESOURCE_CONDITIONS):
+                    test, variable, values = STAR_RESOURCE_CONDITIONS[action]
+                    assert actions == [action], f"{role}/{s['sid']}: {action} shares its condition"
+                    assert conditions(tf, s) == {(test, variable): values}, f"{role}/{s['sid']}: {action} unbounded"
 
 
 def test_each_statement_has_a_comment(tf):
@@ -665,6 +682,17 @@ def test_lambda_ec2_permissions_are_tag_scoped(tf):
     (stop,) = with_action(watchdog, "ec2:StopInstances")
     assert conditions(tf, stop)[("StringEquals", "aws:ResourceTag/gridfleet:role")] == ["hub"]
     assert not with_action(statements_of(tf, "starter"), "ec2:TerminateInstances")
+
+
+def test_metrics_are_put_into_the_fleet_namespace_only(tf):
+    for role in ("hub", "node"):
+        (put,) = with_action(statements_of(tf, role), "cloudwatch:PutMetricData")
+        assert put["actions"] == ["cloudwatch:PutMetricData"] and put["resources"] == ["*"]
+        assert conditions(tf, put) == {("StringEquals", "cloudwatch:namespace"): ["${var.metrics_namespace}"]}
+    for role in ("starter", "watchdog"):
+        assert not with_action(statements_of(tf, role), "cloudwatch:PutMetricData")
+    # fleet.yaml's default namespace is the stack's, so the defaults publish where the roles may.
+    assert tf.default("metrics_namespace") == MetricsConfig().namespace
 
 
 def test_node_permissions(tf):
@@ -792,11 +820,131 @@ def test_dashboard(tf):
     dashboard = tf.resource("aws_cloudwatch_dashboard", "fleet")
     body = str(dashboard["dashboard_body"]) + str(tf.locals["dashboard_widgets"])
     for metric in ("ApproximateNumberOfMessagesVisible", "ApproximateNumberOfMessagesNotVisible",
-                   "ActiveNodes", "SitesCompleted", "SitesFailed", "Kills"):
+                   "ActiveNodes", "SitesQueued", "SitesRunning", "SitesCompleted", "SitesFailed", "RunProgress",
+                   "Kills", "JobsCompleted", "JobErrors", "JobDuration", "Heartbeat"):
         assert metric in body, metric
     assert "aws_sqs_queue.sites_dlq.name" in body
     assert "var.metrics_namespace" in body
     assert tf.default("metrics_namespace") == "gridfleet"
+    for w in tf.locals["dashboard_widgets"]:  # what jsonencode makes of it must be a widget CloudWatch reads
+        assert w["title"] and w["stat"] and w["metrics"], w
+        ids = []
+        for entry in w["metrics"]:
+            assert isinstance(entry, list) and entry, (w["title"], entry)
+            if isinstance(entry[0], dict):  # an expression: [{expression, id, label}]
+                assert len(entry) == 1 and {"expression", "id"} <= set(entry[0]), (w["title"], entry)
+                ids.append(entry[0]["id"])
+            else:  # [namespace, name, (dimension, value)..., {options}]
+                plain = [e for e in entry if not isinstance(e, dict)]
+                assert len(plain) % 2 == 0 and all(isinstance(e, str) for e in plain), (w["title"], entry)
+                assert all(isinstance(e, dict) for e in entry[len(plain):]), (w["title"], entry)
+        assert len(ids) == len(set(ids)), f"{w['title']}: repeated expression id"
+
+
+# --- what the code publishes, against what the dashboard and the alarms read --------------------------------------
+
+#: The modules that publish gridfleet's CloudWatch metrics: every `Datum(...)` of theirs.
+PUBLISHERS = ("hub/monitor.py", "fleet/metrics.py")
+#: Metrics the hub publishes as a count per publish; every other metric of the hub's is a gauge (a current value).
+PER_PUBLISH_COUNTS = {"Kills"}
+#: Published but not drawn, with the reason.
+NOT_DRAWN = {"QueueVisible", "QueueInFlight", "QueueDlq"}  # the SQS widget reads the same depths from SQS
+
+SEARCH_RE = re.compile(
+    r"""SEARCH\('\{\$\{local\.search_namespace\},([A-Za-z,]+)\} MetricName=\\?"(\w+)\\?"', '(\w+)', 300\)""")
+
+
+def _dims(node: ast.expr | None, env: dict[str, tuple[str, ...]]) -> tuple[str, ...] | None:
+    """The dimension names of a `dims` argument: literal pairs, names bound to them, and their sums."""
+    if node is None:
+        return ()
+    if isinstance(node, ast.Name):
+        return env.get(node.id)
+    if isinstance(node, ast.Tuple):
+        names = [e.elts[0].value for e in node.elts if isinstance(e, ast.Tuple) and e.elts
+                 and isinstance(e.elts[0], ast.Constant) and isinstance(e.elts[0].value, str)]
+        return tuple(names) if len(names) == len(node.elts) else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _dims(node.left, env), _dims(node.right, env)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def published_metrics() -> dict[str, dict[str, set[frozenset[str]]]]:
+    """module -> metric name -> the dimension-name sets the code publishes it with (read from its source)."""
+    out: dict[str, dict[str, set[frozenset[str]]]] = {}
+    for module in PUBLISHERS:
+        tree = ast.parse((ROOT / module).read_text())
+        found = out.setdefault(module, {})
+        for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            env: dict[str, tuple[str, ...]] = {}
+            for node in ast.walk(func):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    dims = _dims(node.value, env)
+                    if dims is not None:
+                        env[node.targets[0].id] = dims
+            for node in ast.walk(func):
+                if not (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
+                        == "Datum" and node.args and isinstance(node.args[0], ast.Constant)):
+                    continue
+                arg = next((k.value for k in node.keywords if k.arg == "dims"),
+                           node.args[3] if len(node.args) > 3 else None)
+                dims = _dims(arg, env)
+                assert dims is not None, f"{module}:{node.lineno}: dims of {node.args[0].value} not read"
+                found.setdefault(node.args[0].value, set()).add(frozenset(dims))
+    return out
+
+
+def custom_metrics_read(tf: Config) -> list[tuple[str, str, frozenset[str], str]]:
+    """(where, metric, dimension names, statistic) of every read of metrics_namespace in widgets and alarms."""
+    ns = "${var.metrics_namespace}"
+    assert tf.locals["search_namespace"].replace('\\"', '"') == f'"{ns}"'
+    out = []
+    for w in tf.locals["dashboard_widgets"]:
+        for entry in w["metrics"]:
+            if isinstance(entry[0], dict):
+                expression = entry[0]["expression"]
+                if "search_namespace" not in expression and ns not in expression:
+                    continue
+                m = SEARCH_RE.fullmatch(expression)
+                assert m, f"{w['title']}: an expression over the fleet's namespace that is not a SEARCH: {expression}"
+                out.append((w["title"], m.group(2), frozenset(m.group(1).split(",")), m.group(3)))
+            elif entry[0] == ns:
+                plain = [e for e in entry if not isinstance(e, dict)]
+                options = next((e for e in entry if isinstance(e, dict)), {})
+                out.append((w["title"], plain[1], frozenset(plain[2::2]), options.get("stat", w["stat"])))
+    for name, alarm in tf.resources["aws_cloudwatch_metric_alarm"].items():
+        if alarm.get("namespace") == ns:
+            out.append((f"alarm {name}", alarm["metric_name"], frozenset(alarm.get("dimensions") or {}),
+                        alarm["statistic"]))
+    return out
+
+
+def test_published_metrics_are_read_from_the_code():
+    found = published_metrics()
+    assert {"ActiveNodes", "SitesCompleted", "RunProgress", "Kills"} <= set(found["hub/monitor.py"])
+    assert frozenset({"KillPath"}) in found["hub/monitor.py"]["Kills"]
+    assert found["fleet/metrics.py"]["JobErrors"] == {frozenset({"WorkerId", "ErrorType"})}
+
+
+def test_widgets_and_alarms_read_only_metrics_the_code_publishes(tf):
+    found = published_metrics()
+    published: dict[str, set[frozenset[str]]] = {}
+    for metrics in found.values():
+        for name, dims in metrics.items():
+            published.setdefault(name, set()).update(dims)
+    read = custom_metrics_read(tf)
+    assert read
+    for where, metric, dims, _ in read:
+        assert metric in published, f"{where}: {metric} is not a metric gridfleet publishes"
+        assert dims in published[metric], (
+            f"{where}: {metric} by {sorted(dims)}, but the code publishes it by {[sorted(d) for d in published[metric]]}")
+    drawn = {metric for where, metric, _, _ in read if not where.startswith("alarm ")}
+    assert set(published) - drawn == NOT_DRAWN, "a published metric is neither drawn nor listed in NOT_DRAWN"
+    gauges = set(found["hub/monitor.py"]) - PER_PUBLISH_COUNTS
+    for where, metric, _, stat in read:
+        if metric in gauges:  # a Sum of a gauge adds the same count up once per publish
+            assert stat in ("Maximum", "Minimum", "Average"), f"{where}: {metric} is a gauge, read with {stat}"
 
 
 def test_alarms(tf):
