@@ -37,6 +37,16 @@ def _run_id(value: str) -> str:
     return value
 
 
+def _positive(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = -1.0
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number of seconds above 0")
+    return x
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gridfleet",
@@ -114,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="follow the run on AWS, in the resources this fleet.yaml names")
     p.add_argument("--local", action="store_true", help="follow the run on the local stack")
     p.add_argument("--out", type=Path, default=Path("runs"), help="where to look for summaries (default: %(default)s)")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default: %(default)s)")
+    p.add_argument("--interval", type=_positive, default=2.0, help="seconds between refreshes (default: %(default)s)")
 
     p = sub.add_parser("report", help="write a self-contained HTML report of a run (timeline, cost, diff)",
                        description="One HTML file: the sites, a timeline of every attempt on every node, durations, "
@@ -331,7 +341,12 @@ def _status_from_summary(out: Path, run_id: str | None) -> dict[str, Any]:
         path = out / run_id / "summary.json"
         if not path.is_file():
             raise MissingResource(f"run {run_id}: not on a running local stack, and no {path}")
-    summary = json.loads(path.read_text())
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: not a run summary: {e}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("sites"), dict) or "run_id" not in summary:
+        raise UsageError(f"{path}: not a run summary (no run_id and sites)")
     return {"run_id": summary["run_id"], "sites": summary["sites"], "counts": summary.get("counts") or
             {k: sum(1 for s in summary["sites"].values() if s["run_status"] == k)
              for k in ("QUEUED", "RUN", "COMPLETED", "FAILED")}}

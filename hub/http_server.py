@@ -20,12 +20,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from fleet.httpd import QuietHandler
 
 log = logging.getLogger("gridfleet.http")
 
@@ -184,13 +186,11 @@ class _Server(ThreadingHTTPServer):
         log.log(logging.DEBUG if gone else logging.WARNING, "error serving %s", client_address, exc_info=True)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Server
     server_version = "gridfleet-hub/1"
     timeout = _IO_TIMEOUT_S
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
+    log = log
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
@@ -247,21 +247,6 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 continue
             last_write = time.monotonic()
-
-    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
-        self.close_connection = True
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
-        except OSError:
-            log.debug("client %s went away before the response was written", self.address_string())
 
 
 class HubServer:

@@ -283,7 +283,7 @@ def _choose_and_report(console: Console, run_id: str, records: dict[str, Any], a
 def _rerun_local(args: argparse.Namespace, config: Config | None, console: Console) -> int:
     from hub.rerun import reopen
 
-    stack = local_env.make_stack(local_env.gridfleet_home())
+    stack = local_env.make_stack(local_env.gridfleet_home(), need_jar=False)
     state = stack.running()
     run_id = args.run_id or (local_env.latest_run_on_stack(stack) if state else None)
     if state is None or run_id is None:

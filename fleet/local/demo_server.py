@@ -18,9 +18,11 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from fleet.httpd import QuietHandler
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +136,10 @@ class _State:
             self._sites.clear()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _HTTPServer
     server_version = "gridfleet-demo/1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
+    log = log
 
     def do_GET(self) -> None:
         self._route("GET")
@@ -196,19 +196,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_html(self, status: int, body: bytes) -> None:
         self._send(status, body, "text/html; charset=utf-8")
-
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
-        self.close_connection = True
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            log.debug("client went away before the response was written")
 
 
 class _HTTPServer(ThreadingHTTPServer):

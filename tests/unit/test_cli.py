@@ -236,3 +236,26 @@ def test_a_new_run_with_the_id_of_a_finished_local_run_is_refused(tmp_path):
     assert "Traceback" not in p.stderr
     assert (tmp_path / "runs" / "r1" / "summary.json").read_bytes() == before
     assert not (tmp_path / "home" / "local").exists()
+
+
+OPERATOR_BAD_INPUT = {
+    "rerun with neither sites nor --failed": (["rerun"], 2, "name the sites to rerun, or pass --failed"),
+    "rerun with both": (["rerun", "a", "--failed"], 2, "name the sites to rerun, or pass --failed"),
+    "rerun with no local stack": (["rerun", "--failed", "--run-id", "r1"], 2, "no local stack with a run is up"),
+    "watch at a zero interval": (["watch", "--interval", "0"], 2, "argument --interval: '0': a number of seconds"),
+    "watch with nothing to follow": (["watch", "--out", "elsewhere"], 1, "no run to show"),
+    "status of a broken summary": (["status", "--run-id", "broken"], 2, "runs/broken/summary.json: not a run summary"),
+    "report with no summary": (["report", "--run-id", "r1"], 1, "no runs/r1/summary.json"),
+    "report of a broken summary": (["report", "--run-id", "broken"], 2, "runs/broken/summary.json: not a run summary"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPERATOR_BAD_INPUT))
+def test_operator_commands_refuse_bad_input_with_one_message(tmp_path, case):
+    args, code, expected = OPERATOR_BAD_INPUT[case]
+    (tmp_path / "runs" / "broken").mkdir(parents=True)
+    (tmp_path / "runs" / "broken" / "summary.json").write_text("[1, 2]")
+    p = gridfleet(tmp_path, *args)
+    assert p.returncode == code, p.stderr
+    assert expected in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "home" / "local").exists()  # nothing was started

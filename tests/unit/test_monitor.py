@@ -182,3 +182,19 @@ def test_watch_follows_until_the_run_finishes_and_exits_as_run_does():
         lines = out.getvalue().splitlines()
         assert rc == code and slept == [2, 2]
         assert lines[0].startswith("run r: 0/2 sites finished") and lines[-1].startswith("run r: 2/2 sites finished")
+
+
+def test_watch_on_a_terminal_draws_the_bar_and_the_open_sites_in_place():
+    site = {"run_status": "RUN", "site_status": "URL_CALL", "attemptCount": 2, "failure_reason": None,
+            "instance_id": "i-9", "lastUpdateEpoch": None}
+    seq = iter([
+        {"run_id": "r", "finished": False, "sites": {"slow-site": site}, "counts": {"RUN": 1}},
+        {"run_id": "r", "finished": True, "sites": {"slow-site": {**site, "run_status": "COMPLETED",
+                                                                   "site_status": "COMPLETED"}},
+         "counts": {"COMPLETED": 1}},
+    ])
+    out = io.StringIO()
+    rc = watch(lambda: next(seq), Console(file=out, width=120, force_terminal=True), interval_s=1,
+               sleep=lambda s: None)
+    text = out.getvalue()
+    assert rc == 0 and "run r" in text and "slow-site" in text and "1/1" in text and "\x1b[" in text
