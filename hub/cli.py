@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "previous run under the same runs directory.")
     p.add_argument("--run-id", type=_run_id, help="default: the latest run under --runs")
     p.add_argument("--out", type=Path, help="the HTML file (default: runs/<run_id>/report.html)")
-    p.add_argument("--runs", type=Path, default=Path("runs"), help="where the runs' summaries are (default: %(default)s)")
+    p.add_argument("--runs", type=Path, default=Path("runs"),
+                   help="where the runs' summaries are (default: %(default)s)")
     p.add_argument("--config", help="fleet.yaml whose fleet.hourly_price prices the node-seconds")
 
     p = sub.add_parser("check", help="assert a finished run kept every promise (exit 0) or list what broke (exit 1)",
@@ -290,10 +291,9 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     if args.run_id:
         path = args.runs / args.run_id / "summary.json"
     else:
-        found = sorted(args.runs.glob("*/summary.json"), key=lambda p: p.stat().st_mtime) if args.runs.is_dir() else []
-        if not found:
+        path = _latest_summary(args.runs)
+        if path is None:
             raise MissingResource(f"no run to report on: no {args.runs}/*/summary.json (a run writes it when it ends)")
-        path = found[-1]
     if not path.is_file():
         raise MissingResource(f"no {path}: a run writes its summary when it ends (see `gridfleet status` meanwhile)")
     prices = load_config(args.config).fleet.hourly_price if args.config else FleetConfig().hourly_price
@@ -330,13 +330,19 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     return watch(fetch, console, interval_s=args.interval)
 
 
+def _latest_summary(out: Path) -> Path | None:
+    """The summary.json under `out` written last, if any."""
+    found = sorted(out.glob("*/summary.json"), key=lambda p: p.stat().st_mtime) if out.is_dir() else []
+    return found[-1] if found else None
+
+
 def _status_from_summary(out: Path, run_id: str | None) -> dict[str, Any]:
     if run_id is None:
-        found = sorted(out.glob("*/summary.json"), key=lambda p: p.stat().st_mtime) if out.is_dir() else []
-        if not found:
+        latest = _latest_summary(out)
+        if latest is None:
             raise MissingResource("no run to show: no local stack is up and no runs/*/summary.json here "
                                   "(use --run-id, --out, or start one with `gridfleet run --local`)")
-        path = found[-1]
+        path = latest
     else:
         path = out / run_id / "summary.json"
         if not path.is_file():

@@ -48,6 +48,13 @@ def kills_of(snap: Snapshot) -> list[dict[str, Any]]:
     return sorted(out, key=lambda k: -(k["at"] or 0))
 
 
+def by_path(kills: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k in kills:
+        out[k["path"]] = out.get(k["path"], 0) + 1
+    return out
+
+
 class HubMonitor:
     def __init__(self, run_id: str, config: Config, queue: SiteQueue | None, clock: Clock,
                  cloudwatch: CloudWatchSink | None = None):
@@ -130,10 +137,7 @@ class HubMonitor:
         if self._kills_published is not None:
             new = kills[: max(0, len(kills) - self._kills_published)]
             data.append(Datum("Kills", len(new)))
-            by_path: dict[str, int] = {}
-            for k in new:
-                by_path[k["path"]] = by_path.get(k["path"], 0) + 1
-            data += [Datum("Kills", n, "Count", (("KillPath", p),)) for p, n in sorted(by_path.items())]
+            data += [Datum("Kills", n, "Count", (("KillPath", p),)) for p, n in sorted(by_path(new).items())]
         self._kills_published = len(kills)
         return data
 
@@ -174,18 +178,15 @@ class _Families(Collector):
             q.add_metric(["dlq"], depth.dlq)
             yield q
         kills = CounterMetricFamily("gridfleet_kills", "Attempts killed, by the path that worked", labels=["path"])
-        by_path: dict[str, int] = {}
         outcomes: dict[str, int] = {}
         durations: list[float] = []
         for r in snap.sites.values():
             for a in r.attempts:
-                if a.kill_path:
-                    by_path[a.kill_path] = by_path.get(a.kill_path, 0) + 1
                 if a.outcome:
                     outcomes[a.outcome] = outcomes.get(a.outcome, 0) + 1
                     if a.end is not None:
                         durations.append(a.end - a.start)
-        for path, n in sorted(by_path.items()):
+        for path, n in sorted(by_path(kills_of(snap)).items()):
             kills.add_metric([path], n)
         yield kills
         att = CounterMetricFamily("gridfleet_attempts", "Attempts that ended, by outcome", labels=["outcome"])

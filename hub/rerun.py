@@ -61,12 +61,11 @@ def choose(records: Mapping[str, SiteRecord], names: Iterable[str], *, failed: b
 
 
 def reopen(*, run_id: str, run: RunInfo, records: Mapping[str, SiteRecord], choice: Choice, table: StateTable,
-           queue: SiteQueue, results: ResultStore, config: Config | None, now: float) -> list[str]:
+           queue: SiteQueue, results: ResultStore, config: Config, now: float) -> list[str]:
     """Reopen the chosen sites (and the run, if it finished); returns the sites reopened."""
     if run.finished:
-        deadline_s = config.run.deadline_s if config is not None else max(3600.0, run.deadline_at - run.started_at)
-        table.update_run(run_id, status="RUNNING", deadline_at=now + deadline_s, finished_at=None, hub_id=None,
-                         launch_failures=0, launch_error=None, launch_retry_at=None, reruns=run.reruns + 1)
+        table.update_run(run_id, status="RUNNING", deadline_at=now + config.run.deadline_s, finished_at=None,
+                         hub_id=None, launch_failures=0, launch_error=None, launch_retry_at=None, reruns=run.reruns + 1)
         event(log, "run-reopened", run_id=run_id, sites=len(choice.sites), rerun=run.reruns + 1)
     done = []
     for name in choice.sites:
@@ -74,12 +73,10 @@ def reopen(*, run_id: str, run: RunInfo, records: Mapping[str, SiteRecord], choi
         if rec.run_status is RunStatus.COMPLETED:
             aside = results.set_aside(rec.result_key or result_key(name, run.run_date), f"{int(now)}")
             event(log, "result-set-aside", run_id=run_id, site=name, key=rec.result_key, moved_to=aside)
-        spec = None
-        if config is not None:
-            try:
-                spec = spec_of(config.site(name))  # the config may carry the fix (options, start_url)
-            except KeyError:
-                pass
+        try:
+            spec = spec_of(config.site(name))  # the config may carry the fix (options, start_url)
+        except KeyError:
+            spec = None
         try:
             new = ops.reopen(table, rec, now, spec)
             ops.send_next(table, queue, new)

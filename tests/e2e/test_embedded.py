@@ -133,6 +133,19 @@ sites:
 """
 
 
+def crawling_node(gf, hub, run_id: str, site: str) -> str:
+    """The node crawling `site` once a page load of it is under way (the hub must still be running)."""
+    deadline = time.monotonic() + 120
+    while True:
+        assert hub.poll() is None, (gf.cwd / "hub.log").read_text()
+        st = gf.run("status", "--run-id", run_id, "--json", timeout=60)
+        rec = json.loads(st.stdout)["sites"].get(site) if st.returncode == 0 else None
+        if rec and rec["site_status"] in ("URL_CALL", "CALL_DONE") and rec["instance_id"]:
+            return rec["instance_id"]
+        assert time.monotonic() < deadline, f"site {site} never started"
+        time.sleep(0.3)
+
+
 def sigkill_when(gf, hub, run_id: str, completed: int) -> None:
     """SIGKILL the hub once `completed` sites of the run are COMPLETED."""
     deadline = time.monotonic() + 120
@@ -221,16 +234,7 @@ def test_a_spot_notice_mid_crawl_requeues_the_site_without_spending_an_attempt(g
     assert gf.run("local", "up", timeout=120).returncode == 0
     cfg = gf.write_config("spot.yaml", SPOT)
     hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "spot")
-    deadline = time.monotonic() + 120
-    while True:  # wait until `long` is being crawled, then interrupt its node
-        assert hub.poll() is None, (gf.cwd / "hub.log").read_text()
-        st = gf.run("status", "--run-id", "spot", "--json", timeout=60)
-        site = json.loads(st.stdout)["sites"].get("long") if st.returncode == 0 else None
-        if site and site["site_status"] in ("URL_CALL", "CALL_DONE") and site["instance_id"]:
-            node = site["instance_id"]
-            break
-        assert time.monotonic() < deadline, "the long site never started"
-        time.sleep(0.3)
+    node = crawling_node(gf, hub, "spot", "long")  # then interrupt that node
     imds = json.loads(gf.stack_file.read_text())["components"]["imds"]["url"]
     urllib.request.urlopen(urllib.request.Request(f"{imds}/_spot/{node}", method="POST"), timeout=5).read()
     assert hub.wait(timeout=180) == 0, (gf.cwd / "hub.log").read_text()
@@ -263,16 +267,7 @@ def test_a_node_agent_sigkilled_mid_crawl_is_lost_its_instance_ended_and_the_sit
     assert gf.run("local", "up", timeout=120).returncode == 0
     cfg = gf.write_config("kill.yaml", KILL_AGENT)
     hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "kill")
-    deadline = time.monotonic() + 120
-    while True:
-        assert hub.poll() is None, (gf.cwd / "hub.log").read_text()
-        st = gf.run("status", "--run-id", "kill", "--json", timeout=60)
-        site = json.loads(st.stdout)["sites"].get("victim") if st.returncode == 0 else None
-        if site and site["site_status"] in ("URL_CALL", "CALL_DONE") and site["instance_id"]:
-            node = site["instance_id"]
-            break
-        assert time.monotonic() < deadline, "the victim site never started"
-        time.sleep(0.3)
+    node = crawling_node(gf, hub, "kill", "victim")
     agents = [p for p in procs.scan(with_cmdline=True) if p.alive and p.markers.get("GRIDFLEET_INSTANCE") == node
               and "node" in p.cmdline and "--instance-id" in p.cmdline]
     assert len(agents) == 1, agents
