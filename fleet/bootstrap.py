@@ -12,7 +12,11 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from fleet.aws import AwsClients, error_code
+from fleet.codec import OPEN_ATTR, OPEN_INDEX, STAMP_ATTRS
 from fleet.table import wait_table_active
+
+#: The attributes the index `open` carries besides the keys: those of a stamp (`fleet.codec.item_stamp`).
+OPEN_INDEX_ATTRIBUTES = STAMP_ATTRS
 
 
 def ensure_resources(clients: AwsClients, visibility_timeout_s: int) -> list[str]:
@@ -48,7 +52,16 @@ def _ensure_table(ddb: Any, name: str) -> bool:
         TableName=name,
         KeySchema=[{"AttributeName": "run_id", "KeyType": "HASH"}, {"AttributeName": "Site", "KeyType": "RANGE"}],
         AttributeDefinitions=[{"AttributeName": "run_id", "AttributeType": "S"},
-                              {"AttributeName": "Site", "AttributeType": "S"}],
+                              {"AttributeName": "Site", "AttributeType": "S"},
+                              {"AttributeName": OPEN_ATTR, "AttributeType": "S"}],
+        # The sparse index of the sites that can still change (only they carry OPEN_ATTR), with what their
+        # stamps are made of: the hub's read of what moved. A local index, so that read can be consistent.
+        LocalSecondaryIndexes=[{
+            "IndexName": OPEN_INDEX,
+            "KeySchema": [{"AttributeName": "run_id", "KeyType": "HASH"},
+                          {"AttributeName": OPEN_ATTR, "KeyType": "RANGE"}],
+            "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(OPEN_INDEX_ATTRIBUTES)},
+        }],
         BillingMode="PAY_PER_REQUEST",
     )
     wait_table_active(ddb, name)

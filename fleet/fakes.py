@@ -15,8 +15,9 @@ from typing import Any, Iterable
 
 from fleet.clock import Clock, SystemClock
 from fleet.codec import (
-    NODE_PREFIX, RUN_ITEM, RUNS_PARTITION, HistoryEvent, NodeInfo, RunInfo, diff_items, history_to_item,
-    item_to_run, item_to_site, node_to_item, num, run_to_item, site_to_item, split_partition,
+    NODE_PREFIX, OPEN_ATTR, RUN_ITEM, RUNS_PARTITION, HistoryEvent, NodeInfo, RunInfo, Stamp, diff_items,
+    history_to_item, item_stamp, item_to_node, item_to_run, item_to_site, node_to_item, num, run_to_item,
+    site_to_item, split_partition,
 )
 from fleet.errors import StaleWrite
 from fleet.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
@@ -29,6 +30,14 @@ class MemoryStateTable:
     def __init__(self) -> None:
         self.items: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
+        self._open: dict[str, dict[str, Stamp]] = {}  # the sparse index `open`: run -> site -> its stamp
+        self._nodes: dict[str, set[str]] = {}  # run -> node item keys (a begins_with Query)
+
+    def _index(self, run_id: str, site: str, item: dict[str, Any]) -> None:
+        if OPEN_ATTR in item:
+            self._open.setdefault(run_id, {})[site] = item_stamp(item)
+        else:
+            self._open.get(run_id, {}).pop(site, None)
 
     def create_site(self, rec: SiteRecord) -> bool:
         with self._lock:
@@ -36,6 +45,7 @@ class MemoryStateTable:
             if key in self.items:
                 return False
             self.items[key] = site_to_item(rec)
+            self._index(rec.run_id, rec.site, self.items[key])
             return True
 
     def get_site(self, run_id: str, site: str) -> SiteRecord | None:
@@ -56,14 +66,31 @@ class MemoryStateTable:
                 raise StaleWrite(old.run_id, old.site, old.fence(),
                                  item_to_site(copy.deepcopy(cur)) if cur else None)
             sets, removes = diff_items(site_to_item(old), site_to_item(new))  # what DynamoDB would SET/REMOVE
-            cur.update(copy.deepcopy(sets))
+            cur.update({k: copy.deepcopy(v) if isinstance(v, (dict, list)) else v for k, v in sets.items()})
             for k in removes:
                 cur.pop(k, None)
+            self._index(old.run_id, old.site, cur)
             return new
 
     def read_run(self, run_id: str) -> RunRows:
         items = [copy.deepcopy(item) for (rid, _), item in sorted(self.items.items()) if rid == run_id]
         return RunRows(*split_partition(items))
+
+    def open_stamps(self, run_id: str) -> dict[str, Stamp]:
+        """The stamps of the sites that can still change (QUEUED or RUN): the Query of the index `open`."""
+        with self._lock:
+            return dict(self._open.get(run_id, {}))
+
+    def get_sites(self, run_id: str, sites: Iterable[str]) -> list[SiteRecord]:
+        out = []
+        for site in sites:
+            item = self.items.get((run_id, site))
+            if item is not None:
+                out.append(item_to_site(item))  # decoding builds new objects: nothing shared with the store
+        return out
+
+    def read_nodes(self, run_id: str) -> list[NodeInfo]:
+        return [item_to_node(self.items[(run_id, k)]) for k in sorted(self._nodes.get(run_id, ()))]
 
     def create_run(self, run: RunInfo) -> bool:
         with self._lock:
@@ -97,6 +124,7 @@ class MemoryStateTable:
     def put_node(self, node: NodeInfo) -> None:
         with self._lock:
             self.items[(node.run_id, NODE_PREFIX + node.instance_id)] = node_to_item(node)
+            self._nodes.setdefault(node.run_id, set()).add(NODE_PREFIX + node.instance_id)
 
     def add_history(self, event: HistoryEvent) -> None:
         with self._lock:

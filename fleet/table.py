@@ -8,20 +8,24 @@ write is not applied. Reads of a run are a paginated Query of its partition.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from fleet.aws import error_code
 from fleet.codec import (
-    RUN_ITEM, RUNS_PARTITION, HistoryEvent, NodeInfo, RunInfo, diff_items, history_to_item, item_to_run,
-    item_to_site, node_to_item, num, run_to_item, site_to_item, split_partition,
+    NODE_PREFIX, OPEN_ATTR, OPEN_INDEX, RUN_ITEM, RUNS_PARTITION, HistoryEvent, Stamp, NodeInfo, RunInfo, diff_items,
+    STAMP_ATTRS, history_to_item, item_stamp, item_to_node, item_to_run, item_to_site, node_to_item, num, run_to_item,
+    site_to_item, split_partition,
 )
-from fleet.errors import MissingResource, StaleWrite
+from fleet.errors import GridfleetError, MissingResource, StaleWrite
 from fleet.state import SiteRecord
+
+log = logging.getLogger("gridfleet.table")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,9 @@ class StateTable(Protocol):
     def get_site(self, run_id: str, site: str) -> SiteRecord | None: ...
     def write(self, old: SiteRecord, new: SiteRecord) -> SiteRecord: ...
     def read_run(self, run_id: str) -> RunRows: ...
+    def open_stamps(self, run_id: str) -> dict[str, Stamp]: ...
+    def get_sites(self, run_id: str, sites: Iterable[str]) -> list[SiteRecord]: ...
+    def read_nodes(self, run_id: str) -> list[NodeInfo]: ...
     def create_run(self, run: RunInfo) -> bool: ...
     def get_run(self, run_id: str) -> RunInfo | None: ...
     def update_run(self, run_id: str, **fields: Any) -> None: ...
@@ -72,11 +79,17 @@ def fence_condition(old: SiteRecord) -> tuple[str, dict[str, Any], dict[str, str
 
 
 class DynamoStateTable:
-    def __init__(self, client: Any, table_name: str):
+    BATCH_GET_MAX = 100  # keys per BatchGetItem, DynamoDB's limit
+    BATCH_GET_ROUNDS = 8  # retries of UnprocessedKeys before giving up
+
+    def __init__(self, client: Any, table_name: str, page_size: int | None = None):
         self._c = client
         self.name = table_name
+        #: Items per Query page (`Limit`); None: as many as fit DynamoDB's 1 MB page.
+        self.page_size = page_size
         self._ser = TypeSerializer()
         self._de = TypeDeserializer()
+        self._has_open_index: bool | None = None  # None: not known yet
 
     # --- codec helpers ------------------------------------------------------
     def _enc(self, item: dict[str, Any]) -> dict[str, Any]:
@@ -148,11 +161,11 @@ class DynamoStateTable:
         return new
 
     # --- the run partition ------------------------------------------------------
-    def _query(self, run_id: str) -> Iterator[dict[str, Any]]:
-        kwargs: dict[str, Any] = {
-            "TableName": self.name, "KeyConditionExpression": "run_id = :r",
-            "ExpressionAttributeValues": {":r": {"S": run_id}}, "ConsistentRead": True,
-        }
+    def _pages(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """The decoded items of a Query, page after page (following LastEvaluatedKey)."""
+        kwargs = {"TableName": self.name, "ConsistentRead": True, **kwargs}
+        if self.page_size is not None:
+            kwargs["Limit"] = self.page_size
         while True:
             page = self._c.query(**kwargs)
             for item in page.get("Items", []):
@@ -161,8 +174,79 @@ class DynamoStateTable:
                 return
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
+    def _query(self, run_id: str) -> Iterator[dict[str, Any]]:
+        return self._pages(KeyConditionExpression="run_id = :r", ExpressionAttributeValues={":r": {"S": run_id}})
+
     def read_run(self, run_id: str) -> RunRows:
         return RunRows(*split_partition(self._query(run_id)))
+
+    def open_stamps(self, run_id: str) -> dict[str, Stamp]:
+        """The stamps of the sites that can still change (QUEUED or RUN): a Query of the sparse index `open`.
+
+        The index holds only the items carrying OPEN_ATTR, with the few attributes of a stamp, so the read
+        costs in proportion to the open sites, not to the run. A table made before the index existed is
+        read whole instead (and a warning says how to get the index).
+        """
+        if self._has_open_index is not False:
+            try:
+                items = list(self._pages(
+                    IndexName=OPEN_INDEX, KeyConditionExpression="run_id = :r",
+                    ExpressionAttributeValues={":r": {"S": run_id}},
+                    ProjectionExpression=", ".join(f"#a{i}" for i in range(len(STAMP_ATTRS) + 1)),
+                    ExpressionAttributeNames={f"#a{i}": a for i, a in enumerate(("Site",) + STAMP_ATTRS)},
+                ))
+            except ClientError as e:
+                if not self._is_missing_index(e):
+                    raise
+                self._has_open_index = False
+                log.warning("DynamoDB table %r has no index %r: each read of the open sites reads the whole run; "
+                            "recreate the table (`gridfleet aws bootstrap`, or infra/terraform) for the cheaper read",
+                            self.name, OPEN_INDEX)
+            else:
+                self._has_open_index = True
+                return {i["Site"]: item_stamp(i) for i in items}
+        return {i["Site"]: item_stamp(i) for i in self._query(run_id)
+                if not str(i["Site"]).startswith("#") and OPEN_ATTR in i}
+
+    @staticmethod
+    def _is_missing_index(e: ClientError) -> bool:
+        """A Query naming an index the table does not have. DynamoDB answers ValidationException ("The table
+        does not have the specified index"); moto answers ResourceNotFoundException ("Invalid index")."""
+        err = e.response.get("Error", {})
+        return err.get("Code") in ("ValidationException", "ResourceNotFoundException") and \
+            "index" in str(err.get("Message", "")).lower()
+
+    def get_sites(self, run_id: str, sites: Iterable[str]) -> list[SiteRecord]:
+        """The records of `sites` (strongly consistent), in the order given; unknown sites are left out."""
+        names = list(sites)
+        found: dict[str, SiteRecord] = {}
+        unique = list(dict.fromkeys(names))  # a BatchGetItem refuses a key twice
+        for start in range(0, len(unique), self.BATCH_GET_MAX):
+            keys = [self._key(run_id, s) for s in unique[start:start + self.BATCH_GET_MAX]]
+            for item in self._batch_get(keys):
+                rec = item_to_site(self._dec(item))
+                found[rec.site] = rec
+        return [found[s] for s in names if s in found]
+
+    def _batch_get(self, keys: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The items of up to 100 keys, retrying the keys DynamoDB leaves unprocessed (throttling, 16 MB)."""
+        for round_ in range(self.BATCH_GET_ROUNDS + 1):
+            if round_:
+                time.sleep(min(0.05 * 2 ** (round_ - 1), 1.0))
+            out = self._c.batch_get_item(RequestItems={self.name: {"Keys": keys, "ConsistentRead": True}})
+            yield from out.get("Responses", {}).get(self.name, [])
+            keys = ((out.get("UnprocessedKeys") or {}).get(self.name) or {}).get("Keys") or []
+            if not keys:
+                return
+        raise GridfleetError(f"DynamoDB table {self.name!r}: {len(keys)} keys still unprocessed after "
+                             f"{self.BATCH_GET_ROUNDS} retries of BatchGetItem (throttled?)")
+
+    def read_nodes(self, run_id: str) -> list[NodeInfo]:
+        """The run's node items, by key."""
+        items = self._pages(KeyConditionExpression="run_id = :r AND begins_with(#k, :p)",
+                            ExpressionAttributeNames={"#k": "Site"},
+                            ExpressionAttributeValues={":r": {"S": run_id}, ":p": {"S": NODE_PREFIX}})
+        return [item_to_node(i) for i in sorted(items, key=lambda i: i["Site"])]
 
     def create_run(self, run: RunInfo) -> bool:
         try:

@@ -94,10 +94,11 @@ resource "aws_iam_instance_profile" "node" {
 # --- hub ------------------------------------------------------------------------
 
 data "aws_iam_policy_document" "hub" {
-  # fleet.table: the run item, the site items, the node items.
+  # fleet.table: the run item, the site items (one by one, and in batches: get_sites), the node items.
   statement {
     sid = "StateTable"
     actions = [
+      "dynamodb:BatchGetItem",
       "dynamodb:DescribeTable",
       "dynamodb:GetItem",
       "dynamodb:PutItem",
@@ -105,6 +106,13 @@ data "aws_iam_policy_document" "hub" {
       "dynamodb:UpdateItem",
     ]
     resources = [aws_dynamodb_table.status.arn]
+  }
+
+  # fleet.table.open_stamps: the sites that can still change, from the table's index `open`.
+  statement {
+    sid       = "OpenSitesIndex"
+    actions   = ["dynamodb:Query"]
+    resources = ["${aws_dynamodb_table.status.arn}/index/open"]
   }
 
   # fleet.queue: enqueueing the sites; deleting the message of an attempt whose node died (its receipt is on

@@ -16,6 +16,23 @@ resource "aws_dynamodb_table" "status" {
     type = "S"
   }
 
+  # Set (to the site id) only while a site is QUEUED or RUN: the sort key of the index below.
+  attribute {
+    name = "openSite"
+    type = "S"
+  }
+
+  # The sparse index of the sites that can still change, with the attributes of their stamps
+  # (fleet.codec.item_stamp): the hub's per-tick read of what moved. Local, so that read can be
+  # strongly consistent; a local index exists only if the table is created with it.
+  local_secondary_index {
+    name               = "open"
+    range_key          = "openSite"
+    projection_type    = "INCLUDE"
+    non_key_attributes = ["attemptCount", "instance_id", "run_status", "kill_reason", "version", "site_status",
+    "lastUpdateEpoch", "heartbeatEpoch", "enqueued", "pages", "url"]
+  }
+
   # Items carry expireAt = run end + aws.result_ttl_days.
   ttl {
     attribute_name = "expireAt"

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from fleet.bootstrap import ensure_resources
+from fleet.codec import OPEN_ATTR, OPEN_INDEX, STAMP_ATTRS
 from fleet.errors import MissingResource
 from fleet.queue import SqsSiteQueue
 from fleet.results import S3ResultStore
@@ -37,6 +38,15 @@ def test_ensure_resources_creates_the_table_the_queues_and_the_bucket(aws_config
     assert table["TableStatus"] == "ACTIVE"
     assert sorted((k["AttributeName"], k["KeyType"]) for k in table["KeySchema"]) == [
         ("Site", "RANGE"), ("run_id", "HASH")]
+    # The sparse index of the open sites, carrying what a stamp is made of.
+    (index,) = table["LocalSecondaryIndexes"]
+    assert index["IndexName"] == OPEN_INDEX
+    assert [(k["AttributeName"], k["KeyType"]) for k in index["KeySchema"]] == [
+        ("run_id", "HASH"), (OPEN_ATTR, "RANGE")]
+    assert index["Projection"]["ProjectionType"] == "INCLUDE"
+    assert sorted(index["Projection"]["NonKeyAttributes"]) == sorted(STAMP_ATTRS)
+    assert {"AttributeName": OPEN_ATTR, "AttributeType": "S"} in table["AttributeDefinitions"]
+    assert not table.get("GlobalSecondaryIndexes")
     ttl = ddb.describe_time_to_live(TableName=aws.table)["TimeToLiveDescription"]
     assert (ttl["TimeToLiveStatus"], ttl["AttributeName"]) == ("ENABLED", "expireAt")
 

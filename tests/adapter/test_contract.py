@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 import uuid
 from decimal import Decimal
@@ -17,12 +18,12 @@ from decimal import Decimal
 import pytest
 
 from fleet import ops
-from fleet.codec import NodeInfo, RunInfo
-from fleet.errors import StaleWrite
+from fleet.codec import OPEN_ATTR, HistoryEvent, NodeInfo, RunInfo, record_stamp
+from fleet.errors import GridfleetError, StaleWrite
 from fleet.queue import BadMessage, QueueDepth, SiteMessage
 from fleet.results import result_key
 from fleet.state import Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
-from fleet.table import RunIndexEntry
+from fleet.table import DynamoStateTable, RunIndexEntry, wait_table_active
 
 NOW = 1_800_000_000.0
 RUN = "20270115-0600-ab12"
@@ -325,6 +326,183 @@ def test_add_launched_on_an_unknown_run_creates_no_run_item(table):
         table.add_launched("never-ran", 1)
     assert table.get_run("never-ran") is None
     assert table.read_run("never-ran").run is None
+
+
+# --- state table: the hub's reads of what moved -------------------------------------------------------------
+
+
+def stamp(rec: SiteRecord) -> tuple:
+    """What open_stamps says of a record (`fleet.codec.STAMP_ATTRS`)."""
+    return record_stamp(rec)
+
+
+def seed_partition(table, run_id: str = RUN) -> None:
+    """The items of a run that are not site records: the run item, node items, history."""
+    table.create_run(run_info(run_id))
+    table.put_node(NodeInfo(run_id, "i-0001", "busy", NOW + 5.5, NOW, site="a", attempt=1))
+    table.add_history(HistoryEvent(run_id, NOW + 1.5, "launch", {"count": 2}))
+
+
+def test_open_stamps_follow_the_sites_that_can_still_change(backend):
+    table = backend.table
+    seed_partition(table)
+    recs = {s: seed(table, s) for s in ("a", "b", "c")}
+    seed(table, "a", run_id="another-run")
+    assert table.open_stamps(RUN) == {s: stamp(r) for s, r in recs.items()}
+    assert stamp(recs["a"]) == (0, None, "QUEUED", None, 0, "PENDING", None, None, False, 0, None)
+
+    recs["a"] = ops.claim(table, recs["a"], "i-0001", NOW)  # QUEUED -> RUN: still open
+    recs["b"] = ops.mark_enqueued(table, recs["b"])
+    assert table.open_stamps(RUN) == {s: stamp(r) for s, r in recs.items()}
+    assert table.open_stamps(RUN)["a"][:4] == (1, "i-0001", "RUN", None) and table.open_stamps(RUN)["b"][8] is True
+
+    beaten = ops.beat(table, recs["a"], NOW + 30.5)  # the heartbeat moves, the version does not
+    assert table.open_stamps(RUN)["a"] == stamp(beaten) and stamp(beaten)[4] == recs["a"].version
+    recs["a"] = beaten
+    recs["a"] = ops.report(table, recs["a"], SiteStatus.RUNNING, NOW + 31)
+    recs["a"] = ops.report(table, recs["a"], SiteStatus.URL_CALL, NOW + 32, url="https://a.test/p/2", pages=1)
+    assert table.open_stamps(RUN)["a"] == stamp(recs["a"])  # progress: the hub patches its copy from this
+
+    done = ops.complete(table, recs["a"], result_key("a", "20270115"), NOW + 40)
+    assert "a" not in table.open_stamps(RUN)
+    assert OPEN_ATTR not in backend.raw_site(RUN, "a")
+    assert table.get_site(RUN, "a") == done  # closed, not gone
+
+    reopened = ops.reopen(table, done, NOW + 50)
+    got = table.open_stamps(RUN)
+    assert got == {"a": stamp(reopened), "b": stamp(recs["b"]), "c": stamp(recs["c"])}
+    assert backend.raw_site(RUN, "a")[OPEN_ATTR] == "a"
+    assert list(table.open_stamps("another-run")) == ["a"]
+    assert table.open_stamps("never-ran") == {}
+
+
+def test_open_stamps_read_every_page(backend, monkeypatch):
+    table = backend.table
+    seed_partition(table)
+    expected = {}
+    for i in range(40):
+        rec = seed(table, f"site-{i:02d}")
+        if i % 3 == 0:
+            rec = ops.claim(table, rec, "i-0001", NOW + i)
+        if i % 5 == 0:
+            ops.complete(table, ops.claim(table, rec, "i-0001", NOW + i) if i % 3 else rec,
+                         result_key(rec.site, "20270115"), NOW + 100)
+            continue
+        expected[rec.site] = stamp(rec)
+    seen: list[str] = []
+    if backend.name == "moto":
+        table.page_size = 4  # 32 open sites (8 of the 40 are closed): 8 pages of 4
+        client = table._c
+        real_query = client.query
+
+        def query(**kwargs):
+            page = real_query(**kwargs)
+            seen.extend(i["Site"]["S"] for i in page.get("Items", []))
+            return page
+
+        monkeypatch.setattr(client, "query", query)
+
+    assert table.open_stamps(RUN) == expected
+    if backend.name == "moto":
+        assert sorted(seen) == sorted(expected), "a site came back twice, or a page was skipped"
+        assert len(seen) > table.page_size
+
+
+def test_get_sites_reads_many_records_in_the_order_asked(backend):
+    table = backend.table
+    seed_partition(table)
+    recs = {}
+    for i in range(250):  # more than two BatchGetItem calls (100 keys each)
+        rec = seed(table, f"site-{i:03d}", i=i)
+        if i % 7 == 0:
+            rec = ops.beat(table, ops.claim(table, rec, f"i-{i:04d}", NOW + i), NOW + i + 0.25)
+        recs[rec.site] = rec
+    names = [f"site-{i:03d}" for i in reversed(range(250))]
+    asked = names[:120] + ["unknown"] + names[120:] + ["also-unknown"]
+    if backend.name == "moto":
+        backend.calls.clear()
+
+    got = table.get_sites(RUN, asked)
+
+    assert [r.site for r in got] == names
+    assert got == [table.get_site(RUN, s) for s in names] == [recs[s] for s in names]
+    if backend.name == "moto":
+        assert backend.calls.get("BatchGetItem", 0) >= 3
+    assert table.get_sites(RUN, []) == []
+    assert table.get_sites("never-ran", names[:3]) == []
+    assert table.get_sites(RUN, iter(["site-007", "site-003"])) == [recs["site-007"], recs["site-003"]]
+
+
+@pytest.mark.parametrize("backend", ["moto"], indirect=True)
+def test_get_sites_retries_the_keys_left_unprocessed(backend, monkeypatch):
+    """moto only: DynamoDB may answer part of a BatchGetItem (throttling, 16 MB); the rest is asked again."""
+    table = backend.table
+    recs = [seed(table, f"site-{i:03d}") for i in range(150)]
+    client, real = table._c, table._c.batch_get_item
+    asked: list[int] = []
+
+    def halving(RequestItems):  # noqa: N803 - boto3's parameter name
+        (spec,) = RequestItems.values()
+        keys = spec["Keys"]
+        assert spec["ConsistentRead"] is True
+        asked.append(len(keys))
+        if len(keys) == 1:
+            return real(RequestItems=RequestItems)
+        half = len(keys) // 2
+        out = real(RequestItems={table.name: {**spec, "Keys": keys[:half]}})
+        return {**out, "UnprocessedKeys": {table.name: {**spec, "Keys": keys[half:]}}}
+
+    monkeypatch.setattr("fleet.table.time.sleep", lambda s: None)
+    monkeypatch.setattr(client, "batch_get_item", halving)
+    assert table.get_sites(RUN, [r.site for r in recs]) == recs
+    assert asked[:4] == [100, 50, 25, 13] and len(asked) == 8 + 7
+
+    monkeypatch.setattr(client, "batch_get_item", lambda RequestItems: {  # noqa: N803
+        "Responses": {}, "UnprocessedKeys": RequestItems})
+    with pytest.raises(GridfleetError, match="100 keys still unprocessed after 8 retries"):
+        table.get_sites(RUN, [r.site for r in recs])
+
+
+def test_read_nodes_reads_only_the_node_items(table):
+    seed_partition(table)
+    for s in ("a", "node-b", "z"):
+        seed(table, s)
+    later = NodeInfo(RUN, "i-0001", "idle", NOW + 60, NOW, sites_done=1)
+    other = NodeInfo(RUN, "i-0000", "booting", NOW + 2, NOW + 1.25, expire_at=1_800_086_400)
+    table.put_node(later)  # overwrites the one seed_partition put
+    table.put_node(other)
+    table.put_node(NodeInfo("another-run", "i-0002", "busy", NOW, NOW))
+
+    assert table.read_nodes(RUN) == [other, later]
+    assert table.read_nodes(RUN) == sorted(table.read_run(RUN).nodes, key=lambda n: n.instance_id)
+    assert table.read_nodes("never-ran") == []
+
+
+def test_open_stamps_on_a_table_without_the_index(shared_clients, caplog):
+    """moto only: a table made before the index existed is read whole instead, and a warning says so once."""
+    ddb = shared_clients.client("dynamodb")
+    name = f"t-old-{uuid.uuid4().hex}"
+    ddb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "run_id", "KeyType": "HASH"}, {"AttributeName": "Site", "KeyType": "RANGE"}],
+        AttributeDefinitions=[{"AttributeName": "run_id", "AttributeType": "S"},
+                              {"AttributeName": "Site", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    wait_table_active(ddb, name)
+    table = DynamoStateTable(ddb, name, page_size=3)
+    seed_partition(table)
+    a = ops.beat(table, ops.claim(table, seed(table, "a"), "i-0001", NOW), NOW + 9.5)
+    b = ops.mark_enqueued(table, seed(table, "b"))
+    ops.complete(table, ops.claim(table, seed(table, "c"), "i-0001", NOW), result_key("c", "20270115"), NOW + 1)
+    seed(table, "a", run_id="another-run")
+
+    with caplog.at_level(logging.WARNING, logger="gridfleet.table"):
+        assert table.open_stamps(RUN) == {"a": stamp(a), "b": stamp(b)}
+        assert table.open_stamps(RUN) == {"a": stamp(a), "b": stamp(b)}
+    warnings = [r for r in caplog.records if r.name == "gridfleet.table"]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert name in warnings[0].getMessage() and "bootstrap" in warnings[0].getMessage()
 
 
 # --- queue ----------------------------------------------------------------------------------------------

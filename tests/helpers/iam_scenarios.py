@@ -31,12 +31,24 @@ from fleet.state import SiteSpec
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: How a call on a DynamoDB index is recorded (instead of the plain `service.Operation`): IAM authorizes it
+#: on the index's ARN (`<table arn>/index/<name>`), not on the table's.
+INDEX_CALL = "{call} on index/{index}"
+
+
 class Recorder:
     def __init__(self) -> None:
         self.calls: set[str] = set()
 
     def hook(self, service: str, client: Any) -> None:
-        client.meta.events.register("before-call", lambda model, **_: self.calls.add(f"{service}.{model.name}"))
+        client.meta.events.register("before-parameter-build", lambda params, model, **_: self._record(
+            service, model, params))
+
+    def _record(self, service: str, model: Any, params: dict[str, Any]) -> None:
+        call = f"{service}.{model.name}"
+        if service == "dynamodb" and params.get("IndexName"):
+            call = INDEX_CALL.format(call=call, index=params["IndexName"])
+        self.calls.add(call)
 
     def clients(self, config: Config) -> AwsClients:
         return AwsClients(config.aws, credentials=LOCAL_CREDENTIALS, on_client=(self.hook,))
@@ -105,6 +117,11 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
               provider=provider, control=control, clock=clock, out_dir=tmp / "runs", hub_id="ec2:i-hub",
               monitor=monitor_for("iam-hub", config, env.queue, env.clients, clock))  # as `gridfleet run`
     hub.tick()  # start, seed, launch
+    # The hub's per-tick read of what moved: the open sites' stamps (the table's index `open`), the records
+    # that changed (in batches) and the node items.
+    assert set(env.table.open_stamps("iam-hub")) == {"s1", "s2"}
+    assert [r.site for r in env.table.get_sites("iam-hub", ["s1", "s2"])] == ["s1", "s2"]
+    env.table.read_nodes("iam-hub")
     node = provider.list("iam-hub")[0].id
     _act_as_a_node(config, node)  # s1 completed with its result, s2 hung in URL_CALL and marked for a kill
     hub.run()  # kills s2 through SSM, requeues it, then the deadline: export (reads s1's result), teardown

@@ -2,7 +2,9 @@
 service beyond them.
 
 The calls come from running each role's code against a moto server with a botocore hook on every client
-(tests/helpers/iam_scenarios.py). What AWS needs on the code's behalf, and so never shows up as a call
+(tests/helpers/iam_scenarios.py). DynamoDB calls are also checked against the resource they need: the table's
+ARN, or for a call on an index, the index's ARN (`<table arn>/index/<name>`), which a grant on the table does
+not cover. What AWS needs on the code's behalf, and so never shows up as a call
 (the SSM agent, the EFS mount helper, KMS behind SSE, the Lambda runtime's logs), is listed below, each
 with its reason. A checker that passed whatever the policy said would be worthless, so the last test
 removes each needed action in turn and expects the checker to name it.
@@ -10,6 +12,8 @@ removes each needed action in turn and expects the checker to name it.
 
 from __future__ import annotations
 
+import re
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,9 @@ from tests.helpers import iam_scenarios
 ROOT = Path(__file__).resolve().parents[2]
 TF = ROOT / "infra" / "terraform"
 ROLES = ("hub", "node", "starter", "watchdog")
+
+#: The state table's ARN as the policies spell it.
+TABLE_ARN = "${aws_dynamodb_table.status.arn}"
 
 #: botocore service name -> IAM action prefix, where they differ.
 PREFIX = {"efs": "elasticfilesystem"}
@@ -90,9 +97,18 @@ def policy_actions() -> dict[str, set[str]]:
     return {role: set().union(*(st["actions"] for st in sts)) for role, sts in policy_statements().items()}
 
 
+_INDEX_CALL = re.compile(iam_scenarios.INDEX_CALL.format(call=r"(?P<call>\S+)", index=r"(?P<index>\S+)"))
+
+
+def split_call(call: str) -> tuple[str, str | None]:
+    """A recorded call -> (service.Operation, the index it was made on or None)."""
+    m = _INDEX_CALL.fullmatch(call)
+    return (m["call"], m["index"]) if m else (call, None)
+
+
 def needed(calls: set[str]) -> set[str]:
     out: set[str] = set()
-    for call in calls:
+    for call in (split_call(c)[0] for c in calls):
         if call in OPERATION_ACTIONS:
             out |= OPERATION_ACTIONS[call]
         else:
@@ -113,6 +129,26 @@ def problems(role: str, calls: set[str], granted: set[str]) -> list[str]:
         if "*" in a:
             out.append(f"{role}: wildcard action {a}")
     return out
+
+
+def needed_resources(calls: set[str]) -> set[tuple[str, str]]:
+    """(action, resource) pairs of the DynamoDB calls: a call on the table needs the table's ARN, a call on an
+    index the index's ARN (and only that: a Query of an index does not also need the table)."""
+    out: set[tuple[str, str]] = set()
+    for call in calls:
+        op, index = split_call(call)
+        if op.startswith("dynamodb."):
+            resource = TABLE_ARN if index is None else f"{TABLE_ARN}/index/{index}"
+            out |= {(action, resource) for action in needed({op})}
+    return out
+
+
+def resource_problems(role: str, calls: set[str], statements: list[dict]) -> list[str]:
+    """(action, resource) pairs the code needs that no statement of the role grants (empty: none)."""
+    return [f"{role}: the code calls {action} on {resource}, which no statement grants"
+            for action, resource in sorted(needed_resources(calls))
+            if not any(action in st["actions"] and any(fnmatchcase(resource, r) for r in st["resources"])
+                       for st in statements)]
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +172,8 @@ def granted():
 
 def test_the_scenarios_exercise_each_roles_code(recorded):
     assert {"ec2.RunInstances", "ec2.TerminateInstances", "ssm.SendCommand", "sqs.SendMessageBatch",
-            "s3.GetObject", "cloudwatch.PutMetricData"} <= recorded["hub"]
+            "s3.GetObject", "cloudwatch.PutMetricData", "dynamodb.Query", "dynamodb.BatchGetItem",
+            "dynamodb.Query on index/open"} <= recorded["hub"]
     assert {"sqs.ReceiveMessage", "sqs.DeleteMessage", "sqs.SendMessage", "s3.PutObject",
             "cloudwatch.PutMetricData"} <= recorded["node"]
     assert {"ec2.RunInstances", "ec2.StartInstances"} <= recorded["starter"]
@@ -168,3 +205,34 @@ def test_the_check_fails_when_any_needed_action_is_removed(role, recorded, grant
     for action in sorted(needed(recorded[role])):
         found = problems(role, recorded[role], granted[role] - {action})
         assert any(action in p for p in found), f"removing {action} from {role} went unnoticed"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_each_role_is_granted_its_dynamodb_calls_on_their_resources(role, recorded):
+    assert resource_problems(role, recorded[role], policy_statements()[role]) == []
+
+
+def test_an_index_call_is_recorded_apart_and_needs_the_index_arn():
+    calls = {"dynamodb.Query", "dynamodb.Query on index/open", "dynamodb.GetItem"}
+    assert needed(calls) == {"dynamodb:Query", "dynamodb:GetItem"}
+    assert needed_resources(calls) == {("dynamodb:Query", TABLE_ARN), ("dynamodb:GetItem", TABLE_ARN),
+                                       ("dynamodb:Query", f"{TABLE_ARN}/index/open")}
+    on_table = [{"actions": {"dynamodb:Query", "dynamodb:GetItem"}, "resources": [TABLE_ARN]}]
+    assert resource_problems("r", calls, on_table) == [
+        f"r: the code calls dynamodb:Query on {TABLE_ARN}/index/open, which no statement grants"]
+    for index_arn in (f"{TABLE_ARN}/index/open", f"{TABLE_ARN}/index/*"):
+        with_index = on_table + [{"actions": {"dynamodb:Query"}, "resources": [index_arn]}]
+        assert resource_problems("r", calls, with_index) == []
+    # ...and a grant on the index ARN does not cover the table.
+    index_only = [{"actions": {"dynamodb:Query", "dynamodb:GetItem"}, "resources": [f"{TABLE_ARN}/index/*"]}]
+    assert len(resource_problems("r", calls, index_only)) == 2
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_the_resource_check_fails_when_any_needed_resource_is_removed(role, recorded):
+    statements = policy_statements()[role]
+    for action, resource in sorted(needed_resources(recorded[role])):
+        cut = [{**st, "resources": [r for r in st["resources"] if not fnmatchcase(resource, r)]}
+               if action in st["actions"] else st for st in statements]
+        found = resource_problems(role, recorded[role], cut)
+        assert any(action in p and resource in p for p in found), f"removing {resource} from {action} went unnoticed"

@@ -24,6 +24,8 @@ from typing import Any, Iterator
 import hcl2
 import pytest
 
+from fleet.bootstrap import OPEN_INDEX_ATTRIBUTES
+from fleet.codec import OPEN_ATTR, OPEN_INDEX
 from fleet.config import AwsConfig, MetricsConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +71,7 @@ STARTER_ACTIONS = {
 EXPECTED_ACTIONS = {
     "hub": {
         "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem",
+        "dynamodb:BatchGetItem",
         "sqs:GetQueueUrl", "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:ReceiveMessage", "sqs:DeleteMessage",
         "sqs:ChangeMessageVisibility",
         "s3:ListBucket", "s3:GetObject", "s3:PutObject",
@@ -487,7 +490,13 @@ def test_status_table(tf):
     table = tf.resource("aws_dynamodb_table", "status")
     assert table["name"] == "${var.table_name}"
     assert table["hash_key"] == "run_id" and table["range_key"] == "Site"
-    assert {(a["name"], a["type"]) for a in blocks(table, "attribute")} == {("run_id", "S"), ("Site", "S")}
+    assert {(a["name"], a["type"]) for a in blocks(table, "attribute")} == {
+        ("run_id", "S"), ("Site", "S"), (OPEN_ATTR, "S")}
+    # The sparse index of the open sites with the attributes of a stamp, as fleet.bootstrap makes it.
+    (lsi,) = blocks(table, "local_secondary_index")
+    assert (lsi["name"], lsi["range_key"], lsi["projection_type"]) == (OPEN_INDEX, OPEN_ATTR, "INCLUDE")
+    assert sorted(lsi["non_key_attributes"]) == sorted(OPEN_INDEX_ATTRIBUTES)
+    assert "global_secondary_index" not in table
     ttl = one(table, "ttl")
     assert ttl["attribute_name"] == "expireAt" and ttl["enabled"] is True
     assert one(table, "point_in_time_recovery")["enabled"] is True
@@ -693,6 +702,22 @@ def test_metrics_are_put_into_the_fleet_namespace_only(tf):
         assert not with_action(statements_of(tf, role), "cloudwatch:PutMetricData")
     # fleet.yaml's default namespace is the stack's, so the defaults publish where the roles may.
     assert tf.default("metrics_namespace") == MetricsConfig().namespace
+
+
+def test_state_table_reads_of_the_hub(tf):
+    """The hub alone batch-reads site records and queries the index `open`, and only that index."""
+    index_arn = f"${{aws_dynamodb_table.status.arn}}/index/{OPEN_INDEX}"
+    for role in ROLES:
+        statements = statements_of(tf, role)
+        on_index = [s for s in statements if any("/index/" in r for r in as_list(s["resources"]))]
+        batch = with_action(statements, "dynamodb:BatchGetItem")
+        if role != "hub":
+            assert not on_index and not batch, role
+            continue
+        (index,) = on_index
+        assert index["actions"] == ["dynamodb:Query"] and index["resources"] == [index_arn]
+        (batch,) = batch
+        assert batch["resources"] == ["${aws_dynamodb_table.status.arn}"]
 
 
 def test_node_permissions(tf):
