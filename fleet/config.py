@@ -11,7 +11,7 @@ import re
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fleet.crawlers import BUILTIN_CRAWLERS, crawler_problem
 
@@ -39,10 +39,15 @@ class RunConfig(_Model):
         120, gt=0, description="a crawl whose browser session has not started by then fails"
     )
     lock_timeout_s: float = Field(60, ge=0, description="longest wait for a site's profile lock")
+    order: Literal["longest_first", "config"] = Field(
+        "longest_first", description="seeding order: longest expected crawl first (from the previous run), "
+        "or the order of `sites`")
 
 
 class FleetConfig(_Model):
     max_nodes: int = Field(20, ge=1, le=10000)
+    min_nodes: int = Field(0, ge=0, description="nodes kept launched while sites remain open, even if fewer "
+                           "are queued")
     sites_per_node: int = Field(0, ge=0, description="0 = until the queue is empty; 1 = one site then exit")
     instance_types: tuple[str, ...] = Field(("t3.medium", "t3a.medium"), min_length=1)
     spot: bool = True
@@ -218,6 +223,13 @@ class Config(_Model):
                 raise DuplicateSiteError(i, s.id, seen[s.id])
             seen[s.id] = i
         return sites
+
+    @model_validator(mode="after")
+    def _min_max(self) -> "Config":
+        if self.fleet.min_nodes > self.fleet.max_nodes:
+            raise ValueError(f"fleet.min_nodes ({self.fleet.min_nodes}) is larger than fleet.max_nodes "
+                             f"({self.fleet.max_nodes})")
+        return self
 
     @property
     def launch_budget(self) -> int:

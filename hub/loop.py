@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from fleet.clock import Clock
 from fleet.config import Config
@@ -25,7 +26,8 @@ from hub.control.base import NodeControl
 from hub.executor import Executor, Finished
 from hub.plan import plan
 from hub.providers.base import ComputeProvider
-from hub.snapshot import Observations, Snapshot, observe
+from hub.history import previous_durations
+from hub.snapshot import Observations, SiteCache, Snapshot, observe
 from hub.summary import build_summary, export, instances_section
 
 if TYPE_CHECKING:  # the Lambda package imports this module without prometheus_client
@@ -50,7 +52,7 @@ class Hub:
     def __init__(self, *, run_id: str, config: Config, table: StateTable, queue: SiteQueue,
                  results: ResultStore, provider: ComputeProvider, control: NodeControl, clock: Clock,
                  out_dir: Path, hub_id: str, min_sleep_s: float = 0.2, max_tick_failures: int = 20,
-                 monitor: HubMonitor | None = None):
+                 monitor: HubMonitor | None = None, expected: Mapping[str, float] | None = None):
         self.run_id = run_id
         self.config = config
         self.table = table
@@ -64,30 +66,70 @@ class Hub:
         self.max_tick_failures = max_tick_failures
         self.monitor = monitor
         self.obs = Observations()
+        self.cache = SiteCache()
+        self.cache.expect(s.id for s in config.sites)
+        self.expected = dict(expected) if expected is not None else None  # read once, when the run is seeded
         self.executor = Executor(run_id=run_id, config=config, table=table, queue=queue, provider=provider,
                                  control=control, clock=clock, hub_id=hub_id, expire_at=self._expire_at)
         self._last_progress: tuple | None = None
         self._last_beat = float("-inf")
+        self.decision_s = 0.0
+        self.io_s = 0.0
 
     def _expire_at(self, t: float) -> int:
         return int(t + self.config.aws.result_ttl_days * 86400)
 
     def snapshot(self, now: float) -> Snapshot:
-        rows = self.table.read_run(self.run_id)
-        instances = {i.id: i for i in self.provider.list(self.run_id)}
-        sites = {r.site: r for r in rows.sites}
-        nodes = {n.instance_id: n for n in rows.nodes}
-        self.obs = observe(self.obs, sites, nodes, instances, now)
-        return Snapshot(self.run_id, rows.run, sites, nodes, instances, self.obs)
+        """What the hub sees now. The first call reads the whole partition; later ones read the run item, the
+        node items and only the site records that can have changed (see `SiteCache`)."""
+        cache, io = self.cache, self._io
+        if not cache.loaded:
+            rows = io(self.table.read_run, self.run_id)
+            cache.load(rows.sites)
+            run, node_rows = rows.run, rows.nodes
+        else:
+            run = io(self.table.get_run, self.run_id)
+            node_rows = io(self.table.read_nodes, self.run_id)
+            cache.refresh(io(self.table.open_stamps, self.run_id),
+                          lambda names: io(self.table.get_sites, self.run_id, names))
+        instances = {i.id: i for i in io(self.provider.list, self.run_id)}
+        sites = dict(cache.sites)
+        nodes = {n.instance_id: n for n in node_rows}
+        self.obs = observe(self.obs, sites, nodes, instances, now, watch=cache.watch)
+        return Snapshot(self.run_id, run, sites, nodes, instances, self.obs, watch=frozenset(cache.watch),
+                        tally=dict(cache.tally), expected=self._expected(sites))
+
+    def _io(self, fn, *args):
+        """Call an adapter, adding its time to `io_s` (the tick's reads, apart from the hub's own work)."""
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.io_s += time.perf_counter() - t0
+
+    def _expected(self, sites: Mapping[str, object]) -> Mapping[str, float]:
+        """Previous durations, for the order of seeding: read once, and only while sites remain to be seeded."""
+        if self.expected is None:
+            if self.config.run.order != "longest_first" or len(sites) >= len(self.config.sites):
+                return {}
+            try:
+                self.expected = previous_durations(self.table, self.run_id)
+            except Exception as e:  # noqa: BLE001 - an order is a preference: the run goes on without it
+                log.warning("expected-durations-unavailable run_id=%s error=%s", self.run_id, e)
+                self.expected = {}
+        return self.expected
 
     def tick(self) -> tuple[Snapshot, Plan]:
         now = self.clock.now()
+        t0, self.io_s = time.perf_counter(), 0.0
         snap = self.snapshot(now)
         if snap.run is not None and snap.run.finished:  # finished from outside (teardown): nothing left to do
             left = sum(1 for i in snap.instances.values() if i.live)
             self.executor.finished = Finished("teardown", left)
             return snap, Plan((), now)
         p = plan(snap, now, self.config)
+        # The hub's own work this tick (its cache, observations and plan), apart from its reads and its actions.
+        self.decision_s = time.perf_counter() - t0 - self.io_s
         for action in p.actions:
             self.executor.execute(action, snap)
             if self.executor.finished:
@@ -134,12 +176,15 @@ class Hub:
                 continue
             if self.executor.finished:
                 return self._finish(self.executor.finished)
-            now = self.clock.now()
-            busy = bool(p.actions) or self.executor.conflicts
-            self.executor.conflicts = 0
-            pause = self.min_sleep_s if busy else max(self.min_sleep_s, p.wake_at - now)
-            pause = min(pause, self.config.run.watch_interval_s)
-            self.clock.sleep(pause)
+            self.clock.sleep(self.pause(p, self.clock.now()))
+
+    def pause(self, p: Plan, now: float) -> float:
+        """How long to sleep after a tick: briefly after acting (its effects are worth a look), else until the
+        plan's next deadline, never longer than the watch interval."""
+        busy = bool(p.actions) or self.executor.conflicts
+        self.executor.conflicts = 0
+        pause = self.min_sleep_s if busy else max(self.min_sleep_s, p.wake_at - now)
+        return min(pause, self.config.run.watch_interval_s)
 
     def _finish(self, fin: Finished) -> RunOutcome:
         rows = self.table.read_run(self.run_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import Mapping
 
 from fleet.config import Config
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
@@ -50,6 +51,17 @@ def spec_of(site) -> SiteSpec:
     return SiteSpec(site.start_url, site.crawler, dict(site.options))
 
 
+def seeding_order(sites: tuple[tuple[str, SiteSpec], ...], expected: Mapping[str, float], order: str
+                  ) -> tuple[tuple[str, SiteSpec], ...]:
+    """Longest expected crawl first (longest-processing-time order: the long ones do not end the run alone);
+    a site with no history counts as a median one. `order: config` keeps the order of the config."""
+    if order != "longest_first" or not expected:
+        return sites
+    known = sorted(expected.values())
+    median = known[len(known) // 2]
+    return tuple(sorted(sites, key=lambda item: -expected.get(item[0], median)))  # stable: ties keep config order
+
+
 def plan(s: Snapshot, now: float, config: Config) -> Plan:
     run_cfg, fleet_cfg = config.run, config.fleet
     hang_after = run_cfg.hang_after_s + (BACKUP_GRACE_S if fleet_cfg.node_watchdog else 0.0)
@@ -67,7 +79,7 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
 
     missing = tuple((site.id, spec_of(site)) for site in config.sites if site.id not in s.sites)
     if missing:
-        actions.append(SeedSites(missing))
+        actions.append(SeedSites(seeding_order(missing, s.expected, run_cfg.order)))
 
     # The run's deadline ends everything still open.
     if s.run is not None and now >= s.run.deadline_at:
@@ -82,8 +94,11 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
     if s.run is not None:
         soon(s.run.deadline_at)
 
-    # Sites: hangs, lost attempts, interrupted kills, messages never sent.
-    for name, r in sorted(s.sites.items()):
+    # Sites: hangs, lost attempts, interrupted kills, messages never sent. Only the watched ones (running, or
+    # QUEUED without their message) can need anything: the rest wait in the queue or are done.
+    watch_hangs = not fleet_cfg.node_watchdog  # with watchdogs, nodes end hangs on time: check them each tick
+    for name in s.watched:
+        r = s.sites[name]
         if r.run_status is RunStatus.QUEUED and not r.enqueued:
             seen = s.obs.unsent.get(name)
             if seen is not None and now - seen.since >= run_cfg.enqueue_grace_s:
@@ -105,17 +120,17 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
             if now - progress.since >= hang_after:
                 actions.append(KillAttempt(name, r.instance_id, r.attempt, Reason.HANG))
                 continue
-            soon(progress.since + hang_after)
+            if watch_hangs:
+                soon(progress.since + hang_after)
         beat = s.obs.heartbeat.get(name)
-        if beat is not None:
-            if now - beat.since >= run_cfg.heartbeat_timeout_s:
-                actions.append(KillAttempt(name, r.instance_id, r.attempt, Reason.LOST))
-                continue
-            soon(beat.since + run_cfg.heartbeat_timeout_s)
+        if beat is not None and now - beat.since >= run_cfg.heartbeat_timeout_s:
+            # No wake-up for this one: heartbeats are checked every tick, at most one watch interval late.
+            actions.append(KillAttempt(name, r.instance_id, r.attempt, Reason.LOST))
+            continue
 
     # Nodes: never booted, or stopped heartbeating while idle.
     doomed: list[str] = []
-    busy = {r.instance_id for r in s.sites.values() if r.run_status is RunStatus.RUN}
+    busy = {s.sites[n].instance_id for n in s.watched if s.sites[n].run_status is RunStatus.RUN}
     for inst in s.live_instances:
         seen = s.obs.node_beat.get(inst.id)
         if seen is None:
@@ -123,7 +138,7 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
         limit = fleet_cfg.boot_timeout_s if seen.value is None else run_cfg.heartbeat_timeout_s
         if now - seen.since >= limit and inst.id not in busy:
             doomed.append(inst.id)
-        else:
+        elif seen.value is None:  # boot timeouts wake the hub; idle nodes' heartbeats are checked each tick
             soon(seen.since + limit)
     boot_dead = tuple(i for i in doomed if s.obs.node_beat[i].value is None)
     if boot_dead:
@@ -163,14 +178,22 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
 
     # Done?
     all_seeded = not missing and s.run is not None
-    open_count = sum(1 for r in s.sites.values() if not r.is_terminal) + len(missing)
+    tally = s.counts()
+    open_count = tally[RunStatus.QUEUED.value] + tally[RunStatus.RUN.value] + len(missing)
     if all_seeded and open_count == 0:
         actions.append(Finish("done"))
         return Plan(tuple(actions), now + 1.0)
 
-    # Fleet size: one node per open site, up to max_nodes; nodes leave by themselves when idle.
+    # Fleet size: one node per open site (queued or running), between min_nodes and max_nodes. Nodes leave by
+    # themselves when the queue runs dry; nodes still booting beyond what the open sites need are not waited for.
     live = len(s.live_instances) - len(doomed)
-    wanted = min(fleet_cfg.max_nodes, open_count)
+    wanted = min(fleet_cfg.max_nodes, max(fleet_cfg.min_nodes, open_count))
+    surplus = live - wanted
+    if surplus > 0:
+        booting = sorted(i.id for i in s.live_instances if i.id not in doomed
+                         and (seen := s.obs.node_beat.get(i.id)) is not None and seen.value is None)
+        if booting[:surplus]:
+            actions.append(Terminate(tuple(booting[-surplus:]), "scale-in"))
     launched = s.run.nodes_launched if s.run is not None else 0
     reruns = s.run.reruns if s.run is not None else 0
     room = max(0, config.launch_budget * (1 + reruns) - launched)

@@ -1,8 +1,12 @@
 """What the hub sees at one tick, and what it has observed over time.
 
 A `Snapshot` is rebuilt every tick from the table, the provider and the queue:
-nothing the hub decides on lives only in memory. The one exception is
-`Observations`: when the hub first saw each value it watches (a site's
+nothing the hub decides on lives only in memory. `SiteCache` keeps that read
+proportional to the sites that can still change: after one full read it asks
+the table only for the stamps of the open (QUEUED or RUN) sites and fetches
+the records whose stamp moved; a terminal site never changes again (an
+operator's rerun reopens it, and it shows up open again). The exception to
+"nothing in memory" is `Observations`: when the hub first saw each value it watches (a site's
 lastUpdateEpoch, a heartbeat, an instance). Hangs and lost nodes are measured
 on the hub's own clock from those moments, never by comparing another host's
 epoch with ours. A restarted hub starts them afresh, which can only delay a
@@ -11,10 +15,12 @@ kill, never cause a false one.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from functools import cached_property
+from typing import Any, Collection, Iterable, Mapping
 
-from fleet.codec import NodeInfo, RunInfo
+from fleet.codec import TRANSITION_FIELDS, NodeInfo, RunInfo, Stamp, patch_from_stamp, record_stamp
 from fleet.queue import QueueDepth
 from fleet.state import RunStatus, SiteRecord
 
@@ -54,10 +60,16 @@ class Observations:
     node_beat: Mapping[str, Seen] = field(default_factory=dict)  # instance -> node item heartbeat (None = none yet)
 
 
+def watched(r: SiteRecord) -> bool:
+    """The sites the hub looks at one by one each tick: running ones, and QUEUED ones whose message is not sent."""
+    return r.run_status is RunStatus.RUN or (r.run_status is RunStatus.QUEUED and not r.enqueued)
+
+
 def observe(prev: Observations, sites: Mapping[str, SiteRecord], nodes: Mapping[str, NodeInfo],
-            instances: Mapping[str, Instance], now: float) -> Observations:
+            instances: Mapping[str, Instance], now: float, watch: Iterable[str] | None = None) -> Observations:
     progress, heartbeat, unsent, node_beat = {}, {}, {}, {}
-    for name, r in sites.items():
+    for name in (watch if watch is not None else sites):
+        r = sites[name]
         if r.run_status is RunStatus.RUN:
             progress[name] = _seen(prev.progress, name, (r.attempt, r.site_status, r.last_update), now)
             heartbeat[name] = _seen(prev.heartbeat, name, (r.attempt, r.heartbeat), now)
@@ -79,13 +91,97 @@ class Snapshot:
     instances: Mapping[str, Instance]
     obs: Observations
     queue: QueueDepth | None = None
+    watch: Collection[str] | None = None  # the watched sites (see `watched`); None: found from `sites`
+    tally: Mapping[str, int] | None = None  # sites per run status; None: counted from `sites`
+    expected: Mapping[str, float] = field(default_factory=dict)  # site -> seconds its last successful crawl took
 
-    @property
+    @cached_property
     def live_instances(self) -> list[Instance]:
         return [i for i in self.instances.values() if i.live and i.role == "node"]
 
+    @cached_property
+    def watched(self) -> list[str]:
+        """The watched sites in name order (the order the plan handles them in)."""
+        if self.watch is not None:
+            return sorted(self.watch)
+        return sorted(n for n, r in self.sites.items() if watched(r))
+
     def counts(self) -> dict[str, int]:
         out = {s.value: 0 for s in RunStatus}
+        if self.tally is not None:
+            out.update(self.tally)
+            return out
         for r in self.sites.values():
             out[r.run_status.value] += 1
         return out
+
+
+class SiteCache:
+    """The hub's copy of a run's site records, refreshed by reading only what can have changed.
+
+    The first refresh reads the whole partition; each later one reads the stamps of the open sites (one
+    paginated Query of the sparse index, see `fleet.codec.STAMP_ATTRS`) and fetches, in batches, the
+    records that went through a transition, are new, or left the index (they became terminal). A stamp
+    that moved only by a node's progress, heartbeat or the enqueued mark is patched without a read.
+    """
+
+    def __init__(self) -> None:
+        self.sites: dict[str, SiteRecord] = {}
+        self.watch: set[str] = set()
+        self.open: set[str] = set()  # not terminal
+        self.stamps: dict[str, Stamp] = {}  # the stamp of each cached open record
+        self.tally: dict[str, int] = {s.value: 0 for s in RunStatus}
+        self.loaded = False
+        self.unseen: set[str] = set()  # sites the run should have that the cache has not read yet
+        self.fetched = 0  # records read by the last refresh (for tests and the simulator)
+
+    def _put(self, r: SiteRecord) -> None:
+        old = self.sites.get(r.site)
+        if old is not None:
+            self.tally[old.run_status.value] -= 1
+        self.sites[r.site] = r
+        self.tally[r.run_status.value] += 1
+        if watched(r):
+            self.watch.add(r.site)
+        else:
+            self.watch.discard(r.site)
+        if r.is_terminal:
+            self.open.discard(r.site)
+            self.stamps.pop(r.site, None)
+        else:
+            self.open.add(r.site)
+            self.stamps[r.site] = record_stamp(r)
+
+    def expect(self, names: Iterable[str]) -> None:
+        """The sites of the run: one created and finished between two reads never shows up open, so any the
+        cache has not seen yet is read by name."""
+        self.unseen = {n for n in names if n not in self.sites}
+
+    def load(self, records: Iterable[SiteRecord]) -> None:
+        """A full read (the first tick, or a restarted hub)."""
+        self.sites, self.watch, self.open, self.stamps = {}, set(), set(), {}
+        self.tally = {s.value: 0 for s in RunStatus}
+        n = 0
+        for r in records:
+            self._put(r)
+            n += 1
+        self.unseen.difference_update(self.sites)
+        self.loaded, self.fetched = True, n
+
+    def refresh(self, stamps: Mapping[str, Stamp], fetch) -> None:
+        """Bring the cache up to date from the open sites' `stamps`; `fetch(names)` reads whole records."""
+        need: list[str] = []
+        own = self.stamps
+        for name in [n for n, st in stamps.items() if own.get(n) != st]:
+            st, mine = stamps[name], own.get(name)
+            if mine is not None and mine[:TRANSITION_FIELDS] == st[:TRANSITION_FIELDS]:
+                self._put(patch_from_stamp(self.sites[name], st))  # progress, a heartbeat, the enqueued mark
+            else:
+                need.append(name)
+        need.extend(n for n in self.open if n not in stamps)  # closed since the last read
+        need.extend(n for n in self.unseen if n not in stamps)
+        for r in fetch(need) if need else ():
+            self._put(r)
+        if self.unseen:
+            self.unseen.difference_update(self.sites)
+        self.fetched = len(need)

@@ -187,18 +187,18 @@ def test_a_failing_tick_is_retried_and_does_not_end_the_loop(tmp_path):
     rig = Rig(tmp_path)
     hub = rig.hub()
     calls = {"n": 0}
-    real = rig.table.read_run
+    real = rig.provider.list
 
-    def flaky(run_id):
+    def flaky(run_id):  # the provider is read every tick
         calls["n"] += 1
         if calls["n"] <= 2:
-            raise ConnectionError("table unreachable")
+            raise ConnectionError("EC2 unreachable")
         if calls["n"] == 4:  # once seeded, every site completes
             for _ in range(3):
                 rig.node_completes(*rig.node_takes())
         return real(run_id)
 
-    rig.table.read_run = flaky
+    rig.provider.list = flaky
     out = hub.run()
     assert out.exit_code == 0 and calls["n"] >= 5
 

@@ -39,8 +39,8 @@ RUN = RunInfo("r1", "RUNNING", T0, T0 + 3600, "20261121")
 class World:
     """Snapshots over time, observed the way the hub observes them."""
 
-    def __init__(self, cfg, sites, instances=("i-1",), nodes=None, run=RUN):
-        self.cfg, self.run = cfg, run
+    def __init__(self, cfg, sites, instances=("i-1",), nodes=None, run=RUN, expected=None):
+        self.cfg, self.run, self.expected = cfg, run, expected or {}
         self.sites = {s.site: s for s in sites}
         self.instances = {i: Instance(i, "running") for i in instances}
         self.nodes = nodes if nodes is not None else {i: NodeInfo("r1", i, "busy", 1.0, 0.0) for i in instances}
@@ -48,7 +48,8 @@ class World:
 
     def plan(self, now):
         self.obs = observe(self.obs, self.sites, self.nodes, self.instances, now)
-        return plan(Snapshot("r1", self.run, self.sites, self.nodes, self.instances, self.obs), now, self.cfg)
+        return plan(Snapshot("r1", self.run, self.sites, self.nodes, self.instances, self.obs,
+                             expected=self.expected), now, self.cfg)
 
 
 def kinds(p):
@@ -77,7 +78,8 @@ def test_hang_is_detected_on_the_hubs_clock_from_when_it_saw_the_value():
 
 def test_with_node_watchdogs_the_hub_is_the_backup_a_little_later():
     w = World(config(1, node_watchdog=True), [running("s0", site_status=SiteStatus.URL_CALL)])
-    assert w.plan(T0).wake_at == T0 + 10 + BACKUP_GRACE_S
+    # The node ends its own hang on time; the hub checks at its next tick rather than waking for it.
+    assert w.plan(T0).wake_at == T0 + 30
     assert not any(isinstance(a, KillAttempt) for a in w.plan(T0 + 10).actions)
     assert KillAttempt("s0", "i-1", 1, Reason.HANG) in w.plan(T0 + 10 + BACKUP_GRACE_S).actions
 
@@ -207,3 +209,39 @@ def test_a_site_whose_spot_node_was_reclaimed_is_requeued_as_spot_not_lost():
     w = World(config(1), [running("s0")])
     w.instances = {"i-1": Instance("i-1", "terminated", interrupted=True)}
     assert EndAttempt("s0", 1, Reason.SPOT) in w.plan(T0).actions
+
+
+def test_seeding_puts_the_longest_expected_crawls_first_and_unknown_sites_in_the_middle():
+    w = World(config(4), [], instances=(), expected={"s0": 10.0, "s1": 900.0, "s3": 60.0})
+    seed = [a for a in w.plan(T0).actions if isinstance(a, SeedSites)][0]
+    assert [name for name, _ in seed.sites] == ["s1", "s2", "s3", "s0"]  # s2: no history, the median (60 s)
+
+
+def test_seeding_keeps_the_config_order_when_asked_or_without_history():
+    cfg = config(3, order="config")
+    w = World(cfg, [], instances=(), expected={"s2": 900.0})
+    assert [n for n, _ in [a for a in w.plan(T0).actions if isinstance(a, SeedSites)][0].sites] == ["s0", "s1", "s2"]
+    w = World(config(3), [], instances=())
+    assert [n for n, _ in [a for a in w.plan(T0).actions if isinstance(a, SeedSites)][0].sites] == ["s0", "s1", "s2"]
+
+
+def test_heartbeats_do_not_wake_the_hub_they_are_checked_each_tick():
+    w = World(config(1), [running("s0", site_status=SiteStatus.CALL_DONE)])
+    assert w.plan(T0).wake_at == T0 + 30  # the watch interval, not the heartbeat's expiry at T0 + 30 ...
+    assert KillAttempt("s0", "i-1", 1, Reason.LOST) in w.plan(T0 + 31).actions  # ... which the next tick sees
+
+
+def test_the_fleet_is_kept_at_min_nodes_while_sites_remain():
+    cfg = Config.model_validate({"fleet": {"max_nodes": 5, "min_nodes": 3},
+                                 "sites": [{"id": "s0", "start_url": "http://x.test/"}]})
+    w = World(cfg, [site("s0")], instances=())
+    assert Launch(3, target=3) in w.plan(T0).actions
+
+
+def test_nodes_still_booting_beyond_the_open_sites_are_terminated():
+    # Two queued sites, four live nodes: two booted and idle, two never heartbeat yet -> one booting node goes.
+    nodes = {"i-1": NodeInfo("r1", "i-1", "idle", 1.0, 0.0), "i-2": NodeInfo("r1", "i-2", "idle", 1.0, 0.0)}
+    w = World(config(2), [site("s0"), site("s1")], instances=("i-1", "i-2", "i-3", "i-4"), nodes=nodes)
+    p = w.plan(T0)
+    assert Terminate(("i-3", "i-4"), "scale-in") in p.actions
+    assert not any(isinstance(a, Launch) for a in p.actions)
