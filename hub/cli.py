@@ -21,6 +21,7 @@ from fleet.errors import GridfleetError, MissingResource, UsageError
 from fleet.logs import setup
 from hub import aws_cmd, aws_env, local_env, run_cmd
 from hub.providers.ec2 import Ec2Provider
+from hub.sim import cli as sim_cli
 from hub.loop import EXIT_ERROR, EXIT_OK
 from hub.summary import build_summary, counts, export, site_entry
 from hub.teardown import teardown_run
@@ -153,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("local", help="the embedded default's stack (moto server, Selenium Grid, demo sites)")
     p.add_argument("action", choices=("up", "down", "status"),
                    help="up: start and leave running; down: stop it and every node; status: components and URLs")
+
+    sim_cli.add_parser(sub)
 
     sub.add_parser("node", help="the node agent, as cloud-init runs it (see `gridfleet node --help`)",
                    add_help=False)
@@ -438,6 +441,7 @@ COMMANDS = {
     "check": cmd_check,
     "teardown": cmd_teardown,
     "local": cmd_local,
+    "simulate": sim_cli.cmd_simulate,
 }
 
 if __name__ == "__main__":

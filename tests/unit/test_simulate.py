@@ -1,0 +1,131 @@
+"""The simulator: the real hub in virtual time, nodes on fleet.ops, a simulated cloud. Small runs, fast."""
+
+import dataclasses
+import json
+
+import pytest
+
+import hub.loop
+from fleet import ops
+from fleet.codec import RunInfo
+from fleet.errors import UsageError
+from fleet.fakes import MemoryStateTable
+from fleet.state import Reason, RunStatus, SiteSpec
+from hub.cli import main
+from hub.history import durations_from_file, previous_durations
+from hub.sim.run import SimParams, simulate
+
+CALM = SimParams(sites=40, nodes=8, seed=3, hang_rate=0.0, spot_per_hour=0.0, capacity_error_rate=0.0)
+FIGURES = ("makespan_s", "lower_bound_s", "ratio", "hang_lag_max_s", "hang_lag_p95_s", "utilization", "node_hours",
+           "cost_usd", "api_calls_per_site", "tick_cpu_ms_p95", "tick_cpu_ms_max", "wall_s")
+
+
+def test_the_simulator_runs_the_hubs_own_plan(monkeypatch):
+    calls = []
+    real = hub.loop.plan
+    monkeypatch.setattr(hub.loop, "plan", lambda *a: calls.append(1) or real(*a))
+    r = simulate(CALM)
+    assert calls and len(calls) == r.ticks
+
+
+def test_a_calm_run_completes_every_site_and_leaves_nothing_running():
+    r = simulate(CALM)
+    assert (r.completed, r.failed, r.left_running) == (40, 0, 0)
+    assert r.makespan_s >= r.lower_bound_s and 0 < r.utilization <= 1
+    assert r.attempts == {"completed": 40}
+    assert r.api_calls_per_site["total"] == pytest.approx(sum(v for k, v in r.api_calls_per_site.items()
+                                                              if k != "total"), abs=0.05)
+
+
+def test_the_same_seed_is_the_same_run():
+    a, b = simulate(dataclasses.replace(CALM, hang_rate=0.05)), simulate(dataclasses.replace(CALM, hang_rate=0.05))
+    same = ("makespan_s", "attempts", "api_calls_per_site", "node_hours", "hang_lag_max_s", "completed")
+    assert [getattr(a, k) for k in same] == [getattr(b, k) for k in same]
+
+
+def test_hangs_end_on_time_with_node_watchdogs_and_a_poll_later_with_the_seed_policy():
+    p = dataclasses.replace(CALM, sites=10, hang_rate=1.0)  # every attempt hangs: every site FAILED after 3
+    ours, seed = simulate(p), simulate(dataclasses.replace(p, policy="seed"))
+    assert ours.failed == seed.failed == 10 and ours.hangs == seed.hangs == 30
+    assert ours.hang_lag_max_s == 0.0
+    assert 0 < seed.hang_lag_max_s <= 2 * 30 + 1  # first seen up to a poll late, killed up to a poll later
+
+
+def test_the_seed_policy_uses_one_node_per_site_and_ours_reuses_nodes():
+    ours, seed = simulate(CALM), simulate(dataclasses.replace(CALM, policy="seed"))
+    assert seed.instances_launched >= 40 and ours.instances_launched <= 8
+    assert ours.makespan_s < seed.makespan_s and ours.node_hours < seed.node_hours
+
+
+def test_longest_first_beats_first_in_first_out_on_spread_out_sites():
+    p = dataclasses.replace(CALM, sites=60, nodes=6, sigma=1.2, drift=0.0)
+    ours, fifo = simulate(p), simulate(dataclasses.replace(p, config=_config_order("config")))
+    assert ours.ratio < fifo.ratio and ours.ratio < 1.1
+
+
+def _config_order(order):
+    from fleet.config import Config
+    return Config.model_validate({"run": {"order": order}, "sites": [{"id": "x", "start_url": "https://x.test/"}]})
+
+
+def test_history_files_summaries_and_plain_objects(tmp_path):
+    summary = {"sites": {"a": {"attempts": [{"start": 10, "end": 20, "outcome": "hang"},
+                                            {"start": 30, "end": 130, "outcome": "completed"}]},
+                         "b": {"attempts": [{"start": 0, "end": 5, "outcome": "error"}]}}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert durations_from_file(tmp_path / "summary.json") == {"a": 100.0}
+    (tmp_path / "plain.json").write_text('{"x": 12, "y": 7.5}')
+    assert durations_from_file(tmp_path / "plain.json") == {"x": 12.0, "y": 7.5}
+    for body in ("[1, 2]", "{oops", '{"sites": {}}'):
+        (tmp_path / "bad.json").write_text(body)
+        with pytest.raises(UsageError, match="bad.json"):
+            durations_from_file(tmp_path / "bad.json")
+
+
+def test_a_history_drives_the_crawl_times(tmp_path):
+    (tmp_path / "h.json").write_text(json.dumps({f"s{i}": 100.0 + i for i in range(12)}))
+    r = simulate(dataclasses.replace(CALM, sites=12, history=durations_from_file(tmp_path / "h.json"), drift=0.0))
+    assert r.completed == 12 and r.lower_bound_s >= 111.0
+
+
+def test_the_hub_reads_expected_durations_from_the_previous_run():
+    table = MemoryStateTable()
+    table.create_run(RunInfo("day1", "FINISHED", 1000.0, 9000.0, "20270114"))
+    for name, took in (("a", 50.0), ("b", 500.0)):
+        rec = ops.new_site("day1", name, SiteSpec("https://x.test/"), None)
+        table.create_site(rec)
+        rec = ops.claim(table, rec, "i-1", 1000.0)
+        ops.complete(table, rec, f"{name}/r.json", 1000.0 + took)
+    rec = ops.claim(table, ops.new_site("day1", "c", SiteSpec("https://x.test/"), None), "i-1", 1000.0) \
+        if table.create_site(ops.new_site("day1", "c", SiteSpec("https://x.test/"), None)) else None
+    ops.fail_now(table, rec, Reason.DEADLINE, 1200.0)
+    table.create_run(RunInfo("day2", "RUNNING", 90000.0, 99000.0, "20270115"))
+    assert previous_durations(table, "day2") == {"a": 50.0, "b": 500.0}  # a failed site has no duration
+    assert table.get_site("day1", "c").run_status is RunStatus.FAILED
+
+
+def test_simulate_on_the_command_line(capsys):
+    assert main(["simulate", "--sites", "20", "--nodes", "4", "--seed", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(k in out for k in FIGURES) and out["sites"] == 20 and "total" in out["api_calls_per_site"]
+    assert main(["simulate", "--sites", "20", "--nodes", "4"]) == 0
+    assert "makespan" in capsys.readouterr().out
+
+
+def test_bad_simulate_input_is_one_message_and_exit_2(capsys, tmp_path):
+    for argv in (["--sites", "0"], ["--nodes", "x"], ["--hang-rate", "2"], ["--history", str(tmp_path / "none")]):
+        with pytest.raises(SystemExit) if argv[0] != "--history" else _returns(2):
+            assert main(["simulate", *argv]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.count("error:") == 1
+
+
+class _returns:
+    def __init__(self, code):
+        self.code = code
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
