@@ -12,9 +12,9 @@ import heapq
 import itertools
 import math
 from collections import Counter, deque
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from fleet.fakes import _Msg
 from fleet.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
 
 EPOCH0 = 1_800_000_000.0  # the virtual wall clock at t = 0
@@ -61,15 +61,6 @@ class SimClock:
         self.engine.now += max(0.0, seconds)
 
 
-@dataclass
-class _Msg:
-    id: int
-    body: str
-    visible_at: float = 0.0
-    receives: int = 0
-    receipt: str = ""
-
-
 class SimQueue:
     """SQS semantics (visibility, receive counts, the DLQ, roughly first-in first-out) in O(log n) per call.
 
@@ -79,16 +70,16 @@ class SimQueue:
         self.clock = clock
         self.max_receive_count = max_receive_count
         self.on_send = on_send
-        self.msgs: dict[int, _Msg] = {}
-        self.by_receipt: dict[str, int] = {}
-        self.ready: deque[int] = deque()
-        self.delayed: list[tuple[float, int, int]] = []
+        self.msgs: dict[str, _Msg] = {}
+        self.by_receipt: dict[str, str] = {}
+        self.ready: deque[str] = deque()
+        self.delayed: list[tuple[float, int, str]] = []
         self.dlq: list[_Msg] = []
         self.sent = 0
         self._ids = itertools.count(1)
 
     def _new(self, body: str) -> None:
-        m = _Msg(next(self._ids), body)
+        m = _Msg(f"m{next(self._ids)}", body)
         self.msgs[m.id] = m
         self.ready.append(m.id)
         self.sent += 1
@@ -124,7 +115,7 @@ class SimQueue:
             self._hide(m, now + visibility_s)
             m.receipt = f"{m.id}/{m.receives}"
             self.by_receipt[m.receipt] = m.id
-            return decode(m.body, m.receipt, str(m.id), m.receives)
+            return decode(m.body, m.receipt, m.id, m.receives)
         return None  # the caller waits for `on_send` (a long poll)
 
     def _hide(self, m: _Msg, until: float) -> None:
@@ -160,7 +151,7 @@ class SimQueue:
 
     def peek(self, limit: int = 100, dlq: bool = False) -> list[SiteMessage | BadMessage]:
         src = self.dlq if dlq else list(self.msgs.values())
-        return [decode(m.body, m.receipt, str(m.id), m.receives) for m in src[:limit]]
+        return [decode(m.body, m.receipt, m.id, m.receives) for m in src[:limit]]
 
 
 # --- counting the AWS calls --------------------------------------------------------------------
