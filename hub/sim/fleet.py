@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from fleet import ops
@@ -179,7 +179,6 @@ class SimNode:
     gen: int = 0  # wake-ups scheduled under an older generation are void
     waiting: bool = False
     rec: Any = None
-    stats: dict = field(default_factory=dict)
 
     # --- scheduling -------------------------------------------------------------------
     @property
@@ -200,7 +199,6 @@ class SimNode:
         if self.dead:
             return
         self.inst.state = "running"
-        s = self.sim.settings
         run = self.sim.node_table.get_run(self.sim.run_id)
         if run is None:
             return self._exit()
@@ -283,7 +281,6 @@ class SimNode:
         self.crawl.msg = msg
         self.crawl.since = now
         self.crawl.next_beat = now + self.sim.settings.heartbeat_interval_s
-        self.sim.stats.attempt_started(self.inst.id, rec.site, now)
         self._schedule()
         return True
 

@@ -74,9 +74,6 @@ class Stats:
         self.tick_ms: list[float] = []
         self.outcomes: Counter = Counter()
 
-    def attempt_started(self, node: str, site: str, now: float) -> None:
-        pass
-
     def attempt_ended(self, node: str, site: str, attempt: int, now: float, outcome: str, crawl: Any) -> None:
         self.busy_s += now - crawl.claimed_at
         self.outcomes[outcome] += 1
