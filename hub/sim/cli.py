@@ -32,31 +32,22 @@ def _count(lo: int, hi: int):
     return parse
 
 
-def _rate(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        x = -1.0
-    if not 0 <= x <= 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: a fraction from 0 to 1")
-    return x
+def _number(lo: float, hi: float | None, what: str, above: bool = False):
+    """An argparse type for a number in [lo, hi] (above lo, with `above`)."""
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            x = float("nan")
+        if not ((x > lo if above else x >= lo) and (hi is None or x <= hi)):
+            raise argparse.ArgumentTypeError(f"{value!r}: {what}")
+        return x
+    return parse
 
 
-def _nonneg(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        x = -1.0
-    if not x >= 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: a number of 0 or more")
-    return x
-
-
-def _pos(value: str) -> float:
-    x = _nonneg(value)
-    if x == 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: a number above 0")
-    return x
+_rate = _number(0, 1, "a fraction from 0 to 1")
+_nonneg = _number(0, None, "a number of 0 or more")
+_pos = _number(0, None, "a number above 0", above=True)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
