@@ -10,6 +10,7 @@ it sent" (a crash between the last two is repaired by the hub, see `plan`).
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any
 
 from fleet.queue import SiteQueue
@@ -64,9 +65,26 @@ def report(table: StateTable, rec: SiteRecord, site_status: SiteStatus, now: flo
     return table.write(rec, transition(rec, **changes))
 
 
-def beat(table: StateTable, rec: SiteRecord, now: float) -> SiteRecord:
-    """The node's heartbeat on its attempt; fenced, but moves no version."""
-    return table.write(rec, transition(rec, bump=False, heartbeat=now))
+@dataclass(frozen=True)
+class Progress:
+    """The crawler's latest step, held by the node until its next heartbeat writes it."""
+    site_status: SiteStatus
+    at: float  # epoch of the step (lastUpdateEpoch)
+    url: str | None = None
+    pages: int | None = None
+
+
+def beat(table: StateTable, rec: SiteRecord, now: float, progress: Progress | None = None) -> SiteRecord:
+    """The node's heartbeat on its attempt; fenced. Alone it moves no version; with the crawler's progress since
+    the last write (one write for any number of steps: the hub needs the latest, not each) it does."""
+    if progress is None or (progress.site_status, progress.at) == (rec.site_status, rec.last_update):
+        return table.write(rec, transition(rec, bump=False, heartbeat=now))
+    changes: dict[str, Any] = {"site_status": progress.site_status, "last_update": progress.at, "heartbeat": now}
+    if progress.url is not None:
+        changes["url"] = progress.url
+    if progress.pages is not None:
+        changes["pages"] = progress.pages
+    return table.write(rec, transition(rec, **changes))
 
 
 def mark_enqueued(table: StateTable, rec: SiteRecord) -> SiteRecord:

@@ -102,6 +102,26 @@ SITE_TRANSITIONS: dict[SiteStatus, frozenset[SiteStatus]] = {
     SiteStatus.FAILED: frozenset(),
 }
 
+
+
+def _closure(edges: dict[SiteStatus, frozenset[SiteStatus]]) -> dict[SiteStatus, frozenset[SiteStatus]]:
+    out = {}
+    for start in edges:
+        seen: set[SiteStatus] = set()
+        todo = list(edges[start])
+        while todo:
+            s = todo.pop()
+            if s not in seen:
+                seen.add(s)
+                todo.extend(edges[s])
+        out[start] = frozenset(seen)
+    return out
+
+
+#: Where a site_status can get to in one or more steps: a node that writes its progress with its heartbeat
+#: (not each step) moves the record along a path of SITE_TRANSITIONS in one write, never back.
+SITE_REACHABLE = _closure(SITE_TRANSITIONS)
+
 # What site_status must be once run_status is (or becomes) a given value.
 _SITE_FOR_RUN = {
     RunStatus.QUEUED: {SiteStatus.PENDING},
@@ -210,5 +230,5 @@ def _check(old: SiteRecord, new: SiteRecord) -> None:
             raise IllegalTransition(old.site, "claim", f"attempt {old.attempt}", f"attempt {new.attempt}")
         return
     if new.site_status != old.site_status and new.run_status is RunStatus.RUN:
-        if new.site_status not in SITE_TRANSITIONS[old.site_status]:
+        if new.site_status not in SITE_REACHABLE[old.site_status]:
             raise IllegalTransition(old.site, "site_status", old.site_status, new.site_status)

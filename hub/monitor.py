@@ -48,6 +48,15 @@ def kills_of(snap: Snapshot) -> list[dict[str, Any]]:
     return sorted(out, key=lambda k: -(k["at"] or 0))
 
 
+def last_beat(snap: Snapshot, node: Any) -> float:
+    """A node's latest sign of life: its item's heartbeat, or (a busy node writes only its attempt's heartbeat)
+    the heartbeat on the site record of the attempt it runs."""
+    rec = snap.sites.get(node.site) if node.site else None
+    if rec is not None and rec.run_status is RunStatus.RUN and rec.instance_id == node.instance_id and rec.heartbeat:
+        return max(node.heartbeat, rec.heartbeat)
+    return node.heartbeat
+
+
 def by_path(kills: list[dict[str, Any]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for k in kills:
@@ -106,7 +115,7 @@ class HubMonitor:
             nodes.append({"instance_id": inst.id, "instance_type": inst.instance_type,
                           "state": n.state if n else "booting", "site": n.site if n else None,
                           "sites_done": n.sites_done if n else 0,
-                          "heartbeat_age_s": round(max(0.0, now - n.heartbeat), 1) if n else None})
+                          "heartbeat_age_s": round(max(0.0, now - last_beat(snap, n)), 1) if n else None})
         d = self._depth
         return {
             "run_id": self.run_id, "finished": finished, "updated_at": now,
@@ -213,5 +222,5 @@ class _Families(Collector):
             for kind, k in sorted(s.errors.items()):
                 errors.add_metric([iid, kind], k)
             dur.add_metric([iid], count_value=s.timed, sum_value=s.seconds_sum)
-            beat.add_metric([iid], n.heartbeat)
+            beat.add_metric([iid], last_beat(snap, n))
         yield from (done, errors, dur, beat)

@@ -1,9 +1,10 @@
 """The node agent: receive -> claim -> skip check -> lock profile -> crawl -> report -> next or exit.
 
 One loop, one thread. While a crawl runs the agent waits on the crawler's
-events with a timeout that wakes it for the next heartbeat (fenced write of
-heartbeatEpoch + message visibility extension) and for its own watchdog (the
-first, fastest rung of the kill ladder). Every write is fenced by the record
+events with a timeout that wakes it for the next heartbeat (one fenced write of
+heartbeatEpoch and the crawler's progress since the last one) and for its own
+watchdog (the first, fastest rung of the kill ladder). The claimed message is
+hidden for hours once, not extended each beat: the hub recovers claimed sites. Every write is fenced by the record
 the agent last wrote: if the hub moved the record on (a kill, a requeue), the
 next write fails, the agent stops its crawler and drops the attempt, and the
 hub owns what happens next. The message is deleted only after the result is in
@@ -102,6 +103,11 @@ Cleanup = Callable[[Path, "str | None", bool], None]  # (profile, Grid session i
 #: AWS errors in a row (after botocore's retries) after which the node gives up and exits.
 MAX_AWS_FAILURES = 10
 
+#: How long a claimed site's message stays hidden. The hub owns a claimed site's recovery (it ends a dead or
+#: killed attempt and deletes this message by its receipt), so the message only has to stay out of other nodes'
+#: way: set once after the claim (SQS's maximum), extended by a heartbeat only when a crawl nears it.
+CLAIMED_VISIBILITY_S = 12 * 3600.0
+
 #: How often a node sends its Heartbeat metric to CloudWatch (its table heartbeat is more frequent).
 METRIC_BEAT_S = 60.0
 
@@ -146,6 +152,9 @@ class Agent:
         self.run_date = ""
         self._node_state = "booting"
         self._next_node_beat = 0.0
+        self._next_beat = 0.0  # the attempt's heartbeat (site record), while one runs
+        self._hidden_until = 0.0  # monotonic: when the current message would become visible again
+        self._progress: ops.Progress | None = None  # the crawler's latest step
         self._node_site: tuple[str | None, int | None] = (None, None)
         self._expire_at: int | None = None
         self._rec: SiteRecord | None = None
@@ -238,7 +247,10 @@ class Agent:
             return False
         event(log, "claim", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
         self._marks = {"claim": self.clock.monotonic()}
-        self._rec, self._msg = rec, msg
+        self._rec, self._msg, self._progress = rec, msg, None
+        self._next_beat = self.clock.monotonic() + self.s.heartbeat_interval_s
+        self._hidden_until = 0.0
+        self._extend_visibility()
         try:
             self.attempt()
         finally:
@@ -295,7 +307,6 @@ class Agent:
         proc = self.start_crawl(job, self.state_dir / "crawler.log")
         crawlerfile.write(self.state_dir, rec.site, rec.attempt, proc.pid)
         status, since = SiteStatus.PENDING, self.clock.monotonic()
-        next_beat = since + self.s.heartbeat_interval_s
         end = CrawlEnd("fenced", forced=True)
         try:
             while True:
@@ -305,6 +316,7 @@ class Agent:
                     watchdog_at = since + self.s.hang_after_s
                 elif status is SiteStatus.PENDING:
                     watchdog_at = since + self.s.browser_start_timeout_s
+                next_beat = self._next_beat
                 wake = min(next_beat, watchdog_at if watchdog_at is not None else next_beat, mono + 1.0)
                 ev = proc.next_event(max(0.0, wake - mono))
                 mono = self.clock.monotonic()
@@ -316,13 +328,11 @@ class Agent:
                     kind = ev.get("event")
                     if kind == "status":
                         new = SiteStatus(ev["site_status"])
-                        try:
-                            self._write(ops.report, new, self.clock.now(), url=ev.get("url"), pages=ev.get("pages"))
-                        except Exception as e:  # the table is throttling: the node's own watchdog still sees it
-                            if not is_transient(e):
-                                raise
-                            event(log, "status-missed", logging.WARNING, node=self.s.instance_id, status=new,
-                                  error=f"{type(e).__name__}: {e}")
+                        self._progress = ops.Progress(new, self.clock.now(), ev.get("url"), ev.get("pages"))
+                        if not self.s.node_watchdog:  # the hub is the hang detector: it needs each step at once
+                            self._report()
+                        # else the node ends hangs itself and the hub's check is the backup: the latest step goes
+                        # with the next heartbeat (one write per interval, however many pages)
                         status, since = new, mono
                     elif kind == "session":
                         session[0] = ev.get("id")
@@ -334,9 +344,8 @@ class Agent:
                     elif kind == "error":
                         end = CrawlEnd("error", error=ev.get("message", "crawler error"))
                         return end
-                if mono >= next_beat:
+                if mono >= self._next_beat:
                     self._beat()
-                    next_beat = mono + self.s.heartbeat_interval_s
                 notice = self.spot_notice()
                 if notice:
                     proc.kill()
@@ -345,7 +354,7 @@ class Agent:
                 if watchdog_at is not None and mono >= watchdog_at:
                     proc.kill()
                     if status is SiteStatus.URL_CALL:
-                        end = CrawlEnd("hang", error=f"no progress on {self._rec.url if self._rec else '?'} "
+                        end = CrawlEnd("hang", error=f"no progress on {self._progress.url if self._progress else '?'} "
                                                      f"for {self.s.hang_after_s:.0f}s", kill_path="watchdog",
                                        forced=True)
                     else:
@@ -458,20 +467,49 @@ class Agent:
             raise Fenced(e.current) from None
         return self._rec
 
-    def _beat(self) -> None:
+    def _report(self) -> None:
+        """Write the crawler's latest step now (without node watchdogs, where the hub times each step)."""
+        p = self._progress
+        assert p is not None
         try:
-            self._write(ops.beat, self.clock.now())
-            if self._msg is not None:
-                self.queue.set_visibility(self._msg, self.s.visibility_s)
-            self._node_beat(force=True)
+            self._write(ops.report, p.site_status, p.at, url=p.url, pages=p.pages)
+        except Exception as e:  # the table is throttling: the next heartbeat carries the step
+            if not is_transient(e):
+                raise
+            event(log, "status-missed", logging.WARNING, node=self.s.instance_id, status=p.site_status,
+                  error=f"{type(e).__name__}: {e}")
+
+    def _beat(self) -> None:
+        """The attempt's heartbeat: one fenced write of heartbeatEpoch and the crawler's progress since the last.
+        The node item is not written while busy (the hub watches a busy node through its site's heartbeat)."""
+        self._next_beat = self.clock.monotonic() + self.s.heartbeat_interval_s
+        try:
+            self._write(ops.beat, self.clock.now(), self._progress)
+            self._extend_visibility()
+            self._metric_beat()
         except Exception as e:  # a missed heartbeat is made up by the next; a fenced one is not (Fenced)
             if not is_transient(e):
                 raise
             event(log, "heartbeat-missed", logging.WARNING, node=self.s.instance_id, error=f"{type(e).__name__}: {e}")
 
+    def _extend_visibility(self) -> None:
+        """Hide the claimed message for CLAIMED_VISIBILITY_S once it could show again before the next beats."""
+        mono = self.clock.monotonic()
+        if self._msg is None or mono + 2 * self.s.heartbeat_interval_s < self._hidden_until:
+            return
+        try:
+            self.queue.set_visibility(self._msg, CLAIMED_VISIBILITY_S)
+        except Exception as e:  # the next heartbeat tries again (the message is hidden for visibility_s still)
+            if not is_transient(e):
+                raise
+            event(log, "visibility-missed", logging.WARNING, node=self.s.instance_id,
+                  error=f"{type(e).__name__}: {e}")
+            return
+        self._hidden_until = mono + CLAIMED_VISIBILITY_S
+
     def _beat_quietly(self) -> None:
         """Heartbeat while waiting for the profile lock (at most once per interval)."""
-        if self.clock.monotonic() >= self._next_node_beat:
+        if self.clock.monotonic() >= self._next_beat:
             self._beat()
 
     def _set_node(self, state: str, site: str | None = None, attempt: int | None = None) -> None:
@@ -493,6 +531,10 @@ class Agent:
                 raise
             return
         self._next_node_beat = mono + self.s.heartbeat_interval_s
+        self._metric_beat()
+
+    def _metric_beat(self) -> None:
+        mono = self.clock.monotonic()
         if self.metrics.enabled and mono >= self._next_metric_beat:
             self.metrics.add(node_heartbeat(self.s.instance_id))
             self.metrics.flush()

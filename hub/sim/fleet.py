@@ -30,6 +30,7 @@ from fleet.state import Outcome, Reason, RunStatus, SiteStatus
 from hub.control.base import KillResult
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
+from node.agent import CLAIMED_VISIBILITY_S
 
 if TYPE_CHECKING:
     from hub.sim.engine import Engine
@@ -162,6 +163,8 @@ class Crawl:
     next_beat: float = 0.0
     killed: bool = False
     msg: Any = None
+    progress: Any = None  # ops.Progress: the latest step, written with the next heartbeat
+    hidden_until: float = 0.0
 
 
 @dataclass
@@ -269,6 +272,7 @@ class SimNode:
                 queue.delete(msg)
             return False
         self.rec = rec
+        queue.set_visibility(msg, CLAIMED_VISIBILITY_S)  # once: the hub recovers claimed sites
         key = result_key(rec.site, self.sim.run_date)
         if self.sim.node_results.exists(key):
             self._write(ops.complete, key, self.sim.clock.now(), skipped=True)
@@ -279,6 +283,7 @@ class SimNode:
         self._set_node("busy", rec.site, rec.attempt)
         self.crawl = self.sim.workload.attempt(self, rec, now)
         self.crawl.msg = msg
+        self.crawl.hidden_until = now + CLAIMED_VISIBILITY_S
         self.crawl.since = now
         self.crawl.next_beat = now + self.sim.settings.heartbeat_interval_s
         self._schedule()
@@ -305,7 +310,9 @@ class SimNode:
                 _, kind, payload = c.events.popleft()
                 if kind == "status":
                     status, url, pages = payload
-                    self._write(ops.report, status, self.sim.clock.now(), url=url, pages=pages)
+                    c.progress = ops.Progress(status, self.sim.clock.now(), url, pages)
+                    if not s.node_watchdog:  # as the agent: each step at once only when the hub times them
+                        self._write(ops.report, status, c.progress.at, url=url, pages=pages)
                     c.status, c.since = status, now
                 elif kind == "result":
                     return self._end("result")
@@ -402,10 +409,14 @@ class SimNode:
         return self.rec
 
     def _beat(self) -> None:
-        self._write(ops.beat, self.sim.clock.now())
-        if self.crawl is not None and self.crawl.msg is not None:
-            self.sim.node_queue.set_visibility(self.crawl.msg, self.sim.settings.visibility_s)
-        self._node_beat(force=True)
+        """As the agent's: one write with the progress since the last; the node item is not written while busy."""
+        c = self.crawl
+        self.sim.stats.heartbeats += 1
+        self._write(ops.beat, self.sim.clock.now(), c.progress if c is not None else None)
+        now = self.engine.now
+        if c is not None and c.msg is not None and now + 2 * self.sim.settings.heartbeat_interval_s >= c.hidden_until:
+            self.sim.node_queue.set_visibility(c.msg, CLAIMED_VISIBILITY_S)
+            c.hidden_until = now + CLAIMED_VISIBILITY_S
 
     def _set_node(self, state: str, site: str | None = None, attempt: int | None = None) -> None:
         self.state = state

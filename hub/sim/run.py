@@ -73,6 +73,7 @@ class Stats:
         self.hang_lags: list[float] = []
         self.tick_ms: list[float] = []
         self.outcomes: Counter = Counter()
+        self.heartbeats = 0  # heartbeat writes of nodes (one UpdateItem each): calls that grow with crawl time
 
     def attempt_ended(self, node: str, site: str, attempt: int, now: float, outcome: str, crawl: Any) -> None:
         self.busy_s += now - crawl.claimed_at
@@ -190,6 +191,8 @@ class SimResult:
     api_calls_per_site: dict[str, float]
     api_calls_by_operation: dict[str, float]
     hub_calls_per_site: float
+    heartbeat_calls_per_site: float
+    heartbeat_interval_s: float
     ticks: int
     tick_cpu_ms_p95: float
     tick_cpu_ms_max: float
@@ -233,6 +236,8 @@ class SimResult:
                                 "total": round(total / n, 2)},
             api_calls_by_operation={f"{s}:{op}": round(c / n, 3) for (s, op), c in sorted(calls.items())},
             hub_calls_per_site=round(sum(sim.hub_calls.values()) / n, 2),
+            heartbeat_calls_per_site=round(sim.stats.heartbeats / n, 2),
+            heartbeat_interval_s=sim.settings.heartbeat_interval_s,
             ticks=len(sim.stats.tick_ms), tick_cpu_ms_p95=round(_pct(sim.stats.tick_ms, 0.95), 2),
             tick_cpu_ms_max=round(max(sim.stats.tick_ms, default=0.0), 2),
             completed=completed, failed=failed, attempts=dict(sim.stats.outcomes), left_running=left,

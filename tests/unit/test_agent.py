@@ -11,7 +11,7 @@ from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
-from node.agent import Agent, AgentSettings
+from node.agent import CLAIMED_VISIBILITY_S, Agent, AgentSettings
 from profiles import ProfileStore
 from tests.helpers.fake_node import HANG, ScriptedCrawl, pages_script, status
 
@@ -203,12 +203,70 @@ def test_sites_per_node_one_exits_after_one_site(tmp_path):
     assert len(done) == 1 and len(rig.crawls) == 1
 
 
-def test_heartbeats_extend_visibility_during_a_long_crawl(tmp_path):
-    rig = Rig(tmp_path, [pages_script(10, step=8)])  # 80 s crawl, visibility 30 s
+class Spy:
+    """Records the calls made through it (name, args), then makes them on the real fake."""
+
+    def __init__(self, inner):
+        self._inner, self.calls = inner, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls.append((name, args))
+            return attr(*args, **kwargs)
+        return call
+
+    def named(self, name):
+        return [args for n, args in self.calls if n == name]
+
+
+def spied(rig):
+    rig.agent.table = rig.table_spy = Spy(rig.table)
+    rig.agent.queue = rig.queue_spy = Spy(rig.queue)
+    return rig
+
+
+def test_the_claimed_message_is_hidden_once_not_at_every_heartbeat(tmp_path):
+    rig = spied(Rig(tmp_path, [pages_script(10, step=8)]))  # 80 s crawl, visibility 30 s, beats every 5 s
     rig.seed()
     rig.agent.run()
     assert rig.site().run_status is RunStatus.COMPLETED
     assert rig.queue.sent == 1  # never redelivered to anyone: nothing resent, nothing duplicated
+    assert [args[1] for args in rig.queue_spy.named("set_visibility")] == [CLAIMED_VISIBILITY_S]
+
+
+def test_a_crawl_longer_than_the_claimed_visibility_is_extended_before_it_shows(tmp_path, monkeypatch):
+    monkeypatch.setattr("node.agent.CLAIMED_VISIBILITY_S", 20.0)
+    rig = spied(Rig(tmp_path, [pages_script(10, step=8)]))  # 80 s crawl: hidden 20 s at a time
+    rig.seed()
+    rig.agent.run()
+    assert rig.site().run_status is RunStatus.COMPLETED and rig.site().attempt == 1
+    assert rig.queue.sent == 1 and len(rig.queue_spy.named("set_visibility")) >= 4
+
+
+def test_with_node_watchdogs_progress_rides_on_the_heartbeat(tmp_path):
+    """Ten pages in ten seconds: one write per heartbeat (5 s) carries the latest step, not two per page."""
+    rig = spied(Rig(tmp_path, [pages_script(10, step=1)]))
+    rig.seed()
+    rig.agent.run()
+    rec = rig.site()
+    assert rec.run_status is RunStatus.COMPLETED and rec.pages == 10  # the last step arrived with the final beat
+    writes = rig.table_spy.named("write")
+    assert len(writes) <= 6  # claim, two beats, the beat before the result, complete
+    busy = [args for args in rig.table_spy.named("put_node") if args[0].state == "busy"]
+    assert len(rig.table_spy.named("put_node")) == 4 and len(busy) == 1  # idle, busy, idle, exiting
+
+
+def test_without_node_watchdogs_each_step_is_written_at_once(tmp_path):
+    """The hub is then the hang detector: it sees every URL_CALL when it happens."""
+    rig = spied(Rig(tmp_path, [pages_script(10, step=1)], node_watchdog=False))
+    rig.seed()
+    rig.agent.run()
+    reports = [args for args in rig.table_spy.named("write") if args[1].site_status is not args[0].site_status]
+    assert len(reports) >= 21  # RUNNING, then URL_CALL and CALL_DONE for each page (and COMPLETED)
 
 
 @pytest.mark.parametrize("finished", [True])

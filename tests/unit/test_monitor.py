@@ -198,3 +198,18 @@ def test_watch_on_a_terminal_draws_the_bar_and_the_open_sites_in_place():
                sleep=lambda s: None)
     text = out.getvalue()
     assert rc == 0 and "run r" in text and "slow-site" in text and "1/1" in text and "\x1b[" in text
+
+
+def test_a_busy_nodes_last_sign_of_life_is_its_attempts_heartbeat():
+    """A busy node writes only its site's heartbeat; its item's heartbeat is from when it claimed."""
+    from fleet.codec import NodeInfo
+    from fleet.state import RunStatus, SiteRecord, SiteSpec, SiteStatus
+    from hub.monitor import last_beat
+    from hub.snapshot import Observations, Snapshot
+
+    rec = SiteRecord(run_id=RUN, site="s1", spec=SiteSpec("http://x.test/"), run_status=RunStatus.RUN,
+                     site_status=SiteStatus.URL_CALL, attempt=1, instance_id="i-1", heartbeat=1000.0)
+    busy = NodeInfo(RUN, "i-1", "busy", 100.0, 50.0, site="s1", attempt=1)
+    other = NodeInfo(RUN, "i-2", "busy", 100.0, 50.0, site="s1", attempt=1)  # not the site's node
+    snap = Snapshot(RUN, None, {"s1": rec}, {"i-1": busy, "i-2": other}, {}, Observations())
+    assert last_beat(snap, busy) == 1000.0 and last_beat(snap, other) == 100.0

@@ -69,3 +69,14 @@ def test_attempt_cannot_change_during_an_attempt():
 def test_every_site_status_has_an_entry():
     assert set(SITE_TRANSITIONS) == set(SiteStatus)
     assert set(RUN_TRANSITIONS) == set(RunStatus)
+
+
+def test_a_coalesced_progress_write_may_skip_steps_but_never_go_back():
+    """A node writing its progress with its heartbeat jumps along the crawler's path in one write."""
+    r = rec(run_status=RunStatus.RUN, site_status=SiteStatus.PENDING, attempt=1, instance_id="i-1")
+    assert transition(r, site_status=SiteStatus.CALL_DONE).site_status is SiteStatus.CALL_DONE
+    running = transition(r, site_status=SiteStatus.URL_CALL)
+    assert transition(running, site_status=SiteStatus.CALL_DONE).site_status is SiteStatus.CALL_DONE
+    for back in (SiteStatus.PENDING, SiteStatus.RUNNING):
+        with pytest.raises(IllegalTransition):
+            transition(running, site_status=back)
