@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from fleet.clock import Clock, SystemClock
 from fleet.codec import (
@@ -126,9 +126,10 @@ class MemoryStateTable:
             self.items[(node.run_id, NODE_PREFIX + node.instance_id)] = node_to_item(node)
             self._nodes.setdefault(node.run_id, set()).add(NODE_PREFIX + node.instance_id)
 
-    def add_history(self, event: HistoryEvent) -> None:
+    def add_history(self, events: Sequence[HistoryEvent]) -> None:
         with self._lock:
-            self.items[(event.run_id, event.key)] = history_to_item(event)
+            for event in events:
+                self.items[(event.run_id, event.key)] = history_to_item(event)
 
     def list_runs(self) -> list[RunIndexEntry]:
         out = [RunIndexEntry(k, float(v["started_at"])) for (rid, k), v in self.items.items()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
@@ -55,7 +55,7 @@ class StateTable(Protocol):
     def update_run(self, run_id: str, **fields: Any) -> None: ...
     def add_launched(self, run_id: str, count: int) -> None: ...
     def put_node(self, node: NodeInfo) -> None: ...
-    def add_history(self, event: HistoryEvent) -> None: ...
+    def add_history(self, events: Sequence[HistoryEvent]) -> None: ...
     def list_runs(self) -> list[RunIndexEntry]: ...
 
 
@@ -290,8 +290,23 @@ class DynamoStateTable:
     def put_node(self, node: NodeInfo) -> None:
         self._c.put_item(TableName=self.name, Item=self._enc(node_to_item(node)))
 
-    def add_history(self, event: HistoryEvent) -> None:
-        self._c.put_item(TableName=self.name, Item=self._enc(history_to_item(event)))
+    def add_history(self, events: Sequence[HistoryEvent]) -> None:
+        """History lines need no condition (each has its own key): BatchWriteItem, 25 to a call."""
+        items = [{"PutRequest": {"Item": self._enc(history_to_item(e))}} for e in events]
+        for i in range(0, len(items), 25):
+            self._batch_write(items[i:i + 25])
+
+    def _batch_write(self, requests: list[dict[str, Any]]) -> None:
+        """Up to 25 writes, retrying the ones DynamoDB leaves unprocessed (throttling)."""
+        for round_ in range(self.BATCH_GET_ROUNDS + 1):
+            if round_:
+                time.sleep(min(0.05 * 2 ** (round_ - 1), 1.0))
+            out = self._c.batch_write_item(RequestItems={self.name: requests})
+            requests = (out.get("UnprocessedItems") or {}).get(self.name) or []
+            if not requests:
+                return
+        raise GridfleetError(f"DynamoDB table {self.name!r}: {len(requests)} writes still unprocessed after "
+                             f"{self.BATCH_GET_ROUNDS} retries of BatchWriteItem (throttled?)")
 
     def list_runs(self) -> list[RunIndexEntry]:
         out = [RunIndexEntry(i["Site"], float(i.get("started_at", 0))) for i in self._query(RUNS_PARTITION)]

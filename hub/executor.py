@@ -52,14 +52,23 @@ class Executor:
     conflicts: int = 0
     kills: dict[str, int] = field(default_factory=dict)
     teardown_timeout_s: float = 60.0
+    _history: list[HistoryEvent] = field(default_factory=list)
 
     def history(self, kind: str, **fields: Any) -> None:
-        """Record what the hub did on the run (best effort: a lost history line must not stop the run)."""
+        """Record what the hub did on the run; written by `flush_history` at the end of the tick."""
         self._seq = getattr(self, "_seq", 0) + 1
+        self._history.append(HistoryEvent(self.run_id, self.clock.now(), kind, fields, self._seq))
+
+    def flush_history(self) -> None:
+        """Write the tick's history lines in batches (best effort: a lost line must not stop the run)."""
+        events, self._history = self._history, []
+        if not events:
+            return
         try:
-            self.table.add_history(HistoryEvent(self.run_id, self.clock.now(), kind, fields, self._seq))
+            self.table.add_history(events)
         except Exception as e:  # noqa: BLE001 - the history is a record, not a decision
-            log.warning("history-lost kind=%s error=%s", kind, e)
+            log.warning("history-lost lines=%d kinds=%s error=%s", len(events),
+                        ",".join(sorted({e.kind for e in events})), e)
 
     def execute(self, action: Action, snap: Snapshot) -> None:
         try:
@@ -214,9 +223,11 @@ class Executor:
         while True:
             live = [i.id for i in self.provider.list(self.run_id) if i.live]
             if not live:
+                self.flush_history()
                 return 0
             if self.clock.monotonic() >= deadline:
                 event(log, "teardown-incomplete", logging.ERROR, run_id=self.run_id, nodes=",".join(live))
+                self.flush_history()
                 return len(live)
             self.provider.terminate(live)
             event(log, "terminate", run_id=self.run_id, nodes=",".join(live), why=why)

@@ -130,10 +130,13 @@ class Hub:
         p = plan(snap, now, self.config)
         # The hub's own work this tick (its cache, observations and plan), apart from its reads and its actions.
         self.decision_s = time.perf_counter() - t0 - self.io_s
-        for action in p.actions:
-            self.executor.execute(action, snap)
-            if self.executor.finished:
-                break
+        try:
+            for action in p.actions:
+                self.executor.execute(action, snap)
+                if self.executor.finished:
+                    break
+        finally:
+            self.executor.flush_history()
         if snap.run is not None and not self.executor.finished and now - self._last_beat >= HUB_BEAT_S:
             self.table.update_run(self.run_id, hub_heartbeat=now, hub_id=self.hub_id)
             self._last_beat = now

@@ -192,7 +192,7 @@ TABLE_CALLS: dict[str, tuple[str, Cost]] = {
     "get_sites": ("BatchGetItem", _n_arg(1, 100)),
     "read_nodes": ("Query", lambda a, k, r: _pages(len(r), QUERY_PAGE_ITEMS)),
     "create_run": ("PutItem", lambda a, k, r: 2), "get_run": _one("GetItem"), "update_run": _one("UpdateItem"),
-    "add_launched": _one("UpdateItem"), "put_node": _one("PutItem"), "add_history": _one("PutItem"),
+    "add_launched": _one("UpdateItem"), "put_node": _one("PutItem"), "add_history": ("BatchWriteItem", _n_arg(0, 25)),
     "list_runs": _one("Query"),
 }
 QUEUE_CALLS: dict[str, tuple[str, Cost]] = {

@@ -94,11 +94,13 @@ resource "aws_iam_instance_profile" "node" {
 # --- hub ------------------------------------------------------------------------
 
 data "aws_iam_policy_document" "hub" {
-  # fleet.table: the run item, the site items (one by one, and in batches: get_sites), the node items.
+  # fleet.table: the run item, the site items (one by one, and in batches: get_sites), the node items, the
+  # run's history (in batches: add_history).
   statement {
     sid = "StateTable"
     actions = [
       "dynamodb:BatchGetItem",
+      "dynamodb:BatchWriteItem",
       "dynamodb:DescribeTable",
       "dynamodb:GetItem",
       "dynamodb:PutItem",

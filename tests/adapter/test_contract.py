@@ -340,7 +340,7 @@ def seed_partition(table, run_id: str = RUN) -> None:
     """The items of a run that are not site records: the run item, node items, history."""
     table.create_run(run_info(run_id))
     table.put_node(NodeInfo(run_id, "i-0001", "busy", NOW + 5.5, NOW, site="a", attempt=1))
-    table.add_history(HistoryEvent(run_id, NOW + 1.5, "launch", {"count": 2}))
+    table.add_history([HistoryEvent(run_id, NOW + 1.5, "launch", {"count": 2})])
 
 
 def test_open_stamps_follow_the_sites_that_can_still_change(backend):
@@ -461,6 +461,46 @@ def test_get_sites_retries_the_keys_left_unprocessed(backend, monkeypatch):
         "Responses": {}, "UnprocessedKeys": RequestItems})
     with pytest.raises(GridfleetError, match="100 keys still unprocessed after 8 retries"):
         table.get_sites(RUN, [r.site for r in recs])
+
+
+def test_history_lines_are_written_in_batches_and_read_back_in_order(backend):
+    table = backend.table
+    table.create_run(run_info(RUN))
+    events = [HistoryEvent(RUN, NOW + i, "kill", {"site": f"s{i}", "attempt": 1}, seq=i) for i in range(60)]
+    if backend.name == "moto":
+        backend.calls.clear()
+    table.add_history(events)
+    table.add_history([])
+    got = table.read_run(RUN).history
+    assert [(h.kind, h.fields["site"]) for h in got] == [("kill", f"s{i}") for i in range(60)]
+    if backend.name == "moto":
+        assert backend.calls.get("BatchWriteItem") == 3 and "PutItem" not in backend.calls  # 25 + 25 + 10
+
+
+@pytest.mark.parametrize("backend", ["moto"], indirect=True)
+def test_history_writes_left_unprocessed_are_sent_again(backend, monkeypatch):
+    """moto only: DynamoDB may leave part of a BatchWriteItem unprocessed (throttling); it is sent again."""
+    table = backend.table
+    client, real = table._c, table._c.batch_write_item
+    sizes: list[int] = []
+
+    def halving(RequestItems):  # noqa: N803 - boto3's parameter name
+        (requests,) = RequestItems.values()
+        sizes.append(len(requests))
+        half = (len(requests) + 1) // 2
+        out = real(RequestItems={table.name: requests[:half]})
+        rest = requests[half:]
+        return {**out, "UnprocessedItems": {table.name: rest} if rest else {}}
+
+    monkeypatch.setattr("fleet.table.time.sleep", lambda s: None)
+    monkeypatch.setattr(client, "batch_write_item", halving)
+    table.add_history([HistoryEvent(RUN, NOW + i, "launch", {"n": i}, seq=i) for i in range(20)])
+    assert sizes == [20, 10, 5, 2, 1] and len(table.read_run(RUN).history) == 20
+
+    monkeypatch.setattr(client, "batch_write_item", lambda RequestItems: {  # noqa: N803
+        "UnprocessedItems": RequestItems})
+    with pytest.raises(GridfleetError, match="3 writes still unprocessed after 8 retries"):
+        table.add_history([HistoryEvent(RUN, NOW + i, "launch", {}, seq=100 + i) for i in range(3)])
 
 
 def test_read_nodes_reads_only_the_node_items(table):

@@ -173,6 +173,7 @@ def granted():
 def test_the_scenarios_exercise_each_roles_code(recorded):
     assert {"ec2.RunInstances", "ec2.TerminateInstances", "ssm.SendCommand", "sqs.SendMessageBatch",
             "s3.GetObject", "cloudwatch.PutMetricData", "dynamodb.Query", "dynamodb.BatchGetItem",
+            "dynamodb.BatchWriteItem",
             "dynamodb.Query on index/open"} <= recorded["hub"]
     assert {"sqs.ReceiveMessage", "sqs.DeleteMessage", "sqs.SendMessage", "s3.PutObject",
             "cloudwatch.PutMetricData"} <= recorded["node"]
