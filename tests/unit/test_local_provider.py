@@ -223,7 +223,8 @@ def test_a_marked_process_missing_from_the_registry_is_listed_and_can_be_termina
     p = rig.spawn_marked(ghost, tmp_path / "ghost.log")
     ticks = procs.start_ticks(p.pid)
 
-    listed = {i.id: i for i in provider.list(rig.run)}
+    # Until the new process has exec'd, its environment (the mark) is its parent's: wait to see it.
+    listed = wait_for(lambda: (d := {i.id: i for i in provider.list(rig.run)}) and ghost in d and d)
     assert listed[ghost].state == "running"
     assert listed[ghost].tags["gridfleet:run_id"] == rig.run
     assert listed[known].state == "running"
