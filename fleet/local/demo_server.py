@@ -4,20 +4,37 @@ Crawls run locally (and the tests) need sites that paginate, answer slowly,
 hang or fail on demand. Every behaviour is chosen by the URL, e.g.
 ``/s/shop/?pages=3&delay_s=0.5&hang_page=2&hang_attempts=1``, so any sites file
 can describe a test site without this server knowing about it beforehand.
+
+The same sites are also served as a paginated JSON API, for crawls of APIs:
+``/api/shop?pages=3&per_page=20`` answers page 1 as
+``{"site": "shop", "page": 1, "items": [{"id": "shop-1-1", "title": "Item shop-1-1"}, ...],
+"next": "<token>"}``; the next page is that URL plus ``&token=<token>``, and the
+last page has ``"next": null``. Items carry the ids the HTML pages do, so HTML and
+API crawls of a site name agree, and both count in the same ``/_stats``. Tokens
+are opaque and signed with a key of this server instance: a forged token or one
+issued for another site is a 400. The behaviour parameters (``delay_s``,
+``hang_page``, ``hang_attempts``, ``fail_attempts``) work as for the HTML pages,
+for the page the token designates (page 1 without a token); ``page`` itself is
+not accepted by the API. Errors are JSON: ``{"error": "..."}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
+import hashlib
+import hmac
 import html
 import json
 import logging
 import math
 import re
+import secrets
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -27,8 +44,10 @@ from fleet.httpd import QuietHandler
 log = logging.getLogger(__name__)
 
 ITEMS_PER_PAGE = 10
+MAX_PER_PAGE = 100
 _NAME = r"[A-Za-z0-9._-]+"
 _SITE_PATH = re.compile(rf"/s/({_NAME})/?")
+_API_PATH = re.compile(rf"/api/({_NAME})")
 _ITEM_PATH = re.compile(rf"/item/({_NAME})")
 _INT = re.compile(r"[+-]?[0-9]+")
 
@@ -37,11 +56,17 @@ class _BadParam(ValueError):
     """A query parameter that cannot be used; args[0] is its name."""
 
 
-def _int(params: dict[str, str], key: str, minimum: int | None = None) -> int | None:
+def _int(
+    params: dict[str, str], key: str, minimum: int | None = None, maximum: int | None = None
+) -> int | None:
     raw = params.get(key)
     if raw is None:
         return None
-    if not _INT.fullmatch(raw.strip()) or (minimum is not None and int(raw) < minimum):
+    if (
+        not _INT.fullmatch(raw.strip())
+        or (minimum is not None and int(raw) < minimum)
+        or (maximum is not None and int(raw) > maximum)
+    ):
         raise _BadParam(key)
     return int(raw)
 
@@ -77,6 +102,59 @@ class _PageRequest:
         )
 
 
+class _BadToken(ValueError):
+    """A pagination token this server did not issue for this site."""
+
+
+class _Tokens:
+    """Opaque, signed API page tokens: ``b64(json {site, page}).b64(hmac[:16])``.
+
+    The key is random per server instance, so tokens do not outlive it.
+    """
+
+    _SIG_BYTES = 16
+
+    def __init__(self) -> None:
+        self._key = secrets.token_bytes(32)
+
+    def issue(self, site: str, page: int) -> str:
+        payload = json.dumps({"site": site, "page": page}, separators=(",", ":")).encode()
+        body = _b64encode(payload)
+        return f"{body}.{self._sign(body)}"
+
+    def page_of(self, site: str, token: str) -> int:
+        """The page a token designates; raises _BadToken unless issued here for site."""
+        body, _, sig = token.partition(".")
+        if not hmac.compare_digest(self._sign(body).encode(), sig.encode()):
+            raise _BadToken(token)
+        try:
+            payload = json.loads(_b64decode(body))
+        except (ValueError, binascii.Error):
+            raise _BadToken(token) from None
+        if not isinstance(payload, dict) or payload.get("site") != site:
+            raise _BadToken(token)
+        page = payload.get("page")
+        if type(page) is not int or page < 1:
+            raise _BadToken(token)
+        return page
+
+    def _sign(self, body: str) -> str:
+        digest = hmac.new(self._key, body.encode(), hashlib.sha256).digest()
+        return _b64encode(digest[: self._SIG_BYTES])
+
+
+def _b64encode(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _b64decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _item_ids(name: str, page: int, count: int = ITEMS_PER_PAGE) -> list[str]:
+    return [f"{name}-{page}-{i}" for i in range(1, count + 1)]
+
+
 def _document(title: str, body: str) -> bytes:
     title = html.escape(title)
     return (
@@ -87,8 +165,7 @@ def _document(title: str, body: str) -> bytes:
 
 def _page_html(name: str, page: int, next_href: str | None) -> bytes:
     lines = [f"<h1>{html.escape(name)} page {page}</h1>", "<ul>"]
-    for i in range(1, ITEMS_PER_PAGE + 1):
-        item_id = html.escape(f"{name}-{page}-{i}")
+    for item_id in map(html.escape, _item_ids(name, page)):
         lines.append(
             f'<li><a class="item" data-id="{item_id}" href="/item/{item_id}">Item {item_id}</a></li>'
         )
@@ -160,6 +237,8 @@ class _Handler(QuietHandler):
             self._send_json(state.stats())
         elif method == "GET" and (match := _SITE_PATH.fullmatch(url.path)):
             self._site_page(match.group(1), url.path, url.query)
+        elif method == "GET" and (match := _API_PATH.fullmatch(url.path)):
+            self._api_page(match.group(1), url.query)
         elif method == "GET" and (match := _ITEM_PATH.fullmatch(url.path)):
             self._send_html(200, _message_html(f"item {match.group(1)}"))
         else:
@@ -175,12 +254,8 @@ class _Handler(QuietHandler):
         if not 1 <= req.page <= req.pages:
             self._send_html(404, _message_html(f"{name} has no page {req.page}"))
             return
-        state = self.server.state
-        attempt = state.record(name, req.page)
-        if req.page == req.hang_page and (req.hang_attempts is None or attempt <= req.hang_attempts):
-            state.stopping.wait()  # hold the connection, send nothing, until stop()
-            return
-        if req.delay_s and state.stopping.wait(req.delay_s):
+        attempt = self._await_turn(name, req)
+        if attempt is None:
             return
         if req.page == 1 and attempt <= req.fail_attempts:
             self._send_html(500, _message_html(f"{name} failed on purpose (attempt {attempt})"))
@@ -191,8 +266,61 @@ class _Handler(QuietHandler):
             next_href = f"{path}?{urlencode(kept + [('page', str(req.page + 1))])}"
         self._send_html(200, _page_html(name, req.page, next_href))
 
-    def _send_json(self, payload: dict[str, Any]) -> None:
-        self._send(200, json.dumps(payload).encode(), "application/json")
+    def _api_page(self, name: str, query: str) -> None:
+        params = dict(parse_qsl(query, keep_blank_values=True))
+        try:
+            if "page" in params:  # the API pages by token only
+                raise _BadParam("page")
+            req = _PageRequest.parse(params)
+            per_page = _int(params, "per_page", minimum=1, maximum=MAX_PER_PAGE) or ITEMS_PER_PAGE
+        except _BadParam as exc:
+            self._send_json({"error": f"bad value for {exc.args[0]}"}, 400)
+            return
+        tokens = self.server.tokens
+        if "token" in params:
+            try:
+                req = replace(req, page=tokens.page_of(name, params["token"]))
+            except _BadToken:
+                self._send_json({"error": "bad token"}, 400)
+                return
+        if req.page > req.pages:
+            self._send_json({"error": f"{name} has no page {req.page}"}, 404)
+            return
+        attempt = self._await_turn(name, req)
+        if attempt is None:
+            return
+        if req.page == 1 and attempt <= req.fail_attempts:
+            self._send_json({"error": f"{name} failed on purpose (attempt {attempt})"}, 500)
+            return
+        items = [
+            {"id": item_id, "title": f"Item {item_id}"} for item_id in _item_ids(name, req.page, per_page)
+        ]
+        self._send_json(
+            {
+                "site": name,
+                "page": req.page,
+                "items": items,
+                "next": tokens.issue(name, req.page + 1) if req.page < req.pages else None,
+            }
+        )
+
+    def _await_turn(self, name: str, req: _PageRequest) -> int | None:
+        """Counts the request and plays its hang and delay.
+
+        Returns which request for this page it is, or None if the server
+        stopped meanwhile (the connection then closes without a response).
+        """
+        state = self.server.state
+        attempt = state.record(name, req.page)
+        if req.page == req.hang_page and (req.hang_attempts is None or attempt <= req.hang_attempts):
+            state.stopping.wait()  # hold the connection, send nothing, until stop()
+            return None
+        if req.delay_s and state.stopping.wait(req.delay_s):
+            return None
+        return attempt
+
+    def _send_json(self, payload: dict[str, Any], status: int = 200) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json")
 
     def _send_html(self, status: int, body: bytes) -> None:
         self._send(status, body, "text/html; charset=utf-8")
@@ -204,6 +332,7 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], state: _State) -> None:
         self.state = state
+        self.tokens = _Tokens()
         super().__init__(address, _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import re
@@ -11,7 +12,7 @@ import urllib.error
 import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import parse_qsl, urljoin, urlsplit
+from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit
 
 import pytest
 
@@ -297,3 +298,160 @@ def test_main_serves_until_sigterm():
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+# --- the JSON API -----------------------------------------------------------------
+
+
+def api(url: str, timeout: float = 5) -> tuple[int, http.client.HTTPMessage, dict]:
+    status, headers, body = fetch(url, timeout=timeout)
+    assert headers["Content-Type"] == "application/json"
+    return status, headers, json.loads(body)
+
+
+def api_items(site: str, page_no: int, per_page: int = 10) -> list[dict[str, str]]:
+    ids = [f"{site}-{page_no}-{i}" for i in range(1, per_page + 1)]
+    return [{"id": item_id, "title": f"Item {item_id}"} for item_id in ids]
+
+
+def test_api_walks_all_pages_by_following_tokens(server):
+    url = f"{server.base_url}/api/shop?pages=3&delay_s=0"
+    seen = []
+    status, headers, body = api(url)
+    while True:
+        assert status == 200
+        assert int(headers["Content-Length"]) > 0
+        assert body["site"] == "shop"
+        assert body["items"] == api_items("shop", body["page"])
+        seen.append(body["page"])
+        if body["next"] is None:
+            break
+        assert isinstance(body["next"], str) and "shop" not in body["next"]  # opaque
+        status, headers, body = api(f"{url}&{urlencode({'token': body['next']})}")
+    assert seen == [1, 2, 3]
+
+    # the HTML pages of the same site carry the same ids
+    _, html_page = page(f"{server.base_url}/s/shop/?pages=3")
+    assert html_page.item_ids == [item["id"] for item in api_items("shop", 1)]
+
+    status, _, single = api(f"{server.base_url}/api/solo")
+    assert status == 200
+    assert (single["page"], single["next"]) == (1, None)
+    assert single["items"] == api_items("solo", 1)
+
+
+def test_api_per_page(server):
+    status, _, body = api(f"{server.base_url}/api/wide?pages=2&per_page=3")
+    assert status == 200
+    assert body["items"] == api_items("wide", 1, per_page=3)
+    url = f"{server.base_url}/api/wide?pages=2&per_page=100&{urlencode({'token': body['next']})}"
+    status, _, body = api(url)
+    assert status == 200
+    assert body["page"] == 2
+    assert body["items"] == api_items("wide", 2, per_page=100)
+    assert body["next"] is None
+
+
+def test_api_rejects_forged_and_foreign_tokens(server):
+    _, _, a1 = api(f"{server.base_url}/api/a?pages=3")
+    token = a1["next"]
+    body, _, sig = token.partition(".")
+    payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    assert payload == {"site": "a", "page": 2}
+    forged_payload = json.dumps({"site": "a", "page": 3}, separators=(",", ":")).encode()
+    forged_body = base64.urlsafe_b64encode(forged_payload).rstrip(b"=").decode()
+    with DemoServer() as other:
+        _, _, elsewhere = api(f"{other.base_url}/api/a?pages=3")
+    bad_tokens = {
+        "another site's": ("b", token),
+        "forged": ("a", f"{forged_body}.{sig}"),
+        "another server's": ("a", elsewhere["next"]),
+        "garbage": ("a", "not-a-token"),
+        "empty": ("a", ""),
+    }
+    for what, (site, bad) in bad_tokens.items():
+        status, _, answer = api(f"{server.base_url}/api/{site}?pages=3&{urlencode({'token': bad})}")
+        assert (status, answer) == (400, {"error": "bad token"}), what
+
+    status, _, a2 = api(f"{server.base_url}/api/a?pages=3&{urlencode({'token': token})}")
+    assert status == 200 and a2["page"] == 2
+    # rejected requests are not counted
+    sites = server.stats()["sites"]
+    assert list(sites) == ["a"]
+    assert sites["a"]["hits"] == {"1": 1, "2": 1}
+
+
+def test_api_token_beyond_pages_is_not_found(server):
+    _, _, p1 = api(f"{server.base_url}/api/shrink?pages=2")
+    status, _, body = api(f"{server.base_url}/api/shrink?pages=1&{urlencode({'token': p1['next']})}")
+    assert status == 404
+    assert body == {"error": "shrink has no page 2"}
+    assert server.stats()["sites"]["shrink"]["hits"] == {"1": 1}
+
+
+def test_api_requests_count_in_stats_with_html_pages(server):
+    before = time.time()
+    _, _, p1 = api(f"{server.base_url}/api/mixed?pages=2")
+    api(f"{server.base_url}/api/mixed?pages=2&{urlencode({'token': p1['next']})}")
+    fetch(f"{server.base_url}/s/mixed/?pages=2")
+    after = time.time()
+
+    _, _, stats = api(f"{server.base_url}/_stats")
+    mixed = stats["sites"]["mixed"]
+    assert mixed["hits"] == {"1": 2, "2": 1}
+    assert len(mixed["times"]) == 3
+    assert mixed["times"] == sorted(mixed["times"])
+    assert all(before <= t <= after for t in mixed["times"])
+
+
+def test_api_delay_is_honoured(server):
+    start = time.monotonic()
+    status, _, _ = api(f"{server.base_url}/api/slow?delay_s=0.2")
+    assert status == 200
+    assert time.monotonic() - start >= 0.2
+
+
+def test_api_hang_page_hangs_only_the_first_attempts(server):
+    url = f"{server.base_url}/api/sticky?pages=3&hang_page=2&hang_attempts=1"
+    status, _, p1 = api(url)  # page 1 is not affected
+    assert status == 200
+    page2 = f"{url}&{urlencode({'token': p1['next']})}"
+    with pytest.raises(TimeoutError):
+        fetch(page2, timeout=0.5)
+
+    status, _, p2 = api(page2)
+    assert status == 200
+    assert p2["page"] == 2
+    assert p2["items"][0]["id"] == "sticky-2-1"
+    assert server.stats()["sites"]["sticky"]["hits"] == {"1": 1, "2": 2}
+
+
+def test_api_fail_attempts_fail_page_one_then_recover(server):
+    url = f"{server.base_url}/api/flaky?pages=2&fail_attempts=1"
+    status, _, body = api(url)
+    assert status == 500
+    assert body == {"error": "flaky failed on purpose (attempt 1)"}
+    status, _, body = api(url)
+    assert status == 200
+    assert body["items"] == api_items("flaky", 1)
+    assert api(f"{url}&{urlencode({'token': body['next']})}")[0] == 200
+
+
+def test_api_bad_params_are_rejected(server):
+    cases = [
+        ("pages=abc", "pages"),
+        ("pages=0", "pages"),
+        ("per_page=0", "per_page"),
+        ("per_page=101", "per_page"),
+        ("per_page=x", "per_page"),
+        ("page=2", "page"),  # the API pages by token
+        ("delay_s=-1", "delay_s"),
+        ("delay_s=inf", "delay_s"),
+        ("hang_page=x", "hang_page"),
+        ("hang_attempts=-1", "hang_attempts"),
+        ("fail_attempts=1.5", "fail_attempts"),
+    ]
+    for query, param in cases:
+        status, _, body = api(f"{server.base_url}/api/shop?{query}")
+        assert (status, body) == (400, {"error": f"bad value for {param}"}), query
+    assert server.stats() == {"sites": {}}
