@@ -69,6 +69,10 @@ class AwsConfig(_Model):
     endpoint_url: str | None = None
     table: str = "TrendlyzeStatus"
     queue: str = "trendlyze-sites"
+    queue_fifo: bool = Field(
+        False, description="a FIFO queue: each (run, site, attempt) message is sent at most once within SQS's "
+        "5-minute deduplication window, even if a restarted hub sends it again"
+    )
     dlq: str | None = Field(None, description="dead-letter queue name; default <queue>-dlq")
     max_receive_count: int = Field(10, ge=2, description="receives before a message goes to the DLQ")
     bucket: str = "trendlyze-results"
@@ -114,8 +118,17 @@ class AwsConfig(_Model):
     imds_url: str = Field("http://169.254.169.254", description="instance metadata service (IMDSv2)")
 
     @property
+    def queue_name(self) -> str:
+        """The site queue's name: `queue`, plus the `.fifo` a FIFO queue's name must end with."""
+        return self.queue if not self.queue_fifo or self.queue.endswith(".fifo") else f"{self.queue}.fifo"
+
+    @property
     def dlq_name(self) -> str:
-        return self.dlq or f"{self.queue}-dlq"
+        """`dlq`, default <queue>-dlq; a FIFO queue's DLQ is a FIFO queue too (queue x.fifo: DLQ x-dlq.fifo)."""
+        if not self.queue_fifo:
+            return self.dlq or f"{self.queue}-dlq"
+        name = self.dlq or f"{self.queue.removesuffix('.fifo')}-dlq"
+        return name if name.endswith(".fifo") else f"{name}.fifo"
 
     @field_validator("endpoint_url")
     @classmethod
@@ -160,11 +173,21 @@ class LocalConfig(_Model):
         return self.max_nodes or max(2, 2 * cpus)
 
 
+class RateLimitConfig(_Model):
+    """A fleet-wide request rate shared by every node crawling a site of the group (`fleet.ratelimit`)."""
+
+    per_s: float = Field(gt=0, description="requests per second to the group's sites, by the whole fleet together; "
+                         "requests are paced about 1.1/per_s apart, never in bursts")
+
+
 class SiteConfig(_Model):
     id: str
     start_url: str
     crawler: str = "links"
     options: dict[str, Any] = Field(default_factory=dict)
+    rate_limit: str | None = Field(None, description="the group of `rate_limits` whose rate this site's requests share")
+    incremental: bool = Field(False, description="keep a high-water mark (the newest item ids) after each successful "
+                              "crawl; the next crawl stops at items already seen (`run --full` ignores it)")
 
     @field_validator("id")
     @classmethod
@@ -212,7 +235,19 @@ class Config(_Model):
     local: LocalConfig = Field(default_factory=LocalConfig)
     hub: HubConfig = Field(default_factory=HubConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    rate_limits: dict[str, RateLimitConfig] = Field(
+        default_factory=dict, description="fleet-wide rate limits by group name; a site joins one by `rate_limit`"
+    )
     sites: tuple[SiteConfig, ...] = Field(min_length=1)
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _group_names(cls, groups: dict[str, RateLimitConfig]) -> dict[str, RateLimitConfig]:
+        for name in groups:
+            if not SITE_ID_RE.match(name):
+                raise ValueError(f"group name {name!r} must start with a letter or digit and hold only letters, "
+                                 "digits, '.', '_' or '-' (max 128)")
+        return groups
 
     @field_validator("sites", mode="after")
     @classmethod
@@ -229,6 +264,18 @@ class Config(_Model):
         if self.fleet.min_nodes > self.fleet.max_nodes:
             raise ValueError(f"fleet.min_nodes ({self.fleet.min_nodes}) is larger than fleet.max_nodes "
                              f"({self.fleet.max_nodes})")
+        return self
+
+    @model_validator(mode="after")
+    def _rate_limit_groups(self) -> "Config":
+        unknown = [(i, s) for i, s in enumerate(self.sites) if s.rate_limit is not None
+                   and s.rate_limit not in self.rate_limits]
+        if unknown:
+            defined = ", ".join(sorted(self.rate_limits)) or "none"
+            raise ValueError("; ".join(
+                f"sites[{i}] (id {s.id!r}): rate_limit {s.rate_limit!r} is not a group of rate_limits"
+                for i, s in unknown
+            ) + f" (defined: {defined})")
         return self
 
     @property
@@ -264,6 +311,7 @@ __all__ = [
     "HubConfig",
     "LocalConfig",
     "MetricsConfig",
+    "RateLimitConfig",
     "RunConfig",
     "SiteConfig",
 ]

@@ -1,0 +1,213 @@
+"""DynamoRateLimiter on moto: the same slots as the in-memory limiter, the item it keeps, the calls it makes,
+and real processes sharing one group's rate."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+import uuid
+from typing import Any, Callable
+
+import pytest
+
+from fleet.aws import LOCAL_CREDENTIALS, AwsClients
+from fleet.bootstrap import ensure_resources
+from fleet.clock import FakeClock
+from fleet.config import AwsConfig
+from fleet.ratelimit import LIMITS_PARTITION, DynamoRateLimiter, MemoryRateLimiter, RateLimiter, spacing
+from tests.adapter.conftest import MOTO_CALLS, REGION, NamedClients
+
+
+def max_in_window(times: list[float], window_s: float = 1.0) -> int:
+    """The most of `times` any closed window of `window_s` seconds holds."""
+    ts = sorted(times)
+    best, j = 0, 0
+    for i, t in enumerate(ts):
+        while ts[j] < t - window_s - 1e-9:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+@pytest.fixture(scope="module")
+def limits_table(shared_clients, moto_endpoint) -> str:
+    """One state table (made as bootstrap makes it) for the module; each test uses its own group names."""
+    aws = AwsConfig(endpoint_url=moto_endpoint, region=REGION, table=f"t-{uuid.uuid4().hex}",
+                    queue=f"q-{uuid.uuid4().hex}", bucket=f"b-{uuid.uuid4().hex}")
+    ensure_resources(NamedClients(shared_clients, aws), visibility_timeout_s=30)
+    return aws.table
+
+
+def group() -> str:
+    return f"g-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=("moto", "memory"))
+def make_limiter(request) -> Callable[[FakeClock], RateLimiter]:
+    """Limiters of one backend; with moto, each made limiter is another node on the same table."""
+    if request.param == "memory":
+        shared: list[MemoryRateLimiter] = []
+
+        def memory(clock: FakeClock) -> RateLimiter:
+            if not shared:
+                shared.append(MemoryRateLimiter(clock))
+            return shared[0]
+
+        return memory
+    ddb = request.getfixturevalue("shared_clients").client("dynamodb")
+    table = request.getfixturevalue("limits_table")
+    return lambda clock: DynamoRateLimiter(ddb, table, clock)
+
+
+def update_calls() -> int:
+    return MOTO_CALLS.get("UpdateItem", 0)
+
+
+# --- the same slots as in memory -------------------------------------------------------------------------------------
+
+def test_idle_group_gives_slot_now(make_limiter):
+    clock = FakeClock()
+    rl, g = make_limiter(clock), group()
+    assert rl.take(g, 5, clock.now()) == pytest.approx(clock.now())
+    clock.advance(10)
+    assert rl.take(g, 5, clock.now()) == pytest.approx(clock.now())
+
+
+def test_contended_slots_are_exactly_spacing_apart(make_limiter):
+    clock = FakeClock()
+    nodes, g = [make_limiter(clock) for _ in range(3)], group()
+    t0 = clock.now()
+    slots = [nodes[i % 3].take(g, 5, t0) for i in range(15)]  # three nodes asking at one instant
+    assert slots == [pytest.approx(t0 + i * spacing(5), abs=1e-6) for i in range(15)]
+    assert max_in_window(slots) == 5
+
+
+def test_no_burst_after_idleness(make_limiter):
+    clock = FakeClock()
+    a, b, g = make_limiter(clock), make_limiter(clock), group()
+    sends = [a.wait(g, 5) for _ in range(8)]
+    clock.advance(30)
+    sends += [a.take(g, 5, clock.now()), b.take(g, 5, clock.now()), a.take(g, 5, clock.now())]
+    sends += [b.wait(g, 5) for _ in range(8)]
+    assert max_in_window(sends) <= 5
+    ordered = sorted(sends)
+    assert min(y - x for x, y in zip(ordered, ordered[1:])) >= spacing(5) - 1e-6
+
+
+def test_wait_sleeps_until_the_slot(make_limiter):
+    clock = FakeClock()
+    rl, g = make_limiter(clock), group()
+    t0 = clock.now()
+    for i in range(5):
+        assert rl.wait(g, 5) == pytest.approx(t0 + i * 0.22, abs=1e-6)
+        assert clock.now() == pytest.approx(t0 + i * 0.22, abs=1e-6)
+
+
+# --- DynamoDB specifics ----------------------------------------------------------------------------------------------
+
+def test_item_layout(shared_clients, limits_table):
+    ddb = shared_clients.client("dynamodb")
+    clock = FakeClock()
+    rl, g = DynamoRateLimiter(ddb, limits_table, clock), group()
+    rl.take(g, 4, clock.now())
+    rl.take(g, 4, clock.now())
+    item = ddb.get_item(TableName=limits_table, Key={"run_id": {"S": LIMITS_PARTITION}, "Site": {"S": g}},
+                        ConsistentRead=True)["Item"]
+    assert set(item) == {"run_id", "Site", "next_at"}
+    assert item["run_id"] == {"S": "#limits"} and item["Site"] == {"S": g}
+    assert float(item["next_at"]["N"]) == pytest.approx(clock.now() + 2 * spacing(4), abs=1e-6)
+
+
+def test_one_call_per_request_when_the_guess_is_right(shared_clients, limits_table):
+    ddb = shared_clients.client("dynamodb")
+    clock = FakeClock()
+    rl, g = DynamoRateLimiter(ddb, limits_table, clock), group()
+    before = update_calls()
+    rl.take(g, 5, clock.now())  # idle, guessed idle
+    for _ in range(10):
+        rl.take(g, 5, clock.now())  # busy, guessed busy (own reservation pending, then busy last time)
+    assert update_calls() - before == 11
+    # A node paced at the limit (wait, then ask again right away) stays at one call per request.
+    before = update_calls()
+    for _ in range(5):
+        rl.wait(g, 5)
+    assert update_calls() - before == 5
+    # Requests slower than the limit: the group is idle at each take, found idle at once.
+    clock.advance(60)
+    rl.take(g, 5, clock.now())  # wrong guess (busy last time): 2 calls
+    before = update_calls()
+    for _ in range(5):
+        clock.advance(1.0)
+        assert rl.take(g, 5, clock.now()) == clock.now()
+    assert update_calls() - before == 5
+
+
+def test_wrong_guesses_cost_one_extra_call(shared_clients, limits_table):
+    ddb = shared_clients.client("dynamodb")
+    clock = FakeClock()
+    a, b, g = DynamoRateLimiter(ddb, limits_table, clock), DynamoRateLimiter(ddb, limits_table, clock), group()
+    a.take(g, 5, clock.now())
+    before = update_calls()
+    assert b.take(g, 5, clock.now()) == pytest.approx(clock.now() + 0.22, abs=1e-6)  # b guessed idle: 2 calls
+    assert update_calls() - before == 2
+    clock.advance(5)
+    before = update_calls()
+    assert b.take(g, 5, clock.now()) == clock.now()  # b guessed busy, the group went idle: 2 calls
+    assert update_calls() - before == 2
+
+
+def test_other_errors_are_not_swallowed(shared_clients):
+    rl = DynamoRateLimiter(shared_clients.client("dynamodb"), f"no-such-{uuid.uuid4().hex}", FakeClock())
+    with pytest.raises(Exception) as e:
+        rl.take(group(), 5, 1.0)
+    assert "ResourceNotFound" in str(e.value)
+
+
+# --- processes sharing a group's rate ---------------------------------------------------------------------------------
+
+def _node(endpoint: str, table: str, grp: str, per_s: float, start: Any, run_s: float, out: Any) -> None:
+    """One node: its own boto3 client; once all nodes are ready, takes slots and 'sends' at each for run_s."""
+    clients = AwsClients(AwsConfig(endpoint_url=endpoint, region=REGION), credentials=LOCAL_CREDENTIALS)
+    rl = DynamoRateLimiter(clients.client("dynamodb"), table)  # the system clock
+    ddb_calls = [0]
+    clients.client("dynamodb").meta.events.register(
+        "after-call.dynamodb.UpdateItem", lambda **_: ddb_calls.__setitem__(0, ddb_calls[0] + 1))
+    start.wait(timeout=30)
+    start_at = time.time()
+    sends: list[float] = []
+    while time.time() < start_at + run_s:
+        rl.wait(grp, per_s)
+        sends.append(time.time())  # the request would leave now
+    out.put((sends, ddb_calls[0]))
+
+
+def test_processes_share_the_rate(moto_endpoint, limits_table):
+    per_s, nodes, run_s = 5.0, 3, 2.5
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process running the moto server's threads
+    out = ctx.Queue()
+    g = group()
+    start = ctx.Barrier(nodes)  # the nodes start together, once each has its client
+    procs = [ctx.Process(target=_node, args=(moto_endpoint, limits_table, g, per_s, start, run_s, out))
+             for _ in range(nodes)]
+    for p in procs:
+        p.start()
+    try:
+        results = [out.get(timeout=20) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    sends = sorted(t for s, _ in results for t in s)
+    per_node = [len(s) for s, _ in results]
+    calls = sum(c for _, c in results)
+    rate = (len(sends) - 1) / (sends[-1] - sends[0])
+    worst = max_in_window(sends)
+    min_gap = min(b - a for a, b in zip(sends, sends[1:]))
+    print(f"\n{nodes} processes, per_s={per_s}: {len(sends)} sends {per_node} in {sends[-1] - sends[0]:.2f}s, "
+          f"achieved {rate:.2f}/s (paced target {per_s / 1.1:.2f}/s), most in any 1s window {worst}, "
+          f"closest sends {min_gap * 1000:.0f} ms apart (spacing {spacing(per_s) * 1000:.0f} ms), "
+          f"{calls / len(sends):.2f} UpdateItem calls per request")
+    assert all(n > 0 for n in per_node), per_node  # every node got its share
+    assert worst <= per_s
+    assert rate >= 0.8 * per_s / 1.1
