@@ -26,16 +26,20 @@ def ensure_resources(clients: AwsClients, visibility_timeout_s: int) -> list[str
     if _ensure_table(clients.client("dynamodb"), aws.table):
         created.append(f"DynamoDB table {aws.table}")
     sqs = clients.client("sqs")
-    dlq_url, new_dlq = _ensure_queue(sqs, aws.dlq_name, {"MessageRetentionPeriod": "1209600"})
+    # FIFO (aws.queue_fifo): both queues, since a FIFO queue's DLQ must be one; deduplication by the ids the
+    # senders give (those of a site's attempt, fleet.queue.dedup_id), never by content.
+    fifo = {"FifoQueue": "true", "ContentBasedDeduplication": "false"} if aws.queue_fifo else {}
+    dlq_url, new_dlq = _ensure_queue(sqs, aws.dlq_name, {"MessageRetentionPeriod": "1209600", **fifo})
     if new_dlq:
         created.append(f"SQS queue {aws.dlq_name}")
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     attrs = {
         "VisibilityTimeout": str(int(visibility_timeout_s)),
         "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": aws.max_receive_count}),
+        **fifo,
     }
-    if _ensure_queue(sqs, aws.queue, attrs)[1]:
-        created.append(f"SQS queue {aws.queue} (DLQ {aws.dlq_name})")
+    if _ensure_queue(sqs, aws.queue_name, attrs)[1]:
+        created.append(f"SQS queue {aws.queue_name} (DLQ {aws.dlq_name})")
     if _ensure_bucket(clients.client("s3"), aws.bucket, aws.region):
         created.append(f"S3 bucket {aws.bucket}")
     return created

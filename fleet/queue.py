@@ -4,11 +4,19 @@ A message is `{"run_id", "site", "attempt"}`: "attempt N of this site may start"
 Duplicates are harmless (a claim is conditional on the record), so sending is
 at-least-once. A body that is not such a message is left alone: SQS moves it
 to the DLQ after `max_receive_count` receives, and the hub reports it.
+
+On a FIFO queue (`aws.queue_fifo`, a name ending in .fifo) each message carries
+a deterministic deduplication id of its (run, site, attempt), so SQS keeps one
+of the sends of the same attempt within its 5-minute window (a restarted hub's
+second seeding, a repaired enqueue), and a message group per site, so a site's
+message in flight never holds back another site's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
@@ -46,6 +54,31 @@ class QueueDepth:
     dlq: int
 
 
+#: What SQS takes as a MessageGroupId / MessageDeduplicationId: 1 to 128 letters, digits or punctuation.
+_SQS_ID_RE = re.compile(r"^[!-~]{1,128}$")
+#: How long SQS remembers a FIFO message's deduplication id.
+DEDUP_WINDOW_S = 300.0
+
+
+def dedup_id(run_id: str, site: str, attempt: int, given_back: int = 0) -> str:
+    """The MessageDeduplicationId of attempt `attempt` of `site`: sha256 hex of the three, one per line. An
+    attempt given back (spot) is asked for again with the same number: `given_back` (the site's count of them)
+    makes that a new id, while a repeated send of the same request keeps its id."""
+    key = f"{run_id}\n{site}\n{attempt}" + (f"\n{given_back}" if given_back else "")
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def group_id(run_id: str, site: str) -> str:
+    """The MessageGroupId of a site's messages: `<run_id>/<site>`, or its sha256 hex if SQS would refuse that."""
+    gid = f"{run_id}/{site}"
+    return gid if _SQS_ID_RE.match(gid) else hashlib.sha256(gid.encode()).hexdigest()
+
+
+def fifo_fields(run_id: str, site: str, attempt: int, given_back: int = 0) -> dict[str, str]:
+    return {"MessageGroupId": group_id(run_id, site),
+            "MessageDeduplicationId": dedup_id(run_id, site, attempt, given_back)}
+
+
 def encode(run_id: str, site: str, attempt: int) -> str:
     return json.dumps({"run_id": run_id, "site": site, "attempt": attempt}, sort_keys=True)
 
@@ -63,7 +96,7 @@ def decode(body: str, receipt: str, message_id: str, receive_count: int) -> Site
 
 
 class SiteQueue(Protocol):
-    def send(self, run_id: str, site: str, attempt: int) -> None: ...
+    def send(self, run_id: str, site: str, attempt: int, given_back: int = 0) -> None: ...
     def send_many(self, items: Iterable[tuple[str, str, int]]) -> None: ...
     def receive(self, wait_s: float, visibility_s: float) -> SiteMessage | BadMessage | None: ...
     def delete(self, msg: SiteMessage | BadMessage) -> None: ...
@@ -80,6 +113,8 @@ class SqsSiteQueue:
         self.dlq_name = dlq_name
         self._url: str | None = None
         self._dlq_url: str | None = None
+        #: A FIFO queue: sends carry a message group (per site) and a deduplication id (per attempt).
+        self.fifo = queue_name.endswith(".fifo")
 
     def _lookup(self, name: str) -> str:
         try:
@@ -104,8 +139,12 @@ class SqsSiteQueue:
     def check_exists(self) -> None:
         _ = self.url, self.dlq_url
 
-    def send(self, run_id: str, site: str, attempt: int) -> None:
-        self._c.send_message(QueueUrl=self.url, MessageBody=encode(run_id, site, attempt))
+    def _fields(self, run_id: str, site: str, attempt: int, given_back: int = 0) -> dict[str, str]:
+        body = {"MessageBody": encode(run_id, site, attempt)}
+        return {**body, **fifo_fields(run_id, site, attempt, given_back)} if self.fifo else body
+
+    def send(self, run_id: str, site: str, attempt: int, given_back: int = 0) -> None:
+        self._c.send_message(QueueUrl=self.url, **self._fields(run_id, site, attempt, given_back))
 
     def send_many(self, items: Iterable[tuple[str, str, int]]) -> None:
         batch: list[tuple[str, str, int]] = []
@@ -118,7 +157,7 @@ class SqsSiteQueue:
             self._send_batch(batch)
 
     def _send_batch(self, batch: list[tuple[str, str, int]]) -> None:
-        entries = [{"Id": str(i), "MessageBody": encode(*item)} for i, item in enumerate(batch)]
+        entries = [{"Id": str(i), **self._fields(*item)} for i, item in enumerate(batch)]
         out = self._c.send_message_batch(QueueUrl=self.url, Entries=entries)
         for failed in out.get("Failed", []):  # send the few that failed one by one (botocore retries those)
             self.send(*batch[int(failed["Id"])])

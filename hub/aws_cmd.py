@@ -60,7 +60,7 @@ def cmd_bootstrap(args: argparse.Namespace, console: Console, config: Config) ->
     for line in created:
         console.print(f"created {line}")
     aws = config.aws
-    console.print(f"{'all present' if not created else 'ready'}: table {aws.table}, queue {aws.queue} "
+    console.print(f"{'all present' if not created else 'ready'}: table {aws.table}, queue {aws.queue_name} "
                   f"(DLQ {aws.dlq_name}), bucket {aws.bucket} in {aws.region}")
     return 0
 
@@ -129,7 +129,7 @@ def dry_run(env: aws_env.AwsEnv, run_id: str, console: Console) -> int:
                   f"{', '.join(aws.security_group_ids) or '-'}; profile {aws.instance_profile or '-'}; AMI {ami}")
     console.print(f"  user-data:  {ud}; EFS {aws.efs_id or '-'} at {aws.efs_mount}; hub Grid {hub_address}:"
                   f"{aws.grid_port}")
-    console.print(f"  state:      DynamoDB {aws.table}, SQS {aws.queue} (DLQ {aws.dlq_name}), S3 {aws.bucket}: "
+    console.print(f"  state:      DynamoDB {aws.table}, SQS {aws.queue_name} (DLQ {aws.dlq_name}), S3 {aws.bucket}: "
                   f"{resources}")
     console.print(f"  writes:     s3://{aws.bucket}/{env.run_config_key(run_id)} (the nodes' config), "
                   f"s3://{aws.bucket}/<site>/<YYYYMMDD>/result.json per site")

@@ -106,7 +106,7 @@ def connect(config: Config, clients: AwsClients | None = None) -> AwsEnv:
     clients = clients or AwsClients(config.aws)
     aws = config.aws
     return AwsEnv(config, clients, DynamoStateTable(clients.client("dynamodb"), aws.table),
-                  SqsSiteQueue(clients.client("sqs"), aws.queue, aws.dlq_name),
+                  SqsSiteQueue(clients.client("sqs"), aws.queue_name, aws.dlq_name),
                   S3ResultStore(clients.client("s3"), aws.bucket))
 
 

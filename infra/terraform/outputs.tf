@@ -86,6 +86,7 @@ output "gridfleet_aws" {
     region               = var.region
     table                = aws_dynamodb_table.status.name
     queue                = aws_sqs_queue.sites.name
+    queue_fifo           = aws_sqs_queue.sites.fifo_queue
     dlq                  = aws_sqs_queue.sites_dlq.name
     bucket               = aws_s3_bucket.results.id
     efs_id               = aws_efs_file_system.main.id

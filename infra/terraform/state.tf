@@ -56,6 +56,8 @@ resource "aws_dynamodb_table" "status" {
 # A site message moves here after max_receive_count receives without a delete.
 resource "aws_sqs_queue" "sites_dlq" {
   name                              = local.dlq_name
+  fifo_queue                        = var.queue_fifo
+  content_based_deduplication       = false
   message_retention_seconds         = 1209600 # 14 days, the SQS maximum
   kms_master_key_id                 = aws_kms_key.main.arn
   kms_data_key_reuse_period_seconds = 3600
@@ -64,7 +66,11 @@ resource "aws_sqs_queue" "sites_dlq" {
 }
 
 resource "aws_sqs_queue" "sites" {
-  name = var.queue_name
+  name = local.queue_name
+  # FIFO (var.queue_fifo): the senders give each message a deduplication id of
+  # its (run, site, attempt) and a message group per site; never by content.
+  fifo_queue                  = var.queue_fifo
+  content_based_deduplication = false
   # The node heartbeat timeout: a node extends the visibility of the message it
   # works on while it is alive; a silent node's message comes back after 90 s.
   visibility_timeout_seconds        = 90
@@ -77,7 +83,7 @@ resource "aws_sqs_queue" "sites" {
     maxReceiveCount     = var.max_receive_count
   })
 
-  tags = { Name = var.queue_name }
+  tags = { Name = local.queue_name }
 }
 
 # Only the site queue may use the DLQ as its dead-letter queue.

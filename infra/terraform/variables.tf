@@ -126,6 +126,12 @@ variable "queue_name" {
   default     = "trendlyze-sites"
 }
 
+variable "queue_fifo" {
+  description = "Make the site queue and its dead-letter queue FIFO queues (names <queue_name>.fifo and <queue_name>-dlq.fifo; fleet.yaml aws.queue_fifo): each (run, site, attempt) message is enqueued at most once within SQS's 5-minute deduplication window, even if a restarted hub sends it again."
+  type        = bool
+  default     = false
+}
+
 variable "max_receive_count" {
   description = "Receives of a site message before SQS moves it to the dead-letter queue (fleet.yaml aws.max_receive_count)."
   type        = number

@@ -33,7 +33,9 @@ locals {
   ec2_arn  = "arn:${local.partition}:ec2:${local.region}:${local.account_id}"
   logs_arn = "arn:${local.partition}:logs:${local.region}:${local.account_id}"
 
-  dlq_name = "${var.queue_name}-dlq"
+  # A FIFO queue's name ends in .fifo, and so does its DLQ's (a FIFO queue's DLQ must be FIFO too).
+  queue_name = var.queue_fifo ? "${trimsuffix(var.queue_name, ".fifo")}.fifo" : var.queue_name
+  dlq_name   = var.queue_fifo ? "${trimsuffix(var.queue_name, ".fifo")}-dlq.fifo" : "${var.queue_name}-dlq"
 
   # Names the launch templates, the Lambdas and the log groups share.
   hub_template_name  = "${var.name_prefix}-hub"

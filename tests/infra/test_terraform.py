@@ -37,8 +37,8 @@ ANYWHERE = {"0.0.0.0/0", "::/0"}
 
 # The keys of fleet.yaml's aws: section that the stack decides.
 GRIDFLEET_AWS_KEYS = {
-    "region", "table", "queue", "dlq", "bucket", "efs_id", "efs_access_point_id", "subnet_ids", "security_group_ids",
-    "instance_profile", "ami", "key_name", "node_launch_template",
+    "region", "table", "queue", "queue_fifo", "dlq", "bucket", "efs_id", "efs_access_point_id", "subnet_ids",
+    "security_group_ids", "instance_profile", "ami", "key_name", "node_launch_template",
     "hub_launch_template",
 }
 
@@ -467,9 +467,15 @@ def test_efs(tf):
 def test_site_queue_and_dlq(tf):
     queue = tf.resource("aws_sqs_queue", "sites")
     dlq = tf.resource("aws_sqs_queue", "sites_dlq")
-    assert queue["name"] == "${var.queue_name}"
-    assert tf.locals["dlq_name"] == "${var.queue_name}-dlq"
+    assert queue["name"] == "${local.queue_name}"
     assert dlq["name"] == "${local.dlq_name}"
+    # Standard queues by default; FIFO (both, names ending in .fifo) with var.queue_fifo.
+    assert tf.variables["queue_fifo"]["type"] == "bool" and tf.default("queue_fifo") is False
+    base = '"${trimsuffix(var.queue_name, ".fifo")}'
+    assert tf.locals["queue_name"] == "${var.queue_fifo ? " + base + '.fifo" : var.queue_name}'
+    assert tf.locals["dlq_name"] == "${var.queue_fifo ? " + base + '-dlq.fifo" : "${var.queue_name}-dlq"}'
+    for q in (queue, dlq):
+        assert q["fifo_queue"] == "${var.queue_fifo}" and q["content_based_deduplication"] is False
     assert queue["visibility_timeout_seconds"] == 90
     assert dlq["message_retention_seconds"] == 14 * 24 * 3600
     for q in (queue, dlq):
