@@ -8,7 +8,10 @@ exact update to send.
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
+import zlib
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Mapping
@@ -20,6 +23,7 @@ NODE_PREFIX = "#node#"  # Site key prefix of per-node items
 RUNS_PARTITION = "#runs"  # run_id of the index of runs (one item per run)
 OPEN_ATTR = "openSite"  # set (to the site id) while a site is QUEUED or RUN: the key of the sparse index `open`
 OPEN_INDEX = "open"  # local secondary index over OPEN_ATTR: the sites that can still change, nothing else
+MARKS_PARTITION = "#sites"  # run_id of what outlives runs, one item per site: its incremental high-water mark
 HISTORY_PREFIX = "#h#"  # Site key prefix of the run's history events: #h#<epoch ms>#<n>
 
 
@@ -61,11 +65,7 @@ def site_to_item(r: SiteRecord) -> dict[str, Any]:
         "pages": num(r.pages),
         "spot_requeues": num(r.spot_requeues),
         "attemptBase": num(r.attempt_base),
-        "spec": {
-            "start_url": r.spec.start_url,
-            "crawler": r.spec.crawler,
-            "options": _plain_to_item(dict(r.spec.options)),
-        },
+        "spec": spec_to_item(r.spec),
         "attempts": [_attempt_to_item(a) for a in r.attempts],
     }
     if not r.is_terminal:
@@ -82,6 +82,8 @@ def site_to_item(r: SiteRecord) -> dict[str, Any]:
         "kill_path": r.kill_path,
         "receipt": r.receipt,
         "expireAt": r.expire_at,
+        "checkpoint": encode_checkpoint(r.checkpoint) if r.checkpoint is not None else None,
+        "mark": list(r.mark) if r.mark is not None else None,
     }
     for k, v in optional.items():
         if v is not None:
@@ -106,7 +108,8 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
     return SiteRecord(
         run_id=i["run_id"],
         site=i["Site"],
-        spec=SiteSpec(spec.get("start_url", ""), spec.get("crawler", "links"), spec.get("options") or {}),
+        spec=SiteSpec(spec.get("start_url", ""), spec.get("crawler", "links"), spec.get("options") or {},
+                      bool(spec.get("incremental", False)), spec.get("rate_limit"), spec.get("per_s")),
         run_status=RunStatus(i["run_status"]),
         site_status=SiteStatus(i["site_status"]),
         attempt=int(i.get("attemptCount", 0)),
@@ -130,7 +133,36 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
             for a in i.get("attempts", [])
         ),
         expire_at=i.get("expireAt"),
+        checkpoint=decode_checkpoint(i["checkpoint"]) if i.get("checkpoint") else None,
+        mark=tuple(i["mark"]) if i.get("mark") is not None else None,
     )
+
+
+def spec_to_item(spec: SiteSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"start_url": spec.start_url, "crawler": spec.crawler,
+                           "options": _plain_to_item(dict(spec.options))}
+    if spec.incremental:
+        out["incremental"] = True
+    if spec.rate_limit is not None:
+        out["rate_limit"] = spec.rate_limit
+        out["per_s"] = num(float(spec.per_s or 0))
+    return out
+
+
+#: A checkpoint is stored compressed (zlib, base64) in one string attribute: item lists compress well, and a
+#: DynamoDB item holds 400 KB at most. Past this size the items are dropped from it (a retry starts over).
+CHECKPOINT_MAX_CHARS = 300_000
+
+
+def encode_checkpoint(ckpt: Mapping[str, Any]) -> str:
+    raw = json.dumps(ckpt, separators=(",", ":"), default=str).encode()
+    return "z:" + base64.b64encode(zlib.compress(raw, 6)).decode()
+
+
+def decode_checkpoint(text: str) -> dict[str, Any]:
+    if not text.startswith("z:"):
+        raise ValueError("not a gridfleet checkpoint")
+    return json.loads(zlib.decompress(base64.b64decode(text[2:])))
 
 
 @dataclass(frozen=True)
@@ -151,6 +183,7 @@ class RunInfo:
     launch_error: str | None = None  # the last launch error
     launch_retry_at: float | None = None  # hub clock: no launch before this (backoff)
     reruns: int = 0  # times an operator reopened the run (`gridfleet rerun`); each brings a new launch budget
+    full: bool = False  # `run --full`: incremental sites ignore their high-water marks in this run
 
     @property
     def finished(self) -> bool:
@@ -169,6 +202,8 @@ def run_to_item(r: RunInfo) -> dict[str, Any]:
         "launch_failures": num(r.launch_failures),
         "reruns": num(r.reruns),
     }
+    if r.full:
+        item["full"] = True
     for k, v in (("hub_id", r.hub_id), ("hub_heartbeat", r.hub_heartbeat), ("finished_at", r.finished_at),
                  ("expireAt", r.expire_at), ("launch_error", r.launch_error), ("launch_retry_at", r.launch_retry_at)):
         if v is not None:
@@ -191,6 +226,7 @@ def item_to_run(item: Mapping[str, Any]) -> RunInfo:
         expire_at=i.get("expireAt"),
         launch_failures=int(i.get("launch_failures", 0)),
         launch_error=i.get("launch_error"),
+        full=bool(i.get("full", False)),
         launch_retry_at=i.get("launch_retry_at"),
         reruns=int(i.get("reruns", 0)),
     )

@@ -12,6 +12,7 @@ import re
 
 BUILTIN_CRAWLERS: dict[str, str] = {
     "links": "node.crawlers.links:LinksCrawler",
+    "api": "node.crawlers.api:ApiCrawler",
 }
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*([:.][A-Za-z_][\w]*)$")

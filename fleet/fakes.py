@@ -9,18 +9,19 @@ simulator use them; they are never used to run a real crawl.
 from __future__ import annotations
 
 import copy
+import hashlib
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from fleet.clock import Clock, SystemClock
 from fleet.codec import (
-    NODE_PREFIX, OPEN_ATTR, RUN_ITEM, RUNS_PARTITION, HistoryEvent, NodeInfo, RunInfo, Stamp, diff_items,
+    MARKS_PARTITION, NODE_PREFIX, OPEN_ATTR, RUN_ITEM, RUNS_PARTITION, HistoryEvent, NodeInfo, RunInfo, Stamp, diff_items,
     history_to_item, item_stamp, item_to_node, item_to_run, item_to_site, node_to_item, num, run_to_item,
     site_to_item, split_partition,
 )
 from fleet.errors import StaleWrite
-from fleet.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
+from fleet.queue import DEDUP_WINDOW_S, BadMessage, QueueDepth, SiteMessage, decode, dedup_id, encode, group_id
 from fleet.results import aside_key
 from fleet.state import SiteRecord
 from fleet.table import RunIndexEntry, RunRows
@@ -47,6 +48,19 @@ class MemoryStateTable:
             self.items[key] = site_to_item(rec)
             self._index(rec.run_id, rec.site, self.items[key])
             return True
+
+    def get_marks(self, sites: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        out = {}
+        for s in sites:
+            item = self.items.get((MARKS_PARTITION, s))
+            if item is not None:
+                out[s] = tuple(item["mark"])
+        return out
+
+    def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None:
+        with self._lock:
+            self.items[(MARKS_PARTITION, site)] = {"run_id": MARKS_PARTITION, "Site": site, "mark": list(mark),
+                                                   "run": run_id, "at": at}
 
     def get_site(self, run_id: str, site: str) -> SiteRecord | None:
         item = self.items.get((run_id, site))
@@ -144,11 +158,17 @@ class _Msg:
     visible_at: float = 0.0
     receives: int = 0
     receipt: str = ""
+    group: str = ""
 
 
 @dataclass
 class MemoryQueue:
-    """SQS semantics that matter here: visibility, receive counts, redrive to a DLQ."""
+    """SQS semantics that matter here: visibility, receive counts, redrive to a DLQ.
+
+    `fifo=True` is a FIFO queue as `SqsSiteQueue` uses one: a send whose deduplication id (that of its run, site
+    and attempt) was sent within the last `DEDUP_WINDOW_S` of the clock is accepted and dropped (counted in
+    `deduplicated`, not in `sent`), and while a message is in flight the later ones of its group (its site) wait.
+    """
 
     clock: Clock = field(default_factory=SystemClock)
     max_receive_count: int = 10
@@ -156,17 +176,36 @@ class MemoryQueue:
     dlq: list[_Msg] = field(default_factory=list)
     sent: int = 0
     _seq: int = 0
+    fifo: bool = False
+    deduplicated: int = 0
+    #: FIFO: when each deduplication id was last sent (by the monotonic clock).
+    _dedup_at: dict[str, float] = field(default_factory=dict)
 
-    def _new(self, body: str) -> None:
+    def _new(self, body: str, group: str = "", dedup: str | None = None) -> None:
+        if dedup is not None:
+            now = self.clock.monotonic()
+            at = self._dedup_at.get(dedup)
+            if at is not None and now - at < DEDUP_WINDOW_S:
+                self.deduplicated += 1
+                return
+            self._dedup_at[dedup] = now
         self._seq += 1
-        self.messages.append(_Msg(f"m{self._seq}", body))
+        self.messages.append(_Msg(f"m{self._seq}", body, group=group))
         self.sent += 1
 
-    def send(self, run_id: str, site: str, attempt: int) -> None:
-        self._new(encode(run_id, site, attempt))
+    def send(self, run_id: str, site: str, attempt: int, given_back: int = 0) -> None:
+        body = encode(run_id, site, attempt)
+        if self.fifo:
+            self._new(body, group_id(run_id, site), dedup_id(run_id, site, attempt, given_back))
+        else:
+            self._new(body)
 
     def send_raw(self, body: str) -> None:
-        self._new(body)
+        if self.fifo:  # its own group, deduplicated by content
+            digest = hashlib.sha256(body.encode()).hexdigest()
+            self._new(body, digest, digest)
+        else:
+            self._new(body)
 
     def send_many(self, items: Iterable[tuple[str, str, int]]) -> None:
         for item in items:
@@ -174,8 +213,13 @@ class MemoryQueue:
 
     def receive(self, wait_s: float, visibility_s: float) -> SiteMessage | BadMessage | None:
         now = self.clock.monotonic()
+        held: set[str] = set()  # FIFO: groups with a message in flight
         for m in list(self.messages):
+            if self.fifo and m.group in held:
+                continue
             if m.visible_at > now:
+                if self.fifo:
+                    held.add(m.group)
                 continue
             if m.receives >= self.max_receive_count:
                 self.messages.remove(m)

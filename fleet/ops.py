@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
+from fleet.codec import CHECKPOINT_MAX_CHARS, encode_checkpoint
 from fleet.queue import SiteQueue
 from fleet.state import (
     GIVEN_BACK, Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus, transition,
@@ -20,8 +21,21 @@ from fleet.state import (
 from fleet.table import StateTable
 
 
-def new_site(run_id: str, site: str, spec: SiteSpec, expire_at: int | None) -> SiteRecord:
-    return SiteRecord(run_id=run_id, site=site, spec=spec, expire_at=expire_at)
+def new_site(run_id: str, site: str, spec: SiteSpec, expire_at: int | None,
+             mark: tuple[str, ...] | None = None) -> SiteRecord:
+    return SiteRecord(run_id=run_id, site=site, spec=spec, expire_at=expire_at, mark=mark)
+
+
+#: Item ids an incremental site's high-water mark keeps (its newest).
+MARK_SIZE = 100
+
+
+def next_mark(old: tuple[str, ...] | None, new_ids: list[str]) -> tuple[str, ...] | None:
+    """The mark after a successful crawl that found `new_ids` (newest first); None: unchanged."""
+    if not new_ids:
+        return None
+    merged = list(dict.fromkeys([*new_ids, *(old or ())]))
+    return tuple(merged[:MARK_SIZE])
 
 
 class Verdict(enum.Enum):
@@ -74,17 +88,34 @@ class Progress:
     pages: int | None = None
 
 
-def beat(table: StateTable, rec: SiteRecord, now: float, progress: Progress | None = None) -> SiteRecord:
+def beat(table: StateTable, rec: SiteRecord, now: float, progress: Progress | None = None, **extra: Any
+         ) -> SiteRecord:
     """The node's heartbeat on its attempt; fenced. Alone it moves no version; with the crawler's progress since
     the last write (one write for any number of steps: the hub needs the latest, not each) it does."""
     if progress is None or (progress.site_status, progress.at) == (rec.site_status, rec.last_update):
-        return table.write(rec, transition(rec, bump=False, heartbeat=now))
+        return table.write(rec, transition(rec, bump=False, heartbeat=now, **extra))
     changes: dict[str, Any] = {"site_status": progress.site_status, "last_update": progress.at, "heartbeat": now}
     if progress.url is not None:
         changes["url"] = progress.url
     if progress.pages is not None:
         changes["pages"] = progress.pages
-    return table.write(rec, transition(rec, **changes))
+    return table.write(rec, transition(rec, **changes, **extra))
+
+
+def save_checkpoint(table: StateTable, rec: SiteRecord, now: float, progress: Progress | None,
+                    checkpoint: Mapping[str, Any]) -> SiteRecord:
+    """Where the crawl got to (next page or token, pages, items so far), with the heartbeat and progress: a retry
+    of the site resumes from it. One too large for an item keeps no items and is not resumed from."""
+    ckpt = dict(checkpoint)
+    if len(encode_checkpoint(ckpt)) > CHECKPOINT_MAX_CHARS:
+        ckpt = {"next": ckpt.get("next"), "pages": ckpt.get("pages"), "items": [], "partial": True}
+    return beat(table, rec, now, progress, checkpoint=ckpt)
+
+
+def resumable(rec: SiteRecord) -> Mapping[str, Any] | None:
+    """The checkpoint a new attempt of the site resumes from, if any (`next` None: every page was fetched)."""
+    c = rec.checkpoint
+    return c if c and not c.get("partial") else None
 
 
 def mark_enqueued(table: StateTable, rec: SiteRecord) -> SiteRecord:
@@ -95,7 +126,8 @@ def complete(table: StateTable, rec: SiteRecord, result_key: str, now: float, *,
              ) -> SiteRecord:
     attempts = _close(rec, now, Outcome.SKIPPED if skipped else Outcome.COMPLETED)
     new = transition(rec, run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED, result_key=result_key,
-                     last_update=now, failure_reason=None, kill_reason=None, attempts=attempts, receipt=None)
+                     last_update=now, failure_reason=None, kill_reason=None, attempts=attempts, receipt=None,
+                     checkpoint=None)
     return table.write(rec, new)
 
 
@@ -142,7 +174,7 @@ def reopen(table: StateTable, rec: SiteRecord, now: float, spec: SiteSpec | None
     The history of its attempts stays; the message is sent by `send_next`, as for any requeue."""
     new = transition(rec, reopen=True, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False,
                      attempt_base=rec.attempt, failure_reason=None, error=None, kill_reason=None, result_key=None,
-                     url=None, receipt=None, last_update=now, **({"spec": spec} if spec is not None else {}))
+                     url=None, receipt=None, last_update=now, checkpoint=None, **({"spec": spec} if spec is not None else {}))
     return table.write(rec, new)
 
 
@@ -150,7 +182,7 @@ def send_next(table: StateTable, queue: SiteQueue, rec: SiteRecord) -> SiteRecor
     """Send the message for the next attempt of a QUEUED site, then mark it sent."""
     if rec.run_status is not RunStatus.QUEUED or rec.enqueued:
         return rec
-    queue.send(rec.run_id, rec.site, rec.attempt + 1)
+    queue.send(rec.run_id, rec.site, rec.attempt + 1, rec.spot_requeues)
     return mark_enqueued(table, rec)
 
 

@@ -138,6 +138,9 @@ class SiteSpec:
     start_url: str
     crawler: str = "links"
     options: Mapping[str, Any] = field(default_factory=dict)
+    incremental: bool = False  # keep a high-water mark; the crawler stops at items already seen
+    rate_limit: str | None = None  # the fleet-wide rate limit group its requests count against
+    per_s: float | None = None  # that group's requests per second
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,8 @@ class SiteRecord:
     attempt_base: int = 0  # attemptCount when an operator last reran the site: max_attempts counts from here
     attempts: tuple[Attempt, ...] = ()
     expire_at: int | None = None
+    checkpoint: Mapping[str, Any] | None = None  # where the crawl got to: {next, pages, items}; a retry resumes
+    mark: tuple[str, ...] | None = None  # incremental: the newest item ids of the last successful crawl
 
     @property
     def is_terminal(self) -> bool:

@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 
 from fleet.aws import error_code
 from fleet.codec import (
-    NODE_PREFIX, OPEN_ATTR, OPEN_INDEX, RUN_ITEM, RUNS_PARTITION, HistoryEvent, Stamp, NodeInfo, RunInfo, diff_items,
+    MARKS_PARTITION, NODE_PREFIX, OPEN_ATTR, OPEN_INDEX, RUN_ITEM, RUNS_PARTITION, HistoryEvent, Stamp, NodeInfo, RunInfo, diff_items,
     STAMP_ATTRS, history_to_item, item_stamp, item_to_node, item_to_run, item_to_site, node_to_item, num, run_to_item,
     site_to_item, split_partition,
 )
@@ -57,6 +57,8 @@ class StateTable(Protocol):
     def put_node(self, node: NodeInfo) -> None: ...
     def add_history(self, events: Sequence[HistoryEvent]) -> None: ...
     def list_runs(self) -> list[RunIndexEntry]: ...
+    def get_marks(self, sites: Iterable[str]) -> dict[str, tuple[str, ...]]: ...
+    def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None: ...
 
 
 _RUN_FIELDS = {"status": "status", "hub_id": "hub_id", "hub_heartbeat": "hub_heartbeat",
@@ -227,6 +229,22 @@ class DynamoStateTable:
                 rec = item_to_site(self._dec(item))
                 found[rec.site] = rec
         return [found[s] for s in names if s in found]
+
+    # --- what outlives runs: incremental high-water marks ------------------------------
+    def get_marks(self, sites: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """The high-water marks of `sites` that have one (BatchGetItem on the `#sites` partition)."""
+        unique = list(dict.fromkeys(sites))
+        out: dict[str, tuple[str, ...]] = {}
+        for start in range(0, len(unique), self.BATCH_GET_MAX):
+            keys = [self._key(MARKS_PARTITION, s) for s in unique[start:start + self.BATCH_GET_MAX]]
+            for item in self._batch_get(keys):
+                i = self._dec(item)
+                out[i["Site"]] = tuple(i.get("mark") or ())
+        return out
+
+    def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None:
+        self._c.put_item(TableName=self.name, Item=self._enc(
+            {"run_id": MARKS_PARTITION, "Site": site, "mark": list(mark), "run": run_id, "at": num(at)}))
 
     def _batch_get(self, keys: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """The items of up to 100 keys, retrying the keys DynamoDB leaves unprocessed (throttling, 16 MB)."""

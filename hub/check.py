@@ -35,7 +35,7 @@ from hub.summary import write_json
 
 log = logging.getLogger("gridfleet.hub")
 
-_DEMO_SITE = re.compile(r"/s/([A-Za-z0-9._-]+)/?")
+_DEMO_SITE = re.compile(r"/(?:s|api)/([A-Za-z0-9._-]+)/?")  # HTML sites and the JSON API
 
 
 @dataclass

@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue an existing run (after the hub was killed) from the table and the nodes")
     p.add_argument("--dry-run", action="store_true", help="print what would be done; start nothing")
+    p.add_argument("--full", action="store_true",
+                   help="crawl incremental sites whole: ignore their high-water marks (which are renewed after)")
     p.add_argument("--out", type=Path, default=Path("runs"), help="where runs/<run_id>/ goes (default: %(default)s)")
 
     p = sub.add_parser("rerun", help="crawl chosen sites of a run again, or all its FAILED sites (--failed)",

@@ -52,6 +52,7 @@ class Executor:
     conflicts: int = 0
     kills: dict[str, int] = field(default_factory=dict)
     teardown_timeout_s: float = 60.0
+    full: bool = False  # `run --full`: seed incremental sites without their high-water marks
     _history: list[HistoryEvent] = field(default_factory=list)
 
     def history(self, kind: str, **fields: Any) -> None:
@@ -80,13 +81,16 @@ class Executor:
     # --- run and seeding --------------------------------------------------------
     def _StartRun(self, a: StartRun, snap: Snapshot) -> None:
         info = RunInfo(self.run_id, "RUNNING", a.started_at, a.deadline_at, a.run_date, hub_id=self.hub_id,
-                       hub_heartbeat=a.started_at, expire_at=self.expire_at(a.deadline_at))
+                       hub_heartbeat=a.started_at, expire_at=self.expire_at(a.deadline_at), full=self.full)
         if self.table.create_run(info):
             event(log, "run-start", run_id=self.run_id, sites=len(self.config.sites), deadline_s=self.config.run.deadline_s)
 
     def _SeedSites(self, a: SeedSites, snap: Snapshot) -> None:
         expire = self.expire_at(snap.run.deadline_at if snap.run else self.clock.now() + self.config.run.deadline_s)
-        created = [ops.new_site(self.run_id, name, spec, expire) for name, spec in a.sites]
+        full = self.full or (snap.run is not None and snap.run.full)
+        incremental = [name for name, spec in a.sites if spec.incremental]
+        marks = self.table.get_marks(incremental) if incremental and not full else {}
+        created = [ops.new_site(self.run_id, name, spec, expire, marks.get(name)) for name, spec in a.sites]
         fresh = [r for r in created if self.table.create_site(r)]
         # First messages in batches, then mark them sent (a crash in between is repaired by Enqueue).
         self.queue.send_many((r.run_id, r.site, 1) for r in fresh)
@@ -95,7 +99,8 @@ class Executor:
                 ops.mark_enqueued(self.table, r)
             except StaleWrite:
                 pass  # a node claimed it already: the mark no longer matters
-        event(log, "seed", run_id=self.run_id, sites=len(fresh))
+        event(log, "seed", run_id=self.run_id, sites=len(fresh),
+              **({"incremental": len(incremental), "marks": len(marks), "full": full} if incremental else {}))
 
     def _Enqueue(self, a: Enqueue, snap: Snapshot) -> None:
         rec = snap.sites[a.site]

@@ -16,7 +16,7 @@ from pathlib import Path
 from fleet.aws import LOCAL_CREDENTIALS, AwsClients
 from fleet.bootstrap import ensure_resources
 from fleet.clock import Clock
-from fleet.config import Config, SiteConfig
+from fleet.config import Config
 from fleet.config_load import dump_config, load_config
 from fleet.local.stack import LocalStack, StackState, check_tools, find_grid_jar
 from fleet.queue import SqsSiteQueue
@@ -50,8 +50,7 @@ def make_stack(home: Path, config: Config | None = None, *, need_jar: bool = Tru
 def effective_config(config: Config, state: StackState, cpus: int | None = None) -> Config:
     """The config nodes get: AWS is the stack's moto server, `{demo}` is the demo server, and no more
     nodes than this machine can run (`local.max_nodes`)."""
-    sites = tuple(SiteConfig(id=s.id, start_url=s.url_for(state.demo_url), crawler=s.crawler, options=s.options)
-                  for s in config.sites)
+    sites = tuple(s.model_copy(update={"start_url": s.url_for(state.demo_url)}) for s in config.sites)
     cap = config.local.node_cap(cpus or os.cpu_count() or 1)
     fleet = config.fleet
     if fleet.max_nodes > cap:
@@ -128,7 +127,7 @@ def connect(stack: LocalStack, state: StackState, config: Config, *, bootstrap: 
     return LocalEnv(
         home=stack.root, stack=stack, state=state, config=eff, clients=clients,
         table=DynamoStateTable(clients.client("dynamodb"), eff.aws.table),
-        queue=SqsSiteQueue(clients.client("sqs"), eff.aws.queue, eff.aws.dlq_name),
+        queue=SqsSiteQueue(clients.client("sqs"), eff.aws.queue_name, eff.aws.dlq_name),
         results=S3ResultStore(clients.client("s3"), eff.aws.bucket),
     )
 

@@ -52,7 +52,8 @@ class Hub:
     def __init__(self, *, run_id: str, config: Config, table: StateTable, queue: SiteQueue,
                  results: ResultStore, provider: ComputeProvider, control: NodeControl, clock: Clock,
                  out_dir: Path, hub_id: str, min_sleep_s: float = 0.2, max_tick_failures: int = 20,
-                 monitor: HubMonitor | None = None, expected: Mapping[str, float] | None = None):
+                 monitor: HubMonitor | None = None, expected: Mapping[str, float] | None = None,
+                 full: bool = False):
         self.run_id = run_id
         self.config = config
         self.table = table
@@ -70,7 +71,7 @@ class Hub:
         self.cache.expect(s.id for s in config.sites)
         self.expected = dict(expected) if expected is not None else None  # read once, when the run is seeded
         self.executor = Executor(run_id=run_id, config=config, table=table, queue=queue, provider=provider,
-                                 control=control, clock=clock, hub_id=hub_id, expire_at=self._expire_at)
+                                 control=control, clock=clock, hub_id=hub_id, expire_at=self._expire_at, full=full)
         self._last_progress: tuple | None = None
         self._last_beat = float("-inf")
         self.decision_s = 0.0

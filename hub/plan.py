@@ -47,8 +47,10 @@ def run_date_for(run_id: str, now: float) -> str:
     return dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y%m%d")
 
 
-def spec_of(site) -> SiteSpec:
-    return SiteSpec(site.start_url, site.crawler, dict(site.options))
+def spec_of(site, config: Config) -> SiteSpec:
+    limit = config.rate_limits.get(site.rate_limit) if site.rate_limit else None
+    return SiteSpec(site.start_url, site.crawler, dict(site.options), site.incremental,
+                    site.rate_limit if limit else None, limit.per_s if limit else None)
 
 
 def seeding_order(sites: tuple[tuple[str, SiteSpec], ...], expected: Mapping[str, float], order: str
@@ -77,7 +79,7 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
     elif s.run.finished:
         return Plan((), wake)
 
-    missing = tuple((site.id, spec_of(site)) for site in config.sites if site.id not in s.sites)
+    missing = tuple((site.id, spec_of(site, config)) for site in config.sites if site.id not in s.sites)
     if missing:
         actions.append(SeedSites(seeding_order(missing, s.expected, run_cfg.order)))
 

@@ -190,7 +190,8 @@ def run_local(args: argparse.Namespace, config: Config, run_id: str, console: Co
         env.write_config(run_id)
         hub = Hub(run_id=run_id, config=env.config, table=env.table, queue=env.queue, results=env.results,
                   provider=provider, control=env.control(run_id), clock=clock, out_dir=args.out, hub_id=hub_id,
-                  monitor=monitor_for(run_id, env.config, env.queue, env.clients, clock))
+                  monitor=monitor_for(run_id, env.config, env.queue, env.clients, clock),
+                  full=getattr(args, "full", False))
         log.info("run %s: %d sites, up to %d nodes; Grid %s, demo sites %s", run_id, len(config.sites),
                  env.config.fleet.max_nodes, state.grid_url, state.demo_url)
         try:
@@ -235,7 +236,8 @@ def run_aws(args: argparse.Namespace, config: Config, run_id: str, console: Cons
     clock = SystemClock()
     hub = Hub(run_id=run_id, config=config, table=env.table, queue=env.queue, results=env.results,
               provider=provider, control=env.control(clock), clock=clock, out_dir=args.out,
-              hub_id=ident.hub_id, monitor=monitor_for(run_id, config, env.queue, env.clients, clock))
+              hub_id=ident.hub_id, monitor=monitor_for(run_id, config, env.queue, env.clients, clock),
+              full=getattr(args, "full", False))
     log.info("run %s on AWS (%s): %d sites, up to %d nodes, Grid at %s:%d, node config s3://%s/%s", run_id,
              config.aws.region, len(config.sites), config.fleet.max_nodes, hub_address, config.aws.grid_port,
              config.aws.bucket, key)

@@ -15,7 +15,6 @@ kill, never cause a false one.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Collection, Iterable, Mapping

@@ -57,9 +57,12 @@ class AgentSettings:
     chromium: str = "/usr/bin/chromium"
     chrome_args: tuple[str, ...] = ()
     page_load_timeout_s: float = 600
+    #: how a crawler reaches the state table for its rate-limit slots: {table, region, endpoint_url, local}
+    limits_table: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
-    def from_config(cls, c: Config, run_id: str, instance_id: str, grid_url: str) -> AgentSettings:
+    def from_config(cls, c: Config, run_id: str, instance_id: str, grid_url: str, local: bool = False
+                    ) -> AgentSettings:
         beat = max(0.5, c.run.heartbeat_timeout_s / 3)
         return cls(
             run_id=run_id, instance_id=instance_id, max_attempts=c.run.max_attempts,
@@ -69,7 +72,21 @@ class AgentSettings:
             browser_start_timeout_s=c.run.browser_start_timeout_s, node_watchdog=c.fleet.node_watchdog,
             receive_wait_s=min(5.0, c.fleet.idle_exit_s), grid_url=grid_url, chromium=c.browser.chromium,
             chrome_args=c.browser.extra_args, page_load_timeout_s=c.browser.page_load_timeout_s,
+            limits_table=(("table", c.aws.table), ("region", c.aws.region), ("endpoint_url", c.aws.endpoint_url),
+                          ("local", local)),
         )
+
+
+def merged_items(before: list[dict[str, Any]], now: list[Any]) -> list[dict[str, Any]]:
+    """The checkpoint's items (earlier attempts and this one), then the crawler's result, each item once (by id,
+    else by content): a resumed crawl's result has no duplicates."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in [*before, *now]:
+        if not isinstance(item, dict):
+            item = {"value": item}
+        key = str(item["id"]) if item.get("id") is not None else json.dumps(item, sort_keys=True, default=str)
+        out.setdefault(key, item)
+    return list(out.values())
 
 
 class Fenced(Exception):
@@ -248,6 +265,9 @@ class Agent:
         event(log, "claim", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
         self._marks = {"claim": self.clock.monotonic()}
         self._rec, self._msg, self._progress = rec, msg, None
+        resume = ops.resumable(rec)
+        self._resume = resume
+        self._items: list[dict[str, Any]] = list(resume.get("items") or []) if resume else []
         self._next_beat = self.clock.monotonic() + self.s.heartbeat_interval_s
         self._hidden_until = 0.0
         self._extend_visibility()
@@ -302,7 +322,14 @@ class Agent:
             "options": dict(rec.spec.options), "attempt": rec.attempt, "node_id": self.s.instance_id,
             "grid_url": self.s.grid_url, "profile_dir": str(profile), "chromium": self.s.chromium,
             "chrome_args": list(self.s.chrome_args), "page_load_timeout_s": self.s.page_load_timeout_s,
+            "checkpoint": dict(self._resume) if self._resume else None,
+            "mark": list(rec.mark) if rec.spec.incremental and rec.mark else None,
+            "rate_limit": ({**dict(self.s.limits_table), "group": rec.spec.rate_limit, "per_s": rec.spec.per_s}
+                           if rec.spec.rate_limit else None),
         }
+        if self._resume:
+            event(log, "resume", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id,
+                  pages=self._resume.get("pages"), items=len(self._items), next=self._resume.get("next"))
         self._marks["spawn"] = self.clock.monotonic()
         proc = self.start_crawl(job, self.state_dir / "crawler.log")
         crawlerfile.write(self.state_dir, rec.site, rec.attempt, proc.pid)
@@ -334,6 +361,8 @@ class Agent:
                         # else the node ends hangs itself and the hub's check is the backup: the latest step goes
                         # with the next heartbeat (one write per interval, however many pages)
                         status, since = new, mono
+                    elif kind == "checkpoint":
+                        self._checkpoint(ev)
                     elif kind == "session":
                         session[0] = ev.get("id")
                         self._marks["session"] = mono
@@ -379,12 +408,15 @@ class Agent:
             if end.kind == "result":
                 self._beat()  # still ours? (a zombie must not write a result)
                 key = result_key(rec.site, self.run_date)
-                body = self._result_body(end.result or {})
+                items = merged_items(self._items, (end.result or {}).get("items", []))
+                body = self._result_body({**(end.result or {}), "items": items})
                 wrote = self.results.put_new(key, body)
                 self._write(ops.complete, key, self.clock.now())
                 self.queue.delete(msg)
-                event(log, "completed", **fields, pages=(end.result or {}).get("pages"),
-                      items=len((end.result or {}).get("items", [])), key=key, **self._timings(),
+                if rec.spec.incremental and wrote:
+                    self._new_mark(items)
+                event(log, "completed", **fields, pages=(end.result or {}).get("pages"), items=len(items), key=key,
+                      **self._timings(), **({"resumed_at_page": self._resume.get("pages")} if self._resume else {}),
                       **({} if wrote else {"note": "result existed; kept"}))
                 return
             if end.kind == "fenced":
@@ -466,6 +498,33 @@ class Agent:
         except StaleWrite as e:
             raise Fenced(e.current) from None
         return self._rec
+
+    def _new_mark(self, items: list[dict[str, Any]]) -> None:
+        """An incremental site's high-water mark moves to the newest items this crawl found (none: unchanged)."""
+        rec = self._rec
+        assert rec is not None
+        mark = ops.next_mark(rec.mark, [str(i["id"]) for i in items if i.get("id") is not None])
+        if mark is None:
+            return
+        try:
+            self.table.put_mark(rec.site, mark, rec.run_id, self.clock.now())
+        except Exception as e:  # the next run then fetches these items again: more work, nothing lost
+            if not is_transient(e):
+                raise
+            event(log, "mark-missed", logging.WARNING, site=rec.site, node=self.s.instance_id,
+                  error=f"{type(e).__name__}: {e}")
+
+    def _checkpoint(self, ev: dict[str, Any]) -> None:
+        """Keep the page's items and write where the crawl got to (a heartbeat, too)."""
+        self._items.extend(i for i in ev.get("items") or [] if isinstance(i, dict))
+        ckpt = {"next": ev.get("next"), "pages": ev.get("pages"), "items": self._items}
+        self._next_beat = self.clock.monotonic() + self.s.heartbeat_interval_s
+        try:
+            self._write(ops.save_checkpoint, self.clock.now(), self._progress, ckpt)
+        except Exception as e:  # the next checkpoint carries everything this one had
+            if not is_transient(e):
+                raise
+            event(log, "checkpoint-missed", logging.WARNING, node=self.s.instance_id, error=f"{type(e).__name__}: {e}")
 
     def _report(self) -> None:
         """Write the crawler's latest step now (without node watchdogs, where the hub times each step)."""

@@ -15,10 +15,29 @@ import os
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from node.crawler import CrawlContext, CrawlError
 from node.registry import load_crawler
+
+
+def pacer(spec: dict[str, Any] | None) -> Callable[[], None]:
+    """Waits for the next slot of the site's fleet-wide rate limit group, shared through the state table."""
+    if not spec:
+        return lambda: None
+    from fleet.aws import LOCAL_CREDENTIALS, AwsClients
+    from fleet.clock import SystemClock
+    from fleet.config import AwsConfig
+    from fleet.ratelimit import DynamoRateLimiter
+
+    aws = AwsConfig(region=spec["region"], endpoint_url=spec.get("endpoint_url"), table=spec["table"])
+    clients = AwsClients(aws, credentials=LOCAL_CREDENTIALS if spec.get("local") else None)
+    limiter = DynamoRateLimiter(clients.client("dynamodb"), aws.table, SystemClock())
+    group, per_s = spec["group"], float(spec["per_s"])
+
+    def pace() -> None:
+        limiter.wait(group, per_s)
+    return pace
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         node_id=job["node_id"], grid_url=job["grid_url"], profile_dir=job["profile_dir"],
         chromium=job.get("chromium", "/usr/bin/chromium"), chrome_extra_args=tuple(job.get("chrome_args", ())),
         page_load_timeout_s=job.get("page_load_timeout_s", 600), emit=emit,
+        checkpoint=job.get("checkpoint"), mark=tuple(job.get("mark") or ()), pace=pacer(job.get("rate_limit")),
     )
     crawler = None
     try:

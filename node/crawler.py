@@ -5,12 +5,22 @@ RUNNING when the crawl starts, URL_CALL before each navigation, CALL_DONE
 after it, and the result (reported as COMPLETED once it is safely in S3).
 A crawler runs in its own process (`node.child`), so a hang is ended by
 killing that process; it talks to the agent only through `CrawlContext.emit`.
+
+It also owns what makes a crawl cheap to repeat: `save()` after each page
+records a checkpoint (the next URL or token and the page's new items; the agent
+keeps it on the site record), `self.resume` is the checkpoint a retried attempt
+starts from, `self.known` the item ids an incremental site saw last time (stop
+there), and every request waits for its slot of the site's fleet-wide rate
+limit (`pace()`, done by `open()` and `get_json()`).
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+import json
+import urllib.error
+import urllib.request
 from typing import Any, Callable, Iterable, Mapping
 
 from node.browser import capabilities, chrome_args
@@ -39,6 +49,9 @@ class CrawlContext:
     chrome_extra_args: tuple[str, ...] = ()
     page_load_timeout_s: float = 600
     emit: Emit = field(default=lambda **_: None, repr=False)
+    checkpoint: Mapping[str, Any] | None = None  # resume from here: {next, pages, items}
+    mark: tuple[str, ...] = ()  # incremental: item ids seen by the last successful crawl
+    pace: Callable[[], None] = field(default=lambda: None, repr=False)  # wait for a rate-limit slot
 
 
 class BaseCrawler(abc.ABC):
@@ -48,7 +61,12 @@ class BaseCrawler(abc.ABC):
     def __init__(self, ctx: CrawlContext):
         self.ctx = ctx
         self.options = dict(ctx.options)
-        self.pages = 0
+        self.resume: Mapping[str, Any] | None = ctx.checkpoint
+        self.pages = int(ctx.checkpoint.get("pages") or 0) if ctx.checkpoint else 0
+        self.known: frozenset[str] = frozenset(ctx.mark)
+        #: ids of the items collected so far (those of the checkpoint too): a resumed crawl adds no duplicate
+        self.collected: set[str] = {str(i.get("id")) for i in (ctx.checkpoint or {}).get("items", [])
+                                    if isinstance(i, Mapping)}
         self._driver: Any = None
 
     # --- the browser ------------------------------------------------------------
@@ -83,8 +101,30 @@ class BaseCrawler(abc.ABC):
     def status(self, site_status: str, url: str | None = None) -> None:
         self.ctx.emit(event="status", site_status=site_status, url=url, pages=self.pages)
 
+    def save(self, next_ref: str | None, items: Iterable[Mapping[str, Any]]) -> None:
+        """A checkpoint after a page: where the next page is (URL or token; None: the end) and its new items."""
+        self.ctx.emit(event="checkpoint", next=next_ref, pages=self.pages, items=[dict(i) for i in items])
+
+    def fresh(self, items: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+        """The page's items not collected yet, up to the first one an incremental site saw last time; and
+        whether that one was reached (stop paging)."""
+        out: list[dict[str, Any]] = []
+        for item in items:
+            key = str(item.get("id"))
+            if key in self.known:
+                return out, True
+            if key not in self.collected:
+                self.collected.add(key)
+                out.append(dict(item))
+        return out, False
+
+    def pace(self) -> None:
+        """Wait for this request's slot in the site's fleet-wide rate limit (if it has one)."""
+        self.ctx.pace()
+
     def open(self, url: str) -> None:
         """Navigate to `url`, reporting URL_CALL before and CALL_DONE after; raise CrawlError on HTTP >= 400."""
+        self.pace()
         self.status("URL_CALL", url)
         self.driver.get(url)
         self.pages += 1
@@ -92,6 +132,26 @@ class BaseCrawler(abc.ABC):
         if isinstance(code, int) and code >= 400:
             raise CrawlError(f"HTTP {code} from {url}")
         self.status("CALL_DONE", url)
+
+    def get_json(self, url: str, headers: Mapping[str, str] | None = None) -> Any:
+        """GET `url` without a browser and parse its JSON, reported and paced like `open`."""
+        self.pace()
+        self.status("URL_CALL", url)
+        req = urllib.request.Request(url, headers={"Accept": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=self.ctx.page_load_timeout_s) as resp:  # noqa: S310 - http(s)
+                body = resp.read()
+        except urllib.error.HTTPError as e:
+            raise CrawlError(f"HTTP {e.code} from {url}") from None
+        except (urllib.error.URLError, TimeoutError, OSError) as e:
+            raise CrawlError(f"{url}: {getattr(e, 'reason', e)}") from None
+        self.pages += 1
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise CrawlError(f"{url} did not answer JSON") from None
+        self.status("CALL_DONE", url)
+        return data
 
     # --- the crawl ------------------------------------------------------------------
     @abc.abstractmethod

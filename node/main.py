@@ -139,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                 browser.end_session(args.grid_url, session_id)
 
         agent = Agent(
-            AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url),
+            AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url, local=args.local),
             table=DynamoStateTable(clients.client("dynamodb"), config.aws.table),
-            queue=SqsSiteQueue(clients.client("sqs"), config.aws.queue, config.aws.dlq_name),
+            queue=SqsSiteQueue(clients.client("sqs"), config.aws.queue_name, config.aws.dlq_name),
             results=S3ResultStore(clients.client("s3"), config.aws.bucket),
             profiles=ProfileStore(args.profiles_root),
             start_crawl=lambda job, log_path: ChildProcess(job, log_path),

@@ -85,7 +85,7 @@ class SimQueue:
         self.sent += 1
         self.on_send()
 
-    def send(self, run_id: str, site: str, attempt: int) -> None:
+    def send(self, run_id: str, site: str, attempt: int, given_back: int = 0) -> None:
         self._new(encode(run_id, site, attempt))
 
     def send_many(self, items: Iterable[tuple[str, str, int]]) -> int:

@@ -5,6 +5,9 @@ Options (per site in fleet.yaml):
   next:      CSS selector of the link to the next page (default "a.next"; null: one page only)
   max_pages: stop after this many pages (default 10)
 An item is {"id", "text", "href"}; the id is the element's `data-id`, else its href.
+After each page it saves a checkpoint (the next page's URL and the page's new
+items): a retried attempt resumes at that URL. An incremental site stops at the
+first item its last successful crawl had seen.
 """
 
 from __future__ import annotations
@@ -38,12 +41,10 @@ class LinksCrawler(BaseCrawler):
             raise CrawlError("option 'next' must be a CSS selector or null")
         if not isinstance(max_pages, int) or max_pages < 1:
             raise CrawlError("option 'max_pages' must be an integer >= 1")
-        url: str | None = self.ctx.start_url
-        seen: set[str] = set()
+        url: str | None = self.resume["next"] if self.resume else self.ctx.start_url
         while url and self.pages < max_pages:
             self.open(url)
-            for item in self.driver.execute_script(_ITEMS_JS, item_sel) or []:
-                if item["id"] not in seen:
-                    seen.add(item["id"])
-                    yield item
-            url = self.driver.execute_script(_NEXT_JS, next_sel) if next_sel else None
+            items, reached = self.fresh(self.driver.execute_script(_ITEMS_JS, item_sel) or [])
+            yield from items
+            url = None if reached or not next_sel else self.driver.execute_script(_NEXT_JS, next_sel)
+            self.save(url if self.pages < max_pages else None, items)

@@ -49,13 +49,18 @@ def full_record(run_id: str = RUN, site: str = "s-full") -> SiteRecord:
         "nested": {"limits": {"pages": 50, "delay_s": 1.5}, "empty_map": {}, "empty_list": []},
     }
     return SiteRecord(
-        run_id=run_id, site=site, spec=SiteSpec("https://full.example.test/start?q=1", "links", options),
+        run_id=run_id, site=site,
+        spec=SiteSpec("https://full.example.test/start?q=1", "links", options, incremental=True, rate_limit="shop",
+                      per_s=2.5),
         run_status=RunStatus.RUN, site_status=SiteStatus.URL_CALL, attempt=2, instance_id="i-0abc", version=7,
         last_update=NOW + 12.5, heartbeat=NOW + 11.125, enqueued=True, failure_reason="hang", error="boom: 500",
         result_key=result_key(site, "20270115"), url="https://full.example.test/p/3", pages=3, kill_reason="hang",
         kill_path="watchdog", spot_requeues=1,
         attempts=(Attempt(1, "i-0aaa", NOW, NOW + 5.5, "hang", "local"), Attempt(2, "i-0abc", NOW + 6.75)),
         expire_at=1_800_086_400,
+        checkpoint={"next": "https://full.example.test/p/4", "pages": 3,
+                    "items": [{"id": f"it-{i}", "text": "x" * 20, "n": i, "score": 0.5} for i in range(30)]},
+        mark=("it-0", "it-1", "old"),
     )
 
 
@@ -461,6 +466,41 @@ def test_get_sites_retries_the_keys_left_unprocessed(backend, monkeypatch):
         "Responses": {}, "UnprocessedKeys": RequestItems})
     with pytest.raises(GridfleetError, match="100 keys still unprocessed after 8 retries"):
         table.get_sites(RUN, [r.site for r in recs])
+
+
+def test_checkpoints_are_written_compressed_and_cleared_when_the_site_completes(backend):
+    table = backend.table
+    rec = ops.claim(table, seed(table), "i-1", NOW)
+    items = [{"id": f"a-{i}", "text": "same words again " * 4} for i in range(200)]
+    rec = ops.save_checkpoint(table, rec, NOW + 1, ops.Progress(SiteStatus.CALL_DONE, NOW + 0.5, "u", 2),
+                              {"next": "tok-3", "pages": 2, "items": items})
+    back = table.get_site(RUN, "s1")
+    assert back == rec and back.checkpoint["items"] == items and back.site_status is SiteStatus.CALL_DONE
+    assert ops.resumable(back) == back.checkpoint
+    raw = backend.raw_site(RUN, "s1")["checkpoint"]
+    assert raw.startswith("z:") and len(raw) < len(str(items)) / 5  # stored compressed
+    done = ops.complete(table, back, "s1/20270115/result.json", NOW + 2)
+    assert done.checkpoint is None and "checkpoint" not in backend.raw_site(RUN, "s1")
+
+
+def test_a_checkpoint_too_large_for_an_item_keeps_no_items_and_is_not_resumed_from(backend, monkeypatch):
+    monkeypatch.setattr(ops, "CHECKPOINT_MAX_CHARS", 200)
+    table = backend.table
+    rec = ops.claim(table, seed(table), "i-1", NOW)
+    rec = ops.save_checkpoint(table, rec, NOW + 1, None, {"next": "p9", "pages": 8,
+                                                          "items": [{"id": str(i)} for i in range(500)]})
+    assert table.get_site(RUN, "s1").checkpoint == {"next": "p9", "pages": 8, "items": [], "partial": True}
+    assert ops.resumable(rec) is None
+
+
+def test_high_water_marks_outlive_runs_and_are_read_in_batches(backend):
+    table = backend.table
+    for i in range(120):
+        table.put_mark(f"site-{i:03d}", (f"new-{i}", "older"), "run-a", NOW + i)
+    table.put_mark("site-000", ("newest",), "run-b", NOW + 500)
+    got = table.get_marks([f"site-{i:03d}" for i in range(130)])
+    assert len(got) == 120 and got["site-000"] == ("newest",) and got["site-007"] == ("new-7", "older")
+    assert table.get_marks([]) == {}
 
 
 def test_history_lines_are_written_in_batches_and_read_back_in_order(backend):

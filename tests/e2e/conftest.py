@@ -66,6 +66,9 @@ class Gridfleet:
     def summary(self, run_id: str) -> dict:
         return json.loads((self.cwd / "runs" / run_id / "summary.json").read_text())
 
+    def result(self, run_id: str, site: str) -> dict:
+        return json.loads((self.cwd / "runs" / run_id / "results" / f"{site}.json").read_text())
+
     @property
     def stack_file(self) -> Path:
         return self.home / "local" / "stack.json"

@@ -339,3 +339,76 @@ def test_a_node_the_hub_declared_lost_takes_no_more_work(tmp_path):
     assert rig.agent.run() == 0
     assert len(rig.crawls) == 1  # s2 was left for a node the hub believes in
     assert rig.site("s2").run_status is RunStatus.QUEUED
+
+
+# --- checkpoints and incremental marks ------------------------------------------------------------
+
+def page_with_checkpoint(p: int, t: float, nxt: str | None) -> list:
+    """A page as a crawler reports it: URL_CALL, CALL_DONE, then the checkpoint with its two new items."""
+    url = f"http://x.test/?page={p}"
+    return [(t, status("URL_CALL", url, p - 1)), (t + 0.5, status("CALL_DONE", url, p)),
+            (t + 0.6, {"event": "checkpoint", "next": nxt, "pages": p,
+                       "items": [{"id": f"i{p}a"}, {"id": f"i{p}b"}]})]
+
+
+def test_a_retry_resumes_from_the_checkpoint_and_the_result_has_each_item_once(tmp_path):
+    start = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
+    first = start + page_with_checkpoint(1, 1, "p2") + page_with_checkpoint(2, 2, "p3") + \
+        [(3.0, status("URL_CALL", "http://x.test/?page=3", 2)), HANG]
+    # The resumed crawler reports page 2's items again (as a crawler that overlaps pages might): no duplicates.
+    second = start + page_with_checkpoint(3, 1, None) + [
+        (2.0, {"event": "result", "items": [{"id": "i2b"}, {"id": "i3a"}, {"id": "i3b"}], "pages": 3})]
+    rig = Rig(tmp_path, [first, second])
+    rig.seed()
+    rig.agent.run()
+    rec = rig.site()
+    assert rec.run_status is RunStatus.COMPLETED and rec.attempt == 2 and rec.checkpoint is None
+    assert rig.crawls[0].job["checkpoint"] is None
+    resumed = rig.crawls[1].job["checkpoint"]
+    assert resumed["next"] == "p3" and resumed["pages"] == 2
+    assert [i["id"] for i in resumed["items"]] == ["i1a", "i1b", "i2a", "i2b"]
+    body = json.loads(rig.results.get("s1/20261121/result.json"))
+    assert [i["id"] for i in body["items"]] == ["i1a", "i1b", "i2a", "i2b", "i3a", "i3b"]
+
+
+def test_a_checkpoint_is_written_with_each_page_and_counts_as_a_heartbeat(tmp_path):
+    start = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
+    pages = sum((page_with_checkpoint(p, float(p), f"p{p + 1}") for p in range(1, 4)), [])
+    script = start + pages + [(3.0 + 0.6, status("URL_CALL", "http://x.test/?page=4", 3)), HANG]
+    rig = spied(Rig(tmp_path, [script, start + [(1.0, {"event": "result", "items": [], "pages": 3})]]))
+    rig.seed()
+    rig.agent.run()
+    saved = [new.checkpoint for old, new in rig.table_spy.named("write") if new.checkpoint != old.checkpoint]
+    assert [c["pages"] for c in saved if c] == [1, 2, 3]  # one write per page, before the hang
+    assert rig.site().attempts[0].outcome == "hang"
+
+
+def test_an_incremental_site_gets_its_mark_and_moves_it_to_the_newest_items(tmp_path):
+    rig = Rig(tmp_path, [pages_script(2)])
+    rec = ops.new_site(RUN, "s1", SiteSpec("http://x.test/", incremental=True), None, mark=("old-1", "old-2"))
+    rig.table.create_site(rec)
+    ops.send_next(rig.table, rig.queue, rec)
+    rig.agent.run()
+    assert rig.crawls[0].job["mark"] == ["old-1", "old-2"]
+    assert rig.table.get_marks(["s1"]) == {"s1": ("i0", "i1", "old-1", "old-2")}
+
+
+def test_an_incremental_crawl_that_found_nothing_new_keeps_the_mark(tmp_path):
+    nothing = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING")),
+               (1.0, {"event": "result", "items": [], "pages": 1})]
+    rig = Rig(tmp_path, [nothing])
+    rig.table.put_mark("s1", ("old-1",), "yesterday", 1.0)
+    rec = ops.new_site(RUN, "s1", SiteSpec("http://x.test/", incremental=True), None, mark=("old-1",))
+    rig.table.create_site(rec)
+    ops.send_next(rig.table, rig.queue, rec)
+    rig.agent.run()
+    assert rig.site().run_status is RunStatus.COMPLETED
+    assert rig.table.get_marks(["s1"]) == {"s1": ("old-1",)}
+    assert rig.table.items[("#sites", "s1")]["run"] == "yesterday"
+
+
+def test_a_site_without_incremental_gets_no_mark_and_writes_none(tmp_path):
+    rig = Rig(tmp_path, [pages_script(1)])
+    rig.seed()
+    rig.agent.run()
+    assert rig.crawls[0].job["mark"] is None and rig.table.get_marks(["s1"]) == {}

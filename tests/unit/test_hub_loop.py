@@ -276,3 +276,30 @@ def test_resume_is_refused_only_for_another_live_hub():
     check_existing(None, RUN, True, lambda hid: True, me="x")  # --resume starts a run that does not exist
     with pytest.raises(UsageError, match="already exists"):
         check_existing(run, RUN, False, lambda hid: False, me="x")
+
+
+def incremental_config(**extra):
+    return Config.model_validate({
+        "run": {"hang_after_s": 10, "heartbeat_timeout_s": 30, "watch_interval_s": 5, "deadline_s": 600},
+        "fleet": {"max_nodes": 2},
+        "rate_limits": {"shop-api": {"per_s": 6}},
+        "sites": [{"id": "s0", "start_url": "http://x.test/0", "incremental": True, "rate_limit": "shop-api"},
+                  {"id": "s1", "start_url": "http://x.test/1", "incremental": True},
+                  {"id": "s2", "start_url": "http://x.test/2"}],
+        **extra,
+    })
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_incremental_sites_are_seeded_with_their_marks_unless_the_run_is_full(tmp_path, full):
+    rig = Rig(tmp_path, incremental_config())
+    rig.table.put_mark("s0", ("a", "b"), "yesterday", 1.0)
+    rig.table.put_mark("s2", ("z",), "long-ago", 1.0)  # not incremental (any more): not given
+    hub = Hub(run_id=RUN, config=rig.cfg, table=rig.table, queue=rig.queue, results=rig.results,
+              provider=rig.provider, control=rig.control, clock=rig.clock, out_dir=rig.out, hub_id="h", full=full)
+    hub.tick()
+    recs = {s: rig.table.get_site(RUN, s) for s in ("s0", "s1", "s2")}
+    assert recs["s0"].spec.incremental and recs["s0"].spec.rate_limit == "shop-api" and recs["s0"].spec.per_s == 6
+    assert recs["s0"].mark == (None if full else ("a", "b"))
+    assert recs["s1"].mark is None and recs["s2"].mark is None and not recs["s2"].spec.incremental
+    assert rig.table.get_run(RUN).full is full
