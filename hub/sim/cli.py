@@ -133,6 +133,9 @@ def result_table(r: SimResult) -> Table:
         ("  of which the hub's", f"{r.hub_calls_per_site:.2f}", ""),
         ("  of which heartbeats", f"{r.heartbeat_calls_per_site:.2f}",
          f"one write per {r.heartbeat_interval_s:g} s of crawl; without them {calls['total'] - r.heartbeat_calls_per_site:.1f}"),
+        ("  of which checkpoints", f"{r.checkpoint_calls_per_site:.2f}",
+         "one write per page (a retry resumes there); without these and heartbeats "
+         f"{calls['total'] - r.heartbeat_calls_per_site - r.checkpoint_calls_per_site:.1f}"),
         ("hub work per tick p95 / max", f"{r.tick_cpu_ms_p95:.1f} / {r.tick_cpu_ms_max:.1f} ms",
          f"{r.ticks} ticks; " + _mark("tick_cpu_ms_p95", r.tick_cpu_ms_p95)),
         ("sites", f"{r.completed:,} COMPLETED / {r.failed:,} FAILED",

@@ -314,6 +314,11 @@ class SimNode:
                     if not s.node_watchdog:  # as the agent: each step at once only when the hub times them
                         self._write(ops.report, status, c.progress.at, url=url, pages=pages)
                     c.status, c.since = status, now
+                elif kind == "checkpoint":  # as the agent: one write with the progress, and a heartbeat
+                    self.sim.stats.checkpoints += 1
+                    self._write(ops.save_checkpoint, self.sim.clock.now(), c.progress,
+                                {"next": f"p{payload + 1}", "pages": payload, "items": []})
+                    c.next_beat = now + s.heartbeat_interval_s
                 elif kind == "result":
                     return self._end("result")
             if now >= c.next_beat:

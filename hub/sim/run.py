@@ -74,6 +74,7 @@ class Stats:
         self.tick_ms: list[float] = []
         self.outcomes: Counter = Counter()
         self.heartbeats = 0  # heartbeat writes of nodes (one UpdateItem each): calls that grow with crawl time
+        self.checkpoints = 0  # checkpoint writes (one per page, each also a heartbeat)
 
     def attempt_ended(self, node: str, site: str, attempt: int, now: float, outcome: str, crawl: Any) -> None:
         self.busy_s += now - crawl.claimed_at
@@ -193,6 +194,7 @@ class SimResult:
     hub_calls_per_site: float
     heartbeat_calls_per_site: float
     heartbeat_interval_s: float
+    checkpoint_calls_per_site: float
     ticks: int
     tick_cpu_ms_p95: float
     tick_cpu_ms_max: float
@@ -238,6 +240,7 @@ class SimResult:
             hub_calls_per_site=round(sum(sim.hub_calls.values()) / n, 2),
             heartbeat_calls_per_site=round(sim.stats.heartbeats / n, 2),
             heartbeat_interval_s=sim.settings.heartbeat_interval_s,
+            checkpoint_calls_per_site=round(sim.stats.checkpoints / n, 2),
             ticks=len(sim.stats.tick_ms), tick_cpu_ms_p95=round(_pct(sim.stats.tick_ms, 0.95), 2),
             tick_cpu_ms_max=round(max(sim.stats.tick_ms, default=0.0), 2),
             completed=completed, failed=failed, attempts=dict(sim.stats.outcomes), left_running=left,

@@ -4,8 +4,9 @@ Crawl times are heavy-tailed (lognormal around `site_s`, spread `sigma`) or a
 past run's (`--history`: a summary.json or {site: seconds}); today's time is
 last time's moved by a little noise (`drift`), so an order built on the past
 is good but not perfect, as it is in life. An attempt is a browser start and
-then pages, each a URL_CALL and a CALL_DONE report; with `hang_rate` an
-attempt stops answering on one of its pages.
+then pages, each a URL_CALL and a CALL_DONE report and a checkpoint (as the
+`links` crawler saves one); a retry resumes after the last checkpointed page.
+With `hang_rate` an attempt stops answering on one of its pages.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import random
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from fleet import ops
 from fleet.state import SiteStatus
 from hub.sim.fleet import BROWSER_START_S, Crawl
 
@@ -51,12 +53,14 @@ class Workload:
         d = self.today[rec.site]
         pages = max(1, round(d / self.p.page_s))
         step = (d - BROWSER_START_S) / pages
-        hang_page = self.rng.randrange(pages) if self.rng.random() < self.p.hang_rate else None
+        resume = ops.resumable(rec)
+        first = min(pages - 1, int(resume.get("pages") or 0)) if resume else 0
+        hang_page = self.rng.randrange(first, pages) if self.rng.random() < self.p.hang_rate else None
         events: deque = deque()
         t = now + BROWSER_START_S
         events.append((t, "status", (SiteStatus.RUNNING, None, 0)))
         hang_at = None
-        for i in range(pages):
+        for i in range(first, pages):
             url = f"https://{rec.site}.example.test/p/{i + 1}"
             events.append((t, "status", (SiteStatus.URL_CALL, url, i)))
             if i == hang_page:
@@ -64,6 +68,7 @@ class Workload:
                 break
             t += step
             events.append((t, "status", (SiteStatus.CALL_DONE, url, i + 1)))
+            events.append((t, "checkpoint", i + 1))
         else:
             events.append((t, "result", None))
         return Crawl(rec.site, rec.attempt, now, events, hang_at=hang_at)

@@ -129,3 +129,19 @@ class _returns:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_a_simulated_retry_resumes_after_its_last_checkpointed_page():
+    import random
+
+    from hub.sim.workload import Workload
+
+    w = Workload(SimParams(sites=1, nodes=1, seed=3, sigma=0, site_s=300, page_s=30, hang_rate=0), random.Random(3))
+    (site,) = w.site_ids
+    fresh = ops.new_site("r", site, SiteSpec("http://x.test/"), None)
+    pages = lambda crawl: [p[2] for t, kind, p in crawl.events if kind == "status" and p[0].value == "URL_CALL"]  # noqa: E731
+    assert pages(w.attempt(None, fresh, 0.0))[0] == 0
+    resumed = dataclasses.replace(fresh, checkpoint={"next": "p5", "pages": 4, "items": []})
+    crawl = w.attempt(None, resumed, 0.0)
+    assert pages(crawl)[0] == 4 and crawl.events[-1][1] == "result"
+    assert [p for t, kind, p in crawl.events if kind == "checkpoint"][0] == 5
