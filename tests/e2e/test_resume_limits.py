@@ -8,6 +8,7 @@ import urllib.request
 import pytest
 
 from tests.e2e.conftest import assert_no_overlap, attempts
+from tests.helpers.windows import max_in_window
 
 pytestmark = pytest.mark.e2e
 
@@ -29,17 +30,6 @@ sites:
 
 # The next day: the same incremental sites, unchanged.
 SECOND = "\n".join(line for line in FIRST.splitlines() if "resumes" not in line) + "\n"
-
-
-def max_in_window(times: list[float], window: float = 1.0) -> int:
-    """The most requests any `window`-second span holds."""
-    times = sorted(times)
-    best, j = 0, 0
-    for i, t in enumerate(times):
-        while times[j] <= t - window:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
 
 
 def test_resume_incremental_and_a_shared_rate_limit(gf):

@@ -11,17 +11,7 @@ from fleet.clock import FakeClock
 from fleet.config_load import dump_config, parse_config
 from fleet.errors import ConfigError
 from fleet.ratelimit import PACE_MARGIN, MemoryRateLimiter, spacing
-
-
-def max_in_window(times: list[float], window_s: float = 1.0) -> int:
-    """The most of `times` any closed window of `window_s` seconds holds."""
-    ts = sorted(times)
-    best, j = 0, 0
-    for i, t in enumerate(ts):
-        while ts[j] < t - window_s - 1e-9:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
+from tests.helpers.windows import max_in_window
 
 
 def test_max_in_window_counts_closed_windows():
