@@ -174,9 +174,9 @@ class SimCloud:
         """From now on every message is delivered twice (SQS is at-least-once)."""
         send = self.queue.send
 
-        def twice(run_id: str, site: str, attempt: int) -> None:
-            send(run_id, site, attempt)
-            send(run_id, site, attempt)
+        def twice(run_id: str, site: str, attempt: int, given_back: int = 0) -> None:
+            send(run_id, site, attempt, given_back)
+            send(run_id, site, attempt, given_back)
             self.duplicate_sends += 1
 
         self.queue.send = twice  # type: ignore[method-assign]
