@@ -4,10 +4,10 @@ One loop, one thread. While a crawl runs the agent waits on the crawler's
 events with a timeout that wakes it for the next heartbeat (one fenced write of
 heartbeatEpoch and the crawler's progress since the last one) and for its own
 watchdog (the first, fastest rung of the kill ladder). The claimed message is
-hidden for hours once, not extended each beat: the hub recovers claimed sites. Every write is fenced by the record
-the agent last wrote: if the hub moved the record on (a kill, a requeue), the
-next write fails, the agent stops its crawler and drops the attempt, and the
-hub owns what happens next. The message is deleted only after the result is in
+hidden for hours once, not extended each beat: the hub recovers claimed sites.
+Every write is fenced by the record the agent last wrote: if the hub moved the
+record on (a kill, a requeue), the next write fails, the agent stops its
+crawler and drops the attempt, and the hub owns what happens next. The message is deleted only after the result is in
 S3 and COMPLETED is written, or after the next attempt's message is sent.
 """
 
@@ -18,7 +18,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from fleet import crawlerfile, ops
 from fleet.clock import Clock
@@ -172,6 +172,8 @@ class Agent:
         self._next_beat = 0.0  # the attempt's heartbeat (site record), while one runs
         self._hidden_until = 0.0  # monotonic: when the current message would become visible again
         self._progress: ops.Progress | None = None  # the crawler's latest step
+        self._resume: Mapping[str, Any] | None = None  # the checkpoint the current attempt started from
+        self._items: list[dict[str, Any]] = []  # the items of every checkpoint of the site so far
         self._node_site: tuple[str | None, int | None] = (None, None)
         self._expire_at: int | None = None
         self._rec: SiteRecord | None = None
@@ -265,9 +267,8 @@ class Agent:
         event(log, "claim", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
         self._marks = {"claim": self.clock.monotonic()}
         self._rec, self._msg, self._progress = rec, msg, None
-        resume = ops.resumable(rec)
-        self._resume = resume
-        self._items: list[dict[str, Any]] = list(resume.get("items") or []) if resume else []
+        self._resume = ops.resumable(rec)
+        self._items = list(self._resume.get("items") or []) if self._resume else []
         self._next_beat = self.clock.monotonic() + self.s.heartbeat_interval_s
         self._hidden_until = 0.0
         self._extend_visibility()
@@ -504,67 +505,53 @@ class Agent:
         rec = self._rec
         assert rec is not None
         mark = ops.next_mark(rec.mark, [str(i["id"]) for i in items if i.get("id") is not None])
-        if mark is None:
-            return
-        try:
-            self.table.put_mark(rec.site, mark, rec.run_id, self.clock.now())
-        except Exception as e:  # the next run then fetches these items again: more work, nothing lost
-            if not is_transient(e):
-                raise
-            event(log, "mark-missed", logging.WARNING, site=rec.site, node=self.s.instance_id,
-                  error=f"{type(e).__name__}: {e}")
+        if mark is not None:  # if missed, the next run fetches these items again: more work, nothing lost
+            self._missable("mark-missed", self.table.put_mark, rec.site, mark, rec.run_id, self.clock.now())
 
     def _checkpoint(self, ev: dict[str, Any]) -> None:
         """Keep the page's items and write where the crawl got to (a heartbeat, too)."""
         self._items.extend(i for i in ev.get("items") or [] if isinstance(i, dict))
         ckpt = {"next": ev.get("next"), "pages": ev.get("pages"), "items": self._items}
         self._next_beat = self.clock.monotonic() + self.s.heartbeat_interval_s
-        try:
-            self._write(ops.save_checkpoint, self.clock.now(), self._progress, ckpt)
-        except Exception as e:  # the next checkpoint carries everything this one had
-            if not is_transient(e):
-                raise
-            event(log, "checkpoint-missed", logging.WARNING, node=self.s.instance_id, error=f"{type(e).__name__}: {e}")
+        # if missed, the next checkpoint carries everything this one had
+        self._missable("checkpoint-missed", self._write, ops.save_checkpoint, self.clock.now(), self._progress, ckpt)
 
     def _report(self) -> None:
         """Write the crawler's latest step now (without node watchdogs, where the hub times each step)."""
         p = self._progress
-        assert p is not None
-        try:
-            self._write(ops.report, p.site_status, p.at, url=p.url, pages=p.pages)
-        except Exception as e:  # the table is throttling: the next heartbeat carries the step
-            if not is_transient(e):
-                raise
-            event(log, "status-missed", logging.WARNING, node=self.s.instance_id, status=p.site_status,
-                  error=f"{type(e).__name__}: {e}")
+        assert p is not None  # if missed (throttling), the next heartbeat carries the step
+        self._missable("status-missed", self._write, ops.report, p.site_status, p.at, url=p.url, pages=p.pages)
 
     def _beat(self) -> None:
         """The attempt's heartbeat: one fenced write of heartbeatEpoch and the crawler's progress since the last.
         The node item is not written while busy (the hub watches a busy node through its site's heartbeat)."""
         self._next_beat = self.clock.monotonic() + self.s.heartbeat_interval_s
-        try:
-            self._write(ops.beat, self.clock.now(), self._progress)
+        # a missed heartbeat is made up by the next; a fenced one is not (Fenced propagates)
+        if self._missable("heartbeat-missed", self._write, ops.beat, self.clock.now(), self._progress):
             self._extend_visibility()
             self._metric_beat()
-        except Exception as e:  # a missed heartbeat is made up by the next; a fenced one is not (Fenced)
-            if not is_transient(e):
-                raise
-            event(log, "heartbeat-missed", logging.WARNING, node=self.s.instance_id, error=f"{type(e).__name__}: {e}")
 
     def _extend_visibility(self) -> None:
         """Hide the claimed message for CLAIMED_VISIBILITY_S once it could show again before the next beats."""
         mono = self.clock.monotonic()
         if self._msg is None or mono + 2 * self.s.heartbeat_interval_s < self._hidden_until:
             return
+        # if missed, the next heartbeat tries again (the message is hidden for visibility_s still)
+        if self._missable("visibility-missed", self.queue.set_visibility, self._msg, CLAIMED_VISIBILITY_S):
+            self._hidden_until = mono + CLAIMED_VISIBILITY_S
+
+    def _missable(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+        """Make a write that a later one makes up for: an AWS error that outlasted botocore's retries is logged
+        as `what` and the crawl goes on (False); anything else is raised."""
         try:
-            self.queue.set_visibility(self._msg, CLAIMED_VISIBILITY_S)
-        except Exception as e:  # the next heartbeat tries again (the message is hidden for visibility_s still)
+            fn(*args, **kwargs)
+            return True
+        except Exception as e:
             if not is_transient(e):
                 raise
-            event(log, "visibility-missed", logging.WARNING, node=self.s.instance_id,
-                  error=f"{type(e).__name__}: {e}")
-            return
-        self._hidden_until = mono + CLAIMED_VISIBILITY_S
+            site = self._rec.site if self._rec else None
+            event(log, what, logging.WARNING, site=site, node=self.s.instance_id, error=f"{type(e).__name__}: {e}")
+            return False
 
     def _beat_quietly(self) -> None:
         """Heartbeat while waiting for the profile lock (at most once per interval)."""
