@@ -71,12 +71,17 @@ def claim(table: StateTable, rec: SiteRecord, instance_id: str, now: float, rece
 def report(table: StateTable, rec: SiteRecord, site_status: SiteStatus, now: float, *,
            url: str | None = None, pages: int | None = None) -> SiteRecord:
     """Crawler progress: RUNNING, URL_CALL (before a navigation), CALL_DONE (after)."""
-    changes: dict[str, Any] = {"site_status": site_status, "last_update": now}
+    return table.write(rec, transition(rec, **_step(site_status, now, url, pages)))
+
+
+def _step(site_status: SiteStatus, at: float, url: str | None, pages: int | None) -> dict[str, Any]:
+    """The record's fields for a crawler step (url and pages only when the step names them)."""
+    changes: dict[str, Any] = {"site_status": site_status, "last_update": at}
     if url is not None:
         changes["url"] = url
     if pages is not None:
         changes["pages"] = pages
-    return table.write(rec, transition(rec, **changes))
+    return changes
 
 
 @dataclass(frozen=True)
@@ -94,12 +99,8 @@ def beat(table: StateTable, rec: SiteRecord, now: float, progress: Progress | No
     the last write (one write for any number of steps: the hub needs the latest, not each) it does."""
     if progress is None or (progress.site_status, progress.at) == (rec.site_status, rec.last_update):
         return table.write(rec, transition(rec, bump=False, heartbeat=now, **extra))
-    changes: dict[str, Any] = {"site_status": progress.site_status, "last_update": progress.at, "heartbeat": now}
-    if progress.url is not None:
-        changes["url"] = progress.url
-    if progress.pages is not None:
-        changes["pages"] = progress.pages
-    return table.write(rec, transition(rec, **changes, **extra))
+    changes = _step(progress.site_status, progress.at, progress.url, progress.pages)
+    return table.write(rec, transition(rec, **changes, heartbeat=now, **extra))
 
 
 def save_checkpoint(table: StateTable, rec: SiteRecord, now: float, progress: Progress | None,
