@@ -55,6 +55,13 @@ class FleetConfig(_Model):
     idle_exit_s: float = Field(20, gt=0, description="a node with no message for this long exits")
     node_watchdog: bool = Field(True, description="nodes kill their own hung crawls (fastest kill path)")
     on_demand_fallback: bool = Field(True, description="launch on-demand when no spot capacity is left")
+    crawl_user: str = Field(
+        "gridfleet", pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
+        description="the unprivileged user a node's agent, Grid node and Chromium run as (Chromium keeps its "
+        "sandbox on); it owns the sites' profiles and locks")
+    crawl_uid: int = Field(
+        2000, ge=1000, le=60000, description="that user's uid and gid on AWS nodes (the EFS access point's POSIX "
+        "user); on the embedded default the local user of that name is used")
     max_launches: int | None = Field(
         None, ge=1, description="launches allowed per run; default 3 x max_nodes + sites"
     )
@@ -66,6 +73,10 @@ class FleetConfig(_Model):
 
 class AwsConfig(_Model):
     region: str = "ap-northeast-2"
+    stack: str = Field(
+        "gridfleet", pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,31}$",
+        description="the stack's name (Terraform's name_prefix): every instance is tagged gridfleet:stack=<stack>, "
+        "and nothing of another stack in the account is listed, adopted or terminated")
     endpoint_url: str | None = None
     table: str = "TrendlyzeStatus"
     queue: str = "trendlyze-sites"
