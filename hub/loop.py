@@ -96,7 +96,7 @@ class Hub:
         instances = {i.id: i for i in io(self.provider.list, self.run_id)}
         sites = dict(cache.sites)
         nodes = {n.instance_id: n for n in node_rows}
-        self.obs = observe(self.obs, sites, nodes, instances, now, watch=cache.watch)
+        self.obs = observe(self.obs, sites, nodes, instances, now, watch=cache.watch, beats=cache.beats)
         return Snapshot(self.run_id, run, sites, nodes, instances, self.obs, watch=frozenset(cache.watch),
                         tally=dict(cache.tally), expected=self._expected(sites))
 

@@ -18,7 +18,7 @@ from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from hub.actions import (
     Action, EndAttempt, Enqueue, FailSites, Finish, KillAttempt, Launch, Plan, SeedSites, StartRun, Terminate,
 )
-from hub.snapshot import Snapshot
+from hub.snapshot import NO_SIGN, Snapshot
 
 _DATE_ID = re.compile(r"^(\d{4})-?(\d{2})-?(\d{2})")
 
@@ -137,15 +137,16 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
         seen = s.obs.node_beat.get(inst.id)
         if seen is None:
             continue
-        limit = fleet_cfg.boot_timeout_s if seen.value is None else run_cfg.heartbeat_timeout_s
+        booting = seen.value == NO_SIGN
+        limit = fleet_cfg.boot_timeout_s if booting else run_cfg.heartbeat_timeout_s
         if now - seen.since >= limit and inst.id not in busy:
             doomed.append(inst.id)
-        elif seen.value is None:  # boot timeouts wake the hub; idle nodes' heartbeats are checked each tick
+        elif booting:  # boot timeouts wake the hub; idle nodes' heartbeats are checked each tick
             soon(seen.since + limit)
-    boot_dead = tuple(i for i in doomed if s.obs.node_beat[i].value is None)
+    boot_dead = tuple(i for i in doomed if s.obs.node_beat[i].value == NO_SIGN)
     if boot_dead:
         actions.append(Terminate(boot_dead, "boot-timeout"))
-    beat_dead = tuple(i for i in doomed if s.obs.node_beat[i].value is not None)
+    beat_dead = tuple(i for i in doomed if s.obs.node_beat[i].value != NO_SIGN)
     if beat_dead:
         actions.append(Terminate(beat_dead, "node-lost"))
 
@@ -193,7 +194,7 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
     surplus = live - wanted
     if surplus > 0:
         booting = sorted(i.id for i in s.live_instances if i.id not in doomed
-                         and (seen := s.obs.node_beat.get(i.id)) is not None and seen.value is None)
+                         and (seen := s.obs.node_beat.get(i.id)) is not None and seen.value == NO_SIGN)
         if booting[:surplus]:
             actions.append(Terminate(tuple(booting[-surplus:]), "scale-in"))
     launched = s.run.nodes_launched if s.run is not None else 0

@@ -51,12 +51,18 @@ def _seen(prev: Mapping[str, Seen], key: str, value: Any, now: float) -> Seen:
     return old if old is not None and old.value == value else Seen(value, now)
 
 
+#: A node's signs of life as the hub last read them: (its node item's heartbeat, the newest heartbeat it wrote on
+#: any site record: its claims, its attempts' beats and checkpoints). `NO_SIGN` until it shows either.
+NodeSigns = tuple[Any, Any]
+NO_SIGN: NodeSigns = (None, None)
+
+
 @dataclass(frozen=True)
 class Observations:
     progress: Mapping[str, Seen] = field(default_factory=dict)  # site -> (attempt, site_status, lastUpdateEpoch)
     heartbeat: Mapping[str, Seen] = field(default_factory=dict)  # site -> (attempt, heartbeatEpoch)
     unsent: Mapping[str, Seen] = field(default_factory=dict)  # QUEUED site without its message -> version
-    node_beat: Mapping[str, Seen] = field(default_factory=dict)  # instance -> node item heartbeat (None = none yet)
+    node_beat: Mapping[str, Seen] = field(default_factory=dict)  # instance -> its NodeSigns (NO_SIGN: none yet)
 
 
 def watched(r: SiteRecord) -> bool:
@@ -64,8 +70,25 @@ def watched(r: SiteRecord) -> bool:
     return r.run_status is RunStatus.RUN or (r.run_status is RunStatus.QUEUED and not r.enqueued)
 
 
+def site_beats(records: Iterable[SiteRecord]) -> dict[str, float]:
+    """Each node's newest heartbeat on any of `records` (only the node that holds an attempt writes its
+    `heartbeatEpoch`: at the claim, each beat and checkpoint, and just before its result)."""
+    out: dict[str, float] = {}
+    for r in records:
+        if r.instance_id and r.heartbeat is not None and r.heartbeat > out.get(r.instance_id, float("-inf")):
+            out[r.instance_id] = r.heartbeat
+    return out
+
+
 def observe(prev: Observations, sites: Mapping[str, SiteRecord], nodes: Mapping[str, NodeInfo],
-            instances: Mapping[str, Instance], now: float, watch: Iterable[str] | None = None) -> Observations:
+            instances: Mapping[str, Instance], now: float, watch: Iterable[str] | None = None,
+            beats: Mapping[str, float] | None = None) -> Observations:
+    """What changed since `prev`, timed by the hub's clock. A node is seen alive whenever any of its signs moves:
+    its node item, or a heartbeat it wrote on a site record (`beats`, else found in `sites`), so a node that was
+    busy longer than heartbeat_timeout_s and has just finished one site and claimed the next is alive whichever
+    of those writes this tick's reads caught."""
+    if beats is None:
+        beats = site_beats(sites.values())
     progress, heartbeat, unsent, node_beat = {}, {}, {}, {}
     for name in (watch if watch is not None else sites):
         r = sites[name]
@@ -77,7 +100,7 @@ def observe(prev: Observations, sites: Mapping[str, SiteRecord], nodes: Mapping[
     for iid, inst in instances.items():
         if inst.live:
             n = nodes.get(iid)
-            node_beat[iid] = _seen(prev.node_beat, iid, n.heartbeat if n else None, now)
+            node_beat[iid] = _seen(prev.node_beat, iid, (n.heartbeat if n else None, beats.get(iid)), now)
     return Observations(progress, heartbeat, unsent, node_beat)
 
 
@@ -133,8 +156,11 @@ class SiteCache:
         self.loaded = False
         self.unseen: set[str] = set()  # sites the run should have that the cache has not read yet
         self.fetched = 0  # records read by the last refresh (for tests and the simulator)
+        self.beats: dict[str, float] = {}  # node -> the newest heartbeat it wrote on any cached record
 
     def _put(self, r: SiteRecord) -> None:
+        if r.instance_id and r.heartbeat is not None and r.heartbeat > self.beats.get(r.instance_id, float("-inf")):
+            self.beats[r.instance_id] = r.heartbeat
         old = self.sites.get(r.site)
         if old is not None:
             self.tally[old.run_status.value] -= 1
@@ -158,7 +184,7 @@ class SiteCache:
 
     def load(self, records: Iterable[SiteRecord]) -> None:
         """A full read (the first tick, or a restarted hub)."""
-        self.sites, self.watch, self.open, self.stamps = {}, set(), set(), {}
+        self.sites, self.watch, self.open, self.stamps, self.beats = {}, set(), set(), {}, {}
         self.tally = {s.value: 0 for s in RunStatus}
         n = 0
         for r in records:

@@ -82,6 +82,7 @@ class SimCloud:
         self.clock = VirtualClock()
         self.table = MemoryStateTable()
         self.queue = MemoryQueue(clock=self.clock, max_receive_count=config.aws.max_receive_count)
+        self.queue_for_nodes: Any = self.queue  # the queue as nodes reach it (a test may slow it down)
         self.results = MemoryResults()
         self.profiles = HostLocks(tmp / "efs")
         self.boot_s = boot_s
@@ -97,8 +98,10 @@ class SimCloud:
 
     # --- the hub ------------------------------------------------------------------
     def start_hub(self, at: float | None = None, crash_after_writes: int | None = None, control: Any = None,
-                  provider: Any = None) -> Actor:
-        table = CrashAt(self.table, self.clock, crash_after_writes) if crash_after_writes is not None else self.table
+                  provider: Any = None, table: Any = None) -> Actor:
+        table = table or self.table
+        if crash_after_writes is not None:
+            table = CrashAt(table, self.clock, crash_after_writes)
         hub = Hub(run_id=RUN, config=self.config, table=table, queue=self.queue, results=self.results,
                   provider=provider or SimProvider(self), control=control or SimControl(self), clock=self.clock,
                   out_dir=self.tmp / "runs", hub_id=f"sim:hub{len(self.hubs)}")
@@ -128,7 +131,8 @@ class SimCloud:
         state.mkdir(parents=True)
         settings = dataclasses.replace(AgentSettings.from_config(self.config, RUN, iid, grid_url=""),
                                        receive_wait_s=5.0)
-        agent = Agent(settings, table=self.table, queue=self.queue, results=self.results, profiles=self.profiles,
+        agent = Agent(settings, table=self.table, queue=self.queue_for_nodes, results=self.results,
+                      profiles=self.profiles,
                       start_crawl=lambda job, log: self._crawl(iid, job), cleanup=lambda *a: None,
                       clock=self.node_clock, state_dir=state,
                       spot_notice=lambda: self.instances[iid]["spot"])
