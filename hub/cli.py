@@ -378,9 +378,11 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]violation:[/] {text}")
     for text in report.notes:
         console.print(f"note: {text}")
+    for text in report.false_loss_details:
+        console.print(f"loss: {text}")
     what = ", ".join(f"{n} {k}" for k, n in report.checked.items())
     console.print(f"run {run_id}: {'OK' if report.ok else f'{len(report.violations)} violation(s)'} ({what}"
-                  f"{', demo server fetches' if stats is not None else ''})")
+                  f"{', demo server fetches' if stats is not None else ''}; false_losses {report.false_losses})")
     return EXIT_OK if report.ok else EXIT_ERROR
 
 

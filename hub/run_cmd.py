@@ -136,7 +136,8 @@ def _report(console: Console, table: StateTable, run_id: str, outcome: RunOutcom
         for text in report.violations:
             console.print(f"[red]check violation:[/] {text}")
         console.print(f"check: {'OK' if report.ok else f'{len(report.violations)} violation(s)'}"
-                      f"{f', {len(report.notes)} note(s)' if report.notes else ''}")
+                      f"{f', {len(report.notes)} note(s)' if report.notes else ''}"
+                      f", false_losses {report.false_losses}")
     console.print(f"summary: {outcome.summary_path}{extra}")
 
 
