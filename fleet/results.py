@@ -1,4 +1,10 @@
-"""The result store (S3): `s3://<bucket>/<site>/<YYYYMMDD>/result.json`, written once.
+"""The result store (S3): `s3://<bucket>/<site>/<YYYYMMDD>/result.json` for the daily run, written once.
+
+A result belongs to its run. The daily run (its id is its date, `2026-11-21`)
+keeps the key above; any other run of that date (a manual run, a demo) stores
+its result beside it, `<site>/<YYYYMMDD>/<run_id>/result.json`, never over it
+and never instead of it. Within a run, a result already stored means the site
+is done (a retry skips it).
 
 `put_new` writes with `IfNoneMatch="*"`: of two writers (a zombie node and the
 attempt that replaced it) exactly one result lands and nothing is overwritten.
@@ -19,8 +25,17 @@ from fleet.errors import MissingResource
 RESULT_TAG = "gridfleet=result"
 
 
-def result_key(site: str, run_date: str) -> str:
-    return f"{site}/{run_date}/result.json"
+def is_daily_run(run_id: str, run_date: str) -> bool:
+    """Whether `run_id` is the day's run of `run_date` (YYYYMMDD): its id is that date, with or without dashes."""
+    return run_id.replace("-", "") == run_date and len(run_id) in (8, 10)
+
+
+def result_key(site: str, run_date: str, run_id: str | None = None) -> str:
+    """Where a run's result of a site goes: the daily run's (`run_id` None, or the date itself) at
+    `<site>/<YYYYMMDD>/result.json`, any other run's at `<site>/<YYYYMMDD>/<run_id>/result.json`."""
+    if run_id is None or is_daily_run(run_id, run_date):
+        return f"{site}/{run_date}/result.json"
+    return f"{site}/{run_date}/{run_id}/result.json"
 
 
 def aside_key(key: str, suffix: str) -> str:

@@ -12,9 +12,10 @@ and its DLQ, and the results bucket:
 - what sits in the DLQ is reported;
 - every attempt that ended `lost` or `spot` and every node terminated as lost is counted (`false_losses`): a
   node may really die, so these are not violations, but in a run with no injected fault each is a false loss.
-On the embedded default it also reads the demo site server's own count of what
-was fetched (`/_stats`): a page fetched more often than its site had attempts
-means two crawls of one site ran at once, or a finished site was crawled again.
+On the embedded default it also reads the demo site server's own log of what
+was fetched (`/_stats`), counting only the requests made during the run's own
+attempts: a page fetched more often than its site had attempts means two crawls
+of one site ran at once, or a finished site was crawled again.
 """
 
 from __future__ import annotations
@@ -141,15 +142,37 @@ def _check_site(r: SiteRecord, max_attempts: int, run_date: str, results: Result
             v(f"{name}: attempts {n1} ({i1}) and {n2} ({i2}) overlap in time")
     if r.is_terminal and any(a.end is None for a in r.attempts):
         v(f"{name}: {r.run_status} with an attempt never closed")
-    key = result_key(name, run_date)
-    found = [k for k in results.keys(f"{name}/{run_date}/") if k.endswith("/result.json")]
+    key = result_key(name, run_date, r.run_id)
+    folder = key.rpartition("/")[0] + "/"
+    # This run's own result only: other runs of the date keep theirs beside it, in folders of their own.
+    found = [k for k in results.keys(folder) if k.rpartition("/")[0] + "/" == folder and k.endswith("/result.json")]
     if r.run_status is RunStatus.COMPLETED:
         if found != [key]:
-            v(f"{name}: COMPLETED but {len(found)} result objects under {name}/{run_date}/ (want exactly {key})")
+            v(f"{name}: COMPLETED but {len(found)} result objects in {folder} (want exactly {key})")
         if r.result_key != key:
             v(f"{name}: COMPLETED, but its record names result {r.result_key!r}, not {key!r}")
     elif found:
         note(f"{name}: {r.run_status} but a result exists ({found[0]}), written by a node that was fenced off")
+
+
+#: Seconds around an attempt within which the demo server's log counts a request as the attempt's own.
+WINDOW_SLACK_S = 1.0
+
+
+def demo_hits(site_stats: Mapping[str, Any], r: SiteRecord) -> dict[int, int]:
+    """Fetches per page of `r`'s demo site made by this run: requests logged within one of its attempts (a run
+    is judged by what it did, never by another run's traffic on the same demo server). A server without the
+    request log gives its all-time counts."""
+    requests = site_stats.get("requests")
+    if requests is None:
+        return {int(p): n for p, n in site_stats.get("hits", {}).items()}
+    windows = [(a.start - WINDOW_SLACK_S, (a.end if a.end is not None else float("inf")) + WINDOW_SLACK_S)
+               for a in r.attempts if a.outcome != Outcome.SKIPPED.value]
+    hits: dict[int, int] = {}
+    for at, page in requests:
+        if any(lo <= at <= hi for lo, hi in windows):
+            hits[int(page)] = hits.get(int(page), 0) + 1
+    return hits
 
 
 def _check_demo(sites: Mapping[str, SiteRecord], stats: Mapping[str, Any], demo_url: str | None, v, note) -> None:
@@ -160,7 +183,7 @@ def _check_demo(sites: Mapping[str, SiteRecord], stats: Mapping[str, Any], demo_
         m = _DEMO_SITE.search(url)
         if not m:
             continue
-        hits = {int(p): n for p, n in stats.get(m.group(1), {}).get("hits", {}).items()}
+        hits = demo_hits(stats.get(m.group(1), {}), r)
         attempts = len([a for a in r.attempts if a.outcome != Outcome.SKIPPED.value])
         for page, n in sorted(hits.items()):
             if n > attempts:

@@ -71,7 +71,7 @@ def reopen(*, run_id: str, run: RunInfo, records: Mapping[str, SiteRecord], choi
     for name in choice.sites:
         rec = records[name]
         if rec.run_status is RunStatus.COMPLETED:
-            aside = results.set_aside(rec.result_key or result_key(name, run.run_date), f"{int(now)}")
+            aside = results.set_aside(rec.result_key or result_key(name, run.run_date, run_id), f"{int(now)}")
             event(log, "result-set-aside", run_id=run_id, site=name, key=rec.result_key, moved_to=aside)
         try:
             spec = spec_of(config.site(name), config)  # the config may carry the fix (options, start_url)

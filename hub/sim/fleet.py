@@ -273,7 +273,7 @@ class SimNode:
             return False
         self.rec = rec
         queue.set_visibility(msg, CLAIMED_VISIBILITY_S)  # once: the hub recovers claimed sites
-        key = result_key(rec.site, self.sim.run_date)
+        key = result_key(rec.site, self.sim.run_date, rec.run_id)
         if self.sim.node_results.exists(key):
             self._write(ops.complete, key, self.sim.clock.now(), skipped=True)
             queue.delete(msg)
@@ -345,7 +345,7 @@ class SimNode:
         try:
             if kind == "result":
                 self._beat()  # still ours? (a zombie must not write a result)
-                key = result_key(rec.site, self.sim.run_date)
+                key = result_key(rec.site, self.sim.run_date, rec.run_id)
                 self.sim.node_results.put_new(key, b"{}")
                 self._write(ops.complete, key, self.sim.clock.now())
                 queue.delete(c.msg)
