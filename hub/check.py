@@ -31,7 +31,7 @@ from fleet.config import Config
 from fleet.logs import event
 from fleet.queue import BadMessage, SiteMessage, SiteQueue
 from fleet.results import ResultStore, result_key
-from fleet.state import Outcome, Reason, RunStatus, SiteRecord
+from fleet.state import Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from fleet.table import StateTable
 from hub.providers.base import ComputeProvider
 from hub.summary import write_json
@@ -93,19 +93,7 @@ def check_run(run_id: str, *, table: StateTable, queue: SiteQueue, results: Resu
         _check_site(r, max_attempts, rows.run.run_date, results, v, note)
     report.checked["sites"] = len(sites)
 
-    live = sorted(i.id for i in provider.list(run_id) if i.live)
-    if live:
-        v(f"instances of the run still pending or running: {', '.join(live)}")
-    report.checked["instances"] = len(provider.list(run_id))
-
-    left = [m for m in queue.peek(limit=200) if isinstance(m, SiteMessage) and m.run_id == run_id]
-    for m in left:
-        v(f"{m.site}: a message of the run is still in the queue (attempt {m.attempt})")
-    for m in queue.peek(limit=200, dlq=True):
-        if isinstance(m, BadMessage):
-            note(f"DLQ: a message that is not a site message ({m.problem}): {m.body[:80]!r}")
-        else:
-            note(f"DLQ: {m.site} attempt {m.attempt} of run {m.run_id} (received {m.receive_count} times)")
+    _check_leftovers(run_id, queue, provider, report)
 
     if demo_stats is not None:
         _check_demo(sites, demo_stats, demo_url, v, note)
@@ -114,6 +102,40 @@ def check_run(run_id: str, *, table: StateTable, queue: SiteQueue, results: Resu
     report.checked["kills"] = len(kills)
     report.false_loss_details = losses(sites.values(), rows.history)
     return report
+
+
+def check_archived(summary: Mapping[str, Any], *, results: ResultStore, queue: SiteQueue,
+                   provider: ComputeProvider, config: Config | None = None) -> CheckReport:
+    """Check a run the table has forgotten (its items expired) from its archived summary: the same promises
+    about its sites, results, instances and queue; the hub's history went with the table."""
+    run_id = str(summary["run_id"])
+    report = CheckReport(run_id)
+    v, note = report.violations.append, report.notes.append
+    max_attempts = config.run.max_attempts if config else 3
+    records = [record_of(run_id, name, entry) for name, entry in sorted(summary["sites"].items())]
+    run_date = str(summary.get("run_date") or "")
+    if not run_date:
+        keys = [r.result_key for r in records if r.result_key]
+        run_date = keys[0].split("/")[1] if keys else ""
+    for r in records:
+        _check_site(r, max_attempts, run_date, results, v, note)
+    report.checked["sites"] = len(records)
+    _check_leftovers(run_id, queue, provider, report)
+    note("checked from the archived summary: the table no longer holds this run")
+    report.false_loss_details = losses(records, ())
+    return report
+
+
+def record_of(run_id: str, site: str, entry: Mapping[str, Any]) -> SiteRecord:
+    """A site record rebuilt from its summary entry (what the checks read of it)."""
+    attempts = tuple(Attempt(n, str(a.get("instance_id")), float(a["start"]),
+                             None if a.get("end") is None else float(a["end"]), a.get("outcome"), a.get("kill_path"))
+                     for n, a in enumerate(entry.get("attempts") or [], start=1))
+    return SiteRecord(run_id=run_id, site=site, spec=SiteSpec(""), run_status=RunStatus(entry["run_status"]),
+                      site_status=SiteStatus(entry["site_status"]), attempt=int(entry.get("attemptCount") or 0),
+                      failure_reason=entry.get("failure_reason"), result_key=entry.get("result_key"),
+                      spot_requeues=int(entry.get("spot_requeues") or 0),
+                      attempt_base=int(entry.get("attemptBase") or 0), attempts=attempts)
 
 
 def losses(records: Iterable[SiteRecord], history: Iterable[Any]) -> list[str]:
@@ -125,6 +147,24 @@ def losses(records: Iterable[SiteRecord], history: Iterable[Any]) -> list[str]:
             nodes = e.fields.get("nodes") or []
             out.append(f"node {', '.join(map(str, nodes))} terminated ({e.fields.get('why')})")
     return out
+
+
+def _check_leftovers(run_id: str, queue: SiteQueue, provider: ComputeProvider, report: CheckReport) -> None:
+    """No instance of the run pending or running, no message of the run in the queue; the DLQ reported."""
+    v, note = report.violations.append, report.notes.append
+    instances = provider.list(run_id)
+    live = sorted(i.id for i in instances if i.live)
+    if live:
+        v(f"instances of the run still pending or running: {', '.join(live)}")
+    report.checked["instances"] = len(instances)
+    left = [m for m in queue.peek(limit=200) if isinstance(m, SiteMessage) and m.run_id == run_id]
+    for m in left:
+        v(f"{m.site}: a message of the run is still in the queue (attempt {m.attempt})")
+    for m in queue.peek(limit=200, dlq=True):
+        if isinstance(m, BadMessage):
+            note(f"DLQ: a message that is not a site message ({m.problem}): {m.body[:80]!r}")
+        else:
+            note(f"DLQ: {m.site} attempt {m.attempt} of run {m.run_id} (received {m.receive_count} times)")
 
 
 def _check_site(r: SiteRecord, max_attempts: int, run_date: str, results: ResultStore, v, note) -> None:

@@ -15,16 +15,23 @@ The watchdog (every 2 minutes) makes one pass:
    the same run id and resumes it. The restart is claimed by a conditional write
    of `watch_restart_at`, so watchdogs racing on the same observation start at
    most one hub.
-2. Instances tagged with a run id whose run is FINISHED, abandoned (still
-   RUNNING `run_grace_s` after its deadline) or has no run item at all (after
-   `hub_stale_s` from launch, the time a new hub has to create it) are
-   terminated. The configured reusable hub instance is stopped instead, so the
-   starter can start it again. Untagged instances are never touched.
+2. A run abandoned (still RUNNING `run_grace_s` after its deadline: its hub is
+   gone or stuck) is ended: its open sites are marked FAILED with reason
+   `deadline`, the run FINISHED, and its summary put in the bucket
+   (`runs/<run_id>/summary.json`), so how it ended outlives the table.
+3. Instances of the stack tagged with a run id whose run is FINISHED, abandoned
+   or has no run item at all (after `hub_stale_s` from launch, the time a new
+   hub has to create it) are terminated, and so is every STOPPED instance of the
+   stack that no configuration keeps (a stopped instance bills for its volume
+   every day). The configured reusable hub instance is stopped instead, so the
+   starter can start it again. Instances of another stack (`gridfleet:stack`),
+   and instances without the tags, are never touched.
 
 Configuration comes from environment variables, read only in the handlers:
-GRIDFLEET_REGION (required), GRIDFLEET_TABLE, GRIDFLEET_ENDPOINT_URL,
-GRIDFLEET_HUB_LAUNCH_TEMPLATE and/or GRIDFLEET_HUB_INSTANCE_ID (at least one),
-GRIDFLEET_HUB_STALE_S, GRIDFLEET_RUN_GRACE_S, GRIDFLEET_LOOKBACK_RUNS.
+GRIDFLEET_REGION (required), GRIDFLEET_TABLE, GRIDFLEET_STACK, GRIDFLEET_BUCKET,
+GRIDFLEET_ENDPOINT_URL, GRIDFLEET_HUB_LAUNCH_TEMPLATE and/or
+GRIDFLEET_HUB_INSTANCE_ID (at least one), GRIDFLEET_HUB_STALE_S,
+GRIDFLEET_RUN_GRACE_S, GRIDFLEET_LOOKBACK_RUNS.
 """
 
 from __future__ import annotations
@@ -40,23 +47,29 @@ from typing import Any, Callable, Iterator, Mapping
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
+from fleet.archive import RunArchive, S3RunArchive
 from fleet.aws import AwsClients, error_code
 from fleet.clock import Clock, SystemClock
 from fleet.codec import RUN_ITEM, num
 from fleet.config import AwsConfig
+from fleet.ids import is_run_id
 from fleet.logs import event
+from fleet.state import Reason
 from fleet.table import DynamoStateTable
+from fleet.tags import LIVE_STATES, ROLE_HUB, TAG_ROLE, TAG_RUN_ID, TAG_STACK, filters, instance_tags, tags_of
 from hub.loop import default_run_id
+from hub.summary import build_summary
+from hub.teardown import fail_open_sites
 
 log = logging.getLogger("gridfleet.lambdas")
 
-TAG_RUN_ID = "gridfleet:run_id"
-TAG_ROLE = "gridfleet:role"
-ROLE_HUB = "hub"
-LIVE_STATES = ("pending", "running")
+#: States of an instance that is not running but still exists (and bills for its volumes).
+STOPPED_STATES = ("stopping", "stopped")
 
 ENV_REGION = "GRIDFLEET_REGION"
 ENV_TABLE = "GRIDFLEET_TABLE"
+ENV_STACK = "GRIDFLEET_STACK"
+ENV_BUCKET = "GRIDFLEET_BUCKET"
 ENV_ENDPOINT_URL = "GRIDFLEET_ENDPOINT_URL"
 ENV_HUB_LAUNCH_TEMPLATE = "GRIDFLEET_HUB_LAUNCH_TEMPLATE"
 ENV_HUB_INSTANCE_ID = "GRIDFLEET_HUB_INSTANCE_ID"
@@ -65,13 +78,14 @@ ENV_RUN_GRACE_S = "GRIDFLEET_RUN_GRACE_S"
 ENV_LOOKBACK_RUNS = "GRIDFLEET_LOOKBACK_RUNS"
 
 DEFAULT_TABLE = "TrendlyzeStatus"
+DEFAULT_STACK = "gridfleet"
 DEFAULT_HUB_STALE_S = 600.0
 DEFAULT_RUN_GRACE_S = 3600.0
 DEFAULT_LOOKBACK_RUNS = 7
 
 TERMINATE_BATCH = 100  # instance ids per TerminateInstances / StopInstances call
 _CLIENT_TOKEN_MAX = 64  # RunInstances ClientToken: at most 64 ASCII characters
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_STACK_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,31}")  # the rule of fleet.yaml's aws.stack
 
 # Attributes the watchdog keeps on the run item (the hub never writes them).
 WATCH_HB = "watch_hb"  # the hub_heartbeat value last seen, as a string
@@ -87,6 +101,8 @@ HUB_STARTS = "hub_starts"  # hubs started for the run by the starter or the watc
 class LambdaSettings:
     region: str
     table: str = DEFAULT_TABLE
+    stack: str = DEFAULT_STACK  # the stack's name: only instances tagged gridfleet:stack=<stack> are touched
+    bucket: str | None = None  # where the watchdog puts the summary of a run it ends
     endpoint_url: str | None = None
     hub_launch_template: str | None = None
     hub_instance_id: str | None = None
@@ -99,6 +115,9 @@ class LambdaSettings:
             raise ValueError(f"{ENV_REGION} is required (the AWS region of the fleet)")
         if not self.table:
             raise ValueError(f"{ENV_TABLE} must not be empty")
+        if not _STACK_RE.fullmatch(self.stack):
+            raise ValueError(f"{ENV_STACK} must be the stack's name (letters, digits and '-', max 32), "
+                             f"got {self.stack!r}")
         if not self.hub_launch_template and not self.hub_instance_id:
             raise ValueError(f"set {ENV_HUB_LAUNCH_TEMPLATE} (the hub launch template's name) "
                              f"and/or {ENV_HUB_INSTANCE_ID} (a stopped hub instance to start)")
@@ -118,6 +137,8 @@ class LambdaSettings:
         return cls(
             region=region,
             table=_env_str(env, ENV_TABLE) or DEFAULT_TABLE,
+            stack=_env_str(env, ENV_STACK) or DEFAULT_STACK,
+            bucket=_env_str(env, ENV_BUCKET),
             endpoint_url=_env_str(env, ENV_ENDPOINT_URL),
             hub_launch_template=_env_str(env, ENV_HUB_LAUNCH_TEMPLATE),
             hub_instance_id=_env_str(env, ENV_HUB_INSTANCE_ID),
@@ -265,22 +286,17 @@ def _instances(ec2: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
             yield from reservation.get("Instances", [])
 
 
-def _tags(instance: Mapping[str, Any]) -> dict[str, str]:
-    return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-
-
 def _state(instance: Mapping[str, Any]) -> str:
     return instance.get("State", {}).get("Name", "")
 
 
-def hub_instances(ec2: Any, run_id: str) -> list[dict[str, Any]]:
-    """Every hub instance tagged with the run, in any state."""
-    return list(_instances(ec2, Filters=[{"Name": f"tag:{TAG_ROLE}", "Values": [ROLE_HUB]},
-                                         {"Name": f"tag:{TAG_RUN_ID}", "Values": [run_id]}]))
+def hub_instances(ec2: Any, run_id: str, stack: str) -> list[dict[str, Any]]:
+    """Every hub instance of the stack tagged with the run, in any state."""
+    return list(_instances(ec2, Filters=filters(stack, run_id=run_id, role=ROLE_HUB)))
 
 
-def live_hub_ids(ec2: Any, run_id: str) -> list[str]:
-    return sorted(i["InstanceId"] for i in hub_instances(ec2, run_id) if _state(i) in LIVE_STATES)
+def live_hub_ids(ec2: Any, run_id: str, stack: str) -> list[str]:
+    return sorted(i["InstanceId"] for i in hub_instances(ec2, run_id, stack) if _state(i) in LIVE_STATES)
 
 
 def _describe_one(ec2: Any, instance_id: str) -> dict[str, Any] | None:
@@ -309,7 +325,7 @@ def start_hub(settings: LambdaSettings, ec2: Any, table: DynamoStateTable, clock
               run_id: str | None = None) -> dict[str, Any]:
     """Start a hub for `run_id` (default: today's run) unless one is live or the run is done."""
     run_id = run_id or default_run_id(clock.now())
-    hubs = hub_instances(ec2, run_id)
+    hubs = hub_instances(ec2, run_id, settings.stack)
     live = sorted((i for i in hubs if _state(i) in LIVE_STATES), key=lambda i: i["InstanceId"])
     if live:
         first = live[0]["InstanceId"]
@@ -327,7 +343,9 @@ def start_hub(settings: LambdaSettings, ec2: Any, table: DynamoStateTable, clock
     if settings.hub_instance_id:
         inst = _describe_one(ec2, settings.hub_instance_id)
         state = _state(inst) if inst else "missing"
-        if state == "stopped":
+        if inst is not None and tags_of(inst).get(TAG_STACK) != settings.stack:
+            state = f"{state} but not tagged {TAG_STACK}={settings.stack} (another stack's, or untagged)"
+        elif state == "stopped":
             iid = settings.hub_instance_id
             ec2.create_tags(Resources=[iid], Tags=[{"Key": TAG_RUN_ID, "Value": run_id},
                                                    {"Key": TAG_ROLE, "Value": ROLE_HUB}])
@@ -348,11 +366,8 @@ def start_hub(settings: LambdaSettings, ec2: Any, table: DynamoStateTable, clock
     out = ec2.run_instances(
         LaunchTemplate={"LaunchTemplateName": settings.hub_launch_template},
         MinCount=1, MaxCount=1, ClientToken=client_token(run_id, previous),
-        TagSpecifications=[{"ResourceType": "instance", "Tags": [
-            {"Key": TAG_ROLE, "Value": ROLE_HUB},
-            {"Key": TAG_RUN_ID, "Value": run_id},
-            {"Key": "Name", "Value": f"gridfleet-hub-{run_id}"},
-        ]}],
+        TagSpecifications=[{"ResourceType": "instance", "Tags": instance_tags(settings.stack, run_id, ROLE_HUB)},
+                           {"ResourceType": "volume", "Tags": instance_tags(settings.stack, run_id, ROLE_HUB)}],
     )
     iid = out["Instances"][0]["InstanceId"]
     items.note_hub_start(run_id)
@@ -364,22 +379,24 @@ def start_hub(settings: LambdaSettings, ec2: Any, table: DynamoStateTable, clock
 # --- the watchdog ---------------------------------------------------------------------
 
 
-def watch(settings: LambdaSettings, ec2: Any, table: DynamoStateTable, clock: Clock) -> dict[str, Any]:
-    """One watchdog pass: restart the hubs of stale runs, then clean up orphaned instances."""
+def watch(settings: LambdaSettings, ec2: Any, table: DynamoStateTable, clock: Clock,
+          archive: RunArchive | None = None) -> dict[str, Any]:
+    """One watchdog pass: restart the hubs of stale runs, end abandoned ones (their summary to `archive`), then
+    clean up orphaned and stopped instances."""
     now = clock.now()
     items = RunItems.of(table)
-    result: dict[str, Any] = {"restarted": [], "terminated": [], "stopped": [], "observed": []}
+    result: dict[str, Any] = {"restarted": [], "terminated": [], "stopped": [], "observed": [], "ended": []}
     for entry in table.list_runs()[-settings.lookback_runs:]:
-        _watch_run(settings, ec2, table, clock, items, entry.run_id, now, result)
+        _watch_run(settings, ec2, table, clock, items, entry.run_id, now, result, archive)
     _clean_orphans(settings, ec2, items, now, result)
     event(log, "watch-pass", restarted=len(result["restarted"]), terminated=len(result["terminated"]),
-          stopped=len(result["stopped"]), observed=len(result["observed"]))
+          stopped=len(result["stopped"]), observed=len(result["observed"]), ended=len(result["ended"]))
     log.info("watch-result %s", json.dumps(result, sort_keys=True))
     return result
 
 
 def _watch_run(settings: LambdaSettings, ec2: Any, table: DynamoStateTable, clock: Clock, items: RunItems,
-               run_id: str, now: float, result: dict[str, Any]) -> None:
+               run_id: str, now: float, result: dict[str, Any], archive: RunArchive | None) -> None:
     item = items.get(run_id)
     if item is None or item.get("status") != "RUNNING":
         return
@@ -388,7 +405,8 @@ def _watch_run(settings: LambdaSettings, ec2: Any, table: DynamoStateTable, cloc
     if is_abandoned(item, now, settings):
         observed["state"] = "abandoned"
         event(log, "run-abandoned", logging.WARNING, run_id=run_id,
-              reason=f"RUNNING more than {settings.run_grace_s:.0f}s past its deadline; no restart")
+              reason=f"RUNNING more than {settings.run_grace_s:.0f}s past its deadline; ending it")
+        result["ended"].append(end_abandoned(settings, table, clock, run_id, archive))
         return
 
     seen = heartbeat_token(item)
@@ -406,7 +424,7 @@ def _watch_run(settings: LambdaSettings, ec2: Any, table: DynamoStateTable, cloc
         observed["state"] = "ok"
         return
 
-    live = live_hub_ids(ec2, run_id)
+    live = live_hub_ids(ec2, run_id, settings.stack)
     if live:
         observed.update(state="stale-hub-alive", instance_ids=live)
         event(log, "hub-stale-but-alive", logging.WARNING, run_id=run_id, instance_id=",".join(live),
@@ -433,6 +451,25 @@ def _watch_run(settings: LambdaSettings, ec2: Any, table: DynamoStateTable, cloc
         observed["reason"] = out["reason"]
 
 
+def end_abandoned(settings: LambdaSettings, table: DynamoStateTable, clock: Clock, run_id: str,
+                  archive: RunArchive | None) -> dict[str, Any]:
+    """End a run whose hub is gone past its deadline and grace, as its hub would have at the deadline: its open
+    sites FAILED (`deadline`), the run FINISHED, its summary in the bucket. Its instances go in this same pass."""
+    failed = fail_open_sites(table, run_id, Reason.DEADLINE, clock,
+                             error=f"the run's hub was gone {settings.run_grace_s:.0f}s past the deadline")
+    now = clock.now()
+    table.update_run(run_id, status="FINISHED", finished_at=now)
+    rows = table.read_run(run_id)
+    out: dict[str, Any] = {"run_id": run_id, "failed": failed, "summary": None}
+    if rows.run is not None and archive is not None:
+        summary = build_summary(rows.run, rows.sites, left_running=0, finished_at=now,
+                                finish_reason="deadline (ended by the watchdog)")
+        out["summary"] = f"s3://{settings.bucket}/{archive.put_summary(summary)}"
+    event(log, "run-ended", logging.WARNING, run_id=run_id, failed=len(failed), summary=out["summary"],
+          reason="abandoned: FAILED (deadline) what was open")
+    return out
+
+
 def orphan_reason(item: Mapping[str, Any] | None, launched_at: float | None, now: float,
                   settings: LambdaSettings) -> str | None:
     """Why an instance of the run in `item` must go, or None when it belongs to a live run."""
@@ -451,28 +488,33 @@ def orphan_reason(item: Mapping[str, Any] | None, launched_at: float | None, now
 
 def _clean_orphans(settings: LambdaSettings, ec2: Any, items: RunItems, now: float,
                    result: dict[str, Any]) -> None:
-    candidates = _instances(ec2, Filters=[{"Name": "tag-key", "Values": [TAG_RUN_ID]},
-                                          {"Name": "instance-state-name", "Values": list(LIVE_STATES)}])
+    candidates = _instances(ec2, Filters=filters(settings.stack, states=LIVE_STATES + STOPPED_STATES))
     runs: dict[str, dict[str, Any] | None] = {}
     doomed: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (run id, reason) -> entries
     for inst in candidates:
-        tags = _tags(inst)
+        tags = tags_of(inst)
         run_id = tags.get(TAG_RUN_ID)
-        if not run_id:
+        if _state(inst) in STOPPED_STATES:
+            if inst["InstanceId"] == settings.hub_instance_id:
+                continue  # the reusable hub: stopped between runs, on purpose
+            reason = "stopped, and kept by no configuration"
+        elif not run_id or not is_run_id(run_id):
             continue
-        if run_id not in runs:
-            runs[run_id] = items.get(run_id)
-        launch = inst.get("LaunchTime")
-        reason = orphan_reason(runs[run_id], launch.timestamp() if launch else None, now, settings)
-        if reason is None:
-            continue
-        doomed.setdefault((run_id, reason), []).append(
-            {"instance_id": inst["InstanceId"], "run_id": run_id, "role": tags.get(TAG_ROLE), "reason": reason})
+        else:
+            if run_id not in runs:
+                runs[run_id] = items.get(run_id)
+            launch = inst.get("LaunchTime")
+            reason = orphan_reason(runs[run_id], launch.timestamp() if launch else None, now, settings)
+            if reason is None:
+                continue
+        doomed.setdefault((run_id or "-", reason), []).append(
+            {"instance_id": inst["InstanceId"], "run_id": run_id, "role": tags.get(TAG_ROLE), "reason": reason,
+             "state": _state(inst)})
 
     to_terminate: list[str] = []
     to_stop: list[str] = []
     for (run_id, reason), entries in sorted(doomed.items()):
-        keep = [e for e in entries if e["instance_id"] == settings.hub_instance_id]
+        keep = [e for e in entries if e["instance_id"] == settings.hub_instance_id and e["state"] in LIVE_STATES]
         gone = [e for e in entries if e["instance_id"] != settings.hub_instance_id]
         if gone:
             event(log, "orphans-terminate", run_id=run_id,
@@ -500,11 +542,12 @@ def default_clients(settings: LambdaSettings) -> AwsClients:
     return AwsClients(AwsConfig(region=settings.region, endpoint_url=settings.endpoint_url, table=settings.table))
 
 
+
 def _event_run_id(event_in: Any) -> str | None:
     if not isinstance(event_in, Mapping) or event_in.get("run_id") in (None, ""):
         return None
     run_id = event_in["run_id"]
-    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
+    if not is_run_id(run_id):
         raise ValueError(f"event run_id {run_id!r}: letters, digits, '.', '_' or '-' (max 64)")
     return run_id
 
@@ -525,7 +568,8 @@ def run_watchdog(event_in: Any, env: Mapping[str, str], *, clients_factory: Clie
     settings = LambdaSettings.from_env(env)
     clients = clients_factory(settings)
     table = DynamoStateTable(clients.client("dynamodb"), settings.table)
-    return watch(settings, clients.client("ec2"), table, clock or SystemClock())
+    archive = S3RunArchive(clients.client("s3"), settings.bucket) if settings.bucket else None
+    return watch(settings, clients.client("ec2"), table, clock or SystemClock(), archive)
 
 
 def _outermost(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:

@@ -6,8 +6,9 @@ fleet cost, how the nodes were used and what changed since the run before. The
 page is a single file (inline CSS and SVG, no scripts, no external assets), so it
 can be mailed, archived beside the summary and printed.
 
-`render_report` is pure: the time of generation is passed in. `find_previous`
-and `write_report` are the only functions that touch files. Every value taken
+`render_report` is pure: the time of generation is passed in. `find_previous`,
+`write_report` and `publish` (which also puts the summary and the report in the
+bucket's run archive) are the only functions that touch files. Every value taken
 from a summary reaches the page through Jinja's autoescaping, and the template
 is strict about undefined names.
 """
@@ -27,6 +28,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import jinja2
+
+from fleet.archive import RunArchive
+from fleet.archive import previous as archive_previous
 
 TEMPLATE = "report.html.j2"
 
@@ -438,6 +442,18 @@ def find_previous(runs_dir: Path, summary: Mapping[str, Any]) -> dict[str, Any] 
     return None if best is None else best[1]
 
 
+def publish(summary_path: Path, archive: RunArchive, *, prices: Mapping[str, float] | None = None) -> Path:
+    """A finished run's record, kept where the table's TTL cannot reach it: its summary (with its check) and its
+    report, compared with the previous run found in the archive (else beside it on disk), written beside the
+    summary and put in the bucket as `runs/<run_id>/summary.json` and `runs/<run_id>/report.html`."""
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    prev = archive_previous(archive, summary) or find_previous(summary_path.parent.parent, summary)
+    out = write_report(summary_path, summary_path.parent / "report.html", prices=prices, previous=prev or {})
+    archive.put_summary(summary)
+    archive.put_report(str(summary["run_id"]), out.read_text(encoding="utf-8"))
+    return out
+
+
 def write_report(summary_path: Path, out: Path, *, prices: Mapping[str, float] | None = None,
                  previous: Mapping[str, Any] | None = None) -> Path:
     """Write the report of `summary_path` to `out` and return `out`.
@@ -450,7 +466,7 @@ def write_report(summary_path: Path, out: Path, *, prices: Mapping[str, float] |
         raise ValueError(f"{summary_path}: not a run summary")
     if previous is None:
         previous = find_previous(summary_path.parent.parent, summary)
-    html = render_report(summary, previous=previous, prices=prices)
+    html = render_report(summary, previous=previous or None, prices=prices)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(html, encoding="utf-8")

@@ -141,6 +141,23 @@ def _report(console: Console, table: StateTable, run_id: str, outcome: RunOutcom
     console.print(f"summary: {outcome.summary_path}{extra}")
 
 
+def _publish(outcome: RunOutcome, clients: Any, config: Config) -> None:
+    """Put the run's summary and report in the bucket (`runs/<run_id>/`), where they outlive the table's TTL.
+    A failure is logged, and the run's own files stay on disk: the run's result does not depend on it."""
+    from fleet.archive import S3RunArchive
+    from hub.report import publish
+
+    archive = S3RunArchive(clients.client("s3"), config.aws.bucket)
+    try:
+        report = publish(outcome.summary_path, archive, prices=config.fleet.hourly_price)
+    except Exception as e:  # noqa: BLE001 - the record is also on disk; a lost upload must not fail the run
+        event(log, "archive-failed", logging.ERROR, run_id=outcome.run_id, bucket=config.aws.bucket,
+              error=f"{type(e).__name__}: {e}", kept=str(outcome.summary_path))
+        return
+    event(log, "archived", run_id=outcome.run_id, bucket=config.aws.bucket, summary=f"runs/{outcome.run_id}/",
+          report=str(report))
+
+
 def demo_stats(demo_url: str) -> dict[str, Any] | None:
     import json
     import urllib.request
@@ -205,6 +222,7 @@ def run_local(args: argparse.Namespace, config: Config, run_id: str, console: Co
         report = check_run(run_id, table=env.table, queue=env.queue, results=env.results, provider=provider,
                            config=env.config, demo_stats=demo_stats(state.demo_url), demo_url=state.demo_url)
         attach(report, outcome.summary_path)
+        _publish(outcome, env.clients, env.config)
         _report(console, env.table, run_id, outcome, f"  (node logs: {args.out / run_id / 'nodes'})", report)
         return outcome.exit_code if report.ok else max(outcome.exit_code, 1)
     finally:
@@ -246,6 +264,7 @@ def run_aws(args: argparse.Namespace, config: Config, run_id: str, console: Cons
     report = check_run(run_id, table=env.table, queue=env.queue, results=env.results, provider=provider,
                        config=config)
     attach(report, outcome.summary_path)
+    _publish(outcome, env.clients, config)
     _report(console, env.table, run_id, outcome, report=report)
     if outcome.left_running == 0:
         log.info("hub self-stop: %s", aws_env.self_stop(config.aws.hub_self_stop, ident, env.ec2))
@@ -331,7 +350,7 @@ def _rerun_aws(args: argparse.Namespace, config: Config, console: Console) -> in
     choice = _choose_and_report(console, run_id, {r.site: r for r in rows.sites}, args)
     if not choice.sites:
         return EXIT_OK
-    hubs = live_hub_ids(env.ec2, run_id)
+    hubs = live_hub_ids(env.ec2, run_id, config.aws.stack)
     if not hubs and not config.aws.hub_launch_template:
         raise UsageError("aws.hub_launch_template is not set, and no hub runs this run: a rerun on AWS starts a hub "
                          "from that template (`gridfleet config from-terraform` fills it in)")
@@ -342,8 +361,8 @@ def _rerun_aws(args: argparse.Namespace, config: Config, console: Console) -> in
     if hubs:
         console.print(f"the run's hub ({', '.join(hubs)}) picks them up")
     else:
-        settings = LambdaSettings(region=config.aws.region, table=config.aws.table,
-                                  endpoint_url=config.aws.endpoint_url,
+        settings = LambdaSettings(region=config.aws.region, table=config.aws.table, stack=config.aws.stack,
+                                  bucket=config.aws.bucket, endpoint_url=config.aws.endpoint_url,
                                   hub_launch_template=config.aws.hub_launch_template)
         started = start_hub(settings, env.ec2, env.table, clock, run_id)
         console.print(f"hub: {started['action']} {started.get('instance_id') or ''} "

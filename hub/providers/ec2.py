@@ -19,12 +19,11 @@ from botocore.exceptions import ClientError
 
 from fleet.aws import error_code
 from fleet.config import Config
+from fleet.tags import ALL_STATES, TAG_ROLE, filters, instance_tags, tags_of
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
 
 log = logging.getLogger("gridfleet.hub")
-
-RUN_TAG, ROLE_TAG = "gridfleet:run_id", "gridfleet:role"
 
 #: Errors that mean "not here, not now": try another type, subnet or market.
 CAPACITY_ERRORS = frozenset({
@@ -34,8 +33,6 @@ CAPACITY_ERRORS = frozenset({
 })
 
 SPOT_RECLAIMED = "Server.SpotInstanceTermination"  # EC2's StateReason of a reclaimed spot instance
-
-STATES = ["pending", "running", "shutting-down", "stopping", "stopped", "terminated"]
 
 
 class Ec2Provider:
@@ -49,15 +46,15 @@ class Ec2Provider:
 
     # --- what runs ---------------------------------------------------------------
     def list(self, run_id: str) -> list[Instance]:
-        filters = [{"Name": f"tag:{RUN_TAG}", "Values": [run_id]}, {"Name": f"tag:{ROLE_TAG}", "Values": [self.role]},
-                   {"Name": "instance-state-name", "Values": STATES}]
+        """The run's instances of this role in this stack (`aws.stack`): another stack's are never seen."""
+        wanted = filters(self.config.aws.stack, run_id=run_id, role=self.role, states=ALL_STATES)
         out = []
-        for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
+        for page in self.ec2.get_paginator("describe_instances").paginate(Filters=wanted):
             for res in page.get("Reservations", []):
                 for i in res.get("Instances", []):
-                    tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+                    tags = tags_of(i)
                     reason = i.get("StateReason", {}).get("Code", "")
-                    out.append(Instance(i["InstanceId"], i["State"]["Name"], tags.get(ROLE_TAG, self.role), tags,
+                    out.append(Instance(i["InstanceId"], i["State"]["Name"], tags.get(TAG_ROLE, self.role), tags,
                                         i.get("InstanceType"), interrupted=reason == SPOT_RECLAIMED))
         return out
 
@@ -110,13 +107,12 @@ class Ec2Provider:
 
     def _token(self, run_id: str, seen: int, market: str, itype: str, subnet: str | None) -> str:
         """Same launch after a crash -> same token (EC2 returns the earlier instances instead of new ones)."""
-        raw = f"{run_id}|{self.role}|{seen}|{market}|{itype}|{subnet}"
+        raw = f"{self.config.aws.stack}|{run_id}|{self.role}|{seen}|{market}|{itype}|{subnet}"
         return "gf-" + hashlib.sha256(raw.encode()).hexdigest()[:48]
 
     def _run(self, run_id: str, count: int, market: str, itype: str, subnet: str | None, token: str) -> list[str]:
         aws = self.config.aws
-        tags = [{"Key": RUN_TAG, "Value": run_id}, {"Key": ROLE_TAG, "Value": self.role},
-                {"Key": "Name", "Value": f"gridfleet-{self.role}-{run_id}"}]
+        tags = instance_tags(aws.stack, run_id, self.role)
         kwargs: dict[str, Any] = {
             "MinCount": 1, "MaxCount": count, "InstanceType": itype, "ClientToken": token,
             "UserData": self.user_data(run_id),

@@ -17,11 +17,14 @@ from typing import Any
 
 import pytest
 
+from fleet import ops
+from fleet.archive import S3RunArchive
 from fleet.aws import LOCAL_CREDENTIALS, AwsClients
 from fleet.bootstrap import ensure_resources
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.config import AwsConfig
+from fleet.state import SiteSpec
 from fleet.table import DynamoStateTable
 from hub import lambdas
 from hub.lambdas import (
@@ -145,8 +148,12 @@ class Rig:
     def beat(self, run_id: str, value: float) -> None:
         self.table.update_run(run_id, hub_heartbeat=value)
 
-    def launch(self, run_id: str | None, role: str | None, n: int = 1) -> list[str]:
+    def launch(self, run_id: str | None, role: str | None, n: int = 1, stack: str | None = "") -> list[str]:
+        """Instances tagged like the stack's (`stack` "": this rig's stack; None: no stack tag)."""
         tags = [{"Key": "Name", "Value": f"test-{role}"}]
+        stack = self.settings.stack if stack == "" else stack
+        if stack is not None:
+            tags.append({"Key": lambdas.TAG_STACK, "Value": stack})
         if run_id is not None:
             tags.append({"Key": lambdas.TAG_RUN_ID, "Value": run_id})
         if role is not None:
@@ -179,7 +186,7 @@ class Rig:
 
     def watch(self, **kwargs: Any) -> dict[str, Any]:
         return watch(kwargs.get("settings", self.settings), kwargs.get("ec2", self.ec2),
-                     kwargs.get("table", self.table), kwargs.get("clock", self.clock))
+                     kwargs.get("table", self.table), kwargs.get("clock", self.clock), kwargs.get("archive"))
 
     def start(self, run_id: str | None = None, settings: LambdaSettings | None = None) -> dict[str, Any]:
         return start_hub(settings or self.settings, self.ec2, self.table, self.clock, run_id=run_id)
@@ -197,8 +204,10 @@ def rig(clients, template) -> Rig:
     ensure_resources(NamedClients(clients, aws), visibility_timeout_s=30)
     ddb = clients.client("dynamodb")
     table = DynamoStateTable(ddb, aws.table)
-    settings = LambdaSettings(region=REGION, table=aws.table, endpoint_url=aws.endpoint_url,
-                              hub_launch_template=template, hub_stale_s=STALE_S, run_grace_s=GRACE_S)
+    # A stack of its own per test: EC2 is shared by the module, and a watchdog touches only its stack's instances.
+    settings = LambdaSettings(region=REGION, table=aws.table, stack=f"s{uuid.uuid4().hex[:8]}",
+                              bucket=aws.bucket, endpoint_url=aws.endpoint_url, hub_launch_template=template,
+                              hub_stale_s=STALE_S, run_grace_s=GRACE_S)
     return Rig(settings, Spy(clients.client("ec2")), ddb, table, RunItems.of(table), FakeClock(start=time.time()),
                template)
 
@@ -216,7 +225,8 @@ def test_starter_runs_a_hub_from_the_template_tagged_with_the_run(rig):
     tags = rig.tags(out["instance_id"])
     assert tags[lambdas.TAG_ROLE] == "hub"
     assert tags[lambdas.TAG_RUN_ID] == run_id
-    assert tags["Name"] == f"gridfleet-hub-{run_id}"
+    assert tags[lambdas.TAG_STACK] == rig.settings.stack
+    assert tags["Name"] == f"{rig.settings.stack}-hub-{run_id}"
     (call,) = rig.ec2.called("run_instances")
     assert call["LaunchTemplate"] == {"LaunchTemplateName": rig.template}
     assert (call["MinCount"], call["MaxCount"]) == (1, 1)
@@ -507,7 +517,8 @@ def test_orphans_are_terminated_and_live_runs_left_alone(rig):
     assert set(gone) == set(doomed[finished] + doomed[abandoned])
     assert {gone[i]["reason"] for i in doomed[finished]} == {"run FINISHED"}
     assert {gone[i]["role"] for i in doomed[finished]} == {"hub", "node"}
-    assert all("abandoned" in gone[i]["reason"] for i in doomed[abandoned])
+    assert {gone[i]["reason"] for i in doomed[abandoned]} == {"run FINISHED"}  # ended by this very pass
+    assert [e["run_id"] for e in out["ended"] if e["run_id"] in (finished, no_item, abandoned, healthy)] == [abandoned]
     for run_id, ids in doomed.items():
         assert set(rig.instances(run_id)) == set(ids)
         assert set(rig.instances(run_id).values()) <= {"shutting-down", "terminated"}
@@ -658,3 +669,68 @@ def test_run_starter_takes_clients_and_clock(rig, clients):
 
     assert out["run_id"] == "2030-03-17" and out["action"] == "started"
     assert made[0].table == rig.settings.table
+
+
+# --- the watchdog: runs it ends, instances that bill while stopped --------------------------------
+
+
+def test_an_abandoned_run_is_ended_its_open_sites_failed_and_its_summary_archived(rig, clients):
+    run_id = rig.run_id()
+    rig.create_run(run_id, deadline_in_s=-(GRACE_S + 10))
+    for name in ("done", "open", "running"):
+        rec = ops.new_site(run_id, name, SiteSpec(f"https://{name}.test/"), None)
+        assert rig.table.create_site(rec)
+        if name != "open":
+            rec = ops.claim(rig.table, rec, "i-gone", rig.clock.now() - 100)
+        if name == "done":
+            ops.complete(rig.table, rec, f"{name}/20270101/{run_id}/result.json", rig.clock.now() - 50)
+    rig.launch(run_id, "node")
+
+    out = rig.watch(archive=S3RunArchive(clients.client("s3"), rig.settings.bucket))
+
+    (ended,) = [e for e in out["ended"] if e["run_id"] == run_id]
+    assert sorted(ended["failed"]) == ["open", "running"]
+    assert ended["summary"] == f"s3://{rig.settings.bucket}/runs/{run_id}/summary.json"
+    run = rig.table.get_run(run_id)
+    assert run.finished
+    sites = {r.site: r for r in rig.table.read_run(run_id).sites}
+    assert sites["done"].run_status.value == "COMPLETED"
+    assert {sites[n].failure_reason for n in ("open", "running")} == {"deadline"}
+    summary = S3RunArchive(clients.client("s3"), rig.settings.bucket).get_summary(run_id)
+    assert summary["counts"] == {"QUEUED": 0, "RUN": 0, "COMPLETED": 1, "FAILED": 2}
+    assert summary["sites"]["running"]["attempts"][0]["outcome"] == "deadline"
+    assert rig.live(run_id) == []  # its instances went in the same pass
+
+    again = rig.watch(archive=S3RunArchive(clients.client("s3"), rig.settings.bucket))
+    assert [e for e in again["ended"] if e["run_id"] == run_id] == []  # FINISHED now: nothing more to do
+
+
+def test_stopped_instances_of_the_stack_are_terminated_unless_configured_to_be_kept(rig):
+    run_id = rig.run_id()
+    rig.create_run(run_id)  # a live run: its running instances stay
+    running = rig.launch(run_id, "node")
+    stopped_hub, kept_hub, stopped_node = rig.launch(run_id, "hub") + rig.launch(None, "hub") + rig.launch(run_id, "node")
+    other_stack = rig.launch(run_id, "hub", stack="someone-else")
+    rig.ec2._client.stop_instances(InstanceIds=[stopped_hub, kept_hub, stopped_node, *other_stack])
+
+    out = rig.watch(settings=replace(rig.settings, hub_instance_id=kept_hub))
+
+    gone = {e["instance_id"]: e for e in out["terminated"]}
+    assert set(gone) >= {stopped_hub, stopped_node}
+    assert gone[stopped_hub]["reason"] == "stopped, and kept by no configuration"
+    assert kept_hub not in gone and not set(other_stack) & set(gone)
+    assert rig.states(InstanceIds=[kept_hub, *other_stack]) == {kept_hub: "stopped", other_stack[0]: "stopped"}
+    assert rig.live(run_id) == running
+
+
+def test_the_starter_never_starts_an_instance_of_another_stack(rig):
+    run_id = rig.run_id()
+    (foreign,) = rig.launch(None, "hub", stack="someone-else")
+    rig.ec2._client.stop_instances(InstanceIds=[foreign])
+    wait_for(lambda: rig.states(InstanceIds=[foreign])[foreign] == "stopped", timeout=10)
+
+    out = rig.start(run_id, settings=replace(rig.settings, hub_instance_id=foreign, hub_launch_template=None))
+
+    assert out["action"] == "refused" and "not tagged" in out["reason"], out
+    assert rig.states(InstanceIds=[foreign])[foreign] == "stopped"
+    assert rig.ec2.called("start_instances") == []
