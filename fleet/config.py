@@ -7,22 +7,21 @@ Loading from a file, with line numbers in errors, is in `fleet.config_load`.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from fleet.crawlers import BUILTIN_CRAWLERS, crawler_problem
+from fleet.crawlers import BUILTIN_CRAWLERS, BUILTIN_OPTIONS, crawler_problem
+from fleet.ids import SITE_ID_RULE, is_site_id
 
 #: Replaced by the demo site server's base URL on the embedded default.
 DEMO_PLACEHOLDER = "{demo}"
 
-SITE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: `.inf` or `1e309` as a duration would pass `gt=0` and break the first sleep or deadline
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RunConfig(_Model):
@@ -203,10 +202,8 @@ class SiteConfig(_Model):
     @field_validator("id")
     @classmethod
     def _id(cls, v: str) -> str:
-        if not SITE_ID_RE.match(v):
-            raise ValueError(
-                "must start with a letter or digit and hold only letters, digits, '.', '_' or '-' (max 128)"
-            )
+        if not is_site_id(v):
+            raise ValueError(f"{v!r} is not a site id: {SITE_ID_RULE}")
         return v
 
     @field_validator("start_url")
@@ -224,6 +221,15 @@ class SiteConfig(_Model):
         problem = crawler_problem(v)
         if problem:
             raise ValueError(problem)
+        return v
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """A built-in crawler's options must fit its model (OptionsError names each bad key); others are free."""
+        model = BUILTIN_OPTIONS.get(info.data.get("crawler", ""))
+        if model is not None:
+            model.read(v)
         return v
 
     @property
@@ -255,9 +261,8 @@ class Config(_Model):
     @classmethod
     def _group_names(cls, groups: dict[str, RateLimitConfig]) -> dict[str, RateLimitConfig]:
         for name in groups:
-            if not SITE_ID_RE.match(name):
-                raise ValueError(f"group name {name!r} must start with a letter or digit and hold only letters, "
-                                 "digits, '.', '_' or '-' (max 128)")
+            if not is_site_id(name):
+                raise ValueError(f"group name {name!r} is not valid: {SITE_ID_RULE}")
         return groups
 
     @field_validator("sites", mode="after")

@@ -1,21 +1,102 @@
-"""Names of crawlers, shared by the config validator (here) and the node's registry.
+"""Names of crawlers and the options of the built-in ones, shared by the config validator and the nodes.
 
 `fleet` may not import `node`, so built-in crawlers are named by dotted path and
 resolved only where they run. A site's `crawler` is a built-in name or a dotted
 path `package.module:Class` (or `package.module.Class`) importable on the nodes.
+
+A built-in crawler's options are a model here: the config checks a site's
+options against it when it loads, and the crawler reads them through it, so a
+bad option stops `validate` instead of failing every attempt, and the defaults
+live in one place. Crawlers named by dotted path take free-form options.
+
+A dotted path is checked without importing anything: importing runs code (a
+package's `__init__` prints, connects, reads the environment) in every command
+that loads a config. The module's file is located package by package, and its
+source is parsed to see that it defines the class.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.machinery
 import importlib.util
+import os
 import re
+import sys
+from typing import Annotated, Any, Mapping, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic_core import ErrorDetails
 
 BUILTIN_CRAWLERS: dict[str, str] = {
     "links": "node.crawlers.links:LinksCrawler",
     "api": "node.crawlers.api:ApiCrawler",
 }
 
-_DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*([:.][A-Za-z_][\w]*)$")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([:.][A-Za-z_]\w*)")
+
+#: A crawler module's source larger than this is accepted as found without being parsed.
+_MAX_SOURCE_BYTES = 2 * 1024 * 1024
+
+
+def _not_blank(v: str) -> str:
+    if not v.strip():
+        raise ValueError("must not be empty")
+    return v
+
+
+#: A CSS selector or a JSON key: a string with something in it.
+Name = Annotated[StrictStr, AfterValidator(_not_blank)]
+
+
+class OptionsError(ValueError):
+    """A built-in crawler's options do not fit its model. `errors` are pydantic's, located within the options."""
+
+    def __init__(self, model: type[CrawlerOptions], errors: list[ErrorDetails]):
+        self.model = model
+        self.errors = errors
+        super().__init__("options: " + "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {error_text(e)}" if e["loc"] else error_text(e) for e in errors))
+
+
+def error_text(error: ErrorDetails) -> str:
+    """pydantic's message for one error, without the "Value error, " its own validators' messages get."""
+    return error["msg"].removeprefix("Value error, ")
+
+
+class CrawlerOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @classmethod
+    def read(cls, options: Mapping[str, Any]) -> Self:
+        """The options as this model, or OptionsError naming each bad one."""
+        try:
+            return cls.model_validate(dict(options))
+        except ValidationError as e:
+            raise OptionsError(cls, e.errors(include_url=False)) from None
+
+
+class LinksOptions(CrawlerOptions):
+    """`links`: items by CSS selector, pages by a "next" link."""
+
+    item: Name = Field("a.item", description="CSS selector of the items on a page")
+    next: Name | None = Field("a.next", description="CSS selector of the link to the next page; null: one page only")
+    max_pages: StrictInt = Field(10, ge=1, description="stop after this many pages")
+
+
+class ApiOptions(CrawlerOptions):
+    """`api`: a paginated JSON API, by token."""
+
+    items: Name = Field("items", description="key of the list of items in each response")
+    next: Name = Field("next", description="key of the next page's token; null or missing ends the crawl")
+    token_param: Name = Field("token", description="query parameter the token goes back in")
+    id: Name = Field("id", description="key of an item's id, for de-duplication and incremental marks")
+    max_pages: StrictInt = Field(10, ge=1, description="stop after this many pages")
+    headers: dict[StrictStr, StrictStr] = Field(default_factory=dict, description="extra request headers")
+
+
+#: The options model of each built-in crawler.
+BUILTIN_OPTIONS: dict[str, type[CrawlerOptions]] = {"links": LinksOptions, "api": ApiOptions}
 
 
 def split_dotted(ref: str) -> tuple[str, str]:
@@ -36,14 +117,87 @@ def crawler_problem(name: str) -> str | None:
     """Why `name` cannot be a crawler, or None if it can (checked without importing it)."""
     if name in BUILTIN_CRAWLERS:
         return None
-    if not _DOTTED.match(name) or ("." not in name and ":" not in name):
+    if not _DOTTED.fullmatch(name) or ("." not in name and ":" not in name):
         known = ", ".join(sorted(BUILTIN_CRAWLERS))
         return f"unknown crawler {name!r}: use a built-in ({known}) or a dotted path 'package.module:Class'"
-    module, _ = split_dotted(name)
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
+    module, attr = split_dotted(name)
+    top = module.partition(".")[0]
+    if top in sys.stdlib_module_names:
+        return f"unknown crawler {name!r}: {top!r} is a module of Python's standard library, not a crawler package"
+    spec = _find_module(module)
+    if spec is None:
         return f"unknown crawler {name!r}: module {module!r} cannot be imported"
-    return None
+    return _class_problem(name, spec, attr)
+
+
+def _find_module(module: str) -> importlib.machinery.ModuleSpec | None:
+    """The spec of `module`, found package by package without importing any of them (no `__init__` runs)."""
+    spec: importlib.machinery.ModuleSpec | None = None
+    parts = module.split(".")
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        search = None if spec is None else spec.submodule_search_locations
+        if spec is not None and search is None:
+            return None  # the parent is a module, not a package
+        try:
+            found = importlib.machinery.PathFinder.find_spec(name, None if search is None else list(search))
+            if found is None and depth == 1:
+                # installed packages may be located by a finder of their own (editable installs); finding a
+                # top-level module runs none of its code
+                found = importlib.util.find_spec(name)
+        except (ImportError, ValueError, OSError):
+            return None
+        if found is None:
+            return None
+        spec = found
+    return spec
+
+
+def _class_problem(name: str, spec: importlib.machinery.ModuleSpec, attr: str) -> str | None:
+    """Why the module's source does not define `attr` at its top level; None when it does or cannot be read."""
+    path = spec.origin
+    if not spec.has_location or not path or not path.endswith(".py") or not os.path.isfile(path):
+        return None  # an extension module, a zip, a namespace package: found is all we can say
+    try:
+        if os.path.getsize(path) > _MAX_SOURCE_BYTES:
+            return None
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except OSError:
+        return None
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        where = f"{path}:{e.lineno}" if isinstance(e, SyntaxError) and e.lineno else path
+        return f"crawler {name!r}: {where} cannot be parsed: {getattr(e, 'msg', None) or e}"
+    names = _top_level_names(tree.body)
+    if names is None or attr in names:
+        return None
+    return f"unknown crawler {name!r}: {path} defines no {attr!r} at its top level"
+
+
+def _top_level_names(body: list[ast.stmt]) -> set[str] | None:
+    """Names a module binds at its top level (inside if/try/with too); None if it cannot be told (`import *`,
+    a module `__getattr__`)."""
+    names: set[str] = set()
+    for stmt in body:
+        if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if stmt.name == "__getattr__":
+                return None
+            names.add(stmt.name)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            for alias in stmt.names:
+                if alias.name == "*":
+                    return None
+                names.add(alias.asname or alias.name.partition(".")[0])
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(stmt, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            blocks = [getattr(stmt, f, []) for f in ("body", "orelse", "finalbody")]
+            blocks += [h.body for h in getattr(stmt, "handlers", [])]
+            for block in blocks:
+                inner = _top_level_names(block)
+                if inner is None:
+                    return None
+                names |= inner
+    return names

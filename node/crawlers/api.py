@@ -1,12 +1,9 @@
 """The `api` crawler: a paginated JSON API, no browser (so no Grid session and no Chrome).
 
-Options (per site in fleet.yaml):
-  items:       key of the list of items in each response (default "items")
-  next:        key of the next page's token; null or missing ends the crawl (default "next")
-  token_param: query parameter the token goes back in (default "token")
-  id:          key of an item's id, for de-duplication and incremental marks (default "id")
-  max_pages:   stop after this many pages (default 10)
-  headers:     extra request headers, e.g. {Accept-Language: ko}
+Options (per site in fleet.yaml): `items`, `next`, `token_param`, `id`,
+`max_pages` and `headers` (e.g. {Accept-Language: ko}), as `fleet.crawlers.ApiOptions`
+defines them with their defaults; the config is checked against it when it loads,
+and the crawler reads them through it.
 The first request is `start_url`; each next one is `start_url` with `token_param`
 set to the token. Checkpoints, incremental marks and rate limits work as for
 `links`: a retry resumes at the saved token.
@@ -17,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from fleet.crawlers import ApiOptions, OptionsError
 from node.crawler import BaseCrawler, CrawlError
 
 
@@ -30,25 +28,18 @@ class ApiCrawler(BaseCrawler):
     needs_browser = False
 
     def crawl(self) -> Iterator[dict[str, Any]]:
-        items_key = self.options.get("items", "items")
-        next_key = self.options.get("next", "next")
-        token_param = self.options.get("token_param", "token")
-        id_key = self.options.get("id", "id")
-        max_pages = self.options.get("max_pages", 10)
-        headers = self.options.get("headers") or {}
-        for name, value in (("items", items_key), ("next", next_key), ("token_param", token_param), ("id", id_key)):
-            if not isinstance(value, str) or not value:
-                raise CrawlError(f"option {name!r} must be a non-empty string")
-        if not isinstance(max_pages, int) or max_pages < 1:
-            raise CrawlError("option 'max_pages' must be an integer >= 1")
-        if not isinstance(headers, Mapping):
-            raise CrawlError("option 'headers' must be a mapping")
+        try:
+            opts = ApiOptions.read(self.options)
+        except OptionsError as e:
+            raise CrawlError(str(e)) from None
+        items_key, next_key, token_param, id_key = opts.items, opts.next, opts.token_param, opts.id
+        max_pages, headers = opts.max_pages, opts.headers
         if self.resume and self.resume.get("next") is None:
             return  # the last attempt fetched every page: its checkpoint holds the items
         token: str | None = self.resume["next"] if self.resume else None
         while self.pages < max_pages:
             url = self.ctx.start_url if token is None else with_param(self.ctx.start_url, token_param, token)
-            data = self.get_json(url, {str(k): str(v) for k, v in headers.items()})
+            data = self.get_json(url, dict(headers))
             raw = data.get(items_key) if isinstance(data, Mapping) else None
             if not isinstance(raw, list):
                 raise CrawlError(f"{url}: no list under {items_key!r}")

@@ -1,9 +1,8 @@
 """The generic `links` crawler: items by CSS selector, pages by a "next" link, no code per site.
 
-Options (per site in fleet.yaml):
-  item:      CSS selector of the items on a page (default "a.item")
-  next:      CSS selector of the link to the next page (default "a.next"; null: one page only)
-  max_pages: stop after this many pages (default 10)
+Options (per site in fleet.yaml): `item`, `next` (null: one page only) and
+`max_pages`, as `fleet.crawlers.LinksOptions` defines them with their defaults;
+the config is checked against it when it loads, and the crawler reads them through it.
 An item is {"id", "text", "href"}; the id is the element's `data-id`, else its href.
 After each page it saves a checkpoint (the next page's URL and the page's new
 items): a retried attempt resumes at that URL. An incremental site stops at the
@@ -14,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from fleet.crawlers import LinksOptions, OptionsError
 from node.crawler import BaseCrawler, CrawlError
 
 _ITEMS_JS = """
@@ -32,15 +32,11 @@ return e && e.href ? e.href : null;
 
 class LinksCrawler(BaseCrawler):
     def crawl(self) -> Iterator[dict[str, Any]]:
-        item_sel = self.options.get("item", "a.item")
-        next_sel = self.options.get("next", "a.next")
-        max_pages = self.options.get("max_pages", 10)
-        if not isinstance(item_sel, str) or not item_sel:
-            raise CrawlError("option 'item' must be a CSS selector")
-        if next_sel is not None and not isinstance(next_sel, str):
-            raise CrawlError("option 'next' must be a CSS selector or null")
-        if not isinstance(max_pages, int) or max_pages < 1:
-            raise CrawlError("option 'max_pages' must be an integer >= 1")
+        try:
+            opts = LinksOptions.read(self.options)
+        except OptionsError as e:
+            raise CrawlError(str(e)) from None
+        item_sel, next_sel, max_pages = opts.item, opts.next, opts.max_pages
         url: str | None = self.resume["next"] if self.resume else self.ctx.start_url
         while url and self.pages < max_pages:
             self.open(url)

@@ -96,6 +96,8 @@ def test_http_errors_and_bad_answers_are_crawl_errors(demo):
         crawl(f"{demo.base_url}/api/shop?pages=2", options={"items": "entries"})
     with pytest.raises(CrawlError, match="max_pages"):
         crawl(f"{demo.base_url}/api/shop", options={"max_pages": 0})
+    with pytest.raises(CrawlError, match="headers.X-N: Input should be a valid string"):  # as the config says
+        crawl(f"{demo.base_url}/api/shop", options={"headers": {"X-N": 5}})
 
 
 def test_the_token_replaces_any_earlier_one_in_the_url():

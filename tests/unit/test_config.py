@@ -53,7 +53,7 @@ def test_the_design_example_is_valid_and_round_trips():
      "fleet.yaml:2: sites[0].crawler: unknown crawler 'nope'"),
     ("sites:\n  - {id: a, start_url: 'http://a.test', crawler: 'no.such.module:Crawler'}",
      "fleet.yaml:2: sites[0].crawler: unknown crawler 'no.such.module:Crawler': module 'no.such.module' cannot"),
-    ("sites:\n  - {id: '../x', start_url: 'http://a.test'}", "fleet.yaml:2: sites[0].id: must start with"),
+    ("sites:\n  - {id: '../x', start_url: 'http://a.test'}", "fleet.yaml:2: sites[0].id: '../x' is not a site id"),
     ("sites: [\n", "fleet.yaml:2: malformed YAML"),
     ("run: {a: 1}\nrun: {b: 2}\nsites: []", "fleet.yaml:2: run: duplicate key"),
     ("- 1\n- 2", "fleet.yaml:1: the top level must be a mapping"),
@@ -95,3 +95,26 @@ def test_examples_are_valid():
         load_config(path)
     demo = load_config(root / "demo.yaml")
     assert len(demo.sites) == 80
+
+
+def test_built_in_crawlers_options_are_checked_at_load_and_dotted_paths_keep_free_options():
+    found = problems("""\
+        sites:
+          - {id: a, start_url: 'http://a.test', options: {max_pages: 0, itme: a.x}}
+          - {id: b, start_url: 'http://b.test', crawler: api, options: {max_pages: '5', next: ''}}
+          - {id: c, start_url: 'http://c.test', crawler: 'tests.helpers.crawlers:QuickCrawler', options: {any: [1]}}
+        """)
+    assert sorted(found) == sorted([
+        "fleet.yaml:2: sites[0].options.itme: unknown key 'itme' (allowed: item, next, max_pages)",
+        "fleet.yaml:2: sites[0].options.max_pages: Input should be greater than or equal to 1",
+        "fleet.yaml:3: sites[1].options.next: must not be empty",
+        "fleet.yaml:3: sites[1].options.max_pages: Input should be a valid integer",
+    ]), found
+
+
+def test_a_dump_quotes_the_keys_the_loader_would_read_as_booleans():
+    text = """sites: [{id: n, start_url: 'http://a.test', crawler: 'tests.helpers.crawlers:QuickCrawler',
+                       options: {'y': 1, 'on': 2, 'N': [y, n, 'no']}}]"""
+    config = parse_config(text)
+    assert config.site("n").options == {"y": 1, "on": 2, "N": ["y", "n", "no"]}
+    assert parse_config(dump_config(config)) == config  # what the nodes read back

@@ -182,4 +182,4 @@ def test_group_names_follow_the_site_id_rule():
           'news/kr': {per_s: 5}
         sites: [{id: a, start_url: 'http://a.test'}]
         """)
-    assert p.startswith("fleet.yaml:1: rate_limits: group name 'news/kr' must start with"), p
+    assert p.startswith("fleet.yaml:1: rate_limits: group name 'news/kr' is not valid: letters, digits"), p

@@ -1,0 +1,219 @@
+"""Bad input through the real command line: one line naming the file, the line and the field, exit code 2, no
+traceback, nothing started, and bounded time and memory whatever the input holds.
+
+`hub.cli.main` runs in this process (so its time and memory can be measured, and what it imported seen) with
+stdout and stderr captured; nothing is faked.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import time
+import tracemalloc
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from hub.cli import main
+
+SITE = 'sites: [{id: a, start_url: "http://a.test"}]\n'
+
+#: Nine levels of nine aliases: a few hundred bytes that expand to 9**9 (387 million) strings.
+ALIAS_BOMB = "sites:\n  - id: a\n    start_url: http://a.test\n    crawler: my.crawlers:Shop\n    options:\n" + "".join(
+    f"      {name}: &{name} [{', '.join([prev] * 9)}]\n"
+    for name, prev in zip("abcdefghi", ['"lol"', "*a", "*b", "*c", "*d", "*e", "*f", "*g", "*h"])
+)
+
+TF_OUTPUT_NOT_UTF8 = b'{"gridfleet_aws": {"value": {"region": "\xff"}}}'
+
+
+@dataclass
+class Case:
+    argv: list[str]  # {F}: the file the case writes
+    expected: str  # the one error line holds this, {F} replaced
+    content: str | bytes | None = None  # written to F
+    stdin: bytes | None = None
+    gone: list[str] = field(default_factory=list)  # modules that must not be imported by the command
+
+
+def validate(content: str | bytes, expected: str) -> Case:
+    return Case(["validate", "--config", "{F}"], expected, content)
+
+
+CASES: dict[str, Case] = {
+    # a YAML alias bomb under a site's options: refused before anything is expanded
+    "alias bomb": validate(ALIAS_BOMB, "{F}:12: sites[0].options.g: more than 1,000,000 values once aliases are "
+                                       "expanded"),
+    "recursive alias": validate("run: &a [*a]\n" + SITE, "{F}:1: run[0]: recursive alias *a: the value contains "
+                                                         "itself"),
+    "recursive merge": validate("run: &r {<<: *r}\n" + SITE, "{F}:1: run.<<: recursive alias *r"),
+    "nesting without end": validate("run: " + "[" * 100_000, "{F}:1: nested deeper than 64 levels"),
+    "nesting by aliases": validate(
+        "x: &x0 [[[[[[[[[[1]]]]]]]]]]\n" + "".join(f"x{i}: &x{i} [[[[[[[[[[*x{i - 1}]]]]]]]]]]\n" for i in range(1, 8)),
+        "{F}:7: x6[0][0][0][0][0][0][0][0][0][0]: nested deeper than 64 levels once aliases are expanded"),
+    "custom tag": validate("run: !foo {max_attempts: 2}\n" + SITE, "{F}:1: run: tag '!foo' is not supported"),
+    "python tag": validate("run: {max_attempts: !!python/object/apply:os.system [true]}\n" + SITE,
+                           "{F}:1: run.max_attempts: tag '!!python/object/apply:os.system' is not supported"),
+    "merge of a scalar": validate("run: {<<: &three 3}\n" + SITE,
+                                  "{F}:1: run: '<<' (merge) takes a mapping or a list of mappings"),
+    "5000-digit integer": validate("run: {max_attempts: " + "1" * 5000 + "}\n" + SITE,
+                                   "{F}:1: run.max_attempts: integer 111111111111111111111111... (5000 characters) "
+                                   "is too long (at most 38 digits)"),
+    "5000-digit integer in options": validate(
+        "sites:\n  - id: a\n    start_url: http://a.test\n    crawler: my.crawlers:Shop\n"
+        "    options: {count: 0x" + "f" * 5000 + "}\n",
+        "{F}:5: sites[0].options.count: integer 0xffffffffffffffffffffff... (5002 characters) is too long"),
+    ".inf duration": validate("run: {hang_after_s: .inf}\n" + SITE,
+                              "{F}:1: run.hang_after_s: .inf is not a finite number"),
+    "1e309 duration": validate("run:\n  deadline_s: 1e309\n" + SITE,
+                               "{F}:2: run.deadline_s: Input should be a finite number"),
+    "1.0e+309 price": validate("fleet:\n  hourly_price: {t3.medium: 1.0e+309}\n" + SITE,
+                               "{F}:2: fleet.hourly_price['t3.medium']: 1.0e+309 is not a finite number"),
+    ".nan rate": validate(SITE + "rate_limits: {g: {per_s: .nan}}\n",
+                          "{F}:2: rate_limits.g.per_s: .nan is not a finite number"),
+    "site id ending in a newline": validate('sites:\n  - {id: "a\\n", start_url: "http://a.test"}\n',
+                                            "{F}:2: sites[0].id: 'a\\n' is not a site id"),
+    "group name ending in a newline": validate(SITE + 'rate_limits: {"g\\n": {per_s: 1}}\n',
+                                               "{F}:2: rate_limits: group name 'g\\n' is not valid"),
+    "--run-id ending in a newline": Case(["run", "--local", "--dry-run", "--config", "{F}", "--run-id", "day\n"],
+                                         "argument --run-id: 'day\\n' is not a run id", SITE),
+    "max_pages -5 on links": validate(
+        "sites:\n  - id: a\n    start_url: http://a.test\n    options: {max_pages: -5}\n",
+        "{F}:4: sites[0].options.max_pages: Input should be greater than or equal to 1"),
+    "unknown option of api": validate(
+        "sites:\n  - id: a\n    start_url: http://a.test\n    crawler: api\n    options:\n      item: data\n",
+        "{F}:6: sites[0].options.item: unknown key 'item' (allowed: items, next, token_param, id, max_pages, "
+        "headers)"),
+    "header that is not a string": validate(
+        "sites:\n  - id: a\n    start_url: http://a.test\n    crawler: api\n    options:\n      headers: {X-N: 5}\n",
+        "{F}:6: sites[0].options.headers.X-N: Input should be a valid string"),
+    "empty selector": validate("sites:\n  - {id: a, start_url: http://a.test, options: {item: ''}}\n",
+                               "{F}:2: sites[0].options.item: must not be empty"),
+    "key on": validate("run:\n  max_attempts: 2\n  on: 3\n" + SITE,
+                       """{F}:3: run: key 'on' is read as a boolean (true) by YAML: quote it ("on") if it is meant """
+                       "as a name"),
+    "key no in options": validate("sites:\n  - id: a\n    start_url: http://a.test\n    crawler: my.crawlers:Shop\n"
+                                  "    options: {no: 1}\n",
+                                  "{F}:5: sites[0].options: key 'no' is read as a boolean (false) by YAML"),
+    "key ~": validate("run: {~: 3}\n" + SITE, "{F}:1: run: key '~' is read as null by YAML: quote it"),
+    "key y": validate("run: {y: 3}\n" + SITE, "{F}:1: run: key 'y' is read as a boolean (true) by YAML"),
+    "integer key": validate(SITE + "fleet: {hourly_price: {7: 0.1}}\n",
+                            "{F}:2: fleet.hourly_price: key '7' is read as an integer by YAML"),
+    "tf-output not UTF-8": Case(["config", "from-terraform", "--tf-output", "{F}"],
+                                "gridfleet: error: {F}: not UTF-8 text (byte 0xff at offset 40)", TF_OUTPUT_NOT_UTF8),
+    "tf-output on stdin not UTF-8": Case(["config", "from-terraform"], "gridfleet: error: stdin: not UTF-8 text",
+                                         stdin=TF_OUTPUT_NOT_UTF8),
+    "tf-output nested without end": Case(["config", "from-terraform", "--tf-output", "{F}"],
+                                         "{F}: not the JSON of `terraform output -json`", "[" * 100_000),
+    "crawler in the standard library": Case(
+        ["validate", "--config", "{F}"],
+        "{F}:2: sites[0].crawler: unknown crawler 'this.x:Y': 'this' is a module of Python's standard library",
+        'sites:\n  - {id: a, start_url: "http://a.test", crawler: "this.x:Y"}\n', gone=["this"]),
+    "config not UTF-8": validate(SITE.encode() + b'run: {order: "\xff"}\n', "{F}:2: not UTF-8 text"),
+    "config larger than 5 MB": validate("# " + "x" * (6 * 2**20) + "\n" + SITE, "{F}: larger than 5 MB"),
+    "control character": validate(SITE + "x: \x07\n", "{F}:2: malformed YAML: unacceptable character #x0007"),
+}
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """Run `gridfleet ARGV` in this process: (exit code, stdout, stderr, seconds, peak bytes allocated)."""
+    monkeypatch.setenv("GRIDFLEET_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+
+    def run(argv: list[str], stdin: bytes | None = None) -> tuple[int, str, str, float, int]:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+        tracemalloc.start()
+        start = time.perf_counter()
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's own errors
+            code = e.code if isinstance(e.code, int) else 1
+        finally:
+            elapsed = time.perf_counter() - start
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            root.handlers[:], root.level = handlers, level
+        out, err = capsys.readouterr()
+        return code, out, err, elapsed, peak
+
+    return run
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_exit_2_no_traceback_and_bounded(tmp_path, cli, name):
+    case = CASES[name]
+    path = tmp_path / "input.yaml"
+    if isinstance(case.content, str):
+        path.write_text(case.content)
+    elif case.content is not None:
+        path.write_bytes(case.content)
+    imported_before = {m for m in case.gone if m in sys.modules}
+
+    code, out, err, seconds, peak = cli([a.replace("{F}", str(path)) for a in case.argv], case.stdin)
+
+    expected = case.expected.replace("{F}", str(path))
+    lines = err.splitlines()
+    said = lines[next((i for i, line in enumerate(lines) if "error:" in line), 0):]  # after argparse's usage
+    assert code == 2, (code, err)
+    assert len(said) == 1 and expected in said[0], err
+    assert "Traceback" not in err + out and out == ""
+    assert seconds < 5, f"{name}: {seconds:.1f} s"
+    assert peak < 64 * 2**20, f"{name}: {peak / 2**20:.0f} MB"
+    assert not (tmp_path / "home").exists()  # nothing started
+    assert {m for m in case.gone if m in sys.modules} == imported_before, "the command imported a crawler's module"
+
+
+def test_merge_keys_merge_as_yaml_says_explicit_keys_first_then_the_sources_in_order(tmp_path, cli):
+    from fleet.config_load import load_config
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "sites:\n"
+        "  - {id: a, start_url: http://a.test, options: &base {item: a.x, next: a.n, max_pages: 3}}\n"
+        "  - {id: b, start_url: http://b.test, options: {<<: *base, max_pages: 4}}\n"
+        "  - {id: c, start_url: http://c.test, options: {<<: [{max_pages: 7, next: null}, *base], item: b.x}}\n"
+    )
+    code, out, err, _, _ = cli(["validate", "--config", str(path)])
+    assert code == 0 and "OK: 3 sites" in out, err
+    config = load_config(path)
+    assert config.site("b").options == {"item": "a.x", "next": "a.n", "max_pages": 4}
+    assert config.site("c").options == {"item": "b.x", "next": None, "max_pages": 7}
+
+
+def test_a_crawler_by_dotted_path_is_checked_without_running_its_packages(tmp_path, cli, monkeypatch):
+    pkg = tmp_path / "src" / "shopcrawl"
+    pkg.mkdir(parents=True)
+    marker = tmp_path / "imported"
+    (pkg / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('yes')\n")
+    (pkg / "sites.py").write_text(f"open({str(marker)!r}, 'w').write('yes')\n\nclass Shop:\n    pass\n")
+    (pkg / "broken.py").write_text("class Shop(\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    path = tmp_path / "fleet.yaml"
+
+    def check(crawler: str) -> tuple[int, str]:
+        path.write_text(f"sites:\n  - {{id: a, start_url: http://a.test, crawler: '{crawler}', options: {{x: 1}}}}\n")
+        code, _, err, _, _ = cli(["validate", "--config", str(path)])
+        return code, err
+
+    assert check("shopcrawl.sites:Shop") == (0, "")  # free-form options for a crawler of one's own
+    code, err = check("shopcrawl.sites:Nope")
+    assert code == 2 and f"{pkg / 'sites.py'} defines no 'Nope' at its top level" in err
+    code, err = check("shopcrawl.broken:Shop")
+    assert code == 2 and f"{pkg / 'broken.py'}:1 cannot be parsed" in err
+    code, err = check("shopcrawl.sites.deeper:Shop")
+    assert code == 2 and "module 'shopcrawl.sites.deeper' cannot be imported" in err
+    assert not marker.exists() and "shopcrawl" not in sys.modules
+
+
+def test_the_examples_still_load_in_well_under_a_second(cli):
+    root = Path(__file__).resolve().parents[2] / "examples"
+    for path in sorted(root.glob("*.yaml")):
+        code, _, err, seconds, _ = cli(["validate", "--config", str(path)])
+        assert code == 0 and seconds < 5, (path, err)
