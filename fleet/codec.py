@@ -149,6 +149,20 @@ def spec_to_item(spec: SiteSpec) -> dict[str, Any]:
     return out
 
 
+#: What a node may write into the table from what its crawler sent, whatever that was: the URL of a step, any
+#: error text, each item id of a checkpoint or a mark. A crawler's output is not trusted to be small; these keep
+#: every write of one attempt far from DynamoDB's 400 KB item limit.
+URL_MAX_CHARS = 2048
+ERROR_MAX_CHARS = 1000
+ITEM_ID_MAX_CHARS = 512
+
+
+def capped(text: object, max_chars: int) -> str:
+    """`text` as a string of at most `max_chars` characters (cut at the end)."""
+    s = text if isinstance(text, str) else str(text)
+    return s[:max_chars]
+
+
 #: A checkpoint is stored compressed (zlib, base64) in one string attribute: item lists compress well, and a
 #: DynamoDB item holds 400 KB at most. Past this size the items are dropped from it (a retry starts over).
 CHECKPOINT_MAX_CHARS = 300_000
@@ -265,7 +279,7 @@ def node_to_item(n: NodeInfo) -> dict[str, Any]:
     if n.expire_at is not None:
         item["expireAt"] = num(n.expire_at)
     if n.error is not None:
-        item["error"] = n.error[:1000]
+        item["error"] = capped(n.error, ERROR_MAX_CHARS)
     if n.stats:
         item["stats"] = _plain_to_item(n.stats)
     return item

@@ -2,13 +2,27 @@
 
 Each response is written whole with its length and `Connection: close`; a client
 that went away is a debug line, and request lines go to the debug log, not stderr.
+The embedded stack's servers change state (a reset, a spot notice) only for a
+request carrying the stack's token in `TOKEN_HEADER`.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Mapping
+
+#: The header a state-changing request to a server of the embedded stack carries its token in.
+TOKEN_HEADER = "X-Gridfleet-Token"
+#: The environment variable the local stack hands its token to the servers it starts in (not their command line,
+#: which every user of the machine can read).
+TOKEN_ENV = "GRIDFLEET_STACK_TOKEN"
+
+
+def token_ok(given: str | None, token: str) -> bool:
+    """Whether a request's token is the server's token (compared in constant time; an empty token never is)."""
+    return bool(token) and given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
 class QuietHandler(BaseHTTPRequestHandler):

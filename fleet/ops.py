@@ -1,7 +1,7 @@
 """What hub and node do to a site record: each operation is a `transition()` then a fenced write.
 
-Both programs use these and nothing else to change a site, so the rules of
-DESIGN 2 live in one place: attempts are counted on claim, a spot interruption
+Both programs use these and nothing else to change a site, so the record's
+rules live in one place: attempts are counted on claim, a spot interruption
 gives its attempt back (up to a cap), the last failed attempt makes the site
 FAILED with its reason, and a requeue is "write QUEUED, send the message, mark
 it sent" (a crash between the last two is repaired by the hub, see `plan`).
@@ -13,7 +13,9 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from fleet.codec import CHECKPOINT_MAX_CHARS, encode_checkpoint
+from fleet.codec import (
+    CHECKPOINT_MAX_CHARS, ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, URL_MAX_CHARS, capped, encode_checkpoint,
+)
 from fleet.queue import SiteQueue
 from fleet.state import (
     GIVEN_BACK, Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus, transition,
@@ -32,6 +34,9 @@ MARK_SIZE = 100
 
 def next_mark(old: tuple[str, ...] | None, new_ids: list[str]) -> tuple[str, ...] | None:
     """The mark after a successful crawl that found `new_ids` (newest first); None: unchanged."""
+    # An id longer than ITEM_ID_MAX_CHARS is dropped from the mark rather than cut: a cut id would match no item
+    # of the next crawl anyway, and an item missing from the mark is only fetched again.
+    new_ids = [i for i in new_ids if len(i) <= ITEM_ID_MAX_CHARS]
     if not new_ids:
         return None
     merged = list(dict.fromkeys([*new_ids, *(old or ())]))
@@ -78,7 +83,7 @@ def _step(site_status: SiteStatus, at: float, url: str | None, pages: int | None
     """The record's fields for a crawler step (url and pages only when the step names them)."""
     changes: dict[str, Any] = {"site_status": site_status, "last_update": at}
     if url is not None:
-        changes["url"] = url
+        changes["url"] = capped(url, URL_MAX_CHARS)
     if pages is not None:
         changes["pages"] = pages
     return changes
@@ -107,10 +112,22 @@ def save_checkpoint(table: StateTable, rec: SiteRecord, now: float, progress: Pr
                     checkpoint: Mapping[str, Any]) -> SiteRecord:
     """Where the crawl got to (next page or token, pages, items so far), with the heartbeat and progress: a retry
     of the site resumes from it. One too large for an item keeps no items and is not resumed from."""
-    ckpt = dict(checkpoint)
+    ckpt = {**checkpoint, "items": _cut_item_ids(checkpoint.get("items"))}
     if len(encode_checkpoint(ckpt)) > CHECKPOINT_MAX_CHARS:
         ckpt = {"next": ckpt.get("next"), "pages": ckpt.get("pages"), "items": [], "partial": True}
     return beat(table, rec, now, progress, checkpoint=ckpt)
+
+
+def _cut_item_ids(items: Any) -> list[Any]:
+    """A checkpoint's items, each id longer than ITEM_ID_MAX_CHARS cut to that length. The item is kept (the
+    result needs it; the checkpoint's own size limit bounds the rest of it), and when a resumed crawl finds it
+    again the node matches the two by the cut id (`node.agent.merged_items`)."""
+    out = []
+    for item in items or []:
+        if isinstance(item, Mapping) and item.get("id") is not None and len(str(item["id"])) > ITEM_ID_MAX_CHARS:
+            item = {**item, "id": capped(item["id"], ITEM_ID_MAX_CHARS)}
+        out.append(item)
+    return out
 
 
 def resumable(rec: SiteRecord) -> Mapping[str, Any] | None:
@@ -147,7 +164,7 @@ def end_attempt(table: StateTable, rec: SiteRecord, *, outcome: Outcome, reason:
     if kill_path is not None:
         common["kill_path"] = kill_path
     if error is not None:
-        common["error"] = error[:1000]
+        common["error"] = capped(error, ERROR_MAX_CHARS)
     if reason in GIVEN_BACK and rec.spot_requeues < spot_cap:
         new = transition(rec, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False,
                          attempt=rec.attempt - 1, spot_requeues=rec.spot_requeues + 1, **common)
@@ -165,7 +182,7 @@ def fail_now(table: StateTable, rec: SiteRecord, reason: Reason, now: float, *, 
     outcome = Outcome(str(reason)) if str(reason) in Outcome._value2member_map_ else Outcome.KILLED
     new = transition(rec, run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED, failure_reason=str(reason),
                      last_update=now, kill_reason=None, attempts=_close(rec, now, outcome), receipt=None,
-                     **({"error": error} if error else {}))
+                     **({"error": capped(error, ERROR_MAX_CHARS)} if error else {}))
     return table.write(rec, new)
 
 

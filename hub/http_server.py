@@ -7,10 +7,17 @@ take the hub down: a ``status()`` that raises (the run's table briefly out of
 reach) becomes a 503 or a skipped event, and clients that go away are dropped
 quietly. Every open stream shares one poller, so what ``status()`` costs does not
 grow with the number of open dashboards, and nothing is polled while no one watches.
+
+A page of another origin must not read the run: every request's ``Host`` must name
+the address the server is bound to (a name of the attacker's that was rebound to
+127.0.0.1 is answered 421), and the live connections are capped (``max_streams``
+event streams, ``max_connections`` in all; one more is answered 503 with a
+``Retry-After``) so that no page can use up the hub's threads.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import socket
@@ -34,6 +41,9 @@ log = logging.getLogger("gridfleet.http")
 StatusFn = Callable[[], dict]
 
 KEEPALIVE_S = 15.0
+MAX_STREAMS = 32  # event streams open at once
+MAX_CONNECTIONS = 64  # connections being served at once, event streams included
+RETRY_AFTER_S = 5
 _IO_TIMEOUT_S = 30.0  # a client that neither sends its request nor reads for this long is dropped
 _STOP_JOIN_S = 1.0
 _TEXT = "text/plain; charset=utf-8"
@@ -43,6 +53,48 @@ _PAGE_HEADERS = {
                                "connect-src 'self'",
     "X-Content-Type-Options": "nosniff",
 }
+
+
+def host_allowed(host_header: str | None, bind: str, hostname: str) -> bool:
+    """Whether a request's Host header names this server, bound to `bind` on the machine called `hostname`.
+
+    A loopback bind answers to its address and `localhost`; another address to itself; a wildcard bind
+    (0.0.0.0, ::) to any IP literal, `localhost` and the machine's name. Any port is accepted: a port forward
+    (an SSM session) may use another local port, and a rebinding attack is told by its name, not its port.
+    """
+    if not host_header:
+        return False
+    host = _host_part(host_header.strip().lower())
+    if host is None:
+        return False
+    ip = _ip(host)
+    bound = _ip(bind)
+    if bind in ("", "0.0.0.0", "::"):
+        return ip is not None or host in ("localhost", hostname.lower())
+    if bind.lower() == "localhost":
+        return host == "localhost" or (ip is not None and ip.is_loopback)
+    if bound is not None and bound.is_loopback:
+        return host == "localhost" or ip == bound
+    return ip == bound if bound is not None else host == bind.lower()
+
+
+def _host_part(value: str) -> str | None:
+    """The host of a Host header value (`name`, `name:port`, `[v6]`, `[v6]:port`), or None if it is malformed."""
+    if value.startswith("["):
+        host, sep, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else rest
+        return host if sep and (not rest or (rest.startswith(":") and port.isdigit())) else None
+    host, sep, port = value.partition(":")
+    if sep and not port.isdigit():
+        return None
+    return host or None
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
 
 
 class _StatusUnavailable(Exception):
@@ -144,15 +196,22 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_port = False  # a port another server listens on must fail to bind
 
     def __init__(self, address: tuple[str, int], *, status: StatusFn, registry: CollectorRegistry,
-                 feed: _StatusFeed, stopping: threading.Event, keepalive_s: float, page: bytes) -> None:
+                 feed: _StatusFeed, stopping: threading.Event, keepalive_s: float, page: bytes,
+                 max_streams: int, max_connections: int) -> None:
         self.status = status
         self.registry = registry
         self.feed = feed
         self.stopping = stopping
         self.keepalive_s = keepalive_s
         self.page = page
+        self.bind = address[0]
+        self.hostname = socket.gethostname()
+        self.max_streams = max_streams
+        self.max_connections = max_connections
         self._streams: set[socket.socket] = set()
         self._streams_lock = threading.Lock()
+        self._live = 0  # connections being served
+        self._live_lock = threading.Lock()
         super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
@@ -161,15 +220,45 @@ class _Server(ThreadingHTTPServer):
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
-    @contextmanager
-    def stream(self, sock: socket.socket) -> Iterator[None]:
-        with self._streams_lock:
-            self._streams.add(sock)
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve the connection on a thread of its own, or refuse it at once when `max_connections` are served."""
+        with self._live_lock:
+            full = self._live >= self.max_connections
+            if not full:
+                self._live += 1
+        if full:
+            _refuse_busy(request)
+            self.shutdown_request(request)
+            return
         try:
-            yield
+            super().process_request(request, client_address)
+        except BaseException:
+            self._connection_done()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
         finally:
-            with self._streams_lock:
-                self._streams.discard(sock)
+            self._connection_done()
+
+    def _connection_done(self) -> None:
+        with self._live_lock:
+            self._live -= 1
+
+    @contextmanager
+    def stream(self, sock: socket.socket) -> Iterator[bool]:
+        """Hold one of the `max_streams` event stream places for `sock`; yields False when none is free."""
+        with self._streams_lock:
+            admitted = len(self._streams) < self.max_streams
+            if admitted:
+                self._streams.add(sock)
+        try:
+            yield admitted
+        finally:
+            if admitted:
+                with self._streams_lock:
+                    self._streams.discard(sock)
 
     def close_streams(self) -> None:
         """Cut every open event stream, even one whose thread is blocked in a write."""
@@ -186,11 +275,33 @@ class _Server(ThreadingHTTPServer):
         log.log(logging.DEBUG if gone else logging.WARNING, "error serving %s", client_address, exc_info=True)
 
 
+def _refuse_busy(sock: socket.socket) -> None:
+    """A 503 written straight to a connection that gets no thread (a few bytes: the send never blocks for long)."""
+    body = b"too many connections"
+    head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: {_TEXT}\r\nContent-Length: {len(body)}\r\n"
+            f"Retry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n").encode()
+    try:
+        sock.settimeout(1.0)
+        sock.sendall(head + body)
+    except OSError:
+        pass  # the client went away first
+
+
 class _Handler(QuietHandler):
     server: _Server
     server_version = "gridfleet-hub/1"
     timeout = _IO_TIMEOUT_S
     log = log
+
+    def parse_request(self) -> bool:
+        """The request line and headers, then the Host check for every method: 421 unless it names this server."""
+        if not super().parse_request():
+            return False
+        if not host_allowed(self.headers.get("Host"), self.server.bind, self.server.hostname):
+            log.debug("refused a request from %s for host %r", self.address_string(), self.headers.get("Host"))
+            self._send(421, b"this server does not answer to that host name", _TEXT)
+            return False
+        return True
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
@@ -219,13 +330,17 @@ class _Handler(QuietHandler):
     def _events(self) -> None:
         self.close_connection = True
         try:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            with self.server.stream(self.connection), self.server.feed.viewer():
-                self._pump_events()
+            with self.server.stream(self.connection) as admitted:
+                if not admitted:
+                    self._send(503, b"too many event streams", _TEXT, {"Retry-After": str(RETRY_AFTER_S)})
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                with self.server.feed.viewer():
+                    self._pump_events()
         except OSError:
             log.debug("event stream to %s ended by its client", self.address_string())
 
@@ -253,10 +368,13 @@ class HubServer:
     """The dashboard, /status, /metrics and /events of one hub, served from daemon threads.
 
     `keepalive_s` is how long an event stream may stay silent before it gets a comment line
-    (which lets clients and proxies tell a quiet run from a dead connection); set it before start().
+    (which lets clients and proxies tell a quiet run from a dead connection); `max_streams` and
+    `max_connections` cap what is served at once. Set them before start().
     """
 
     keepalive_s: float = KEEPALIVE_S
+    max_streams: int = MAX_STREAMS
+    max_connections: int = MAX_CONNECTIONS
 
     def __init__(self, status: StatusFn, registry: CollectorRegistry | None = None, *,
                  bind: str = "127.0.0.1", port: int = 0, poll_s: float = 0.5) -> None:
@@ -274,7 +392,8 @@ class HubServer:
             raise RuntimeError("a HubServer can be started only once")
         page = resources.files("hub").joinpath("dashboard.html").read_bytes()
         self._httpd = _Server(self._address, status=self._status, registry=self._registry, feed=self._feed,
-                              stopping=self._stopping, keepalive_s=self.keepalive_s, page=page)
+                              stopping=self._stopping, keepalive_s=self.keepalive_s, page=page,
+                              max_streams=self.max_streams, max_connections=self.max_connections)
         port = self._httpd.server_address[1]
         self._serve_thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                               name=f"hub-http-{port}", daemon=True)

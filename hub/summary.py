@@ -1,7 +1,8 @@
-"""The run summary (`runs/<run_id>/summary.json`, DESIGN 8) and the export of results.
+"""The run summary (`runs/<run_id>/summary.json`) and the export of results.
 
 `site_entry` is shared with `gridfleet status --json`, so both print sites in
-the same shape.
+the same shape. The ids that name the exported files are read back from the
+table, which nodes write to: each is checked again before it becomes a path.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from fleet.codec import RunInfo
+from fleet.ids import check_run_id, is_site_id
 from fleet.results import ResultStore
 from fleet.state import RunStatus, SiteRecord
 
@@ -35,6 +37,8 @@ def site_entry(r: SiteRecord) -> dict[str, Any]:
         "error": r.error,
         "instance_id": r.instance_id,
         "lastUpdateEpoch": r.last_update,
+        "spot_requeues": r.spot_requeues,  # attempts given back (spot, busy profile): not counted
+        "attemptBase": r.attempt_base,  # attemptCount when an operator last reran it
     }
 
 
@@ -49,6 +53,7 @@ def build_summary(run: RunInfo, sites: list[SiteRecord], *, left_running: int, f
                   finish_reason: str) -> dict[str, Any]:
     return {
         "run_id": run.run_id,
+        "run_date": run.run_date,  # YYYYMMDD of its result keys
         "started_at": run.started_at,
         "finished_at": finished_at,
         "sites": {r.site: site_entry(r) for r in sorted(sites, key=lambda r: r.site)},
@@ -73,18 +78,35 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def export(out_dir: Path, summary: dict[str, Any], sites: list[SiteRecord], results: ResultStore) -> Path:
-    """Write summary.json and results/<site>.json of every COMPLETED site; return the summary path."""
-    run_dir = out_dir / summary["run_id"]
-    shutil.rmtree(run_dir / "results", ignore_errors=True)  # an earlier export of this run id is replaced whole
+    """Write summary.json and results/<site>.json of every COMPLETED site; return the summary path.
+
+    Nothing is written outside `<out_dir>/<run_id>/` (the hub may run as root): a run id that is not one raises
+    ValueError before anything is written; a site whose id is not one, or whose file would resolve outside the
+    run's directory, is logged and left out of results/."""
+    try:
+        run_id = check_run_id(summary["run_id"])
+    except ValueError as e:
+        log.error("export-refused error=%s", e)
+        raise
+    run_dir = (out_dir / run_id).resolve()
+    results_dir = run_dir / "results"
+    shutil.rmtree(results_dir, ignore_errors=True)  # an earlier export of this run id is replaced whole
     for r in sites:
-        if r.run_status is RunStatus.COMPLETED and r.result_key:
-            try:
-                body = results.get(r.result_key)
-            except Exception as e:  # one unreadable result must not lose the summary
-                log.error("export-failed site=%s key=%s error=%s", r.site, r.result_key, e)
-                continue
-            (run_dir / "results").mkdir(parents=True, exist_ok=True)
-            (run_dir / "results" / f"{r.site}.json").write_bytes(body)
-    path = run_dir / "summary.json"
-    write_json(path, summary)
-    return path
+        if r.run_status is not RunStatus.COMPLETED or not r.result_key:
+            continue
+        if not is_site_id(r.site):
+            log.error("export-skipped site=%r why=not a site id", r.site)
+            continue
+        target = (results_dir / f"{r.site}.json").resolve()
+        if target.parent != results_dir:
+            log.error("export-skipped site=%s why=%s is outside %s", r.site, target, results_dir)
+            continue
+        try:
+            body = results.get(r.result_key)
+        except Exception as e:  # one unreadable result must not lose the summary
+            log.error("export-failed site=%s key=%s error=%s", r.site, r.result_key, e)
+            continue
+        results_dir.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(body)
+    write_json(run_dir / "summary.json", summary)
+    return out_dir / run_id / "summary.json"

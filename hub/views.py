@@ -1,16 +1,41 @@
-"""Views for people: the sites of a run, its counts, and `watch`'s live view (rich)."""
+"""Views for people: the sites of a run, its counts, and `watch`'s live view (rich).
+
+Every value shown comes from the table or a summary file, which nodes and their crawlers fill: each is shown as
+plain text (a `Text` with control characters spelled out, or escaped where it joins markup of ours), never read
+as rich markup or passed to the terminal as its own escape sequences.
+"""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Callable, Mapping
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 STYLE = {"COMPLETED": "green", "FAILED": "red", "RUN": "yellow", "QUEUED": "cyan"}
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _plain(value: object) -> str:
+    """`value` as a string with its control characters (an ANSI escape, a newline) written out as \\xNN."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", str(value))
+
+
+def _text(value: object, style: str = "") -> Text:
+    """`value` as plain text (never markup) with its control characters written out."""
+    return Text(_plain(value), style=style)
+
+
+def _markup(value: object) -> str:
+    """`value` escaped to sit inside markup of ours, its control characters written out."""
+    return escape(_plain(value))
 
 
 def _age(epoch: float | None, now: float) -> str:
@@ -23,25 +48,26 @@ def _age(epoch: float | None, now: float) -> str:
 def sites_table(run_id: str, sites: Mapping[str, Mapping[str, Any]], *, only_notable: bool = False,
                 now: float | None = None) -> Table:
     now = time.time() if now is None else now
-    t = Table(title=f"run {run_id}", title_justify="left")
+    t = Table(title=_text(f"run {run_id}"), title_justify="left")
     for col in ("site", "run_status", "site_status", "attempt", "node", "updated", "reason"):
         t.add_column(col, no_wrap=col in ("site", "node"))
     for name, s in sorted(sites.items()):
         if only_notable and s["run_status"] == "COMPLETED" and s["attemptCount"] <= 1:
             continue
-        st = s["run_status"]
-        reason = s.get("failure_reason") or ""
-        if s.get("error") and st != "COMPLETED":
-            reason = f"{reason}: {s['error'][:60]}" if reason else s["error"][:60]
-        t.add_row(name, f"[{STYLE.get(st, '')}]{st}[/]", s["site_status"], str(s["attemptCount"]),
-                  s.get("instance_id") or "-", _age(s.get("lastUpdateEpoch"), now), reason)
+        st = str(s["run_status"])
+        reason = str(s.get("failure_reason") or "")
+        error = str(s.get("error") or "")[:60]
+        if error and st != "COMPLETED":
+            reason = f"{reason}: {error}" if reason else error
+        t.add_row(_text(name), _text(st, STYLE.get(st, "")), _text(s["site_status"]), _text(s["attemptCount"]),
+                  _text(s.get("instance_id") or "-"), _age(s.get("lastUpdateEpoch"), now), _text(reason))
     return t
 
 
 def counts_line(counts: Mapping[str, int]) -> str:
     total = sum(counts.values())
     done = counts.get("COMPLETED", 0) + counts.get("FAILED", 0)
-    parts = [f"[{STYLE[k]}]{k} {v}[/]" for k, v in counts.items() if v]
+    parts = [f"[{STYLE[k]}]{k} {v}[/]" if k in STYLE else f"{_markup(k)} {v}" for k, v in counts.items() if v]
     return f"{done}/{total} sites finished: " + ", ".join(parts)
 
 
@@ -68,7 +94,7 @@ def watch(fetch: Callable[[], dict[str, Any]], console: Console, *, interval_s: 
     total = max(1, len(data["sites"]))
     bar = Progress(TextColumn("[bold]run {task.fields[run_id]}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), console=console)
-    task = bar.add_task("sites", total=total, run_id=data["run_id"], counts="")
+    task = bar.add_task("sites", total=total, run_id=_markup(data["run_id"]), counts="")
     last_line = None
     polls = 0
 
@@ -79,7 +105,7 @@ def watch(fetch: Callable[[], dict[str, Any]], console: Console, *, interval_s: 
         open_sites = {k: v for k, v in d["sites"].items() if v["run_status"] in ("RUN", "QUEUED")
                       or v["attemptCount"] > 1 or v["run_status"] == "FAILED"}
         table = sites_table(d["run_id"], dict(list(sorted(open_sites.items()))[:40]))
-        table.title = f"run {d['run_id']}: sites running, retried or failed"
+        table.title = _text(f"run {d['run_id']}: sites running, retried or failed")
         return Group(bar.get_renderable(), table)
 
     live = console.is_terminal
@@ -91,7 +117,7 @@ def watch(fetch: Callable[[], dict[str, Any]], console: Console, *, interval_s: 
             if ctx is not None:
                 ctx.update(render(data))
             else:
-                line = f"run {data['run_id']}: {counts_line(data['counts'])}"
+                line = f"run {_markup(data['run_id'])}: {counts_line(data['counts'])}"
                 if line != last_line:
                     console.print(line, highlight=False)
                     last_line = line

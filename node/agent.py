@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from botocore.exceptions import ClientError
+
 from fleet import crawlerfile, ops
 from fleet.clock import Clock
-from fleet.aws import is_transient
-from fleet.codec import NodeInfo
+from fleet.aws import error_code, is_transient
+from fleet.codec import ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, NodeInfo, capped
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
@@ -79,13 +81,21 @@ class AgentSettings:
 
 def merged_items(before: list[dict[str, Any]], now: list[Any]) -> list[dict[str, Any]]:
     """The checkpoint's items (earlier attempts and this one), then the crawler's result, each item once (by id,
-    else by content): a resumed crawl's result has no duplicates."""
+    else by content): a resumed crawl's result has no duplicates.
+
+    Ids are compared as the checkpoint stores them (cut to ITEM_ID_MAX_CHARS), so an item with a longer id that
+    a resumed crawl finds again is still one item; it keeps its whole id when the crawler reported it whole."""
     out: dict[str, dict[str, Any]] = {}
     for item in [*before, *now]:
         if not isinstance(item, dict):
             item = {"value": item}
-        key = str(item["id"]) if item.get("id") is not None else json.dumps(item, sort_keys=True, default=str)
-        out.setdefault(key, item)
+        if item.get("id") is None:
+            key = json.dumps(item, sort_keys=True, default=str)
+        else:
+            key = capped(item["id"], ITEM_ID_MAX_CHARS)
+        held = out.get(key)
+        if held is None or len(str(held.get("id"))) < len(str(item.get("id"))):
+            out[key] = item
     return list(out.values())
 
 
@@ -94,6 +104,15 @@ class Fenced(Exception):
 
     def __init__(self, current: SiteRecord | None):
         self.current = current
+
+
+class Refused(Exception):
+    """DynamoDB refused a write of the attempt as invalid (ValidationException, e.g. an item over 400 KB). No
+    retry of that write can succeed: the attempt ends as an error, and the node goes on to its next site."""
+
+
+def _refused_end(r: Refused) -> CrawlEnd:
+    return CrawlEnd("error", error=f"the table refused a write of this attempt: {r}", forced=True)
 
 
 @dataclass
@@ -264,6 +283,12 @@ class Agent:
             if ops.classify(e.current, msg.attempt) is ops.Verdict.STALE:
                 self.queue.delete(msg)
             return False
+        except ClientError as e:  # the record cannot take another attempt: its message ends in the DLQ
+            if error_code(e) != "ValidationException":
+                raise
+            event(log, "claim-refused", logging.ERROR, run_id=msg.run_id, site=msg.site, attempt=msg.attempt,
+                  node=self.s.instance_id, error=capped(e, ERROR_MAX_CHARS))
+            return False
         event(log, "claim", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
         self._marks = {"claim": self.clock.monotonic()}
         self._rec, self._msg, self._progress = rec, msg, None
@@ -281,16 +306,25 @@ class Agent:
 
     # --- one attempt ------------------------------------------------------------------
     def attempt(self) -> None:
+        try:
+            end = self._attempt()
+        except Refused as r:  # the crawler (if any) is stopped and its browser ended by now
+            end = _refused_end(r)
+        if end is not None:
+            self._finish(end)
+
+    def _attempt(self) -> CrawlEnd | None:
+        """Skip check, profile lock, crawl; how the attempt ended, or None when it is settled already."""
         rec, msg = self._rec, self._msg
         assert rec is not None and msg is not None
-        key = result_key(rec.site, self.run_date)
+        key = result_key(rec.site, self.run_date, rec.run_id)
         if self.results.exists(key):
             self._write(ops.complete, key, self.clock.now(), skipped=True)
             self._job_ended(None)
             self.queue.delete(msg)
             event(log, "skip", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, why="result already in S3",
                   key=key)
-            return
+            return None
         self._set_node("busy", rec.site, rec.attempt)
         try:
             held = self.profiles.acquire(rec.site, self.s.lock_timeout_s, on_wait=self._beat_quietly,
@@ -298,10 +332,9 @@ class Agent:
         except ProfileBusy:  # a node cut off mid-crawl may still hold it: not the site's fault, try again later
             self._give_back(CrawlEnd("busy", error=f"profile lock of {rec.site} held elsewhere for "
                                                    f"{self.s.lock_timeout_s:.0f}s"), Reason.BUSY)
-            return
+            return None
         except Fenced:
-            self._finish(CrawlEnd("fenced"))
-            return
+            return CrawlEnd("fenced")
         if held.removed:
             event(log, "stale-profile", run_id=rec.run_id, site=rec.site, removed=",".join(held.removed))
         session: list[str | None] = [None]
@@ -313,7 +346,7 @@ class Agent:
             self.cleanup(held.path, session[0], end.forced if end else True)
             held.release()
             crawlerfile.remove(self.state_dir)
-        self._finish(end)
+        return end
 
     def _crawl(self, profile: Path, session: list[str | None]) -> CrawlEnd:
         rec = self._rec
@@ -372,7 +405,7 @@ class Agent:
                         end = CrawlEnd("result", result=ev)
                         return end
                     elif kind == "error":
-                        end = CrawlEnd("error", error=ev.get("message", "crawler error"))
+                        end = CrawlEnd("error", error=capped(ev.get("message", "crawler error"), ERROR_MAX_CHARS))
                         return end
                 if mono >= self._next_beat:
                     self._beat()
@@ -400,26 +433,21 @@ class Agent:
             proc.close(QUIT_GRACE_S if not end.forced else 0)
 
     def _finish(self, end: CrawlEnd) -> None:
+        """Settle the attempt: record its result, or end it (requeue or FAILED), or leave it to the hub (fenced).
+        A result the table refuses ends the attempt as an error; an end it refuses too is left to the hub, which
+        ends the attempt once its heartbeat stops."""
         rec, msg = self._rec, self._msg
         assert rec is not None and msg is not None
         fields = dict(run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
-        if end.kind != "spot":  # a spot end is counted where it is given back
-            self._job_ended(None if end.kind == "result" else error_type(end.kind, end.error))
         try:
             if end.kind == "result":
-                self._beat()  # still ours? (a zombie must not write a result)
-                key = result_key(rec.site, self.run_date)
-                items = merged_items(self._items, (end.result or {}).get("items", []))
-                body = self._result_body({**(end.result or {}), "items": items})
-                wrote = self.results.put_new(key, body)
-                self._write(ops.complete, key, self.clock.now())
-                self.queue.delete(msg)
-                if rec.spec.incremental and wrote:
-                    self._new_mark(items)
-                event(log, "completed", **fields, pages=(end.result or {}).get("pages"), items=len(items), key=key,
-                      **self._timings(), **({"resumed_at_page": self._resume.get("pages")} if self._resume else {}),
-                      **({} if wrote else {"note": "result existed; kept"}))
-                return
+                try:
+                    self._save_result(end, fields)
+                    return
+                except Refused as r:
+                    end = _refused_end(r)
+            if end.kind != "spot":  # a spot end is counted where it is given back
+                self._job_ended(error_type(end.kind, end.error))
             if end.kind == "fenced":
                 raise Fenced(end.current)
             if end.kind == "spot":
@@ -437,6 +465,8 @@ class Agent:
                 event(log, "failed", logging.WARNING, **fields, reason=reason, error=end.error)
             self.queue.delete(msg)
         except Fenced as f:
+            if end.kind == "result":  # a zombie's result, never written
+                self._job_ended(error_type("fenced", None))
             cur = f.current
             event(log, "fenced", logging.WARNING, **fields,
                   now=f"{cur.run_status}/{cur.fence()}" if cur else "moved on",
@@ -446,6 +476,26 @@ class Agent:
                 # The hub thinks this node is dead and has terminated it (or is about to): take no more work.
                 self._stopping = True
                 event(log, "node-exit", logging.WARNING, **fields, why="the hub declared this node lost")
+        except Refused as r:
+            event(log, "write-refused", logging.ERROR, **fields, error=capped(r, ERROR_MAX_CHARS))
+
+    def _save_result(self, end: CrawlEnd, fields: dict[str, Any]) -> None:
+        """The result to S3, then COMPLETED, then the message deleted (and an incremental site's mark moved)."""
+        rec, msg = self._rec, self._msg
+        assert rec is not None and msg is not None
+        self._beat()  # still ours? (a zombie must not write a result)
+        key = result_key(rec.site, self.run_date, rec.run_id)
+        items = merged_items(self._items, (end.result or {}).get("items", []))
+        body = self._result_body({**(end.result or {}), "items": items})
+        wrote = self.results.put_new(key, body)
+        self._write(ops.complete, key, self.clock.now())
+        self._job_ended(None)
+        self.queue.delete(msg)
+        if rec.spec.incremental and wrote:
+            self._new_mark(items)
+        event(log, "completed", **fields, pages=(end.result or {}).get("pages"), items=len(items), key=key,
+              **self._timings(), **({"resumed_at_page": self._resume.get("pages")} if self._resume else {}),
+              **({} if wrote else {"note": "result existed; kept"}))
 
     def _timings(self) -> dict[str, str]:
         """Seconds per phase: setup (claim to crawler start), browser (to session), crawl, close, save."""
@@ -463,15 +513,19 @@ class Agent:
         if reason is Reason.SPOT:
             self._stopping = True
         self._job_ended(str(reason))
+        fields = dict(run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
         try:
             new = self._write(ops.end_attempt, outcome=Outcome(str(reason)), reason=reason, now=self.clock.now(),
                               max_attempts=self.s.max_attempts, spot_cap=self.s.spot_cap, error=end.error)
+            if new.run_status is RunStatus.QUEUED and new.attempt < rec.attempt:
+                self._write(ops.mark_enqueued)  # the released message is the next attempt's message
         except Fenced:
             self.queue.delete(msg)  # the hub took it over meanwhile
             return
-        fields = dict(run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
+        except Refused as r:  # the hub ends the attempt once its heartbeat stops (or resends the message)
+            event(log, "write-refused", logging.ERROR, **fields, error=capped(r, ERROR_MAX_CHARS))
+            return
         if new.run_status is RunStatus.QUEUED and new.attempt < rec.attempt:
-            self._write(ops.mark_enqueued)  # the released message is the next attempt's message
             self.queue.set_visibility(msg, 0 if reason is Reason.SPOT else BUSY_RETRY_S)
             event(log, f"{reason}-release", logging.WARNING, **fields, given_back=new.spot_requeues,
                   error=end.error)
@@ -498,6 +552,10 @@ class Agent:
             self._rec = op(self.table, self._rec, *args, **kwargs)
         except StaleWrite as e:
             raise Fenced(e.current) from None
+        except ClientError as e:
+            if error_code(e) != "ValidationException":
+                raise
+            raise Refused(f"{op.__name__}: {e}") from None
         return self._rec
 
     def _new_mark(self, items: list[dict[str, Any]]) -> None:

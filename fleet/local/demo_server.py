@@ -16,6 +16,13 @@ issued for another site is a 400. The behaviour parameters (``delay_s``,
 ``hang_page``, ``hang_attempts``, ``fail_attempts``) work as for the HTML pages,
 for the page the token designates (page 1 without a token); ``page`` itself is
 not accepted by the API. Errors are JSON: ``{"error": "..."}``.
+
+``GET /_stats`` tells what was fetched, per site: ``hits`` (requests per page),
+``times`` (arrival times) and ``requests`` (``[epoch_s, page]`` per request in
+arrival order, the last 10,000). ``POST /_reset`` forgets all of it; it needs
+the server's token in an ``X-Gridfleet-Token`` header (the local stack makes one
+per stack and keeps it in its state file), so that no page a browser of the
+machine opens can reset a checker's counts.
 """
 
 from __future__ import annotations
@@ -29,22 +36,25 @@ import html
 import json
 import logging
 import math
+import os
 import re
 import secrets
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from fleet.httpd import QuietHandler
+from fleet.httpd import TOKEN_ENV, TOKEN_HEADER, QuietHandler, token_ok
 
 log = logging.getLogger(__name__)
 
 ITEMS_PER_PAGE = 10
 MAX_PER_PAGE = 100
+MAX_REQUESTS_KEPT = 10_000  # per site, in /_stats "requests"
 _NAME = r"[A-Za-z0-9._-]+"
 _SITE_PATH = re.compile(rf"/s/({_NAME})/?")
 _API_PATH = re.compile(rf"/api/({_NAME})")
@@ -182,16 +192,21 @@ def _message_html(message: str) -> bytes:
 class _State:
     """Hit counts and arrival times per site, shared by all request threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str) -> None:
         self.stopping = threading.Event()
+        self.token = token
         self._lock = threading.Lock()
         self._sites: dict[str, dict[str, Any]] = {}
 
     def record(self, name: str, page: int) -> int:
         """Count one request for a page; returns how many there have been so far."""
         with self._lock:
-            site = self._sites.setdefault(name, {"hits": {}, "times": []})
-            site["times"].append(time.time())
+            site = self._sites.setdefault(
+                name, {"hits": {}, "times": [], "requests": deque(maxlen=MAX_REQUESTS_KEPT)}
+            )
+            now = time.time()
+            site["times"].append(now)
+            site["requests"].append((now, page))
             key = str(page)
             site["hits"][key] = site["hits"].get(key, 0) + 1
             return site["hits"][key]
@@ -203,6 +218,7 @@ class _State:
                     name: {
                         "hits": dict(sorted(site["hits"].items(), key=lambda kv: int(kv[0]))),
                         "times": list(site["times"]),
+                        "requests": [[at, page] for at, page in site["requests"]],
                     }
                     for name, site in self._sites.items()
                 }
@@ -231,8 +247,13 @@ class _Handler(QuietHandler):
         url = urlsplit(self.path)
         state = self.server.state
         if url.path == "/_reset":
-            state.reset()
-            self._send_json({"ok": True})
+            if method != "POST":
+                self._send(405, b'{"error": "POST only"}', "application/json", {"Allow": "POST"})
+            elif not token_ok(self.headers.get(TOKEN_HEADER), state.token):
+                self._send_json({"error": f"a valid {TOKEN_HEADER} header is required"}, 403)
+            else:
+                state.reset()
+                self._send_json({"ok": True})
         elif method == "GET" and url.path == "/_stats":
             self._send_json(state.stats())
         elif method == "GET" and (match := _SITE_PATH.fullmatch(url.path)):
@@ -340,11 +361,14 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 class DemoServer:
-    """Serves the demo sites from a daemon thread; usable as a context manager."""
+    """Serves the demo sites from a daemon thread; usable as a context manager.
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    `token` is what ``POST /_reset`` must carry; without one the server makes its own (`self.token`)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
         self._address = (host, port)
-        self._state = _State()
+        self.token = token or secrets.token_urlsafe(32)
+        self._state = _State(self.token)
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -403,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT)
     }
     try:
-        with DemoServer(args.host, args.port) as server:
+        with DemoServer(args.host, args.port, token=os.environ.get(TOKEN_ENV)) as server:
             print(f"demo server on {server.base_url}", flush=True)
             done.wait()
     finally:

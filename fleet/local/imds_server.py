@@ -4,21 +4,27 @@ EC2's metadata service is per instance at a fixed address; this one serves
 several instances, each under its own prefix: `http://127.0.0.1:<port>/<instance id>`
 is that instance's base URL. It enforces the IMDSv2 rules that matter (a token
 from `PUT /latest/api/token` is required on every GET) and lets a test or an
-operator post a spot interruption notice: `POST /_spot/<instance id>`.
+operator post a spot interruption notice: `POST /_spot/<instance id>`, with the
+stack's token in an `X-Gridfleet-Token` header (else 403; any other method 405),
+so that no page a browser of the machine opens can interrupt a node.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import threading
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from fleet.httpd import TOKEN_ENV, TOKEN_HEADER, token_ok
+
 
 class _State:
-    def __init__(self) -> None:
+    def __init__(self, token: str) -> None:
+        self.token = token  # what a spot notice must carry
         self.lock = threading.Lock()
         self.tokens: set[str] = set()
         self.instances: dict[str, dict[str, Any]] = {}
@@ -28,6 +34,11 @@ class _State:
         with self.lock:
             return self.instances.setdefault(iid, {"local-ipv4": "127.0.0.1", "tags": {}, "spot": None})
 
+    def post_spot(self, iid: str) -> None:
+        """EC2's two-minute interruption notice for instance `iid`."""
+        when = (datetime.now(timezone.utc) + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.instance(iid)["spot"] = {"action": "terminate", "time": when}
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: "_Server"
@@ -35,18 +46,29 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def _send(self, code: int, body: str = "", ctype: str = "text/plain") -> None:
+    def _send(self, code: int, body: str = "", ctype: str = "text/plain", headers: dict[str, str] | None = None
+              ) -> None:
         data = body.encode()
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
+
+    def _spot_path(self) -> bool:
+        return self.path.strip("/").split("/")[0] == "_spot"
+
+    def _post_only(self) -> None:
+        self._send(405, "POST only", headers={"Allow": "POST"})
 
     def do_PUT(self) -> None:
         st = self.server.state
         parts = self.path.strip("/").split("/")
-        if parts[1:] == ["latest", "api", "token"] and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+        if self._spot_path():
+            self._post_only()
+        elif parts[1:] == ["latest", "api", "token"] and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
             token = secrets.token_urlsafe(24)
             with st.lock:
                 st.tokens.add(token)
@@ -58,9 +80,11 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.server.state
         parts = self.path.strip("/").split("/")
         if len(parts) == 2 and parts[0] == "_spot":
-            when = (datetime.now(timezone.utc) + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
-            st.instance(parts[1])["spot"] = {"action": "terminate", "time": when}
-            self._send(200, "ok")
+            if token_ok(self.headers.get(TOKEN_HEADER), st.token):
+                st.post_spot(parts[1])
+                self._send(200, "ok")
+            else:
+                self._send(403, f"a valid {TOKEN_HEADER} header is required")
         else:
             self._send(404, "not found")
 
@@ -68,6 +92,9 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.server.state
         if self.path == "/_health":
             self._send(200, "ok")
+            return
+        if self._spot_path():
+            self._post_only()
             return
         parts = self.path.strip("/").split("/")
         token_ok = self.headers.get("X-aws-ec2-metadata-token") in st.tokens
@@ -105,8 +132,12 @@ class _Server(ThreadingHTTPServer):
 
 
 class ImdsServer:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0):
-        self.state = _State()
+    """The emulator on a daemon thread. `token` is what `POST /_spot/<id>` must carry; without one the server
+    makes its own (`self.token`)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
+        self.token = token or secrets.token_urlsafe(32)
+        self.state = _State(self.token)
         self._httpd = _Server((host, port), self.state)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                         daemon=True)
@@ -135,8 +166,8 @@ class ImdsServer:
             inst["tags"].update(tags)
 
     def spot_notice(self, instance_id: str) -> None:
-        when = (datetime.now(timezone.utc) + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.state.instance(instance_id)["spot"] = {"action": "terminate", "time": when}
+        """Post a spot notice from this process (an HTTP client posts it with the token)."""
+        self.state.post_spot(instance_id)
 
     def __enter__(self) -> ImdsServer:
         return self.start()
@@ -157,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    with ImdsServer(args.host, args.port) as server:
+    with ImdsServer(args.host, args.port, token=os.environ.get(TOKEN_ENV)) as server:
         print(f"imds emulator on {server.url}", flush=True)
         done.wait()
     return 0

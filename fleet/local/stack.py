@@ -6,6 +6,9 @@ under the stack directory), so a hub can be killed and resumed against it;
 `gridfleet run --local` uses a running stack or starts its own and stops it
 at the end. Every component listens on 127.0.0.1 and carries the stack's
 marker, so `down` finds and kills them, and any node still running, by marker.
+The demo sites' reset and the emulator's spot notices change state: they answer
+only requests carrying the stack's own random token, kept in `stack.json`
+(readable by its owner only).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import sys
 import time
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from fleet.errors import MissingResource, StackError
+from fleet.httpd import TOKEN_ENV
 from fleet.local import procs
 
 JAR_GLOB = "selenium-server-*.jar"
@@ -74,6 +79,7 @@ class StackState:
     owner_run: str | None  # set when `run --local` started the stack for itself (it stops it at the end)
     components: dict[str, Component]
     started_at: float
+    token: str = ""  # what the demo server's reset and the emulator's spot notices must carry (X-Gridfleet-Token)
 
     @property
     def moto_url(self) -> str:
@@ -164,6 +170,7 @@ class LocalStack:
         logs = self.dir / "logs"
         ports = {name: procs.free_port(p) for name, p in PREFERRED_PORTS.items()}
         marks = {"GRIDFLEET_STACK": self.stack_id}
+        token = secrets.token_urlsafe(32)
         py = sys.executable
         started: dict[str, Component] = {}
         specs = [
@@ -186,7 +193,8 @@ class LocalStack:
             for name, cmd, url, extra in specs:
                 self.progress(f"starting {name} on {url}")
                 p = procs.spawn(cmd, markers={**marks, "GRIDFLEET_ROLE": f"stack-{name}"},
-                                log_path=logs / f"{name}.log")
+                                log_path=logs / f"{name}.log",
+                                extra_env={TOKEN_ENV: token} if name in ("demo", "imds") else None)
                 started[name] = Component(name, p.pid, procs.start_ticks(p.pid), url, extra)
             deadline = time.monotonic() + timeout_s
             for c in started.values():
@@ -200,9 +208,12 @@ class LocalStack:
         except BaseException:
             self.down(quiet=True)
             raise
-        st = StackState(self.stack_id, str(self.dir), owner_run, started, time.time())
+        st = StackState(self.stack_id, str(self.dir), owner_run, started, time.time(), token)
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(st.to_json())
+        tmp.unlink(missing_ok=True)  # created afresh below: with mode 0600 from its first byte
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(st.to_json())
         os.replace(tmp, self.state_file)
         return st
 

@@ -57,3 +57,31 @@ def test_spot_watcher_polls_at_most_every_interval_and_remembers_the_notice(imds
 def test_spot_watcher_survives_a_missing_metadata_service():
     watcher = SpotWatcher(Imds("http://127.0.0.1:9", timeout_s=0.2), FakeClock())
     assert watcher.notice() is None
+
+
+def post(url: str, method: str = "POST", headers: dict[str, str] | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, method=method, data=b"" if method in ("POST", "PUT") else None,
+                                 headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=2) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code
+
+
+def test_a_spot_notice_over_http_needs_the_stacks_token_and_a_post():
+    with ImdsServer(token="stack-token") as imds:
+        url = f"{imds.url}/_spot/i-1"
+        assert post(url) == 403
+        assert post(url, headers={"X-Gridfleet-Token": "guess"}) == 403
+        assert post(url, "GET", headers={"X-Gridfleet-Token": "stack-token"}) == 405
+        assert post(url, "PUT", headers={"X-Gridfleet-Token": "stack-token"}) == 405
+        client = Imds(imds.base_url("i-1"))
+        assert client.spot_action() is None  # none of those posted a notice
+        assert post(url, headers={"X-Gridfleet-Token": "stack-token"}) == 200
+        assert client.spot_action()["action"] == "terminate"
+        assert Imds(imds.base_url("i-2")).spot_action() is None  # for that instance only

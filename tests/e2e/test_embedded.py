@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -77,6 +79,7 @@ def test_mixed_sites_on_a_running_stack_end_as_their_behaviour_implies(gf):
 
     assert gf.status("mixed")["sites"] == s["sites"]  # status --json and the summary agree
     assert s["check"]["ok"], s["check"]  # the run checked itself at its end
+    assert s["check"]["false_losses"] == 0, s["check"]["false_loss_details"]  # no node was harmed
     check = gf.run("check", "--run-id", "mixed")  # and again from outside, with the demo server's own counts
     assert check.returncode == 0 and "OK" in check.stdout and "demo server fetches" in check.stdout, check.stdout
     assert gf.run("local", "status").returncode == 0  # a stack started by `local up` outlives the run
@@ -90,6 +93,7 @@ def test_mixed_sites_on_a_running_stack_end_as_their_behaviour_implies(gf):
         assert (s2["sites"][name]["run_status"], s2["sites"][name]["attemptCount"]) == ("COMPLETED", 4), name
     assert s2["sites"]["plain"]["attempts"] == s["sites"]["plain"]["attempts"]  # untouched
     assert s2["check"]["ok"], s2["check"]
+    assert s2["check"]["false_losses"] == 0, s2["check"]["false_loss_details"]  # no node was harmed
     assert gf.status("mixed")["sites"] == s2["sites"]
     report = gf.run("report", "--run-id", "mixed")
     assert report.returncode == 0, report.stderr
@@ -171,6 +175,7 @@ def test_hub_sigkilled_mid_run_then_resumed_loses_nothing_and_fetches_nothing_tw
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr + (gf.cwd / "hub.log").read_text()
     s = gf.summary("r1")
     assert s["check"]["ok"], s["check"]
+    assert s["check"]["false_losses"] == 0, s["check"]["false_loss_details"]  # no node was harmed
     assert all(v["run_status"] == "COMPLETED" for v in s["sites"].values())
     assert s["nodes"]["left_running"] == 0
     assert_no_overlap(s)
@@ -202,6 +207,7 @@ def test_run_starts_its_own_stack_and_leaves_nothing_running_even_across_a_crash
     assert run.returncode == 0, run.stdout + run.stderr
     s = gf.summary("own")
     assert s["check"]["ok"], s["check"]
+    assert s["check"]["false_losses"] == 0, s["check"]["false_loss_details"]  # no node was harmed
     assert {k: v["run_status"] for k, v in s["sites"].items()} == {"one": "COMPLETED", "two": "COMPLETED"}
     assert s["nodes"] == {"launched": 2, "left_running": 0}  # sites_per_node 1: one node per site
     assert (gf.cwd / "runs" / "own" / "results" / "two.json").is_file()
@@ -235,8 +241,14 @@ def test_a_spot_notice_mid_crawl_requeues_the_site_without_spending_an_attempt(g
     cfg = gf.write_config("spot.yaml", SPOT)
     hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "spot")
     node = crawling_node(gf, hub, "spot", "long")  # then interrupt that node
-    imds = json.loads(gf.stack_file.read_text())["components"]["imds"]["url"]
-    urllib.request.urlopen(urllib.request.Request(f"{imds}/_spot/{node}", method="POST"), timeout=5).read()
+    stack = json.loads(gf.stack_file.read_text())
+    assert stat.S_IMODE(gf.stack_file.stat().st_mode) == 0o600  # it holds the stack's token
+    spot = f"{stack['components']['imds']['url']}/_spot/{node}"
+    with pytest.raises(urllib.error.HTTPError) as refused:  # without the stack's token nothing happens
+        urllib.request.urlopen(urllib.request.Request(spot, method="POST"), timeout=5)
+    assert refused.value.code == 403
+    urllib.request.urlopen(urllib.request.Request(spot, method="POST", headers={"X-Gridfleet-Token": stack["token"]}),
+                           timeout=5).read()
     assert hub.wait(timeout=180) == 0, (gf.cwd / "hub.log").read_text()
 
     s = gf.summary("spot")

@@ -3,6 +3,7 @@ from outside through the demo server's own counts (`/_stats`)."""
 
 from __future__ import annotations
 
+import json
 import urllib.request
 
 import pytest
@@ -40,6 +41,7 @@ def test_resume_incremental_and_a_shared_rate_limit(gf):
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     s = gf.summary("2026-11-20-feeds")
     assert s["nodes"]["left_running"] == 0 and s["check"]["ok"], s["check"]
+    assert s["check"]["false_losses"] == 0, s["check"]["false_loss_details"]  # hangs are not losses
     assert all(site["run_status"] == "COMPLETED" for site in s["sites"].values())
     assert_no_overlap(s)
     stats = gf.demo_stats()
@@ -63,12 +65,15 @@ def test_resume_incremental_and_a_shared_rate_limit(gf):
     assert len(nodes) >= 2  # shared: the limit held across nodes, not within one
 
     # Incremental: the next day's run of the unchanged sites fetches page 1 of each and stops there.
-    urllib.request.urlopen(urllib.request.Request(gf.demo_url() + "/_reset", method="POST"), timeout=5).read()
+    token = json.loads(gf.stack_file.read_text())["token"]
+    urllib.request.urlopen(urllib.request.Request(gf.demo_url() + "/_reset", method="POST",
+                                                  headers={"X-Gridfleet-Token": token}), timeout=5).read()
     cfg2 = gf.write_config("second.yaml", SECOND)
     second = gf.run("run", "--local", "--config", str(cfg2), "--run-id", "2026-11-21-feeds", timeout=300)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     s2 = gf.summary("2026-11-21-feeds")
     assert s2["check"]["ok"], s2["check"]
+    assert s2["check"]["false_losses"] == 0, s2["check"]["false_loss_details"]
     stats = gf.demo_stats()
     for site in ("feed-a", "feed-b", "feed-c", "news"):
         assert stats[site]["hits"] == {"1": 1}, (site, stats[site])

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from botocore.exceptions import ClientError
 
 from fleet import ops
 from fleet.clock import FakeClock
-from fleet.codec import RunInfo
+from fleet.codec import ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, URL_MAX_CHARS, RunInfo
 from fleet.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from node.agent import CLAIMED_VISIBILITY_S, Agent, AgentSettings
@@ -412,3 +413,99 @@ def test_a_site_without_incremental_gets_no_mark_and_writes_none(tmp_path):
     rig.seed()
     rig.agent.run()
     assert rig.crawls[0].job["mark"] is None and rig.table.get_marks(["s1"]) == {}
+
+
+# --- what the node writes is bounded, and a write the table refuses ends the attempt, not the node ---------------
+
+def refusing(write, refuse):
+    """The fake table's `write` seam, raising what DynamoDB answers to an invalid item (ValidationException, e.g.
+    one over 400 KB) for every write `refuse(old, new)` picks: the fault is injected here, the rest is the fake."""
+    def write_or_refuse(old, new):
+        if refuse(old, new):
+            raise ClientError({"Error": {"Code": "ValidationException",
+                                         "Message": "Item size has exceeded the maximum allowed size"}}, "UpdateItem")
+        return write(old, new)
+    return write_or_refuse
+
+
+def test_a_checkpoint_the_table_refuses_ends_the_attempt_as_an_error_and_the_node_goes_on(tmp_path):
+    start = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
+    first = start + page_with_checkpoint(1, 1, "p2") + [HANG]
+    rig = Rig(tmp_path, [first, pages_script(1), pages_script(2)])
+    rig.table.write = refusing(rig.table.write, lambda old, new: new.checkpoint is not None
+                               and new.checkpoint != old.checkpoint)
+    rig.seed("s1")
+    rig.seed("s2")
+    assert rig.agent.run() == 0  # the agent did not crash: it went on and idled out
+    s1 = rig.site("s1")
+    first_attempt = s1.attempts[0]
+    assert first_attempt.outcome == "error"
+    assert rig.crawls[0].killed and rig.cleanups[0] == ("s1", "sess-1", True)  # its crawler and browser ended
+    assert s1.run_status is RunStatus.COMPLETED and s1.attempt == 2  # retried like any error
+    assert rig.site("s2").run_status is RunStatus.COMPLETED  # and the node took its next site
+    assert rig.agent.stats.errors == {"error": 1} and rig.agent.stats.completed == 2
+    assert rig.queue.messages == []
+
+
+def test_a_refused_write_leaves_its_reason_in_the_error_text(tmp_path):
+    start = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
+    rig = Rig(tmp_path, [start + page_with_checkpoint(1, 1, "p2") + [HANG]], max_attempts=1)
+    rig.table.write = refusing(rig.table.write, lambda old, new: new.checkpoint is not None)
+    rig.seed()
+    assert rig.agent.run() == 0
+    rec = rig.site()
+    assert (rec.run_status, rec.failure_reason) == (RunStatus.FAILED, "error")
+    assert "refused" in rec.error and "ValidationException" in rec.error and "save_checkpoint" in rec.error
+
+
+def test_a_result_the_table_refuses_ends_the_attempt_as_an_error(tmp_path):
+    rig = Rig(tmp_path, [pages_script(1)], max_attempts=1)
+    rig.table.write = refusing(rig.table.write, lambda old, new: new.run_status is RunStatus.COMPLETED)
+    rig.seed()
+    assert rig.agent.run() == 0
+    rec = rig.site()
+    assert (rec.run_status, rec.attempts[0].outcome) == (RunStatus.FAILED, "error")
+    assert "complete" in rec.error and rig.agent.stats.completed == 0
+
+
+def test_what_a_crawler_sends_is_cut_to_size_before_it_is_written(tmp_path):
+    long_url = "http://x.test/?q=" + "u" * 10_000
+    long_id = "i" * 5_000
+    script = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING")),
+              (1.0, status("URL_CALL", long_url, 0)),
+              (1.5, {"event": "checkpoint", "next": "p2", "pages": 1, "items": [{"id": long_id}, {"id": "short"}]}),
+              (2.0, {"event": "error", "message": "E" * 100_000})]
+    rig = spied(Rig(tmp_path, [script], max_attempts=1))
+    rig.seed()
+    rig.agent.run()
+    written = [new for _, new in rig.table_spy.named("write")]
+    assert max(len(r.url or "") for r in written) == URL_MAX_CHARS
+    ckpt = rig.site().checkpoint
+    assert [i["id"] for i in ckpt["items"]] == [long_id[:ITEM_ID_MAX_CHARS], "short"]  # kept, its id cut
+    assert rig.site().error == "E" * ERROR_MAX_CHARS
+
+
+def test_a_resumed_crawl_meeting_an_item_with_a_cut_id_again_keeps_it_once_with_its_whole_id(tmp_path):
+    long_id = "L" * 2_000
+    start = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
+    first = start + [(1.0, {"event": "checkpoint", "next": "p2", "pages": 1, "items": [{"id": long_id}]}),
+                     (1.1, status("URL_CALL", "http://x.test/?page=2", 1)), HANG]
+    second = start + [(1.0, {"event": "result", "items": [{"id": long_id}, {"id": "b"}], "pages": 2})]
+    rig = Rig(tmp_path, [first, second])
+    rig.seed()
+    rig.agent.run()
+    assert len(rig.crawls[1].job["checkpoint"]["items"][0]["id"]) == ITEM_ID_MAX_CHARS
+    body = json.loads(rig.results.get("s1/20261121/result.json"))
+    assert [i["id"] for i in body["items"]] == [long_id, "b"]
+
+
+def test_a_mark_keeps_no_id_longer_than_the_cap(tmp_path):
+    long_id = "M" * (ITEM_ID_MAX_CHARS + 1)
+    script = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING")),
+              (1.0, {"event": "result", "items": [{"id": long_id}, {"id": "ok"}], "pages": 1})]
+    rig = Rig(tmp_path, [script])
+    rec = ops.new_site(RUN, "s1", SiteSpec("http://x.test/", incremental=True), None, mark=("old",))
+    rig.table.create_site(rec)
+    ops.send_next(rig.table, rig.queue, rec)
+    rig.agent.run()
+    assert rig.table.get_marks(["s1"]) == {"s1": ("ok", "old")}  # the long id dropped, not cut

@@ -3,6 +3,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
 import re
 import signal
 import subprocess
@@ -48,8 +49,9 @@ class _Page(HTMLParser):
             self.title += data
 
 
-def fetch(url: str, method: str = "GET", timeout: float = 5) -> tuple[int, http.client.HTTPMessage, bytes]:
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+def fetch(url: str, method: str = "GET", timeout: float = 5, headers: dict[str, str] | None = None
+          ) -> tuple[int, http.client.HTTPMessage, bytes]:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.headers, resp.read()
@@ -181,19 +183,60 @@ def test_stats_count_hits_per_page_and_arrival_times(server):
     assert a["times"] == sorted(a["times"])
     assert all(before <= t <= after for t in a["times"] + b["times"])
     assert a["times"][-1] <= b["times"][0]
+    # one [epoch_s, page] per counted request, in arrival order, at the times above
+    assert [p for _, p in a["requests"]] == [1, 2, 1] and [p for _, p in b["requests"]] == [1]
+    assert [t for t, _ in a["requests"]] == a["times"] and [t for t, _ in b["requests"]] == b["times"]
 
 
-@pytest.mark.parametrize("method", ["GET", "POST"])
-def test_reset_clears_stats_and_attempt_counters(server, method):
+def test_stats_keep_the_last_requests_of_each_site_only(monkeypatch):
+    monkeypatch.setattr("fleet.local.demo_server.MAX_REQUESTS_KEPT", 3)
+    with DemoServer() as small:  # a server started after the bound was lowered
+        for page_no in (1, 2, 3, 4, 5):
+            fetch(f"{small.base_url}/s/many/?pages=5&page={page_no}")
+        many = small.stats()["sites"]["many"]
+    assert [p for _, p in many["requests"]] == [3, 4, 5]
+    assert many["hits"] == {str(p): 1 for p in range(1, 6)}  # the counts stay whole
+
+
+def test_reset_with_the_token_clears_stats_and_attempt_counters(server):
     url = f"{server.base_url}/s/flaky/?fail_attempts=1"
     assert fetch(url)[0] == 500
     assert fetch(url)[0] == 200
 
-    status, _, body = fetch(f"{server.base_url}/_reset", method=method)
+    status, _, body = fetch(f"{server.base_url}/_reset", method="POST", headers={"X-Gridfleet-Token": server.token})
     assert status == 200
     assert json.loads(body) == {"ok": True}
     assert server.stats() == {"sites": {}}
     assert fetch(url)[0] == 500
+
+
+@pytest.mark.parametrize("method, headers, expected", [
+    ("GET", {}, 405),
+    ("GET", "token", 405),  # a page can make a browser GET anything: a reset is never a GET
+    ("POST", {}, 403),
+    ("POST", {"X-Gridfleet-Token": ""}, 403),
+    ("POST", {"X-Gridfleet-Token": "guess"}, 403),
+])
+def test_reset_without_the_token_or_by_get_changes_nothing(server, method, headers, expected):
+    url = f"{server.base_url}/s/flaky/?fail_attempts=1"
+    assert fetch(url)[0] == 500
+    before = server.stats()
+    sent = {"X-Gridfleet-Token": server.token} if headers == "token" else headers
+    status, resp_headers, _ = fetch(f"{server.base_url}/_reset", method=method, headers=sent)
+    assert status == expected
+    if expected == 405:
+        assert resp_headers["Allow"] == "POST"
+    assert server.stats() == before
+    assert fetch(url)[0] == 200  # the attempt counter was not reset either
+
+
+def test_a_server_takes_the_token_it_is_given_and_answers_no_other():
+    with DemoServer(token="stack-token") as srv:
+        assert srv.token == "stack-token"
+        assert fetch(f"{srv.base_url}/_reset", "POST", headers={"X-Gridfleet-Token": "stack-token"})[0] == 200
+        with DemoServer() as other:
+            assert other.token and other.token != "stack-token"
+            assert fetch(f"{other.base_url}/_reset", "POST", headers={"X-Gridfleet-Token": "stack-token"})[0] == 403
 
 
 @pytest.mark.parametrize(
@@ -277,6 +320,7 @@ def test_main_serves_until_sigterm():
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleet.local.demo_server", "--port", "0"],
         cwd=REPO,
+        env={**os.environ, "GRIDFLEET_STACK_TOKEN": "from-the-stack"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -288,6 +332,9 @@ def test_main_serves_until_sigterm():
         status, p = page(f"{match.group(1)}/s/cli/")
         assert status == 200
         assert p.item_ids[0] == "cli-1-1"
+        reset = f"{match.group(1)}/_reset"
+        assert fetch(reset, "POST", headers={"X-Gridfleet-Token": "from-the-stack"})[0] == 200  # the stack's token
+        assert fetch(reset, "POST", headers={"X-Gridfleet-Token": "another"})[0] == 403
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=5) == 0
@@ -399,6 +446,7 @@ def test_api_requests_count_in_stats_with_html_pages(server):
     _, _, stats = api(f"{server.base_url}/_stats")
     mixed = stats["sites"]["mixed"]
     assert mixed["hits"] == {"1": 2, "2": 1}
+    assert [p for _, p in mixed["requests"]] == [1, 2, 1]  # the API's page 2 is the page its token stands for
     assert len(mixed["times"]) == 3
     assert mixed["times"] == sorted(mixed["times"])
     assert all(before <= t <= after for t in mixed["times"])

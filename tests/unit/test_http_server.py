@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge
 
-from hub.http_server import HubServer
+from hub.http_server import HubServer, host_allowed
 
 POLL_S = 0.05
 WAIT_S = 5.0
@@ -75,6 +75,7 @@ class Events:
         return json.loads(block[0][len("data: "):])
 
     def close(self) -> None:
+        self.resp.close()  # the response holds the socket open too
         self.conn.close()
 
 
@@ -113,10 +114,15 @@ def serve():
     servers: list[HubServer] = []
     clients: list[Events] = []
 
-    def start(status, registry=None, keepalive_s: float | None = None, **kw) -> HubServer:
+    def start(status, registry=None, keepalive_s: float | None = None, max_streams: int | None = None,
+              max_connections: int | None = None, **kw) -> HubServer:
         server = HubServer(status, registry, poll_s=POLL_S, **kw)
         if keepalive_s is not None:
             server.keepalive_s = keepalive_s
+        if max_streams is not None:
+            server.max_streams = max_streams
+        if max_connections is not None:
+            server.max_connections = max_connections
         servers.append(server)
         return server.start()
 
@@ -317,3 +323,84 @@ def test_stop_is_idempotent_and_a_server_starts_once(source):
     other.stop()
     with pytest.raises(RuntimeError):
         other.start()
+
+
+# --- another origin cannot read the run: the Host check and the connection caps ------------------------------
+
+def request_with_host(url: str, path: str, host: str | None) -> tuple[int, dict[str, str], bytes]:
+    """GET `path` sending `host` as the Host header (None: no Host header at all), as a rebound name would."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=WAIT_S)
+    try:
+        conn.putrequest("GET", path, skip_host=True)
+        if host is not None:
+            conn.putheader("Host", host)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, dict(resp.headers), resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1.evil.example", "127.0.0.2",
+                                  "[::1]:{port}", "localhost.", "127.0.0.1:x", "", None])
+def test_a_request_naming_another_host_is_refused_and_reads_nothing(server, source, host):
+    port = urlsplit(server.url).port
+    calls = source.calls
+    for path in ("/status", "/events", "/", "/metrics"):
+        status, _, body = request_with_host(server.url, path, host.format(port=port) if host is not None else None)
+        assert status == 421, (path, host)
+        assert b"sites" not in body
+    assert source.calls == calls  # the run's status was never read for it
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.1:{port}", "localhost", "LOCALHOST:{port}", "localhost:9000"])
+def test_the_loopback_address_and_localhost_are_answered_with_or_without_a_port(server, source, host):
+    port = urlsplit(server.url).port
+    status, _, body = request_with_host(server.url, "/status", host.format(port=port))
+    assert (status, json.loads(body)) == (200, source.state)
+
+
+def test_which_hosts_each_bind_address_answers_to():
+    assert host_allowed("10.0.1.5:8787", "10.0.1.5", "hub") and host_allowed("10.0.1.5", "10.0.1.5", "hub")
+    assert not host_allowed("localhost", "10.0.1.5", "hub") and not host_allowed("10.0.1.6", "10.0.1.5", "hub")
+    for wildcard in ("0.0.0.0", "::"):
+        for ok in ("10.0.1.5:8787", "[fe80::1]:8787", "hub", "HUB:8787", "localhost", "0.0.0.0:8787"):
+            assert host_allowed(ok, wildcard, "hub"), (ok, wildcard)
+        for bad in ("evil.example", "hub.evil.example", "10.0.1.5.nip.io", "", None):
+            assert not host_allowed(bad, wildcard, "hub"), (bad, wildcard)
+    assert host_allowed("[::1]:8787", "::1", "hub") and not host_allowed("127.0.0.1", "::1", "hub")
+    assert host_allowed("127.0.0.1:8787", "localhost", "hub") and not host_allowed("evil.example", "localhost", "hub")
+
+
+def test_one_event_stream_over_the_cap_gets_a_503_with_retry_after_until_one_closes(serve, source):
+    server = serve(source, max_streams=2, keepalive_s=0.1)
+    first, second = open_events(serve, server.url), open_events(serve, server.url)
+    assert first.next_data() == second.next_data() == source.state
+    status, headers, _ = get(server.url + "events")
+    assert status == 503 and int(headers["Retry-After"]) > 0
+    assert get(server.url + "status")[0] == 200  # the rest of the server still answers
+
+    first.close()  # its place is freed once the server notices (its next keepalive fails)
+
+    def admitted() -> bool:
+        third = Events(server.url)
+        serve.clients.append(third)
+        return third.resp.status == 200
+
+    wait_until(admitted)
+
+
+def test_connections_over_the_cap_are_answered_503_at_once_without_a_thread(serve, source):
+    server = serve(source, max_connections=3)
+    port = urlsplit(server.url).port
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) for _ in range(3)]  # never send a byte
+    try:
+        wait_until(lambda: get(server.url + "healthz")[0] == 503)
+        status, headers, body = get(server.url + "status")
+        assert (status, body) == (503, b"too many connections") and int(headers["Retry-After"]) > 0
+        assert source.calls == 0
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_until(lambda: get(server.url + "healthz")[0] == 200)  # their threads ended: the places are free again
