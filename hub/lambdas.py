@@ -50,13 +50,13 @@ from botocore.exceptions import ClientError
 from fleet.archive import RunArchive, S3RunArchive
 from fleet.aws import AwsClients, error_code
 from fleet.clock import Clock, SystemClock
-from fleet.codec import RUN_ITEM, num
+from fleet.codec import RUN_ITEM, HistoryEvent, num
 from fleet.config import AwsConfig
 from fleet.ids import is_run_id
 from fleet.logs import event
 from fleet.state import Reason
 from fleet.table import DynamoStateTable
-from fleet.tags import LIVE_STATES, ROLE_HUB, TAG_ROLE, TAG_RUN_ID, TAG_STACK, filters, instance_tags, tags_of
+from fleet.tags import LIVE_STATES, ROLE_HUB, ROLE_NODE, TAG_ROLE, TAG_RUN_ID, TAG_STACK, filters, instance_tags, tags_of
 from hub.loop import default_run_id
 from hub.summary import build_summary
 from hub.teardown import fail_open_sites
@@ -458,6 +458,11 @@ def end_abandoned(settings: LambdaSettings, table: DynamoStateTable, clock: Cloc
     failed = fail_open_sites(table, run_id, Reason.DEADLINE, clock,
                              error=f"the run's hub was gone {settings.run_grace_s:.0f}s past the deadline")
     now = clock.now()
+    table.add_history([HistoryEvent(run_id, now, "failed", {"site": name, "reason": str(Reason.DEADLINE),
+                                                            "by": "watchdog"}, n)
+                       for n, name in enumerate(failed, start=1)]
+                      + [HistoryEvent(run_id, now, "finish", {"reason": "deadline", "by": "watchdog"},
+                                      len(failed) + 1)])
     table.update_run(run_id, status="FINISHED", finished_at=now)
     rows = table.read_run(run_id)
     out: dict[str, Any] = {"run_id": run_id, "failed": failed, "summary": None}
@@ -495,8 +500,8 @@ def _clean_orphans(settings: LambdaSettings, ec2: Any, items: RunItems, now: flo
         tags = tags_of(inst)
         run_id = tags.get(TAG_RUN_ID)
         if _state(inst) in STOPPED_STATES:
-            if inst["InstanceId"] == settings.hub_instance_id:
-                continue  # the reusable hub: stopped between runs, on purpose
+            if inst["InstanceId"] == settings.hub_instance_id or tags.get(TAG_ROLE) not in (ROLE_HUB, ROLE_NODE):
+                continue  # the reusable hub (stopped between runs on purpose), or not a fleet instance (the NAT)
             reason = "stopped, and kept by no configuration"
         elif not run_id or not is_run_id(run_id):
             continue

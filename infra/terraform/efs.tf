@@ -1,5 +1,6 @@
 # EFS: the browser profiles (profiles/) and the locks (locks/) the nodes share,
-# under /gridfleet, reached through one access point.
+# under /gridfleet, reached through one access point. Only the nodes mount it:
+# the hub never does.
 
 resource "aws_efs_file_system" "main" {
   creation_token   = var.name_prefix
@@ -35,23 +36,25 @@ resource "aws_efs_mount_target" "private" {
   security_groups = [aws_security_group.efs.id]
 }
 
-# The node agent runs as root, so the access point does too; the directory it
-# creates is readable by root only.
+# A node's agent, Grid node and Chromium run as the crawl user (fleet.yaml
+# fleet.crawl_uid = var.crawl_uid): every request through the access point is
+# made as that user, whatever the client's own identity, and the directory EFS
+# creates for it is that user's (0750: its group may read, others nothing).
 resource "aws_efs_access_point" "main" {
   file_system_id = aws_efs_file_system.main.id
 
   posix_user {
-    uid = 0
-    gid = 0
+    uid = var.crawl_uid
+    gid = var.crawl_uid
   }
 
   root_directory {
     path = "/gridfleet"
 
     creation_info {
-      owner_uid   = 0
-      owner_gid   = 0
-      permissions = "0700"
+      owner_uid   = var.crawl_uid
+      owner_gid   = var.crawl_uid
+      permissions = "0750"
     }
   }
 
@@ -77,22 +80,20 @@ data "aws_iam_policy_document" "efs" {
     }
   }
 
-  # The access point's POSIX user is root, and EFS applies an enforced root
-  # identity only for clients allowed ClientRootAccess; without it they are
-  # squashed to nobody and cannot enter the 0700 directory.
+  # The nodes, through the access point only. No ClientRootAccess: the access
+  # point's POSIX user is the crawl user, never root.
   statement {
-    sid    = "FleetMountsThroughAccessPoint"
+    sid    = "NodesMountThroughAccessPoint"
     effect = "Allow"
     actions = [
       "elasticfilesystem:ClientMount",
-      "elasticfilesystem:ClientRootAccess",
       "elasticfilesystem:ClientWrite",
     ]
     resources = [aws_efs_file_system.main.arn]
 
     principals {
       type        = "AWS"
-      identifiers = [aws_iam_role.hub.arn, aws_iam_role.node.arn]
+      identifiers = [aws_iam_role.node.arn]
     }
 
     condition {

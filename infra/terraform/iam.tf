@@ -4,6 +4,11 @@
 # only where the action has no resource-level permissions (said at the
 # statement). Only the hub passes a role (the node role, to the nodes it
 # launches) and only the Lambdas pass the hub role (to the hub they launch).
+#
+# Two stacks may share an account: every statement that acts on an existing
+# instance (terminate, stop, start, tag, command, console) holds only for
+# instances tagged gridfleet:stack = var.name_prefix, and every launch must tag
+# its instance so.
 
 locals {
   instance_arns  = "${local.ec2_arn}:instance/*"
@@ -21,6 +26,7 @@ locals {
   via_sqs      = "sqs.${local.region}.amazonaws.com"
   via_s3       = "s3.${local.region}.amazonaws.com"
   via_efs      = "elasticfilesystem.${local.region}.amazonaws.com"
+  via_lambda   = "lambda.${local.region}.amazonaws.com"
 }
 
 # --- trust ----------------------------------------------------------------------
@@ -121,7 +127,7 @@ data "aws_iam_policy_document" "hub" {
   # the record); at the finish, draining the run's leftovers (other runs' messages are put back), the queue
   # depths, and hub.check's look at the queue and the DLQ (received with visibility 0).
   statement {
-    sid       = "SiteQueue"
+    sid = "SiteQueue"
     actions = [
       "sqs:ChangeMessageVisibility",
       "sqs:DeleteMessage",
@@ -140,12 +146,20 @@ data "aws_iam_policy_document" "hub" {
     resources = [aws_s3_bucket.results.arn]
   }
 
-  # The hub's boot script (bundle, config/fleet.yaml), the run configs it writes
-  # (runs/<run id>/fleet.yaml) and fleet.results reads.
+  # The hub's boot script (bundle/, config/fleet.yaml) and fleet.results reads (the export of results).
   statement {
-    sid       = "BucketObjects"
-    actions   = ["s3:GetObject", "s3:PutObject"]
+    sid       = "BucketRead"
+    actions   = ["s3:GetObject"]
     resources = ["${aws_s3_bucket.results.arn}/*"]
+  }
+
+  # hub.aws_env.upload_run_config (runs/<run id>/fleet.yaml for the run's nodes) and hub.report.publish
+  # (runs/<run id>/summary.json and report.html at the run's end): under runs/ only, so a hub can never
+  # replace the bundle or config/, which every later hub and node installs as root.
+  statement {
+    sid       = "RunRecordsWrite"
+    actions   = ["s3:PutObject"]
+    resources = ["${aws_s3_bucket.results.arn}/runs/*"]
   }
 
   # hub.providers.ec2.Ec2Provider: finding the run's nodes. Describe* has no resource-level permissions.
@@ -166,9 +180,16 @@ data "aws_iam_policy_document" "hub" {
       variable = "aws:ResourceTag/${local.tag_role}"
       values   = ["node"]
     }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_stack}"
+      values   = [var.name_prefix]
+    }
   }
 
-  # hub.providers.ec2.Ec2Provider: launching nodes; the instance must carry gridfleet:role=node.
+  # hub.providers.ec2.Ec2Provider: launching nodes; the instance must carry gridfleet:role=node
+  # and this stack's gridfleet:stack.
   statement {
     sid       = "RunNodeInstances"
     actions   = ["ec2:RunInstances"]
@@ -178,6 +199,12 @@ data "aws_iam_policy_document" "hub" {
       test     = "StringEquals"
       variable = "aws:RequestTag/${local.tag_role}"
       values   = ["node"]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.tag_stack}"
+      values   = [var.name_prefix]
     }
   }
 
@@ -213,7 +240,8 @@ data "aws_iam_policy_document" "hub" {
     }
   }
 
-  # hub.providers.ec2.Ec2Provider (nodes) and hub.aws_env.self_stop (the hub itself, hub_self_stop=terminate).
+  # hub.providers.ec2.Ec2Provider (nodes) and hub.aws_env.self_stop (the hub itself, hub_self_stop=terminate),
+  # of this stack only.
   statement {
     sid       = "TerminateFleetInstances"
     actions   = ["ec2:TerminateInstances"]
@@ -224,6 +252,12 @@ data "aws_iam_policy_document" "hub" {
       variable = "aws:ResourceTag/${local.tag_role}"
       values   = ["node", "hub"]
     }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_stack}"
+      values   = [var.name_prefix]
+    }
   }
 
   # hub.control.aws.SsmControl: the kill path runs a shell command on a node through SSM.
@@ -233,7 +267,7 @@ data "aws_iam_policy_document" "hub" {
     resources = ["arn:${local.partition}:ssm:${local.region}::document/AWS-RunShellScript"]
   }
 
-  # hub.control.aws.SsmControl: ...on node instances only.
+  # hub.control.aws.SsmControl: ...on this stack's node instances only.
   statement {
     sid       = "SendCommandToNodes"
     actions   = ["ssm:SendCommand"]
@@ -243,6 +277,12 @@ data "aws_iam_policy_document" "hub" {
       test     = "StringEquals"
       variable = "aws:ResourceTag/${local.tag_role}"
       values   = ["node"]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_stack}"
+      values   = [var.name_prefix]
     }
   }
 
@@ -273,6 +313,13 @@ data "aws_iam_policy_document" "hub" {
       variable = "cloudwatch:namespace"
       values   = [var.metrics_namespace]
     }
+  }
+
+  # hub.aws_cmd.dry_run (`gridfleet run --dry-run` on the hub): the nodes' instance profile exists.
+  statement {
+    sid       = "NodeInstanceProfile"
+    actions   = ["iam:GetInstanceProfile"]
+    resources = [aws_iam_instance_profile.node.arn]
   }
 
   # hub.providers.ec2.Ec2Provider: the node launch template's instance profile.
@@ -447,7 +494,8 @@ data "aws_iam_policy_document" "starter" {
     resources = ["*"]
   }
 
-  # hub.lambdas.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub.
+  # hub.lambdas.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub and
+  # this stack's gridfleet:stack.
   statement {
     sid       = "RunHubInstance"
     actions   = ["ec2:RunInstances"]
@@ -457,6 +505,12 @@ data "aws_iam_policy_document" "starter" {
       test     = "StringEquals"
       variable = "aws:RequestTag/${local.tag_role}"
       values   = ["hub"]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.tag_stack}"
+      values   = [var.name_prefix]
     }
   }
 
@@ -489,7 +543,8 @@ data "aws_iam_policy_document" "starter" {
     }
   }
 
-  # hub.lambdas.start_hub: the run id on a stopped, reusable hub before starting it.
+  # hub.lambdas.start_hub: the run id on a stopped, reusable hub of this stack before starting it
+  # (the operator tags that instance gridfleet:stack; the Lambda may not change the tag).
   statement {
     sid       = "TagReusableHub"
     actions   = ["ec2:CreateTags"]
@@ -502,13 +557,19 @@ data "aws_iam_policy_document" "starter" {
     }
 
     condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_stack}"
+      values   = [var.name_prefix]
+    }
+
+    condition {
       test     = "ForAllValues:StringEquals"
       variable = "aws:TagKeys"
       values   = [local.tag_role, local.tag_run_id]
     }
   }
 
-  # hub.lambdas.start_hub: starting the stopped, reusable hub.
+  # hub.lambdas.start_hub: starting the stopped, reusable hub of this stack.
   statement {
     sid       = "StartHub"
     actions   = ["ec2:StartInstances"]
@@ -518,6 +579,12 @@ data "aws_iam_policy_document" "starter" {
       test     = "StringEquals"
       variable = "aws:ResourceTag/${local.tag_role}"
       values   = ["hub"]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_stack}"
+      values   = [var.name_prefix]
     }
   }
 
@@ -555,11 +622,17 @@ data "aws_iam_policy_document" "starter" {
     resources = [aws_sqs_queue.lambda_dlq["starter"].arn]
   }
 
-  # Lambda: the encrypted environment; DynamoDB: the table's key.
+  # The key, used through Lambda (the encrypted environment) and DynamoDB (the table) only.
   statement {
     sid       = "FleetKey"
     actions   = ["kms:Decrypt"]
     resources = [aws_kms_key.main.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = [local.via_lambda, local.via_dynamodb]
+    }
   }
 }
 
@@ -572,10 +645,27 @@ resource "aws_iam_role_policy" "starter" {
 data "aws_iam_policy_document" "watchdog" {
   # hub.lambdas.watch: recent runs (Query), the heartbeat it watches and the
   # restart it claims (GetItem, UpdateItem), as the starter for a restart.
+  # hub.lambdas.end_abandoned, ending a run whose hub is gone past deadline +
+  # grace: its items read (Query, GetItem), its open sites marked FAILED
+  # (conditional UpdateItem) and their history lines written (BatchWriteItem,
+  # fleet.table.add_history). The table only: no index.
   statement {
-    sid       = "StateTable"
-    actions   = ["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"]
+    sid = "StateTable"
+    actions = [
+      "dynamodb:BatchWriteItem",
+      "dynamodb:GetItem",
+      "dynamodb:Query",
+      "dynamodb:UpdateItem",
+    ]
     resources = [aws_dynamodb_table.status.arn]
+  }
+
+  # hub.lambdas.end_abandoned (fleet.archive.S3RunArchive.put_summary): the ended
+  # run's record, runs/<run id>/summary.json, and nothing else in the bucket.
+  statement {
+    sid       = "RunSummaryWrite"
+    actions   = ["s3:PutObject"]
+    resources = ["${aws_s3_bucket.results.arn}/runs/*/summary.json"]
   }
 
   # hub.lambdas: live hubs of the run. Describe* has no resource-level permissions.
@@ -585,7 +675,8 @@ data "aws_iam_policy_document" "watchdog" {
     resources = ["*"]
   }
 
-  # hub.lambdas.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub.
+  # hub.lambdas.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub and
+  # this stack's gridfleet:stack.
   statement {
     sid       = "RunHubInstance"
     actions   = ["ec2:RunInstances"]
@@ -595,6 +686,12 @@ data "aws_iam_policy_document" "watchdog" {
       test     = "StringEquals"
       variable = "aws:RequestTag/${local.tag_role}"
       values   = ["hub"]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.tag_stack}"
+      values   = [var.name_prefix]
     }
   }
 
@@ -627,7 +724,8 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # hub.lambdas.start_hub: the run id on a stopped, reusable hub before starting it.
+  # hub.lambdas.start_hub: the run id on a stopped, reusable hub of this stack before starting it
+  # (the operator tags that instance gridfleet:stack; the Lambda may not change the tag).
   statement {
     sid       = "TagReusableHub"
     actions   = ["ec2:CreateTags"]
@@ -640,13 +738,19 @@ data "aws_iam_policy_document" "watchdog" {
     }
 
     condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_stack}"
+      values   = [var.name_prefix]
+    }
+
+    condition {
       test     = "ForAllValues:StringEquals"
       variable = "aws:TagKeys"
       values   = [local.tag_role, local.tag_run_id]
     }
   }
 
-  # hub.lambdas.start_hub: starting the stopped, reusable hub.
+  # hub.lambdas.start_hub: starting the stopped, reusable hub of this stack.
   statement {
     sid       = "StartHub"
     actions   = ["ec2:StartInstances"]
@@ -657,19 +761,33 @@ data "aws_iam_policy_document" "watchdog" {
       variable = "aws:ResourceTag/${local.tag_role}"
       values   = ["hub"]
     }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_stack}"
+      values   = [var.name_prefix]
+    }
   }
 
-  # hub.lambdas._clean_orphans: instances of a finished, abandoned or unknown run.
-  # Only instances gridfleet launched carry a run id; untagged ones are never touched.
+  # hub.lambdas._clean_orphans: instances of a finished, abandoned or unknown run, and stopped
+  # instances of the stack that no configuration keeps. Only this stack's hubs and nodes: the
+  # role tag leaves out untagged instances and the stack's NAT instance, which carries
+  # gridfleet:stack (default_tags) but no role.
   statement {
-    sid       = "TerminateRunInstances"
+    sid       = "TerminateFleetInstances"
     actions   = ["ec2:TerminateInstances"]
     resources = [local.instance_arns]
 
     condition {
-      test     = "Null"
-      variable = "aws:ResourceTag/${local.tag_run_id}"
-      values   = ["false"]
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_role}"
+      values   = ["node", "hub"]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_stack}"
+      values   = [var.name_prefix]
     }
   }
 
@@ -683,6 +801,12 @@ data "aws_iam_policy_document" "watchdog" {
       test     = "StringEquals"
       variable = "aws:ResourceTag/${local.tag_role}"
       values   = ["hub"]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.tag_stack}"
+      values   = [var.name_prefix]
     }
   }
 
@@ -720,11 +844,30 @@ data "aws_iam_policy_document" "watchdog" {
     resources = [aws_sqs_queue.lambda_dlq["watchdog"].arn]
   }
 
-  # Lambda: the encrypted environment; DynamoDB: the table's key.
+  # The key, used through Lambda (the encrypted environment) and DynamoDB (the table) only.
   statement {
     sid       = "FleetKey"
     actions   = ["kms:Decrypt"]
     resources = [aws_kms_key.main.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = [local.via_lambda, local.via_dynamodb]
+    }
+  }
+
+  # The bucket's SSE-KMS, for the summary of an abandoned run (RunSummaryWrite), through S3 only.
+  statement {
+    sid       = "KeyForRunSummary"
+    actions   = ["kms:GenerateDataKey"]
+    resources = [aws_kms_key.main.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = [local.via_s3]
+    }
   }
 }
 

@@ -69,12 +69,16 @@ resource "aws_kms_key" "main" {
       },
       {
         # CloudWatch alarms publish to the encrypted alarms topic; SNS itself
-        # uses the key for the topic's messages.
+        # uses the key for the topic's messages. Both on this account's behalf
+        # only: a service principal acts for every account.
         Sid       = "AlarmsPublishToEncryptedTopic"
         Effect    = "Allow"
         Principal = { Service = ["cloudwatch.amazonaws.com", "sns.amazonaws.com"] }
         Action    = ["kms:Decrypt", "kms:GenerateDataKey"]
         Resource  = "*"
+        Condition = {
+          StringEquals = { "aws:SourceAccount" = local.account_id }
+        }
       },
       {
         # RunInstances and StartInstances create the encrypted EBS volumes with

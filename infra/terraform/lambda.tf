@@ -17,14 +17,21 @@ locals {
     }
   }
 
+  # GRIDFLEET_STACK: the Lambdas act only on instances tagged gridfleet:stack with it.
+  # GRIDFLEET_BUCKET: where the watchdog puts the summary of a run it closes.
   lambda_environment = {
     GRIDFLEET_REGION              = var.region
+    GRIDFLEET_STACK               = var.name_prefix
     GRIDFLEET_TABLE               = aws_dynamodb_table.status.name
+    GRIDFLEET_BUCKET              = aws_s3_bucket.results.id
     GRIDFLEET_HUB_LAUNCH_TEMPLATE = aws_launch_template.hub.name
     GRIDFLEET_HUB_STALE_S         = tostring(var.hub_stale_s)
     GRIDFLEET_RUN_GRACE_S         = tostring(var.run_grace_s)
     GRIDFLEET_LOOKBACK_RUNS       = tostring(var.lookback_runs)
   }
+
+  # A reusable hub (var.hub_instance_id), started instead of a hub from the template.
+  reusable_hub_environment = var.hub_instance_id == null ? {} : { GRIDFLEET_HUB_INSTANCE_ID = var.hub_instance_id }
 }
 
 data "aws_s3_object" "lambda_zip" {
@@ -63,7 +70,7 @@ resource "aws_lambda_function" "starter" {
   kms_key_arn                    = aws_kms_key.main.arn
 
   environment {
-    variables = local.lambda_environment
+    variables = merge(local.lambda_environment, local.reusable_hub_environment)
   }
 
   tracing_config {
@@ -96,7 +103,7 @@ resource "aws_lambda_function" "watchdog" {
   kms_key_arn                    = aws_kms_key.main.arn
 
   environment {
-    variables = local.lambda_environment
+    variables = merge(local.lambda_environment, local.reusable_hub_environment)
   }
 
   tracing_config {

@@ -3,7 +3,7 @@
 # the instance type, subnet, market (spot or on-demand) and user-data per launch.
 
 locals {
-  launch_tags = { "gridfleet:stack" = var.name_prefix }
+  launch_tags = { (local.tag_stack) = var.name_prefix }
 }
 
 resource "aws_launch_template" "hub" {
@@ -13,8 +13,12 @@ resource "aws_launch_template" "hub" {
   instance_type          = var.hub_instance_type
   update_default_version = true
 
-  # The hub may be started again (the starter reuses a stopped hub): stop, not terminate.
-  instance_initiated_shutdown_behavior = "stop"
+  # The starter launches a new hub from this template for every run, and the
+  # hub's last act is `shutdown -h`: a hub from the template ends with its run,
+  # leaving no stopped instance or volume behind. (A reusable hub, the Lambdas'
+  # GRIDFLEET_HUB_INSTANCE_ID, is the operator's own instance and keeps its own
+  # shutdown behaviour, stop.)
+  instance_initiated_shutdown_behavior = "terminate"
 
   # Rendered by `gridfleet render hub --config fleet.yaml > infra/terraform/hub-user-data.yaml`.
   user_data = filebase64(local.hub_user_data_file)

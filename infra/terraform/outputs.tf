@@ -84,6 +84,7 @@ output "gridfleet_aws" {
   description = "The aws: section of fleet.yaml for this stack (read by `gridfleet config from-terraform`)."
   value = {
     region               = var.region
+    stack                = var.name_prefix
     table                = aws_dynamodb_table.status.name
     queue                = aws_sqs_queue.sites.name
     queue_fifo           = aws_sqs_queue.sites.fifo_queue

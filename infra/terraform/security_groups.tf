@@ -74,15 +74,6 @@ resource "aws_vpc_security_group_egress_rule" "hub_to_nodes_ssh" {
   description                  = "SSH to the nodes: the kill path after SSM"
 }
 
-resource "aws_vpc_security_group_egress_rule" "hub_to_efs" {
-  security_group_id            = aws_security_group.hub.id
-  referenced_security_group_id = aws_security_group.efs.id
-  ip_protocol                  = "tcp"
-  from_port                    = 2049
-  to_port                      = 2049
-  description                  = "NFS to the EFS mount targets"
-}
-
 resource "aws_vpc_security_group_egress_rule" "hub_web" {
   for_each = local.web_ports
 
@@ -147,15 +138,7 @@ resource "aws_vpc_security_group_egress_rule" "node_web" {
 }
 
 # --- EFS ------------------------------------------------------------------------
-
-resource "aws_vpc_security_group_ingress_rule" "efs_from_hub" {
-  security_group_id            = aws_security_group.efs.id
-  referenced_security_group_id = aws_security_group.hub.id
-  ip_protocol                  = "tcp"
-  from_port                    = 2049
-  to_port                      = 2049
-  description                  = "NFS from the hub"
-}
+# The nodes alone mount the file system: the hub has no NFS path to it.
 
 resource "aws_vpc_security_group_ingress_rule" "efs_from_nodes" {
   security_group_id            = aws_security_group.efs.id

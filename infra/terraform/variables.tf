@@ -102,6 +102,34 @@ variable "max_nodes" {
   default     = 20
 }
 
+variable "crawl_uid" {
+  description = "uid and gid of the crawl user, as which the nodes run their agent, Grid node and Chromium. The EFS access point makes every request as this user and creates its directory owned by it: it must equal fleet.yaml's fleet.crawl_uid."
+  type        = number
+  default     = 2000
+
+  validation {
+    condition     = var.crawl_uid >= 1000 && var.crawl_uid <= 60000 && floor(var.crawl_uid) == var.crawl_uid
+    error_message = "crawl_uid: a whole number from 1000 to 60000 (fleet.yaml fleet.crawl_uid accepts the same)."
+  }
+}
+
+variable "hub_instance_id" {
+  description = <<-EOT
+    A reusable hub instance the Lambdas start instead of launching one from the hub template
+    (their GRIDFLEET_HUB_INSTANCE_ID). null (the default): none, every run launches a hub from the
+    template, which terminates at its end. The instance is the operator's own, made outside this
+    configuration: tagged gridfleet:role = hub and gridfleet:stack = name_prefix, with the hub's
+    instance profile, and stop as its shutdown behaviour (it is started again for the next run).
+  EOT
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.hub_instance_id == null || can(regex("^i-([0-9a-f]{8}|[0-9a-f]{17})$", var.hub_instance_id))
+    error_message = "hub_instance_id: an EC2 instance id (i- and 8 or 17 hex digits), or null."
+  }
+}
+
 variable "hub_user_data_file" {
   description = <<-EOT
     The hub's cloud-init user-data. null (the default): hub-user-data.yaml next to
@@ -149,7 +177,7 @@ variable "bucket_name" {
 }
 
 variable "result_retention_days" {
-  description = "Days after which an object of the bucket expires."
+  description = "Days after which a result (an object tagged gridfleet=result) expires. Nothing else in the bucket expires: runs/ (each run's config, summary.json and report.html), bundle/ and config/ are kept."
   type        = number
   default     = 90
 

@@ -47,7 +47,10 @@ locals {
   # file rendered next to this configuration.
   hub_user_data_file = coalesce(var.hub_user_data_file, "${path.module}/hub-user-data.yaml")
 
-  # The tags gridfleet puts on the instances it launches and reads back.
+  # The tags gridfleet puts on the instances it launches and reads back. Every
+  # instance of the stack carries gridfleet:stack = var.name_prefix (fleet.yaml
+  # aws.stack); the policies act only on instances that carry it.
   tag_role   = "gridfleet:role"
   tag_run_id = "gridfleet:run_id"
+  tag_stack  = "gridfleet:stack"
 }

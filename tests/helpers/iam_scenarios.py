@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: How a call on a DynamoDB index is recorded (instead of the plain `service.Operation`): IAM authorizes it
 #: on the index's ARN (`<table arn>/index/<name>`), not on the table's.
 INDEX_CALL = "{call} on index/{index}"
+#: How a call on an S3 object is recorded: IAM authorizes it on the object's ARN (`<bucket arn>/<key>`), so
+#: the policy's key patterns are checked against the keys the code uses.
+OBJECT_CALL = "{call} on object/{key}"
 
 
 class Recorder:
@@ -48,6 +51,8 @@ class Recorder:
         call = f"{service}.{model.name}"
         if service == "dynamodb" and params.get("IndexName"):
             call = INDEX_CALL.format(call=call, index=params["IndexName"])
+        elif service == "s3" and params.get("Key"):
+            call = OBJECT_CALL.format(call=call, key=params["Key"])
         self.calls.add(call)
 
     def clients(self, config: Config) -> AwsClients:
@@ -92,7 +97,8 @@ def published(config: Config) -> set[tuple[str, tuple[str, ...]]]:
 
 
 def hub_calls(endpoint: str, tmp: Path) -> set[str]:
-    """`gridfleet run` on AWS (to its deadline), the kill ladder, status, teardown, dry run, self-stop."""
+    """`gridfleet run` on AWS (to its deadline, then its record into the bucket), the kill ladder, status,
+    teardown, dry run, self-stop."""
     from fleet.local.imds_server import ImdsServer
     from hub import aws_env
     from hub.aws_cmd import dry_run
@@ -124,11 +130,17 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     env.table.read_nodes("iam-hub")
     node = provider.list("iam-hub")[0].id
     _act_as_a_node(config, node)  # s1 completed with its result, s2 hung in URL_CALL and marked for a kill
-    hub.run()  # kills s2 through SSM, requeues it, then the deadline: export (reads s1's result), teardown
+    outcome = hub.run()  # kills s2 through SSM, requeues it; the deadline: export (reads s1's result), teardown
+    from fleet.archive import S3RunArchive
     from hub.check import check_run
+    from hub.report import publish
 
     check_run("iam-hub", table=env.table, queue=env.queue, results=env.results, provider=provider,
-              config=config)  # what `gridfleet run` does at the end: the run checks itself
+              config=config)  # what `gridfleet run` does at the end: the run checks itself...
+    publish(outcome.summary_path, S3RunArchive(env.clients.client("s3"), config.aws.bucket))  # ...and keeps its record
+    for name in ("summary.json", "report.html"):
+        AwsClients(config.aws, credentials=LOCAL_CREDENTIALS).client("s3").head_object(
+            Bucket=config.aws.bucket, Key=f"runs/iam-hub/{name}")
     control.kill(node, "s1", 1)  # SSM (moto answers Success)
     ConsoleHostKeys(env.ec2)  # the SSH rung reads host keys from the console output
     env.ec2.get_console_output(InstanceId=node)
@@ -216,7 +228,10 @@ def node_calls(endpoint: str, tmp: Path) -> set[str]:
 
 
 def lambda_calls(endpoint: str, tmp: Path) -> dict[str, set[str]]:
-    """The starter and the watchdog, through their handlers' code paths."""
+    """The starter and the watchdog, through their handlers' code paths: launching a hub, starting the
+    reusable hub, restarting a silent run's hub (from the template, then the reusable hub), ending a run
+    abandoned past its deadline (its open site FAILED, its summary into the bucket), terminating orphans and
+    stopped instances, and stopping the reusable hub."""
     from hub.lambdas import run_starter, run_watchdog
 
     config = _account(endpoint, tmp)
@@ -226,9 +241,15 @@ def lambda_calls(endpoint: str, tmp: Path) -> dict[str, set[str]]:
     ec2.create_launch_template(LaunchTemplateName=template, LaunchTemplateData={
         "ImageId": ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"], "InstanceType": "t3.small"})
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    reusable = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    stack_tag = {"Key": "gridfleet:stack", "Value": config.aws.stack}
+    # The reusable hub, as the operator makes it: the hub's role and the stack's tag, stopped.
+    reusable = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": "gridfleet:role", "Value": "hub"}, stack_tag]}],
+    )["Instances"][0]["InstanceId"]
     ec2.stop_instances(InstanceIds=[reusable])
-    base = {"GRIDFLEET_REGION": config.aws.region, "GRIDFLEET_TABLE": config.aws.table,
+    # The environment Terraform gives both functions (infra/terraform/lambda.tf), on moto.
+    base = {"GRIDFLEET_REGION": config.aws.region, "GRIDFLEET_STACK": config.aws.stack,
+            "GRIDFLEET_TABLE": config.aws.table, "GRIDFLEET_BUCKET": config.aws.bucket,
             "GRIDFLEET_ENDPOINT_URL": endpoint, "GRIDFLEET_HUB_LAUNCH_TEMPLATE": template,
             "GRIDFLEET_HUB_STALE_S": "60"}
     recs = {"starter": Recorder(), "watchdog": Recorder()}
@@ -254,11 +275,40 @@ def lambda_calls(endpoint: str, tmp: Path) -> dict[str, set[str]]:
     done = f"iam-done-{uuid.uuid4().hex[:6]}"
     table.create_run(RunInfo(done, "RUNNING", clock.now(), clock.now() + 7200, "20261121"))
     table.update_run(done, status="FINISHED", finished_at=clock.now())
-    ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=[{"ResourceType": "instance", "Tags": [
-        {"Key": "gridfleet:run_id", "Value": done}, {"Key": "gridfleet:role", "Value": "node"}]}])
-    run_watchdog({}, base, clients_factory=factory("watchdog"), clock=clock)
+    orphan, old_hub = (ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": "gridfleet:run_id", "Value": done},
+                                              {"Key": "gridfleet:role", "Value": role}, stack_tag]}],
+    )["Instances"][0]["InstanceId"] for role in ("node", "hub"))
+    ec2.stop_instances(InstanceIds=[old_hub])  # a hub left stopped: it bills for its volume every day
+    # A run whose hub is gone, past its deadline and the grace (GRIDFLEET_RUN_GRACE_S, 3600 s), one site open.
+    gone = f"iam-gone-{uuid.uuid4().hex[:6]}"
+    table.create_run(RunInfo(gone, "RUNNING", clock.now() - 20000, clock.now() - 3700, "20261121",
+                             hub_id="ec2:i-lost", hub_heartbeat=clock.now() - 9000))
+    table.create_site(ops.new_site(gone, "s1", SiteSpec("http://x.test/"), None))
+    watchdog_env = {**base, "GRIDFLEET_HUB_INSTANCE_ID": reusable}
+
+    def watchdog_pass() -> dict[str, Any]:
+        return run_watchdog({}, watchdog_env, clients_factory=factory("watchdog"), clock=clock)
+
+    def state(instance_id: str) -> str:
+        return ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
+
+    # The abandoned run is ended, the finished run's node and the stopped hub go, the silent hub is noted.
+    first = watchdog_pass()
+    assert table.get_site(gone, "s1").run_status.value == "FAILED"
+    setup.client("s3").head_object(Bucket=config.aws.bucket, Key=f"runs/{gone}/summary.json")
+    assert (state(orphan), state(old_hub)) == ("terminated", "terminated"), first
     clock.advance(61)
-    run_watchdog({}, base, clients_factory=factory("watchdog"), clock=clock)
+    # Stale: a new hub from the template (the reusable hub is running another run's), and the reusable hub,
+    # whose run has no item, is stopped rather than terminated.
+    second = watchdog_pass()
+    assert [(r["run_id"], r["how"]) for r in second["restarted"]] == [(stale, "run")], second
+    assert [e["instance_id"] for e in second["stopped"]] == [reusable], second
+    ec2.terminate_instances(InstanceIds=[second["restarted"][0]["instance_id"]])  # that hub dies too
+    clock.advance(61)
+    third = watchdog_pass()  # stale again: now the stopped reusable hub is tagged with the run and started
+    restarted = [(r["run_id"], r["instance_id"], r["how"]) for r in third["restarted"]]
+    assert restarted == [(stale, reusable, "start")], third
     return {name: r.calls for name, r in recs.items()}
 
 

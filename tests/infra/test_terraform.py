@@ -26,7 +26,7 @@ import pytest
 
 from fleet.bootstrap import OPEN_INDEX_ATTRIBUTES
 from fleet.codec import OPEN_ATTR, OPEN_INDEX
-from fleet.config import AwsConfig, MetricsConfig
+from fleet.config import AwsConfig, FleetConfig, MetricsConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TF_DIR = ROOT / "infra" / "terraform"
@@ -37,7 +37,7 @@ ANYWHERE = {"0.0.0.0/0", "::/0"}
 
 # The keys of fleet.yaml's aws: section that the stack decides.
 GRIDFLEET_AWS_KEYS = {
-    "region", "table", "queue", "queue_fifo", "dlq", "bucket", "efs_id", "efs_access_point_id", "subnet_ids",
+    "region", "stack", "table", "queue", "queue_fifo", "dlq", "bucket", "efs_id", "efs_access_point_id", "subnet_ids",
     "security_group_ids", "instance_profile", "ami", "key_name", "node_launch_template",
     "hub_launch_template",
 }
@@ -78,7 +78,7 @@ EXPECTED_ACTIONS = {
         "ec2:DescribeInstances", "ec2:GetConsoleOutput", "ec2:RunInstances", "ec2:CreateTags",
         "ec2:TerminateInstances",
         "ssm:SendCommand", "ssm:GetCommandInvocation", "ssm:CancelCommand", "ssm:GetParameter",
-        "iam:PassRole",
+        "iam:PassRole", "iam:GetInstanceProfile",
         "kms:Decrypt", "kms:GenerateDataKey",
         "cloudwatch:PutMetricData",
     },
@@ -97,8 +97,20 @@ EXPECTED_ACTIONS = {
         "cloudwatch:PutMetricData",
     },
     "starter": STARTER_ACTIONS,
-    "watchdog": STARTER_ACTIONS | {"dynamodb:Query", "ec2:TerminateInstances", "ec2:StopInstances"},
+    # Beyond a restart: closing an abandoned run (its sites, their history, its summary in the bucket) and
+    # cleaning up instances.
+    "watchdog": STARTER_ACTIONS | {"dynamodb:Query", "dynamodb:BatchWriteItem", "s3:PutObject", "kms:GenerateDataKey",
+                                   "ec2:TerminateInstances", "ec2:StopInstances"},
 }
+
+#: The stack's tag: every instance of the stack carries gridfleet:stack = var.name_prefix.
+STACK_TAG = "gridfleet:stack"
+STACK = ["${var.name_prefix}"]
+#: Actions on an existing instance: a statement granting one on instances holds only for the stack's. (Tags
+#: given at launch, `ec2:CreateAction = RunInstances`, are not on an existing instance: the launch itself must
+#: carry the stack's tag.)
+INSTANCE_ACTIONS = {"ec2:TerminateInstances", "ec2:StopInstances", "ec2:StartInstances", "ec2:CreateTags",
+                    "ec2:GetConsoleOutput", "ssm:SendCommand"}
 
 
 # --- reading hcl2's output ------------------------------------------------------------------------
@@ -392,11 +404,23 @@ def test_node_ingress_from_hub_only(tf):
     assert ports == {5555, 22}
 
 
-def test_efs_ingress_nfs_from_hub_and_nodes(tf):
+def test_efs_ingress_nfs_from_nodes_only(tf):
     rules = ingress_of(tf, "efs")
-    assert {r.get("referenced_security_group_id") for r in rules} == {
-        "${aws_security_group.hub.id}", "${aws_security_group.node.id}"}
+    assert {r.get("referenced_security_group_id") for r in rules} == {"${aws_security_group.node.id}"}
     assert all(rule_ports(tf, r) == {2049} for r in rules)
+
+
+def test_the_hub_has_no_path_to_efs(tf):
+    """The hub never mounts EFS: no NFS egress from its group, no EFS permission in its policy or the file
+    system's."""
+    hub_egress = [r for r in tf.resources["aws_vpc_security_group_egress_rule"].values()
+                  if r["security_group_id"] == "${aws_security_group.hub.id}"]
+    assert hub_egress
+    assert all(r.get("referenced_security_group_id") != "${aws_security_group.efs.id}" for r in hub_egress)
+    assert all(2049 not in rule_ports(tf, r) for r in hub_egress)
+    assert not [a for s in statements_of(tf, "hub") for a in s["actions"] if a.startswith("elasticfilesystem:")]
+    efs_policy = str(tf.datum("aws_iam_policy_document", "efs"))
+    assert "aws_iam_role.hub" not in efs_policy
 
 
 def test_nat_ingress_from_private_subnets_only(tf):
@@ -438,9 +462,6 @@ def test_efs(tf):
     ap = tf.resource("aws_efs_access_point", "main")
     root = one(ap, "root_directory")
     assert root["path"] == "/gridfleet"
-    assert one(root, "creation_info")["permissions"] == "0700"
-    posix = one(ap, "posix_user")
-    assert (posix["uid"], posix["gid"]) == (0, 0)
     assert one(tf.resource("aws_efs_backup_policy", "main"), "backup_policy")["status"] == "ENABLED"
 
     fs_policy = tf.resource("aws_efs_file_system_policy", "main")
@@ -450,15 +471,40 @@ def test_efs(tf):
     assert any(c["variable"] == "aws:SecureTransport" and c["values"] == ["false"]
                for s in deny for c in blocks(s, "condition"))
     allow = [s for s in statements if s.get("effect", "Allow") == "Allow"]
-    # ClientRootAccess: the access point's POSIX user is root (uid 0), which EFS
-    # honours only for clients allowed root access.
+    # No ClientRootAccess: the access point's POSIX user is the crawl user, never root.
     assert {a for s in allow for a in s["actions"]} == {
-        "elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite", "elasticfilesystem:ClientRootAccess"}
+        "elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}
     for s in allow:
         conditions = {c["variable"]: c["values"] for c in blocks(s, "condition")}
         assert conditions["elasticfilesystem:AccessPointArn"] == ["${aws_efs_access_point.main.arn}"]
         principals = one(s, "principals")["identifiers"]
-        assert set(principals) == {"${aws_iam_role.hub.arn}", "${aws_iam_role.node.arn}"}
+        assert principals == ["${aws_iam_role.node.arn}"]
+
+
+def test_efs_access_point_is_the_crawl_users(tf):
+    """Through the access point every request is the crawl user's (not root's), in a directory EFS creates as
+    that user's, 0750."""
+    ap = tf.resource("aws_efs_access_point", "main")
+    posix = one(ap, "posix_user")
+    assert (posix["uid"], posix["gid"]) == ("${var.crawl_uid}", "${var.crawl_uid}")
+    assert "secondary_gids" not in posix
+    created = one(one(ap, "root_directory"), "creation_info")
+    assert (created["owner_uid"], created["owner_gid"]) == ("${var.crawl_uid}", "${var.crawl_uid}")
+    assert created["permissions"] == "0750"
+
+
+def test_crawl_uid_variable_matches_the_config(tf):
+    """var.crawl_uid is fleet.yaml's fleet.crawl_uid: the same default, the same bounds, and it says so."""
+    var = tf.variables["crawl_uid"]
+    assert var["type"] == "number"
+    field = FleetConfig.model_fields["crawl_uid"]
+    bounds = {type(m).__name__: m for m in field.metadata}
+    low, high = bounds["Ge"].ge, bounds["Le"].le
+    assert (low, high) == (1000, 60000)
+    assert tf.default("crawl_uid") == FleetConfig().crawl_uid == 2000
+    condition = one(var, "validation")["condition"]
+    assert f"var.crawl_uid >= {low}" in condition and f"var.crawl_uid <= {high}" in condition
+    assert "fleet.crawl_uid" in var["description"]
 
 
 # --- SQS, DynamoDB ----------------------------------------------------------------------------------------
@@ -547,6 +593,21 @@ def test_results_bucket(tf):
                   "aws_s3_bucket_server_side_encryption_configuration", "aws_s3_bucket_lifecycle_configuration",
                   "aws_s3_bucket_policy", "aws_s3_bucket_logging"):
         assert tf.resource(rtype, "results")["bucket"] == "${aws_s3_bucket.results.id}", rtype
+
+
+def test_only_results_expire_and_runs_records_are_kept(tf):
+    """runs/<run_id>/summary.json and report.html outlive the table's items: the only rule that expires a
+    current object selects the result tag, which nothing under runs/ carries."""
+    rules = blocks(tf.resource("aws_s3_bucket_lifecycle_configuration", "results"), "rule")
+    expiring = [r for r in rules if blocks(r, "expiration") or blocks(r, "transition")]
+    assert [unquote(r["id"]) for r in expiring] == ["expire-results"]
+    (rule,) = expiring
+    (flt,) = blocks(rule, "filter")
+    assert set(flt) == {"tag"}, f"the expiry rule selects more than the result tag: {flt}"
+    assert "prefix" not in rule
+    # The variable says what it keeps.
+    description = tf.variables["result_retention_days"]["description"]
+    assert "gridfleet=result" in description and "runs/" in description
 
 
 # --- IAM --------------------------------------------------------------------------------------------------------
@@ -665,6 +726,9 @@ def test_hub_ec2_and_ssm_are_tag_scoped(tf):
 
     (tags,) = with_action(hub, "ec2:CreateTags")
     assert conditions(tf, tags)[("StringEquals", "ec2:CreateAction")] == ["RunInstances"]
+    (profile,) = with_action(hub, "iam:GetInstanceProfile")  # the dry run's question, on the nodes' profile only
+    assert profile["actions"] == ["iam:GetInstanceProfile"]
+    assert profile["resources"] == ["${aws_iam_instance_profile.node.arn}"]
     (param,) = with_action(hub, "ssm:GetParameter")
     assert param["resources"][0].endswith("::parameter${var.ami_parameter}")
     for s in with_action(hub, "kms:Decrypt"):
@@ -693,10 +757,117 @@ def test_lambda_ec2_permissions_are_tag_scoped(tf):
         assert f'aws_cloudwatch_log_group.this["{role}"]' in logs["resources"][0]
     watchdog = statements_of(tf, "watchdog")
     (terminate,) = with_action(watchdog, "ec2:TerminateInstances")
-    assert conditions(tf, terminate)[("Null", "aws:ResourceTag/gridfleet:run_id")] == ["false"]
+    assert conditions(tf, terminate)[("StringEquals", "aws:ResourceTag/gridfleet:role")] == ["node", "hub"]
     (stop,) = with_action(watchdog, "ec2:StopInstances")
     assert conditions(tf, stop)[("StringEquals", "aws:ResourceTag/gridfleet:role")] == ["hub"]
     assert not with_action(statements_of(tf, "starter"), "ec2:TerminateInstances")
+
+
+def test_no_statement_touches_another_stacks_instances(tf):
+    """Two stacks in one account: whatever acts on an existing instance (terminate, stop, start, tag, command,
+    console) does so only on instances tagged gridfleet:stack = var.name_prefix, and every launch must tag its
+    instance so."""
+    assert tf.locals["tag_stack"] == STACK_TAG
+    checked = set()
+    for role in ROLES:
+        for s in statements_of(tf, role):
+            on_instances = "${local.instance_arns}" in as_list(s["resources"])
+            cond = conditions(tf, s)
+            if not on_instances:
+                continue
+            if "ec2:RunInstances" in s["actions"]:
+                assert cond.get(("StringEquals", f"aws:RequestTag/{STACK_TAG}")) == STACK, f"{role}/{s['sid']}"
+                checked.add((role, "ec2:RunInstances"))
+            at_launch = cond.get(("StringEquals", "ec2:CreateAction")) == ["RunInstances"]
+            for action in set(s["actions"]) & INSTANCE_ACTIONS:
+                if at_launch:
+                    continue
+                assert cond.get(("StringEquals", f"aws:ResourceTag/{STACK_TAG}")) == STACK, (
+                    f"{role}/{s['sid']}: {action} on instances of any stack")
+                checked.add((role, action))
+    assert {("hub", "ec2:RunInstances"), ("hub", "ec2:TerminateInstances"), ("hub", "ssm:SendCommand"),
+            ("hub", "ec2:GetConsoleOutput"), ("starter", "ec2:RunInstances"), ("starter", "ec2:CreateTags"),
+            ("starter", "ec2:StartInstances"), ("watchdog", "ec2:RunInstances"), ("watchdog", "ec2:CreateTags"),
+            ("watchdog", "ec2:StartInstances"), ("watchdog", "ec2:StopInstances"),
+            ("watchdog", "ec2:TerminateInstances")} == checked
+
+
+def test_instances_are_terminated_only_as_the_stacks_hubs_and_nodes(tf):
+    """The stack's tag alone is not enough: default_tags put it on every resource, the NAT instance too. Whoever
+    terminates (the hub, the watchdog: orphans and stopped instances) may end only the stack's hubs and nodes."""
+    for role in ("hub", "watchdog"):
+        (terminate,) = with_action(statements_of(tf, role), "ec2:TerminateInstances")
+        assert terminate["actions"] == ["ec2:TerminateInstances"]
+        assert conditions(tf, terminate) == {("StringEquals", "aws:ResourceTag/gridfleet:role"): ["node", "hub"],
+                                             ("StringEquals", f"aws:ResourceTag/{STACK_TAG}"): STACK}, role
+    nat_tags = str(tf.resource("aws_instance", "nat").get("tags", ""))
+    assert "tag_role" not in nat_tags and "gridfleet:role" not in nat_tags
+
+
+def test_a_reusable_hub_keeps_its_stack_tag(tf):
+    """A Lambda may tag a reusable hub with its run id and role, never with another stack's name."""
+    for role in ("starter", "watchdog"):
+        (reuse,) = [s for s in with_action(statements_of(tf, role), "ec2:CreateTags")
+                    if ("StringEquals", "ec2:CreateAction") not in conditions(tf, s)]
+        keys = conditions(tf, reuse)[("ForAllValues:StringEquals", "aws:TagKeys")]
+        assert STACK_TAG not in {tf.resolve(k) for k in keys} and "${local.tag_stack}" not in keys
+
+
+def test_service_principals_act_for_this_account_only(tf):
+    """Every grant to an AWS service principal is bound to this account (aws:SourceAccount) or to this stack's
+    resources, so the service cannot be made to use it for another account (confused deputy)."""
+    #: Principals bound otherwise, with the reason.
+    bound_otherwise = {
+        "ec2.amazonaws.com": "instance profile trust: EC2 assumes the role only for instances this account "
+                             "launches with the profile, and sets no source account",
+        "logs.${var.region}.amazonaws.com": "held to this account's log groups by the encryption context ARN",
+    }
+    found = []
+    for name, doc in tf.data["aws_iam_policy_document"].items():
+        for s in blocks(doc, "statement"):
+            for p in blocks(s, "principals"):
+                if p["type"] != "Service":
+                    continue
+                for service in p["identifiers"]:
+                    found.append(service)
+                    if service in bound_otherwise:
+                        continue
+                    cond = conditions(tf, s)
+                    assert cond.get(("StringEquals", "aws:SourceAccount")) == ["${local.account_id}"], (
+                        f"{name}/{s.get('sid')}: {service} without aws:SourceAccount")
+    key_policy = tf.resource("aws_kms_key", "main")["policy"]
+    for statement in key_policy_statements(key_policy):
+        m = re.search(r"Principal = \{Service = (\[[^\]]*\]|\"[^\"]*\")\}", statement)
+        if not m:
+            continue
+        services = re.findall(r'"([^"]+)"', m.group(1))
+        found += services
+        for service in services:
+            if service in bound_otherwise:
+                continue
+            assert re.search(r'"aws:SourceAccount" = local\.account_id', statement), (
+                f"key policy: {service} without aws:SourceAccount: {statement}")
+    assert {"cloudwatch.amazonaws.com", "sns.amazonaws.com", "lambda.amazonaws.com"} <= set(found)
+
+
+def key_policy_statements(policy: str) -> list[str]:
+    """The statement objects of the key's `jsonencode({... Statement = [{...}, ...]})` policy, as text."""
+    body = policy[policy.index("Statement = [") + len("Statement = ["):]
+    out, depth, start = [], 0, None
+    for i, ch in enumerate(body):
+        if ch == "{":
+            depth += 1
+            if depth == 1:
+                start = i
+        elif ch == "}":
+            depth -= 1
+            if depth == 0 and start is not None:
+                out.append(body[start:i + 1])
+                start = None
+        elif ch == "]" and depth == 0:
+            break
+    assert out, policy
+    return out
 
 
 def test_metrics_are_put_into_the_fleet_namespace_only(tf):
@@ -711,20 +882,77 @@ def test_metrics_are_put_into_the_fleet_namespace_only(tf):
 
 
 def test_state_table_reads_of_the_hub(tf):
-    """The hub alone batch-reads site records and queries the index `open`, and only that index."""
+    """The hub alone batch-reads site records and queries the index `open`, and only that index. Batch writes
+    (history lines) are the hub's and the watchdog's (closing an abandoned run), on the table."""
     index_arn = f"${{aws_dynamodb_table.status.arn}}/index/{OPEN_INDEX}"
     for role in ROLES:
         statements = statements_of(tf, role)
         on_index = [s for s in statements if any("/index/" in r for r in as_list(s["resources"]))]
         batch = with_action(statements, "dynamodb:BatchGetItem")
+        batch_writes = with_action(statements, "dynamodb:BatchWriteItem")
+        if role in ("node", "starter"):
+            assert not batch_writes, role
+        assert all(s["resources"] == ["${aws_dynamodb_table.status.arn}"] for s in batch_writes), role
         if role != "hub":
-            assert not on_index and not batch and not with_action(statements, "dynamodb:BatchWriteItem"), role
+            assert not on_index and not batch, role
             continue
         assert with_action(statements, "dynamodb:BatchWriteItem") == batch  # the same statement, the same table
         (index,) = on_index
         assert index["actions"] == ["dynamodb:Query"] and index["resources"] == [index_arn]
         (batch,) = batch
         assert batch["resources"] == ["${aws_dynamodb_table.status.arn}"]
+
+
+def test_hub_writes_the_bucket_under_runs_only(tf):
+    """The hub puts runs/<run_id>/fleet.yaml, summary.json and report.html, and may replace nothing else: the
+    bundle and config/ are installed as root by every later hub and node."""
+    hub = statements_of(tf, "hub")
+    bucket = "${aws_s3_bucket.results.arn}"
+    writes = [s for s in hub if {"s3:PutObject", "s3:PutObjectTagging", "s3:DeleteObject"} & set(s["actions"])]
+    assert writes
+    for s in writes:
+        assert s["actions"] == ["s3:PutObject"], s["sid"]
+        assert [tf.resolve(r) for r in s["resources"]] == [f"{bucket}/runs/*"], s["sid"]
+    (read,) = with_action(hub, "s3:GetObject")
+    assert read["actions"] == ["s3:GetObject"] and read["resources"] == [f"{bucket}/*"]
+
+
+def test_watchdog_closes_an_abandoned_run_with_the_least_it_needs(tf):
+    """The watchdog writes one kind of object, runs/<run_id>/summary.json, and its table actions on the table."""
+    watchdog = statements_of(tf, "watchdog")
+    bucket = "${aws_s3_bucket.results.arn}"
+    s3 = [s for s in watchdog if any(a.startswith("s3:") for a in s["actions"])]
+    (put,) = s3
+    assert put["actions"] == ["s3:PutObject"]
+    assert [tf.resolve(r) for r in put["resources"]] == [f"{bucket}/runs/*/summary.json"]
+    table = [s for s in watchdog if any(a.startswith("dynamodb:") for a in s["actions"])]
+    assert {a for s in table for a in s["actions"]} == {
+        "dynamodb:Query", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchWriteItem"}
+    assert all(s["resources"] == ["${aws_dynamodb_table.status.arn}"] for s in table)
+    assert not [s for s in statements_of(tf, "starter") if any(a.startswith("s3:") for a in s["actions"])]
+
+
+def test_key_is_used_through_named_services_only(tf):
+    """Every role's KMS grant holds only through the services that use the key for it (kms:ViaService): the
+    Lambdas' Decrypt through Lambda (their environment) and DynamoDB, the watchdog's summary through S3."""
+    via = {name: tf.resolve(f"${{local.{name}}}") for name in
+           ("via_lambda", "via_dynamodb", "via_s3", "via_sqs", "via_efs")}
+    assert via["via_lambda"] == "lambda.${local.region}.amazonaws.com"
+    for role in ROLES:
+        kms = [s for s in statements_of(tf, role) if any(a.startswith("kms:") for a in s["actions"])]
+        assert kms, role
+        for s in kms:
+            assert s["resources"] == ["${aws_kms_key.main.arn}"], (role, s["sid"])
+            assert ("StringEquals", "kms:ViaService") in conditions(tf, s), f"{role}/{s['sid']}: no kms:ViaService"
+    for role in ("starter", "watchdog"):
+        (decrypt,) = with_action(statements_of(tf, role), "kms:Decrypt")
+        assert decrypt["actions"] == ["kms:Decrypt"]
+        assert conditions(tf, decrypt)[("StringEquals", "kms:ViaService")] == [
+            "${local.via_lambda}", "${local.via_dynamodb}"]
+    (generate,) = with_action(statements_of(tf, "watchdog"), "kms:GenerateDataKey")
+    assert generate["actions"] == ["kms:GenerateDataKey"]
+    assert conditions(tf, generate)[("StringEquals", "kms:ViaService")] == ["${local.via_s3}"]
+    assert not with_action(statements_of(tf, "starter"), "kms:GenerateDataKey")
 
 
 def test_node_permissions(tf):
@@ -768,7 +996,6 @@ def test_launch_templates(tf):
     hub = tf.resource("aws_launch_template", "hub")
     node = tf.resource("aws_launch_template", "node")
     assert one(hub, "metadata_options")["instance_metadata_tags"] == "enabled"
-    assert hub["instance_initiated_shutdown_behavior"] == "stop"
     assert node["instance_initiated_shutdown_behavior"] == "terminate"
     assert hub["user_data"] == "${filebase64(local.hub_user_data_file)}"
     assert "path.module" in tf.locals["hub_user_data_file"]
@@ -779,16 +1006,42 @@ def test_launch_templates(tf):
     assert node["vpc_security_group_ids"] == ["${aws_security_group.node.id}"]
 
 
+def test_a_hub_from_the_template_ends_with_its_run(tf):
+    """The starter launches a hub from the template for each run, and the hub ends with `shutdown -h`: it must
+    terminate, not leave a stopped instance and its volume behind each day."""
+    hub = tf.resource("aws_launch_template", "hub")
+    assert hub["instance_initiated_shutdown_behavior"] == "terminate"
+    assert one(one(hub, "block_device_mappings"), "ebs")["delete_on_termination"] is True
+    # A reusable hub is the operator's own instance, which keeps stop: the docs say so where they name it.
+    for doc in ("README.md", "terraform.tfvars.example"):
+        paragraphs = re.split(r"\n\s*\n", (TF_DIR / doc).read_text())
+        naming = [p for p in paragraphs if "GRIDFLEET_HUB_INSTANCE_ID" in p]
+        assert any(re.search(r"shutdown behaviour,? [`\"]stop[`\"]|[`\"]stop[`\"] as its shutdown", p)
+                   for p in naming), f"{doc}: the reusable hub's shutdown behaviour (stop) is not stated"
+
+
+def test_every_launch_template_tags_the_stack(tf):
+    """The templates tag every instance and volume gridfleet:stack = var.name_prefix."""
+    assert tf.locals["launch_tags"] == {"${(local.tag_stack)}": "${var.name_prefix}"}
+    for role in ("hub", "node"):
+        for spec in blocks(tf.resource("aws_launch_template", role), "tag_specifications"):
+            assert "local.launch_tags" in spec["tags"], (role, spec["resource_type"])
+
+
 # --- Lambdas and schedules ---------------------------------------------------------------------------------------
 
 
 def test_lambdas(tf):
     handlers = {"starter": "hub.lambdas.starter_handler", "watchdog": "hub.lambdas.watchdog_handler"}
-    env_keys = {"GRIDFLEET_REGION", "GRIDFLEET_TABLE", "GRIDFLEET_HUB_LAUNCH_TEMPLATE", "GRIDFLEET_HUB_STALE_S",
-                "GRIDFLEET_RUN_GRACE_S", "GRIDFLEET_LOOKBACK_RUNS"}
+    env_keys = {"GRIDFLEET_REGION", "GRIDFLEET_STACK", "GRIDFLEET_TABLE", "GRIDFLEET_BUCKET",
+                "GRIDFLEET_HUB_LAUNCH_TEMPLATE", "GRIDFLEET_HUB_STALE_S", "GRIDFLEET_RUN_GRACE_S",
+                "GRIDFLEET_LOOKBACK_RUNS"}
     env = tf.locals["lambda_environment"]
     assert set(env) == env_keys
     assert env["GRIDFLEET_HUB_LAUNCH_TEMPLATE"] == "${aws_launch_template.hub.name}"
+    # The Lambdas act on this stack's instances only, and the watchdog puts a closed run's summary in the bucket.
+    assert env["GRIDFLEET_STACK"] == "${var.name_prefix}"
+    assert env["GRIDFLEET_BUCKET"] == "${aws_s3_bucket.results.id}"
     assert tf.default("hub_stale_s") == 600 and tf.default("run_grace_s") == 3600
     assert tf.default("lookback_runs") == 7
     assert tf.locals["lambda_zip_key"] == "bundle/gridfleet-lambda.zip"
@@ -800,12 +1053,23 @@ def test_lambdas(tf):
         assert fn["role"] == f"${{aws_iam_role.{name}.arn}}"
         assert fn["s3_bucket"] == "${aws_s3_bucket.results.id}"
         assert fn["s3_key"] == "${local.lambda_zip_key}"
-        assert one(fn, "environment")["variables"] == "${local.lambda_environment}"
+        assert one(fn, "environment")["variables"] == (
+            "${merge(local.lambda_environment, local.reusable_hub_environment)}")
         assert fn["kms_key_arn"] == "${aws_kms_key.main.arn}"
         assert fn["timeout"] == 60
         assert fn["reserved_concurrent_executions"] == 1
         assert one(fn, "tracing_config")["mode"] == "Active"
         assert f'aws_sqs_queue.lambda_dlq["{name}"]' in one(fn, "dead_letter_config")["target_arn"]
+
+
+def test_a_reusable_hub_is_configured_by_a_variable(tf):
+    """var.hub_instance_id, when set, is the Lambdas' GRIDFLEET_HUB_INSTANCE_ID; unset, they have none."""
+    assert tf.default("hub_instance_id") is None
+    assert tf.locals["reusable_hub_environment"] == (
+        "${var.hub_instance_id == null ? {} : {GRIDFLEET_HUB_INSTANCE_ID = var.hub_instance_id}}")
+    assert "hub_instance_id == null" in one(tf.variables["hub_instance_id"], "validation")["condition"]
+    description = tf.variables["hub_instance_id"]["description"]
+    assert "GRIDFLEET_HUB_INSTANCE_ID" in description and "gridfleet:stack" in description and "stop" in description
 
 
 def test_schedules(tf):
@@ -1017,6 +1281,41 @@ def test_outputs(tf):
     assert value["key_name"] == "${var.key_name}"
     assert value["node_launch_template"] == "${aws_launch_template.node.name}"
     assert value["efs_access_point_id"] == "${aws_efs_access_point.main.id}"  # nodes mount through it
+    assert value["stack"] == "${var.name_prefix}"  # the tag every instance of the stack carries
+
+
+def test_the_output_is_a_valid_aws_section():
+    """`gridfleet config from-terraform` accepts the output as Terraform would print it for the defaults."""
+    from hub.tf_config import OUTPUT, aws_section
+
+    tf = config()
+    value = {}
+    for key, expr in tf.outputs[OUTPUT]["value"].items():
+        if isinstance(expr, str) and re.fullmatch(r"\$\{var\.\w+\}", expr):  # a variable: its default
+            value[key] = tf.default(ref(expr).removeprefix("var."))
+        elif key == "queue_fifo":
+            value[key] = False
+        elif key in ("subnet_ids", "security_group_ids"):  # lists of ids
+            value[key] = [f"{key[:-4]}-0123456789abcdef0"]
+        else:  # a resource's name or id
+            value[key] = f"{key}-example"
+    section = aws_section(json.dumps({OUTPUT: {"value": value}}))
+    assert AwsConfig.model_validate(section["aws"]).stack == section["aws"]["stack"] == tf.default("name_prefix")
+
+
+def test_every_name_prefix_is_a_valid_stack():
+    """var.name_prefix becomes fleet.yaml's aws.stack: what the variable accepts, the config must accept."""
+    condition = one(config().variables["name_prefix"], "validation")["condition"]
+    m = re.search(r'regex\("(.+?)", var\.name_prefix\)', condition)
+    assert m, condition
+    accepted = re.compile(m.group(1))
+    stack = re.compile(AwsConfig.model_json_schema()["properties"]["stack"]["pattern"])
+    names = ["gridfleet", "ab", "a" * 31, "crawl-prod-2", "a-", "a--b", "z9"]
+    assert all(accepted.fullmatch(n) for n in names)
+    for name in names:
+        assert stack.fullmatch(name), f"name_prefix {name!r} is not a valid aws.stack"
+    for name in ("a", "a" * 32, "9abc", "Ab", "a_b", "a.b", "-ab"):  # refused by the variable already
+        assert not accepted.fullmatch(name), name
 
 
 # --- checkov ------------------------------------------------------------------------------------------------------------
