@@ -49,6 +49,8 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")  # a DNS name or an IPv4 address
 _IMDS_URL_RE = re.compile(r"^https?://(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$")
 _PATH_RE = re.compile(r"^(?:/[A-Za-z0-9._+@-]+)+$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")  # the rule of fleet.crawl_user (and of useradd's default)
+_CRAWL_UID_MIN, _CRAWL_UID_MAX = 1000, 60000  # fleet.crawl_uid: a regular user's id, never root's
 _S3_KEY_MAX = 1024
 
 
@@ -84,6 +86,14 @@ def _path(field: str, value: object) -> None:
     if not _PATH_RE.match(text) or any(part in (".", "..") for part in text.split("/")):
         raise RenderError(field, f"{value!r} is not a plain absolute path (letters, digits, '._+@-' between "
                                  f"single slashes, no '.' or '..', no trailing slash, not '/')")
+
+
+def _crawl_user(name: object, uid: object) -> None:
+    _match("crawl_user", name, _USER_RE, "a user name (lower-case letters, digits, '_' or '-', max 32)")
+    if name == "root":
+        raise RenderError("crawl_user", "must not be root: the node agent and Chromium run as this user")
+    if isinstance(uid, bool) or not isinstance(uid, int) or not _CRAWL_UID_MIN <= uid <= _CRAWL_UID_MAX:
+        raise RenderError("crawl_uid", f"{uid!r} is not a uid ({_CRAWL_UID_MIN}-{_CRAWL_UID_MAX})")
 
 
 def _s3_key(field: str, value: object) -> None:
@@ -134,9 +144,12 @@ class NodeUserData:
     boot_timeout_s: int = 600  # give up (report + shut down) if the bootstrap is not done by then
     imds_url: str = "http://169.254.169.254"
     efs_access_point_id: str | None = None  # mount through this access point (its file-system policy may require it)
+    crawl_user: str = "gridfleet"  # the agent, its Grid node and Chromium run as this user, never as root
+    crawl_uid: int = 2000  # its uid and gid: the EFS access point's POSIX user
 
     def __post_init__(self) -> None:
         _match("run_id", self.run_id, _RUN_ID_RE, "a run id (letters, digits, '.', '_' or '-', max 64)")
+        _crawl_user(self.crawl_user, self.crawl_uid)
         if self.efs_access_point_id is not None:
             _match("efs_access_point_id", self.efs_access_point_id, _EFS_AP_RE, "an EFS access point id (fsap-<hex>)")
         _check_common(self)
@@ -144,6 +157,9 @@ class NodeUserData:
         _match("efs_id", self.efs_id, _EFS_ID_RE, "an EFS file system id (fs-<hex>)")
         _match("hub_address", self.hub_address, _HOST_RE, "a DNS name or an IPv4 address")
         _port("node_port", self.node_port)
+        if self.node_port < 1024:
+            raise RenderError("node_port", f"{self.node_port} is a privileged port: the Grid node runs as "
+                                           f"{self.crawl_user} (1024-65535)")
         _path("efs_mount", self.efs_mount)
         b = self.boot_timeout_s
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 86400:
@@ -235,6 +251,7 @@ def render_node(p: NodeUserData) -> str:
     # amazon-efs-utils.deb, when the AMI and apt lack it, sits beside the bundle.
     ctx["efs_utils_key"] = posixpath.join(posixpath.dirname(p.bundle_key), "amazon-efs-utils.deb")
     ctx["efs_options"] = "tls,iam" + (f",accesspoint={p.efs_access_point_id}" if p.efs_access_point_id else "")
+    ctx["crawl_home"] = posixpath.join(p.state_dir, "home")
     return _cloud_config("node.yaml.j2", NODE_BOOT_SCRIPT, _render("node-boot.sh.j2", ctx),
                          NODE_ENV_FILE, _render("node.env.j2", ctx))
 

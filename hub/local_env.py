@@ -1,14 +1,25 @@
 """Wiring of the embedded default: the local stack, moto-backed adapters, local provider and control.
 
-`GRIDFLEET_HOME` (default `~/.gridfleet`) holds the stack (`local/`), local
-instances, and `efs/` (profiles and locks, kept like EFS across runs).
+`GRIDFLEET_HOME` (default `~/.gridfleet`, `/var/lib/gridfleet` for root) holds
+the stack (`local/`), local instances, and `efs/` (profiles and locks, kept
+like EFS across runs).
+
+A root hub's nodes start their Grid node, and so Chromium, as the crawl user
+(`fleet.crawl_user`), so that no browser runs as root; the agents stay with
+the invoking user (the project's Python may be where no other user can read
+it). That needs the user, and everything the Grid node and Chromium open
+reachable by it: checked once, and when it fails the nodes run as before
+(Chromium as root, without its sandbox), said once in the log.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import pwd
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +40,75 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("gridfleet")
 
 
-def gridfleet_home(environ: dict[str, str] | None = None) -> Path:
+#: root's GRIDFLEET_HOME: the crawl user must reach the profiles and the nodes' state, and root's home is closed.
+ROOT_HOME = Path("/var/lib/gridfleet")
+
+
+def gridfleet_home(environ: dict[str, str] | None = None, euid: int | None = None) -> Path:
     env = os.environ if environ is None else environ
-    return Path(env.get("GRIDFLEET_HOME") or Path.home() / ".gridfleet")
+    if env.get("GRIDFLEET_HOME"):
+        return Path(env["GRIDFLEET_HOME"])
+    return ROOT_HOME if (os.geteuid() if euid is None else euid) == 0 else Path.home() / ".gridfleet"
+
+
+@dataclass(frozen=True)
+class CrawlUser:
+    """The user local nodes start their Grid node as, and the Selenium jar that user can read."""
+
+    name: str
+    uid: int
+    grid_jar: Path
+
+
+def user_can(pw: pwd.struct_passwd, test: str, path: Path) -> bool:
+    """Whether the user `pw` passes `test <test> <path>` (e.g. -r, -x), run as that user: the kernel's own
+    answer, ACLs included (needs root)."""
+    groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
+    try:
+        r = subprocess.run(["test", test, str(path)], user=pw.pw_uid, group=pw.pw_gid, extra_groups=groups,
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0
+
+
+def umask() -> int:
+    """This process's umask, read without setting it (os.umask would change it for every thread meanwhile)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    return 0o022
+
+
+def reach_crawl_user(name: str, stack: LocalStack, jar: Path, euid: int | None = None
+                     ) -> tuple[CrawlUser | None, str | None]:
+    """(the user, None) when local nodes can run their Grid node and Chromium as `name`; (None, why not) when
+    they cannot; (None, None) when this process is not root (it runs nothing as root)."""
+    if (os.geteuid() if euid is None else euid) != 0:
+        return None, None
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        return None, f"there is no user {name} (fleet.crawl_user; `make setup` run as root creates it)"
+    if pw.pw_uid == 0:
+        return None, f"the crawl user {name} is root"
+    if umask() & 0o001:  # the nodes' state dirs are made later, with this umask
+        return None, f"the umask {umask():04o} makes the nodes' state dirs closed to user {name}"
+    for d in (stack.instances_dir, stack.efs_root / "profiles"):
+        d.mkdir(parents=True, exist_ok=True)
+        if not user_can(pw, "-x", d):
+            return None, f"user {name} cannot reach {d} (GRIDFLEET_HOME must be traversable by it)"
+    if not user_can(pw, "-r", jar):  # e.g. a checkout under /root: a copy beside the nodes' state
+        copy = stack.dir / "grid" / jar.name
+        if not copy.is_file() or copy.stat().st_size != jar.stat().st_size:
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(jar, copy.with_suffix(".part"))
+            copy.with_suffix(".part").chmod(0o644)
+            os.replace(copy.with_suffix(".part"), copy)
+        if not user_can(pw, "-r", copy):
+            return None, f"user {name} cannot read {jar} nor its copy {copy}"
+        jar = copy
+    return CrawlUser(name, pw.pw_uid, jar), None
 
 
 def grid_jar_candidates(home: Path, environ: dict[str, str] | None = None) -> list[Path]:
@@ -83,18 +160,33 @@ class LocalEnv:
         path.write_text(dump_config(self.config))
         return path
 
+    @functools.cached_property
+    def crawl_user(self) -> CrawlUser | None:
+        """Who local nodes run their Grid node and Chromium as (None: the nodes' own user); decided once."""
+        if self.stack.grid_jar is None:  # the nodes start no Grid node
+            return None
+        user, problem = reach_crawl_user(self.config.fleet.crawl_user, self.stack, self.stack.grid_jar)
+        if problem is not None:
+            log.warning("embedded default: local nodes run Chromium as root, without its sandbox: %s", problem)
+        elif user is not None:
+            log.info("embedded default: local nodes run their Grid node and Chromium as %s (uid %d)",
+                     user.name, user.uid)
+        return user
+
     def provider(self, run_id: str, clock: Clock) -> LocalProvider:
         cfg_path = self.config_path(run_id)
         st = self.state
-        jar = self.stack.grid_jar
 
         def node_command(run: str, iid: str, inst_dir: Path) -> list[str]:
             cmd = [sys.executable, "-m", "node", "--local", "--config", str(cfg_path), "--run-id", run,
                    "--instance-id", iid, "--state-dir", str(inst_dir), "--profiles-root", str(self.stack.efs_root),
                    "--grid-url", st.grid_url, "--imds-url", f"{st.imds_url}/{iid}"]
+            jar, user = self.stack.grid_jar, self.crawl_user
             if jar is not None:
-                cmd += ["--grid-jar", str(jar), "--grid-publish", st.grid_publish, "--grid-subscribe",
-                        st.grid_subscribe]
+                cmd += ["--grid-jar", str(user.grid_jar if user else jar), "--grid-publish", st.grid_publish,
+                        "--grid-subscribe", st.grid_subscribe]
+            if user is not None:
+                cmd += ["--grid-user", user.name]
             return cmd
 
         return LocalProvider(self.stack.instances_dir, self.stack.stack_id, node_command, clock)

@@ -5,6 +5,12 @@ not under the crawler process, so killing a hung crawler leaves it open. After
 any crawl the agent kills the Chromium whose `--user-data-dir` is the site's
 profile (with its helpers) and asks the Grid to end the session, freeing the
 node's single slot for the next site.
+
+Chromium keeps its sandbox on unless it cannot have it: when it would run as
+root (it refuses to start there with the sandbox), or when the machine denies
+the user namespaces the sandbox is built on. The node decides that once, for
+the user its Grid node runs Chromium as (`sandbox_problem`), and gives the
+crawler `--no-sandbox` only then.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,7 +29,7 @@ from fleet.local import procs
 
 log = logging.getLogger("gridfleet.node")
 
-#: Flags Chromium needs to run headless on a server (as root, with no network beyond the crawl).
+#: Flags Chromium needs to run headless on a server, with no network beyond the crawl.
 BASE_ARGS = (
     "--headless=new", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--no-default-browser-check",
@@ -40,13 +48,54 @@ STARTUP_PREFS = {
 }
 
 
+NO_SANDBOX = "--no-sandbox"
+
+#: Switches of the kernel that deny unprivileged user namespaces, with the value that denies them. Debian's
+#: kernels have the second, Ubuntu's the third; a file that is absent switches nothing.
+USERNS_SWITCHES = (
+    ("user/max_user_namespaces", "0"),
+    ("kernel/unprivileged_userns_clone", "0"),
+    ("kernel/apparmor_restrict_unprivileged_userns", "1"),
+)
+
+
 def chrome_args(profile_dir: Path, extra: tuple[str, ...] = ()) -> list[str]:
-    args = list(BASE_ARGS)
-    if os.geteuid() == 0:
-        args.append("--no-sandbox")  # Chromium refuses to run as root with its sandbox
-    args.append(f"--user-data-dir={profile_dir}")
-    args.extend(extra)
-    return args
+    """Chromium's arguments for a crawl; `extra` carries `--no-sandbox` when the node found it needed."""
+    return [*BASE_ARGS, f"--user-data-dir={profile_dir}", *extra]
+
+
+def sandbox_problem(uid: int, gid: int, groups: tuple[int, ...] = (), sysctl_dir: Path = Path("/proc/sys"),
+                    probe: bool = True) -> str | None:
+    """Why Chromium run as `uid` cannot have its sandbox, or None when it can.
+
+    Chromium refuses to run as root with its sandbox on; elsewhere the sandbox
+    needs unprivileged user namespaces. The kernel's switches are read first
+    (they name the reason), then, with `probe`, `unshare --user` is run as that
+    user, which also catches what no switch shows (a container's seccomp
+    filter). Probing as another user than this process's needs root.
+    """
+    if uid == 0:
+        return "Chromium would run as root, where it refuses its sandbox"
+    for name, denies in USERNS_SWITCHES:
+        try:
+            value = (sysctl_dir / name).read_text().strip()
+        except OSError:
+            continue
+        if value == denies:
+            return f"the kernel denies unprivileged user namespaces ({name.replace('/', '.')} = {value})"
+    unshare = shutil.which("unshare") if probe else None
+    if unshare is None:
+        return None
+    other = uid != os.geteuid()
+    try:
+        r = subprocess.run([unshare, "--user", "true"], capture_output=True, text=True, timeout=10,
+                           user=uid if other else None, group=gid if other else None,
+                           extra_groups=list(groups) if other else None)
+    except (OSError, subprocess.SubprocessError):
+        return None  # a probe that cannot run decides nothing: the sandbox stays on
+    if r.returncode != 0:
+        return f"user namespaces are denied to uid {uid}: {(r.stderr or r.stdout).strip() or r.returncode}"
+    return None
 
 
 def capabilities(chromium: str, args: list[str], node_id: str, page_load_timeout_s: float) -> dict[str, Any]:

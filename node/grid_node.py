@@ -3,12 +3,20 @@
 The stereotype carries `gridfleet:node=<instance id>`, so the Grid routes a
 session to this node only when the crawler asks for it: the browser runs on the
 machine that holds the site's profile lock. One session at a time.
+
+The Grid node, and so chromedriver and Chromium, may run as another user than
+the agent (`RunAs`): on the embedded default a root hub's nodes start it as the
+crawl user, with a HOME and working directory of its own, so that Chromium runs
+unprivileged with its sandbox on.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import pwd
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
@@ -18,6 +26,22 @@ from fleet.local import procs
 from node.browser import NODE_CAPABILITY, grid_node_ready
 
 log = logging.getLogger("gridfleet.node")
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """A user a child process runs as: uid, primary gid and supplementary groups."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+    @classmethod
+    def lookup(cls, name: str) -> RunAs:
+        """The local user `name` (KeyError when there is none)."""
+        pw = pwd.getpwnam(name)
+        return cls(name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(name, pw.pw_gid)))
 
 
 @dataclass(frozen=True)
@@ -47,22 +71,31 @@ def render_toml(spec: GridNodeSpec, node_id: str, port: int) -> str:
 
 
 class GridNode:
-    def __init__(self, spec: GridNodeSpec, node_id: str, state_dir: Path):
+    def __init__(self, spec: GridNodeSpec, node_id: str, state_dir: Path, run_as: RunAs | None = None):
         self.spec = spec
         self.node_id = node_id
         self.state_dir = state_dir
+        self.run_as = run_as  # None: this process's user
         self.proc: subprocess.Popen | None = None
+
+    @property
+    def home(self) -> Path:
+        """HOME and working directory of a Grid node run as another user (Chromium writes there)."""
+        return self.state_dir / "grid-home"
 
     def start(self, timeout_s: float = 90) -> None:
         port = self.spec.port or procs.free_port()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         toml = self.state_dir / "grid-node.toml"
         toml.write_text(render_toml(self.spec, self.node_id, port))
-        log_file = open(self.state_dir / "grid-node.log", "ab")
+        log_file = open(self.state_dir / "grid-node.log", "ab")  # opened here: the Grid node needs no access
         cmd = [self.spec.java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                "-jar", str(self.spec.jar), "node", "--config", str(toml)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT)
-        log_file.close()
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                         **self._as_user(toml))
+        finally:
+            log_file.close()
         deadline = time.monotonic() + timeout_s
         while not grid_node_ready(self.spec.grid_url, self.node_id):
             if self.proc.poll() is not None:
@@ -70,7 +103,22 @@ class GridNode:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Grid node not registered with {self.spec.grid_url} after {timeout_s:.0f}s")
             time.sleep(0.25)
-        log.info("grid-node-up node=%s port=%d grid=%s", self.node_id, port, self.spec.grid_url)
+        log.info("grid-node-up node=%s port=%d grid=%s user=%s", self.node_id, port, self.spec.grid_url,
+                 self.run_as.name if self.run_as else "(this process's)")
+
+    def _as_user(self, toml: Path) -> dict:
+        """Popen's arguments that start the Grid node as `run_as`: its ids, its own HOME and cwd, the toml
+        readable; the environment (and so the process markers) is kept."""
+        u = self.run_as
+        if u is None or u.uid == os.geteuid():
+            return {}
+        self.home.mkdir(mode=0o700, exist_ok=True)
+        os.chown(self.home, u.uid, u.gid)
+        os.chmod(self.state_dir, stat.S_IMODE(os.stat(self.state_dir).st_mode) | 0o011)  # traversable, not listable
+        toml.chmod(0o644)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}  # they name this user's dirs
+        env.update(HOME=str(self.home), USER=u.name, LOGNAME=u.name)
+        return {"user": u.uid, "group": u.gid, "extra_groups": list(u.groups), "env": env, "cwd": self.home}
 
     def problem(self) -> str | None:
         """None while the Grid node runs, else why it does not."""

@@ -3,12 +3,20 @@
 Starts this node's Grid node (unless one runs already), runs the agent until
 there is no more work, stops the Grid node, and exits; on EC2 the instance then
 shuts down, which terminates it.
+
+Chromium runs as the Grid node's user: the agent's own on EC2 (the boot script
+starts the agent as the unprivileged crawl user), or `--grid-user` (a root
+agent on the embedded default). The node decides once whether Chromium can keep
+its sandbox there and, when it cannot, gives its crawlers `--no-sandbox` and
+says why in its log.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
 import signal
 import sys
 import time
@@ -28,7 +36,7 @@ from fleet.results import S3ResultStore
 from fleet.table import DynamoStateTable
 from node import browser
 from node.agent import Agent, AgentSettings
-from node.grid_node import GridNode, GridNodeSpec
+from node.grid_node import GridNode, GridNodeSpec, RunAs
 from node.runner import ChildProcess
 from node.spot import SpotWatcher
 from profiles import ProfileStore
@@ -59,8 +67,44 @@ def parser() -> argparse.ArgumentParser:
                     help="address this node's Grid node listens on and the hub reaches it at (its private IP on EC2)")
     ap.add_argument("--grid-port", type=int, default=0, help="port of this node's Grid node (0: a free one)")
     ap.add_argument("--java", default="java")
+    ap.add_argument("--grid-user", help="run the Grid node (so chromedriver and Chromium) as this local user "
+                                        "(needs root; default: this process's user)")
     ap.add_argument("--local", action="store_true", help="AWS is the embedded default's moto server")
     return ap
+
+
+def grid_user(name: str | None) -> RunAs | None:
+    """The user to start the Grid node as, when it is another than this process's and it can be."""
+    if not name:
+        return None
+    try:
+        user = RunAs.lookup(name)
+    except KeyError:
+        event(log, "grid-user-missing", logging.WARNING, user=name,
+              detail="no such user: the Grid node and Chromium run as this process's user")
+        return None
+    if user.uid == os.geteuid():
+        return None
+    if os.geteuid() != 0:
+        event(log, "grid-user-refused", logging.WARNING, user=name,
+              detail="only root can start the Grid node as another user: it runs as this process's user")
+        return None
+    return user
+
+
+def sandbox_args(user: RunAs | None) -> tuple[str, ...]:
+    """`--no-sandbox` when Chromium, run as `user` (None: as this process), cannot have its sandbox, else
+    nothing; said once in the node's log."""
+    if user is None:
+        uid, gid, groups = os.geteuid(), os.getegid(), tuple(os.getgroups())
+    else:
+        uid, gid, groups = user.uid, user.gid, user.groups
+    problem = browser.sandbox_problem(uid, gid, groups)
+    if problem is None:
+        event(log, "chromium-sandbox", uid=uid, sandbox="on")
+        return ()
+    event(log, "chromium-sandbox", logging.WARNING, uid=uid, sandbox="off", reason=problem)
+    return (browser.NO_SANDBOX,)
 
 
 def kill_main(argv: list[str]) -> int:
@@ -117,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args.state_dir.mkdir(parents=True, exist_ok=True)
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS if args.local else None)
     grid = None
+    run_as = grid_user(args.grid_user) if args.grid_jar else None
     try:
         if args.grid_jar:
             if not (args.grid_publish and args.grid_subscribe):
@@ -126,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                                 subscribe=args.grid_subscribe, chromedriver=config.browser.chromedriver,
                                 host=args.grid_host, port=args.grid_port, java=args.java,
                                 session_timeout_s=int(max(60, config.run.hang_after_s * 2)))
-            grid = GridNode(spec, args.instance_id, args.state_dir)
+            grid = GridNode(spec, args.instance_id, args.state_dir, run_as=run_as)
             grid.start()
 
         clock = SystemClock()
@@ -138,12 +183,15 @@ def main(argv: list[str] | None = None) -> int:
             if session_id and (forced or killed):
                 browser.end_session(args.grid_url, session_id)
 
+        settings = AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url,
+                                             local=args.local)
+        settings = dataclasses.replace(settings, chrome_args=(*settings.chrome_args, *sandbox_args(run_as)))
         agent = Agent(
-            AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url, local=args.local),
+            settings,
             table=DynamoStateTable(clients.client("dynamodb"), config.aws.table),
             queue=SqsSiteQueue(clients.client("sqs"), config.aws.queue_name, config.aws.dlq_name),
             results=S3ResultStore(clients.client("s3"), config.aws.bucket),
-            profiles=ProfileStore(args.profiles_root),
+            profiles=ProfileStore(args.profiles_root, owner=(run_as.uid, run_as.gid) if run_as else None),
             start_crawl=lambda job, log_path: ChildProcess(job, log_path),
             cleanup=cleanup, clock=clock, state_dir=args.state_dir,
             healthy=grid.problem if grid is not None else (lambda: None),

@@ -6,6 +6,7 @@ from profiles.store import (
     ProfileBusy,
     ProfileStore,
     check_site_id,
+    give_to,
     remove_singletons,
 )
 
@@ -15,5 +16,6 @@ __all__ = [
     "ProfileBusy",
     "ProfileStore",
     "check_site_id",
+    "give_to",
     "remove_singletons",
 ]

@@ -33,6 +33,11 @@ to ``hostname-pid``), ``SingletonSocket`` and ``SingletonCookie``, which make
 the next Chrome refuse the profile. Once the lock is held, and only then,
 `acquire` removes every ``Singleton*`` entry directly inside the profile
 directory, without following symlinks, and reports what it removed.
+
+Chrome may run as another user than the process holding the lock (a root node
+agent whose browser runs as an unprivileged user). A store made with an
+``owner`` gives each profile directory it hands out to that uid and gid,
+including one an earlier run left owned by someone else.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from typing import Callable
 import fasteners
 
 __all__ = [
-    "HeldProfile", "ProfileBusy", "ProfileStore", "SITE_ID_RE", "check_site_id", "remove_singletons",
+    "HeldProfile", "ProfileBusy", "ProfileStore", "SITE_ID_RE", "check_site_id", "give_to", "remove_singletons",
 ]
 
 #: What a site id may look like; anything else could name a path outside the root.
@@ -110,8 +115,9 @@ class _Slot:
 class ProfileStore:
     """The profiles and lock files under one root directory."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, owner: tuple[int, int] | None = None):
         self.root = Path(root)
+        self.owner = owner  # (uid, gid) the profile directories belong to; None: whoever makes them
         self._mutex = threading.Lock()
         self._slots: dict[str, _Slot] = {}
 
@@ -183,6 +189,8 @@ class ProfileStore:
             profile.parent.mkdir(parents=True, exist_ok=True)
             profile.mkdir(mode=PROFILE_DIR_MODE, exist_ok=True)
             removed = remove_singletons(profile)
+            if self.owner is not None:
+                give_to(profile, *self.owner)
         except BaseException:
             self._release(site, slot)
             raise
@@ -242,6 +250,21 @@ def _close_lock_file(lock: fasteners.InterProcessLock) -> None:
     lock.lockfile = None
     if handle is not None and not handle.closed:
         handle.close()
+
+
+def give_to(profile: Path, uid: int, gid: int) -> None:
+    """Make `profile` and everything in it belong to `uid`:`gid` (symlinks themselves, never followed).
+
+    Nothing is walked when the directory already belongs to them, so this costs
+    one stat per crawl once a profile has been given.
+    """
+    st = os.lstat(profile)
+    if (st.st_uid, st.st_gid) == (uid, gid):
+        return
+    for top, dirs, files in os.walk(profile):
+        for name in dirs + files:
+            os.lchown(os.path.join(top, name), uid, gid)
+    os.lchown(profile, uid, gid)
 
 
 def remove_singletons(profile: Path) -> tuple[str, ...]:

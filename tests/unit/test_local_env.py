@@ -1,8 +1,16 @@
-"""The config the embedded default gives its nodes."""
+"""The config the embedded default gives its nodes, its home, and the user its nodes run Chromium as."""
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
 
 from fleet.config import Config
-from fleet.local.stack import Component, StackState
-from hub.local_env import effective_config
+from fleet.local.stack import Component, LocalStack, StackState
+from hub.local_env import ROOT_HOME, LocalEnv, effective_config, gridfleet_home, reach_crawl_user
 
 STATE = StackState("sid", "/tmp/x", None, {
     "moto": Component("moto", 1, None, "http://127.0.0.1:5000"),
@@ -28,3 +36,114 @@ def test_local_nodes_are_capped_by_the_machine_unless_configured():
     assert effective_config(config(fleet={"max_nodes": 3}), STATE, cpus=2).fleet.max_nodes == 3
     capped = config(fleet={"max_nodes": 20}, local={"max_nodes": 12})
     assert effective_config(capped, STATE, cpus=2).fleet.max_nodes == 12
+
+
+# --- GRIDFLEET_HOME and the crawl user ----------------------------------------------------------------
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
+USER = "nobody"  # a user every Debian system has, standing in for fleet.crawl_user
+
+
+def test_gridfleet_home_is_under_var_lib_for_root_and_the_home_directory_otherwise():
+    assert gridfleet_home({}, euid=0) == ROOT_HOME == Path("/var/lib/gridfleet")
+    assert gridfleet_home({}, euid=1000) == Path.home() / ".gridfleet"
+    assert gridfleet_home({"GRIDFLEET_HOME": "/srv/gf"}, euid=0) == Path("/srv/gf")
+
+
+@pytest.fixture
+def open_dir():
+    """A directory other users can traverse (pytest's tmp_path is root's alone: 0700 above it)."""
+    d = Path(tempfile.mkdtemp(prefix="gridfleet-le-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def local_env(stack: LocalStack, crawl_user: str) -> LocalEnv:
+    state = StackState("sid", str(stack.dir), None, {
+        **STATE.components, "imds": Component("imds", 4, None, "http://127.0.0.1:8169")}, 0.0)
+    return LocalEnv(home=stack.root, stack=stack, state=state, config=config(fleet={"crawl_user": crawl_user}),
+                    clients=None, table=None, queue=None, results=None)
+
+
+def make_jar(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    jar = d / "selenium-server-4.48.0.jar"
+    jar.write_bytes(b"jar" * 100)
+    jar.chmod(0o644)
+    return jar
+
+
+def test_nobody_is_switched_to_unless_root(open_dir):
+    stack = LocalStack(open_dir / "home")
+    assert reach_crawl_user(USER, stack, make_jar(open_dir / "vendor"), euid=1000) == (None, None)
+
+
+@needs_root
+def test_a_reachable_crawl_user_is_used_with_the_jar_where_it_is(open_dir):
+    stack = LocalStack(open_dir / "home")
+    jar = make_jar(open_dir / "vendor")
+    user, problem = reach_crawl_user(USER, stack, jar)
+    assert problem is None
+    assert (user.name, user.uid, user.grid_jar) == (USER, 65534, jar)
+    assert stack.instances_dir.is_dir() and (stack.efs_root / "profiles").is_dir()
+
+
+@needs_root
+def test_a_jar_the_user_cannot_read_is_copied_beside_the_nodes_state(open_dir, tmp_path):
+    stack = LocalStack(open_dir / "home")
+    jar = make_jar(tmp_path / "vendor")  # under pytest's 0700 directories, like a checkout under /root
+    user, problem = reach_crawl_user(USER, stack, jar)
+    assert problem is None
+    assert user.grid_jar == stack.dir / "grid" / jar.name
+    assert user.grid_jar.read_bytes() == jar.read_bytes() and user.grid_jar.stat().st_mode & 0o777 == 0o644
+    again, _ = reach_crawl_user(USER, stack, jar)
+    assert again == user
+
+
+@needs_root
+def test_a_home_the_user_cannot_reach_or_a_missing_user_is_said_and_nothing_switches(tmp_path, open_dir):
+    jar = make_jar(open_dir / "vendor")
+    user, problem = reach_crawl_user(USER, LocalStack(tmp_path / "home"), jar)
+    assert user is None and f"user {USER} cannot reach {tmp_path / 'home' / 'local' / 'instances'}" in problem
+    user, problem = reach_crawl_user("no-such-user-gf", LocalStack(open_dir / "home"), jar)
+    assert user is None and "there is no user no-such-user-gf" in problem
+    assert reach_crawl_user("root", LocalStack(open_dir / "home"), jar) == (None, "the crawl user root is root")
+
+
+@needs_root
+def test_local_nodes_start_their_grid_node_as_the_crawl_user_said_once(open_dir, caplog):
+    jar = make_jar(open_dir / "vendor")
+    stack = LocalStack(open_dir / "home", grid_jar=jar)
+    env = local_env(stack, USER)
+    with caplog.at_level(logging.INFO, logger="gridfleet"):
+        provider = env.provider("r1", clock=None)
+        assert not caplog.records  # nothing is decided before a node is launched
+        cmds = [provider.node_command("r1", f"i-{n}", stack.instances_dir / "r1" / f"i-{n}") for n in (1, 2)]
+    for cmd in cmds:
+        assert cmd[cmd.index("--grid-user") + 1] == USER and cmd[cmd.index("--grid-jar") + 1] == str(jar)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"embedded default: local nodes run their Grid node and Chromium as {USER} (uid 65534)"]
+
+
+@needs_root
+def test_without_the_crawl_user_local_nodes_run_as_before_said_once(open_dir, caplog):
+    jar = make_jar(open_dir / "vendor")
+    stack = LocalStack(open_dir / "home", grid_jar=jar)
+    env = local_env(stack, "no-such-gf")
+    with caplog.at_level(logging.INFO, logger="gridfleet"):
+        provider = env.provider("r1", clock=None)
+        cmds = [provider.node_command("r1", f"i-{n}", stack.instances_dir / "r1" / f"i-{n}") for n in (1, 2)]
+    for cmd in cmds:
+        assert "--grid-user" not in cmd and cmd[cmd.index("--grid-jar") + 1] == str(jar)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "run Chromium as root, without its sandbox" in warnings[0].getMessage()
+
+
+@needs_root
+def test_a_umask_that_closes_the_nodes_state_dirs_is_said(open_dir):
+    old = os.umask(0o077)
+    try:
+        user, problem = reach_crawl_user(USER, LocalStack(open_dir / "home"), make_jar(open_dir / "vendor"))
+    finally:
+        os.umask(old)
+    assert user is None and problem == f"the umask 0077 makes the nodes' state dirs closed to user {USER}"

@@ -325,3 +325,40 @@ def test_singleton_entries_stay_while_another_process_holds_the_lock(
     with store.acquire("a", 0) as held:
         assert held.removed == ("SingletonLock",)
         assert not os.path.lexists(link)
+
+
+# --- profiles for a browser of another user -----------------------------------------------------------
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another user needs root")
+CRAWL = (2345, 2346)  # (uid, gid) of a browser's user; no such user needs to exist
+
+
+@needs_root
+def test_a_store_with_an_owner_gives_new_profiles_to_it(tmp_path):
+    store = ProfileStore(tmp_path, owner=CRAWL)
+    with store.acquire("site-a", 0) as held:
+        st = held.path.stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (*CRAWL, 0o700)
+    lock = store.lock_path("site-a").stat()
+    assert (lock.st_uid, lock.st_gid) == (os.geteuid(), os.getegid())  # the lock stays the holder's
+
+
+@needs_root
+def test_a_profile_left_by_another_user_is_given_to_the_owner_whole(tmp_path):
+    profile = tmp_path / "profiles" / "site-a"
+    (profile / "Default" / "Cache").mkdir(parents=True)
+    (profile / "Default" / "Cookies").write_text("c")
+    (profile / "SingletonLock").symlink_to("elsewhere-123")
+    (profile / "Default" / "link").symlink_to("/etc/passwd")  # a symlink is given itself, never followed
+    with ProfileStore(tmp_path, owner=CRAWL).acquire("site-a", 0) as held:
+        assert held.removed == ("SingletonLock",)
+    for path in (profile, profile / "Default", profile / "Default" / "Cache", profile / "Default" / "Cookies",
+                 profile / "Default" / "link"):
+        st = os.lstat(path)
+        assert (st.st_uid, st.st_gid) == CRAWL, path
+    assert os.stat("/etc/passwd").st_uid == 0
+
+
+def test_a_store_without_an_owner_leaves_ownership_alone(tmp_path):
+    with ProfileStore(tmp_path).acquire("site-a", 0) as held:
+        st = held.path.stat()
+        assert (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid())
