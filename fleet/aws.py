@@ -2,7 +2,8 @@
 
 Every adapter receives its client from `AwsClients`, so the retry policy
 (botocore's `standard` mode), timeouts, the endpoint (moto server on the
-embedded default, or any `aws.endpoint_url`) and test hooks apply everywhere.
+embedded default, or any `aws.endpoint_url`), the naming of failed calls
+(`fleet.aws_errors`) and test hooks apply everywhere.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any, Callable
 
 import boto3
 from botocore.config import Config as BotoConfig
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
 
+from fleet.aws_errors import AwsCall, name_calls, service_label, stamp
 from fleet.config import AwsConfig
 
 #: Error codes worth retrying by our own loops (botocore already retries these a few times).
@@ -54,6 +56,12 @@ def error_code(e: BaseException) -> str | None:
     return None
 
 
+#: Callbacks given every new client of every AwsClients, after its own `on_client`: how tests reach the clients a
+#: command makes for itself (to record its calls, or to answer them with failures moto cannot produce).
+#: Empty outside tests.
+CLIENT_HOOKS: list[Callable[[str, Any], None]] = []
+
+
 class AwsClients:
     """boto3 clients for one AwsConfig, created once per service and shared.
 
@@ -91,8 +99,19 @@ class AwsClients:
     def client(self, service: str) -> Any:
         with self._lock:
             if service not in self._clients:
-                c = self._session.client(service, endpoint_url=self.aws.endpoint_url, config=self._config)
-                for hook in self._on_client:
+                try:
+                    if not self.aws.region:  # botocore would build an endpoint with an empty region in it
+                        raise NoRegionError()
+                    c = self._session.client(service, endpoint_url=self.aws.endpoint_url, config=self._config)
+                except BotoCoreError as e:
+                    stamp(e, AwsCall(service_label(service)))
+                    raise
+                name_calls(service, c)
+                for hook in (*self._on_client, *CLIENT_HOOKS):
                     hook(service, c)
                 self._clients[service] = c
             return self._clients[service]
+
+    def has_credentials(self) -> bool:
+        """Whether botocore finds any credentials (it looks without calling AWS; an IMDS lookup at most)."""
+        return self._session.get_credentials() is not None

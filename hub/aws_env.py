@@ -12,16 +12,18 @@ import os
 import socket
 import subprocess
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError
+from botocore.exceptions import ClientError
 
 from cloud_init import NodeUserData, RenderError, render_node
 from fleet.aws import AwsClients, error_code
+from fleet.aws_errors import CREATE_ADVICE
 from fleet.clock import Clock
 from fleet.config import Config
 from fleet.config_load import dump_config
-from fleet.errors import GridfleetError, MissingResource, UsageError
+from fleet.errors import MissingResource, UsageError
 from fleet.imds import Imds, ImdsError
 from fleet.local import procs
 from fleet.queue import SqsSiteQueue
@@ -35,34 +37,41 @@ log = logging.getLogger("gridfleet.hub")
 
 @dataclass
 class AwsEnv:
+    """The run's AWS adapters. Each client is made when first used, so a command that ends before it needs AWS
+    (`run --dry-run` without credentials, `render node`) makes none."""
+
     config: Config
     clients: AwsClients
-    table: DynamoStateTable
-    queue: SqsSiteQueue
-    results: S3ResultStore
+
+    @cached_property
+    def table(self) -> DynamoStateTable:
+        return DynamoStateTable(self.clients.client("dynamodb"), self.config.aws.table)
+
+    @cached_property
+    def queue(self) -> SqsSiteQueue:
+        return SqsSiteQueue(self.clients.client("sqs"), self.config.aws.queue_name, self.config.aws.dlq_name)
+
+    @cached_property
+    def results(self) -> S3ResultStore:
+        return S3ResultStore(self.clients.client("s3"), self.config.aws.bucket)
 
     @property
     def ec2(self) -> Any:
         return self.clients.client("ec2")
 
     def preflight(self) -> None:
-        """Exit 1 naming exactly what is missing (credentials, table, queue, DLQ, bucket), before any launch."""
-        try:
-            missing = []
-            for check in (self.table.check_exists, self.queue.check_exists, self.results.check_exists):
-                try:
-                    check()
-                except MissingResource as e:
-                    missing.append(str(e))
-        except NoCredentialsError:
-            raise MissingResource("no AWS credentials: configure a profile, environment variables or an "
-                                  "instance role") from None
-        except NoRegionError:
-            raise MissingResource("no AWS region: set aws.region") from None
-        except ClientError as e:
-            raise GridfleetError(f"AWS refused the preflight checks: {error_code(e)}: {e}") from None
+        """Exit 1 naming exactly what is missing (table, queue, DLQ, bucket), before any launch.
+
+        Any other AWS failure (no credentials, access denied, ...) propagates: the command line's outer edge
+        words it (fleet.aws_errors)."""
+        missing = []
+        for check in (self.table.check_exists, self.queue.check_exists, self.results.check_exists):
+            try:
+                check()
+            except MissingResource as e:
+                missing.append(str(e))
         if missing:
-            raise MissingResource("; ".join(missing) + " (create them with Terraform, or `gridfleet aws bootstrap`)")
+            raise MissingResource(missing_line(missing))
 
     def resolve_ami(self) -> str:
         ami = self.config.aws.ami
@@ -76,7 +85,20 @@ class AwsEnv:
         try:
             return self.clients.client("ssm").get_parameter(Name=ami)["Parameter"]["Value"]
         except ClientError as e:
-            raise MissingResource(f"aws.ami: SSM parameter {ami!r} cannot be read: {error_code(e)}") from None
+            if error_code(e) in ("ParameterNotFound", "ValidationException"):
+                raise MissingResource(f"aws.ami: there is no SSM parameter {ami!r} in {self.config.aws.region}: "
+                                      f"{error_code(e)}") from None
+            raise
+
+    def check_instance_profile(self) -> None:
+        """The nodes' instance profile exists (IAM GetInstanceProfile); MissingResource if not."""
+        name = self.config.aws.instance_profile
+        try:
+            self.clients.client("iam").get_instance_profile(InstanceProfileName=name)
+        except ClientError as e:
+            if error_code(e) == "NoSuchEntity":
+                raise MissingResource(f"IAM instance profile {name!r} (aws.instance_profile) does not exist") from None
+            raise
 
     def upload_run_config(self, run_id: str) -> str:
         key = self.run_config_key(run_id)
@@ -103,11 +125,12 @@ class AwsEnv:
 
 
 def connect(config: Config, clients: AwsClients | None = None) -> AwsEnv:
-    clients = clients or AwsClients(config.aws)
-    aws = config.aws
-    return AwsEnv(config, clients, DynamoStateTable(clients.client("dynamodb"), aws.table),
-                  SqsSiteQueue(clients.client("sqs"), aws.queue_name, aws.dlq_name),
-                  S3ResultStore(clients.client("s3"), aws.bucket))
+    return AwsEnv(config, clients or AwsClients(config.aws))
+
+
+def missing_line(missing: list[str]) -> str:
+    """One line for the fleet's resources that do not exist."""
+    return "; ".join(missing) + f": {CREATE_ADVICE}"
 
 
 def node_params(config: Config, run_id: str, hub_address: str) -> NodeUserData:
@@ -121,6 +144,7 @@ def node_params(config: Config, run_id: str, hub_address: str) -> NodeUserData:
         node_port=aws.node_port, install_dir=aws.install_dir, state_dir=aws.state_dir, efs_mount=aws.efs_mount,
         boot_timeout_s=int(config.fleet.boot_timeout_s),  # nodes use EC2's own metadata service
         efs_access_point_id=aws.efs_access_point_id,
+        crawl_user=config.fleet.crawl_user, crawl_uid=config.fleet.crawl_uid,
     )
 
 

@@ -1,4 +1,4 @@
-"""`gridfleet`: the command line (DESIGN 8). Exit codes: 0 every site COMPLETED, 3 some FAILED,
+"""`gridfleet`: the command line. Exit codes: 0 every site COMPLETED, 3 some FAILED,
 2 invalid config or usage (nothing launched), 1 any other error."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,26 +14,28 @@ from typing import Any, Callable
 
 from rich.console import Console
 
+from fleet import archive as run_archive
+from fleet.aws_errors import aws_failure
 from fleet.clock import SystemClock
 from fleet.config_load import load_config
 from fleet.errors import GridfleetError, MissingResource, UsageError
+from fleet.ids import RUN_ID_RULE, is_run_id
 from fleet.logs import setup
 from hub import aws_cmd, aws_env, local_env, run_cmd
 from hub.providers.ec2 import Ec2Provider
 from hub.sim import cli as sim_cli
 from hub.loop import EXIT_ERROR, EXIT_OK
-from hub.summary import build_summary, counts, export, site_entry
+from hub.summary import build_summary, counts, export, site_entry, write_json
 from hub.teardown import teardown_run
 from hub.views import print_sites
 
 log = logging.getLogger("gridfleet")
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_CONFIG = "fleet.yaml"
 
 
 def _run_id(value: str) -> str:
-    if not RUN_ID_RE.match(value):
-        raise argparse.ArgumentTypeError(f"{value!r}: letters, digits, '.', '_' or '-' (max 64), e.g. 2026-11-21")
+    if not is_run_id(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a run id: {RUN_ID_RULE}, e.g. 2026-11-21")
     return value
 
 
@@ -179,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gridfleet: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # the outer edge: an AWS failure is one line; anything else is a bug, with its traceback
+        failure = aws_failure(e)
+        if failure is None:
+            raise
+        log.debug("aws-failure kind=%s", failure.kind.value, exc_info=True)
+        print(f"gridfleet: error: {failure.line()}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 # --- validate ----------------------------------------------------------------------------
@@ -216,13 +224,7 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
 def cmd_config(args: argparse.Namespace, console: Console) -> int:
     from hub import tf_config
 
-    if args.tf_output == "-":
-        text, source = sys.stdin.read(), "stdin"
-    else:
-        try:
-            text, source = Path(args.tf_output).read_text(), args.tf_output
-        except OSError as e:
-            raise UsageError(f"{args.tf_output}: cannot read: {e}") from None
+    text, source = tf_config.read_source(args.tf_output)
     print(tf_config.render(tf_config.aws_section(text, source)), end="")
     return EXIT_OK
 
@@ -240,20 +242,22 @@ class Source:
     queue: Any = None
     config: Any = None
     demo_url: str | None = None
+    archive: Any = None  # the bucket's run archive (AWS): summaries of runs the table has forgotten
 
 
 def _source(args: argparse.Namespace) -> Source | None:
     if args.config and not args.local:  # the run is on AWS
         env = aws_env.connect(load_config(args.config))
         env.preflight()
+        archived = run_archive.S3RunArchive(env.clients.client("s3"), env.config.aws.bucket)
 
         def latest() -> str | None:
             runs = env.table.list_runs()
-            return runs[-1].run_id if runs else None
+            return runs[-1].run_id if runs else run_archive.latest(archived)
 
         return Source("aws", env.table, env.results,
                       lambda run_id: Ec2Provider(env.ec2, env.config, ami="", user_data=lambda r: ""), latest,
-                      env.queue, env.config)
+                      env.queue, env.config, archive=archived)
     stack = local_env.make_stack(local_env.gridfleet_home(), need_jar=False)
     state = stack.running()
     run_id = args.run_id or (local_env.latest_run_on_stack(stack) if state else None)
@@ -272,9 +276,20 @@ def _status_data(src: Source | None, run_id: str | None, args: argparse.Namespac
         if rows.run is not None:
             return {"run_id": run_id, "sites": {r.site: site_entry(r) for r in sorted(rows.sites, key=lambda r: r.site)},
                     "counts": counts(rows.sites), "finished": rows.run.finished}
-        if src.where == "aws":
-            raise MissingResource(f"there is no run {run_id} in the table {args.config} names")
+        if src.archive is not None:
+            summary = _archived(src, run_id, args)
+            return {"run_id": run_id, "sites": summary["sites"], "counts": summary.get("counts") or {},
+                    "finished": True}
     return {**_status_from_summary(args.out, run_id), "finished": True}
+
+
+def _archived(src: Source, run_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A run's summary from the bucket, once the table has forgotten the run (its items expire a day later)."""
+    summary = src.archive.get_summary(run_id)
+    if summary is None:
+        raise MissingResource(f"there is no run {run_id} in the table {args.config} names, and no "
+                              f"s3://{src.archive.bucket}/runs/{run_id}/summary.json")
+    return summary
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
@@ -293,22 +308,42 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     from fleet.config import FleetConfig
     from hub.report import write_report
 
+    archive = _report_archive(args)
     if args.run_id:
         path = args.runs / args.run_id / "summary.json"
     else:
         path = _latest_summary(args.runs)
+        if path is None and archive is not None and (latest := run_archive.latest(archive)):
+            path = args.runs / latest / "summary.json"
         if path is None:
             raise MissingResource(f"no run to report on: no {args.runs}/*/summary.json (a run writes it when it ends)")
+    if not path.is_file() and archive is not None:
+        summary = archive.get_summary(path.parent.name)
+        if summary is not None:  # the run's record in the bucket: kept beside the report here
+            write_json(path, summary)
     if not path.is_file():
-        raise MissingResource(f"no {path}: a run writes its summary when it ends (see `gridfleet status` meanwhile)")
+        raise MissingResource(f"no {path}: a run writes its summary when it ends (see `gridfleet status` meanwhile)"
+                              + (f"; nor s3://{archive.bucket}/runs/{path.parent.name}/summary.json"
+                                 if archive is not None else ""))
     prices = load_config(args.config).fleet.hourly_price if args.config else FleetConfig().hourly_price
     out = args.out or path.parent / "report.html"
     try:
-        write_report(path, out, prices=prices)
-    except ValueError as e:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        previous = run_archive.previous(archive, summary) if archive is not None else None
+        write_report(path, out, prices=prices, previous=previous)
+    except (ValueError, AttributeError, TypeError) as e:
         raise UsageError(f"{path}: not a run summary: {e}") from None
     console.print(f"report: {out}")
     return EXIT_OK
+
+
+def _report_archive(args: argparse.Namespace) -> Any:
+    """With --config, the bucket's run archive (summaries of runs the table forgot, and earlier runs to compare
+    with); without, None: the report reads the runs directory only."""
+    if not args.config:
+        return None
+    env = aws_env.connect(load_config(args.config))
+    return run_archive.S3RunArchive(env.clients.client("s3"), env.config.aws.bucket)
 
 
 def cmd_watch(args: argparse.Namespace, console: Console) -> int:
@@ -365,15 +400,19 @@ def _status_from_summary(out: Path, run_id: str | None) -> dict[str, Any]:
 
 # --- check --------------------------------------------------------------------------------------
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    from hub.check import check_run
+    from hub.check import check_archived, check_run
 
     src = _source(args)
     run_id = args.run_id or (src.latest() if src else None)
     if src is None or not run_id:
         raise MissingResource("no run to check: no local stack with a run is up (for a run on AWS pass --config)")
     stats = run_cmd.demo_stats(src.demo_url) if src.demo_url else None
-    report = check_run(run_id, table=src.table, queue=src.queue, results=src.results, provider=src.provider(run_id),
-                       config=src.config, demo_stats=stats, demo_url=src.demo_url)
+    if src.archive is not None and src.table.get_run(run_id) is None:
+        report = check_archived(_archived(src, run_id, args), results=src.results, queue=src.queue,
+                                provider=src.provider(run_id), config=src.config)
+    else:
+        report = check_run(run_id, table=src.table, queue=src.queue, results=src.results,
+                           provider=src.provider(run_id), config=src.config, demo_stats=stats, demo_url=src.demo_url)
     for text in report.violations:
         console.print(f"[red]violation:[/] {text}")
     for text in report.notes:

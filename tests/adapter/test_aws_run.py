@@ -254,3 +254,51 @@ def test_node_metrics_round_trip_through_cloudwatch_on_moto(account):
                                    Dimensions=[{"Name": "WorkerId", "Value": "i-0abc"}],
                                    StartTime=time.time() - 600, EndTime=time.time() + 60, Period=60)
     assert sum(p["Sum"] for p in got["Datapoints"]) == 15.5 and sum(p["SampleCount"] for p in got["Datapoints"]) == 2
+
+
+def _forget(clients, table: str, run_id: str) -> int:
+    """Delete a run's partition from the table, as its items' TTL eventually does (moto never expires them)."""
+    ddb = clients.client("dynamodb")
+    pages = ddb.get_paginator("query").paginate(TableName=table, KeyConditionExpression="run_id = :r",
+                                                ExpressionAttributeValues={":r": {"S": run_id}},
+                                                ProjectionExpression="run_id, Site")
+    keys = [item for page in pages for item in page["Items"]]
+    for k in keys:
+        ddb.delete_item(TableName=table, Key=k)
+    return len(keys)
+
+
+def test_a_runs_record_outlives_the_table_in_the_bucket(account, tmp_path):
+    """Each run puts its summary and report in the bucket; once the table has forgotten a run, status, check and
+    report read it from there, and the next run's report is compared with it from there too."""
+    cfg, clients = account["config"], account["clients"]
+    assert gridfleet(tmp_path, "aws", "bootstrap", "--config", str(account["path"])).returncode == 0
+    first = tmp_path / "first"
+    first.mkdir()
+    assert gridfleet(first, "run", "--config", str(account["path"]), "--run-id", "aws-a").returncode == 3
+    s3 = clients.client("s3")
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=cfg.aws.bucket, Prefix="runs/aws-a/")["Contents"]}
+    assert {"runs/aws-a/summary.json", "runs/aws-a/report.html", "runs/aws-a/fleet.yaml"} <= keys
+    archived = json.loads(s3.get_object(Bucket=cfg.aws.bucket, Key="runs/aws-a/summary.json")["Body"].read())
+    assert archived["check"]["ok"] and archived["check"]["false_losses"] == 0
+    assert archived["sites"] == json.loads((first / "runs" / "aws-a" / "summary.json").read_text())["sites"]
+
+    assert _forget(clients, cfg.aws.table, "aws-a") > 3
+    elsewhere = tmp_path / "elsewhere"  # another machine: nothing of the run on its disk
+    elsewhere.mkdir()
+    status = gridfleet(elsewhere, "status", "--config", str(account["path"]), "--run-id", "aws-a", "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["sites"] == archived["sites"]
+    check = gridfleet(elsewhere, "check", "--config", str(account["path"]), "--run-id", "aws-a")
+    assert check.returncode == 0 and "archived summary" in check.stdout, check.stdout + check.stderr
+    report = gridfleet(elsewhere, "report", "--config", str(account["path"]), "--run-id", "aws-a")
+    assert report.returncode == 0, report.stderr
+    assert "aws-a" in (elsewhere / "runs" / "aws-a" / "report.html").read_text()
+
+    second = tmp_path / "second"  # the next day's hub, on a fresh instance: the previous run is in the bucket only
+    second.mkdir()
+    assert gridfleet(second, "run", "--config", str(account["path"]), "--run-id", "aws-b").returncode == 3
+    html = s3.get_object(Bucket=cfg.aws.bucket, Key="runs/aws-b/report.html")["Body"].read().decode()
+    assert "aws-a" in html  # the difference from the previous run
+    missing = gridfleet(elsewhere, "status", "--config", str(account["path"]), "--run-id", "aws-nope")
+    assert missing.returncode == 1 and "runs/aws-nope/summary.json" in missing.stderr

@@ -60,6 +60,29 @@ def test_an_aws_run_without_credentials_exits_1_naming_them_and_starts_nothing(t
     assert p.returncode == 1 and "no AWS credentials" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_the_aws_dry_run_needs_no_credentials_and_calls_nothing(tmp_path):
+    """The first AWS command a new user tries, before any credentials exist: the plan, and exit 0."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(GRIDFLEET_HOME=str(tmp_path / "home"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
+    out = []
+    for args in (["run", "--config", str(example), "--dry-run", "--run-id", "d1"],
+                 ["render", "node", "--config", str(example), "--run-id", "d1", "--hub-address", "10.0.0.10"]):
+        p = subprocess.run([sys.executable, "-m", "hub.cli", *args], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 0 and p.stderr == "", p.stderr
+        out.append(p.stdout)
+    dry = out[0]
+    assert "AMI:        /aws/service/debian/release/12/latest/amd64 (SSM parameter) -> not resolved: no AWS " \
+           "credentials" in dry
+    for line in ("profile:    gridfleet-node: not resolved", "table:      DynamoDB TrendlyzeStatus: not resolved",
+                 "queue:      SQS trendlyze-sites (DLQ trendlyze-sites-dlq): not resolved",
+                 "bucket:     S3 trendlyze-results: not resolved", "bytes of cloud-config (limit 16384)",
+                 "up to 1 x t3.medium/t3a.medium (spot, on-demand fallback)"):
+        assert line in dry, dry
+
+
 def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
     (tmp_path / "fleet.yaml").write_text("sites:\n  - {id: a, start_url: '{demo}/s/a/'}\n")
     p = gridfleet(tmp_path, "run", "--local", "--dry-run", "--run-id", "d1")
