@@ -21,10 +21,12 @@ from fleet.aws_errors import CREDENTIALS_ADVICE, Kind, aws_failure
 from fleet.bootstrap import ensure_resources
 from fleet.config import Config
 from fleet.errors import GridfleetError, MissingResource, UsageError
+from fleet.local.stack import find_grid_jar
+from fleet.results import result_key
 from hub import aws_env
 from hub.bundle import build_bundle, build_lambda_zip
 from hub.local_env import PROJECT_ROOT, grid_jar_candidates, gridfleet_home
-from fleet.local.stack import find_grid_jar
+from hub.plan import run_date_for
 
 log = logging.getLogger("gridfleet")
 
@@ -156,7 +158,8 @@ def dry_run(env: aws_env.AwsEnv, run_id: str, console: Console) -> int:
     console.print(f"  sites:      {len(config.sites)} ({', '.join(s.id for s in config.sites[:8])}"
                   f"{', ...' if len(config.sites) > 8 else ''})")
     console.print(f"  nodes:      up to {nodes} x {'/'.join(fleet.instance_types)} ({market}), "
-                  f"IMDSv2 required, shutdown = terminate, tagged gridfleet:run_id={run_id}")
+                  f"IMDSv2 required, shutdown = terminate, tagged gridfleet:stack={aws.stack} "
+                  f"gridfleet:run_id={run_id}")
     console.print(f"  network:    subnets {', '.join(aws.subnet_ids) or '-'}; security groups "
                   f"{', '.join(aws.security_group_ids) or '-'}")
     _print_user_data(env, run_id, console, problems)
@@ -164,7 +167,8 @@ def dry_run(env: aws_env.AwsEnv, run_id: str, console: Console) -> int:
     _print_answers(env, run_id, console, asked, problems)
     console.print(f"  writes:     the run's items in {aws.table}, one message per attempt in {aws.queue_name}, "
                   f"s3://{aws.bucket}/{env.run_config_key(run_id)} (the nodes' config), "
-                  f"s3://{aws.bucket}/<site>/<YYYYMMDD>/result.json per site"
+                  f"s3://{aws.bucket}/{result_key('<site>', run_date_for(run_id, time.time()), run_id)} per site, "
+                  f"s3://{aws.bucket}/runs/{run_id}/summary.json and report.html at the end"
                   f"{f', metrics in CloudWatch {config.metrics.namespace}' if config.metrics.cloudwatch else ''}")
     console.print(f"  kills:      {'node watchdog -> ' if fleet.node_watchdog else ''}SSM"
                   f"{' -> SSH as ' + aws.ssh_user if aws.ssh_key_path else ''} -> TerminateInstances; "
