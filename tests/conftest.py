@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 from moto.server import ThreadedMotoServer
 
@@ -16,3 +20,13 @@ def moto_endpoint():
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+@pytest.fixture
+def open_dir():
+    """A directory other users can traverse (pytest's tmp_path lies under one only its owner may enter): for
+    what the crawl user, whom a root run's Grid node and Chromium run as, must reach."""
+    d = Path(tempfile.mkdtemp(prefix="gridfleet-test-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import urllib.request
@@ -102,17 +101,12 @@ class Gridfleet:
 
 
 @pytest.fixture
-def gf(tmp_path):
-    # GRIDFLEET_HOME where the crawl user can reach it (a root run's Chromium runs as that user): pytest's
-    # tmp_path is under a directory only its owner may enter.
-    open_dir = Path(tempfile.mkdtemp(prefix="gridfleet-e2e-"))
-    open_dir.chmod(0o755)
-    g = Gridfleet(open_dir / "home", tmp_path)
+def gf(tmp_path, open_dir):
+    g = Gridfleet(open_dir / "home", tmp_path)  # GRIDFLEET_HOME where the crawl user can reach it
     yield g
     if g.stack_file.exists() or g.leftovers():
         g.run("local", "down", timeout=60)
     procs.kill_tree(lambda ps: [p for p in ps if p.markers.get("GRIDFLEET_STACK") == stack_id_for(g.home / "local")])
-    shutil.rmtree(open_dir, ignore_errors=True)
 
 
 def attempts(summary: dict, site: str) -> list[dict]:

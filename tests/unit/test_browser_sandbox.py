@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,14 +15,6 @@ from node.grid_node import GridNode, GridNodeSpec, RunAs
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
 NOBODY = "nobody"  # a user every Debian system has, standing in for the crawl user
 
-
-@pytest.fixture
-def open_dir():
-    """A directory other users can traverse (pytest's tmp_path is root's alone: 0700 above it)."""
-    d = Path(tempfile.mkdtemp(prefix="gridfleet-sb-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_the_crawler_adds_no_sandbox_flag_of_its_own_whoever_runs_it():

@@ -681,16 +681,6 @@ def shell_function(script: str, name: str) -> str:
     return m.group(0)
 
 
-@pytest.fixture
-def open_dir():
-    """A directory under /tmp that other users can traverse (pytest's own tmp_path is root's alone)."""
-    import tempfile
-
-    d = Path(tempfile.mkdtemp(prefix="gridfleet-ci-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating a user and switching to it needs root")
 def test_the_crawl_user_is_created_and_the_agent_runs_as_it_for_real(open_dir):

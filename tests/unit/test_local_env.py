@@ -2,8 +2,6 @@
 
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -48,14 +46,6 @@ def test_gridfleet_home_is_under_var_lib_for_root_and_the_home_directory_otherwi
     assert gridfleet_home({}, euid=1000) == Path.home() / ".gridfleet"
     assert gridfleet_home({"GRIDFLEET_HOME": "/srv/gf"}, euid=0) == Path("/srv/gf")
 
-
-@pytest.fixture
-def open_dir():
-    """A directory other users can traverse (pytest's tmp_path is root's alone: 0700 above it)."""
-    d = Path(tempfile.mkdtemp(prefix="gridfleet-le-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def local_env(stack: LocalStack, crawl_user: str) -> LocalEnv:
