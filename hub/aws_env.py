@@ -120,7 +120,8 @@ class AwsEnv:
                            user_data=lambda run_id: self.node_user_data(run_id, hub_address))
 
     def control(self, clock: Clock) -> LadderControl:
-        """SSM, then SSH (with `sudo -n`: the crawler belongs to root), as `aws` configures them."""
+        """SSM, then SSH (with `sudo -n`: the crawler belongs to the crawl user, the SSH user may not signal it), as
+        `aws` configures them."""
         return ec2_node_control(self.config.aws, self.clients, clock)
 
 
