@@ -29,7 +29,7 @@ from node.browser import BASE_ARGS, STARTUP_PREFS  # noqa: E402
 
 
 def gridfleet(env: dict, cwd: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hub.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

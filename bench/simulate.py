@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hub.sim.run import SimParams, simulate  # noqa: E402
+from embedded.sim.run import SimParams, simulate  # noqa: E402
 
 SCENARIOS = {"full": [(80, 20), (10_000, 500)], "quick": [(80, 20), (1_000, 50)]}
 KEYS = ("makespan_s", "lower_bound_s", "ratio", "utilization", "node_hours", "cost_usd", "hang_lag_max_s",

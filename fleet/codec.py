@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Mapping
 
-from fleet.state import Attempt, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.state import Attempt, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 
 RUN_ITEM = "#run"  # Site key of the run-level item
 NODE_PREFIX = "#node#"  # Site key prefix of per-node items
@@ -184,7 +184,7 @@ class RunInfo:
     """The run-level item (`Site = "#run"`)."""
 
     run_id: str
-    status: str  # RUNNING | FINISHED
+    status: RunState
     started_at: float
     deadline_at: float
     run_date: str  # YYYYMMDD, the date part of result keys
@@ -201,14 +201,14 @@ class RunInfo:
 
     @property
     def finished(self) -> bool:
-        return self.status == "FINISHED"
+        return self.status == RunState.FINISHED
 
 
 def run_to_item(r: RunInfo) -> dict[str, Any]:
     item = {
         "run_id": r.run_id,
         "Site": RUN_ITEM,
-        "status": r.status,
+        "status": str(r.status),
         "started_at": num(r.started_at),
         "deadline_at": num(r.deadline_at),
         "run_date": r.run_date,
@@ -229,7 +229,7 @@ def item_to_run(item: Mapping[str, Any]) -> RunInfo:
     i = unnum(dict(item))
     return RunInfo(
         run_id=i["run_id"],
-        status=i["status"],
+        status=RunState(i["status"]),
         started_at=i["started_at"],
         deadline_at=i["deadline_at"],
         run_date=i["run_date"],
@@ -260,7 +260,7 @@ class NodeInfo:
     sites_done: int = 0
     expire_at: int | None = None
     error: str | None = None  # why it could not work (state boot-failed)
-    stats: Mapping[str, Any] | None = None  # the node's job counters (`fleet.metrics.JobStats.to_plain`)
+    stats: Mapping[str, Any] | None = None  # the node's job counters (`fleet.aws.metrics.JobStats.to_plain`)
 
 
 def node_to_item(n: NodeInfo) -> dict[str, Any]:

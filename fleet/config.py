@@ -184,7 +184,7 @@ class LocalConfig(_Model):
 
 
 class RateLimitConfig(_Model):
-    """A fleet-wide request rate shared by every node crawling a site of the group (`fleet.ratelimit`)."""
+    """A fleet-wide request rate shared by every node crawling a site of the group (`fleet.aws.ratelimit`)."""
 
     per_s: float = Field(gt=0, description="requests per second to the group's sites, by the whole fleet together; "
                          "requests are paced about 1.1/per_s apart, never in bursts")

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.local import procs
+from fleet import procs
 
 FILE = "crawler.json"
 

@@ -16,11 +16,11 @@ from typing import Any, Mapping
 from fleet.codec import (
     CHECKPOINT_MAX_CHARS, ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, URL_MAX_CHARS, capped, encode_checkpoint,
 )
-from fleet.queue import SiteQueue
+from fleet.aws.queue import SiteQueue
 from fleet.state import (
     GIVEN_BACK, Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus, transition,
 )
-from fleet.table import StateTable
+from fleet.aws.table import StateTable
 
 
 def new_site(run_id: str, site: str, spec: SiteSpec, expire_at: int | None,
@@ -154,11 +154,11 @@ def request_kill(table: StateTable, rec: SiteRecord, reason: Reason, now: float)
     return table.write(rec, transition(rec, kill_reason=str(reason)))
 
 
-def end_attempt(table: StateTable, rec: SiteRecord, *, outcome: Outcome, reason: Reason, now: float,
+def end_attempt(table: StateTable, rec: SiteRecord, *, reason: Reason, now: float,
                 max_attempts: int, spot_cap: int, kill_path: str | None = None, error: str | None = None
                 ) -> SiteRecord:
     """The current attempt ended without a result: requeue (QUEUED, message not yet sent) or FAILED."""
-    attempts = _close(rec, now, outcome, kill_path)
+    attempts = _close(rec, now, Outcome.of(reason), kill_path)
     common: dict[str, Any] = {"last_update": now, "kill_reason": None, "attempts": attempts,
                               "failure_reason": str(reason), "url": None, "receipt": None}
     if kill_path is not None:
@@ -179,9 +179,8 @@ def end_attempt(table: StateTable, rec: SiteRecord, *, outcome: Outcome, reason:
 def fail_now(table: StateTable, rec: SiteRecord, reason: Reason, now: float, *, error: str | None = None
              ) -> SiteRecord:
     """End the site FAILED whatever attempts remain (deadline, teardown)."""
-    outcome = Outcome(str(reason)) if str(reason) in Outcome._value2member_map_ else Outcome.KILLED
     new = transition(rec, run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED, failure_reason=str(reason),
-                     last_update=now, kill_reason=None, attempts=_close(rec, now, outcome), receipt=None,
+                     last_update=now, kill_reason=None, attempts=_close(rec, now, Outcome.of(reason)), receipt=None,
                      **({"error": capped(error, ERROR_MAX_CHARS)} if error else {}))
     return table.write(rec, new)
 

@@ -4,7 +4,7 @@ A site of a run has two statuses (field names kept from the original design):
 `run_status` is the outcome of the site for the run, `site_status` is what the
 crawler of the current attempt is doing. `transition()` is the only way to make a
 new record from an old one; it refuses illegal moves and bumps `version`, which
-every DynamoDB write is conditional on (see `fleet.table`).
+every DynamoDB write is conditional on (see `fleet.aws.table`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,25 @@ class RunStatus(StrEnum):
 
     def is_terminal(self) -> bool:
         return self in (RunStatus.COMPLETED, RunStatus.FAILED)
+
+
+class RunState(StrEnum):
+    """The run item's `status`: whether the run as a whole is still going."""
+
+    RUNNING = "RUNNING"  # the hub (or a resumed hub) owns it; sites are being crawled
+    FINISHED = "FINISHED"  # every site is terminal, or the run was ended (teardown, deadline); terminal
+
+    def is_terminal(self) -> bool:
+        return self is RunState.FINISHED
+
+
+class NodeState(StrEnum):
+    """A node's own account of itself, on its node item."""
+
+    BOOTING = "booting"  # the agent has not reached its loop yet
+    IDLE = "idle"  # waiting for a message
+    BUSY = "busy"  # an attempt is under way (its site record carries the heartbeats)
+    EXITING = "exiting"  # the agent stopped taking work; the instance shuts down next
 
 
 class SiteStatus(StrEnum):
@@ -66,6 +85,11 @@ class Outcome(StrEnum):
     KILLED = "killed"
     NO_NODES = "no-nodes"
     BUSY = "busy"
+
+    @classmethod
+    def of(cls, reason: Reason) -> Outcome:
+        """The outcome an attempt ended for `reason` records: every reason is an outcome of the same name."""
+        return cls(reason.value)
 
 
 # Legal moves of run_status; every edge says who takes it and why.

@@ -16,9 +16,9 @@ from fleet.codec import HistoryEvent, RunInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
-from fleet.queue import SiteQueue
-from fleet.state import Outcome, Reason, RunStatus, SiteRecord
-from fleet.table import StateTable
+from fleet.aws.queue import SiteQueue
+from fleet.state import Reason, RunState, RunStatus, SiteRecord
+from fleet.aws.table import StateTable
 from hub.actions import (
     Action, EndAttempt, Enqueue, FailSites, Finish, KillAttempt, Launch, SeedSites, StartRun, Terminate,
 )
@@ -80,7 +80,7 @@ class Executor:
 
     # --- run and seeding --------------------------------------------------------
     def _StartRun(self, a: StartRun, snap: Snapshot) -> None:
-        info = RunInfo(self.run_id, "RUNNING", a.started_at, a.deadline_at, a.run_date, hub_id=self.hub_id,
+        info = RunInfo(self.run_id, RunState.RUNNING, a.started_at, a.deadline_at, a.run_date, hub_id=self.hub_id,
                        hub_heartbeat=a.started_at, expire_at=self.expire_at(a.deadline_at), full=self.full)
         if self.table.create_run(info):
             event(log, "run-start", run_id=self.run_id, sites=len(self.config.sites), deadline_s=self.config.run.deadline_s)
@@ -140,7 +140,7 @@ class Executor:
 
     def _end(self, rec: SiteRecord, reason: Reason, kill_path: str | None) -> None:
         now = self.clock.now()
-        new = ops.end_attempt(self.table, rec, outcome=Outcome(str(reason)), reason=reason, now=now,
+        new = ops.end_attempt(self.table, rec, reason=reason, now=now,
                               max_attempts=self.config.run.max_attempts, spot_cap=self.config.run.spot_requeue_cap,
                               kill_path=kill_path)
         if rec.receipt:  # the message of the attempt that ended (its node is dead or was stopped): not needed

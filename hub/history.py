@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from fleet.errors import UsageError
 from fleet.state import Outcome, SiteRecord
-from fleet.table import StateTable
+from fleet.aws.table import StateTable
 
 log = logging.getLogger("gridfleet.hub")
 

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Mapping
 from fleet.clock import Clock
 from fleet.config import Config
 from fleet.logs import event
-from fleet.queue import SiteQueue
-from fleet.results import ResultStore
-from fleet.state import RunStatus
-from fleet.table import StateTable
+from fleet.aws.queue import SiteQueue
+from fleet.aws.results import ResultStore
+from fleet.state import RunState, RunStatus
+from fleet.aws.table import StateTable
 from hub.actions import Plan
 from hub.control.base import NodeControl
 from hub.executor import Executor, Finished
@@ -28,7 +28,7 @@ from hub.plan import plan
 from hub.providers.base import ComputeProvider
 from hub.history import previous_durations
 from hub.snapshot import Observations, SiteCache, Snapshot, observe
-from hub.summary import build_summary, export, instances_section
+from fleet.summary import build_summary, export, instances_section
 
 if TYPE_CHECKING:  # the Lambda package imports this module without prometheus_client
     from hub.monitor import HubMonitor
@@ -210,7 +210,7 @@ class Hub:
         except Exception as e:  # noqa: BLE001 - depths are a report, not a decision
             log.warning("queue-depth-unavailable error=%s", e)
         path = export(self.out_dir, summary, rows.sites, self.results)
-        self.table.update_run(self.run_id, status="FINISHED", finished_at=now)
+        self.table.update_run(self.run_id, status=RunState.FINISHED, finished_at=now)
         if self.monitor is not None:
             self._monitor(self.snapshot(now), finished=True)
         c = summary["counts"]

@@ -4,7 +4,7 @@ The hub hands each tick's snapshot to `HubMonitor.observe`; everything here is
 derived from it (and from the queue's depths, read at most every few seconds),
 so the figures come from the table and the provider, never from counters the
 hub keeps in memory: a hub restarted mid-run serves the same numbers, kills
-included. Nodes' own counters arrive on their node items (`fleet.metrics.JobStats`).
+included. Nodes' own counters arrive on their node items (`fleet.aws.metrics.JobStats`).
 
 Nothing here may stop a run: a failure to read depths or to publish is logged
 and the figures go on from the last good values.
@@ -23,11 +23,11 @@ from prometheus_client.registry import Collector
 
 from fleet.clock import Clock
 from fleet.config import Config
-from fleet.metrics import CloudWatchSink, Datum, JobStats
-from fleet.queue import QueueDepth, SiteQueue
+from fleet.aws.metrics import CloudWatchSink, Datum, JobStats
+from fleet.aws.queue import QueueDepth, SiteQueue
 from fleet.state import RunStatus
 from hub.snapshot import Snapshot
-from hub.summary import site_entry
+from fleet.summary import site_entry
 
 log = logging.getLogger("gridfleet.hub")
 

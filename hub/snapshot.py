@@ -20,7 +20,7 @@ from functools import cached_property
 from typing import Any, Collection, Iterable, Mapping
 
 from fleet.codec import TRANSITION_FIELDS, NodeInfo, RunInfo, Stamp, patch_from_stamp, record_stamp
-from fleet.queue import QueueDepth
+from fleet.aws.queue import QueueDepth
 from fleet.state import RunStatus, SiteRecord
 
 LIVE_STATES = frozenset({"pending", "running"})

@@ -13,8 +13,8 @@ from fleet import ops
 from fleet.clock import Clock
 from fleet.errors import MissingResource, StaleWrite
 from fleet.logs import event
-from fleet.state import Reason
-from fleet.table import StateTable
+from fleet.state import Reason, RunState
+from fleet.aws.table import StateTable
 from hub.providers.base import ComputeProvider
 
 log = logging.getLogger("gridfleet.hub")
@@ -52,7 +52,7 @@ def teardown_run(run_id: str, table: StateTable, provider: ComputeProvider, cloc
     live = tuple(i.id for i in provider.list(run_id) if i.live)
     provider.terminate(live)
     failed = fail_open_sites(table, run_id, reason, clock, error="torn down by an operator")
-    table.update_run(run_id, status="FINISHED", finished_at=clock.now())
+    table.update_run(run_id, status=RunState.FINISHED, finished_at=clock.now())
     left = sum(1 for i in provider.list(run_id) if i.live)
     event(log, "teardown", run_id=run_id, terminated=len(live), failed=len(failed), left_running=left)
     return TeardownResult(live, tuple(failed), left)

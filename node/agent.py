@@ -24,16 +24,16 @@ from botocore.exceptions import ClientError
 
 from fleet import crawlerfile, ops
 from fleet.clock import Clock
-from fleet.aws import error_code, is_transient
+from fleet.aws.clients import error_code, is_transient
 from fleet.codec import ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, NodeInfo, capped
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
-from fleet.metrics import CloudWatchSink, JobStats, node_heartbeat, node_job_data
-from fleet.queue import BadMessage, SiteMessage, SiteQueue
-from fleet.results import ResultStore, result_key
-from fleet.state import Outcome, Reason, RunStatus, SiteRecord, SiteStatus
-from fleet.table import StateTable
+from fleet.aws.metrics import CloudWatchSink, JobStats, node_heartbeat, node_job_data
+from fleet.aws.queue import BadMessage, SiteMessage, SiteQueue
+from fleet.aws.results import ResultStore, result_key
+from fleet.state import Reason, RunStatus, SiteRecord, SiteStatus
+from fleet.aws.table import StateTable
 from node.runner import CrawlProcess, Exited
 from profiles import ProfileBusy, ProfileStore
 
@@ -454,7 +454,7 @@ class Agent:
                 self._give_back(end, Reason.SPOT)
                 return
             reason = Reason.HANG if end.kind == "hang" else Reason.ERROR
-            new = self._write(ops.end_attempt, outcome=Outcome(str(reason)), reason=reason, now=self.clock.now(),
+            new = self._write(ops.end_attempt, reason=reason, now=self.clock.now(),
                               max_attempts=self.s.max_attempts, spot_cap=self.s.spot_cap, kill_path=end.kill_path,
                               error=end.error)
             if new.run_status is RunStatus.QUEUED:
@@ -515,7 +515,7 @@ class Agent:
         self._job_ended(str(reason))
         fields = dict(run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
         try:
-            new = self._write(ops.end_attempt, outcome=Outcome(str(reason)), reason=reason, now=self.clock.now(),
+            new = self._write(ops.end_attempt, reason=reason, now=self.clock.now(),
                               max_attempts=self.s.max_attempts, spot_cap=self.s.spot_cap, error=end.error)
             if new.run_status is RunStatus.QUEUED and new.attempt < rec.attempt:
                 self._write(ops.mark_enqueued)  # the released message is the next attempt's message

@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from fleet.local import procs
+from fleet import procs
 
 log = logging.getLogger("gridfleet.node")
 

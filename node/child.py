@@ -25,10 +25,10 @@ def pacer(spec: dict[str, Any] | None) -> Callable[[], None]:
     """Waits for the next slot of the site's fleet-wide rate limit group, shared through the state table."""
     if not spec:
         return lambda: None
-    from fleet.aws import LOCAL_CREDENTIALS, AwsClients
+    from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
     from fleet.clock import SystemClock
     from fleet.config import AwsConfig
-    from fleet.ratelimit import DynamoRateLimiter
+    from fleet.aws.ratelimit import DynamoRateLimiter
 
     aws = AwsConfig(region=spec["region"], endpoint_url=spec.get("endpoint_url"), table=spec["table"])
     clients = AwsClients(aws, credentials=LOCAL_CREDENTIALS if spec.get("local") else None)

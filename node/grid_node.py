@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.local import procs
+from fleet import procs
 from node.browser import NODE_CAPABILITY, grid_node_ready
 
 log = logging.getLogger("gridfleet.node")

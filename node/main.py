@@ -23,17 +23,17 @@ import time
 from pathlib import Path
 
 from fleet import crawlerfile
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import SystemClock
 from fleet.codec import NodeInfo
 from fleet.config_load import load_config
 from fleet.errors import ConfigError, GridfleetError
-from fleet.imds import Imds, ImdsError
+from fleet.aws.imds import Imds, ImdsError
 from fleet.logs import event, setup
-from fleet.metrics import CloudWatchSink
-from fleet.queue import SqsSiteQueue
-from fleet.results import S3ResultStore
-from fleet.table import DynamoStateTable
+from fleet.aws.metrics import CloudWatchSink
+from fleet.aws.queue import SqsSiteQueue
+from fleet.aws.results import S3ResultStore
+from fleet.aws.table import DynamoStateTable
 from node import browser
 from node.agent import Agent, AgentSettings
 from node.grid_node import GridNode, GridNodeSpec, RunAs

@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from fleet.clock import Clock
-from fleet.imds import Imds, ImdsError
+from fleet.aws.imds import Imds, ImdsError
 
 log = logging.getLogger("gridfleet.node")
 

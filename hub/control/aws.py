@@ -47,7 +47,7 @@ from typing import Any, Callable, Protocol, Sequence
 import paramiko
 from botocore.exceptions import BotoCoreError, ClientError
 
-from fleet.aws import RETRYABLE_CODES, error_code
+from fleet.aws.clients import RETRYABLE_CODES, error_code
 from fleet.clock import Clock
 from fleet.config import AwsConfig
 from hub.control.base import KillResult, NodeControl

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fleet import crawlerfile
-from fleet.local import procs
+from fleet import procs
 from hub.control.base import KillResult
 
 

@@ -17,9 +17,9 @@ from typing import Any, Callable, Sequence
 
 from botocore.exceptions import ClientError
 
-from fleet.aws import error_code
+from fleet.aws.clients import error_code
 from fleet.config import Config
-from fleet.tags import ALL_STATES, TAG_ROLE, filters, instance_tags, tags_of
+from fleet.aws.tags import ALL_STATES, TAG_ROLE, filters, instance_tags, tags_of
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
 

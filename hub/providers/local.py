@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from fleet.clock import Clock
-from fleet.local import procs
+from fleet import procs
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
 

@@ -100,7 +100,7 @@ resource "aws_iam_instance_profile" "node" {
 # --- hub ------------------------------------------------------------------------
 
 data "aws_iam_policy_document" "hub" {
-  # fleet.table: the run item, the site items (one by one, and in batches: get_sites), the node items, the
+  # fleet.aws.table: the run item, the site items (one by one, and in batches: get_sites), the node items, the
   # run's history (in batches: add_history).
   statement {
     sid = "StateTable"
@@ -116,16 +116,16 @@ data "aws_iam_policy_document" "hub" {
     resources = [aws_dynamodb_table.status.arn]
   }
 
-  # fleet.table.open_stamps: the sites that can still change, from the table's index `open`.
+  # fleet.aws.table.open_stamps: the sites that can still change, from the table's index `open`.
   statement {
     sid       = "OpenSitesIndex"
     actions   = ["dynamodb:Query"]
     resources = ["${aws_dynamodb_table.status.arn}/index/open"]
   }
 
-  # fleet.queue: enqueueing the sites; deleting the message of an attempt whose node died (its receipt is on
+  # fleet.aws.queue: enqueueing the sites; deleting the message of an attempt whose node died (its receipt is on
   # the record); at the finish, draining the run's leftovers (other runs' messages are put back), the queue
-  # depths, and hub.check's look at the queue and the DLQ (received with visibility 0).
+  # depths, and cli.check's look at the queue and the DLQ (received with visibility 0).
   statement {
     sid = "SiteQueue"
     actions = [
@@ -139,21 +139,21 @@ data "aws_iam_policy_document" "hub" {
     resources = local.queue_arns
   }
 
-  # hub.aws_env preflight and fleet.results: the bucket exists; a missing result reads as 404.
+  # cli.aws_env preflight and fleet.aws.results: the bucket exists; a missing result reads as 404.
   statement {
     sid       = "BucketList"
     actions   = ["s3:ListBucket"]
     resources = [aws_s3_bucket.results.arn]
   }
 
-  # The hub's boot script (bundle/, config/fleet.yaml) and fleet.results reads (the export of results).
+  # The hub's boot script (bundle/, config/fleet.yaml) and fleet.aws.results reads (the export of results).
   statement {
     sid       = "BucketRead"
     actions   = ["s3:GetObject"]
     resources = ["${aws_s3_bucket.results.arn}/*"]
   }
 
-  # hub.aws_env.upload_run_config (runs/<run id>/fleet.yaml for the run's nodes) and hub.report.publish
+  # cli.aws_env.upload_run_config (runs/<run id>/fleet.yaml for the run's nodes) and cli.report.publish
   # (runs/<run id>/summary.json and report.html at the run's end): under runs/ only, so a hub can never
   # replace the bundle or config/, which every later hub and node installs as root.
   statement {
@@ -240,7 +240,7 @@ data "aws_iam_policy_document" "hub" {
     }
   }
 
-  # hub.providers.ec2.Ec2Provider (nodes) and hub.aws_env.self_stop (the hub itself, hub_self_stop=terminate),
+  # hub.providers.ec2.Ec2Provider (nodes) and cli.aws_env.self_stop (the hub itself, hub_self_stop=terminate),
   # of this stack only.
   statement {
     sid       = "TerminateFleetInstances"
@@ -294,7 +294,7 @@ data "aws_iam_policy_document" "hub" {
     resources = ["*"]
   }
 
-  # hub.aws_env.AwsEnv.resolve_ami: the AMI id behind aws.ami.
+  # cli.aws_env.AwsEnv.resolve_ami: the AMI id behind aws.ami.
   statement {
     sid       = "AmiParameter"
     actions   = ["ssm:GetParameter"]
@@ -315,7 +315,7 @@ data "aws_iam_policy_document" "hub" {
     }
   }
 
-  # hub.aws_cmd.dry_run (`gridfleet run --dry-run` on the hub): the nodes' instance profile exists.
+  # cli.aws.dry_run (`gridfleet run --dry-run` on the hub): the nodes' instance profile exists.
   statement {
     sid       = "NodeInstanceProfile"
     actions   = ["iam:GetInstanceProfile"]
@@ -379,21 +379,21 @@ data "aws_iam_policy_document" "node" {
     resources = local.queue_arns
   }
 
-  # fleet.results: a missing result reads as 404 (not 403) only with ListBucket.
+  # fleet.aws.results: a missing result reads as 404 (not 403) only with ListBucket.
   statement {
     sid       = "BucketList"
     actions   = ["s3:ListBucket"]
     resources = [aws_s3_bucket.results.arn]
   }
 
-  # node bootstrap: the bundle and the run's config; fleet.results: reading a result.
+  # node bootstrap: the bundle and the run's config; fleet.aws.results: reading a result.
   statement {
     sid       = "BucketRead"
     actions   = ["s3:GetObject"]
     resources = ["${aws_s3_bucket.results.arn}/*"]
   }
 
-  # fleet.results.put_new: results only (<site>/<date>/result.json), so a node
+  # fleet.aws.results.put_new: results only (<site>/<date>/result.json), so a node
   # can never overwrite the bundle or a config.
   statement {
     sid       = "ResultWrite"
@@ -480,21 +480,21 @@ resource "aws_iam_role_policy" "node" {
 # its own.
 
 data "aws_iam_policy_document" "starter" {
-  # hub.lambdas.start_hub: the run item (is the run FINISHED? note the hub start).
+  # lambdas.handlers.start_hub: the run item (is the run FINISHED? note the hub start).
   statement {
     sid       = "StateTable"
     actions   = ["dynamodb:GetItem", "dynamodb:UpdateItem"]
     resources = [aws_dynamodb_table.status.arn]
   }
 
-  # hub.lambdas: live hubs of the run. Describe* has no resource-level permissions.
+  # lambdas.handlers: live hubs of the run. Describe* has no resource-level permissions.
   statement {
     sid       = "DescribeInstances"
     actions   = ["ec2:DescribeInstances"]
     resources = ["*"]
   }
 
-  # hub.lambdas.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub and
+  # lambdas.handlers.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub and
   # this stack's gridfleet:stack.
   statement {
     sid       = "RunHubInstance"
@@ -514,7 +514,7 @@ data "aws_iam_policy_document" "starter" {
     }
   }
 
-  # hub.lambdas.start_hub: what the hub launch uses besides the instance.
+  # lambdas.handlers.start_hub: what the hub launch uses besides the instance.
   statement {
     sid     = "RunHubResources"
     actions = ["ec2:RunInstances"]
@@ -530,7 +530,7 @@ data "aws_iam_policy_document" "starter" {
     )
   }
 
-  # hub.lambdas.start_hub: the tags of the launch (TagSpecifications).
+  # lambdas.handlers.start_hub: the tags of the launch (TagSpecifications).
   statement {
     sid       = "TagHubAtLaunch"
     actions   = ["ec2:CreateTags"]
@@ -543,7 +543,7 @@ data "aws_iam_policy_document" "starter" {
     }
   }
 
-  # hub.lambdas.start_hub: the run id on a stopped, reusable hub of this stack before starting it
+  # lambdas.handlers.start_hub: the run id on a stopped, reusable hub of this stack before starting it
   # (the operator tags that instance gridfleet:stack; the Lambda may not change the tag).
   statement {
     sid       = "TagReusableHub"
@@ -569,7 +569,7 @@ data "aws_iam_policy_document" "starter" {
     }
   }
 
-  # hub.lambdas.start_hub: starting the stopped, reusable hub of this stack.
+  # lambdas.handlers.start_hub: starting the stopped, reusable hub of this stack.
   statement {
     sid       = "StartHub"
     actions   = ["ec2:StartInstances"]
@@ -643,12 +643,12 @@ resource "aws_iam_role_policy" "starter" {
 }
 
 data "aws_iam_policy_document" "watchdog" {
-  # hub.lambdas.watch: recent runs (Query), the heartbeat it watches and the
+  # lambdas.handlers.watch: recent runs (Query), the heartbeat it watches and the
   # restart it claims (GetItem, UpdateItem), as the starter for a restart.
-  # hub.lambdas.end_abandoned, ending a run whose hub is gone past deadline +
+  # lambdas.handlers.end_abandoned, ending a run whose hub is gone past deadline +
   # grace: its items read (Query, GetItem), its open sites marked FAILED
   # (conditional UpdateItem) and their history lines written (BatchWriteItem,
-  # fleet.table.add_history). The table only: no index.
+  # fleet.aws.table.add_history). The table only: no index.
   statement {
     sid = "StateTable"
     actions = [
@@ -660,7 +660,7 @@ data "aws_iam_policy_document" "watchdog" {
     resources = [aws_dynamodb_table.status.arn]
   }
 
-  # hub.lambdas.end_abandoned (fleet.archive.S3RunArchive.put_summary): the ended
+  # lambdas.handlers.end_abandoned (fleet.aws.archive.S3RunArchive.put_summary): the ended
   # run's record, runs/<run id>/summary.json, and nothing else in the bucket.
   statement {
     sid       = "RunSummaryWrite"
@@ -668,14 +668,14 @@ data "aws_iam_policy_document" "watchdog" {
     resources = ["${aws_s3_bucket.results.arn}/runs/*/summary.json"]
   }
 
-  # hub.lambdas: live hubs of the run. Describe* has no resource-level permissions.
+  # lambdas.handlers: live hubs of the run. Describe* has no resource-level permissions.
   statement {
     sid       = "DescribeInstances"
     actions   = ["ec2:DescribeInstances"]
     resources = ["*"]
   }
 
-  # hub.lambdas.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub and
+  # lambdas.handlers.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub and
   # this stack's gridfleet:stack.
   statement {
     sid       = "RunHubInstance"
@@ -695,7 +695,7 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # hub.lambdas.start_hub: what the hub launch uses besides the instance.
+  # lambdas.handlers.start_hub: what the hub launch uses besides the instance.
   statement {
     sid     = "RunHubResources"
     actions = ["ec2:RunInstances"]
@@ -711,7 +711,7 @@ data "aws_iam_policy_document" "watchdog" {
     )
   }
 
-  # hub.lambdas.start_hub: the tags of the launch (TagSpecifications).
+  # lambdas.handlers.start_hub: the tags of the launch (TagSpecifications).
   statement {
     sid       = "TagHubAtLaunch"
     actions   = ["ec2:CreateTags"]
@@ -724,7 +724,7 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # hub.lambdas.start_hub: the run id on a stopped, reusable hub of this stack before starting it
+  # lambdas.handlers.start_hub: the run id on a stopped, reusable hub of this stack before starting it
   # (the operator tags that instance gridfleet:stack; the Lambda may not change the tag).
   statement {
     sid       = "TagReusableHub"
@@ -750,7 +750,7 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # hub.lambdas.start_hub: starting the stopped, reusable hub of this stack.
+  # lambdas.handlers.start_hub: starting the stopped, reusable hub of this stack.
   statement {
     sid       = "StartHub"
     actions   = ["ec2:StartInstances"]
@@ -769,7 +769,7 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # hub.lambdas._clean_orphans: instances of a finished, abandoned or unknown run, and stopped
+  # lambdas.handlers._clean_orphans: instances of a finished, abandoned or unknown run, and stopped
   # instances of the stack that no configuration keeps. Only this stack's hubs and nodes: the
   # role tag leaves out untagged instances and the stack's NAT instance, which carries
   # gridfleet:stack (default_tags) but no role.
@@ -791,7 +791,7 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # hub.lambdas._clean_orphans: the reusable hub is stopped, not terminated.
+  # lambdas.handlers._clean_orphans: the reusable hub is stopped, not terminated.
   statement {
     sid       = "StopHub"
     actions   = ["ec2:StopInstances"]

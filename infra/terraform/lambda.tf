@@ -9,11 +9,11 @@ locals {
   lambdas = {
     starter = {
       name    = local.starter_name
-      handler = "hub.lambdas.starter_handler"
+      handler = "lambdas.handlers.starter_handler"
     }
     watchdog = {
       name    = local.watchdog_name
-      handler = "hub.lambdas.watchdog_handler"
+      handler = "lambdas.handlers.watchdog_handler"
     }
   }
 

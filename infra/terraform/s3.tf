@@ -59,7 +59,7 @@ resource "aws_s3_bucket_versioning" "results" {
 
 # Results are keyed <site>/<date>/result.json, with no common prefix, and the
 # bundle and configs share the bucket: nodes tag every result gridfleet=result
-# (fleet.results.RESULT_TAG), and only tagged objects expire.
+# (fleet.aws.results.RESULT_TAG), and only tagged objects expire.
 resource "aws_s3_bucket_lifecycle_configuration" "results" {
   bucket = aws_s3_bucket.results.id
 

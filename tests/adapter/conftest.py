@@ -17,14 +17,14 @@ from typing import Any, Callable
 import pytest
 from boto3.dynamodb.types import TypeDeserializer
 
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
-from fleet.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.bootstrap import ensure_resources
 from fleet.clock import FakeClock
 from fleet.config import AwsConfig
-from fleet.fakes import MemoryQueue, MemoryResults, MemoryStateTable
-from fleet.queue import SqsSiteQueue
-from fleet.results import S3ResultStore
-from fleet.table import DynamoStateTable
+from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
+from fleet.aws.queue import SqsSiteQueue
+from fleet.aws.results import S3ResultStore
+from fleet.aws.table import DynamoStateTable
 
 REGION = "ap-northeast-2"
 BACKENDS = ("moto", "memory")

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from fleet import ops
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
-from fleet.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.bootstrap import ensure_resources
 from fleet.clock import SystemClock
 from fleet.codec import RunInfo
 from fleet.config import AwsConfig
-from fleet.local import procs
-from fleet.queue import SqsSiteQueue
-from fleet.results import S3ResultStore
+from fleet import procs
+from fleet.aws.queue import SqsSiteQueue
+from fleet.aws.results import S3ResultStore
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
-from fleet.table import DynamoStateTable
+from fleet.aws.table import DynamoStateTable
 from hub.control.local import LocalNodeControl
 from node.agent import Agent, AgentSettings
 from node.runner import ChildProcess

@@ -15,10 +15,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from fleet import crawlerfile
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import FakeClock
 from fleet.config import AwsConfig
-from fleet.local import procs
+from fleet import procs
 from hub.control.aws import (
     AcceptNewHostKeys,
     ConsoleHostKeys,

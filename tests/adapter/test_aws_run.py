@@ -21,10 +21,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.config_load import parse_config
-from hub import aws_env
-from hub.aws_cmd import dry_run
+from cli import aws_env
+from cli.aws import dry_run
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def gridfleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_EC2_METADATA_DISABLED="true",
                GRIDFLEET_HOME=str(tmp_path / "home"))
-    return subprocess.run([sys.executable, "-m", "hub.cli", *args], cwd=tmp_path, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=180)
 
 
@@ -162,7 +162,7 @@ def test_dry_run_prints_the_plan_and_calls_no_mutating_api(account, tmp_path):
 
 
 def test_a_hub_on_ec2_takes_its_identity_from_imds_and_stops_itself(account, tmp_path):
-    from fleet.local.imds_server import ImdsServer
+    from embedded.imds_server import ImdsServer
 
     ec2 = account["ec2"]
     hub = ec2.run_instances(ImageId=account["config"].aws.ami, MinCount=1, MaxCount=1,
@@ -186,7 +186,7 @@ def test_a_hub_on_ec2_takes_its_identity_from_imds_and_stops_itself(account, tmp
 
 
 def test_shutdown_is_refused_when_the_metadata_is_an_emulator():
-    from hub.aws_env import HubIdentity, self_stop
+    from cli.aws_env import HubIdentity, self_stop
 
     ident = HubIdentity("ec2:i-0abc", "10.0.0.1", "i-0abc", real_ec2=False)
     assert self_stop("shutdown", ident, ec2=None).startswith("not shutting down")
@@ -238,7 +238,7 @@ def test_metrics_reach_cloudwatch_and_a_rerun_on_aws_starts_a_hub_for_the_reopen
 
 
 def test_node_metrics_round_trip_through_cloudwatch_on_moto(account):
-    from fleet.metrics import CloudWatchSink, node_heartbeat, node_job_data
+    from fleet.aws.metrics import CloudWatchSink, node_heartbeat, node_job_data
 
     ns = f"gf-node-{uuid.uuid4().hex[:6]}"
     sink = CloudWatchSink(account["clients"].client("cloudwatch"), ns)

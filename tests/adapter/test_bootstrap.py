@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from fleet.bootstrap import ensure_resources
+from fleet.aws.bootstrap import ensure_resources
 from fleet.codec import OPEN_ATTR, OPEN_INDEX, STAMP_ATTRS
 from fleet.errors import MissingResource
-from fleet.queue import SqsSiteQueue
-from fleet.results import S3ResultStore
-from fleet.table import DynamoStateTable
+from fleet.aws.queue import SqsSiteQueue
+from fleet.aws.results import S3ResultStore
+from fleet.aws.table import DynamoStateTable
 
 from .conftest import moto_clients
 

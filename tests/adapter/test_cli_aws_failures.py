@@ -1,9 +1,9 @@
 """Every command that talks to AWS, against every kind of AWS failure: one line on stderr, exit 1, no traceback.
 
-The commands run in this process (`hub.cli.main`) against a moto server. What moto can produce is real: no
+The commands run in this process (`cli.main.main`) against a moto server. What moto can produce is real: no
 credentials (the environment cleared), a table, queue and bucket that do not exist (fresh names), an endpoint
 that refuses connections (a closed port), no region (`aws.region: ''`). What moto cannot produce is made by a
-botocore hook that each client of the command gets through `fleet.aws.CLIENT_HOOKS`: an error response on
+botocore hook that each client of the command gets through `fleet.aws.clients.CLIENT_HOOKS`: an error response on
 `before-call` (expired or invalid credentials, access denied, throttling; the answer AWS gives once botocore's
 retries are spent, the retrying itself being tested in tests/faults), or an exception raised on `before-send`,
 inside botocore's HTTP layer, where botocore raises its own (a connect or read timeout, a region without
@@ -25,11 +25,11 @@ import yaml
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError, UnknownEndpointError
 
-from fleet import aws as fleet_aws
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
-from fleet.bootstrap import ensure_resources
+from fleet.aws import clients as fleet_aws
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.bootstrap import ensure_resources
 from fleet.config_load import parse_config
-from hub.cli import main
+from cli.main import main
 
 RUN = "r1"
 READ_ONLY = ("Describe", "Get", "List", "Head")
@@ -271,7 +271,7 @@ def test_access_denied_past_the_preflight_checks_names_the_call_it_hit(command, 
     """The account's resources exist; every call but the preflight's is denied, so each command fails at the first
     call of its own work. `bundle --upload` has its two builds (minutes of wheels) replaced at their seam by
     files of a few bytes: the upload, through boto3's transfer manager, is what is tested."""
-    from hub import aws_cmd
+    from cli import aws as aws_cmd
 
     def build(name: str) -> Callable[..., Path]:
         def make(root: Path, out: Path, *_: Any) -> Path:

@@ -1,7 +1,7 @@
 """The contract of the state table, the site queue and the result store.
 
 Every test runs twice: against the AWS adapters on a moto server ("moto") and
-against the in-memory stand-ins of `fleet.fakes` ("memory"). A difference
+against the in-memory stand-ins of `embedded.fakes` ("memory"). A difference
 between the two is a bug in one of them: the fakes are what the unit tests and
 the simulator trust.
 """
@@ -20,10 +20,10 @@ import pytest
 from fleet import ops
 from fleet.codec import OPEN_ATTR, HistoryEvent, NodeInfo, RunInfo, record_stamp
 from fleet.errors import GridfleetError, StaleWrite
-from fleet.queue import BadMessage, QueueDepth, SiteMessage
-from fleet.results import result_key
-from fleet.state import Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
-from fleet.table import DynamoStateTable, RunIndexEntry, wait_table_active
+from fleet.aws.queue import BadMessage, QueueDepth, SiteMessage
+from fleet.aws.results import result_key
+from fleet.state import Attempt, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.aws.table import DynamoStateTable, RunIndexEntry, wait_table_active
 
 NOW = 1_800_000_000.0
 RUN = "20270115-0600-ab12"
@@ -115,7 +115,7 @@ def test_records_written_by_ops_read_back_equal(backend):
         lambda r: ops.beat(table, r, NOW + 3.125),
         lambda r: ops.report(table, r, SiteStatus.CALL_DONE, NOW + 4, pages=2),
         lambda r: ops.request_kill(table, r, Reason.HANG, NOW + 5),
-        lambda r: ops.end_attempt(table, r, outcome=Outcome.HANG, reason=Reason.HANG, now=NOW + 6,
+        lambda r: ops.end_attempt(table, r, reason=Reason.HANG, now=NOW + 6,
                                   max_attempts=3, spot_cap=3, kill_path="local", error="page load hung"),
         lambda r: ops.send_next(table, backend.queue, r),
         lambda r: ops.claim(table, r, "i-2", NOW + 7),
@@ -191,7 +191,7 @@ def test_a_write_that_clears_an_optional_field_removes_the_attribute(backend):
     raw = backend.raw_site(RUN, "s1")
     assert (raw["kill_reason"], raw["url"]) == ("hang", "https://s1.example.test/slow")
 
-    rec = ops.end_attempt(table, rec, outcome=Outcome.HANG, reason=Reason.HANG, now=NOW + 4, max_attempts=3,
+    rec = ops.end_attempt(table, rec, reason=Reason.HANG, now=NOW + 4, max_attempts=3,
                           spot_cap=3)
     raw = backend.raw_site(RUN, "s1")
     assert "kill_reason" not in raw and "url" not in raw
@@ -457,7 +457,7 @@ def test_get_sites_retries_the_keys_left_unprocessed(backend, monkeypatch):
         out = real(RequestItems={table.name: {**spec, "Keys": keys[:half]}})
         return {**out, "UnprocessedKeys": {table.name: {**spec, "Keys": keys[half:]}}}
 
-    monkeypatch.setattr("fleet.table.time.sleep", lambda s: None)
+    monkeypatch.setattr("fleet.aws.table.time.sleep", lambda s: None)
     monkeypatch.setattr(client, "batch_get_item", halving)
     assert table.get_sites(RUN, [r.site for r in recs]) == recs
     assert asked[:4] == [100, 50, 25, 13] and len(asked) == 8 + 7
@@ -532,7 +532,7 @@ def test_history_writes_left_unprocessed_are_sent_again(backend, monkeypatch):
         rest = requests[half:]
         return {**out, "UnprocessedItems": {table.name: rest} if rest else {}}
 
-    monkeypatch.setattr("fleet.table.time.sleep", lambda s: None)
+    monkeypatch.setattr("fleet.aws.table.time.sleep", lambda s: None)
     monkeypatch.setattr(client, "batch_write_item", halving)
     table.add_history([HistoryEvent(RUN, NOW + i, "launch", {"n": i}, seq=i) for i in range(20)])
     assert sizes == [20, 10, 5, 2, 1] and len(table.read_run(RUN).history) == 20
@@ -731,10 +731,10 @@ def test_an_empty_body_is_a_result(results):
 
 def test_results_carry_the_tag_the_expiry_rule_selects(moto_endpoint):
     """moto only: the tag is what infra/terraform's lifecycle rule filters on (results share no prefix)."""
-    from fleet.aws import LOCAL_CREDENTIALS, AwsClients
-    from fleet.bootstrap import ensure_resources
+    from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+    from fleet.aws.bootstrap import ensure_resources
     from fleet.config import AwsConfig
-    from fleet.results import RESULT_TAG, S3ResultStore
+    from fleet.aws.results import RESULT_TAG, S3ResultStore
 
     hx = uuid.uuid4().hex[:10]
     clients = AwsClients(AwsConfig(endpoint_url=moto_endpoint, table=f"t-{hx}", queue=f"q-{hx}", bucket=f"b-{hx}"),

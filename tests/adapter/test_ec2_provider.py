@@ -8,7 +8,7 @@ import uuid
 import pytest
 from botocore.exceptions import ClientError
 
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.config import AwsConfig, Config
 from hub.providers.ec2 import Ec2Provider
 

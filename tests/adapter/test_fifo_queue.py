@@ -19,12 +19,12 @@ from typing import Any, Callable
 
 import pytest
 
-from fleet.bootstrap import ensure_resources
+from fleet.aws.bootstrap import ensure_resources
 from fleet.clock import FakeClock
 from fleet.config import AwsConfig
-from fleet.fakes import MemoryQueue
-from fleet.queue import DEDUP_WINDOW_S, QueueDepth, SiteMessage, SqsSiteQueue, dedup_id, group_id
-from hub.tf_config import aws_section
+from embedded.fakes import MemoryQueue
+from fleet.aws.queue import DEDUP_WINDOW_S, QueueDepth, SiteMessage, SqsSiteQueue, dedup_id, group_id
+from cli.tf_config import aws_section
 
 from .conftest import NamedClients, moto_clients
 
@@ -291,8 +291,8 @@ def test_an_attempt_given_back_is_asked_for_again_under_a_new_id():
     deleted one, and must not be dropped as a duplicate; a repeated send of that request still is."""
     from fleet import ops
     from fleet.clock import FakeClock
-    from fleet.fakes import MemoryStateTable
-    from fleet.state import Outcome, Reason, SiteSpec
+    from embedded.fakes import MemoryStateTable
+    from fleet.state import Reason, SiteSpec
 
     clock = FakeClock()
     table, q = MemoryStateTable(), MemoryQueue(clock=clock, fifo=True)
@@ -302,7 +302,7 @@ def test_an_attempt_given_back_is_asked_for_again_under_a_new_id():
     msg = q.receive(0, 30)
     rec = ops.claim(table, table.get_site("r", "s1"), "i-1", clock.now())
     q.delete(msg)
-    rec = ops.end_attempt(table, rec, outcome=Outcome.SPOT, reason=Reason.SPOT, now=clock.now(), max_attempts=3,
+    rec = ops.end_attempt(table, rec, reason=Reason.SPOT, now=clock.now(), max_attempts=3,
                           spot_cap=3)
     assert rec.attempt == 0 and rec.spot_requeues == 1
     ops.send_next(table, q, rec)

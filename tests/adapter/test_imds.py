@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fleet.clock import FakeClock
-from fleet.imds import Imds, ImdsError
-from fleet.local.imds_server import ImdsServer
+from fleet.aws.imds import Imds, ImdsError
+from embedded.imds_server import ImdsServer
 from node.spot import SpotWatcher
 
 

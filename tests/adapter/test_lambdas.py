@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 
 from fleet import ops
-from fleet.archive import S3RunArchive
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
-from fleet.bootstrap import ensure_resources
+from fleet.aws.archive import S3RunArchive
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.bootstrap import ensure_resources
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.config import AwsConfig
 from fleet.state import SiteSpec
-from fleet.table import DynamoStateTable
-from hub import lambdas
-from hub.lambdas import (
+from fleet.aws.table import DynamoStateTable
+from lambdas import handlers as lambdas
+from lambdas.handlers import (
     HUB_STARTS, WATCH_HB, WATCH_RESTART_AT, WATCH_SINCE, LambdaSettings, RunItems, client_token, orphan_reason,
     run_starter, start_hub, watch,
 )

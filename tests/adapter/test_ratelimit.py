@@ -10,11 +10,11 @@ from typing import Any, Callable
 
 import pytest
 
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
-from fleet.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.bootstrap import ensure_resources
 from fleet.clock import FakeClock
 from fleet.config import AwsConfig
-from fleet.ratelimit import LIMITS_PARTITION, DynamoRateLimiter, MemoryRateLimiter, RateLimiter, spacing
+from fleet.aws.ratelimit import LIMITS_PARTITION, DynamoRateLimiter, MemoryRateLimiter, RateLimiter, spacing
 from tests.adapter.conftest import MOTO_CALLS, REGION, NamedClients
 from tests.helpers.windows import max_in_window
 

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
-from fleet.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.bootstrap import ensure_resources
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.config import AwsConfig, Config
-from fleet.table import DynamoStateTable
-from fleet.tags import TAG_STACK
-from hub.lambdas import LambdaSettings, watch
+from fleet.aws.table import DynamoStateTable
+from fleet.aws.tags import TAG_STACK
+from lambdas.handlers import LambdaSettings, watch
 from hub.providers.ec2 import Ec2Provider
 from hub.teardown import teardown_run
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.local import procs
-from fleet.local.stack import stack_id_for
+from fleet import procs
+from embedded.stack import stack_id_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ class Gridfleet:
         self.env = {**os.environ, "GRIDFLEET_HOME": str(home), "PYTHONUNBUFFERED": "1"}
 
     def cmd(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "hub.cli", *args]
+        return [sys.executable, "-m", "cli.main", *args]
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run(self.cmd(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True,

@@ -274,7 +274,7 @@ sites:
 
 
 def test_a_node_agent_sigkilled_mid_crawl_is_lost_its_instance_ended_and_the_site_retried(gf):
-    from fleet.local import procs
+    from fleet import procs
 
     assert gf.run("local", "up", timeout=120).returncode == 0
     cfg = gf.write_config("kill.yaml", KILL_AGENT)

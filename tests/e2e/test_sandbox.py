@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.local import procs
+from fleet import procs
 from tests.e2e.conftest import attempts
 
 pytestmark = pytest.mark.e2e

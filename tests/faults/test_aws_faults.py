@@ -12,16 +12,16 @@ import uuid
 from botocore.awsrequest import AWSResponse
 
 from fleet import ops
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
-from fleet.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.bootstrap import ensure_resources
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.config_load import parse_config
-from fleet.queue import SqsSiteQueue
-from fleet.results import S3ResultStore
+from fleet.aws.queue import SqsSiteQueue
+from fleet.aws.results import S3ResultStore
 from fleet.state import RunStatus, SiteSpec
-from fleet.table import DynamoStateTable
-from hub.check import check_run
+from fleet.aws.table import DynamoStateTable
+from cli.check import check_run
 from node.agent import Agent, AgentSettings
 from profiles import ProfileStore
 from tests.helpers.fake_node import ScriptedCrawl, pages_script
@@ -133,8 +133,8 @@ def test_a_hub_under_throttling_beyond_retries_keeps_its_loop(moto_endpoint, tmp
 
 
 def test_a_hub_gone_for_good_is_replaced_by_the_watchdog_and_the_run_ends_clean(moto_endpoint, tmp_path):
-    from hub import aws_env
-    from hub.lambdas import run_watchdog
+    from cli import aws_env
+    from lambdas.handlers import run_watchdog
     from hub.loop import Hub
     from hub.providers.ec2 import Ec2Provider
 

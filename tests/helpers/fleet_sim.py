@@ -1,7 +1,7 @@
 """A whole fleet in virtual time, for fault tests: the real Hub and real node Agents on in-memory AWS.
 
 Fakes stand in only where nothing real can run in one test process in virtual
-time: AWS is fleet.fakes (whose contract the adapter suite checks against moto),
+time: AWS is embedded.fakes (whose contract the adapter suite checks against moto),
 instances are Agent actors, and a crawl is a scripted event stream (the real
 crawler process and Chromium are covered by the adapter and e2e tiers). Hub,
 plan, executor, agent, ops and records are the real code.
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fleet.config import Config
-from fleet.fakes import MemoryQueue, MemoryResults, MemoryStateTable
-from fleet.vclock import Actor, Crashed, VirtualClock
-from hub.check import CheckReport, check_run
+from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
+from embedded.vclock import Actor, Crashed, VirtualClock
+from cli.check import CheckReport, check_run
 from hub.control.base import KillResult
 from hub.loop import Hub, RunOutcome
 from hub.providers.base import LaunchResult

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fleet import ops
-from fleet.aws import LOCAL_CREDENTIALS, AwsClients
-from fleet.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.bootstrap import ensure_resources
 from fleet.clock import FakeClock, SystemClock
 from fleet.codec import NodeInfo, RunInfo
 from fleet.config import Config
@@ -99,12 +99,12 @@ def published(config: Config) -> set[tuple[str, tuple[str, ...]]]:
 def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     """`gridfleet run` on AWS (to its deadline, then its record into the bucket), the kill ladder, status,
     teardown, dry run, self-stop."""
-    from fleet.local.imds_server import ImdsServer
-    from hub import aws_env
-    from hub.aws_cmd import dry_run
+    from embedded.imds_server import ImdsServer
+    from cli import aws_env
+    from cli.aws import dry_run
     from hub.control.aws import ConsoleHostKeys
     from hub.loop import Hub
-    from hub.run_cmd import monitor_for
+    from cli.run import monitor_for
     from hub.teardown import teardown_run
     from rich.console import Console
     import io
@@ -131,9 +131,9 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     node = provider.list("iam-hub")[0].id
     _act_as_a_node(config, node)  # s1 completed with its result, s2 hung in URL_CALL and marked for a kill
     outcome = hub.run()  # kills s2 through SSM, requeues it; the deadline: export (reads s1's result), teardown
-    from fleet.archive import S3RunArchive
-    from hub.check import check_run
-    from hub.report import publish
+    from fleet.aws.archive import S3RunArchive
+    from cli.check import check_run
+    from cli.report import publish
 
     check_run("iam-hub", table=env.table, queue=env.queue, results=env.results, provider=provider,
               config=config)  # what `gridfleet run` does at the end: the run checks itself...
@@ -159,9 +159,9 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
 
 def _act_as_a_node(config: Config, node: str) -> None:
     """Unrecorded: what nodes would have written, so the hub takes its completion and kill paths."""
-    from fleet.results import S3ResultStore, result_key
+    from fleet.aws.results import S3ResultStore, result_key
     from fleet.state import Reason, SiteStatus
-    from fleet.table import DynamoStateTable
+    from fleet.aws.table import DynamoStateTable
 
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)
     table = DynamoStateTable(clients.client("dynamodb"), config.aws.table)
@@ -177,10 +177,10 @@ def _act_as_a_node(config: Config, node: str) -> None:
 
 def node_calls(endpoint: str, tmp: Path) -> set[str]:
     """The node agent crawling a site in a real crawler process, and a failed boot reported."""
-    from fleet.metrics import CloudWatchSink
-    from fleet.queue import SqsSiteQueue
-    from fleet.results import S3ResultStore
-    from fleet.table import DynamoStateTable
+    from fleet.aws.metrics import CloudWatchSink
+    from fleet.aws.queue import SqsSiteQueue
+    from fleet.aws.results import S3ResultStore
+    from fleet.aws.table import DynamoStateTable
     from node.agent import Agent, AgentSettings
     from node.main import BOOT_FAILED
     from node.runner import ChildProcess
@@ -232,7 +232,7 @@ def lambda_calls(endpoint: str, tmp: Path) -> dict[str, set[str]]:
     reusable hub, restarting a silent run's hub (from the template, then the reusable hub), ending a run
     abandoned past its deadline (its open site FAILED, its summary into the bucket), terminating orphans and
     stopped instances, and stopping the reusable hub."""
-    from hub.lambdas import run_starter, run_watchdog
+    from lambdas.handlers import run_starter, run_watchdog
 
     config = _account(endpoint, tmp)
     setup = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)
@@ -266,7 +266,7 @@ def lambda_calls(endpoint: str, tmp: Path) -> dict[str, set[str]]:
     run_starter({"run_id": f"iam-{uuid.uuid4().hex[:6]}"}, {**base, "GRIDFLEET_HUB_INSTANCE_ID": reusable},
                 clients_factory=factory("starter"), clock=clock)
     # The watchdog: a run whose hub went silent (restarted once it is stale) and a finished run's orphan.
-    from fleet.table import DynamoStateTable
+    from fleet.aws.table import DynamoStateTable
 
     table = DynamoStateTable(setup.client("dynamodb"), config.aws.table)
     stale = f"iam-stale-{uuid.uuid4().hex[:6]}"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.local import procs
+from fleet import procs
 
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = "ssh-keygen"

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import hcl2
 import pytest
 
-from fleet.bootstrap import OPEN_INDEX_ATTRIBUTES
+from fleet.aws.bootstrap import OPEN_INDEX_ATTRIBUTES
 from fleet.codec import OPEN_ATTR, OPEN_INDEX
 from fleet.config import AwsConfig, FleetConfig, MetricsConfig
 
@@ -544,7 +544,7 @@ def test_status_table(tf):
     assert table["hash_key"] == "run_id" and table["range_key"] == "Site"
     assert {(a["name"], a["type"]) for a in blocks(table, "attribute")} == {
         ("run_id", "S"), ("Site", "S"), (OPEN_ATTR, "S")}
-    # The sparse index of the open sites with the attributes of a stamp, as fleet.bootstrap makes it.
+    # The sparse index of the open sites with the attributes of a stamp, as fleet.aws.bootstrap makes it.
     (lsi,) = blocks(table, "local_secondary_index")
     assert (lsi["name"], lsi["range_key"], lsi["projection_type"]) == (OPEN_INDEX, OPEN_ATTR, "INCLUDE")
     assert sorted(lsi["non_key_attributes"]) == sorted(OPEN_INDEX_ATTRIBUTES)
@@ -1032,7 +1032,7 @@ def test_every_launch_template_tags_the_stack(tf):
 
 
 def test_lambdas(tf):
-    handlers = {"starter": "hub.lambdas.starter_handler", "watchdog": "hub.lambdas.watchdog_handler"}
+    handlers = {"starter": "lambdas.handlers.starter_handler", "watchdog": "lambdas.handlers.watchdog_handler"}
     env_keys = {"GRIDFLEET_REGION", "GRIDFLEET_STACK", "GRIDFLEET_TABLE", "GRIDFLEET_BUCKET",
                 "GRIDFLEET_HUB_LAUNCH_TEMPLATE", "GRIDFLEET_HUB_STALE_S", "GRIDFLEET_RUN_GRACE_S",
                 "GRIDFLEET_LOOKBACK_RUNS"}
@@ -1140,7 +1140,7 @@ def test_dashboard(tf):
 # --- what the code publishes, against what the dashboard and the alarms read --------------------------------------
 
 #: The modules that publish gridfleet's CloudWatch metrics: every `Datum(...)` of theirs.
-PUBLISHERS = ("hub/monitor.py", "fleet/metrics.py")
+PUBLISHERS = ("hub/monitor.py", "fleet/aws/metrics.py")
 #: Metrics the hub publishes as a count per publish; every other metric of the hub's is a gauge (a current value).
 PER_PUBLISH_COUNTS = {"Kills"}
 #: Published but not drawn, with the reason.
@@ -1220,7 +1220,7 @@ def test_published_metrics_are_read_from_the_code():
     found = published_metrics()
     assert {"ActiveNodes", "SitesCompleted", "RunProgress", "Kills"} <= set(found["hub/monitor.py"])
     assert frozenset({"KillPath"}) in found["hub/monitor.py"]["Kills"]
-    assert found["fleet/metrics.py"]["JobErrors"] == {frozenset({"WorkerId", "ErrorType"})}
+    assert found["fleet/aws/metrics.py"]["JobErrors"] == {frozenset({"WorkerId", "ErrorType"})}
 
 
 def test_widgets_and_alarms_read_only_metrics_the_code_publishes(tf):
@@ -1286,7 +1286,7 @@ def test_outputs(tf):
 
 def test_the_output_is_a_valid_aws_section():
     """`gridfleet config from-terraform` accepts the output as Terraform would print it for the defaults."""
-    from hub.tf_config import OUTPUT, aws_section
+    from cli.tf_config import OUTPUT, aws_section
 
     tf = config()
     value = {}

@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 from fleet import ops
 from fleet.clock import FakeClock
 from fleet.codec import ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, URL_MAX_CHARS, RunInfo
-from fleet.fakes import MemoryQueue, MemoryResults, MemoryStateTable
+from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from node.agent import CLAIMED_VISIBILITY_S, Agent, AgentSettings
 from profiles import ProfileStore

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.local.demo_server import DemoServer
+from embedded.demo_server import DemoServer
 from node.crawler import CrawlContext, CrawlError
 from node.crawlers.api import ApiCrawler, with_param
 

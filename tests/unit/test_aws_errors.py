@@ -1,4 +1,4 @@
-"""fleet.aws_errors: every kind of AWS failure becomes one line naming the call and what to do.
+"""fleet.aws.errors: every kind of AWS failure becomes one line naming the call and what to do.
 
 Errors are made as botocore makes them: a ClientError from an error response, botocore's own exceptions with
 their keyword arguments. `name_calls` is checked on a real client whose calls a `before-send` hook answers (no
@@ -21,8 +21,8 @@ from botocore.exceptions import (
     UnknownEndpointError,
 )
 
-from fleet.aws import AwsClients, StaticCredentials
-from fleet.aws_errors import CREATE_ADVICE, AwsCall, Kind, aws_failure, one_line, stamp
+from fleet.aws.clients import AwsClients, StaticCredentials
+from fleet.aws.errors import CREATE_ADVICE, AwsCall, Kind, aws_failure, one_line, stamp
 from fleet.config import AwsConfig
 
 

@@ -1,7 +1,7 @@
 """Bad input through the real command line: one line naming the file, the line and the field, exit code 2, no
 traceback, nothing started, and bounded time and memory whatever the input holds.
 
-`hub.cli.main` runs in this process (so its time and memory can be measured, and what it imported seen) with
+`cli.main.main` runs in this process (so its time and memory can be measured, and what it imported seen) with
 stdout and stderr captured; nothing is faked.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hub.cli import main
+from cli.main import main
 
 SITE = 'sites: [{id: a, start_url: "http://a.test"}]\n'
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fleet import ops
 from fleet.codec import RunInfo
-from fleet.fakes import MemoryQueue, MemoryResults, MemoryStateTable
-from fleet.results import is_daily_run, result_key
+from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
+from fleet.aws.results import is_daily_run, result_key
 from fleet.state import SiteSpec, SiteStatus
-from hub.check import check_run, demo_hits
+from cli.check import check_run, demo_hits
 
 DEMO = "http://127.0.0.1:8800"
 

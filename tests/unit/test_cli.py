@@ -12,7 +12,7 @@ import pytest
 
 def gridfleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "GRIDFLEET_HOME": str(tmp_path / "home")}
-    return subprocess.run([sys.executable, "-m", "hub.cli", *args], cwd=tmp_path, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
 
 
@@ -55,7 +55,7 @@ def test_an_aws_run_without_credentials_exits_1_naming_them_and_starts_nothing(t
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(GRIDFLEET_HOME=str(tmp_path / "home"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
                AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
-    p = subprocess.run([sys.executable, "-m", "hub.cli", "run"], cwd=tmp_path, env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "cli.main", "run"], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 1 and "no AWS credentials" in p.stderr and "Traceback" not in p.stderr
 
@@ -69,7 +69,7 @@ def test_the_aws_dry_run_needs_no_credentials_and_calls_nothing(tmp_path):
     out = []
     for args in (["run", "--config", str(example), "--dry-run", "--run-id", "d1"],
                  ["render", "node", "--config", str(example), "--run-id", "d1", "--hub-address", "10.0.0.10"]):
-        p = subprocess.run([sys.executable, "-m", "hub.cli", *args], cwd=tmp_path, env=env, capture_output=True,
+        p = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=60)
         assert p.returncode == 0 and p.stderr == "", p.stderr
         out.append(p.stdout)
@@ -177,7 +177,7 @@ def test_config_from_terraform_prints_an_aws_section_that_validates(tmp_path):
     assert section["aws"]["efs_id"] == "fs-0123456789abcdef0" and section["aws"]["subnet_ids"] == ["subnet-1", "subnet-2"]
     config = parse_config(p.stdout + "sites: [{id: a, start_url: 'https://a.test/'}]\n")
     assert config.aws.node_launch_template == "gridfleet-node" and config.aws.dlq_name == "trendlyze-sites-dlq"
-    piped = subprocess.run([sys.executable, "-m", "hub.cli", "config", "from-terraform"], input=json.dumps(TF_OUTPUT),
+    piped = subprocess.run([sys.executable, "-m", "cli.main", "config", "from-terraform"], input=json.dumps(TF_OUTPUT),
                            capture_output=True, text=True, cwd=tmp_path)
     assert piped.returncode == 0 and piped.stdout == p.stdout
 

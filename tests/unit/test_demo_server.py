@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit
 
 import pytest
 
-from fleet.local.demo_server import DemoServer
+from embedded.demo_server import DemoServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -189,7 +189,7 @@ def test_stats_count_hits_per_page_and_arrival_times(server):
 
 
 def test_stats_keep_the_last_requests_of_each_site_only(monkeypatch):
-    monkeypatch.setattr("fleet.local.demo_server.MAX_REQUESTS_KEPT", 3)
+    monkeypatch.setattr("embedded.demo_server.MAX_REQUESTS_KEPT", 3)
     with DemoServer() as small:  # a server started after the bound was lowered
         for page_no in (1, 2, 3, 4, 5):
             fetch(f"{small.base_url}/s/many/?pages=5&page={page_no}")
@@ -318,7 +318,7 @@ def test_stop_without_start_and_base_url_before_start():
 
 def test_main_serves_until_sigterm():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleet.local.demo_server", "--port", "0"],
+        [sys.executable, "-m", "embedded.demo_server", "--port", "0"],
         cwd=REPO,
         env={**os.environ, "GRIDFLEET_STACK_TOKEN": "from-the-stack"},
         stdout=subprocess.PIPE,

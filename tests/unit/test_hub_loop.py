@@ -10,7 +10,7 @@ from fleet import ops
 from fleet.clock import FakeClock
 from fleet.config import Config
 from fleet.codec import RunInfo
-from fleet.fakes import MemoryQueue, MemoryResults, MemoryStateTable
+from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from fleet.state import Reason, RunStatus, SiteStatus
 from hub.control.base import KillResult
 from hub.loop import Hub
@@ -266,7 +266,7 @@ def test_a_reclaimed_spot_node_does_not_spend_the_sites_attempt(tmp_path):
 
 def test_resume_is_refused_only_for_another_live_hub():
     from fleet.errors import UsageError
-    from hub.run_cmd import check_existing
+    from cli.run import check_existing
 
     run = RunInfo(RUN, "RUNNING", 0.0, 1e12, "20261121", hub_id="ec2:i-hub")
     with pytest.raises(UsageError, match="held by a hub"):

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from fleet.local import procs
+from fleet import procs
 from hub.control.base import KillResult
 from hub.control.local import LocalNodeControl
 from tests.helpers.wait import wait_for

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from fleet.config import Config
-from fleet.local.stack import Component, LocalStack, StackState
-from hub.local_env import ROOT_HOME, LocalEnv, effective_config, gridfleet_home, reach_crawl_user
+from embedded.stack import Component, LocalStack, StackState
+from cli.local_env import ROOT_HOME, LocalEnv, effective_config, gridfleet_home, reach_crawl_user
 
 STATE = StackState("sid", "/tmp/x", None, {
     "moto": Component("moto", 1, None, "http://127.0.0.1:5000"),

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from fleet.clock import FakeClock
-from fleet.local import procs
+from fleet import procs
 from hub.providers.base import LaunchResult
 from hub.providers.local import LocalProvider, local_hub_id
 from tests.helpers.wait import wait_for

@@ -12,10 +12,10 @@ from prometheus_client import generate_latest
 from rich.console import Console
 
 from fleet.logs import JsonFormatter, event, use_json
-from fleet.metrics import BATCH, CloudWatchSink, Datum, JobStats
+from fleet.aws.metrics import BATCH, CloudWatchSink, Datum, JobStats
 from hub.loop import Hub
 from hub.monitor import HubMonitor
-from hub.views import watch
+from cli.views import watch
 from node.agent import error_type
 from tests.helpers.fleet_sim import RUN, SimCloud, SimControl, SimProvider, sim_config
 

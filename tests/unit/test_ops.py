@@ -4,8 +4,8 @@ import pytest
 
 from fleet import ops
 from fleet.errors import StaleWrite
-from fleet.fakes import MemoryQueue, MemoryStateTable
-from fleet.state import Outcome, Reason, RunStatus, SiteSpec, SiteStatus
+from embedded.fakes import MemoryQueue, MemoryStateTable
+from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 
 NOW = 1_800_000_000.0
 
@@ -54,7 +54,7 @@ def test_heartbeat_does_not_move_the_version_so_the_hub_write_still_lands(table)
 
 
 def end(table, r, reason=Reason.ERROR, **kw):
-    return ops.end_attempt(table, r, outcome=Outcome(str(reason)), reason=reason, now=NOW, max_attempts=3,
+    return ops.end_attempt(table, r, reason=reason, now=NOW, max_attempts=3,
                            spot_cap=1, **kw)
 
 

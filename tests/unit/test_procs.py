@@ -1,4 +1,4 @@
-"""fleet.local.procs on real processes: detached spawns with markers, finding them again, killing whole trees."""
+"""fleet.procs on real processes: detached spawns with markers, finding them again, killing whole trees."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from fleet.local import procs
+from fleet import procs
 from tests.helpers.wait import wait_for
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]

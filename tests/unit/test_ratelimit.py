@@ -10,7 +10,7 @@ import pytest
 from fleet.clock import FakeClock
 from fleet.config_load import dump_config, parse_config
 from fleet.errors import ConfigError
-from fleet.ratelimit import PACE_MARGIN, MemoryRateLimiter, spacing
+from fleet.aws.ratelimit import PACE_MARGIN, MemoryRateLimiter, spacing
 from tests.helpers.windows import max_in_window
 
 

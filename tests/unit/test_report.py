@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from hub import report
-from hub.report import find_previous, fmt_duration, fmt_usd, render_report, write_report
+from cli import report
+from cli.report import find_previous, fmt_duration, fmt_usd, render_report, write_report
 
 T = 1763700000.0  # 2025-11-21T04:40:00Z
 SVG = "{http://www.w3.org/2000/svg}"

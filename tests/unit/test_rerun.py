@@ -9,7 +9,7 @@ import pytest
 
 from fleet.errors import UsageError
 from fleet.state import RunStatus
-from hub.rerun import choose, reopen
+from cli.rerun import choose, reopen
 from tests.helpers.fleet_sim import RUN, SimCloud, sim_config
 
 SITES = {"a": "ok", "e": "hang-always", "f": "error-always"}

@@ -9,11 +9,11 @@ import hub.loop
 from fleet import ops
 from fleet.codec import RunInfo
 from fleet.errors import UsageError
-from fleet.fakes import MemoryStateTable
+from embedded.fakes import MemoryStateTable
 from fleet.state import Reason, RunStatus, SiteSpec
-from hub.cli import main
+from cli.main import main
 from hub.history import durations_from_file, previous_durations
-from hub.sim.run import SimParams, simulate
+from embedded.sim.run import SimParams, simulate
 
 CALM = SimParams(sites=40, nodes=8, seed=3, hang_rate=0.0, spot_per_hour=0.0, capacity_error_rate=0.0)
 FIGURES = ("makespan_s", "lower_bound_s", "ratio", "hang_lag_max_s", "hang_lag_p95_s", "utilization", "node_hours",
@@ -134,7 +134,7 @@ class _returns:
 def test_a_simulated_retry_resumes_after_its_last_checkpointed_page():
     import random
 
-    from hub.sim.workload import Workload
+    from embedded.sim.workload import Workload
 
     w = Workload(SimParams(sites=1, nodes=1, seed=3, sigma=0, site_s=300, page_s=30, hang_rate=0), random.Random(3))
     (site,) = w.site_ids

@@ -4,8 +4,8 @@ agrees with a full read of the table."""
 import random
 
 from fleet import ops
-from fleet.fakes import MemoryStateTable
-from fleet.state import Outcome, Reason, RunStatus, SiteSpec, SiteStatus
+from embedded.fakes import MemoryStateTable
+from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from hub.snapshot import SiteCache, watched
 
 RUN = "2027-01-15"
@@ -105,7 +105,7 @@ def test_random_histories_agree_with_a_full_read_every_tick():
                 elif step == 2:
                     ops.complete(table, rec, f"{rec.site}/r.json", now)
                 elif step == 3:
-                    ops.end_attempt(table, rec, outcome=Outcome.HANG, reason=Reason.HANG, now=now, max_attempts=3,
+                    ops.end_attempt(table, rec, reason=Reason.HANG, now=now, max_attempts=3,
                                     spot_cap=3)
                 else:
                     ops.request_kill(table, rec, Reason.HANG, now)

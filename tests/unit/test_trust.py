@@ -17,10 +17,10 @@ from rich.console import Console
 from fleet import ops
 from fleet.clock import FakeClock
 from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, RunInfo
-from fleet.fakes import MemoryResults, MemoryStateTable
+from embedded.fakes import MemoryResults, MemoryStateTable
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
-from hub.summary import build_summary, export
-from hub.views import print_sites
+from fleet.summary import build_summary, export
+from cli.views import print_sites
 
 RUN = "2026-11-21"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -97,7 +97,7 @@ def test_every_error_a_node_or_the_hub_writes_is_cut_to_one_size(tmp_path):
     a = ops.claim(table, table.get_site(RUN, "a"), "i-1", clock.now())
     a = ops.report(table, a, SiteStatus.URL_CALL, clock.now(), url="http://x.test/" + "p" * 9_000)
     assert len(a.url) == URL_MAX_CHARS
-    a = ops.end_attempt(table, a, outcome=ops.Outcome.ERROR, reason=Reason.ERROR, now=clock.now(), max_attempts=1,
+    a = ops.end_attempt(table, a, reason=Reason.ERROR, now=clock.now(), max_attempts=1,
                         spot_cap=0, error="e" * 50_000)
     b = ops.fail_now(table, table.get_site(RUN, "b"), Reason.KILLED, clock.now(), error={"not": "text" * 9_000})
     assert a.run_status is RunStatus.FAILED and len(a.error) == len(b.error) == ERROR_MAX_CHARS
@@ -131,7 +131,7 @@ def test_gridfleet_status_prints_a_hostile_summary_without_failing(tmp_path):
     (run / "summary.json").write_text(json.dumps({"run_id": RUN, "started_at": 0, "finished_at": 1,
                                                   "sites": HOSTILE, "nodes": {}}))
     env = {**os.environ, "GRIDFLEET_HOME": str(tmp_path / "home"), "FORCE_COLOR": "1", "COLUMNS": "300"}
-    p = subprocess.run([sys.executable, "-m", "hub.cli", "status", "--run-id", RUN], cwd=tmp_path, env=env,
+    p = subprocess.run([sys.executable, "-m", "cli.main", "status", "--run-id", RUN], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "[/x] closing [red]boom[/red]" in ANSI.sub("", p.stdout)

@@ -1,0 +1,235 @@
+"""The simulator's machinery: an event heap on a virtual clock, a fast in-memory queue, and call counting.
+
+Nothing here decides anything about a run: the hub's decisions are `hub.plan`
+and its executor, the nodes' are `fleet.ops`. This file only moves virtual
+time, keeps SQS's semantics for tens of thousands of messages, and counts the
+AWS calls the adapters would make for each method the hub and nodes call.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import Counter, deque
+from typing import Any, Callable, Iterable
+
+from embedded.fakes import _Msg
+from fleet.aws.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
+
+EPOCH0 = 1_800_000_000.0  # the virtual wall clock at t = 0
+
+
+class Engine:
+    """Callbacks run in time order; `at(t, fn)` schedules, `run()` drains until `stop` is set."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self.stop = False
+        self.events = 0
+
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._heap, (max(t, self.now), next(self._seq), fn))
+
+    def run(self, until: float) -> None:
+        heap = self._heap
+        while heap and not self.stop:
+            t, _, fn = heapq.heappop(heap)
+            if t > until:
+                self.now = until
+                return
+            self.now = t
+            self.events += 1
+            fn()
+
+
+class SimClock:
+    """The Clock of hub and nodes in the simulation. `sleep` moves time on: only the hub's finish waits so."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def now(self) -> float:
+        return EPOCH0 + self.engine.now
+
+    def monotonic(self) -> float:
+        return self.engine.now
+
+    def sleep(self, seconds: float) -> None:
+        self.engine.now += max(0.0, seconds)
+
+
+class SimQueue:
+    """SQS semantics (visibility, receive counts, the DLQ, roughly first-in first-out) in O(log n) per call.
+
+    `on_send` is called after each message is sent: the simulated long polls of idle nodes return then."""
+
+    def __init__(self, clock: SimClock, max_receive_count: int, on_send: Callable[[], None] = lambda: None):
+        self.clock = clock
+        self.max_receive_count = max_receive_count
+        self.on_send = on_send
+        self.msgs: dict[str, _Msg] = {}
+        self.by_receipt: dict[str, str] = {}
+        self.ready: deque[str] = deque()
+        self.delayed: list[tuple[float, int, str]] = []
+        self.dlq: list[_Msg] = []
+        self.sent = 0
+        self._ids = itertools.count(1)
+
+    def _new(self, body: str) -> None:
+        m = _Msg(f"m{next(self._ids)}", body)
+        self.msgs[m.id] = m
+        self.ready.append(m.id)
+        self.sent += 1
+        self.on_send()
+
+    def send(self, run_id: str, site: str, attempt: int, given_back: int = 0) -> None:
+        self._new(encode(run_id, site, attempt))
+
+    def send_many(self, items: Iterable[tuple[str, str, int]]) -> int:
+        """Send each; the number sent (SQS takes them ten to a SendMessageBatch)."""
+        n = 0
+        for item in items:
+            self.send(*item)
+            n += 1
+        return n
+
+    def _release(self, now: float) -> None:
+        while self.delayed and self.delayed[0][0] <= now:
+            t, _, mid = heapq.heappop(self.delayed)
+            m = self.msgs.get(mid)
+            if m is not None and m.visible_at == t:
+                self.ready.append(mid)
+
+    def receive(self, wait_s: float, visibility_s: float) -> SiteMessage | BadMessage | None:
+        now = self.clock.monotonic()
+        self._release(now)
+        while self.ready:
+            mid = self.ready.popleft()
+            m = self.msgs.get(mid)
+            if m is None or m.visible_at > now:
+                continue  # deleted, or made invisible again since it was queued here
+            if m.receives >= self.max_receive_count:
+                del self.msgs[mid]
+                self.dlq.append(m)
+                continue
+            m.receives += 1
+            self._hide(m, now + visibility_s)
+            m.receipt = f"{m.id}/{m.receives}"
+            self.by_receipt[m.receipt] = m.id
+            return decode(m.body, m.receipt, m.id, m.receives)
+        return None  # the caller waits for `on_send` (a long poll)
+
+    def _hide(self, m: _Msg, until: float) -> None:
+        m.visible_at = until
+        heapq.heappush(self.delayed, (until, next(self._ids), m.id))
+
+    def delete_receipt(self, receipt: str) -> None:
+        mid = self.by_receipt.pop(receipt, None)
+        m = self.msgs.get(mid) if mid is not None else None
+        if m is not None and m.receipt == receipt:
+            del self.msgs[mid]
+
+    def delete(self, msg: SiteMessage | BadMessage) -> None:
+        self.delete_receipt(msg.receipt)
+
+    def set_visibility(self, msg: SiteMessage | BadMessage, seconds: float) -> None:
+        mid = self.by_receipt.get(msg.receipt)
+        m = self.msgs.get(mid) if mid is not None else None
+        if m is None or m.receipt != msg.receipt:
+            return
+        now = self.clock.monotonic()
+        if seconds <= 0:
+            m.visible_at = now
+            self.ready.append(m.id)
+            self.on_send()
+        else:
+            self._hide(m, now + seconds)
+
+    def depth(self) -> QueueDepth:
+        now = self.clock.monotonic()
+        visible = sum(1 for m in self.msgs.values() if m.visible_at <= now)
+        return QueueDepth(visible, len(self.msgs) - visible, len(self.dlq))
+
+    def peek(self, limit: int = 100, dlq: bool = False) -> list[SiteMessage | BadMessage]:
+        src = self.dlq if dlq else list(self.msgs.values())
+        return [decode(m.body, m.receipt, m.id, m.receives) for m in src[:limit]]
+
+
+# --- counting the AWS calls --------------------------------------------------------------------
+
+#: Items per DynamoDB Query page (1 MB each): whole site records, and the open index's few attributes.
+#: Estimates from the record sizes gridfleet writes (a site record with a few attempts is about 1-2 KB).
+QUERY_PAGE_ITEMS = 500
+OPEN_INDEX_PAGE_ITEMS = 8000
+
+Cost = Callable[[tuple, dict, Any], int]
+
+
+def _pages(n: int, per_page: int) -> int:
+    return max(1, math.ceil(n / per_page))
+
+
+def _n_arg(i: int, per_call: int) -> Cost:
+    def cost(args: tuple, kwargs: dict, result: Any) -> int:
+        items = args[i] if len(args) > i else next(iter(kwargs.values()))
+        return math.ceil(len(items) / per_call) if items else 0
+    return cost
+
+
+def _one(op: str) -> tuple[str, Cost]:
+    return op, lambda a, k, r: 1
+
+
+#: method -> (service, AWS operation, calls it makes), as the AWS adapters make them.
+TABLE_CALLS: dict[str, tuple[str, Cost]] = {
+    "create_site": _one("PutItem"), "get_site": _one("GetItem"), "write": _one("UpdateItem"),
+    "read_run": ("Query", lambda a, k, r: _pages(len(r.sites) + len(r.nodes) + len(r.history) + 1,
+                                                 QUERY_PAGE_ITEMS)),
+    "open_stamps": ("Query", lambda a, k, r: _pages(len(r), OPEN_INDEX_PAGE_ITEMS)),
+    "get_sites": ("BatchGetItem", _n_arg(1, 100)),
+    "read_nodes": ("Query", lambda a, k, r: _pages(len(r), QUERY_PAGE_ITEMS)),
+    "create_run": ("PutItem", lambda a, k, r: 2), "get_run": _one("GetItem"), "update_run": _one("UpdateItem"),
+    "add_launched": _one("UpdateItem"), "put_node": _one("PutItem"), "add_history": ("BatchWriteItem", _n_arg(0, 25)),
+    "list_runs": _one("Query"),
+}
+QUEUE_CALLS: dict[str, tuple[str, Cost]] = {
+    "send": _one("SendMessage"), "send_many": ("SendMessageBatch", lambda a, k, r: math.ceil(r / 10)),
+    "receive": _one("ReceiveMessage"), "delete": _one("DeleteMessage"), "delete_receipt": _one("DeleteMessage"),
+    "set_visibility": _one("ChangeMessageVisibility"), "depth": ("GetQueueAttributes", lambda a, k, r: 2),
+}
+RESULT_CALLS: dict[str, tuple[str, Cost]] = {
+    "exists": _one("HeadObject"), "put_new": _one("PutObject"), "get": _one("GetObject"),
+}
+EC2_CALLS: dict[str, tuple[str, Cost]] = {
+    "list": ("DescribeInstances", lambda a, k, r: _pages(len(r), 1000)),
+    "terminate": ("TerminateInstances", _n_arg(0, 1000)),
+    # RunInstances: one call per instance type tried, counted by the cloud itself
+}
+
+
+class Counted:
+    """A proxy that counts, per AWS operation, the calls its methods stand for."""
+
+    def __init__(self, inner: Any, service: str, calls: dict[str, tuple[str, Cost]], counter: Counter):
+        self._inner = inner
+        self._service = service
+        self._calls = calls
+        self._counter = counter
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        spec = self._calls.get(name)
+        if spec is None or not callable(attr):
+            return attr
+        op, cost = spec
+        key = (self._service, op)
+        counter = self._counter
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            result = attr(*args, **kwargs)
+            counter[key] += cost(args, kwargs, result)
+            return result
+        return counted

@@ -1,0 +1,257 @@
+"""`gridfleet simulate`: a whole run of N sites on M nodes in virtual time, on the hub's own code.
+
+The hub is the real `Hub` (its `plan()`, executor and site cache) on the
+in-memory table; the nodes are `SimNode`s making the agent's decisions with
+`fleet.ops`; the cloud and the crawls are simulated (`embedded.sim.fleet`,
+`embedded.sim.workload`). The figures it reports are defined in `SimResult`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import tempfile
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleet.config import Config
+from embedded.fakes import MemoryResults, MemoryStateTable
+from hub.control.base import KillResult
+from hub.loop import Hub
+from hub.plan import run_date_for
+from embedded.sim.engine import (
+    EC2_CALLS, QUEUE_CALLS, RESULT_CALLS, TABLE_CALLS, Counted, Engine, SimClock, SimQueue,
+)
+from embedded.sim.fleet import SimControl, SimNode, VirtualCloud
+from embedded.sim.workload import Workload
+from node.agent import AgentSettings
+
+POLICIES = ("gridfleet", "seed")
+SEED_POLL_S = 30.0  # the original design's hub polled on a fixed period
+
+
+@dataclass(frozen=True)
+class SimParams:
+    sites: int = 80
+    nodes: int = 20
+    seed: int = 1
+    policy: str = "gridfleet"
+    boot_s: float = 60.0  # mean boot time (EC2 + cloud-init + EFS + Grid node), +-15%
+    site_s: float = 300.0  # median crawl time
+    sigma: float = 0.8  # spread of crawl times (lognormal); 0 = every site takes site_s
+    drift: float = 0.15  # how much a site's time moves from the previous run (lognormal)
+    page_s: float = 30.0  # time per page (progress reports per page)
+    hang_rate: float = 0.01  # chance that an attempt hangs on one of its pages
+    spot_per_hour: float = 0.05  # spot interruptions per instance-hour
+    capacity_error_rate: float = 0.02  # chance a RunInstances for one instance type finds no capacity
+    history: dict[str, float] | None = None  # site -> seconds, from a past run (replaces the drawn times)
+    config: Config | None = None  # run and fleet settings (its sites are not used)
+
+
+def sim_config(p: SimParams, site_ids: list[str]) -> Config:
+    base = p.config.model_dump(mode="json", exclude={"sites"}) if p.config else {}
+    run = {"deadline_s": 7 * 86400, **base.get("run", {})}
+    fleet = {**base.get("fleet", {}), "max_nodes": p.nodes}
+    if p.policy == "seed":  # FIFO, one site per node, no node watchdog (the hub polls and kills)
+        run["order"] = "config"
+        fleet.update(sites_per_node=1, node_watchdog=False)
+    fleet.setdefault("max_launches", 3 * p.nodes + 3 * len(site_ids))
+    sites = [{"id": s, "start_url": f"https://{s}.example.test/"} for s in site_ids]
+    return Config.model_validate({**base, "run": run, "fleet": fleet, "sites": sites})
+
+
+class Stats:
+    """What happened, for the figures: attempts, busy time, hang lags, tick times."""
+
+    def __init__(self, hang_after_s: float):
+        self.hang_after_s = hang_after_s
+        self.busy_s = 0.0
+        self.hang_lags: list[float] = []
+        self.tick_ms: list[float] = []
+        self.outcomes: Counter = Counter()
+        self.heartbeats = 0  # heartbeat writes of nodes (one UpdateItem each): calls that grow with crawl time
+        self.checkpoints = 0  # checkpoint writes (one per page, each also a heartbeat)
+
+    def attempt_ended(self, node: str, site: str, attempt: int, now: float, outcome: str, crawl: Any) -> None:
+        self.busy_s += now - crawl.claimed_at
+        self.outcomes[outcome] += 1
+        if crawl.hang_at is not None and outcome != "spot":
+            self.hang_lags.append(max(0.0, now - (crawl.hang_at + self.hang_after_s)))
+
+
+class Sim:
+    def __init__(self, p: SimParams):
+        if p.policy not in POLICIES:
+            raise ValueError(f"unknown policy {p.policy!r}: one of {', '.join(POLICIES)}")
+        self.params = p
+        self.rng = random.Random(p.seed)
+        self.workload = Workload(p, self.rng)
+        self.config = sim_config(p, self.workload.site_ids)
+        self.engine = Engine()
+        self.clock = SimClock(self.engine)
+        self.run_id = "2027-01-15"
+        self.run_date = run_date_for(self.run_id, self.clock.now())
+        self.settings = AgentSettings.from_config(self.config, self.run_id, "sim", "")
+        self.stats = Stats(self.config.run.hang_after_s)
+        self.waiters: deque[SimNode] = deque()
+        self.hub_calls: Counter = Counter()
+        self.node_calls: Counter = Counter()
+        table, results = MemoryStateTable(), MemoryResults()
+        queue = SimQueue(self.clock, self.config.aws.max_receive_count, on_send=self._message_sent)
+        self.queue = queue
+        self.cloud = VirtualCloud(self, self.rng)
+        self.node_table = Counted(table, "dynamodb", TABLE_CALLS, self.node_calls)
+        self.node_queue = Counted(queue, "sqs", QUEUE_CALLS, self.node_calls)
+        self.node_results = Counted(results, "s3", RESULT_CALLS, self.node_calls)
+        self.table = table
+        self._out = tempfile.TemporaryDirectory(prefix="gridfleet-sim-")
+        self.hub = Hub(
+            run_id=self.run_id, config=self.config, table=Counted(table, "dynamodb", TABLE_CALLS, self.hub_calls),
+            queue=Counted(queue, "sqs", QUEUE_CALLS, self.hub_calls),
+            results=Counted(results, "s3", RESULT_CALLS, self.hub_calls),
+            provider=Counted(self.cloud, "ec2", EC2_CALLS, self.hub_calls), control=_CountedControl(self),
+            clock=self.clock, out_dir=Path(self._out.name), hub_id="sim-hub",
+            expected=self.workload.expected if self.config.run.order == "longest_first" else {},
+        )
+        self.finished_at: float | None = None
+
+    def _message_sent(self) -> None:
+        while self.waiters:
+            if self.waiters.popleft().woken_by_message():
+                return
+
+    def _hub_tick(self) -> None:
+        now = self.engine.now
+        _, p = self.hub.tick()
+        self.stats.tick_ms.append(self.hub.decision_s * 1000)
+        if self.hub.executor.finished:
+            self.finished_at = now
+            self.engine.stop = True
+            return
+        pause = SEED_POLL_S if self.params.policy == "seed" else self.hub.pause(p, now)
+        self.engine.at(now + pause, self._hub_tick)
+
+    def run(self) -> SimResult:
+        logger = logging.getLogger("gridfleet")
+        level = logger.level
+        logger.setLevel(logging.ERROR)
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        try:
+            self.engine.at(0.0, self._hub_tick)
+            self.engine.run(until=self.config.run.deadline_s + 3600)
+        finally:
+            logger.setLevel(level)
+            self._out.cleanup()
+        wall = time.perf_counter() - wall0
+        self.hub_calls[("ec2", "RunInstances")] += self.cloud.run_instances_calls
+        return SimResult.of(self, wall, time.process_time() - cpu0)
+
+
+class _CountedControl:
+    """SSM: SendCommand, then GetCommandInvocation until it is done (once, here)."""
+
+    def __init__(self, sim: Sim):
+        self.sim = sim
+        self.inner = SimControl(sim.cloud)
+
+    def kill(self, instance_id: str, site: str, attempt: int) -> KillResult:
+        self.sim.hub_calls[("ssm", "SendCommand")] += 1
+        self.sim.hub_calls[("ssm", "GetCommandInvocation")] += 1
+        return self.inner.kill(instance_id, site, attempt)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+@dataclass
+class SimResult:
+    """The figures of one simulated run (keys of `--json`)."""
+
+    policy: str
+    sites: int
+    nodes: int
+    seed: int
+    makespan_s: float
+    lower_bound_s: float
+    ratio: float
+    hang_lag_max_s: float
+    hang_lag_p95_s: float
+    hangs: int
+    utilization: float
+    node_hours: float
+    cost_usd: float
+    instances_launched: int
+    api_calls_per_site: dict[str, float]
+    api_calls_by_operation: dict[str, float]
+    hub_calls_per_site: float
+    heartbeat_calls_per_site: float
+    heartbeat_interval_s: float
+    checkpoint_calls_per_site: float
+    ticks: int
+    tick_cpu_ms_p95: float
+    tick_cpu_ms_max: float
+    completed: int
+    failed: int
+    attempts: dict[str, int]
+    left_running: int
+    sim_events: int
+    wall_s: float
+    cpu_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, sim: Sim, wall: float, cpu: float) -> SimResult:
+        p, cfg = sim.params, sim.config
+        n = len(sim.workload.site_ids)
+        end = sim.finished_at if sim.finished_at is not None else sim.engine.now
+        work = sim.workload.work
+        boot = min((v.boot_s for v in sim.cloud.instances.values()), default=p.boot_s)  # the fastest seen
+        lb = max(boot + max(work), boot + sum(work) / p.nodes)
+        billed = sum(v.billed_s(end) for v in sim.cloud.instances.values())
+        price = cfg.fleet.hourly_price
+        cost = sum(v.billed_s(end) / 3600 * price.get(v.instance_type, 0.0) for v in sim.cloud.instances.values())
+        calls = sim.hub_calls + sim.node_calls
+        by_service: Counter = Counter()
+        for (service, _), c in calls.items():
+            by_service[service] += c
+        total = sum(by_service.values())
+        sites = sim.table.read_run(sim.run_id).sites
+        completed = sum(1 for r in sites if r.run_status.value == "COMPLETED")
+        failed = sum(1 for r in sites if r.run_status.value == "FAILED")
+        left = sum(1 for v in sim.cloud.instances.values() if v.state in ("pending", "running"))
+        return cls(
+            policy=p.policy, sites=n, nodes=p.nodes, seed=p.seed,
+            makespan_s=round(end, 1), lower_bound_s=round(lb, 1), ratio=round(end / lb, 3),
+            hang_lag_max_s=round(max(sim.stats.hang_lags, default=0.0), 2),
+            hang_lag_p95_s=round(_pct(sim.stats.hang_lags, 0.95), 2), hangs=len(sim.stats.hang_lags),
+            utilization=round(sim.stats.busy_s / billed, 3) if billed else 0.0,
+            node_hours=round(billed / 3600, 2), cost_usd=round(cost, 2), instances_launched=len(sim.cloud.instances),
+            api_calls_per_site={**{k: round(v / n, 2) for k, v in sorted(by_service.items())},
+                                "total": round(total / n, 2)},
+            api_calls_by_operation={f"{s}:{op}": round(c / n, 3) for (s, op), c in sorted(calls.items())},
+            hub_calls_per_site=round(sum(sim.hub_calls.values()) / n, 2),
+            heartbeat_calls_per_site=round(sim.stats.heartbeats / n, 2),
+            heartbeat_interval_s=sim.settings.heartbeat_interval_s,
+            checkpoint_calls_per_site=round(sim.stats.checkpoints / n, 2),
+            ticks=len(sim.stats.tick_ms), tick_cpu_ms_p95=round(_pct(sim.stats.tick_ms, 0.95), 2),
+            tick_cpu_ms_max=round(max(sim.stats.tick_ms, default=0.0), 2),
+            completed=completed, failed=failed, attempts=dict(sim.stats.outcomes), left_running=left,
+            sim_events=sim.engine.events, wall_s=round(wall, 2), cpu_s=round(cpu, 2),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out.pop("extra")
+        return out
+
+
+def simulate(p: SimParams) -> SimResult:
+    return Sim(p).run()

@@ -1,0 +1,253 @@
+"""The embedded default's stack: moto server (AWS), a Selenium Grid hub, the demo site server, and an
+IMDSv2 emulator (instance metadata for local nodes, where spot notices can be posted).
+
+`gridfleet local up` starts it and leaves it running (state in `stack.json`
+under the stack directory), so a hub can be killed and resumed against it;
+`gridfleet run --local` uses a running stack or starts its own and stops it
+at the end. Every component listens on 127.0.0.1 and carries the stack's
+marker, so `down` finds and kills them, and any node still running, by marker.
+The demo sites' reset and the emulator's spot notices change state: they answer
+only requests carrying the stack's own random token, kept in `stack.json`
+(readable by its owner only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from fleet.errors import MissingResource, StackError
+from fleet.httpd import TOKEN_ENV
+from fleet import procs
+
+JAR_GLOB = "selenium-server-*.jar"
+PREFERRED_PORTS = {"moto": 5000, "grid": 4444, "grid_publish": 4442, "grid_subscribe": 4443, "demo": 8800,
+                   "imds": 8169}
+
+
+def stack_id_for(path: Path) -> str:
+    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+
+
+def find_grid_jar(candidates: list[Path]) -> Path:
+    """The Selenium server jar: the first `selenium-server-*.jar` in the candidate directories."""
+    for d in candidates:
+        if d.is_file() and d.suffix == ".jar":
+            return d
+        if d.is_dir():
+            jars = sorted(d.glob(JAR_GLOB))
+            if jars:
+                return jars[-1]
+    raise MissingResource(
+        "the Selenium server jar was not found (looked in " + ", ".join(str(c) for c in candidates)
+        + "); run `make setup`"
+    )
+
+
+def check_tools(java: str, chromium: str, chromedriver: str) -> None:
+    missing = [name for name in (java, chromium, chromedriver) if not shutil.which(name)]
+    if missing:
+        raise MissingResource(f"not installed: {', '.join(missing)}; run `make setup`")
+
+
+@dataclass
+class Component:
+    name: str
+    pid: int
+    start_ticks: int | None
+    url: str
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return procs.pid_alive(self.pid, self.start_ticks)
+
+
+@dataclass
+class StackState:
+    stack_id: str
+    dir: str
+    owner_run: str | None  # set when `run --local` started the stack for itself (it stops it at the end)
+    components: dict[str, Component]
+    started_at: float
+    token: str = ""  # what the demo server's reset and the emulator's spot notices must carry (X-Gridfleet-Token)
+
+    @property
+    def moto_url(self) -> str:
+        return self.components["moto"].url
+
+    @property
+    def grid_url(self) -> str:
+        return self.components["grid"].url
+
+    @property
+    def grid_publish(self) -> str:
+        return f"tcp://127.0.0.1:{self.components['grid'].ports['publish']}"
+
+    @property
+    def grid_subscribe(self) -> str:
+        return f"tcp://127.0.0.1:{self.components['grid'].ports['subscribe']}"
+
+    @property
+    def demo_url(self) -> str:
+        return self.components["demo"].url
+
+    @property
+    def imds_url(self) -> str:
+        return self.components["imds"].url
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> StackState:
+        d = json.loads(text)
+        d["components"] = {k: Component(**v) for k, v in d["components"].items()}
+        return StackState(**d)
+
+
+class LocalStack:
+    def __init__(self, root: Path, *, grid_jar: Path | None = None, java: str = "java",
+                 session_request_timeout_s: float = 60, progress: Callable[[str], None] = lambda _: None):
+        self.root = root
+        self.dir = root / "local"
+        self.stack_id = stack_id_for(self.dir)
+        self.grid_jar = grid_jar
+        self.java = java
+        self.session_request_timeout_s = session_request_timeout_s
+        self.progress = progress
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "stack.json"
+
+    @property
+    def instances_dir(self) -> Path:
+        return self.dir / "instances"
+
+    @property
+    def efs_root(self) -> Path:
+        """Where profiles and locks live: the local stand-in for EFS; kept across stacks."""
+        return self.root / "efs"
+
+    def read_state(self) -> StackState | None:
+        try:
+            return StackState.from_json(self.state_file.read_text())
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def running(self) -> StackState | None:
+        """The stack's state if every component is alive and answers, else None."""
+        st = self.read_state()
+        if st is None or st.stack_id != self.stack_id:
+            return None
+        if all(c.alive for c in st.components.values()) and all(_healthy(c) for c in st.components.values()):
+            return st
+        return None
+
+    def up(self, owner_run: str | None = None, timeout_s: float = 90) -> StackState:
+        st = self.running()
+        if st is not None:
+            return st
+        self.down(quiet=True)  # a half-alive stack: start clean
+        # moto starts empty: what referred to the old state (local instances, run configs) goes with it.
+        # Runs are exported to runs/<run_id>/ (node logs included) when they end.
+        for stale in (self.instances_dir, self.dir / "runs"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if self.grid_jar is None:
+            raise MissingResource("the Selenium server jar is needed to start the local stack; run `make setup`")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.efs_root.mkdir(parents=True, exist_ok=True)
+        logs = self.dir / "logs"
+        ports = {name: procs.free_port(p) for name, p in PREFERRED_PORTS.items()}
+        marks = {"GRIDFLEET_STACK": self.stack_id}
+        token = secrets.token_urlsafe(32)
+        py = sys.executable
+        started: dict[str, Component] = {}
+        specs = [
+            ("moto", [py, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(ports["moto"])],
+             f"http://127.0.0.1:{ports['moto']}", {}),
+            ("grid", [self.java, "-Xmx512m", "-XX:+UseSerialGC", "-jar", str(self.grid_jar), "hub",
+                      "--host", "127.0.0.1", "--port", str(ports["grid"]),
+                      "--publish-events", f"tcp://127.0.0.1:{ports['grid_publish']}",
+                      "--subscribe-events", f"tcp://127.0.0.1:{ports['grid_subscribe']}",
+                      "--session-request-timeout", str(int(self.session_request_timeout_s)),
+                      "--session-retry-interval", "1"],
+             f"http://127.0.0.1:{ports['grid']}",
+             {"publish": ports["grid_publish"], "subscribe": ports["grid_subscribe"]}),
+            ("demo", [py, "-m", "embedded.demo_server", "--host", "127.0.0.1", "--port", str(ports["demo"])],
+             f"http://127.0.0.1:{ports['demo']}", {}),
+            ("imds", [py, "-m", "embedded.imds_server", "--host", "127.0.0.1", "--port", str(ports["imds"])],
+             f"http://127.0.0.1:{ports['imds']}", {}),
+        ]
+        try:
+            for name, cmd, url, extra in specs:
+                self.progress(f"starting {name} on {url}")
+                p = procs.spawn(cmd, markers={**marks, "GRIDFLEET_ROLE": f"stack-{name}"},
+                                log_path=logs / f"{name}.log",
+                                extra_env={TOKEN_ENV: token} if name in ("demo", "imds") else None)
+                started[name] = Component(name, p.pid, procs.start_ticks(p.pid), url, extra)
+            deadline = time.monotonic() + timeout_s
+            for c in started.values():
+                while not _healthy(c):
+                    if not c.alive:
+                        raise StackError(f"{c.name} exited while starting; see {logs / (c.name + '.log')}")
+                    if time.monotonic() > deadline:
+                        raise StackError(f"{c.name} did not answer on {c.url} in {timeout_s:.0f}s; "
+                                         f"see {logs / (c.name + '.log')}")
+                    time.sleep(0.2)
+        except BaseException:
+            self.down(quiet=True)
+            raise
+        st = StackState(self.stack_id, str(self.dir), owner_run, started, time.time(), token)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)  # created afresh below: with mode 0600 from its first byte
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(st.to_json())
+        os.replace(tmp, self.state_file)
+        return st
+
+    def status(self) -> list[tuple[str, str, str, int | None]]:
+        """(component, state, url, pid) for each component, plus live local nodes."""
+        st = self.read_state()
+        rows: list[tuple[str, str, str, int | None]] = []
+        if st is None:
+            return [(n, "stopped", "-", None) for n in ("moto", "grid", "demo", "imds")]
+        for c in st.components.values():
+            state = ("up" if _healthy(c) else "not answering") if c.alive else "stopped"
+            rows.append((c.name, state, c.url, c.pid))
+        nodes = {p.markers.get("GRIDFLEET_INSTANCE") for p in procs.find(procs.scan(), GRIDFLEET_STACK=self.stack_id)
+                 if p.markers.get("GRIDFLEET_ROLE") == "node"}
+        for iid in sorted(n for n in nodes if n):
+            rows.append((f"node {iid}", "up", "-", None))
+        return rows
+
+    def down(self, quiet: bool = False) -> int:
+        """Kill every process of the stack (components, nodes, browsers); return how many."""
+        n = procs.kill_tree(lambda ps: [p for p in ps if p.markers.get("GRIDFLEET_STACK") == self.stack_id])
+        try:
+            self.state_file.unlink()
+        except FileNotFoundError:
+            pass
+        if not quiet:
+            self.progress(f"stopped {n} processes")
+        return n
+
+
+def _healthy(c: Component) -> bool:
+    path = {"moto": "/moto-api/", "grid": "/status", "demo": "/_stats", "imds": "/_health"}.get(c.name, "/")
+    try:
+        with urllib.request.urlopen(c.url + path, timeout=2) as r:
+            return 200 <= r.status < 300  # the Grid says "not ready" until a node registers: answering is enough
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,117 @@
+"""The one place that makes boto3 clients.
+
+Every adapter receives its client from `AwsClients`, so the retry policy
+(botocore's `standard` mode), timeouts, the endpoint (moto server on the
+embedded default, or any `aws.endpoint_url`), the naming of failed calls
+(`fleet.aws.errors`) and test hooks apply everywhere.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import boto3
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
+
+from fleet.aws.errors import AwsCall, name_calls, service_label, stamp
+from fleet.config import AwsConfig
+
+#: Error codes worth retrying by our own loops (botocore already retries these a few times).
+RETRYABLE_CODES = frozenset({
+    "ThrottlingException", "Throttling", "ProvisionedThroughputExceededException",
+    "RequestLimitExceeded", "InternalServerError", "ServiceUnavailable", "RequestTimeout",
+})
+
+
+@dataclass(frozen=True)
+class StaticCredentials:
+    access_key_id: str
+    secret_access_key: str
+    session_token: str | None = None
+
+
+#: Credentials for moto server on the embedded default (it accepts any).
+LOCAL_CREDENTIALS = StaticCredentials("gridfleet-local", "gridfleet-local")
+
+
+def is_transient(e: BaseException) -> bool:
+    """An AWS error worth waiting out (throttling, a 5xx, a dropped connection), after botocore's own retries."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import ReadTimeoutError
+
+    if isinstance(e, (BotoConnectionError, ReadTimeoutError, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(e, ClientError):
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return error_code(e) in RETRYABLE_CODES or status >= 500
+    return False
+
+
+def error_code(e: BaseException) -> str | None:
+    if isinstance(e, ClientError):
+        return e.response.get("Error", {}).get("Code")
+    return None
+
+
+#: Callbacks given every new client of every AwsClients, after its own `on_client`: how tests reach the clients a
+#: command makes for itself (to record its calls, or to answer them with failures moto cannot produce).
+#: Empty outside tests.
+CLIENT_HOOKS: list[Callable[[str, Any], None]] = []
+
+
+class AwsClients:
+    """boto3 clients for one AwsConfig, created once per service and shared.
+
+    `on_client` callbacks get each new client (e.g. to register botocore event
+    hooks that record or fail calls in tests).
+    """
+
+    def __init__(
+        self,
+        aws: AwsConfig,
+        *,
+        credentials: StaticCredentials | None = None,
+        on_client: tuple[Callable[[str, Any], None], ...] = (),
+    ):
+        self.aws = aws
+        kwargs: dict[str, Any] = {"region_name": aws.region}
+        if credentials is not None:
+            kwargs.update(
+                aws_access_key_id=credentials.access_key_id,
+                aws_secret_access_key=credentials.secret_access_key,
+                aws_session_token=credentials.session_token,
+            )
+        self._session = boto3.session.Session(**kwargs)
+        self._on_client = on_client
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._config = BotoConfig(
+            region_name=aws.region,
+            retries={"mode": "standard", "total_max_attempts": aws.max_retries + 1},
+            connect_timeout=5,
+            read_timeout=40,  # above SQS's longest long poll (20 s)
+            max_pool_connections=20,
+        )
+
+    def client(self, service: str) -> Any:
+        with self._lock:
+            if service not in self._clients:
+                try:
+                    if not self.aws.region:  # botocore would build an endpoint with an empty region in it
+                        raise NoRegionError()
+                    c = self._session.client(service, endpoint_url=self.aws.endpoint_url, config=self._config)
+                except BotoCoreError as e:
+                    stamp(e, AwsCall(service_label(service)))
+                    raise
+                name_calls(service, c)
+                for hook in (*self._on_client, *CLIENT_HOOKS):
+                    hook(service, c)
+                self._clients[service] = c
+            return self._clients[service]
+
+    def has_credentials(self) -> bool:
+        """Whether botocore finds any credentials (it looks without calling AWS; an IMDS lookup at most)."""
+        return self._session.get_credentials() is not None

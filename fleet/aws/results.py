@@ -1,0 +1,105 @@
+"""The result store (S3): `s3://<bucket>/<site>/<YYYYMMDD>/result.json` for the daily run, written once.
+
+A result belongs to its run. The daily run (its id is its date, `2026-11-21`)
+keeps the key above; any other run of that date (a manual run, a demo) stores
+its result beside it, `<site>/<YYYYMMDD>/<run_id>/result.json`, never over it
+and never instead of it. Within a run, a result already stored means the site
+is done (a retry skips it).
+
+`put_new` writes with `IfNoneMatch="*"`: of two writers (a zombie node and the
+attempt that replaced it) exactly one result lands and nothing is overwritten.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from botocore.exceptions import ClientError
+
+from fleet.aws.clients import error_code
+from fleet.errors import MissingResource
+
+
+#: Every result carries this tag: the bucket's expiry rule selects results by it (results share no key prefix,
+#: and the bundle and configs live in the same bucket).
+RESULT_TAG = "gridfleet=result"
+
+
+def is_daily_run(run_id: str, run_date: str) -> bool:
+    """Whether `run_id` is the day's run of `run_date` (YYYYMMDD): its id is that date, with or without dashes."""
+    return run_id.replace("-", "") == run_date and len(run_id) in (8, 10)
+
+
+def result_key(site: str, run_date: str, run_id: str | None = None) -> str:
+    """Where a run's result of a site goes: the daily run's (`run_id` None, or the date itself) at
+    `<site>/<YYYYMMDD>/result.json`, any other run's at `<site>/<YYYYMMDD>/<run_id>/result.json`."""
+    if run_id is None or is_daily_run(run_id, run_date):
+        return f"{site}/{run_date}/result.json"
+    return f"{site}/{run_date}/{run_id}/result.json"
+
+
+def aside_key(key: str, suffix: str) -> str:
+    """`site/20261121/result.json` -> `site/20261121/result.replaced-<suffix>.json` (kept, no longer the result)."""
+    stem, dot, ext = key.rpartition(".")
+    return f"{stem}.replaced-{suffix}.{ext}" if dot else f"{key}.replaced-{suffix}"
+
+
+class ResultStore(Protocol):
+    def exists(self, key: str) -> bool: ...
+    def put_new(self, key: str, body: bytes) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+    def keys(self, prefix: str) -> list[str]: ...
+    def set_aside(self, key: str, suffix: str) -> str | None:
+        """Move a result out of the way (a forced rerun); returns where it went, None if there was none."""
+
+
+class S3ResultStore:
+    def __init__(self, client: Any, bucket: str):
+        self._c = client
+        self.bucket = bucket
+
+    def check_exists(self) -> None:
+        try:
+            self._c.head_bucket(Bucket=self.bucket)
+        except ClientError as e:
+            if error_code(e) in ("404", "NoSuchBucket", "NotFound"):
+                raise MissingResource(f"S3 bucket {self.bucket!r} does not exist") from None
+            raise
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._c.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except ClientError as e:
+            if error_code(e) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def put_new(self, key: str, body: bytes) -> bool:
+        """Write `body` unless the key exists; True if this call wrote it."""
+        try:
+            self._c.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*",
+                               ContentType="application/json", Tagging=RESULT_TAG)
+            return True
+        except ClientError as e:
+            if error_code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+
+    def get(self, key: str) -> bytes:
+        return self._c.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+    def set_aside(self, key: str, suffix: str) -> str | None:
+        if not self.exists(key):
+            return None
+        new = aside_key(key, suffix)
+        self._c.copy_object(Bucket=self.bucket, Key=new, CopySource={"Bucket": self.bucket, "Key": key},
+                            TaggingDirective="COPY")
+        self._c.delete_object(Bucket=self.bucket, Key=key)
+        return new
+
+    def keys(self, prefix: str) -> list[str]:
+        out: list[str] = []
+        for page in self._c.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            out.extend(o["Key"] for o in page.get("Contents", []))
+        return sorted(out)

@@ -1,0 +1,362 @@
+"""The state table (DynamoDB): site records, the run item, node items, the run index.
+
+Every write of a site record is conditional on the fence of the record it was
+computed from (version, attemptCount, instance_id): a writer that lost a race,
+or a zombie node, gets `StaleWrite` carrying the record as it is now, and its
+write is not applied. Reads of a run are a paginated Query of its partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Protocol, Sequence, TypedDict, Unpack
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+from fleet.aws.clients import error_code
+from fleet.codec import (
+    MARKS_PARTITION, NODE_PREFIX, OPEN_ATTR, OPEN_INDEX, RUN_ITEM, RUNS_PARTITION, HistoryEvent, Stamp, NodeInfo, RunInfo, diff_items,
+    STAMP_ATTRS, history_to_item, item_stamp, item_to_node, item_to_run, item_to_site, node_to_item, num, run_to_item,
+    site_to_item, split_partition,
+)
+from fleet.errors import GridfleetError, MissingResource, StaleWrite
+from fleet.state import RunState, SiteRecord
+
+log = logging.getLogger("gridfleet.table")
+
+
+@dataclass(frozen=True)
+class RunRows:
+    run: RunInfo | None
+    sites: list[SiteRecord]
+    nodes: list[NodeInfo]
+    history: list[HistoryEvent] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunIndexEntry:
+    run_id: str
+    started_at: float
+
+
+class RunFields(TypedDict, total=False):
+    """The run item's fields that change after it is created; None removes a field."""
+
+    status: RunState
+    hub_id: str | None
+    hub_heartbeat: float | None
+    finished_at: float | None
+    expire_at: int | None
+    deadline_at: float
+    launch_failures: int
+    launch_error: str | None
+    launch_retry_at: float | None
+    reruns: int
+
+
+class StateTable(Protocol):
+    def create_site(self, rec: SiteRecord) -> bool: ...
+    def get_site(self, run_id: str, site: str) -> SiteRecord | None: ...
+    def write(self, old: SiteRecord, new: SiteRecord) -> SiteRecord: ...
+    def read_run(self, run_id: str) -> RunRows: ...
+    def open_stamps(self, run_id: str) -> dict[str, Stamp]: ...
+    def get_sites(self, run_id: str, sites: Iterable[str]) -> list[SiteRecord]: ...
+    def read_nodes(self, run_id: str) -> list[NodeInfo]: ...
+    def create_run(self, run: RunInfo) -> bool: ...
+    def get_run(self, run_id: str) -> RunInfo | None: ...
+    def update_run(self, run_id: str, **fields: Unpack[RunFields]) -> None: ...
+    def add_launched(self, run_id: str, count: int) -> None: ...
+    def put_node(self, node: NodeInfo) -> None: ...
+    def add_history(self, events: Sequence[HistoryEvent]) -> None: ...
+    def list_runs(self) -> list[RunIndexEntry]: ...
+    def get_marks(self, sites: Iterable[str]) -> dict[str, tuple[str, ...]]: ...
+    def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None: ...
+
+
+_RUN_FIELDS = {"status": "status", "hub_id": "hub_id", "hub_heartbeat": "hub_heartbeat",
+               "finished_at": "finished_at", "expire_at": "expireAt", "deadline_at": "deadline_at",
+               "launch_failures": "launch_failures", "launch_error": "launch_error",
+               "launch_retry_at": "launch_retry_at", "reruns": "reruns"}
+
+
+def _run_value(v: Any) -> Any:
+    """A run field as the item holds it: numbers as Decimal, the status as its plain string."""
+    if isinstance(v, RunState):
+        return str(v)
+    return num(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+def fence_condition(old: SiteRecord) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """ConditionExpression (with values and names) that holds only while `old` is current."""
+    names = {"#v": "version", "#a": "attemptCount", "#i": "instance_id"}
+    values: dict[str, Any] = {":fv": num(old.version), ":fa": num(old.attempt)}
+    expr = "#v = :fv AND #a = :fa AND "
+    if old.instance_id is None:
+        expr += "attribute_not_exists(#i)"
+    else:
+        expr += "#i = :fi"
+        values[":fi"] = old.instance_id
+    return expr, values, names
+
+
+class DynamoStateTable:
+    BATCH_GET_MAX = 100  # keys per BatchGetItem, DynamoDB's limit
+    BATCH_GET_ROUNDS = 8  # retries of UnprocessedKeys before giving up
+
+    def __init__(self, client: Any, table_name: str, page_size: int | None = None):
+        self._c = client
+        self.name = table_name
+        #: Items per Query page (`Limit`); None: as many as fit DynamoDB's 1 MB page.
+        self.page_size = page_size
+        self._ser = TypeSerializer()
+        self._de = TypeDeserializer()
+        self._has_open_index: bool | None = None  # None: not known yet
+
+    # --- codec helpers ------------------------------------------------------
+    def _enc(self, item: dict[str, Any]) -> dict[str, Any]:
+        return {k: self._ser.serialize(v) for k, v in item.items()}
+
+    def _dec(self, item: dict[str, Any]) -> dict[str, Any]:
+        return {k: self._de.deserialize(v) for k, v in item.items()}
+
+    def _key(self, run_id: str, site: str) -> dict[str, Any]:
+        return {"run_id": {"S": run_id}, "Site": {"S": site}}
+
+    def check_exists(self) -> None:
+        try:
+            self._c.describe_table(TableName=self.name)
+        except ClientError as e:
+            if error_code(e) == "ResourceNotFoundException":
+                raise MissingResource(f"DynamoDB table {self.name!r} does not exist") from None
+            raise
+
+    # --- site records ---------------------------------------------------------
+    def create_site(self, rec: SiteRecord) -> bool:
+        try:
+            self._c.put_item(
+                TableName=self.name, Item=self._enc(site_to_item(rec)),
+                ConditionExpression="attribute_not_exists(Site)",
+            )
+            return True
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                return False
+            raise
+
+    def get_site(self, run_id: str, site: str) -> SiteRecord | None:
+        out = self._c.get_item(TableName=self.name, Key=self._key(run_id, site), ConsistentRead=True)
+        return item_to_site(self._dec(out["Item"])) if "Item" in out else None
+
+    def write(self, old: SiteRecord, new: SiteRecord) -> SiteRecord:
+        sets, removes = diff_items(site_to_item(old), site_to_item(new))
+        if not sets and not removes:
+            sets = {"version": num(old.version)}  # nothing to change, but the fence must still hold
+        cond, values, names = fence_condition(old)
+        parts, n = [], 0
+        for k, v in sets.items():
+            n += 1
+            names[f"#s{n}"] = k
+            values[f":s{n}"] = v
+            parts.append(f"#s{n} = :s{n}")
+        expr = ("SET " + ", ".join(parts)) if parts else ""
+        if removes:
+            rm = []
+            for k in removes:
+                n += 1
+                names[f"#r{n}"] = k
+                rm.append(f"#r{n}")
+            expr += (" " if expr else "") + "REMOVE " + ", ".join(rm)
+        try:
+            self._c.update_item(
+                TableName=self.name, Key=self._key(old.run_id, old.site), UpdateExpression=expr,
+                ConditionExpression=cond, ExpressionAttributeNames=names,
+                ExpressionAttributeValues=self._enc(values),
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                item = e.response.get("Item")
+                current = item_to_site(self._dec(item)) if item else None
+                raise StaleWrite(old.run_id, old.site, old.fence(), current) from None
+            raise
+        return new
+
+    # --- the run partition ------------------------------------------------------
+    def _pages(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """The decoded items of a Query, page after page (following LastEvaluatedKey)."""
+        kwargs = {"TableName": self.name, "ConsistentRead": True, **kwargs}
+        if self.page_size is not None:
+            kwargs["Limit"] = self.page_size
+        while True:
+            page = self._c.query(**kwargs)
+            for item in page.get("Items", []):
+                yield self._dec(item)
+            if "LastEvaluatedKey" not in page:
+                return
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def _query(self, run_id: str) -> Iterator[dict[str, Any]]:
+        return self._pages(KeyConditionExpression="run_id = :r", ExpressionAttributeValues={":r": {"S": run_id}})
+
+    def read_run(self, run_id: str) -> RunRows:
+        return RunRows(*split_partition(self._query(run_id)))
+
+    def open_stamps(self, run_id: str) -> dict[str, Stamp]:
+        """The stamps of the sites that can still change (QUEUED or RUN): a Query of the sparse index `open`.
+
+        The index holds only the items carrying OPEN_ATTR, with the few attributes of a stamp, so the read
+        costs in proportion to the open sites, not to the run. A table made before the index existed is
+        read whole instead (and a warning says how to get the index).
+        """
+        if self._has_open_index is not False:
+            try:
+                items = list(self._pages(
+                    IndexName=OPEN_INDEX, KeyConditionExpression="run_id = :r",
+                    ExpressionAttributeValues={":r": {"S": run_id}},
+                    ProjectionExpression=", ".join(f"#a{i}" for i in range(len(STAMP_ATTRS) + 1)),
+                    ExpressionAttributeNames={f"#a{i}": a for i, a in enumerate(("Site",) + STAMP_ATTRS)},
+                ))
+            except ClientError as e:
+                if not self._is_missing_index(e):
+                    raise
+                self._has_open_index = False
+                log.warning("DynamoDB table %r has no index %r: each read of the open sites reads the whole run; "
+                            "recreate the table (`gridfleet aws bootstrap`, or infra/terraform) for the cheaper read",
+                            self.name, OPEN_INDEX)
+            else:
+                self._has_open_index = True
+                return {i["Site"]: item_stamp(i) for i in items}
+        return {i["Site"]: item_stamp(i) for i in self._query(run_id)
+                if not str(i["Site"]).startswith("#") and OPEN_ATTR in i}
+
+    @staticmethod
+    def _is_missing_index(e: ClientError) -> bool:
+        """A Query naming an index the table does not have. DynamoDB answers ValidationException ("The table
+        does not have the specified index"); moto answers ResourceNotFoundException ("Invalid index")."""
+        err = e.response.get("Error", {})
+        return err.get("Code") in ("ValidationException", "ResourceNotFoundException") and \
+            "index" in str(err.get("Message", "")).lower()
+
+    def get_sites(self, run_id: str, sites: Iterable[str]) -> list[SiteRecord]:
+        """The records of `sites` (strongly consistent), in the order given; unknown sites are left out."""
+        names = list(sites)
+        found: dict[str, SiteRecord] = {}
+        unique = list(dict.fromkeys(names))  # a BatchGetItem refuses a key twice
+        for start in range(0, len(unique), self.BATCH_GET_MAX):
+            keys = [self._key(run_id, s) for s in unique[start:start + self.BATCH_GET_MAX]]
+            for item in self._batch_get(keys):
+                rec = item_to_site(self._dec(item))
+                found[rec.site] = rec
+        return [found[s] for s in names if s in found]
+
+    # --- what outlives runs: incremental high-water marks ------------------------------
+    def get_marks(self, sites: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """The high-water marks of `sites` that have one (BatchGetItem on the `#sites` partition)."""
+        unique = list(dict.fromkeys(sites))
+        out: dict[str, tuple[str, ...]] = {}
+        for start in range(0, len(unique), self.BATCH_GET_MAX):
+            keys = [self._key(MARKS_PARTITION, s) for s in unique[start:start + self.BATCH_GET_MAX]]
+            for item in self._batch_get(keys):
+                i = self._dec(item)
+                out[i["Site"]] = tuple(i.get("mark") or ())
+        return out
+
+    def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None:
+        self._c.put_item(TableName=self.name, Item=self._enc(
+            {"run_id": MARKS_PARTITION, "Site": site, "mark": list(mark), "run": run_id, "at": num(at)}))
+
+    def _batch_get(self, keys: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The items of up to 100 keys, retrying the keys DynamoDB leaves unprocessed (throttling, 16 MB)."""
+        for round_ in range(self.BATCH_GET_ROUNDS + 1):
+            if round_:
+                time.sleep(min(0.05 * 2 ** (round_ - 1), 1.0))
+            out = self._c.batch_get_item(RequestItems={self.name: {"Keys": keys, "ConsistentRead": True}})
+            yield from out.get("Responses", {}).get(self.name, [])
+            keys = ((out.get("UnprocessedKeys") or {}).get(self.name) or {}).get("Keys") or []
+            if not keys:
+                return
+        raise GridfleetError(f"DynamoDB table {self.name!r}: {len(keys)} keys still unprocessed after "
+                             f"{self.BATCH_GET_ROUNDS} retries of BatchGetItem (throttled?)")
+
+    def read_nodes(self, run_id: str) -> list[NodeInfo]:
+        """The run's node items, by key."""
+        items = self._pages(KeyConditionExpression="run_id = :r AND begins_with(#k, :p)",
+                            ExpressionAttributeNames={"#k": "Site"},
+                            ExpressionAttributeValues={":r": {"S": run_id}, ":p": {"S": NODE_PREFIX}})
+        return [item_to_node(i) for i in sorted(items, key=lambda i: i["Site"])]
+
+    def create_run(self, run: RunInfo) -> bool:
+        try:
+            self._c.put_item(TableName=self.name, Item=self._enc(run_to_item(run)),
+                             ConditionExpression="attribute_not_exists(Site)")
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                return False
+            raise
+        self._c.put_item(TableName=self.name, Item=self._enc(
+            {"run_id": RUNS_PARTITION, "Site": run.run_id, "started_at": num(run.started_at)}))
+        return True
+
+    def get_run(self, run_id: str) -> RunInfo | None:
+        out = self._c.get_item(TableName=self.name, Key=self._key(run_id, RUN_ITEM), ConsistentRead=True)
+        return item_to_run(self._dec(out["Item"])) if "Item" in out else None
+
+    def update_run(self, run_id: str, **fields: Unpack[RunFields]) -> None:
+        """Set fields of the run item; a field given as None is removed."""
+        names, values, parts, removes = {}, {}, [], []
+        for i, (k, v) in enumerate(fields.items()):
+            names[f"#f{i}"] = _RUN_FIELDS[k]
+            if v is None:
+                removes.append(f"#f{i}")
+                continue
+            values[f":f{i}"] = _run_value(v)
+            parts.append(f"#f{i} = :f{i}")
+        update = ("SET " + ", ".join(parts) if parts else "") + (" REMOVE " + ", ".join(removes) if removes else "")
+        self._c.update_item(
+            TableName=self.name, Key=self._key(run_id, RUN_ITEM), UpdateExpression=update.strip(),
+            ConditionExpression="attribute_exists(Site)", ExpressionAttributeNames=names,
+            ExpressionAttributeValues=self._enc(values),
+        )
+
+    def add_launched(self, run_id: str, count: int) -> None:
+        self._c.update_item(
+            TableName=self.name, Key=self._key(run_id, RUN_ITEM), UpdateExpression="ADD nodes_launched :n",
+            ConditionExpression="attribute_exists(Site)", ExpressionAttributeValues={":n": {"N": str(count)}},
+        )
+
+    def put_node(self, node: NodeInfo) -> None:
+        self._c.put_item(TableName=self.name, Item=self._enc(node_to_item(node)))
+
+    def add_history(self, events: Sequence[HistoryEvent]) -> None:
+        """History lines need no condition (each has its own key): BatchWriteItem, 25 to a call."""
+        items = [{"PutRequest": {"Item": self._enc(history_to_item(e))}} for e in events]
+        for i in range(0, len(items), 25):
+            self._batch_write(items[i:i + 25])
+
+    def _batch_write(self, requests: list[dict[str, Any]]) -> None:
+        """Up to 25 writes, retrying the ones DynamoDB leaves unprocessed (throttling)."""
+        for round_ in range(self.BATCH_GET_ROUNDS + 1):
+            if round_:
+                time.sleep(min(0.05 * 2 ** (round_ - 1), 1.0))
+            out = self._c.batch_write_item(RequestItems={self.name: requests})
+            requests = (out.get("UnprocessedItems") or {}).get(self.name) or []
+            if not requests:
+                return
+        raise GridfleetError(f"DynamoDB table {self.name!r}: {len(requests)} writes still unprocessed after "
+                             f"{self.BATCH_GET_ROUNDS} retries of BatchWriteItem (throttled?)")
+
+    def list_runs(self) -> list[RunIndexEntry]:
+        out = [RunIndexEntry(i["Site"], float(i.get("started_at", 0))) for i in self._query(RUNS_PARTITION)]
+        return sorted(out, key=lambda e: e.started_at)
+
+
+def wait_table_active(client: Any, name: str, timeout_s: float = 60) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if client.describe_table(TableName=name)["Table"]["TableStatus"] == "ACTIVE":
+            return
+        time.sleep(0.2)
+    raise MissingResource(f"DynamoDB table {name!r} did not become ACTIVE in {timeout_s:.0f}s")

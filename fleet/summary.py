@@ -1,0 +1,112 @@
+"""The run summary (`runs/<run_id>/summary.json`) and the export of results.
+
+`site_entry` is shared with `gridfleet status --json`, so both print sites in
+the same shape. The ids that name the exported files are read back from the
+table, which nodes write to: each is checked again before it becomes a path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from fleet.codec import RunInfo
+from fleet.ids import check_run_id, is_site_id
+from fleet.aws.results import ResultStore
+from fleet.state import RunStatus, SiteRecord
+
+log = logging.getLogger("gridfleet.hub")
+
+
+def site_entry(r: SiteRecord) -> dict[str, Any]:
+    return {
+        "run_status": str(r.run_status),
+        "site_status": str(r.site_status),
+        "attemptCount": r.attempt,
+        "failure_reason": r.failure_reason if r.run_status is not RunStatus.COMPLETED else None,
+        "result_key": r.result_key,
+        "attempts": [
+            {"instance_id": a.instance_id, "start": a.start, "end": a.end, "outcome": a.outcome,
+             **({"kill_path": a.kill_path} if a.kill_path else {})}
+            for a in r.attempts
+        ],
+        "error": r.error,
+        "instance_id": r.instance_id,
+        "lastUpdateEpoch": r.last_update,
+        "spot_requeues": r.spot_requeues,  # attempts given back (spot, busy profile): not counted
+        "attemptBase": r.attempt_base,  # attemptCount when an operator last reran it
+    }
+
+
+def counts(sites: Iterable[SiteRecord]) -> dict[str, int]:
+    out = {s.value: 0 for s in RunStatus}
+    for r in sites:
+        out[r.run_status.value] += 1
+    return out
+
+
+def build_summary(run: RunInfo, sites: list[SiteRecord], *, left_running: int, finished_at: float,
+                  finish_reason: str) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "run_date": run.run_date,  # YYYYMMDD of its result keys
+        "started_at": run.started_at,
+        "finished_at": finished_at,
+        "sites": {r.site: site_entry(r) for r in sorted(sites, key=lambda r: r.site)},
+        "nodes": {"launched": run.nodes_launched, "left_running": left_running},
+        "counts": counts(sites),
+        "finish_reason": finish_reason,
+    }
+
+
+def instances_section(nodes: Iterable[Any], types: Mapping[str, str | None]) -> dict[str, Any]:
+    """Each node of the run: its type and how long its agent ran (start to last heartbeat), for the report's cost."""
+    return {n.instance_id: {"type": types.get(n.instance_id), "started_at": n.started_at, "ended_at": n.heartbeat,
+                            "sites_done": n.sites_done}
+            for n in sorted(nodes, key=lambda n: n.started_at)}
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def export(out_dir: Path, summary: dict[str, Any], sites: list[SiteRecord], results: ResultStore) -> Path:
+    """Write summary.json and results/<site>.json of every COMPLETED site; return the summary path.
+
+    Nothing is written outside `<out_dir>/<run_id>/` (the hub may run as root): a run id that is not one raises
+    ValueError before anything is written; a site whose id is not one, or whose file would resolve outside the
+    run's directory, is logged and left out of results/."""
+    try:
+        run_id = check_run_id(summary["run_id"])
+    except ValueError as e:
+        log.error("export-refused error=%s", e)
+        raise
+    run_dir = (out_dir / run_id).resolve()
+    results_dir = run_dir / "results"
+    shutil.rmtree(results_dir, ignore_errors=True)  # an earlier export of this run id is replaced whole
+    for r in sites:
+        if r.run_status is not RunStatus.COMPLETED or not r.result_key:
+            continue
+        if not is_site_id(r.site):
+            log.error("export-skipped site=%r why=not a site id", r.site)
+            continue
+        target = (results_dir / f"{r.site}.json").resolve()
+        if target.parent != results_dir:
+            log.error("export-skipped site=%s why=%s is outside %s", r.site, target, results_dir)
+            continue
+        try:
+            body = results.get(r.result_key)
+        except Exception as e:  # one unreadable result must not lose the summary
+            log.error("export-failed site=%s key=%s error=%s", r.site, r.result_key, e)
+            continue
+        results_dir.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(body)
+    write_json(run_dir / "summary.json", summary)
+    return out_dir / run_id / "summary.json"
