@@ -4,8 +4,11 @@ SHELL := /bin/bash
 GRIDFLEET := .venv/bin/gridfleet
 PYTEST := .venv/bin/pytest
 PYTHON := .venv/bin/python
+LINT_IMPORTS := .venv/bin/lint-imports
+RUFF := .venv/bin/ruff
+MYPY := .venv/bin/mypy
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-fast lint clean
 
 setup:
 	@bash scripts/setup.sh
@@ -22,8 +25,19 @@ demo: setup
 	$(PYTHON) scripts/demo_losses.py runs/$$run/summary.json || exit 1; \
 	if [ $$rc -eq 3 ]; then echo "demo: finished; the sites built to fail are FAILED, as intended (exit 3)"; fi
 
-# The whole suite: unit, adapter (moto) and e2e (Selenium Grid + Chromium) tests.
-test: setup
+# The house rules, as configured in pyproject.toml: the layers of the code (import-linter), lint rules and
+# formatting (ruff), the types of the kernel and the hub (mypy). Every tool runs even when one before it failed,
+# so that one run reports all that is broken.
+lint: setup
+	@rc=0; \
+	echo "lint: layers (lint-imports)"; $(LINT_IMPORTS) || rc=1; \
+	echo "lint: ruff check"; $(RUFF) check . || rc=1; \
+	echo "lint: ruff format --check"; $(RUFF) format --check . || rc=1; \
+	echo "lint: mypy"; $(MYPY) || rc=1; \
+	exit $$rc
+
+# The whole suite: the house rules, then unit, adapter (moto) and e2e (Selenium Grid + Chromium) tests.
+test: setup lint
 	@rc=0; $(PYTEST) $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test: no tests collected"; exit 0; fi; exit $$rc
 
@@ -32,4 +46,4 @@ test-fast: setup
 	@$(PYTEST) -m "not e2e" $(PYTEST_ARGS)
 
 clean:
-	rm -rf .venv vendor runs .pytest_cache
+	rm -rf .venv vendor runs .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -19,16 +19,24 @@ from rich.console import Console
 from cloud_init import HubUserData, RenderError, render_hub
 from fleet.aws.errors import CREDENTIALS_ADVICE, Kind, aws_failure
 from fleet.aws.bootstrap import ensure_resources
-from fleet.config import Config
-from fleet.errors import GridfleetError, MissingResource, UsageError
-from embedded.stack import find_grid_jar
 from fleet.aws.results import result_key
+from fleet.config import Config
+from fleet.config_load import load_config
+from fleet.errors import GridfleetError, MissingResource, UsageError
+from fleet.ids import default_run_id
+from hub.plan import run_date_for
 from cli import aws_env
 from cli.bundle import build_bundle, build_lambda_zip
 from cli.local_env import PROJECT_ROOT, grid_jar_candidates, gridfleet_home
-from hub.plan import run_date_for
 
 log = logging.getLogger("gridfleet")
+
+
+def find_grid_jar(candidates: list[Path]) -> Path:
+    """The Selenium server jar the bundle carries, found as the local stack finds it (imported only here)."""
+    from embedded.stack import find_grid_jar as find
+
+    return find(candidates)
 
 
 def hub_params(config: Config) -> HubUserData:
@@ -40,15 +48,14 @@ def hub_params(config: Config) -> HubUserData:
                        imds_url=aws.imds_url)
 
 
-def cmd_render(args: argparse.Namespace, console: Console, config: Config) -> int:
+def cmd_render(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(args.config)
     if args.role == "hub":
         try:
             text = render_hub(hub_params(config))
         except RenderError as e:
             raise UsageError(f"the hub's user-data cannot be made from this config: {e}") from None
     else:
-        from hub.loop import default_run_id
-
         hub_address = args.hub_address or config.aws.hub_address
         if not hub_address:
             raise UsageError("rendering node user-data needs the hub's address: --hub-address or aws.hub_address")
@@ -58,7 +65,8 @@ def cmd_render(args: argparse.Namespace, console: Console, config: Config) -> in
     return 0
 
 
-def cmd_bootstrap(args: argparse.Namespace, console: Console, config: Config) -> int:
+def cmd_bootstrap(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(args.config)
     env = aws_env.connect(config)
     created = ensure_resources(env.clients, visibility_timeout_s=int(max(30, config.run.heartbeat_timeout_s)))
     for line in created:
@@ -69,7 +77,8 @@ def cmd_bootstrap(args: argparse.Namespace, console: Console, config: Config) ->
     return 0
 
 
-def cmd_bundle(args: argparse.Namespace, console: Console, config: Config) -> int:
+def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(args.config)
     aws = config.aws
     s3 = None
     if args.upload:  # before a build of minutes: the credentials work and the bucket is there

@@ -1,4 +1,4 @@
-"""Wiring of a run on AWS: clients, preflight checks, the hub's identity, node user-data, provider, kill ladder.
+"""AWS as an Environment: clients, preflight checks, the hub's identity, node user-data, provider, kill ladder.
 
 Everything the hub needs that exists only on AWS is made here from the config,
 so `gridfleet run` on AWS is the same Hub as the embedded default with other
@@ -11,54 +11,82 @@ import logging
 import os
 import socket
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 from botocore.exceptions import ClientError
+from rich.console import Console
 
 from cloud_init import NodeUserData, RenderError, render_node
+from fleet import procs
+from fleet.aws.archive import S3RunArchive
 from fleet.aws.clients import AwsClients, error_code
 from fleet.aws.errors import CREATE_ADVICE
-from fleet.clock import Clock
+from fleet.aws.imds import Imds, ImdsError
+from fleet.aws.queue import SqsSiteQueue
+from fleet.aws.results import S3ResultStore
+from fleet.aws.stores import Stores, open_stores
+from fleet.aws.table import DynamoStateTable
+from fleet.clock import Clock, SystemClock
+from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.config_load import dump_config
 from fleet.errors import MissingResource, UsageError
-from fleet.aws.imds import Imds, ImdsError
-from fleet import procs
-from fleet.aws.queue import SqsSiteQueue
-from fleet.aws.results import S3ResultStore
-from fleet.aws.table import DynamoStateTable
 from hub.control.aws import LadderControl, ec2_node_control
+from hub.loop import RunOutcome
 from hub.providers.ec2 import Ec2Provider
+from cli.check import CheckReport
+from cli.env import RunHold
 
 log = logging.getLogger("gridfleet.hub")
 
 
 @dataclass
 class AwsEnv:
-    """The run's AWS adapters. Each client is made when first used, so a command that ends before it needs AWS
-    (`run --dry-run` without credentials, `render node`) makes none."""
+    """A run on AWS. Each client is made when first used, so a command that ends before it needs AWS
+    (`run --dry-run` without credentials, `render node`) makes none. Only an environment made for a run
+    (`launch`) resolves the AMI and the hub's address, which its provider needs to launch nodes."""
 
     config: Config
     clients: AwsClients
+    source: str = ""  # the fleet.yaml as the command line named it (repeated in what to do next)
+    launch: bool = False
+
+    reads_archive = True
+    demo_url = None
+
+    @property
+    def where(self) -> str:
+        return f"in the table {self.config.aws.table}"
 
     @cached_property
+    def stores(self) -> Stores:
+        return open_stores(self.clients, self.config.aws)
+
+    @property
     def table(self) -> DynamoStateTable:
-        return DynamoStateTable(self.clients.client("dynamodb"), self.config.aws.table)
+        return self.stores.table
 
-    @cached_property
+    @property
     def queue(self) -> SqsSiteQueue:
-        return SqsSiteQueue(self.clients.client("sqs"), self.config.aws.queue_name, self.config.aws.dlq_name)
+        return self.stores.queue
 
-    @cached_property
+    @property
     def results(self) -> S3ResultStore:
-        return S3ResultStore(self.clients.client("s3"), self.config.aws.bucket)
+        return self.stores.results
+
+    @property
+    def archive(self) -> S3RunArchive:
+        return S3RunArchive(self.clients.client("s3"), self.config.aws.bucket)
 
     @property
     def ec2(self) -> Any:
         return self.clients.client("ec2")
 
+    # --- before the run ------------------------------------------------------------------------------------
     def preflight(self) -> None:
         """Exit 1 naming exactly what is missing (table, queue, DLQ, bucket), before any launch.
 
@@ -72,6 +100,25 @@ class AwsEnv:
                 missing.append(str(e))
         if missing:
             raise MissingResource(missing_line(missing))
+
+    def dry_run(self, run_id: str, console: Console) -> int:
+        from cli.aws import dry_run
+
+        return dry_run(self, run_id, console)
+
+    def latest_run(self) -> str | None:
+        runs = self.table.list_runs()
+        return runs[-1].run_id if runs else None
+
+    def finished_export(self, run_id: str, out: Path) -> dict[str, Any] | None:
+        return None  # the table holds its runs; after their items expire a run of the id starts anew
+
+    def stores_up(self) -> bool:
+        return True
+
+    @contextmanager
+    def hold(self, run_id: str) -> Iterator[RunHold]:
+        yield RunHold()  # nothing to start or stop: the table, queue and bucket outlive the command
 
     def resolve_ami(self) -> str:
         ami = self.config.aws.ami
@@ -100,14 +147,35 @@ class AwsEnv:
                 raise MissingResource(f"IAM instance profile {name!r} (aws.instance_profile) does not exist") from None
             raise
 
+    @cached_property
+    def ami(self) -> str:
+        return self.resolve_ami()
+
+    @cached_property
+    def identity(self) -> HubIdentity:
+        return identify(self.config.aws.imds_url)
+
+    @cached_property
+    def hub_address(self) -> str:
+        """The address nodes reach the hub's Selenium Grid at: aws.hub_address, else this EC2 instance's."""
+        address = self.config.aws.hub_address or self.identity.address
+        if not address:
+            raise UsageError("aws.hub_address is not set and this host is not on EC2: nodes need the address of "
+                             "the hub's Selenium Grid")
+        return address
+
+    def run_config_key(self, run_id: str) -> str:
+        return self.config.aws.run_config_key.format(run_id=run_id)
+
     def upload_run_config(self, run_id: str) -> str:
         key = self.run_config_key(run_id)
         self.clients.client("s3").put_object(Bucket=self.config.aws.bucket, Key=key,
                                              Body=dump_config(self.config).encode(), ContentType="application/yaml")
         return key
 
-    def run_config_key(self, run_id: str) -> str:
-        return self.config.aws.run_config_key.format(run_id=run_id)
+    def save_run_config(self, run_id: str) -> str:
+        self.node_user_data(run_id, self.hub_address)  # renders (and checks) the nodes' user-data before any start
+        return f"s3://{self.config.aws.bucket}/{self.upload_run_config(run_id)}"
 
     def node_user_data(self, run_id: str, hub_address: str) -> str:
         try:
@@ -115,18 +183,85 @@ class AwsEnv:
         except RenderError as e:
             raise UsageError(f"the nodes' user-data cannot be made from this config: {e}") from None
 
-    def provider(self, ami: str, hub_address: str) -> Ec2Provider:
+    # --- the hub's seams -----------------------------------------------------------------------------------
+    def node_provider(self, ami: str, hub_address: str) -> Ec2Provider:
+        """EC2 instances from `ami` whose user-data joins them to the Grid at `hub_address`."""
         return Ec2Provider(self.ec2, self.config, ami=ami,
                            user_data=lambda run_id: self.node_user_data(run_id, hub_address))
 
-    def control(self, clock: Clock) -> LadderControl:
+    def provider(self, run_id: str, clock: Clock) -> Ec2Provider:
+        if not self.launch:  # to list and terminate the run's instances: no AMI, no user-data
+            return Ec2Provider(self.ec2, self.config, ami="", user_data=lambda r: "")
+        return self.node_provider(self.ami, self.hub_address)
+
+    def control(self, run_id: str, clock: Clock) -> LadderControl:
         """SSM, then SSH (with `sudo -n`: the crawler belongs to the crawl user, the SSH user may not signal it), as
         `aws` configures them."""
         return ec2_node_control(self.config.aws, self.clients, clock)
 
+    def hub_id(self) -> str:
+        return self.identity.hub_id
 
-def connect(config: Config, clients: AwsClients | None = None) -> AwsEnv:
-    return AwsEnv(config, clients or AwsClients(config.aws))
+    def hub_alive(self, hub_id: str) -> bool:
+        inert = Ec2Provider(self.ec2, self.config, ami="", user_data=lambda r: "")
+        return inert.hub_alive(hub_id) or same_host_hub_alive(hub_id)
+
+    def announce(self, run_id: str) -> None:
+        aws = self.config.aws
+        log.info("run %s on AWS (%s): %d sites, up to %d nodes, Grid at %s:%d, node config s3://%s/%s", run_id,
+                 aws.region, len(self.config.sites), self.config.fleet.max_nodes, self.hub_address, aws.grid_port,
+                 aws.bucket, self.run_config_key(run_id))
+
+    # --- after the run -------------------------------------------------------------------------------------
+    def export_node_logs(self, run_id: str, out: Path) -> Path | None:
+        return None  # a node's logs stay on it (and in its console output)
+
+    def finish(self, outcome: RunOutcome, report: CheckReport) -> int:
+        if outcome.left_running == 0:
+            log.info("hub self-stop: %s", self_stop(self.config.aws.hub_self_stop, self.identity, self.ec2))
+        else:
+            log.error("hub stays up: %d nodes could not be terminated", outcome.left_running)
+        return outcome.exit_code
+
+    def rerun_hubs(self, run_id: str, run: RunInfo) -> list[str]:
+        from lambdas.starter import live_hub_ids
+
+        hubs = live_hub_ids(self.ec2, run_id, self.config.aws.stack)
+        if not hubs and not self.config.aws.hub_launch_template:
+            raise UsageError("aws.hub_launch_template is not set, and no hub runs this run: a rerun on AWS starts a "
+                             "hub from that template (`gridfleet config from-terraform` fills it in)")
+        return hubs
+
+    def hand_over(self, run_id: str, hubs: list[str], console: Console) -> bool:
+        if hubs:
+            console.print(f"the run's hub ({', '.join(hubs)}) picks them up")
+        else:
+            started = self.start_hub(run_id)
+            console.print(f"hub: {started['action']} {started.get('instance_id') or ''} "
+                          f"({started.get('reason') or started.get('how')}); it launches the nodes these sites need")
+        console.print(f"follow with `gridfleet watch --config {self.source} --run-id {run_id}`")
+        return True
+
+    def start_hub(self, run_id: str) -> dict[str, Any]:
+        """A hub instance from aws.hub_launch_template for the run, as the starter Lambda starts one."""
+        from lambdas.starter import LambdaSettings, start_hub
+
+        aws = self.config.aws
+        settings = LambdaSettings(region=aws.region, table=aws.table, stack=aws.stack, bucket=aws.bucket,
+                                  endpoint_url=aws.endpoint_url, hub_launch_template=aws.hub_launch_template)
+        return start_hub(settings, self.ec2, self.table, SystemClock(), run_id)
+
+    def for_run(self) -> AwsEnv:
+        return AwsEnv(self.config, self.clients, self.source, launch=True)
+
+
+def connect(config: Config, clients: AwsClients | None = None, *, source: str = "", launch: bool = False) -> AwsEnv:
+    return AwsEnv(config, clients or AwsClients(config.aws), source, launch)
+
+
+def for_run(config: Config, source: str) -> AwsEnv:
+    """A run on AWS: its provider launches nodes (the AMI and the hub's address resolved when first needed)."""
+    return connect(config, source=source, launch=True)
 
 
 def missing_line(missing: list[str]) -> str:

@@ -160,11 +160,11 @@ def _check_leftovers(run_id: str, queue: SiteQueue, provider: ComputeProvider, r
     left = [m for m in queue.peek(limit=200) if isinstance(m, SiteMessage) and m.run_id == run_id]
     for m in left:
         v(f"{m.site}: a message of the run is still in the queue (attempt {m.attempt})")
-    for m in queue.peek(limit=200, dlq=True):
-        if isinstance(m, BadMessage):
-            note(f"DLQ: a message that is not a site message ({m.problem}): {m.body[:80]!r}")
+    for dead in queue.peek(limit=200, dlq=True):
+        if isinstance(dead, BadMessage):
+            note(f"DLQ: a message that is not a site message ({dead.problem}): {dead.body[:80]!r}")
         else:
-            note(f"DLQ: {m.site} attempt {m.attempt} of run {m.run_id} (received {m.receive_count} times)")
+            note(f"DLQ: {dead.site} attempt {dead.attempt} of run {dead.run_id} (received {dead.receive_count} times)")
 
 
 def _check_site(r: SiteRecord, max_attempts: int, run_date: str, results: ResultStore, v, note) -> None:

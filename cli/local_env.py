@@ -1,47 +1,58 @@
-"""Wiring of the embedded default: the local stack, moto-backed adapters, local provider and control.
+"""The embedded default as an Environment: the local stack's moto server is AWS, local processes are the nodes.
 
-`GRIDFLEET_HOME` (default `~/.gridfleet`, `/var/lib/gridfleet` for root) holds
-the stack (`local/`), local instances, and `efs/` (profiles and locks, kept
-like EFS across runs).
+`GRIDFLEET_HOME` (default `~/.gridfleet`, `/var/lib/gridfleet` for root) holds the stack (`local/`), local
+instances, and `efs/` (profiles and locks, kept like EFS across runs). A run on the stack keeps the config its
+nodes use in `local/runs/<run_id>/fleet.yaml`, by which `status`, `check` and `rerun` find the run's table,
+queue and bucket again. moto keeps nothing once the stack stops: a finished run lives on in its export, runs/.
 
-A root hub's nodes start their Grid node, and so Chromium, as the crawl user
-(`fleet.crawl_user`), so that no browser runs as root; the agents stay with
-the invoking user (the project's Python may be where no other user can read
-it). That needs the user, and everything the Grid node and Chromium open
-reachable by it: checked once, and when it fails the nodes run as before
-(Chromium as root, without its sandbox), said once in the log.
+The stack (embedded.stack) is imported inside the functions that start or read it, never with this module, so
+that `gridfleet --help` and the AWS commands do not load it.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
-import pwd
 import shutil
-import subprocess
 import sys
-from dataclasses import dataclass
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from rich.console import Console
+
+from fleet.aws.archive import S3RunArchive
 from fleet.aws.bootstrap import ensure_resources
-from fleet.clock import Clock
-from fleet.config import Config
-from fleet.config_load import dump_config, load_config
-from embedded.stack import LocalStack, StackState, check_tools, find_grid_jar
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.results import S3ResultStore
+from fleet.aws.stores import Stores, open_stores
 from fleet.aws.table import DynamoStateTable
+from fleet.clock import Clock, SystemClock
+from fleet.codec import RunInfo
+from fleet.config import Config
+from fleet.config_load import dump_config, load_config
+from fleet.errors import UsageError
 from hub.control.local import LocalNodeControl
-from hub.providers.local import LocalProvider
+from hub.loop import EXIT_OK, RunOutcome
+from hub.providers.local import LocalProvider, local_hub_id
+from cli.check import CheckReport
+from cli.crawl_user import CrawlUser, reach_crawl_user
+from cli.env import RunHold
+
+if TYPE_CHECKING:
+    from embedded.stack import LocalStack, StackState
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("gridfleet")
 
-
 #: root's GRIDFLEET_HOME: the crawl user must reach the profiles and the nodes' state, and root's home is closed.
 ROOT_HOME = Path("/var/lib/gridfleet")
+
+#: What a local node leaves in its state directory that is worth keeping with the run.
+NODE_LOGS = ("node.log", "crawler.log", "grid-node.log", "instance.json")
 
 
 def gridfleet_home(environ: dict[str, str] | None = None, euid: int | None = None) -> Path:
@@ -51,74 +62,16 @@ def gridfleet_home(environ: dict[str, str] | None = None, euid: int | None = Non
     return ROOT_HOME if (os.geteuid() if euid is None else euid) == 0 else Path.home() / ".gridfleet"
 
 
-@dataclass(frozen=True)
-class CrawlUser:
-    """The user local nodes start their Grid node as, and the Selenium jar that user can read."""
-
-    name: str
-    uid: int
-    grid_jar: Path
-
-
-def user_can(pw: pwd.struct_passwd, test: str, path: Path) -> bool:
-    """Whether the user `pw` passes `test <test> <path>` (e.g. -r, -x), run as that user: the kernel's own
-    answer, ACLs included (needs root)."""
-    groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
-    try:
-        r = subprocess.run(["test", test, str(path)], user=pw.pw_uid, group=pw.pw_gid, extra_groups=groups,
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0
-
-
-def umask() -> int:
-    """This process's umask, read without setting it (os.umask would change it for every thread meanwhile)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("Umask:"):
-            return int(line.split()[1], 8)
-    return 0o022
-
-
-def reach_crawl_user(name: str, stack: LocalStack, jar: Path, euid: int | None = None
-                     ) -> tuple[CrawlUser | None, str | None]:
-    """(the user, None) when local nodes can run their Grid node and Chromium as `name`; (None, why not) when
-    they cannot; (None, None) when this process is not root (it runs nothing as root)."""
-    if (os.geteuid() if euid is None else euid) != 0:
-        return None, None
-    try:
-        pw = pwd.getpwnam(name)
-    except KeyError:
-        return None, f"there is no user {name} (fleet.crawl_user; `make setup` run as root creates it)"
-    if pw.pw_uid == 0:
-        return None, f"the crawl user {name} is root"
-    if umask() & 0o001:  # the nodes' state dirs are made later, with this umask
-        return None, f"the umask {umask():04o} makes the nodes' state dirs closed to user {name}"
-    for d in (stack.instances_dir, stack.efs_root / "profiles"):
-        d.mkdir(parents=True, exist_ok=True)
-        if not user_can(pw, "-x", d):
-            return None, f"user {name} cannot reach {d} (GRIDFLEET_HOME must be traversable by it)"
-    if not user_can(pw, "-r", jar):  # e.g. a checkout under /root: a copy beside the nodes' state
-        copy = stack.dir / "grid" / jar.name
-        if not copy.is_file() or copy.stat().st_size != jar.stat().st_size:
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(jar, copy.with_suffix(".part"))
-            copy.with_suffix(".part").chmod(0o644)
-            os.replace(copy.with_suffix(".part"), copy)
-        if not user_can(pw, "-r", copy):
-            return None, f"user {name} cannot read {jar} nor its copy {copy}"
-        jar = copy
-    return CrawlUser(name, pw.pw_uid, jar), None
-
-
 def grid_jar_candidates(home: Path, environ: dict[str, str] | None = None) -> list[Path]:
     env = os.environ if environ is None else environ
     out = [Path(env["GRIDFLEET_GRID_JAR"])] if env.get("GRIDFLEET_GRID_JAR") else []
     return out + [PROJECT_ROOT / "vendor", Path.cwd() / "vendor", home / "vendor"]
 
 
-def make_stack(home: Path, config: Config | None = None, *, need_jar: bool = True, progress=lambda _: None
-               ) -> LocalStack:
+def make_stack(home: Path, config: Config | None = None, *, need_jar: bool = True,
+               progress: Callable[[str], None] = lambda _: None) -> LocalStack:
+    from embedded.stack import LocalStack, find_grid_jar
+
     jar = find_grid_jar(grid_jar_candidates(home)) if need_jar else None
     timeout = config.local.grid_session_request_timeout_s if config else 60
     return LocalStack(home, grid_jar=jar, session_request_timeout_s=timeout, progress=progress)
@@ -137,29 +90,151 @@ def effective_config(config: Config, state: StackState, cpus: int | None = None)
     return config.with_endpoint(state.moto_url).model_copy(update={"sites": sites, "fleet": fleet})
 
 
-@dataclass
-class LocalEnv:
-    home: Path
-    stack: LocalStack
-    state: StackState
-    config: Config
-    clients: AwsClients
-    table: DynamoStateTable
-    queue: SqsSiteQueue
-    results: S3ResultStore
+def run_config(stack: LocalStack, run_id: str) -> Config | None:
+    """The effective config a run on this stack used (its table, queue and bucket names)."""
+    path = stack.dir / "runs" / run_id / "fleet.yaml"
+    return load_config(path) if path.is_file() else None
 
-    def run_dir(self, run_id: str) -> Path:
-        return self.stack.dir / "runs" / run_id
+
+def latest_run_on_stack(stack: LocalStack) -> str | None:
+    runs = stack.dir / "runs"
+    if not runs.is_dir():
+        return None
+    dirs = sorted((p for p in runs.iterdir() if (p / "fleet.yaml").is_file()), key=lambda p: p.stat().st_mtime)
+    return dirs[-1].name if dirs else None
+
+
+def finished_export(out: Path, run_id: str) -> dict[str, Any] | None:
+    """The summary a finished run of this id exported under `out`, if any."""
+    try:
+        summary = json.loads((out / run_id / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("finished_at") else None
+
+
+def stack_stops(started_here: bool, adopted: bool, ended: bool) -> bool:
+    """Whether a run's command stops the stack as it leaves: one it started, always (the run owned it); one a
+    crashed earlier hub of the same run started, once the run reached an end here (after a failure it stays, for
+    the next `--resume`); anybody else's, never."""
+    return started_here or (adopted and ended)
+
+
+class LocalEnv:
+    """The embedded default. Made before its stack runs (a run starts it in `hold`), or from a running stack
+    (the commands that read a run); its stores exist while the stack runs."""
+
+    where = "on the local stack"
+    reads_archive = False
+
+    def __init__(self, config: Config, *, stack: LocalStack | None = None, state: StackState | None = None,
+                 home: Path | None = None) -> None:
+        self.given = config  # as loaded: the stack's addresses are filled in once it runs
+        self.config = config
+        self.home = home or (stack.root if stack is not None else gridfleet_home())
+        self._stack = stack
+        self.state: StackState | None = None
+        if state is not None:
+            self._attach(state)
+
+    @property
+    def stack(self) -> LocalStack:
+        if self._stack is None:  # made when first needed: a dry run needs no Grid jar
+            self._stack = make_stack(self.home, self.given, progress=lambda m: log.info("stack: %s", m))
+        return self._stack
+
+    def _attach(self, state: StackState) -> None:
+        self.state = state
+        self.config = effective_config(self.given, state)
+        for made in ("clients", "stores"):  # made for another state of the stack, if any
+            self.__dict__.pop(made, None)
+
+    def _up(self) -> StackState:
+        if self.state is None:
+            raise RuntimeError("the local stack is not up: its stores exist only while it runs")
+        return self.state
+
+    # --- the stores ------------------------------------------------------------------------------------
+    @functools.cached_property
+    def clients(self) -> AwsClients:
+        self._up()
+        return AwsClients(self.config.aws, credentials=LOCAL_CREDENTIALS)
+
+    @functools.cached_property
+    def stores(self) -> Stores:
+        return open_stores(self.clients, self.config.aws)
+
+    @property
+    def table(self) -> DynamoStateTable:
+        return self.stores.table
+
+    @property
+    def queue(self) -> SqsSiteQueue:
+        return self.stores.queue
+
+    @property
+    def results(self) -> S3ResultStore:
+        return self.stores.results
+
+    @property
+    def archive(self) -> S3RunArchive:
+        return S3RunArchive(self.clients.client("s3"), self.config.aws.bucket)
+
+    @property
+    def demo_url(self) -> str | None:
+        return self.state.demo_url if self.state is not None else None
+
+    # --- before the run ----------------------------------------------------------------------------------
+    def preflight(self) -> None:
+        from embedded.stack import check_tools
+
+        check_tools("java", self.given.browser.chromium, self.given.browser.chromedriver)
+
+    def dry_run(self, run_id: str, console: Console) -> int:
+        config = self.given
+        nodes = min(config.fleet.max_nodes, config.local.node_cap(os.cpu_count() or 1), len(config.sites))
+        console.print(f"run {run_id} (dry run, nothing started): {len(config.sites)} sites, {nodes} local nodes, "
+                      f"max_attempts {config.run.max_attempts}, hang_after_s {config.run.hang_after_s:g}")
+        for s in config.sites:
+            console.print(f"  {s.id:<24} {s.crawler:<8} {s.start_url}")
+        return EXIT_OK
+
+    def latest_run(self) -> str | None:
+        return latest_run_on_stack(self.stack)
+
+    def finished_export(self, run_id: str, out: Path) -> dict[str, Any] | None:
+        return finished_export(out, run_id)
+
+    def stores_up(self) -> bool:
+        return self.state is not None or self.stack.running() is not None
+
+    @contextmanager
+    def hold(self, run_id: str) -> Iterator[RunHold]:
+        state = self.stack.running()
+        started_here = state is None
+        adopted = state is not None and state.owner_run == run_id
+        if state is None:
+            log.info("stack: starting the embedded default (moto server, Selenium Grid, demo sites)")
+            state = self.stack.up(owner_run=run_id)
+        hold = RunHold()
+        try:
+            self._attach(state)
+            ensure_resources(self.clients, visibility_timeout_s=int(max(30, self.config.run.heartbeat_timeout_s)))
+            yield hold
+        finally:
+            if stack_stops(started_here, adopted, hold.ended):
+                self.stack.down(quiet=True)
 
     def config_path(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "fleet.yaml"
+        return self.stack.dir / "runs" / run_id / "fleet.yaml"
 
-    def write_config(self, run_id: str) -> Path:
+    def save_run_config(self, run_id: str) -> str:
         path = self.config_path(run_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(dump_config(self.config))
-        return path
+        return str(path)
 
+    # --- the hub's seams ---------------------------------------------------------------------------------
     @functools.cached_property
     def crawl_user(self) -> CrawlUser | None:
         """Who local nodes run their Grid node and Chromium as (None: the nodes' own user); decided once."""
@@ -175,13 +250,13 @@ class LocalEnv:
 
     def provider(self, run_id: str, clock: Clock) -> LocalProvider:
         cfg_path = self.config_path(run_id)
-        st = self.state
+        st, stack = self._up(), self.stack
 
         def node_command(run: str, iid: str, inst_dir: Path) -> list[str]:
             cmd = [sys.executable, "-m", "node", "--local", "--config", str(cfg_path), "--run-id", run,
-                   "--instance-id", iid, "--state-dir", str(inst_dir), "--profiles-root", str(self.stack.efs_root),
+                   "--instance-id", iid, "--state-dir", str(inst_dir), "--profiles-root", str(stack.efs_root),
                    "--grid-url", st.grid_url, "--imds-url", f"{st.imds_url}/{iid}"]
-            jar, user = self.stack.grid_jar, self.crawl_user
+            jar, user = stack.grid_jar, self.crawl_user
             if jar is not None:
                 cmd += ["--grid-jar", str(user.grid_jar if user else jar), "--grid-publish", st.grid_publish,
                         "--grid-subscribe", st.grid_subscribe]
@@ -189,54 +264,88 @@ class LocalEnv:
                 cmd += ["--grid-user", user.name]
             return cmd
 
-        return LocalProvider(self.stack.instances_dir, self.stack.stack_id, node_command, clock)
+        return LocalProvider(stack.instances_dir, stack.stack_id, node_command, clock)
 
-    def control(self, run_id: str) -> LocalNodeControl:
+    def control(self, run_id: str, clock: Clock) -> LocalNodeControl:
         return LocalNodeControl(self.stack.instances_dir, self.stack.stack_id, run_id)
 
-    def export_node_logs(self, run_id: str, out: Path) -> int:
+    def hub_id(self) -> str:
+        return local_hub_id()
+
+    def hub_alive(self, hub_id: str) -> bool:
+        return self.provider("", SystemClock()).hub_alive(hub_id)  # a hub id reads the same for any run
+
+    def announce(self, run_id: str) -> None:
+        st = self._up()
+        log.info("run %s: %d sites, up to %d nodes; Grid %s, demo sites %s", run_id, len(self.config.sites),
+                 self.config.fleet.max_nodes, st.grid_url, st.demo_url)
+
+    # --- after the run -------------------------------------------------------------------------------------
+    def export_node_logs(self, run_id: str, out: Path) -> Path:
         """Copy each local node's logs to `<out>/<run_id>/nodes/<instance>/` (moto keeps nothing)."""
+        dest_root = out / run_id / "nodes"
         src = self.stack.instances_dir / run_id
         if not src.is_dir():
-            return 0
-        shutil.rmtree(out / run_id / "nodes", ignore_errors=True)
-        n = 0
+            return dest_root
+        shutil.rmtree(dest_root, ignore_errors=True)
         for inst in sorted(p for p in src.iterdir() if p.is_dir()):
-            dest = out / run_id / "nodes" / inst.name
+            dest = dest_root / inst.name
             dest.mkdir(parents=True, exist_ok=True)
-            for name in ("node.log", "crawler.log", "grid-node.log", "instance.json"):
+            for name in NODE_LOGS:
                 if (inst / name).is_file():
                     shutil.copyfile(inst / name, dest / name)
-            n += 1
-        return n
+        return dest_root
+
+    def finish(self, outcome: RunOutcome, report: CheckReport) -> int:
+        return outcome.exit_code if report.ok else max(outcome.exit_code, 1)
+
+    def rerun_hubs(self, run_id: str, run: RunInfo) -> list[str]:
+        alive = not run.finished and run.hub_id and self.hub_alive(run.hub_id)
+        return [run.hub_id] if alive and run.hub_id else []
+
+    def hand_over(self, run_id: str, hubs: list[str], console: Console) -> bool:
+        if not hubs:  # no hub instance to start here: this command drives the run to its end
+            return False
+        console.print(f"the run's hub ({', '.join(hubs)}) picks them up; follow with `gridfleet watch --run-id "
+                      f"{run_id}`")
+        return True
+
+    def for_run(self) -> LocalEnv:
+        return LocalEnv(self.given, home=self.home)
 
 
-def connect(stack: LocalStack, state: StackState, config: Config, *, bootstrap: bool) -> LocalEnv:
-    eff = effective_config(config, state)
-    clients = AwsClients(eff.aws, credentials=LOCAL_CREDENTIALS)
-    if bootstrap:
-        ensure_resources(clients, visibility_timeout_s=int(max(30, eff.run.heartbeat_timeout_s)))
-    return LocalEnv(
-        home=stack.root, stack=stack, state=state, config=eff, clients=clients,
-        table=DynamoStateTable(clients.client("dynamodb"), eff.aws.table),
-        queue=SqsSiteQueue(clients.client("sqs"), eff.aws.queue_name, eff.aws.dlq_name),
-        results=S3ResultStore(clients.client("s3"), eff.aws.bucket),
-    )
+# --- constructors ---------------------------------------------------------------------------------------
+def for_run(config: Config) -> LocalEnv:
+    """A run on the local stack: started when the run holds it, if none is up."""
+    return LocalEnv(config)
 
 
-def run_config(stack: LocalStack, run_id: str) -> Config | None:
-    """The effective config a run on this stack used (its table, queue and bucket names)."""
-    path = stack.dir / "runs" / run_id / "fleet.yaml"
-    return load_config(path) if path.is_file() else None
+def _running_stack() -> tuple[LocalStack, StackState | None]:
+    stack = make_stack(gridfleet_home(), need_jar=False)
+    return stack, stack.running()
 
 
-def latest_run_on_stack(stack: LocalStack) -> str | None:
-    runs = stack.dir / "runs"
-    if not runs.is_dir():
+def for_reading(run_id: str | None) -> LocalEnv | None:
+    """The run (default: the latest) on the local stack that is up; None without one, or without that run."""
+    stack, state = _running_stack()
+    run_id = run_id or (latest_run_on_stack(stack) if state else None)
+    config = run_config(stack, run_id) if state and run_id else None
+    if config is None:
         return None
-    dirs = sorted((p for p in runs.iterdir() if (p / "fleet.yaml").is_file()), key=lambda p: p.stat().st_mtime)
-    return dirs[-1].name if dirs else None
+    return LocalEnv(config, stack=stack, state=state)
 
 
-def preflight(config: Config, java: str = "java") -> None:
-    check_tools(java, config.browser.chromium, config.browser.chromedriver)
+def for_rerun(run_id: str | None, config: Config | None) -> LocalEnv:
+    """The run (default: the latest) on the local stack that is up, with `config` (else the run's own) for the
+    specs of the sites it reopens. UsageError when there is no such stack or run."""
+    stack, state = _running_stack()
+    run_id = run_id or (latest_run_on_stack(stack) if state else None)
+    if state is None or run_id is None:
+        raise UsageError("no local stack with a run is up: a rerun on the embedded default works on the stack that "
+                         "holds the run (moto keeps nothing once it stops). Start one with `gridfleet local up`, "
+                         "then `gridfleet run --local`; for a run on AWS pass --config")
+    config = config or run_config(stack, run_id)
+    if config is None:
+        raise UsageError(f"run {run_id} did not run on this stack (no {stack.dir / 'runs' / run_id / 'fleet.yaml'}); "
+                         f"pass --config with its fleet.yaml")
+    return LocalEnv(config, stack=stack, state=state)

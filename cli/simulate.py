@@ -1,17 +1,27 @@
-"""`gridfleet simulate`: the command line of the simulator (see `embedded.sim.run`)."""
+"""`gridfleet simulate`: the command line of the simulator (see `embedded.sim.run`).
+
+The simulator is imported by the command when it runs, not with the parser: `gridfleet --help` and every other
+command stay without it (its policy names are repeated here for `--policy`'s choices, and a test holds them equal).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
 from rich.table import Table
 
 from fleet.config_load import load_config
 from hub.history import durations_from_file
-from embedded.sim.run import POLICIES, SimParams, SimResult, simulate
+
+if TYPE_CHECKING:
+    from embedded.sim.run import SimParams, SimResult
+
+#: The simulator's policies (embedded.sim.run.POLICIES).
+POLICIES = ("gridfleet", "seed")
 
 #: The figures we aim for (reported next to what a run reaches; see docs/ARCHITECTURE.md).
 TARGETS = {
@@ -20,7 +30,7 @@ TARGETS = {
 }
 
 
-def _count(lo: int, hi: int):
+def _count(lo: int, hi: int) -> Callable[[str], int]:
     def parse(value: str) -> int:
         try:
             n = int(value)
@@ -32,7 +42,7 @@ def _count(lo: int, hi: int):
     return parse
 
 
-def _number(lo: float, hi: float | None, what: str, above: bool = False):
+def _number(lo: float, hi: float | None, what: str, above: bool = False) -> Callable[[str], float]:
     """An argparse type for a number in [lo, hi] (above lo, with `above`)."""
     def parse(value: str) -> float:
         try:
@@ -50,7 +60,7 @@ _nonneg = _number(0, None, "a number of 0 or more")
 _pos = _number(0, None, "a number above 0", above=True)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate", help="a whole run in virtual time on the hub's own plan(): makespan, cost, API calls",
         description="A discrete-event simulation of a run: the real hub (plan, executor, site cache) on an "
@@ -83,6 +93,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def params_from(args: argparse.Namespace) -> SimParams:
+    from embedded.sim.run import SimParams
+
     history = durations_from_file(args.history) if args.history else None
     config = load_config(args.config) if args.config else None
     sites = args.sites or (len(history) if history else 80)
@@ -93,6 +105,8 @@ def params_from(args: argparse.Namespace) -> SimParams:
 
 
 def cmd_simulate(args: argparse.Namespace, console: Console) -> int:
+    from embedded.sim.run import simulate
+
     p = params_from(args)
     err = Console(stderr=True)
     if not args.json and err.is_terminal:
@@ -132,7 +146,8 @@ def result_table(r: SimResult) -> Table:
          + _mark("calls_per_site", calls["total"])),
         ("  of which the hub's", f"{r.hub_calls_per_site:.2f}", ""),
         ("  of which heartbeats", f"{r.heartbeat_calls_per_site:.2f}",
-         f"one write per {r.heartbeat_interval_s:g} s of crawl; without them {calls['total'] - r.heartbeat_calls_per_site:.1f}"),
+         f"one write per {r.heartbeat_interval_s:g} s of crawl; "
+         f"without them {calls['total'] - r.heartbeat_calls_per_site:.1f}"),
         ("  of which checkpoints", f"{r.checkpoint_calls_per_site:.2f}",
          "one write per page (a retry resumes there); without these and heartbeats "
          f"{calls['total'] - r.heartbeat_calls_per_site - r.checkpoint_calls_per_site:.1f}"),

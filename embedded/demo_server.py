@@ -28,14 +28,8 @@ machine opens can reset a checker's counts.
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
-import hashlib
-import hmac
-import html
 import json
 import logging
-import math
 import os
 import re
 import secrets
@@ -43,150 +37,32 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from embedded.demo_pages import (
+    ITEMS_PER_PAGE,
+    MAX_PER_PAGE,
+    BadParam,
+    BadToken,
+    PageRequest,
+    PageTokens,
+    int_param,
+    item_ids,
+    message_html,
+    page_html,
+)
 from fleet.httpd import TOKEN_ENV, TOKEN_HEADER, QuietHandler, token_ok
 
 log = logging.getLogger(__name__)
 
-ITEMS_PER_PAGE = 10
-MAX_PER_PAGE = 100
 MAX_REQUESTS_KEPT = 10_000  # per site, in /_stats "requests"
 _NAME = r"[A-Za-z0-9._-]+"
 _SITE_PATH = re.compile(rf"/s/({_NAME})/?")
 _API_PATH = re.compile(rf"/api/({_NAME})")
 _ITEM_PATH = re.compile(rf"/item/({_NAME})")
-_INT = re.compile(r"[+-]?[0-9]+")
-
-
-class _BadParam(ValueError):
-    """A query parameter that cannot be used; args[0] is its name."""
-
-
-def _int(
-    params: dict[str, str], key: str, minimum: int | None = None, maximum: int | None = None
-) -> int | None:
-    raw = params.get(key)
-    if raw is None:
-        return None
-    if (
-        not _INT.fullmatch(raw.strip())
-        or (minimum is not None and int(raw) < minimum)
-        or (maximum is not None and int(raw) > maximum)
-    ):
-        raise _BadParam(key)
-    return int(raw)
-
-
-@dataclass(frozen=True)
-class _PageRequest:
-    page: int
-    pages: int
-    delay_s: float
-    hang_page: int | None
-    hang_attempts: int | None  # None: every request for hang_page hangs
-    fail_attempts: int
-
-    @classmethod
-    def parse(cls, params: dict[str, str]) -> _PageRequest:
-        delay_s = 0.0
-        if "delay_s" in params:
-            try:
-                delay_s = float(params["delay_s"])
-            except ValueError:
-                raise _BadParam("delay_s") from None
-            if not math.isfinite(delay_s) or delay_s < 0:
-                raise _BadParam("delay_s")
-        page = _int(params, "page")  # out of range is a 404, not a 400
-        pages = _int(params, "pages", minimum=1)
-        return cls(
-            page=1 if page is None else page,
-            pages=1 if pages is None else pages,
-            delay_s=delay_s,
-            hang_page=_int(params, "hang_page", minimum=1),
-            hang_attempts=_int(params, "hang_attempts", minimum=0),
-            fail_attempts=_int(params, "fail_attempts", minimum=0) or 0,
-        )
-
-
-class _BadToken(ValueError):
-    """A pagination token this server did not issue for this site."""
-
-
-class _Tokens:
-    """Opaque, signed API page tokens: ``b64(json {site, page}).b64(hmac[:16])``.
-
-    The key is random per server instance, so tokens do not outlive it.
-    """
-
-    _SIG_BYTES = 16
-
-    def __init__(self) -> None:
-        self._key = secrets.token_bytes(32)
-
-    def issue(self, site: str, page: int) -> str:
-        payload = json.dumps({"site": site, "page": page}, separators=(",", ":")).encode()
-        body = _b64encode(payload)
-        return f"{body}.{self._sign(body)}"
-
-    def page_of(self, site: str, token: str) -> int:
-        """The page a token designates; raises _BadToken unless issued here for site."""
-        body, _, sig = token.partition(".")
-        if not hmac.compare_digest(self._sign(body).encode(), sig.encode()):
-            raise _BadToken(token)
-        try:
-            payload = json.loads(_b64decode(body))
-        except (ValueError, binascii.Error):
-            raise _BadToken(token) from None
-        if not isinstance(payload, dict) or payload.get("site") != site:
-            raise _BadToken(token)
-        page = payload.get("page")
-        if type(page) is not int or page < 1:
-            raise _BadToken(token)
-        return page
-
-    def _sign(self, body: str) -> str:
-        digest = hmac.new(self._key, body.encode(), hashlib.sha256).digest()
-        return _b64encode(digest[: self._SIG_BYTES])
-
-
-def _b64encode(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _b64decode(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _item_ids(name: str, page: int, count: int = ITEMS_PER_PAGE) -> list[str]:
-    return [f"{name}-{page}-{i}" for i in range(1, count + 1)]
-
-
-def _document(title: str, body: str) -> bytes:
-    title = html.escape(title)
-    return (
-        f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{title}</title></head>\n'
-        f"<body>\n{body}\n</body></html>\n"
-    ).encode()
-
-
-def _page_html(name: str, page: int, next_href: str | None) -> bytes:
-    lines = [f"<h1>{html.escape(name)} page {page}</h1>", "<ul>"]
-    for item_id in map(html.escape, _item_ids(name, page)):
-        lines.append(
-            f'<li><a class="item" data-id="{item_id}" href="/item/{item_id}">Item {item_id}</a></li>'
-        )
-    lines.append("</ul>")
-    if next_href is not None:
-        lines.append(f'<a class="next" href="{html.escape(next_href)}">Next</a>')
-    return _document(f"{name} page {page}", "\n".join(lines))
-
-
-def _message_html(message: str) -> bytes:
-    return _document(message, f"<p>{html.escape(message)}</p>")
 
 
 class _State:
@@ -261,47 +137,47 @@ class _Handler(QuietHandler):
         elif method == "GET" and (match := _API_PATH.fullmatch(url.path)):
             self._api_page(match.group(1), url.query)
         elif method == "GET" and (match := _ITEM_PATH.fullmatch(url.path)):
-            self._send_html(200, _message_html(f"item {match.group(1)}"))
+            self._send_html(200, message_html(f"item {match.group(1)}"))
         else:
-            self._send_html(404, _message_html("not found"))
+            self._send_html(404, message_html("not found"))
 
     def _site_page(self, name: str, path: str, query: str) -> None:
         pairs = parse_qsl(query, keep_blank_values=True)
         try:
-            req = _PageRequest.parse(dict(pairs))
-        except _BadParam as exc:
-            self._send_html(400, _message_html(f"bad value for {exc.args[0]}"))
+            req = PageRequest.parse(dict(pairs))
+        except BadParam as exc:
+            self._send_html(400, message_html(f"bad value for {exc.args[0]}"))
             return
         if not 1 <= req.page <= req.pages:
-            self._send_html(404, _message_html(f"{name} has no page {req.page}"))
+            self._send_html(404, message_html(f"{name} has no page {req.page}"))
             return
         attempt = self._await_turn(name, req)
         if attempt is None:
             return
         if req.page == 1 and attempt <= req.fail_attempts:
-            self._send_html(500, _message_html(f"{name} failed on purpose (attempt {attempt})"))
+            self._send_html(500, message_html(f"{name} failed on purpose (attempt {attempt})"))
             return
         next_href = None
         if req.page < req.pages:
             kept = [(k, v) for k, v in pairs if k != "page"]
             next_href = f"{path}?{urlencode(kept + [('page', str(req.page + 1))])}"
-        self._send_html(200, _page_html(name, req.page, next_href))
+        self._send_html(200, page_html(name, req.page, next_href))
 
     def _api_page(self, name: str, query: str) -> None:
         params = dict(parse_qsl(query, keep_blank_values=True))
         try:
             if "page" in params:  # the API pages by token only
-                raise _BadParam("page")
-            req = _PageRequest.parse(params)
-            per_page = _int(params, "per_page", minimum=1, maximum=MAX_PER_PAGE) or ITEMS_PER_PAGE
-        except _BadParam as exc:
+                raise BadParam("page")
+            req = PageRequest.parse(params)
+            per_page = int_param(params, "per_page", minimum=1, maximum=MAX_PER_PAGE) or ITEMS_PER_PAGE
+        except BadParam as exc:
             self._send_json({"error": f"bad value for {exc.args[0]}"}, 400)
             return
         tokens = self.server.tokens
         if "token" in params:
             try:
                 req = replace(req, page=tokens.page_of(name, params["token"]))
-            except _BadToken:
+            except BadToken:
                 self._send_json({"error": "bad token"}, 400)
                 return
         if req.page > req.pages:
@@ -314,7 +190,7 @@ class _Handler(QuietHandler):
             self._send_json({"error": f"{name} failed on purpose (attempt {attempt})"}, 500)
             return
         items = [
-            {"id": item_id, "title": f"Item {item_id}"} for item_id in _item_ids(name, req.page, per_page)
+            {"id": item_id, "title": f"Item {item_id}"} for item_id in item_ids(name, req.page, per_page)
         ]
         self._send_json(
             {
@@ -325,7 +201,7 @@ class _Handler(QuietHandler):
             }
         )
 
-    def _await_turn(self, name: str, req: _PageRequest) -> int | None:
+    def _await_turn(self, name: str, req: PageRequest) -> int | None:
         """Counts the request and plays its hang and delay.
 
         Returns which request for this page it is, or None if the server
@@ -353,7 +229,7 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], state: _State) -> None:
         self.state = state
-        self.tokens = _Tokens()
+        self.tokens = PageTokens()
         super().__init__(address, _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:

@@ -11,20 +11,39 @@ from __future__ import annotations
 import copy
 import hashlib
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence, Unpack
+from typing import Any, Unpack
 
-from fleet.clock import Clock, SystemClock
-from fleet.codec import (
-    MARKS_PARTITION, NODE_PREFIX, OPEN_ATTR, RUN_ITEM, RUNS_PARTITION, HistoryEvent, NodeInfo, RunInfo, Stamp, diff_items,
-    history_to_item, item_stamp, item_to_node, item_to_run, item_to_site, node_to_item, num, run_to_item,
-    site_to_item, split_partition,
-)
-from fleet.errors import StaleWrite
 from fleet.aws.queue import DEDUP_WINDOW_S, BadMessage, QueueDepth, SiteMessage, decode, dedup_id, encode, group_id
 from fleet.aws.results import aside_key
-from fleet.state import SiteRecord
-from fleet.aws.table import _RUN_FIELDS, RunFields, RunIndexEntry, RunRows, _run_value
+from fleet.aws.run_item import HUB_STARTS, RunExpect, RunFields, RunWatch, WatchFields, assign, holds, item_to_watch
+from fleet.aws.table import RunIndexEntry, RunRows
+from fleet.clock import Clock, SystemClock
+from fleet.codec import (
+    MARKS_PARTITION,
+    NODE_PREFIX,
+    OPEN_ATTR,
+    RUN_ITEM,
+    RUNS_PARTITION,
+    HistoryEvent,
+    NodeInfo,
+    RunInfo,
+    Stamp,
+    diff_items,
+    history_to_item,
+    item_stamp,
+    item_to_node,
+    item_to_run,
+    item_to_site,
+    node_to_item,
+    num,
+    run_to_item,
+    site_to_item,
+    split_partition,
+)
+from fleet.errors import StaleWrite
+from fleet.state import RunState, SiteRecord
 
 
 class MemoryStateTable:
@@ -76,7 +95,7 @@ class MemoryStateTable:
                 and cur.get("attemptCount") == num(old.attempt)
                 and cur.get("instance_id") == old.instance_id
             )
-            if not fenced:
+            if cur is None or not fenced:
                 raise StaleWrite(old.run_id, old.site, old.fence(),
                                  item_to_site(copy.deepcopy(cur)) if cur else None)
             sets, removes = diff_items(site_to_item(old), site_to_item(new))  # what DynamoDB would SET/REMOVE
@@ -120,14 +139,30 @@ class MemoryStateTable:
         return item_to_run(copy.deepcopy(item)) if item else None
 
     def update_run(self, run_id: str, **fields: Unpack[RunFields]) -> None:
-
         with self._lock:
-            item = self.items[(run_id, RUN_ITEM)]
-            for k, v in fields.items():
-                if v is None:
-                    item.pop(_RUN_FIELDS[k], None)
-                    continue
-                item[_RUN_FIELDS[k]] = _run_value(v)
+            assign(self.items[(run_id, RUN_ITEM)], fields)
+
+    def get_run_watch(self, run_id: str) -> RunWatch | None:
+        item = self.items.get((run_id, RUN_ITEM))
+        return item_to_watch(copy.deepcopy(item)) if item else None
+
+    def running_runs(self, last: int) -> list[RunWatch]:
+        found = (self.get_run_watch(e.run_id) for e in self.list_runs()[-last:])
+        return [w for w in found if w is not None and w.run.status is RunState.RUNNING]
+
+    def update_watch(self, run_id: str, expect: RunExpect, **fields: Unpack[WatchFields]) -> bool:
+        with self._lock:
+            item = self.items.get((run_id, RUN_ITEM))
+            if item is None or not holds(item, expect):
+                return False
+            assign(item, fields)
+            return True
+
+    def add_hub_start(self, run_id: str) -> None:
+        with self._lock:
+            item = self.items.get((run_id, RUN_ITEM))
+            if item is not None:
+                item[HUB_STARTS] = item.get(HUB_STARTS, num(0)) + 1
 
     def add_launched(self, run_id: str, count: int) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ import json
 import os
 import secrets
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -36,12 +36,12 @@ class _State:
 
     def post_spot(self, iid: str) -> None:
         """EC2's two-minute interruption notice for instance `iid`."""
-        when = (datetime.now(timezone.utc) + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = (datetime.now(UTC) + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.instance(iid)["spot"] = {"action": "terminate", "time": when}
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
+    server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -21,13 +21,13 @@ import shutil
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
+from fleet import procs
 from fleet.errors import MissingResource, StackError
 from fleet.httpd import TOKEN_ENV
-from fleet import procs
 
 JAR_GLOB = "selenium-server-*.jar"
 PREFERRED_PORTS = {"moto": 5000, "grid": 4444, "grid_publish": 4442, "grid_subscribe": 4443, "demo": 8800,
@@ -168,12 +168,27 @@ class LocalStack:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.efs_root.mkdir(parents=True, exist_ok=True)
         logs = self.dir / "logs"
-        ports = {name: procs.free_port(p) for name, p in PREFERRED_PORTS.items()}
-        marks = {"GRIDFLEET_STACK": self.stack_id}
         token = secrets.token_urlsafe(32)
-        py = sys.executable
         started: dict[str, Component] = {}
-        specs = [
+        try:
+            for name, cmd, url, extra in self._specs({name: procs.free_port(p) for name, p in PREFERRED_PORTS.items()}):
+                self.progress(f"starting {name} on {url}")
+                p = procs.spawn(cmd, markers={"GRIDFLEET_STACK": self.stack_id, "GRIDFLEET_ROLE": f"stack-{name}"},
+                                log_path=logs / f"{name}.log",
+                                extra_env={TOKEN_ENV: token} if name in ("demo", "imds") else None)
+                started[name] = Component(name, p.pid, procs.start_ticks(p.pid), url, extra)
+            _await_healthy(started.values(), logs, timeout_s)
+        except BaseException:
+            self.down(quiet=True)
+            raise
+        st = StackState(self.stack_id, str(self.dir), owner_run, started, time.time(), token)
+        self._write_state(st)
+        return st
+
+    def _specs(self, ports: dict[str, int]) -> list[tuple[str, list[str], str, dict[str, int]]]:
+        """(name, command, url, extra ports) of each component, in the order they start."""
+        py = sys.executable
+        return [
             ("moto", [py, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(ports["moto"])],
              f"http://127.0.0.1:{ports['moto']}", {}),
             ("grid", [self.java, "-Xmx512m", "-XX:+UseSerialGC", "-jar", str(self.grid_jar), "hub",
@@ -189,33 +204,14 @@ class LocalStack:
             ("imds", [py, "-m", "embedded.imds_server", "--host", "127.0.0.1", "--port", str(ports["imds"])],
              f"http://127.0.0.1:{ports['imds']}", {}),
         ]
-        try:
-            for name, cmd, url, extra in specs:
-                self.progress(f"starting {name} on {url}")
-                p = procs.spawn(cmd, markers={**marks, "GRIDFLEET_ROLE": f"stack-{name}"},
-                                log_path=logs / f"{name}.log",
-                                extra_env={TOKEN_ENV: token} if name in ("demo", "imds") else None)
-                started[name] = Component(name, p.pid, procs.start_ticks(p.pid), url, extra)
-            deadline = time.monotonic() + timeout_s
-            for c in started.values():
-                while not _healthy(c):
-                    if not c.alive:
-                        raise StackError(f"{c.name} exited while starting; see {logs / (c.name + '.log')}")
-                    if time.monotonic() > deadline:
-                        raise StackError(f"{c.name} did not answer on {c.url} in {timeout_s:.0f}s; "
-                                         f"see {logs / (c.name + '.log')}")
-                    time.sleep(0.2)
-        except BaseException:
-            self.down(quiet=True)
-            raise
-        st = StackState(self.stack_id, str(self.dir), owner_run, started, time.time(), token)
+
+    def _write_state(self, st: StackState) -> None:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)  # created afresh below: with mode 0600 from its first byte
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(st.to_json())
         os.replace(tmp, self.state_file)
-        return st
 
     def status(self) -> list[tuple[str, str, str, int | None]]:
         """(component, state, url, pid) for each component, plus live local nodes."""
@@ -242,6 +238,19 @@ class LocalStack:
         if not quiet:
             self.progress(f"stopped {n} processes")
         return n
+
+
+def _await_healthy(components: Iterable[Component], logs: Path, timeout_s: float) -> None:
+    """Wait until each component answers; StackError if one exits or `timeout_s` passes first."""
+    deadline = time.monotonic() + timeout_s
+    for c in components:
+        while not _healthy(c):
+            if not c.alive:
+                raise StackError(f"{c.name} exited while starting; see {logs / (c.name + '.log')}")
+            if time.monotonic() > deadline:
+                raise StackError(f"{c.name} did not answer on {c.url} in {timeout_s:.0f}s; "
+                                 f"see {logs / (c.name + '.log')}")
+            time.sleep(0.2)
 
 
 def _healthy(c: Component) -> bool:

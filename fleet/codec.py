@@ -1,7 +1,7 @@
 """Records <-> DynamoDB items (plain Python values; numbers as Decimal).
 
-Field names follow the original design (`run_status`, `site_status`,
-`lastUpdateEpoch`, `attemptCount`, `instance_id`, `expireAt`); the rest are ours.
+Some field names (`run_status`, `site_status`, `lastUpdateEpoch`, `attemptCount`, `instance_id`,
+`expireAt`) are read by programs outside gridfleet, so they keep the spelling those know; the rest are ours.
 Absent values are absent attributes, never NULLs, so a diff of two items is the
 exact update to send.
 """
@@ -12,9 +12,10 @@ import base64
 import copy
 import json
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Mapping
+from typing import Any
 
 from fleet.state import Attempt, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 
@@ -360,7 +361,7 @@ def patch_from_stamp(r: SiteRecord, st: Stamp) -> SiteRecord:
     """`r` with the progress fields of a newer stamp whose transition fields are the same as `r`'s (a copy
     with those fields set: many per tick, and the fields need no validation, they were read back as written)."""
     new = copy.copy(r)
-    for name, value in zip(_PATCHED, (st[4], SiteStatus(st[5]), st[6], st[7], st[8], st[9], st[10])):
+    for name, value in zip(_PATCHED, (st[4], SiteStatus(st[5]), st[6], st[7], st[8], st[9], st[10]), strict=True):
         object.__setattr__(new, name, value)
     return new
 

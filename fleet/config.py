@@ -276,14 +276,14 @@ class Config(_Model):
         return sites
 
     @model_validator(mode="after")
-    def _min_max(self) -> "Config":
+    def _min_max(self) -> Config:
         if self.fleet.min_nodes > self.fleet.max_nodes:
             raise ValueError(f"fleet.min_nodes ({self.fleet.min_nodes}) is larger than fleet.max_nodes "
                              f"({self.fleet.max_nodes})")
         return self
 
     @model_validator(mode="after")
-    def _rate_limit_groups(self) -> "Config":
+    def _rate_limit_groups(self) -> Config:
         unknown = [(i, s) for i, s in enumerate(self.sites) if s.rate_limit is not None
                    and s.rate_limit not in self.rate_limits]
         if unknown:

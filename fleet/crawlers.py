@@ -23,7 +23,8 @@ import importlib.util
 import os
 import re
 import sys
-from typing import Annotated, Any, Mapping, Self
+from collections.abc import Mapping
+from typing import Annotated, Any, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 from pydantic_core import ErrorDetails

@@ -6,7 +6,8 @@ traceback; anything else reaching the top is a bug and is logged with one.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 class GridfleetError(Exception):

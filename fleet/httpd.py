@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Mapping
+from typing import Any
 
 #: The header a state-changing request to a server of the embedded stack carries its token in.
 TOKEN_HEADER = "X-Gridfleet-Token"

@@ -7,6 +7,7 @@ and again wherever an id read back from AWS becomes a path or a key.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 
 #: A run id: the day's date by default (2026-11-21), or any name an operator gives.
@@ -38,3 +39,8 @@ def check_site_id(value: object, what: str = "site id") -> str:
     if not is_site_id(value):
         raise ValueError(f"{what} {value!r} is not a site id ({SITE_ID_RULE})")
     return value  # type: ignore[return-value]
+
+
+def default_run_id(now: float) -> str:
+    """The run id of a run started at `now` without one: the day's date in UTC (2026-11-21)."""
+    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%d")

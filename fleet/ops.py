@@ -17,6 +17,8 @@ from fleet.codec import (
     CHECKPOINT_MAX_CHARS, ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, URL_MAX_CHARS, capped, encode_checkpoint,
 )
 from fleet.aws.queue import SiteQueue
+from fleet.clock import Clock
+from fleet.errors import StaleWrite
 from fleet.state import (
     GIVEN_BACK, Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus, transition,
 )
@@ -183,6 +185,24 @@ def fail_now(table: StateTable, rec: SiteRecord, reason: Reason, now: float, *, 
                      last_update=now, kill_reason=None, attempts=_close(rec, now, Outcome.of(reason)), receipt=None,
                      **({"error": capped(error, ERROR_MAX_CHARS)} if error else {}))
     return table.write(rec, new)
+
+
+def fail_open_sites(table: StateTable, run_id: str, reason: Reason, clock: Clock, *, error: str) -> tuple[str, ...]:
+    """Mark every site of the run that is not terminal FAILED with `reason`, as a run that is ended from outside its
+    hub (teardown, the watchdog) must. A node that writes in between is looked at again: a result it wrote first
+    stands. Returns the sites failed."""
+    failed = []
+    for r in table.read_run(run_id).sites:
+        while not r.is_terminal:
+            try:
+                fail_now(table, r, reason, clock.now(), error=error)
+                failed.append(r.site)
+                break
+            except StaleWrite as e:  # a node wrote in between: look again
+                if e.current is None:
+                    break
+                r = e.current
+    return tuple(failed)
 
 
 def reopen(table: StateTable, rec: SiteRecord, now: float, spec: SiteSpec | None = None) -> SiteRecord:

@@ -14,9 +14,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 MARKERS = ("GRIDFLEET_STACK", "GRIDFLEET_RUN", "GRIDFLEET_INSTANCE", "GRIDFLEET_ROLE")
 

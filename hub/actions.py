@@ -1,8 +1,10 @@
-"""What `plan()` may ask for. Frozen data: the executor performs them, tests compare them."""
+"""What `plan()` may ask for, and what the executor reports back. Frozen data: the executor performs actions,
+tests compare them; nothing here decides anything."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from fleet.state import Reason, SiteSpec
 
@@ -29,14 +31,24 @@ class Enqueue:
     version: int
 
 
+class KillLadder(StrEnum):
+    """The rungs the executor climbs to stop an attempt, as the plan chose them. The node's own watchdog is the
+    rung below all of these: the hub only kills what it did not end by itself."""
+
+    NONE = "none"  # no instance holds the attempt: there is nothing to stop, only the attempt to end
+    FALLBACK = "fallback"  # the node control (local, SSM, SSH); the instance is terminated only if that fails
+    TERMINATE = "terminate"  # the node control, then the instance is terminated whatever it did (the node is sick)
+
+
 @dataclass(frozen=True)
 class KillAttempt:
-    """Stop attempt `attempt` of `site` on `instance_id` (kill ladder), then requeue or fail it."""
+    """Stop attempt `attempt` of `site` on `instance_id` by `ladder`, then requeue or fail it."""
 
     site: str
     instance_id: str | None
     attempt: int
     reason: Reason
+    ladder: KillLadder = KillLadder.FALLBACK
 
 
 @dataclass(frozen=True)
@@ -57,27 +69,67 @@ class FailSites:
 
 @dataclass(frozen=True)
 class Launch:
+    """Start nodes. `failures` and `backoff_s` are the plan's answer, given in advance, to a launch that starts
+    nothing: the run item then records failures + 1 such launches in a row and no launch before `backoff_s`
+    from now (the plan reads both back and waits, or gives up)."""
+
     count: int
     target: int | None = None  # live nodes wanted: the provider re-reads what runs and launches only the difference
+    failures: int = 0  # launches in a row that started nothing before this one
+    backoff_s: float = 2.0
 
 
 @dataclass(frozen=True)
 class Terminate:
     instance_ids: tuple[str, ...]
-    reason: str  # boot-timeout | node-lost | deadline | finish | leak
+    reason: str  # boot-timeout | node-lost | boot-failed | scale-in | deadline | no-nodes | finish | teardown
+
+
+@dataclass(frozen=True)
+class Drain:
+    """One pass over the queue at the end of a run: delete this run's messages, leave other runs' alone."""
+
+    max_messages: int = 1000
 
 
 @dataclass(frozen=True)
 class Finish:
-    """Every site is terminal: terminate the fleet, verify, write the summary, end the run."""
+    """The run is over: its instances are gone (or `left_running` of them would not go), every site is terminal and
+    the queue is drained. The hub writes the summary and marks the run finished."""
 
-    reason: str  # done | deadline
+    reason: str  # done | deadline | no-nodes | teardown
+    left_running: int = 0
 
 
-Action = StartRun | SeedSites | Enqueue | KillAttempt | EndAttempt | FailSites | Launch | Terminate | Finish
+Action = (StartRun | SeedSites | Enqueue | KillAttempt | EndAttempt | FailSites | Launch | Terminate | Drain
+          | Finish)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """A run on its way out, from the tick the plan decided it (hub memory, carried from one plan to the next
+    through the snapshot; a restarted hub decides again). `since` is on the hub's clock."""
+
+    why: str  # the finish reason: done | deadline | no-nodes | teardown
+    since: float
+    reason: Reason | None = None  # what the sites still open fail with (None: none should be open)
+    error: str | None = None  # the error those sites record
+    drain_s: float | None = None  # how long to wait for messages still in flight (None: the queue is not drained)
 
 
 @dataclass(frozen=True)
 class Plan:
     actions: tuple[Action, ...]
     wake_at: float  # hub clock: the earliest moment something can change without an event
+    ending: Ending | None = None  # the run is ending: the next snapshot carries this back to the plan
+
+
+@dataclass(frozen=True)
+class Done:
+    """What the executor did for one action, as data: the instances or sites it acted on, how an attempt was
+    killed, the writes that lost to a newer one (the next snapshot shows why; the next plan decides again)."""
+
+    action: Action
+    acted_on: tuple[str, ...] = ()
+    kill_path: str | None = None
+    conflicts: int = 0

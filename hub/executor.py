@@ -1,34 +1,54 @@
-"""Perform the actions of a plan through the adapters. Thin: the decisions were made in `plan`.
+"""Perform the actions of a plan through the adapters, one bounded pass each, and say what happened as data.
 
-Every write is fenced; a `StaleWrite` means the world moved since the snapshot,
-and the action is dropped (the next tick plans again from fresh state).
+The executor decides nothing: which sites, nodes and rungs, how long to back off,
+when to drain and when the run is over were all decided by `plan()`. What it
+learns (a launch that started nothing, a kill that could not reach its node, a
+write that lost to a newer one) is written where the next snapshot reads it, or
+returned as `Done`. Every write is fenced; a `StaleWrite` means the world moved
+since the snapshot, and the write is dropped (the next tick plans again from
+fresh state).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from fleet import ops
+from fleet.aws.messages import BadMessage, SiteMessage
+from fleet.aws.queue import SiteQueue
+from fleet.aws.table import StateTable
 from fleet.clock import Clock
 from fleet.codec import HistoryEvent, RunInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
-from fleet.aws.queue import SiteQueue
 from fleet.state import Reason, RunState, RunStatus, SiteRecord
-from fleet.aws.table import StateTable
 from hub.actions import (
-    Action, EndAttempt, Enqueue, FailSites, Finish, KillAttempt, Launch, SeedSites, StartRun, Terminate,
+    Action,
+    Done,
+    Drain,
+    EndAttempt,
+    Enqueue,
+    FailSites,
+    Finish,
+    KillAttempt,
+    KillLadder,
+    Launch,
+    SeedSites,
+    StartRun,
+    Terminate,
 )
-from hub.control.base import NodeControl
+from hub.control.base import KillResult, NodeControl
 from hub.providers.base import ComputeProvider
 from hub.snapshot import Snapshot
 
 log = logging.getLogger("gridfleet.hub")
 
-LAUNCH_BACKOFF_MAX_S = 60.0
+#: How long a message of another run stays hidden during a drain pass (so the pass sees it once).
+DRAIN_HIDE_S = 5
 
 
 @dataclass
@@ -37,27 +57,32 @@ class Finished:
     left_running: int
 
 
-@dataclass
-class Executor:
+def kill_path(result: KillResult | None, terminated: bool) -> str:
+    """How an attempt was killed, as its record keeps it: the node control's path, `terminate`, or both."""
+    if result is None:
+        return "terminate" if terminated else "none"
+    if not terminated:
+        return result.path
+    return f"{result.path}+terminate" if result.ok else "terminate"
+
+
+@dataclass(kw_only=True)
+class EndExecutor:
+    """The actions that end a run, which need only the table, the provider and the clock: what an operator's
+    `gridfleet teardown` has, and the hub's `Executor` builds on."""
+
     run_id: str
-    config: Config
     table: StateTable
-    queue: SiteQueue
     provider: ComputeProvider
-    control: NodeControl
     clock: Clock
-    hub_id: str
-    expire_at: Callable[[float], int]
     finished: Finished | None = None
     conflicts: int = 0
-    kills: dict[str, int] = field(default_factory=dict)
-    teardown_timeout_s: float = 60.0
-    full: bool = False  # `run --full`: seed incremental sites without their high-water marks
-    _history: list[HistoryEvent] = field(default_factory=list)
+    _history: list[HistoryEvent] = field(default_factory=list, init=False, repr=False)
+    _seq: int = field(default=0, init=False, repr=False)
 
     def history(self, kind: str, **fields: Any) -> None:
         """Record what the hub did on the run; written by `flush_history` at the end of the tick."""
-        self._seq = getattr(self, "_seq", 0) + 1
+        self._seq += 1
         self._history.append(HistoryEvent(self.run_id, self.clock.now(), kind, fields, self._seq))
 
     def flush_history(self) -> None:
@@ -71,21 +96,77 @@ class Executor:
             log.warning("history-lost lines=%d kinds=%s error=%s", len(events),
                         ",".join(sorted({e.kind for e in events})), e)
 
-    def execute(self, action: Action, snap: Snapshot) -> None:
+    def execute(self, action: Action, snap: Snapshot) -> Done:
         try:
-            getattr(self, "_" + type(action).__name__)(action, snap)
+            done: Done = getattr(self, "_" + type(action).__name__)(action, snap)
         except StaleWrite as e:
             self.conflicts += 1
             event(log, "conflict", logging.DEBUG, run_id=self.run_id, site=e.site, action=type(action).__name__)
+            return Done(action, conflicts=1)
+        self.conflicts += done.conflicts
+        return done
+
+    def mark_finished(self, now: float) -> None:
+        """The run item's last write: the run is over (after its summary is out, so a crash before is resumed)."""
+        self.table.update_run(self.run_id, status=RunState.FINISHED, finished_at=now)
+
+    def _Terminate(self, a: Terminate, snap: Snapshot) -> Done:
+        self.terminate(a.instance_ids, a.reason)
+        return Done(a, a.instance_ids)
+
+    def terminate(self, instance_ids: tuple[str, ...], why: str) -> None:
+        self.provider.terminate(list(instance_ids))
+        event(log, "terminate", run_id=self.run_id, nodes=",".join(instance_ids), why=why)
+        self.history("terminate", nodes=list(instance_ids), why=why)
+
+    def _FailSites(self, a: FailSites, snap: Snapshot) -> Done:
+        now = self.clock.now()
+        failed: list[str] = []
+        lost = 0
+        for name in a.sites:
+            try:
+                ops.fail_now(self.table, snap.sites[name], a.reason, now, error=a.error)
+            except StaleWrite as e:
+                # A node finished it in the meantime (a result beats the end), or wrote progress: the next plan
+                # sees which, and fails it again if it is still open.
+                if e.current is None or not e.current.is_terminal:
+                    lost += 1
+                continue
+            failed.append(name)
+            event(log, "failed", logging.WARNING, run_id=self.run_id, site=name, reason=a.reason)
+            self.history("failed", site=name, reason=str(a.reason))
+        return Done(a, tuple(failed), conflicts=lost)
+
+    def _Finish(self, a: Finish, snap: Snapshot) -> Done:
+        if a.left_running:
+            event(log, "teardown-incomplete", logging.ERROR, run_id=self.run_id, left_running=a.left_running)
+        self.finished = Finished(a.reason, a.left_running)
+        self.history("finish", reason=a.reason, left_running=a.left_running)
+        return Done(a)
+
+
+@dataclass(kw_only=True)
+class Executor(EndExecutor):
+    """Everything a hub's plan asks for."""
+
+    config: Config
+    queue: SiteQueue
+    control: NodeControl
+    hub_id: str
+    expire_at: Callable[[float], int]
+    teardown_timeout_s: float = 60.0
+    full: bool = False  # `run --full`: seed incremental sites without their high-water marks
 
     # --- run and seeding --------------------------------------------------------
-    def _StartRun(self, a: StartRun, snap: Snapshot) -> None:
+    def _StartRun(self, a: StartRun, snap: Snapshot) -> Done:
         info = RunInfo(self.run_id, RunState.RUNNING, a.started_at, a.deadline_at, a.run_date, hub_id=self.hub_id,
                        hub_heartbeat=a.started_at, expire_at=self.expire_at(a.deadline_at), full=self.full)
         if self.table.create_run(info):
-            event(log, "run-start", run_id=self.run_id, sites=len(self.config.sites), deadline_s=self.config.run.deadline_s)
+            event(log, "run-start", run_id=self.run_id, sites=len(self.config.sites),
+                  deadline_s=self.config.run.deadline_s)
+        return Done(a)
 
-    def _SeedSites(self, a: SeedSites, snap: Snapshot) -> None:
+    def _SeedSites(self, a: SeedSites, snap: Snapshot) -> Done:
         expire = self.expire_at(snap.run.deadline_at if snap.run else self.clock.now() + self.config.run.deadline_s)
         full = self.full or (snap.run is not None and snap.run.full)
         incremental = [name for name, spec in a.sites if spec.incremental]
@@ -101,54 +182,56 @@ class Executor:
                 pass  # a node claimed it already: the mark no longer matters
         event(log, "seed", run_id=self.run_id, sites=len(fresh),
               **({"incremental": len(incremental), "marks": len(marks), "full": full} if incremental else {}))
+        return Done(a, tuple(r.site for r in fresh))
 
-    def _Enqueue(self, a: Enqueue, snap: Snapshot) -> None:
+    def _Enqueue(self, a: Enqueue, snap: Snapshot) -> Done:
         rec = snap.sites[a.site]
         ops.send_next(self.table, self.queue, rec)
-        event(log, "enqueue", run_id=self.run_id, site=a.site, attempt=rec.attempt + 1, why="message never marked sent")
+        event(log, "enqueue", run_id=self.run_id, site=a.site, attempt=rec.attempt + 1,
+              why="message never marked sent")
         self.history("enqueue", site=a.site, attempt=rec.attempt + 1)
+        return Done(a, (a.site,))
 
     # --- ending attempts ----------------------------------------------------------
-    def _KillAttempt(self, a: KillAttempt, snap: Snapshot) -> None:
+    def _KillAttempt(self, a: KillAttempt, snap: Snapshot) -> Done:
         rec = snap.sites[a.site]
-        now = self.clock.now()
-        if not rec.kill_reason:
-            rec = ops.request_kill(self.table, rec, a.reason, now)
-        path = self._kill(rec, a.reason)
-        self.kills[path] = self.kills.get(path, 0) + 1
+        if not rec.kill_reason:  # the mark fences the node off first: its next write fails
+            rec = ops.request_kill(self.table, rec, a.reason, self.clock.now())
+        path = self._climb(rec, a)
         self._end(rec, a.reason, path)
+        return Done(a, (a.site,), kill_path=path)
 
-    def _kill(self, rec: SiteRecord, reason: Reason) -> str:
-        iid = rec.instance_id
-        if iid is None:
-            return "none"
+    def _climb(self, rec: SiteRecord, a: KillAttempt) -> str:
+        """The rungs of `a.ladder`, in order; returns the kill path the attempt records."""
+        iid = a.instance_id
+        if iid is None or a.ladder is KillLadder.NONE:
+            return kill_path(None, False)
         result = self.control.kill(iid, rec.site, rec.attempt)
-        event(log, "kill", run_id=self.run_id, site=rec.site, attempt=rec.attempt, node=iid, reason=reason,
+        event(log, "kill", run_id=self.run_id, site=rec.site, attempt=rec.attempt, node=iid, reason=a.reason,
               path=result.path, ok=result.ok, detail=result.detail or None)
-        self.history("kill", site=rec.site, attempt=rec.attempt, node=iid, reason=str(reason), path=result.path,
+        self.history("kill", site=rec.site, attempt=rec.attempt, node=iid, reason=str(a.reason), path=result.path,
                      ok=result.ok, detail=result.detail or None)
-        if result.ok and reason is not Reason.LOST:
-            return result.path
-        # Last rung: the node is unreachable, or its agent stopped heartbeating (it is sick): terminate it.
+        if result.ok and a.ladder is KillLadder.FALLBACK:
+            return kill_path(result, False)
         self.provider.terminate([iid])
-        event(log, "terminate", run_id=self.run_id, node=iid, why=f"kill {reason}", site=rec.site)
-        self.history("terminate", nodes=[iid], why=f"kill {reason}", site=rec.site)
-        return "terminate" if not result.ok else f"{result.path}+terminate"
+        event(log, "terminate", run_id=self.run_id, node=iid, why=f"kill {a.reason}", site=rec.site)
+        self.history("terminate", nodes=[iid], why=f"kill {a.reason}", site=rec.site)
+        return kill_path(result, True)
 
-    def _EndAttempt(self, a: EndAttempt, snap: Snapshot) -> None:
+    def _EndAttempt(self, a: EndAttempt, snap: Snapshot) -> Done:
         self._end(snap.sites[a.site], a.reason, None)
+        return Done(a, (a.site,))
 
-    def _end(self, rec: SiteRecord, reason: Reason, kill_path: str | None) -> None:
-        now = self.clock.now()
-        new = ops.end_attempt(self.table, rec, reason=reason, now=now,
+    def _end(self, rec: SiteRecord, reason: Reason, path: str | None) -> None:
+        new = ops.end_attempt(self.table, rec, reason=reason, now=self.clock.now(),
                               max_attempts=self.config.run.max_attempts, spot_cap=self.config.run.spot_requeue_cap,
-                              kill_path=kill_path)
+                              kill_path=path)
         if rec.receipt:  # the message of the attempt that ended (its node is dead or was stopped): not needed
             self.queue.delete_receipt(rec.receipt)
-        kind = "requeue" if new.run_status is RunStatus.QUEUED else "failed"
-        self.history(kind, site=rec.site, attempt=rec.attempt, node=rec.instance_id, reason=str(reason),
-                     kill_path=kill_path)
-        if new.run_status is RunStatus.QUEUED:
+        requeued = new.run_status is RunStatus.QUEUED
+        self.history("requeue" if requeued else "failed", site=rec.site, attempt=rec.attempt, node=rec.instance_id,
+                     reason=str(reason), kill_path=path)
+        if requeued:
             event(log, "requeue", run_id=self.run_id, site=rec.site, attempt=rec.attempt, node=rec.instance_id,
                   reason=reason, next_attempt=new.attempt + 1)
             ops.send_next(self.table, self.queue, new)
@@ -156,20 +239,8 @@ class Executor:
             event(log, "failed", logging.WARNING, run_id=self.run_id, site=rec.site, attempt=rec.attempt,
                   node=rec.instance_id, reason=reason)
 
-    def _FailSites(self, a: FailSites, snap: Snapshot) -> None:
-        now = self.clock.now()
-        for name in a.sites:
-            try:
-                ops.fail_now(self.table, snap.sites[name], a.reason, now, error=a.error)
-                event(log, "failed", logging.WARNING, run_id=self.run_id, site=name, reason=a.reason)
-                self.history("failed", site=name, reason=str(a.reason))
-            except StaleWrite as e:
-                # A node finished it in the meantime; a result beats the deadline.
-                if e.current is None or not e.current.is_terminal:
-                    raise
-
-    # --- the fleet --------------------------------------------------------------
-    def _Launch(self, a: Launch, snap: Snapshot) -> None:
+    # --- the fleet and the queue ------------------------------------------------------
+    def _Launch(self, a: Launch, snap: Snapshot) -> Done:
         result = self.provider.launch(self.run_id, a.count, target=a.target)
         for err in result.errors:
             event(log, "launch-error", logging.WARNING, run_id=self.run_id, error=err)
@@ -179,62 +250,51 @@ class Executor:
             self.table.add_launched(self.run_id, len(result.launched))
             event(log, "launch", run_id=self.run_id, count=len(result.launched), nodes=",".join(result.launched))
             self.history("launch", nodes=list(result.launched))
-            if snap.run is not None and snap.run.launch_failures:
+            if a.failures:
                 self.table.update_run(self.run_id, launch_failures=0)
-        elif result.errors:  # nothing started: back off, and let the plan give up if it never works
-            failures = (snap.run.launch_failures if snap.run else 0) + 1
-            delay = min(LAUNCH_BACKOFF_MAX_S, 2.0 ** failures)
-            self.table.update_run(self.run_id, launch_failures=failures, launch_error=result.errors[-1][:500],
-                                  launch_retry_at=self.clock.now() + delay)
-            event(log, "launch-backoff", logging.WARNING, run_id=self.run_id, failures=failures, retry_in_s=delay)
+        elif result.errors:  # nothing started: record it as the plan said, for the next plan to wait or give up
+            self.table.update_run(self.run_id, launch_failures=a.failures + 1, launch_error=result.errors[-1][:500],
+                                  launch_retry_at=self.clock.now() + a.backoff_s)
+            event(log, "launch-backoff", logging.WARNING, run_id=self.run_id, failures=a.failures + 1,
+                  retry_in_s=a.backoff_s)
+        return Done(a, result.launched)
 
-    def _Terminate(self, a: Terminate, snap: Snapshot) -> None:
-        self.provider.terminate(list(a.instance_ids))
-        event(log, "terminate", run_id=self.run_id, nodes=",".join(a.instance_ids), why=a.reason)
-        self.history("terminate", nodes=list(a.instance_ids), why=a.reason)
-
-    def _Finish(self, a: Finish, snap: Snapshot) -> None:
-        left = self.teardown(why=f"finish ({a.reason})")
-        drained = self.drain()
-        if drained:
-            event(log, "drain", run_id=self.run_id, messages=drained, why="every site is done: its messages are stale")
-        self.finished = Finished(a.reason, left)
-        self.history("finish", reason=a.reason, left_running=left)
-
-    def drain(self, max_messages: int = 1000) -> int:
-        """Delete what is left of this run in the queue (duplicates, messages put aside by nodes, messages of
-        dead nodes); leave other runs' messages alone. Messages still invisible are waited for, at most one
-        visibility timeout: every node is gone, so nobody holds them any more."""
-        deleted, seen = 0, 0
-        give_up = self.clock.monotonic() + max(30.0, self.config.run.heartbeat_timeout_s) + 5
-        while seen < max_messages:
-            msg = self.queue.receive(0, 5)
+    def _Drain(self, a: Drain, snap: Snapshot) -> Done:
+        """One pass over what is visible (at most `a.max_messages` receives): delete this run's messages
+        (duplicates, messages put aside by nodes, messages of dead nodes). Other runs' messages are made visible
+        again once the pass is over; a body that is no site message at all at once, so that its receives run out
+        and SQS moves it to the dead-letter queue, where the run's summary reports it."""
+        deleted: list[str] = []
+        others: list[SiteMessage] = []
+        for _ in range(a.max_messages):
+            msg = self.queue.receive(0, DRAIN_HIDE_S)
             if msg is None:
-                if self.queue.depth().in_flight == 0 or self.clock.monotonic() >= give_up:
-                    return deleted
-                self.clock.sleep(2.0)
-                continue
-            seen += 1
-            if getattr(msg, "run_id", None) == self.run_id:
-                self.queue.delete(msg)
-                deleted += 1
-            else:
+                break
+            if isinstance(msg, BadMessage):
                 self.queue.set_visibility(msg, 0)
-        return deleted
+            elif msg.run_id == self.run_id:
+                self.queue.delete(msg)
+                deleted.append(msg.site)
+            else:
+                others.append(msg)
+        for msg in others:
+            self.queue.set_visibility(msg, 0)
+        if deleted:
+            event(log, "drain", run_id=self.run_id, messages=len(deleted),
+                  why="every site is done: its messages are stale")
+        return Done(a, tuple(deleted))
 
     def teardown(self, why: str) -> int:
-        """Terminate every instance of the run and wait until none is pending or running."""
+        """Terminate every instance of the run and wait (at most `teardown_timeout_s`) until none is pending or
+        running; returns how many are left. For a hub stopped without finishing (interrupted): no later tick
+        looks again, so this waits here."""
         deadline = self.clock.monotonic() + self.teardown_timeout_s
         while True:
             live = [i.id for i in self.provider.list(self.run_id) if i.live]
-            if not live:
-                self.flush_history()
-                return 0
-            if self.clock.monotonic() >= deadline:
-                event(log, "teardown-incomplete", logging.ERROR, run_id=self.run_id, nodes=",".join(live))
+            if not live or self.clock.monotonic() >= deadline:
+                if live:
+                    event(log, "teardown-incomplete", logging.ERROR, run_id=self.run_id, nodes=",".join(live))
                 self.flush_history()
                 return len(live)
-            self.provider.terminate(live)
-            event(log, "terminate", run_id=self.run_id, nodes=",".join(live), why=why)
-            self.history("terminate", nodes=live, why=why)
+            self.terminate(tuple(live), why)
             self.clock.sleep(0.5)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
+from fleet.aws.table import StateTable
 from fleet.errors import UsageError
 from fleet.state import Outcome, SiteRecord
-from fleet.aws.table import StateTable
 
 log = logging.getLogger("gridfleet.hub")
 

@@ -25,20 +25,18 @@ import socketserver
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
-from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from fleet.httpd import QuietHandler
+from hub.dashboard import PAGE_HEADERS, StatusFeed, StatusFn, StatusUnavailable, page_html, status_json
 
 log = logging.getLogger("gridfleet.http")
-
-StatusFn = Callable[[], dict]
 
 KEEPALIVE_S = 15.0
 MAX_STREAMS = 32  # event streams open at once
@@ -47,12 +45,6 @@ RETRY_AFTER_S = 5
 _IO_TIMEOUT_S = 30.0  # a client that neither sends its request nor reads for this long is dropped
 _STOP_JOIN_S = 1.0
 _TEXT = "text/plain; charset=utf-8"
-_PAGE_HEADERS = {
-    # The page is self-contained: it may run its own inline script and talk only to this server.
-    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                               "connect-src 'self'",
-    "X-Content-Type-Options": "nosniff",
-}
 
 
 def host_allowed(host_header: str | None, bind: str, hostname: str) -> bool:
@@ -97,106 +89,13 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
-class _StatusUnavailable(Exception):
-    """status() failed or returned something JSON cannot hold; args[0] says why."""
-
-
-def _status_json(status: StatusFn) -> str:
-    """The run's status as JSON text, or _StatusUnavailable."""
-    try:
-        return json.dumps(status())
-    except Exception as exc:  # noqa: BLE001 - a failing status source must never fail the hub
-        raise _StatusUnavailable(f"{type(exc).__name__}: {exc}") from exc
-
-
-class _StatusFeed:
-    """One poller of status() for every open event stream; `version` grows each time the JSON changes."""
-
-    def __init__(self, status: StatusFn, poll_s: float, stopping: threading.Event) -> None:
-        self._status = status
-        self._poll_s = poll_s
-        self._stopping = stopping
-        self._changed = threading.Condition()
-        self._wake = threading.Event()
-        self._text: str | None = None
-        self._version = 0
-        self._viewers = 0
-        self._failing = False
-
-    def run(self) -> None:
-        while not self._stopping.is_set():
-            self._wake.clear()
-            if self._watched():
-                self._poll()
-            self._wake.wait(self._poll_s)
-
-    def close(self) -> None:
-        """Release every waiting stream; call after `stopping` is set."""
-        self._wake.set()
-        with self._changed:
-            self._changed.notify_all()
-
-    @contextmanager
-    def viewer(self) -> Iterator[None]:
-        with self._changed:
-            self._viewers += 1
-            first = self._viewers == 1
-            if first:
-                self._text = None  # polled before a pause in watching: possibly long out of date
-        if first:
-            self._wake.set()
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._viewers -= 1
-
-    def wait_newer(self, seen: int, timeout_s: float) -> tuple[int, str] | None:
-        """(version, text) newer than version `seen`; None after `timeout_s` or once the server stops."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._stopping.is_set() or self._has_newer(seen), timeout_s)
-            text = self._text
-            if self._stopping.is_set() or text is None or self._version <= seen:
-                return None
-            return self._version, text
-
-    def _has_newer(self, seen: int) -> bool:
-        return self._text is not None and self._version > seen
-
-    def _watched(self) -> bool:
-        with self._changed:
-            return self._viewers > 0
-
-    def _poll(self) -> None:
-        try:
-            text = _status_json(self._status)
-        except _StatusUnavailable as exc:
-            self._note_failure(exc)
-            return
-        if self._failing:
-            self._failing = False
-            log.info("the run's status can be read again")
-        with self._changed:
-            if text != self._text:
-                self._text = text
-                self._version += 1
-                self._changed.notify_all()
-
-    def _note_failure(self, exc: _StatusUnavailable) -> None:
-        if not self._failing:
-            self._failing = True
-            log.warning("cannot read the run's status for the dashboard: %s", exc.args[0])
-        else:
-            log.debug("still cannot read the run's status: %s", exc.args[0])
-
-
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # stop() closes event streams itself rather than waiting for them
     allow_reuse_port = False  # a port another server listens on must fail to bind
 
     def __init__(self, address: tuple[str, int], *, status: StatusFn, registry: CollectorRegistry,
-                 feed: _StatusFeed, stopping: threading.Event, keepalive_s: float, page: bytes,
+                 feed: StatusFeed, stopping: threading.Event, keepalive_s: float, page: bytes,
                  max_streams: int, max_connections: int) -> None:
         self.status = status
         self.registry = registry
@@ -306,7 +205,7 @@ class _Handler(QuietHandler):
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
         if path == "/":
-            self._send(200, self.server.page, "text/html; charset=utf-8", _PAGE_HEADERS)
+            self._send(200, self.server.page, "text/html; charset=utf-8", PAGE_HEADERS)
         elif path == "/status":
             self._status()
         elif path == "/metrics":
@@ -320,8 +219,8 @@ class _Handler(QuietHandler):
 
     def _status(self) -> None:
         try:
-            text = _status_json(self.server.status)
-        except _StatusUnavailable as exc:
+            text = status_json(self.server.status)
+        except StatusUnavailable as exc:
             log.debug("/status: %s", exc.args[0])
             self._send(503, json.dumps({"error": exc.args[0]}).encode(), "application/json")
             return
@@ -382,7 +281,7 @@ class HubServer:
         self._registry = registry if registry is not None else CollectorRegistry()
         self._address = (bind, port)
         self._stopping = threading.Event()
-        self._feed = _StatusFeed(status, poll_s, self._stopping)
+        self._feed = StatusFeed(status, poll_s, self._stopping)
         self._httpd: _Server | None = None
         self._serve_thread: threading.Thread | None = None
 
@@ -390,7 +289,7 @@ class HubServer:
         """Bind (port 0: any free port) and serve; OSError if the address cannot be bound."""
         if self._httpd is not None or self._stopping.is_set():
             raise RuntimeError("a HubServer can be started only once")
-        page = resources.files("hub").joinpath("dashboard.html").read_bytes()
+        page = page_html()
         self._httpd = _Server(self._address, status=self._status, registry=self._registry, feed=self._feed,
                               stopping=self._stopping, keepalive_s=self.keepalive_s, page=page,
                               max_streams=self.max_streams, max_connections=self.max_connections)
@@ -406,8 +305,7 @@ class HubServer:
     def url(self) -> str:
         if self._httpd is None:
             raise RuntimeError("the HubServer has not been started")
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{self._httpd.server_name}:{self._httpd.server_port}/"
 
     def stop(self) -> None:
         """Stop accepting, close the listening socket and cut every open event stream."""

@@ -2,7 +2,9 @@
 
 Restartable by construction: everything is read back from the table and the
 provider each tick, so a hub killed at any point and started again with the
-same run id continues where the first one stopped.
+same run id continues where the first one stopped. The one thing carried from
+a tick to the next is the plan's own `Ending` (why and since when the run is
+ending), which a restarted hub decides afresh.
 """
 
 from __future__ import annotations
@@ -10,25 +12,26 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
+from fleet.aws.queue import SiteQueue
+from fleet.aws.results import ResultStore
+from fleet.aws.table import StateTable
 from fleet.clock import Clock
 from fleet.config import Config
 from fleet.logs import event
-from fleet.aws.queue import SiteQueue
-from fleet.aws.results import ResultStore
-from fleet.state import RunState, RunStatus
-from fleet.aws.table import StateTable
-from hub.actions import Plan
+from fleet.state import RunStatus
+from fleet.summary import build_summary, export, instances_section
+from hub.actions import Ending, Plan
 from hub.control.base import NodeControl
 from hub.executor import Executor, Finished
+from hub.history import previous_durations
 from hub.plan import plan
 from hub.providers.base import ComputeProvider
-from hub.history import previous_durations
 from hub.snapshot import Observations, SiteCache, Snapshot, observe
-from fleet.summary import build_summary, export, instances_section
 
 if TYPE_CHECKING:  # the Lambda package imports this module without prometheus_client
     from hub.monitor import HubMonitor
@@ -67,6 +70,7 @@ class Hub:
         self.max_tick_failures = max_tick_failures
         self.monitor = monitor
         self.obs = Observations()
+        self.ending: Ending | None = None  # the last plan's: the run is ending (see `hub.plan.end`)
         self.cache = SiteCache()
         self.cache.expect(s.id for s in config.sites)
         self.expected = dict(expected) if expected is not None else None  # read once, when the run is seeded
@@ -82,7 +86,8 @@ class Hub:
 
     def snapshot(self, now: float) -> Snapshot:
         """What the hub sees now. The first call reads the whole partition; later ones read the run item, the
-        node items and only the site records that can have changed (see `SiteCache`)."""
+        node items and only the site records that can have changed (see `SiteCache`). While the run is ending,
+        the queue's depths too (the end waits for the run's messages in flight)."""
         cache, io = self.cache, self._io
         if not cache.loaded:
             rows = io(self.table.read_run, self.run_id)
@@ -97,8 +102,10 @@ class Hub:
         sites = dict(cache.sites)
         nodes = {n.instance_id: n for n in node_rows}
         self.obs = observe(self.obs, sites, nodes, instances, now, watch=cache.watch, beats=cache.beats)
-        return Snapshot(self.run_id, run, sites, nodes, instances, self.obs, watch=frozenset(cache.watch),
-                        tally=dict(cache.tally), expected=self._expected(sites))
+        depth = io(self.queue.depth) if self.ending is not None else None
+        return Snapshot(self.run_id, run, sites, nodes, instances, self.obs, queue=depth,
+                        watch=frozenset(cache.watch), tally=dict(cache.tally), expected=self._expected(sites),
+                        ending=self.ending)
 
     def _io(self, fn, *args):
         """Call an adapter, adding its time to `io_s` (the tick's reads, apart from the hub's own work)."""
@@ -138,6 +145,7 @@ class Hub:
                     break
         finally:
             self.executor.flush_history()
+        self.ending = p.ending
         if snap.run is not None and not self.executor.finished and now - self._last_beat >= HUB_BEAT_S:
             self.table.update_run(self.run_id, hub_heartbeat=now, hub_id=self.hub_id)
             self._last_beat = now
@@ -192,6 +200,8 @@ class Hub:
 
     def _finish(self, fin: Finished) -> RunOutcome:
         rows = self.table.read_run(self.run_id)
+        if rows.run is None:  # the plan finishes only a run whose item it saw
+            raise RuntimeError(f"run {self.run_id} has no run item to finish")
         now = self.clock.now()
         summary = build_summary(rows.run, rows.sites, left_running=fin.left_running, finished_at=now,
                                 finish_reason=fin.reason)
@@ -210,7 +220,7 @@ class Hub:
         except Exception as e:  # noqa: BLE001 - depths are a report, not a decision
             log.warning("queue-depth-unavailable error=%s", e)
         path = export(self.out_dir, summary, rows.sites, self.results)
-        self.table.update_run(self.run_id, status=RunState.FINISHED, finished_at=now)
+        self.executor.mark_finished(now)
         if self.monitor is not None:
             self._monitor(self.snapshot(now), finished=True)
         c = summary["counts"]
@@ -224,4 +234,4 @@ class Hub:
 
 
 def default_run_id(now: float) -> str:
-    return dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%d")
+    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%d")

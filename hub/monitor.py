@@ -15,19 +15,20 @@ from __future__ import annotations
 import logging
 import statistics
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from fleet.clock import Clock
-from fleet.config import Config
 from fleet.aws.metrics import CloudWatchSink, Datum, JobStats
 from fleet.aws.queue import QueueDepth, SiteQueue
+from fleet.clock import Clock
+from fleet.config import Config
 from fleet.state import RunStatus
-from hub.snapshot import Snapshot
 from fleet.summary import site_entry
+from hub.snapshot import Snapshot
 
 log = logging.getLogger("gridfleet.hub")
 

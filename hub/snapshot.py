@@ -10,18 +10,21 @@ operator's rerun reopens it, and it shows up open again). The exception to
 lastUpdateEpoch, a heartbeat, an instance). Hangs and lost nodes are measured
 on the hub's own clock from those moments, never by comparing another host's
 epoch with ours. A restarted hub starts them afresh, which can only delay a
-kill, never cause a false one.
+kill, never cause a false one. Nothing here loads an AWS client: `plan()`
+imports this module and must run without boto3.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any
 
+from fleet.aws.messages import QueueDepth
 from fleet.codec import TRANSITION_FIELDS, NodeInfo, RunInfo, Stamp, patch_from_stamp, record_stamp
-from fleet.aws.queue import QueueDepth
 from fleet.state import RunStatus, SiteRecord
+from hub.actions import Ending
 
 LIVE_STATES = frozenset({"pending", "running"})
 
@@ -112,10 +115,11 @@ class Snapshot:
     nodes: Mapping[str, NodeInfo]
     instances: Mapping[str, Instance]
     obs: Observations
-    queue: QueueDepth | None = None
+    queue: QueueDepth | None = None  # read while the run is ending (None: not read)
     watch: Collection[str] | None = None  # the watched sites (see `watched`); None: found from `sites`
     tally: Mapping[str, int] | None = None  # sites per run status; None: counted from `sites`
     expected: Mapping[str, float] = field(default_factory=dict)  # site -> seconds its last successful crawl took
+    ending: Ending | None = None  # the run is being ended (decided by an earlier plan, or a teardown request)
 
     @cached_property
     def live_instances(self) -> list[Instance]:

@@ -15,7 +15,8 @@ import os
 import sys
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from node.crawler import CrawlContext, CrawlError
 from node.registry import load_crawler
@@ -26,9 +27,9 @@ def pacer(spec: dict[str, Any] | None) -> Callable[[], None]:
     if not spec:
         return lambda: None
     from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+    from fleet.aws.ratelimit import DynamoRateLimiter
     from fleet.clock import SystemClock
     from fleet.config import AwsConfig
-    from fleet.aws.ratelimit import DynamoRateLimiter
 
     aws = AwsConfig(region=spec["region"], endpoint_url=spec.get("endpoint_url"), table=spec["table"])
     clients = AwsClients(aws, credentials=LOCAL_CREDENTIALS if spec.get("local") else None)

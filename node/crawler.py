@@ -17,11 +17,12 @@ limit (`pace()`, done by `open()` and `get_json()`).
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
 import json
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from node.browser import capabilities, chrome_args
 

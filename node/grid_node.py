@@ -99,7 +99,8 @@ class GridNode:
         deadline = time.monotonic() + timeout_s
         while not grid_node_ready(self.spec.grid_url, self.node_id):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"Grid node exited with {self.proc.returncode}; see {self.state_dir / 'grid-node.log'}")
+                log_path = self.state_dir / "grid-node.log"
+                raise RuntimeError(f"Grid node exited with {self.proc.returncode}; see {log_path}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Grid node not registered with {self.spec.grid_url} after {timeout_s:.0f}s")
             time.sleep(0.25)

@@ -24,16 +24,16 @@ from pathlib import Path
 
 from fleet import crawlerfile
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.imds import Imds, ImdsError
+from fleet.aws.metrics import CloudWatchSink
+from fleet.aws.stores import open_stores
+from fleet.aws.table import DynamoStateTable
 from fleet.clock import SystemClock
 from fleet.codec import NodeInfo
+from fleet.config import Config
 from fleet.config_load import load_config
 from fleet.errors import ConfigError, GridfleetError
-from fleet.aws.imds import Imds, ImdsError
 from fleet.logs import event, setup
-from fleet.aws.metrics import CloudWatchSink
-from fleet.aws.queue import SqsSiteQueue
-from fleet.aws.results import S3ResultStore
-from fleet.aws.table import DynamoStateTable
 from node import browser
 from node.agent import Agent, AgentSettings
 from node.grid_node import GridNode, GridNodeSpec, RunAs
@@ -137,6 +137,10 @@ def report_failure_main(argv: list[str]) -> int:
     return 0
 
 
+class _Usage(Exception):
+    """A command line or config this node cannot start with (exit 2); args[0] says why."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["kill"]:
@@ -146,20 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        config = load_config(args.config)
-    except ConfigError as e:
+        config, imds = _config_and_identity(args)
+    except _Usage as e:
         print(f"gridfleet node: {e}", file=sys.stderr)
         return 2
-    imds = Imds(args.imds_url or config.aws.imds_url)
-    if not args.instance_id:
-        try:
-            args.instance_id = imds.instance_id()
-        except ImdsError as e:
-            print(f"gridfleet node: no --instance-id and {e}", file=sys.stderr)
-            return 2
     setup(prefix=f"[{args.instance_id}] ", defaults={"instance_id": args.instance_id, "run_id": args.run_id})
     args.state_dir.mkdir(parents=True, exist_ok=True)
-    clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS if args.local else None)
     grid = None
     run_as = grid_user(args.grid_user) if args.grid_jar else None
     try:
@@ -167,39 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             if not (args.grid_publish and args.grid_subscribe):
                 print("gridfleet node: --grid-jar needs --grid-publish and --grid-subscribe", file=sys.stderr)
                 return 2
-            spec = GridNodeSpec(jar=args.grid_jar, grid_url=args.grid_url, publish=args.grid_publish,
-                                subscribe=args.grid_subscribe, chromedriver=config.browser.chromedriver,
-                                host=args.grid_host, port=args.grid_port, java=args.java,
-                                session_timeout_s=int(max(60, config.run.hang_after_s * 2)))
-            grid = GridNode(spec, args.instance_id, args.state_dir, run_as=run_as)
-            grid.start()
-
-        clock = SystemClock()
-
-        def cleanup(profile: Path, session_id: str | None, forced: bool) -> None:
-            # After a killed crawl its browser still runs under the Grid node: kill it, then free the slot.
-            # After a clean end the crawler has quit its session; only a straggler is left to kill.
-            killed = browser.kill_browser(profile)
-            if session_id and (forced or killed):
-                browser.end_session(args.grid_url, session_id)
-
-        settings = AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url,
-                                             local=args.local)
-        settings = dataclasses.replace(settings, chrome_args=(*settings.chrome_args, *sandbox_args(run_as)))
-        agent = Agent(
-            settings,
-            table=DynamoStateTable(clients.client("dynamodb"), config.aws.table),
-            queue=SqsSiteQueue(clients.client("sqs"), config.aws.queue_name, config.aws.dlq_name),
-            results=S3ResultStore(clients.client("s3"), config.aws.bucket),
-            profiles=ProfileStore(args.profiles_root, owner=(run_as.uid, run_as.gid) if run_as else None),
-            start_crawl=lambda job, log_path: ChildProcess(job, log_path),
-            cleanup=cleanup, clock=clock, state_dir=args.state_dir,
-            healthy=grid.problem if grid is not None else (lambda: None),
-            spot_notice=SpotWatcher(imds, clock).notice,
-            metrics=CloudWatchSink(clients.client("cloudwatch") if config.metrics.cloudwatch else None,
-                                   config.metrics.namespace, clock),
-        )
-        return agent.run()
+            grid = _start_grid(args, config, run_as)
+        return _agent(args, config, imds, grid, run_as).run()
     except GridfleetError as e:
         event(log, "node-error", logging.ERROR, run_id=args.run_id, node=args.instance_id, error=str(e))
         return e.exit_code
@@ -209,3 +174,56 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if grid is not None:
             grid.stop()
+
+
+def _config_and_identity(args: argparse.Namespace) -> tuple[Config, Imds]:
+    """The config, and the metadata service; fills in `args.instance_id` from it when not given."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        raise _Usage(str(e)) from None
+    imds = Imds(args.imds_url or config.aws.imds_url)
+    if not args.instance_id:
+        try:
+            args.instance_id = imds.instance_id()
+        except ImdsError as e:
+            raise _Usage(f"no --instance-id and {e}") from None
+    return config, imds
+
+
+def _start_grid(args: argparse.Namespace, config: Config, run_as: RunAs | None) -> GridNode:
+    spec = GridNodeSpec(jar=args.grid_jar, grid_url=args.grid_url, publish=args.grid_publish,
+                        subscribe=args.grid_subscribe, chromedriver=config.browser.chromedriver,
+                        host=args.grid_host, port=args.grid_port, java=args.java,
+                        session_timeout_s=int(max(60, config.run.hang_after_s * 2)))
+    grid = GridNode(spec, args.instance_id, args.state_dir, run_as=run_as)
+    grid.start()
+    return grid
+
+
+def _agent(args: argparse.Namespace, config: Config, imds: Imds, grid: GridNode | None,
+           run_as: RunAs | None) -> Agent:
+    clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS if args.local else None)
+    stores = open_stores(clients, config.aws)
+    clock = SystemClock()
+
+    def cleanup(profile: Path, session_id: str | None, forced: bool) -> None:
+        # After a killed crawl its browser still runs under the Grid node: kill it, then free the slot.
+        # After a clean end the crawler has quit its session; only a straggler is left to kill.
+        killed = browser.kill_browser(profile)
+        if session_id and (forced or killed):
+            browser.end_session(args.grid_url, session_id)
+
+    settings = AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url, local=args.local)
+    settings = dataclasses.replace(settings, chrome_args=(*settings.chrome_args, *sandbox_args(run_as)))
+    return Agent(
+        settings,
+        table=stores.table, queue=stores.queue, results=stores.results,
+        profiles=ProfileStore(args.profiles_root, owner=(run_as.uid, run_as.gid) if run_as else None),
+        start_crawl=lambda job, log_path: ChildProcess(job, log_path),
+        cleanup=cleanup, clock=clock, state_dir=args.state_dir,
+        healthy=grid.problem if grid is not None else (lambda: None),
+        spot_notice=SpotWatcher(imds, clock).notice,
+        metrics=CloudWatchSink(clients.client("cloudwatch") if config.metrics.cloudwatch else None,
+                               config.metrics.namespace, clock),
+    )

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fleet.clock import Clock
 from fleet.aws.imds import Imds, ImdsError
+from fleet.clock import Clock
 
 log = logging.getLogger("gridfleet.node")
 

@@ -47,9 +47,9 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import fasteners
 
@@ -104,10 +104,11 @@ class HeldProfile:
 class _Slot:
     """One site in the registry: being acquired, then held, until released."""
 
-    __slots__ = ("lock", "held", "released")
+    __slots__ = ("lock_path", "lock", "held", "released")
 
-    def __init__(self, lock: fasteners.InterProcessLock):
-        self.lock = lock
+    def __init__(self, lock_path: Path):
+        self.lock_path = lock_path
+        self.lock = fasteners.InterProcessLock(lock_path)
         self.held = False
         self.released = False
 
@@ -165,19 +166,9 @@ class ProfileStore:
         if poll_s <= 0:
             raise ValueError(f"poll_s must be > 0, got {poll_s}")
 
-        lock_path = self.lock_path(site)
-        profile = self.profile_dir(site)
-
-        # Reserve the site before the lock file is opened, so that no other
-        # thread of this process can open (and later close) it meanwhile.
-        slot = _Slot(fasteners.InterProcessLock(lock_path))
-        with self._mutex:
-            if site in self._slots:
-                raise ProfileBusy(site, f"profile of site {site!r} is already held by this process")
-            self._slots[site] = slot
-
+        slot = self._reserve(site)
         try:
-            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            slot.lock_path.parent.mkdir(parents=True, exist_ok=True)
             self._wait_for_lock(site, slot.lock, timeout_s, poll_s, on_wait, monotonic, sleep)
         except BaseException:
             _close_lock_file(slot.lock)
@@ -185,12 +176,9 @@ class ProfileStore:
                 self._slots.pop(site, None)
             raise
 
+        profile = self.profile_dir(site)
         try:
-            profile.parent.mkdir(parents=True, exist_ok=True)
-            profile.mkdir(mode=PROFILE_DIR_MODE, exist_ok=True)
-            removed = remove_singletons(profile)
-            if self.owner is not None:
-                give_to(profile, *self.owner)
+            removed = self._make_ready(profile)
         except BaseException:
             self._release(site, slot)
             raise
@@ -199,6 +187,26 @@ class ProfileStore:
             slot.held = True
         return HeldProfile(site=site, path=profile, removed=removed,
                            _release=lambda: self._release(site, slot))
+
+    def _reserve(self, site: str) -> _Slot:
+        """The site's slot in the registry, taken before the lock file is opened, so that no other thread of this
+        process can open (and later close) it meanwhile; ProfileBusy if the process holds or is acquiring it."""
+        slot = _Slot(self.lock_path(site))
+        with self._mutex:
+            if site in self._slots:
+                raise ProfileBusy(site, f"profile of site {site!r} is already held by this process")
+            self._slots[site] = slot
+        return slot
+
+    def _make_ready(self, profile: Path) -> tuple[str, ...]:
+        """Create the locked profile's directory if missing, clear a dead Chrome's Singleton* entries (their
+        names are returned) and give it to the store's owner."""
+        profile.parent.mkdir(parents=True, exist_ok=True)
+        profile.mkdir(mode=PROFILE_DIR_MODE, exist_ok=True)
+        removed = remove_singletons(profile)
+        if self.owner is not None:
+            give_to(profile, *self.owner)
+        return removed
 
     @staticmethod
     def _wait_for_lock(

@@ -1,7 +1,7 @@
 """The simulator's machinery: an event heap on a virtual clock, a fast in-memory queue, and call counting.
 
 Nothing here decides anything about a run: the hub's decisions are `hub.plan`
-and its executor, the nodes' are `fleet.ops`. This file only moves virtual
+and its executor, the nodes' `fleet.protocol`. This file only moves virtual
 time, keeps SQS's semantics for tens of thousands of messages, and counts the
 AWS calls the adapters would make for each method the hub and nodes call.
 """
@@ -12,7 +12,8 @@ import heapq
 import itertools
 import math
 from collections import Counter, deque
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from embedded.fakes import _Msg
 from fleet.aws.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
@@ -130,7 +131,7 @@ class SimQueue:
         mid = self.by_receipt.pop(receipt, None)
         m = self.msgs.get(mid) if mid is not None else None
         if m is not None and m.receipt == receipt:
-            del self.msgs[mid]
+            del self.msgs[m.id]
 
     def delete(self, msg: SiteMessage | BadMessage) -> None:
         self.delete_receipt(msg.receipt)

@@ -2,8 +2,9 @@
 
 The hub is the real `Hub` (its `plan()`, executor and site cache) on the
 in-memory table; the nodes are `SimNode`s making the agent's decisions with
-`fleet.ops`; the cloud and the crawls are simulated (`embedded.sim.fleet`,
-`embedded.sim.workload`). The figures it reports are defined in `SimResult`.
+`fleet.protocol` and writing with `fleet.ops`; the cloud and the crawls are
+simulated (`embedded.sim.cloud`, `embedded.sim.node`, `embedded.sim.workload`).
+The figures it reports are defined in `SimResult`.
 """
 
 from __future__ import annotations
@@ -18,17 +19,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet.config import Config
 from embedded.fakes import MemoryResults, MemoryStateTable
+from embedded.sim.cloud import SimControl, VirtualCloud
+from embedded.sim.engine import (
+    EC2_CALLS,
+    QUEUE_CALLS,
+    RESULT_CALLS,
+    TABLE_CALLS,
+    Counted,
+    Engine,
+    SimClock,
+    SimQueue,
+)
+from embedded.sim.node import SimNode
+from embedded.sim.workload import Workload
+from fleet.config import Config
+from fleet.protocol import rules_from_config
 from hub.control.base import KillResult
 from hub.loop import Hub
 from hub.plan import run_date_for
-from embedded.sim.engine import (
-    EC2_CALLS, QUEUE_CALLS, RESULT_CALLS, TABLE_CALLS, Counted, Engine, SimClock, SimQueue,
-)
-from embedded.sim.fleet import SimControl, SimNode, VirtualCloud
-from embedded.sim.workload import Workload
-from node.agent import AgentSettings
 
 POLICIES = ("gridfleet", "seed")
 SEED_POLL_S = 30.0  # the original design's hub polled on a fixed period
@@ -95,7 +104,7 @@ class Sim:
         self.clock = SimClock(self.engine)
         self.run_id = "2027-01-15"
         self.run_date = run_date_for(self.run_id, self.clock.now())
-        self.settings = AgentSettings.from_config(self.config, self.run_id, "sim", "")
+        self.settings = rules_from_config(self.config)
         self.stats = Stats(self.config.run.hang_after_s)
         self.waiters: deque[SimNode] = deque()
         self.hub_calls: Counter = Counter()

@@ -16,19 +16,20 @@ import random
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from embedded.sim.node import Crawl
 from fleet import ops
 from fleet.state import SiteStatus
-from embedded.sim.fleet import BROWSER_START_S, Crawl
 
 if TYPE_CHECKING:
-    from embedded.sim.fleet import SimNode
+    from embedded.sim.node import SimNode
     from embedded.sim.run import SimParams
 
 MAX_SPREAD = 20.0  # the longest drawn site is at most this many times the median
+BROWSER_START_S = 2.0  # a Grid session, as measured on the embedded default
 
 
 class Workload:
-    def __init__(self, p: "SimParams", rng: random.Random):
+    def __init__(self, p: SimParams, rng: random.Random):
         self.p = p
         self.rng = rng
         if p.history:
@@ -43,12 +44,12 @@ class Workload:
             mu = math.log(p.site_s)
             before = [min(p.site_s * MAX_SPREAD, rng.lognormvariate(mu, p.sigma)) if p.sigma > 0 else p.site_s
                       for _ in self.site_ids]
-        self.expected = dict(zip(self.site_ids, before))
+        self.expected = dict(zip(self.site_ids, before, strict=True))
         self.today = {s: max(BROWSER_START_S + 1, b * (rng.lognormvariate(0, p.drift) if p.drift > 0 else 1.0))
-                      for s, b in zip(self.site_ids, before)}
+                      for s, b in zip(self.site_ids, before, strict=True)}
         self.work = list(self.today.values())
 
-    def attempt(self, node: "SimNode", rec: Any, now: float) -> Crawl:
+    def attempt(self, node: SimNode | None, rec: Any, now: float) -> Crawl:
         """The timeline of one attempt at `rec.site`, starting `now`."""
         d = self.today[rec.site]
         pages = max(1, round(d / self.p.page_s))

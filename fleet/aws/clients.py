@@ -9,8 +9,9 @@ embedded default, or any `aws.endpoint_url`), the naming of failed calls
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import boto3
 from botocore.config import Config as BotoConfig

@@ -23,7 +23,6 @@ import botocore.session
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
-    ConnectionError as BotoConnectionError,
     ConnectTimeoutError,
     CredentialRetrievalError,
     EndpointConnectionError,
@@ -35,6 +34,9 @@ from botocore.exceptions import (
     ReadTimeoutError,
     TokenRetrievalError,
     UnknownEndpointError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
 )
 
 #: What to do about a missing table, queue or bucket (also the advice of cli.aws_env's preflight).

@@ -19,7 +19,6 @@ from botocore.exceptions import ClientError
 from fleet.aws.clients import error_code
 from fleet.errors import MissingResource
 
-
 #: Every result carries this tag: the bucket's expiry rule selects results by it (results share no key prefix,
 #: and the bundle and configs live in the same bucket).
 RESULT_TAG = "gridfleet=result"

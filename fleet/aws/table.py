@@ -4,23 +4,47 @@ Every write of a site record is conditional on the fence of the record it was
 computed from (version, attemptCount, instance_id): a writer that lost a race,
 or a zombie node, gets `StaleWrite` carrying the record as it is now, and its
 write is not applied. Reads of a run are a paginated Query of its partition.
+The run item also carries the watchdog's bookkeeping (`fleet.aws.run_item`),
+changed only by writes conditional on what the watchdog read.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Protocol, Sequence, TypedDict, Unpack
+from typing import Any, Protocol, Unpack
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
+from fleet.aws import run_item
 from fleet.aws.clients import error_code
+from fleet.aws.run_item import RunFields, RunWatch
 from fleet.codec import (
-    MARKS_PARTITION, NODE_PREFIX, OPEN_ATTR, OPEN_INDEX, RUN_ITEM, RUNS_PARTITION, HistoryEvent, Stamp, NodeInfo, RunInfo, diff_items,
-    STAMP_ATTRS, history_to_item, item_stamp, item_to_node, item_to_run, item_to_site, node_to_item, num, run_to_item,
-    site_to_item, split_partition,
+    MARKS_PARTITION,
+    NODE_PREFIX,
+    OPEN_ATTR,
+    OPEN_INDEX,
+    RUN_ITEM,
+    RUNS_PARTITION,
+    STAMP_ATTRS,
+    HistoryEvent,
+    NodeInfo,
+    RunInfo,
+    Stamp,
+    diff_items,
+    history_to_item,
+    item_stamp,
+    item_to_node,
+    item_to_run,
+    item_to_site,
+    node_to_item,
+    num,
+    run_to_item,
+    site_to_item,
+    split_partition,
 )
 from fleet.errors import GridfleetError, MissingResource, StaleWrite
 from fleet.state import RunState, SiteRecord
@@ -42,21 +66,6 @@ class RunIndexEntry:
     started_at: float
 
 
-class RunFields(TypedDict, total=False):
-    """The run item's fields that change after it is created; None removes a field."""
-
-    status: RunState
-    hub_id: str | None
-    hub_heartbeat: float | None
-    finished_at: float | None
-    expire_at: int | None
-    deadline_at: float
-    launch_failures: int
-    launch_error: str | None
-    launch_retry_at: float | None
-    reruns: int
-
-
 class StateTable(Protocol):
     def create_site(self, rec: SiteRecord) -> bool: ...
     def get_site(self, run_id: str, site: str) -> SiteRecord | None: ...
@@ -76,17 +85,13 @@ class StateTable(Protocol):
     def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None: ...
 
 
-_RUN_FIELDS = {"status": "status", "hub_id": "hub_id", "hub_heartbeat": "hub_heartbeat",
-               "finished_at": "finished_at", "expire_at": "expireAt", "deadline_at": "deadline_at",
-               "launch_failures": "launch_failures", "launch_error": "launch_error",
-               "launch_retry_at": "launch_retry_at", "reruns": "reruns"}
+class WatchTable(StateTable, Protocol):
+    """The state table as the Lambdas use it: the hub's API, and the watchdog's bookkeeping on the run item."""
 
-
-def _run_value(v: Any) -> Any:
-    """A run field as the item holds it: numbers as Decimal, the status as its plain string."""
-    if isinstance(v, RunState):
-        return str(v)
-    return num(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    def get_run_watch(self, run_id: str) -> RunWatch | None: ...
+    def running_runs(self, last: int) -> list[RunWatch]: ...
+    def update_watch(self, run_id: str, expect: run_item.RunExpect, **fields: Unpack[run_item.WatchFields]) -> bool: ...
+    def add_hub_start(self, run_id: str) -> None: ...
 
 
 def fence_condition(old: SiteRecord) -> tuple[str, dict[str, Any], dict[str, str]]:
@@ -306,20 +311,47 @@ class DynamoStateTable:
 
     def update_run(self, run_id: str, **fields: Unpack[RunFields]) -> None:
         """Set fields of the run item; a field given as None is removed."""
-        names, values, parts, removes = {}, {}, [], []
-        for i, (k, v) in enumerate(fields.items()):
-            names[f"#f{i}"] = _RUN_FIELDS[k]
-            if v is None:
-                removes.append(f"#f{i}")
-                continue
-            values[f":f{i}"] = _run_value(v)
-            parts.append(f"#f{i} = :f{i}")
-        update = ("SET " + ", ".join(parts) if parts else "") + (" REMOVE " + ", ".join(removes) if removes else "")
-        self._c.update_item(
-            TableName=self.name, Key=self._key(run_id, RUN_ITEM), UpdateExpression=update.strip(),
-            ConditionExpression="attribute_exists(Site)", ExpressionAttributeNames=names,
-            ExpressionAttributeValues=self._enc(values),
-        )
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        update = run_item.assignments(fields, names, values)
+        self._c.update_item(TableName=self.name, Key=self._key(run_id, RUN_ITEM), UpdateExpression=update,
+                            ConditionExpression="attribute_exists(Site)", ExpressionAttributeNames=names,
+                            **({"ExpressionAttributeValues": self._enc(values)} if values else {}))
+
+    # --- the watchdog's bookkeeping on the run item ------------------------------------
+    def get_run_watch(self, run_id: str) -> RunWatch | None:
+        out = self._c.get_item(TableName=self.name, Key=self._key(run_id, RUN_ITEM), ConsistentRead=True)
+        return run_item.item_to_watch(self._dec(out["Item"])) if "Item" in out else None
+
+    def running_runs(self, last: int) -> list[RunWatch]:
+        """The RUNNING runs among the `last` runs of the run index, oldest first."""
+        found = (self.get_run_watch(e.run_id) for e in self.list_runs()[-last:])
+        return [w for w in found if w is not None and w.run.status is RunState.RUNNING]
+
+    def update_watch(self, run_id: str, expect: run_item.RunExpect, **fields: Unpack[run_item.WatchFields]) -> bool:
+        """Set the watchdog's `fields` if the run item is as `expect` says; False if it is not, or is missing."""
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        update, cond = run_item.assignments(fields, names, values), run_item.expectations(expect, names, values)
+        return self._update_if(run_id, UpdateExpression=update, ConditionExpression=cond,
+                               ExpressionAttributeNames=names,
+                               **({"ExpressionAttributeValues": self._enc(values)} if values else {}))
+
+    def add_hub_start(self, run_id: str) -> None:
+        """Count a hub started for the run (nothing while the run has no item yet: its hub creates it)."""
+        self._update_if(run_id, UpdateExpression="ADD #n :one", ConditionExpression="attribute_exists(Site)",
+                        ExpressionAttributeNames={"#n": run_item.HUB_STARTS},
+                        ExpressionAttributeValues={":one": {"N": "1"}})
+
+    def _update_if(self, run_id: str, **kwargs: Any) -> bool:
+        """An UpdateItem of the run item; False when its condition does not hold."""
+        try:
+            self._c.update_item(TableName=self.name, Key=self._key(run_id, RUN_ITEM), **kwargs)
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
 
     def add_launched(self, run_id: str, count: int) -> None:
         self._c.update_item(

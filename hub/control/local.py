@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleet import crawlerfile
-from fleet import procs
+from fleet import crawlerfile, procs
 from hub.control.base import KillResult
 
 

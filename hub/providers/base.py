@@ -7,8 +7,9 @@ the process table) every time and never trusts memory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from hub.snapshot import Instance
 

@@ -10,16 +10,18 @@ is returned as data for the next plan, never raised.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import itertools
 import logging
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
-from fleet.config import Config
 from fleet.aws.tags import ALL_STATES, TAG_ROLE, filters, instance_tags, tags_of
+from fleet.config import Config
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
 
@@ -78,7 +80,7 @@ class Ec2Provider:
         if count <= 0:
             return LaunchResult()
         fleet, aws = self.config.fleet, self.config.aws
-        subnets = list(aws.subnet_ids) or [None]
+        subnets: list[str | None] = [*aws.subnet_ids] or [None]
         start = next(self._rotation) % len(subnets)  # spread launches over the subnets (AZs)
         subnets = subnets[start:] + subnets[:start]
         markets = (["spot"] if fleet.spot else []) + (["on-demand"] if (not fleet.spot or fleet.on_demand_fallback)
@@ -110,7 +112,8 @@ class Ec2Provider:
         raw = f"{self.config.aws.stack}|{run_id}|{self.role}|{seen}|{market}|{itype}|{subnet}"
         return "gf-" + hashlib.sha256(raw.encode()).hexdigest()[:48]
 
-    def _run(self, run_id: str, count: int, market: str, itype: str, subnet: str | None, token: str) -> list[str]:
+    def _run(self, run_id: str, count: int, market: str, itype: str, subnet: str | None,
+             token: str) -> builtins.list[str]:
         aws = self.config.aws
         tags = instance_tags(aws.stack, run_id, self.role)
         kwargs: dict[str, Any] = {

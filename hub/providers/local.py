@@ -16,11 +16,11 @@ import logging
 import os
 import secrets
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
-from fleet.clock import Clock
 from fleet import procs
+from fleet.clock import Clock
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
 

@@ -9,11 +9,11 @@ locals {
   lambdas = {
     starter = {
       name    = local.starter_name
-      handler = "lambdas.handlers.starter_handler"
+      handler = "lambdas.starter.handler"
     }
     watchdog = {
       name    = local.watchdog_name
-      handler = "lambdas.handlers.watchdog_handler"
+      handler = "lambdas.watchdog.handler"
     }
   }
 

@@ -11,7 +11,8 @@ set to the token. Checkpoints, incremental marks and rate limits work as for
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from fleet.crawlers import ApiOptions, OptionsError

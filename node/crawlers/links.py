@@ -11,7 +11,8 @@ first item its last successful crawl had seen.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from fleet.crawlers import LinksOptions, OptionsError
 from node.crawler import BaseCrawler, CrawlError

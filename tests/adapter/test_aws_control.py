@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from fleet import crawlerfile
+from fleet import crawlerfile, procs
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import FakeClock
 from fleet.config import AwsConfig
-from fleet import procs
 from hub.control.aws import (
     AcceptNewHostKeys,
     ConsoleHostKeys,

@@ -18,12 +18,13 @@ from decimal import Decimal
 import pytest
 
 from fleet import ops
-from fleet.codec import OPEN_ATTR, HistoryEvent, NodeInfo, RunInfo, record_stamp
-from fleet.errors import GridfleetError, StaleWrite
 from fleet.aws.queue import BadMessage, QueueDepth, SiteMessage
 from fleet.aws.results import result_key
-from fleet.state import Attempt, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.aws.run_item import RunWatch
 from fleet.aws.table import DynamoStateTable, RunIndexEntry, wait_table_active
+from fleet.codec import OPEN_ATTR, HistoryEvent, NodeInfo, RunInfo, record_stamp
+from fleet.errors import GridfleetError, StaleWrite
+from fleet.state import Attempt, Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 
 NOW = 1_800_000_000.0
 RUN = "20270115-0600-ab12"
@@ -331,6 +332,63 @@ def test_add_launched_on_an_unknown_run_creates_no_run_item(table):
         table.add_launched("never-ran", 1)
     assert table.get_run("never-ran") is None
     assert table.read_run("never-ran").run is None
+
+
+# --- state table: the watchdog's bookkeeping on the run item -----------------------------------------------
+
+
+def test_the_watchdogs_fields_round_trip_and_leave_the_run_alone(table):
+    run = dataclasses.replace(run_info(), hub_heartbeat=NOW + 10.5)
+    table.create_run(run)
+    assert table.get_run_watch(RUN) == RunWatch(run)
+    assert table.update_watch(RUN, {"seen_hb": None}, seen_hb="1800000010.5", seen_since=NOW + 1.25) is True
+    assert table.get_run_watch(RUN) == RunWatch(run, "1800000010.5", NOW + 1.25)
+    assert table.get_run(RUN) == run
+    table.update_run(RUN, hub_heartbeat=NOW + 20)  # the hub's writes leave the watchdog's fields be
+    assert table.get_run_watch(RUN).seen_since == NOW + 1.25
+    assert table.get_run_watch("never-ran") is None
+
+
+def test_update_watch_holds_only_while_the_run_item_is_as_expected(table):
+    table.create_run(dataclasses.replace(run_info(), hub_heartbeat=NOW))
+    table.update_watch(RUN, {}, seen_hb="a", seen_since=NOW + 1)
+    read = table.get_run_watch(RUN)
+    expect = {"status": RunState.RUNNING, "hub_heartbeat": read.run.hub_heartbeat, "seen_hb": "a",
+              "seen_since": NOW + 1, "restart_at": None}
+    for wrong in ({"status": RunState.FINISHED}, {"hub_heartbeat": NOW + 1}, {"hub_heartbeat": None},
+                  {"seen_hb": "b"}, {"seen_hb": None}, {"seen_since": NOW + 2}, {"restart_at": NOW}):
+        assert table.update_watch(RUN, {**expect, **wrong}, restart_at=NOW + 5) is False, wrong
+        assert table.get_run_watch(RUN) == read, wrong
+    assert table.update_watch(RUN, expect, restart_at=NOW + 5, seen_since=NOW + 5) is True
+    assert table.update_watch(RUN, expect, restart_at=NOW + 6) is False  # what was read is gone: one winner
+    assert table.get_run_watch(RUN) == dataclasses.replace(read, seen_since=NOW + 5, restart_at=NOW + 5)
+    assert table.update_watch(RUN, {"restart_at": NOW + 5}, seen_since=NOW + 1, restart_at=None) is True
+    assert table.get_run_watch(RUN) == read  # None removed the field
+
+
+def test_the_watchdog_writes_nothing_on_a_run_without_its_item(table):
+    assert table.update_watch("never-ran", {}, seen_hb="a", seen_since=NOW) is False
+    assert table.update_watch("never-ran", {"seen_hb": None}, seen_hb="a") is False
+    table.add_hub_start("never-ran")  # a hub started before its run item exists: nothing to count on yet
+    assert table.get_run_watch("never-ran") is None
+    assert table.read_run("never-ran").run is None
+
+
+def test_hub_starts_are_counted_on_the_run_item(table):
+    table.create_run(run_info())
+    table.add_hub_start(RUN)
+    table.add_hub_start(RUN)
+    assert table.get_run_watch(RUN).hub_starts == 2
+    assert table.get_run(RUN) == run_info()
+
+
+def test_running_runs_are_the_running_ones_among_the_last_of_the_index(table):
+    for run_id, started in (("r-first", NOW), ("r-done", NOW + 100), ("r-last", NOW + 200)):
+        assert table.create_run(run_info(run_id, started))
+    table.update_run("r-done", status=RunState.FINISHED, finished_at=NOW + 150)
+    assert [w.run.run_id for w in table.running_runs(3)] == ["r-first", "r-last"]
+    assert [w.run.run_id for w in table.running_runs(2)] == ["r-last"]
+    assert [w.run.status for w in table.running_runs(10)] == [RunState.RUNNING] * 2
 
 
 # --- state table: the hub's reads of what moved -------------------------------------------------------------
@@ -731,10 +789,10 @@ def test_an_empty_body_is_a_result(results):
 
 def test_results_carry_the_tag_the_expiry_rule_selects(moto_endpoint):
     """moto only: the tag is what infra/terraform's lifecycle rule filters on (results share no prefix)."""
-    from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
     from fleet.aws.bootstrap import ensure_resources
-    from fleet.config import AwsConfig
+    from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
     from fleet.aws.results import RESULT_TAG, S3ResultStore
+    from fleet.config import AwsConfig
 
     hx = uuid.uuid4().hex[:10]
     clients = AwsClients(AwsConfig(endpoint_url=moto_endpoint, table=f"t-{hx}", queue=f"q-{hx}", bucket=f"b-{hx}"),

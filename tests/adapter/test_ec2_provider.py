@@ -56,7 +56,8 @@ def test_nodes_are_one_time_spot_with_imdsv2_terminate_on_shutdown_and_run_tags(
         assert tags["gridfleet:run_id"] == rid and tags["gridfleet:role"] == "node"
         # (moto starts one spot instance per call whatever MaxCount says, so a launch may use several types)
         assert i["SubnetId"] in net["subnets"] and i["InstanceType"] in ("t3.medium", "t3a.medium")
-        attr = ec2.describe_instance_attribute(InstanceId=i["InstanceId"], Attribute="instanceInitiatedShutdownBehavior")
+        attr = ec2.describe_instance_attribute(InstanceId=i["InstanceId"],
+                                               Attribute="instanceInitiatedShutdownBehavior")
         assert attr["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
         ud = ec2.describe_instance_attribute(InstanceId=i["InstanceId"], Attribute="userData")["UserData"]["Value"]
         assert base64.b64decode(ud).decode() == f"#cloud-config\n# run {rid}\n"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.clock import FakeClock
-from fleet.aws.imds import Imds, ImdsError
 from embedded.imds_server import ImdsServer
+from fleet.aws.imds import Imds, ImdsError
+from fleet.clock import FakeClock
 from node.spot import SpotWatcher
 
 

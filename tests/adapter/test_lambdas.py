@@ -16,21 +16,22 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from fleet import ops
 from fleet.aws.archive import S3RunArchive
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.table import DynamoStateTable
+from fleet.aws.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.config import AwsConfig
-from fleet.state import SiteSpec
-from fleet.aws.table import DynamoStateTable
-from lambdas import handlers as lambdas
-from lambdas.handlers import (
-    HUB_STARTS, WATCH_HB, WATCH_RESTART_AT, WATCH_SINCE, LambdaSettings, RunItems, client_token, orphan_reason,
-    run_starter, start_hub, watch,
-)
+from fleet.state import RunState, SiteSpec
+from lambdas import ec2 as lambda_ec2
+from lambdas import starter, watchdog
+from lambdas.starter import LambdaSettings, client_token, run_starter, start_hub
+from lambdas.watchdog import claim_restart, heartbeat_token, orphan_reason, release_restart, watch
 from tests.helpers.wait import wait_for
 
 from .conftest import NamedClients
@@ -130,7 +131,6 @@ class Rig:
     ec2: Spy
     ddb: Any
     table: DynamoStateTable
-    items: RunItems
     clock: FakeClock
     template: str
 
@@ -153,11 +153,11 @@ class Rig:
         tags = [{"Key": "Name", "Value": f"test-{role}"}]
         stack = self.settings.stack if stack == "" else stack
         if stack is not None:
-            tags.append({"Key": lambdas.TAG_STACK, "Value": stack})
+            tags.append({"Key": TAG_STACK, "Value": stack})
         if run_id is not None:
-            tags.append({"Key": lambdas.TAG_RUN_ID, "Value": run_id})
+            tags.append({"Key": TAG_RUN_ID, "Value": run_id})
         if role is not None:
-            tags.append({"Key": lambdas.TAG_ROLE, "Value": role})
+            tags.append({"Key": TAG_ROLE, "Value": role})
         out = self.ec2._client.run_instances(LaunchTemplate={"LaunchTemplateName": self.template}, MinCount=n,
                                              MaxCount=n, TagSpecifications=[{"ResourceType": "instance",
                                                                              "Tags": tags}])
@@ -165,9 +165,9 @@ class Rig:
 
     def instances(self, run_id: str, role: str | None = None) -> dict[str, str]:
         """instance id -> state of every instance tagged with the run (and role)."""
-        filters = [{"Name": f"tag:{lambdas.TAG_RUN_ID}", "Values": [run_id]}]
+        filters = [{"Name": f"tag:{TAG_RUN_ID}", "Values": [run_id]}]
         if role:
-            filters.append({"Name": f"tag:{lambdas.TAG_ROLE}", "Values": [role]})
+            filters.append({"Name": f"tag:{TAG_ROLE}", "Values": [role]})
         return self.states(Filters=filters)
 
     def states(self, **kwargs: Any) -> dict[str, str]:
@@ -208,8 +208,7 @@ def rig(clients, template) -> Rig:
     settings = LambdaSettings(region=REGION, table=aws.table, stack=f"s{uuid.uuid4().hex[:8]}",
                               bucket=aws.bucket, endpoint_url=aws.endpoint_url, hub_launch_template=template,
                               hub_stale_s=STALE_S, run_grace_s=GRACE_S)
-    return Rig(settings, Spy(clients.client("ec2")), ddb, table, RunItems.of(table), FakeClock(start=time.time()),
-               template)
+    return Rig(settings, Spy(clients.client("ec2")), ddb, table, FakeClock(start=time.time()), template)
 
 
 # --- the starter ----------------------------------------------------------------------------
@@ -223,9 +222,9 @@ def test_starter_runs_a_hub_from_the_template_tagged_with_the_run(rig):
     assert out == {"action": "started", "run_id": run_id, "instance_id": out["instance_id"], "how": "run"}
     assert rig.live(run_id, "hub") == [out["instance_id"]]
     tags = rig.tags(out["instance_id"])
-    assert tags[lambdas.TAG_ROLE] == "hub"
-    assert tags[lambdas.TAG_RUN_ID] == run_id
-    assert tags[lambdas.TAG_STACK] == rig.settings.stack
+    assert tags[TAG_ROLE] == "hub"
+    assert tags[TAG_RUN_ID] == run_id
+    assert tags[TAG_STACK] == rig.settings.stack
     assert tags["Name"] == f"{rig.settings.stack}-hub-{run_id}"
     (call,) = rig.ec2.called("run_instances")
     assert call["LaunchTemplate"] == {"LaunchTemplateName": rig.template}
@@ -268,7 +267,7 @@ def test_a_later_hub_of_the_same_run_gets_a_new_client_token(rig):
     assert second["action"] == "started" and second["instance_id"] != first["instance_id"]
     tokens = [c["ClientToken"] for c in rig.ec2.called("run_instances")]
     assert tokens == [client_token(run_id, 0), client_token(run_id, 1)]
-    assert rig.items.get(run_id)[HUB_STARTS] == 2
+    assert rig.table.get_run_watch(run_id).hub_starts == 2
 
 
 def test_client_tokens_are_short_enough_and_distinct():
@@ -285,7 +284,7 @@ def test_the_default_run_id_is_todays_utc_date(rig):
     out = start_hub(rig.settings, rig.ec2, rig.table, clock)
 
     assert out["run_id"] == "2027-01-15"
-    assert rig.tags(out["instance_id"])[lambdas.TAG_RUN_ID] == "2027-01-15"
+    assert rig.tags(out["instance_id"])[TAG_RUN_ID] == "2027-01-15"
 
 
 def test_starting_a_stopped_hub_instance_tags_and_starts_it(rig):
@@ -300,7 +299,7 @@ def test_starting_a_stopped_hub_instance_tags_and_starts_it(rig):
     assert out == {"action": "started", "run_id": run_id, "instance_id": hub_iid, "how": "start"}
     assert rig.states(InstanceIds=[hub_iid])[hub_iid] in ("pending", "running")
     tags = rig.tags(hub_iid)
-    assert (tags[lambdas.TAG_RUN_ID], tags[lambdas.TAG_ROLE]) == (run_id, "hub")
+    assert (tags[TAG_RUN_ID], tags[TAG_ROLE]) == (run_id, "hub")
     assert rig.ec2.called("run_instances") == []
     assert rig.start(run_id, settings)["action"] == "refused"
 
@@ -330,10 +329,10 @@ def test_a_fresh_heartbeat_needs_nothing(rig):
     rig.create_run(run_id, heartbeat=rig.clock.now())
 
     first = rig.watch()
-    item = rig.items.get(run_id)
-    assert item[WATCH_HB] == lambdas.heartbeat_token(item)
-    assert float(item[WATCH_SINCE]) == pytest.approx(rig.clock.now(), abs=0.01)
-    for step in range(4):
+    item = rig.table.get_run_watch(run_id)
+    assert item.seen_hb == heartbeat_token(item.run)
+    assert item.seen_since == pytest.approx(rig.clock.now(), abs=0.01)
+    for _ in range(4):
         rig.clock.advance(STALE_S / 2)
         rig.beat(run_id, rig.clock.now())
         out = rig.watch()
@@ -362,9 +361,9 @@ def test_a_stale_hub_is_restarted_once(rig):
     (restart,) = mine(out["restarted"], run_id)
     assert restart["how"] == "run" and restart["instance_id"] != old_hub
     assert rig.live(run_id, "hub") == [restart["instance_id"]]
-    assert rig.tags(restart["instance_id"])[lambdas.TAG_RUN_ID] == run_id
-    item = rig.items.get(run_id)
-    assert float(item[WATCH_RESTART_AT]) == pytest.approx(rig.clock.now(), abs=0.01)
+    assert rig.tags(restart["instance_id"])[TAG_RUN_ID] == run_id
+    item = rig.table.get_run_watch(run_id)
+    assert item.restart_at == pytest.approx(rig.clock.now(), abs=0.01)
     tokens = [c["ClientToken"] for c in rig.ec2.called("run_instances")]
     assert len(tokens) == 2 and tokens[0] != tokens[1]
 
@@ -428,28 +427,28 @@ def test_only_one_of_two_claims_from_the_same_observation_wins(rig):
     run_id = rig.run_id()
     rig.create_run(run_id)
     rig.watch()
-    item = rig.items.get(run_id)
+    item = rig.table.get_run_watch(run_id)
     now = rig.clock.now() + STALE_S + 1
 
-    assert rig.items.claim_restart(run_id, item, now) is True
-    assert rig.items.claim_restart(run_id, item, now + 1) is False
-    stored = rig.items.get(run_id)
-    assert float(stored[WATCH_RESTART_AT]) == pytest.approx(now, abs=0.01)
-    assert float(stored[WATCH_SINCE]) == pytest.approx(now, abs=0.01)
+    assert claim_restart(rig.table, item, now) is True
+    assert claim_restart(rig.table, item, now + 1) is False
+    stored = rig.table.get_run_watch(run_id)
+    assert stored.restart_at == pytest.approx(now, abs=0.01)
+    assert stored.seen_since == pytest.approx(now, abs=0.01)
 
-    assert rig.items.release_restart(run_id, item, now) is True
-    assert WATCH_RESTART_AT not in rig.items.get(run_id)
-    assert rig.items.claim_restart(run_id, item, now + 2) is True
+    assert release_restart(rig.table, item, now) is True
+    assert rig.table.get_run_watch(run_id).restart_at is None
+    assert claim_restart(rig.table, item, now + 2) is True
 
 
 def test_a_heartbeat_written_after_the_read_cancels_the_claim(rig):
     run_id = rig.run_id()
     rig.create_run(run_id)
     rig.watch()
-    item = rig.items.get(run_id)
+    item = rig.table.get_run_watch(run_id)
     rig.beat(run_id, rig.clock.now() + 1)
 
-    assert rig.items.claim_restart(run_id, item, rig.clock.now() + STALE_S + 1) is False
+    assert claim_restart(rig.table, item, rig.clock.now() + STALE_S + 1) is False
 
 
 def test_a_failed_restart_releases_its_claim(rig):
@@ -459,10 +458,10 @@ def test_a_failed_restart_releases_its_claim(rig):
     rig.clock.advance(STALE_S + 1)
     broken = replace(rig.settings, hub_launch_template="no-such-template")
 
-    with pytest.raises(Exception):
+    with pytest.raises(ClientError):  # EC2 knows no such launch template
         rig.watch(settings=broken)
 
-    assert WATCH_RESTART_AT not in rig.items.get(run_id)
+    assert rig.table.get_run_watch(run_id).restart_at is None
     out = rig.watch()
     assert [r["run_id"] for r in mine(out["restarted"], run_id)] == [run_id]
 
@@ -540,7 +539,7 @@ def test_orphans_are_terminated_and_live_runs_left_alone(rig):
 
 
 def test_orphans_are_terminated_in_batches(rig, monkeypatch):
-    monkeypatch.setattr(lambdas, "TERMINATE_BATCH", 2)
+    monkeypatch.setattr(lambda_ec2, "TERMINATE_BATCH", 2)
     run_id = rig.run_id()
     rig.create_run(run_id, status="FINISHED")
     ids = rig.launch(run_id, "node", 5)
@@ -569,10 +568,10 @@ def test_the_configured_hub_instance_of_a_finished_run_is_stopped_not_terminated
 
 def test_orphan_reason():
     s = LambdaSettings(region=REGION, hub_launch_template="t", hub_stale_s=100, run_grace_s=50)
-    running = {"status": "RUNNING", "deadline_at": 1000}
+    running = RunInfo("r", RunState.RUNNING, 0, deadline_at=1000, run_date="20270101")
     assert orphan_reason(None, launched_at=0, now=99, settings=s) is None
     assert orphan_reason(None, launched_at=0, now=100, settings=s) == "no run item"
-    assert orphan_reason({"status": "FINISHED", "deadline_at": 1000}, 0, 10, s) == "run FINISHED"
+    assert orphan_reason(replace(running, status=RunState.FINISHED), 0, 10, s) == "run FINISHED"
     assert orphan_reason(running, 0, 1050, s) is None
     assert "abandoned" in orphan_reason(running, 0, 1051, s)
 
@@ -632,12 +631,12 @@ def lambda_env(monkeypatch, rig):
 def test_handlers_read_the_environment(rig, lambda_env):
     run_id = rig.run_id()
 
-    out = lambdas.starter_handler({"run_id": run_id}, None)
+    out = starter.handler({"run_id": run_id}, None)
 
     assert out["action"] == "started" and out["run_id"] == run_id
     assert rig.live(run_id, "hub") == [out["instance_id"]]
-    assert lambdas.starter_handler({"run_id": run_id}, None)["action"] == "refused"
-    result = lambdas.watchdog_handler({}, None)
+    assert starter.handler({"run_id": run_id}, None)["action"] == "refused"
+    result = watchdog.handler({}, None)
     assert set(result) >= {"restarted", "terminated", "observed"}
     assert rig.live(run_id, "hub") == [out["instance_id"]]  # launched just now: not an orphan yet
 
@@ -645,15 +644,15 @@ def test_handlers_read_the_environment(rig, lambda_env):
 def test_handlers_fail_clearly_without_a_region(lambda_env, monkeypatch, caplog):
     monkeypatch.delenv("GRIDFLEET_REGION")
     with pytest.raises(ValueError, match="GRIDFLEET_REGION"):
-        lambdas.starter_handler({}, None)
+        starter.handler({}, None)
     with pytest.raises(ValueError, match="GRIDFLEET_REGION"):
-        lambdas.watchdog_handler({}, None)
+        watchdog.handler({}, None)
     assert any("GRIDFLEET_REGION" in r.getMessage() for r in caplog.records)
 
 
 def test_the_starter_rejects_a_bad_run_id_in_the_event(lambda_env):
     with pytest.raises(ValueError, match="run_id"):
-        lambdas.starter_handler({"run_id": "../etc"}, None)
+        starter.handler({"run_id": "../etc"}, None)
 
 
 def test_run_starter_takes_clients_and_clock(rig, clients):
@@ -709,7 +708,8 @@ def test_stopped_instances_of_the_stack_are_terminated_unless_configured_to_be_k
     run_id = rig.run_id()
     rig.create_run(run_id)  # a live run: its running instances stay
     running = rig.launch(run_id, "node")
-    stopped_hub, kept_hub, stopped_node = rig.launch(run_id, "hub") + rig.launch(None, "hub") + rig.launch(run_id, "node")
+    stopped_hub, kept_hub, stopped_node = (rig.launch(run_id, "hub") + rig.launch(None, "hub")
+                                           + rig.launch(run_id, "node"))
     other_stack = rig.launch(run_id, "hub", stack="someone-else")
     rig.ec2._client.stop_instances(InstanceIds=[stopped_hub, kept_hub, stopped_node, *other_stack])
 

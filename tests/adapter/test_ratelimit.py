@@ -6,15 +6,17 @@ from __future__ import annotations
 import multiprocessing
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from itertools import pairwise
+from typing import Any
 
 import pytest
 
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.ratelimit import LIMITS_PARTITION, DynamoRateLimiter, MemoryRateLimiter, RateLimiter, spacing
 from fleet.clock import FakeClock
 from fleet.config import AwsConfig
-from fleet.aws.ratelimit import LIMITS_PARTITION, DynamoRateLimiter, MemoryRateLimiter, RateLimiter, spacing
 from tests.adapter.conftest import MOTO_CALLS, REGION, NamedClients
 from tests.helpers.windows import max_in_window
 
@@ -81,7 +83,7 @@ def test_no_burst_after_idleness(make_limiter):
     sends += [b.wait(g, 5) for _ in range(8)]
     assert max_in_window(sends) <= 5
     ordered = sorted(sends)
-    assert min(y - x for x, y in zip(ordered, ordered[1:])) >= spacing(5) - 1e-6
+    assert min(y - x for x, y in pairwise(ordered)) >= spacing(5) - 1e-6
 
 
 def test_wait_sleeps_until_the_slot(make_limiter):
@@ -193,7 +195,7 @@ def test_processes_share_the_rate(moto_endpoint, limits_table):
     calls = sum(c for _, c in results)
     rate = (len(sends) - 1) / (sends[-1] - sends[0])
     worst = max_in_window(sends)
-    min_gap = min(b - a for a, b in zip(sends, sends[1:]))
+    min_gap = min(b - a for a, b in pairwise(sends))
     print(f"\n{nodes} processes, per_s={per_s}: {len(sends)} sends {per_node} in {sends[-1] - sends[0]:.2f}s, "
           f"achieved {rate:.2f}/s (paced target {per_s / 1.1:.2f}/s), most in any 1s window {worst}, "
           f"closest sends {min_gap * 1000:.0f} ms apart (spacing {spacing(per_s) * 1000:.0f} ms), "

@@ -13,16 +13,17 @@ from dataclasses import dataclass
 
 import pytest
 
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.table import DynamoStateTable
+from fleet.aws.tags import TAG_STACK
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.config import AwsConfig, Config
-from fleet.aws.table import DynamoStateTable
-from fleet.aws.tags import TAG_STACK
-from lambdas.handlers import LambdaSettings, watch
 from hub.providers.ec2 import Ec2Provider
 from hub.teardown import teardown_run
+from lambdas.settings import LambdaSettings
+from lambdas.watchdog import watch
 
 from .conftest import NamedClients
 

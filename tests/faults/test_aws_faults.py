@@ -11,17 +11,17 @@ import uuid
 
 from botocore.awsrequest import AWSResponse
 
+from cli.check import check_run
 from fleet import ops
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.queue import SqsSiteQueue
+from fleet.aws.results import S3ResultStore
+from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.config_load import parse_config
-from fleet.aws.queue import SqsSiteQueue
-from fleet.aws.results import S3ResultStore
 from fleet.state import RunStatus, SiteSpec
-from fleet.aws.table import DynamoStateTable
-from cli.check import check_run
 from node.agent import Agent, AgentSettings
 from profiles import ProfileStore
 from tests.helpers.fake_node import ScriptedCrawl, pages_script
@@ -113,9 +113,8 @@ def test_a_node_under_throttling_beyond_retries_never_crawls_unclaimed_and_survi
 
 
 def test_a_hub_under_throttling_beyond_retries_keeps_its_loop(moto_endpoint, tmp_path):
-    from tests.unit.test_hub_loop import FakeControl, FakeProvider
-
     from hub.loop import Hub
+    from tests.unit.test_hub_loop import FakeControl, FakeProvider
 
     config = config_on(moto_endpoint, max_retries=1)
     ensure_resources(AwsClients(config.aws, credentials=LOCAL_CREDENTIALS), 30)
@@ -134,9 +133,9 @@ def test_a_hub_under_throttling_beyond_retries_keeps_its_loop(moto_endpoint, tmp
 
 def test_a_hub_gone_for_good_is_replaced_by_the_watchdog_and_the_run_ends_clean(moto_endpoint, tmp_path):
     from cli import aws_env
-    from lambdas.handlers import run_watchdog
     from hub.loop import Hub
     from hub.providers.ec2 import Ec2Provider
+    from lambdas.watchdog import run_watchdog
 
     config = config_on(moto_endpoint, efs_id="fs-0123456789abcdef0", hub_address="10.0.0.10")
     config = config.model_copy(update={"run": config.run.model_copy(update={"deadline_s": 120,
@@ -153,7 +152,7 @@ def test_a_hub_gone_for_good_is_replaced_by_the_watchdog_and_the_run_ends_clean(
     # The first hub starts the run, launches nodes, and dies (its instance is gone).
     provider = Ec2Provider(ec2, config, ami=ami, user_data=lambda r: "#cloud-config\n")
     first = Hub(run_id=RUN, config=config, table=env.table, queue=env.queue, results=env.results,
-                provider=provider, control=env.control(clock), clock=clock, out_dir=tmp_path / "runs",
+                provider=provider, control=env.control(RUN, clock), clock=clock, out_dir=tmp_path / "runs",
                 hub_id="ec2:i-gone")
     first.tick()
     first.tick()  # seeded, nodes launched, hub heartbeat written
@@ -174,7 +173,7 @@ def test_a_hub_gone_for_good_is_replaced_by_the_watchdog_and_the_run_ends_clean(
 
     # The new hub (what the instance the watchdog started runs) resumes the run to its end.
     second = Hub(run_id=RUN, config=config, table=env.table, queue=env.queue, results=env.results,
-                 provider=provider, control=env.control(clock), clock=clock, out_dir=tmp_path / "runs",
+                 provider=provider, control=env.control(RUN, clock), clock=clock, out_dir=tmp_path / "runs",
                  hub_id=f"ec2:{restart['instance_id']}")
     out = second.run()
     assert out.exit_code == 3 and out.left_running == 0  # moto nodes never boot: the deadline ended the run

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.state import RunStatus
-from tests.helpers.fleet_sim import ATTEMPT_SCRIPTS, BEHAVIOURS, RUN, SimCloud, sim_config
 from tests.helpers.fake_node import pages_script
+from tests.helpers.fleet_sim import ATTEMPT_SCRIPTS, BEHAVIOURS, RUN, SimCloud, sim_config
 
 
 class SlowTick:

@@ -1,17 +1,26 @@
-"""A scripted crawler process for agent tests, on a FakeClock.
+"""A scripted crawler process for agent tests, on a FakeClock, and the rig that runs an agent on it.
 
 It stands in for the real crawler process only where time must be injected:
 `next_event` advances the fake clock instead of waiting, so a hang of any
 length costs no wall time. The real process and pipe are covered by the
-adapter tests in tests/adapter/test_agent_processes.py.
+adapter tests in tests/adapter/test_agent_processes.py. `Rig` is one agent on
+the in-memory table, queue and result store, with such scripted crawls.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
+from fleet import ops
 from fleet.clock import FakeClock
+from fleet.codec import RunInfo
+from fleet.state import SiteSpec
+from node.agent import Agent, AgentSettings
 from node.runner import Exited
+from profiles import ProfileStore
+
+RUN = "2026-11-21"
 
 HANG = object()  # script entry: no more events until killed
 
@@ -65,3 +74,63 @@ def pages_script(n: int, step: float = 1.0) -> list:
         out.append((t, status("CALL_DONE", f"http://x.test/?page={p}", p)))
     out.append((t + 0.1, {"event": "result", "items": [{"id": f"i{p}"} for p in range(n)], "pages": n}))
     return out
+
+
+class Rig:
+    def __init__(self, tmp_path, scripts, **settings):
+        self.clock = FakeClock()
+        self.table = MemoryStateTable()
+        self.queue = MemoryQueue(clock=self.clock)
+        self.results = MemoryResults()
+        self.scripts = list(scripts)
+        self.crawls: list[ScriptedCrawl] = []
+        self.cleanups: list[tuple] = []
+        self.table.create_run(RunInfo(RUN, "RUNNING", self.clock.now(), self.clock.now() + 3600, "20261121"))
+        defaults = dict(run_id=RUN, instance_id="i-1", hang_after_s=10, heartbeat_interval_s=5, visibility_s=30,
+                        idle_exit_s=3, receive_wait_s=1, max_attempts=3, lock_timeout_s=0)
+        defaults.update(settings)
+        self.agent = Agent(AgentSettings(**defaults), table=self.table, queue=self.queue, results=self.results,
+                           profiles=ProfileStore(tmp_path / "efs"), start_crawl=self._start,
+                           cleanup=lambda p, s, forced: self.cleanups.append((p.name, s, forced)),
+                           clock=self.clock, state_dir=tmp_path / "state")
+        (tmp_path / "state").mkdir()
+
+    def _start(self, job, log_path):
+        crawl = ScriptedCrawl(self.clock, self.scripts.pop(0))
+        crawl.job = job
+        self.crawls.append(crawl)
+        return crawl
+
+    def seed(self, site="s1"):
+        rec = ops.new_site(RUN, site, SiteSpec("http://x.test/"), None)
+        self.table.create_site(rec)
+        ops.send_next(self.table, self.queue, rec)
+
+    def site(self, site="s1"):
+        return self.table.get_site(RUN, site)
+
+
+class Spy:
+    """Records the calls made through it (name, args), then makes them on the real fake."""
+
+    def __init__(self, inner):
+        self._inner, self.calls = inner, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls.append((name, args))
+            return attr(*args, **kwargs)
+        return call
+
+    def named(self, name):
+        return [args for n, args in self.calls if n == name]
+
+
+def spied(rig):
+    rig.agent.table = rig.table_spy = Spy(rig.table)
+    rig.agent.queue = rig.queue_spy = Spy(rig.queue)
+    return rig

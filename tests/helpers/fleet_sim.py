@@ -10,13 +10,14 @@ plan, executor, agent, ops and records are the real code.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from fleet.config import Config
+from cli.check import CheckReport, check_run
 from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from embedded.vclock import Actor, Crashed, VirtualClock
-from cli.check import CheckReport, check_run
+from fleet.config import Config
 from hub.control.base import KillResult
 from hub.loop import Hub, RunOutcome
 from hub.providers.base import LaunchResult

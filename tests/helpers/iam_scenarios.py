@@ -12,16 +12,20 @@ effort (a failure is logged, not raised), each scenario checks that its metrics 
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from rich.console import Console
 
 from fleet import ops
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import FakeClock, SystemClock
 from fleet.codec import NodeInfo, RunInfo
 from fleet.config import Config
@@ -99,15 +103,13 @@ def published(config: Config) -> set[tuple[str, tuple[str, ...]]]:
 def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     """`gridfleet run` on AWS (to its deadline, then its record into the bucket), the kill ladder, status,
     teardown, dry run, self-stop."""
-    from embedded.imds_server import ImdsServer
     from cli import aws_env
     from cli.aws import dry_run
+    from cli.run import monitor_for
+    from embedded.imds_server import ImdsServer
     from hub.control.aws import ConsoleHostKeys
     from hub.loop import Hub
-    from cli.run import monitor_for
     from hub.teardown import teardown_run
-    from rich.console import Console
-    import io
 
     config = _account(endpoint, tmp)
     rec = Recorder()
@@ -118,7 +120,7 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     env.upload_run_config("iam-hub")
     provider = env.provider(ami, "10.9.1.10")
     clock = SystemClock()
-    control = env.control(clock)
+    control = env.control("iam-hub", clock)
     hub = Hub(run_id="iam-hub", config=config, table=env.table, queue=env.queue, results=env.results,
               provider=provider, control=control, clock=clock, out_dir=tmp / "runs", hub_id="ec2:i-hub",
               monitor=monitor_for("iam-hub", config, env.queue, env.clients, clock))  # as `gridfleet run`
@@ -131,9 +133,9 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     node = provider.list("iam-hub")[0].id
     _act_as_a_node(config, node)  # s1 completed with its result, s2 hung in URL_CALL and marked for a kill
     outcome = hub.run()  # kills s2 through SSM, requeues it; the deadline: export (reads s1's result), teardown
-    from fleet.aws.archive import S3RunArchive
     from cli.check import check_run
     from cli.report import publish
+    from fleet.aws.archive import S3RunArchive
 
     check_run("iam-hub", table=env.table, queue=env.queue, results=env.results, provider=provider,
               config=config)  # what `gridfleet run` does at the end: the run checks itself...
@@ -160,8 +162,8 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
 def _act_as_a_node(config: Config, node: str) -> None:
     """Unrecorded: what nodes would have written, so the hub takes its completion and kill paths."""
     from fleet.aws.results import S3ResultStore, result_key
-    from fleet.state import Reason, SiteStatus
     from fleet.aws.table import DynamoStateTable
+    from fleet.state import Reason, SiteStatus
 
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)
     table = DynamoStateTable(clients.client("dynamodb"), config.aws.table)
@@ -227,26 +229,56 @@ def node_calls(endpoint: str, tmp: Path) -> set[str]:
     return rec.calls
 
 
+def _hub_template_and_reusable_hub(ec2: Any, stack_tag: dict[str, str]) -> tuple[str, str, str]:
+    """The hub launch template, and the reusable hub as the operator makes it: the hub's role and the stack's tag,
+    stopped."""
+    template = f"hub-{uuid.uuid4().hex[:6]}"
+    ec2.create_launch_template(LaunchTemplateName=template, LaunchTemplateData={
+        "ImageId": ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"], "InstanceType": "t3.small"})
+    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    reusable = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": "gridfleet:role", "Value": "hub"}, stack_tag]}],
+    )["Instances"][0]["InstanceId"]
+    ec2.stop_instances(InstanceIds=[reusable])
+    return template, ami, reusable
+
+
+def _silent_and_finished_runs(table: Any, ec2: Any, ami: str, stack_tag: dict[str, str], clock: FakeClock
+                              ) -> tuple[str, str, str, str]:
+    """What the watchdog finds: a run whose hub went silent, a finished run's orphan node and stopped hub, and a run
+    whose hub is gone past its deadline and the grace (GRIDFLEET_RUN_GRACE_S, 3600 s) with one site open."""
+    stale = f"iam-stale-{uuid.uuid4().hex[:6]}"
+    table.create_run(RunInfo(stale, "RUNNING", clock.now(), clock.now() + 7200, "20261121", hub_id="ec2:i-gone",
+                             hub_heartbeat=clock.now()))
+    done = f"iam-done-{uuid.uuid4().hex[:6]}"
+    table.create_run(RunInfo(done, "RUNNING", clock.now(), clock.now() + 7200, "20261121"))
+    table.update_run(done, status="FINISHED", finished_at=clock.now())
+    orphan, old_hub = (ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": "gridfleet:run_id", "Value": done},
+                                              {"Key": "gridfleet:role", "Value": role}, stack_tag]}],
+    )["Instances"][0]["InstanceId"] for role in ("node", "hub"))
+    ec2.stop_instances(InstanceIds=[old_hub])  # a hub left stopped: it bills for its volume every day
+    gone = f"iam-gone-{uuid.uuid4().hex[:6]}"
+    table.create_run(RunInfo(gone, "RUNNING", clock.now() - 20000, clock.now() - 3700, "20261121",
+                             hub_id="ec2:i-lost", hub_heartbeat=clock.now() - 9000))
+    table.create_site(ops.new_site(gone, "s1", SiteSpec("http://x.test/"), None))
+    return stale, gone, orphan, old_hub
+
+
 def lambda_calls(endpoint: str, tmp: Path) -> dict[str, set[str]]:
     """The starter and the watchdog, through their handlers' code paths: launching a hub, starting the
     reusable hub, restarting a silent run's hub (from the template, then the reusable hub), ending a run
     abandoned past its deadline (its open site FAILED, its summary into the bucket), terminating orphans and
     stopped instances, and stopping the reusable hub."""
-    from lambdas.handlers import run_starter, run_watchdog
+    from fleet.aws.table import DynamoStateTable
+    from lambdas.starter import run_starter
+    from lambdas.watchdog import run_watchdog
 
     config = _account(endpoint, tmp)
     setup = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)
     ec2 = setup.client("ec2")
-    template = f"hub-{uuid.uuid4().hex[:6]}"
-    ec2.create_launch_template(LaunchTemplateName=template, LaunchTemplateData={
-        "ImageId": ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"], "InstanceType": "t3.small"})
-    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     stack_tag = {"Key": "gridfleet:stack", "Value": config.aws.stack}
-    # The reusable hub, as the operator makes it: the hub's role and the stack's tag, stopped.
-    reusable = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=[
-        {"ResourceType": "instance", "Tags": [{"Key": "gridfleet:role", "Value": "hub"}, stack_tag]}],
-    )["Instances"][0]["InstanceId"]
-    ec2.stop_instances(InstanceIds=[reusable])
+    template, ami, reusable = _hub_template_and_reusable_hub(ec2, stack_tag)
     # The environment Terraform gives both functions (infra/terraform/lambda.tf), on moto.
     base = {"GRIDFLEET_REGION": config.aws.region, "GRIDFLEET_STACK": config.aws.stack,
             "GRIDFLEET_TABLE": config.aws.table, "GRIDFLEET_BUCKET": config.aws.bucket,
@@ -266,25 +298,8 @@ def lambda_calls(endpoint: str, tmp: Path) -> dict[str, set[str]]:
     run_starter({"run_id": f"iam-{uuid.uuid4().hex[:6]}"}, {**base, "GRIDFLEET_HUB_INSTANCE_ID": reusable},
                 clients_factory=factory("starter"), clock=clock)
     # The watchdog: a run whose hub went silent (restarted once it is stale) and a finished run's orphan.
-    from fleet.aws.table import DynamoStateTable
-
     table = DynamoStateTable(setup.client("dynamodb"), config.aws.table)
-    stale = f"iam-stale-{uuid.uuid4().hex[:6]}"
-    table.create_run(RunInfo(stale, "RUNNING", clock.now(), clock.now() + 7200, "20261121", hub_id="ec2:i-gone",
-                             hub_heartbeat=clock.now()))
-    done = f"iam-done-{uuid.uuid4().hex[:6]}"
-    table.create_run(RunInfo(done, "RUNNING", clock.now(), clock.now() + 7200, "20261121"))
-    table.update_run(done, status="FINISHED", finished_at=clock.now())
-    orphan, old_hub = (ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=[
-        {"ResourceType": "instance", "Tags": [{"Key": "gridfleet:run_id", "Value": done},
-                                              {"Key": "gridfleet:role", "Value": role}, stack_tag]}],
-    )["Instances"][0]["InstanceId"] for role in ("node", "hub"))
-    ec2.stop_instances(InstanceIds=[old_hub])  # a hub left stopped: it bills for its volume every day
-    # A run whose hub is gone, past its deadline and the grace (GRIDFLEET_RUN_GRACE_S, 3600 s), one site open.
-    gone = f"iam-gone-{uuid.uuid4().hex[:6]}"
-    table.create_run(RunInfo(gone, "RUNNING", clock.now() - 20000, clock.now() - 3700, "20261121",
-                             hub_id="ec2:i-lost", hub_heartbeat=clock.now() - 9000))
-    table.create_site(ops.new_site(gone, "s1", SiteSpec("http://x.test/"), None))
+    stale, gone, orphan, old_hub = _silent_and_finished_runs(table, ec2, ami, stack_tag, clock)
     watchdog_env = {**base, "GRIDFLEET_HUB_INSTANCE_ID": reusable}
 
     def watchdog_pass() -> dict[str, Any]:

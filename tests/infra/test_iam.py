@@ -239,7 +239,8 @@ def test_granted_ahead_is_not_yet_called(role, recorded):
 def test_pass_role_is_granted_only_where_a_role_is_passed(granted):
     assert {r for r in ROLES if "iam:PassRole" in granted[r]} == {"hub", "starter", "watchdog"}
     statements = policy_statements()
-    for doc, target in (("hub", "aws_iam_role.node"), ("starter", "aws_iam_role.hub"), ("watchdog", "aws_iam_role.hub")):
+    passed = (("hub", "aws_iam_role.node"), ("starter", "aws_iam_role.hub"), ("watchdog", "aws_iam_role.hub"))
+    for doc, target in passed:
         passes = [st for st in statements[doc] if "iam:PassRole" in st["actions"]]
         assert passes and all(st["actions"] == {"iam:PassRole"} for st in passes), f"{doc}: PassRole alone"
         assert all(st["resources"] == [f"${{{target}.arn}}"] for st in passes), (doc, passes)

@@ -17,9 +17,10 @@ import ast
 import json
 import re
 import subprocess
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import hcl2
 import pytest
@@ -558,7 +559,7 @@ def test_status_table(tf):
     assert table["deletion_protection_enabled"] is True
 
 
-# --- S3 -------------------------------------------------------------------------------------------------------
+# --- S3 ---------------------------------------------------------------------------------------------------------------
 
 
 def test_results_bucket(tf):
@@ -573,7 +574,8 @@ def test_results_bucket(tf):
     versioning = tf.resource("aws_s3_bucket_versioning", "results")
     assert one(versioning, "versioning_configuration")["status"] == "Enabled"
 
-    rules = {unquote(r["id"]): r for r in blocks(tf.resource("aws_s3_bucket_lifecycle_configuration", "results"), "rule")}
+    lifecycle = tf.resource("aws_s3_bucket_lifecycle_configuration", "results")
+    rules = {unquote(r["id"]): r for r in blocks(lifecycle, "rule")}
     assert set(rules) == {"expire-results", "housekeeping"} and all(r["status"] == "Enabled" for r in rules.values())
     expire = rules["expire-results"]  # only results expire: the bundle and configs share the bucket
     tag = one(one(expire, "filter"), "tag")
@@ -610,7 +612,7 @@ def test_only_results_expire_and_runs_records_are_kept(tf):
     assert "gridfleet=result" in description and "runs/" in description
 
 
-# --- IAM --------------------------------------------------------------------------------------------------------
+# --- IAM --------------------------------------------------------------------------------------------------------------
 
 
 def statements_of(tf: Config, role: str) -> list[dict[str, Any]]:
@@ -1032,7 +1034,7 @@ def test_every_launch_template_tags_the_stack(tf):
 
 
 def test_lambdas(tf):
-    handlers = {"starter": "lambdas.handlers.starter_handler", "watchdog": "lambdas.handlers.watchdog_handler"}
+    handlers = {"starter": "lambdas.starter.handler", "watchdog": "lambdas.watchdog.handler"}
     env_keys = {"GRIDFLEET_REGION", "GRIDFLEET_STACK", "GRIDFLEET_TABLE", "GRIDFLEET_BUCKET",
                 "GRIDFLEET_HUB_LAUNCH_TEMPLATE", "GRIDFLEET_HUB_STALE_S", "GRIDFLEET_RUN_GRACE_S",
                 "GRIDFLEET_LOOKBACK_RUNS"}
@@ -1234,7 +1236,8 @@ def test_widgets_and_alarms_read_only_metrics_the_code_publishes(tf):
     for where, metric, dims, _ in read:
         assert metric in published, f"{where}: {metric} is not a metric gridfleet publishes"
         assert dims in published[metric], (
-            f"{where}: {metric} by {sorted(dims)}, but the code publishes it by {[sorted(d) for d in published[metric]]}")
+            f"{where}: {metric} by {sorted(dims)}, "
+            f"but the code publishes it by {[sorted(d) for d in published[metric]]}")
     drawn = {metric for where, metric, _, _ in read if not where.startswith("alarm ")}
     assert set(published) - drawn == NOT_DRAWN, "a published metric is neither drawn nor listed in NOT_DRAWN"
     gauges = set(found["hub/monitor.py"]) - PER_PUBLISH_COUNTS
@@ -1263,7 +1266,7 @@ def test_alarms(tf):
     assert overdue["treat_missing_data"] == "notBreaching"
 
 
-# --- outputs ------------------------------------------------------------------------------------------------------------
+# --- outputs ----------------------------------------------------------------------------------------------------------
 
 
 def test_outputs(tf):
@@ -1318,7 +1321,7 @@ def test_every_name_prefix_is_a_valid_stack():
         assert not accepted.fullmatch(name), name
 
 
-# --- checkov ------------------------------------------------------------------------------------------------------------
+# --- checkov ----------------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -157,7 +157,8 @@ def test_an_upload_failure_is_the_client_error_it_wraps():
         try:
             raise client_error("AccessDenied", "PutObject", "S3", status=403)
         except ClientError as e:
-            raise S3UploadFailedError(f"Failed to upload dist/b.tgz to b/k: {e}")
+            # as boto3 raises it: chained only implicitly, by being raised while handling the ClientError
+            raise S3UploadFailedError(f"Failed to upload dist/b.tgz to b/k: {e}")  # noqa: B904
     except S3UploadFailedError as wrapped:
         assert one_line(wrapped).startswith("access denied to s3:PutObject (S3 PutObject, AccessDenied)")
 
@@ -168,7 +169,7 @@ def test_other_errors_are_not_aws_failures_even_when_raised_while_handling_one()
         try:
             raise client_error("AccessDenied", "Query", "DynamoDB")
         except ClientError:
-            raise KeyError("a bug in the handler")
+            raise KeyError("a bug in the handler")  # noqa: B904 - the implicit chaining is what is tested
     except KeyError as e:
         assert aws_failure(e) is None
 

@@ -756,9 +756,9 @@ def test_hub_happy_path(sandbox):
 
 def test_hub_run_id_defaults_to_today_and_self_stop_none(sandbox):
     p = sandbox_hub(sandbox, self_stop="none")
-    before = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    before = dt.datetime.now(dt.UTC).date().isoformat()
     r = sandbox.run(hub_script(render_hub(p)), STUB_RUN_RC="3")
-    after = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    after = dt.datetime.now(dt.UTC).date().isoformat()
     assert r.returncode == 3
     run = sandbox.calls("gridfleet")[0]
     assert run[run.index("--run-id") + 1] in {before, after}

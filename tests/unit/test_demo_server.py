@@ -311,7 +311,7 @@ def test_stop_releases_hung_requests_promptly():
 def test_stop_without_start_and_base_url_before_start():
     srv = DemoServer()
     with pytest.raises(RuntimeError):
-        srv.base_url
+        _ = srv.base_url
     srv.stop()
     srv.stop()
 

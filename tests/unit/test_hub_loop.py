@@ -6,14 +6,16 @@ import json
 
 import pytest
 
+from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from fleet import ops
 from fleet.clock import FakeClock
-from fleet.config import Config
 from fleet.codec import RunInfo
-from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
-from fleet.state import Reason, RunStatus, SiteStatus
+from fleet.config import Config
+from fleet.errors import MissingResource
+from fleet.state import Reason, RunState, RunStatus, SiteStatus
 from hub.control.base import KillResult
 from hub.loop import Hub
+from hub.plan import END_WAIT_S
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
 from hub.teardown import teardown_run
@@ -101,7 +103,9 @@ def test_a_whole_run_seeds_launches_finishes_and_writes_the_summary(tmp_path):
     assert rig.queue.sent == 3 and rig.provider.launches == 2
     for _ in range(3):
         rig.node_completes(*rig.node_takes())
-    hub.tick()
+    hub.tick()  # every site is done: the run's nodes are terminated ...
+    assert hub.executor.finished is None and hub.ending is not None and hub.ending.why == "done"
+    hub.tick()  # ... and seen gone, the queue holds nothing of the run: finished
     assert hub.executor.finished is not None
     out = hub._finish(hub.executor.finished)
     assert out.exit_code == 0 and out.left_running == 0
@@ -124,6 +128,7 @@ def test_a_restarted_hub_neither_reseeds_nor_overlaunches(tmp_path):
     for _ in range(2):
         rig.node_completes(*rig.node_takes())
     second.tick()
+    second.tick()  # the end: nodes terminated, then seen gone
     assert second._finish(second.executor.finished).exit_code == 0
 
 
@@ -161,13 +166,15 @@ def test_deadline_fails_what_is_open_and_terminates_everything(tmp_path):
     hub.tick()
     rig.node_completes(*rig.node_takes())
     rig.clock.advance(61)
-    hub.tick()
+    hub.tick()  # terminate, fail what is open ...
+    hub.tick()  # ... then drain the run's messages and finish
     out = hub._finish(hub.executor.finished)
     summary = json.loads(out.summary_path.read_text())
     assert out.exit_code == 3
     assert sorted(s["failure_reason"] for s in summary["sites"].values() if s["run_status"] == "FAILED") == \
         ["deadline", "deadline"]
     assert all(state == "terminated" for state in rig.provider.instances.values())
+    assert rig.queue.depth().visible == 0  # the failed sites' messages were drained
 
 
 def test_teardown_from_outside_ends_the_run_and_the_hub_stands_down(tmp_path):
@@ -181,6 +188,33 @@ def test_teardown_from_outside_ends_the_run_and_the_hub_stands_down(tmp_path):
     hub.tick()
     assert hub.executor.finished.reason == "teardown"
     assert hub._finish(hub.executor.finished).exit_code == 3
+
+
+def test_teardown_terminates_again_what_is_still_running_and_counts_what_never_goes(tmp_path):
+    rig = Rig(tmp_path)
+    rig.hub().tick()
+    calls = []
+    stubborn = {"i-2"}  # i-1 goes at the second call; i-2 never
+
+    def terminate(ids):
+        calls.append(sorted(ids))
+        for i in ids:
+            if i not in stubborn and len(calls) >= 2:
+                rig.provider.instances[i] = "terminated"
+
+    rig.provider.terminate = terminate
+    t0 = rig.clock.now()
+    result = teardown_run(RUN, rig.table, rig.provider, rig.clock)
+    assert calls[0] == ["i-1", "i-2"] and calls[-1] == ["i-2"] and len(calls) > 2
+    assert sorted(result.terminated) == ["i-1", "i-2"] and result.left_running == 1
+    assert rig.clock.now() - t0 >= END_WAIT_S  # waited for them, then gave up
+    assert rig.table.get_run(RUN).finished
+
+
+def test_teardown_of_a_run_the_table_does_not_hold_is_refused(tmp_path):
+    rig = Rig(tmp_path)
+    with pytest.raises(MissingResource, match="no run"):
+        teardown_run("nope", rig.table, rig.provider, rig.clock)
 
 
 def test_a_failing_tick_is_retried_and_does_not_end_the_loop(tmp_path):
@@ -246,8 +280,8 @@ def test_a_launch_error_backs_off_and_ends_the_run_naming_it(tmp_path):
     site = summary["sites"]["s0"]
     assert site["failure_reason"] == "no-nodes" and "UnauthorizedOperation" in site["error"]
     assert len(calls) == 5
-    gaps = [b - a for a, b in zip(calls, calls[1:])]
-    assert all(g2 > g1 for g1, g2 in zip(gaps, gaps[1:]))  # each wait longer than the last
+    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    assert all(g2 > g1 for g1, g2 in zip(gaps, gaps[1:], strict=False))  # each wait longer than the last
 
 
 def test_a_reclaimed_spot_node_does_not_spend_the_sites_attempt(tmp_path):
@@ -265,10 +299,10 @@ def test_a_reclaimed_spot_node_does_not_spend_the_sites_attempt(tmp_path):
 
 
 def test_resume_is_refused_only_for_another_live_hub():
-    from fleet.errors import UsageError
     from cli.run import check_existing
+    from fleet.errors import UsageError
 
-    run = RunInfo(RUN, "RUNNING", 0.0, 1e12, "20261121", hub_id="ec2:i-hub")
+    run = RunInfo(RUN, RunState.RUNNING, 0.0, 1e12, "20261121", hub_id="ec2:i-hub")
     with pytest.raises(UsageError, match="held by a hub"):
         check_existing(run, RUN, True, lambda hid: True, me="ec2:i-other")
     check_existing(run, RUN, True, lambda hid: True, me="ec2:i-hub")  # the same instance, booted again

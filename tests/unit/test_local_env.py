@@ -8,7 +8,8 @@ import pytest
 
 from fleet.config import Config
 from embedded.stack import Component, LocalStack, StackState
-from cli.local_env import ROOT_HOME, LocalEnv, effective_config, gridfleet_home, reach_crawl_user
+from cli.crawl_user import reach_crawl_user
+from cli.local_env import ROOT_HOME, LocalEnv, effective_config, gridfleet_home
 
 STATE = StackState("sid", "/tmp/x", None, {
     "moto": Component("moto", 1, None, "http://127.0.0.1:5000"),
@@ -51,8 +52,7 @@ def test_gridfleet_home_is_under_var_lib_for_root_and_the_home_directory_otherwi
 def local_env(stack: LocalStack, crawl_user: str) -> LocalEnv:
     state = StackState("sid", str(stack.dir), None, {
         **STATE.components, "imds": Component("imds", 4, None, "http://127.0.0.1:8169")}, 0.0)
-    return LocalEnv(home=stack.root, stack=stack, state=state, config=config(fleet={"crawl_user": crawl_user}),
-                    clients=None, table=None, queue=None, results=None)
+    return LocalEnv(config(fleet={"crawl_user": crawl_user}), stack=stack, state=state)
 
 
 def make_jar(d: Path) -> Path:

@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from fleet.clock import FakeClock
 from fleet import procs
+from fleet.clock import FakeClock
 from hub.providers.base import LaunchResult
 from hub.providers.local import LocalProvider, local_hub_id
 from tests.helpers.wait import wait_for

@@ -7,15 +7,15 @@ import io
 import json
 import logging
 
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from fleet.logs import JsonFormatter, event, use_json
+from cli.views import watch
 from fleet.aws.metrics import BATCH, CloudWatchSink, Datum, JobStats
+from fleet.logs import JsonFormatter, event, use_json
 from hub.loop import Hub
 from hub.monitor import HubMonitor
-from cli.views import watch
 from node.agent import error_type
 from tests.helpers.fleet_sim import RUN, SimCloud, SimControl, SimProvider, sim_config
 
@@ -158,7 +158,8 @@ def test_logs_are_json_lines_with_the_site_fields_off_a_terminal_and_text_on_one
             return True
 
     assert use_json(io.StringIO(), {}) and not use_json(Tty(), {})
-    assert use_json(Tty(), {"GRIDFLEET_LOG_FORMAT": "json"}) and not use_json(io.StringIO(), {"GRIDFLEET_LOG_FORMAT": "text"})
+    assert use_json(Tty(), {"GRIDFLEET_LOG_FORMAT": "json"})
+    assert not use_json(io.StringIO(), {"GRIDFLEET_LOG_FORMAT": "text"})
 
 
 def test_watch_follows_until_the_run_finishes_and_exits_as_run_does():
@@ -178,7 +179,7 @@ def test_watch_follows_until_the_run_finishes_and_exits_as_run_does():
         it = states(failed)
         out = io.StringIO()
         slept = []
-        rc = watch(lambda: next(it), Console(file=out, width=120), interval_s=2, sleep=slept.append)
+        rc = watch(lambda it=it: next(it), Console(file=out, width=120), interval_s=2, sleep=slept.append)
         lines = out.getvalue().splitlines()
         assert rc == code and slept == [2, 2]
         assert lines[0].startswith("run r: 0/2 sites finished") and lines[-1].startswith("run r: 2/2 sites finished")

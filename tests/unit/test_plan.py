@@ -2,11 +2,21 @@
 
 import dataclasses
 
+from fleet.aws.messages import QueueDepth
 from fleet.codec import NodeInfo, RunInfo
 from fleet.config import Config
-from fleet.state import Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.state import Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from hub.actions import (
-    EndAttempt, Enqueue, FailSites, Finish, KillAttempt, Launch, SeedSites, StartRun, Terminate,
+    EndAttempt,
+    Enqueue,
+    FailSites,
+    Finish,
+    KillAttempt,
+    KillLadder,
+    Launch,
+    SeedSites,
+    StartRun,
+    Terminate,
 )
 from hub.plan import BACKUP_GRACE_S, plan, run_date_for
 from hub.snapshot import Instance, Observations, Snapshot, observe
@@ -33,11 +43,12 @@ def running(name, node="i-1", **kw):
     return site(name, run_status=RunStatus.RUN, attempt=1, instance_id=node, **fields)
 
 
-RUN = RunInfo("r1", "RUNNING", T0, T0 + 3600, "20261121")
+RUN = RunInfo("r1", RunState.RUNNING, T0, T0 + 3600, "20261121")
 
 
 class World:
-    """Snapshots over time, observed the way the hub observes them."""
+    """Snapshots over time, observed the way the hub observes them; the plan's `ending` is carried to the next
+    snapshot as the hub carries it, and the queue is empty."""
 
     def __init__(self, cfg, sites, instances=("i-1",), nodes=None, run=RUN, expected=None):
         self.cfg, self.run, self.expected = cfg, run, expected or {}
@@ -45,11 +56,25 @@ class World:
         self.instances = {i: Instance(i, "running") for i in instances}
         self.nodes = nodes if nodes is not None else {i: NodeInfo("r1", i, "busy", 1.0, 0.0) for i in instances}
         self.obs = Observations()
+        self.ending = None
+        self.queue = QueueDepth(0, 0, 0)
 
     def plan(self, now):
         self.obs = observe(self.obs, self.sites, self.nodes, self.instances, now)
-        return plan(Snapshot("r1", self.run, self.sites, self.nodes, self.instances, self.obs,
-                             expected=self.expected), now, self.cfg)
+        p = plan(Snapshot("r1", self.run, self.sites, self.nodes, self.instances, self.obs, queue=self.queue,
+                          expected=self.expected, ending=self.ending), now, self.cfg)
+        self.ending = p.ending
+        return p
+
+    def settle(self, p):
+        """What the executor's Terminate and FailSites do to the world."""
+        for a in p.actions:
+            if isinstance(a, Terminate):
+                self.instances.update({i: Instance(i, "terminated") for i in a.instance_ids})
+            elif isinstance(a, FailSites):
+                self.sites.update({n: dataclasses.replace(self.sites[n], run_status=RunStatus.FAILED,
+                                                          site_status=SiteStatus.FAILED, failure_reason=str(a.reason))
+                                   for n in a.sites})
 
 
 def kinds(p):
@@ -101,7 +126,7 @@ def test_hang_only_in_url_call():
 def test_lost_when_the_heartbeat_stops():
     w = World(config(1), [running("s0")])
     w.plan(T0)
-    assert KillAttempt("s0", "i-1", 1, Reason.LOST) in w.plan(T0 + 30).actions
+    assert KillAttempt("s0", "i-1", 1, Reason.LOST, KillLadder.TERMINATE) in w.plan(T0 + 30).actions
 
 
 def test_lost_at_once_when_the_instance_is_gone():
@@ -126,13 +151,18 @@ def test_deadline_fails_open_sites_terminates_and_finishes():
     done = site("s2", run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED)
     w = World(config(3), [running("s0"), site("s1"), done], run=run)
     p = w.plan(T0 + 5)
-    assert p.actions == (Terminate(("i-1",), "deadline"), FailSites(("s0", "s1"), Reason.DEADLINE),
-                         Finish("deadline"))
+    assert p.actions == (Terminate(("i-1",), "deadline"), FailSites(("s0", "s1"), Reason.DEADLINE))
+    w.settle(p)
+    assert w.plan(T0 + 6).actions == (Finish("deadline"),)  # the next tick: nothing live, nothing open
 
 
 def test_finish_when_every_site_is_terminal():
     sites = [site(f"s{i}", run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED) for i in range(3)]
-    assert Finish("done") in World(config(3), sites).plan(T0).actions
+    w = World(config(3), sites)
+    p = w.plan(T0)
+    assert p.actions == (Terminate(("i-1",), "finish"),)
+    w.settle(p)
+    assert Finish("done") in w.plan(T0 + 1).actions
 
 
 def test_fleet_is_sized_by_open_sites_and_the_launch_budget():
@@ -169,7 +199,8 @@ def test_a_run_whose_nodes_cannot_start_gives_up_at_once_with_a_reason():
     p = w.plan(T0)
     fail = [a for a in p.actions if isinstance(a, FailSites)][0]
     assert fail.sites == ("s0", "s1") and fail.reason is Reason.NO_NODES and "i-0" in fail.error
-    assert p.actions[-1] == Finish("no-nodes")
+    w.settle(p)
+    assert w.plan(T0 + 1).actions[-1] == Finish("no-nodes")
 
 
 def test_nodes_that_booted_once_are_not_a_reason_to_give_up():
@@ -199,10 +230,12 @@ def test_a_launch_that_started_nothing_is_not_retried_before_its_backoff():
 def test_launches_that_never_start_a_node_end_the_run_with_the_error():
     run = dataclasses.replace(RUN, launch_failures=5, launch_error="spot t3.medium: UnauthorizedOperation",
                               launch_retry_at=T0 - 1)
-    p = World(config(1), [site("s0")], instances=(), nodes={}, run=run).plan(T0)
+    w = World(config(1), [site("s0")], instances=(), nodes={}, run=run)
+    p = w.plan(T0)
     fail = [a for a in p.actions if isinstance(a, FailSites)][0]
     assert fail.reason is Reason.NO_NODES and "UnauthorizedOperation" in fail.error
-    assert p.actions[-1] == Finish("no-nodes")
+    w.settle(p)
+    assert w.plan(T0 + 1).actions[-1] == Finish("no-nodes")
 
 
 def test_a_site_whose_spot_node_was_reclaimed_is_requeued_as_spot_not_lost():
@@ -228,7 +261,8 @@ def test_seeding_keeps_the_config_order_when_asked_or_without_history():
 def test_heartbeats_do_not_wake_the_hub_they_are_checked_each_tick():
     w = World(config(1), [running("s0", site_status=SiteStatus.CALL_DONE)])
     assert w.plan(T0).wake_at == T0 + 30  # the watch interval, not the heartbeat's expiry at T0 + 30 ...
-    assert KillAttempt("s0", "i-1", 1, Reason.LOST) in w.plan(T0 + 31).actions  # ... which the next tick sees
+    # ... which the next tick sees
+    assert KillAttempt("s0", "i-1", 1, Reason.LOST, KillLadder.TERMINATE) in w.plan(T0 + 31).actions
 
 
 def test_the_fleet_is_kept_at_min_nodes_while_sites_remain():

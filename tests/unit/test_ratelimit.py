@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import textwrap
 import threading
+from itertools import pairwise
 
 import pytest
 
+from fleet.aws.ratelimit import PACE_MARGIN, MemoryRateLimiter, spacing
 from fleet.clock import FakeClock
 from fleet.config_load import dump_config, parse_config
 from fleet.errors import ConfigError
-from fleet.aws.ratelimit import PACE_MARGIN, MemoryRateLimiter, spacing
 from tests.helpers.windows import max_in_window
 
 
@@ -98,7 +99,7 @@ def test_no_burst_after_idleness():
     for _ in range(10):
         sends.append(rl.wait("news", 5))
     assert max_in_window(sends) <= 5
-    gaps = [b - a for a, b in zip(sorted(sends), sorted(sends)[1:])]
+    gaps = [b - a for a, b in pairwise(sorted(sends))]
     assert min(gaps) >= spacing(5) - 1e-9
 
 

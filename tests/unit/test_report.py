@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cli import report
+from cli import report_timeline as timeline
 from cli.report import find_previous, fmt_duration, fmt_usd, render_report, write_report
 
 T = 1763700000.0  # 2025-11-21T04:40:00Z
@@ -80,7 +80,7 @@ def facts(doc: ET.Element) -> dict[str, str]:
     out = {}
     for tr in doc.iter("tr"):
         cells = list(tr)
-        for th, td in zip(cells[::2], cells[1::2]):
+        for th, td in zip(cells[::2], cells[1::2], strict=False):
             if th.tag == "th" and td.tag == "td":
                 out[text(th)] = text(td)
     return out
@@ -136,8 +136,8 @@ def test_one_bar_per_attempt_positioned_by_time_with_a_title(summary):
     hang = bar_titled(doc, "site alpha attempt 1")
     assert hang.find(f"{SVG}title").text == "site alpha attempt 1: hang, killed via ssm, 60 s"
     assert hang.get("class") == "bar outcome-hang"
-    plot = report.WIDTH - report.LABEL_W - report.RIGHT_PAD
-    assert float(hang.get("x")) == pytest.approx(report.LABEL_W + 0.02 * plot, abs=0.1)
+    plot = timeline.WIDTH - timeline.LABEL_W - timeline.RIGHT_PAD
+    assert float(hang.get("x")) == pytest.approx(timeline.LABEL_W + 0.02 * plot, abs=0.1)
     assert float(hang.get("width")) == pytest.approx(0.06 * plot, abs=0.2)
     assert bar_titled(doc, "site alpha attempt 2").get("class") == "bar outcome-completed"
 
@@ -156,14 +156,14 @@ def test_killed_attempts_are_marked_at_the_end_of_their_bar(summary):
     assert [k.find(f"{SVG}title").text for k in kills] == ["killed via ssm", "killed via terminate"]
     hang = bar_titled(doc, "site alpha attempt 1")
     end = float(hang.get("x")) + float(hang.get("width"))
-    assert kills[0].get("d").startswith(f"M{round(end - report.KILL_R, 1)},")
+    assert kills[0].get("d").startswith(f"M{round(end - timeline.KILL_R, 1)},")
 
 
 def test_an_unfinished_attempt_is_drawn_to_the_run_end(summary):
     doc = parse(render(summary))
     bar = bar_titled(doc, "site gamma attempt 1")
     assert bar.get("class") == "bar outcome-unfinished open"
-    assert float(bar.get("x")) + float(bar.get("width")) == pytest.approx(report.WIDTH - report.RIGHT_PAD, abs=0.2)
+    assert float(bar.get("x")) + float(bar.get("width")) == pytest.approx(timeline.WIDTH - timeline.RIGHT_PAD, abs=0.2)
     assert bar.find(f"{SVG}title").text == "site gamma attempt 1: unfinished, 11 m 40 s, no end recorded"
 
 
@@ -230,7 +230,7 @@ def test_the_timeline_caps_its_rows_and_says_how_many_were_left_out():
     s["sites"] = {f"s{i:03d}": site("COMPLETED", [attempt(f"i-{i:03d}", i, i + 5, "completed")]) for i in range(55)}
     html = render(s)
     doc = parse(html)
-    assert len(bars(doc)) == report.MAX_ROWS
+    assert len(bars(doc)) == timeline.MAX_ROWS
     assert text(doc.find(".//p[@id='hidden-nodes']")) == "15 more nodes (15 attempts) are not drawn."
 
 

@@ -6,14 +6,15 @@ import json
 import pytest
 
 import hub.loop
+from cli.main import main
+from embedded.fakes import MemoryStateTable
+from embedded.sim.run import Sim, SimParams, simulate
 from fleet import ops
 from fleet.codec import RunInfo
 from fleet.errors import UsageError
-from embedded.fakes import MemoryStateTable
-from fleet.state import Reason, RunStatus, SiteSpec
-from cli.main import main
+from fleet.protocol import StopWhy
+from fleet.state import NodeState, Reason, RunStatus, SiteSpec
 from hub.history import durations_from_file, previous_durations
-from embedded.sim.run import SimParams, simulate
 
 CALM = SimParams(sites=40, nodes=8, seed=3, hang_rate=0.0, spot_per_hour=0.0, capacity_error_rate=0.0)
 FIGURES = ("makespan_s", "lower_bound_s", "ratio", "hang_lag_max_s", "hang_lag_p95_s", "utilization", "node_hours",
@@ -139,9 +140,39 @@ def test_a_simulated_retry_resumes_after_its_last_checkpointed_page():
     w = Workload(SimParams(sites=1, nodes=1, seed=3, sigma=0, site_s=300, page_s=30, hang_rate=0), random.Random(3))
     (site,) = w.site_ids
     fresh = ops.new_site("r", site, SiteSpec("http://x.test/"), None)
-    pages = lambda crawl: [p[2] for t, kind, p in crawl.events if kind == "status" and p[0].value == "URL_CALL"]  # noqa: E731
+    def pages(crawl):
+        return [p[2] for t, kind, p in crawl.events if kind == "status" and p[0].value == "URL_CALL"]
+
     assert pages(w.attempt(None, fresh, 0.0))[0] == 0
     resumed = dataclasses.replace(fresh, checkpoint={"next": "p5", "pages": 4, "items": []})
     crawl = w.attempt(None, resumed, 0.0)
     assert pages(crawl)[0] == 4 and crawl.events[-1][1] == "result"
     assert [p for t, kind, p in crawl.events if kind == "checkpoint"][0] == 5
+
+
+def test_a_simulated_node_the_hub_declared_lost_takes_no_more_work():
+    """As the agent does: a fenced write showing that the hub ended this node's attempt as lost (its kill mark gone
+    already, the attempt's outcome `lost`) stops the node; it takes no other site."""
+    sim = Sim(SimParams(sites=2, nodes=1, seed=1, sigma=0, drift=0, hang_rate=0, spot_per_hour=0,
+                        capacity_error_rate=0))
+    table, now = sim.table, sim.clock.now()
+    table.create_run(RunInfo(sim.run_id, "RUNNING", now, now + 86400, sim.run_date))
+    for site in sim.workload.site_ids:
+        rec = ops.new_site(sim.run_id, site, SiteSpec(f"https://{site}.example.test/"), None)
+        table.create_site(rec)
+        ops.send_next(table, sim.queue, rec)
+    (iid,) = sim.cloud.launch(sim.run_id, 1).launched
+    node = sim.cloud.instances[iid].node
+
+    def hub_ends_the_attempt_as_lost():  # the node boots in about a minute and crawls a site for five
+        (rec,) = [r for r in table.read_run(sim.run_id).sites if r.run_status is RunStatus.RUN]
+        rec = ops.request_kill(table, rec, Reason.LOST, sim.clock.now())
+        ops.end_attempt(table, rec, reason=Reason.LOST, now=sim.clock.now(), max_attempts=3, spot_cap=3)
+
+    sim.engine.at(200.0, hub_ends_the_attempt_as_lost)
+    sim.engine.run(until=3000.0)
+    assert node.stop_after is not None and node.stop_after.why is StopWhy.LOST
+    assert node.card.state is NodeState.EXITING and sim.cloud.instances[iid].state == "terminated"
+    sites = table.read_run(sim.run_id).sites
+    assert [a.outcome for r in sites for a in r.attempts] == ["lost"]  # one attempt, ended by the hub; no other
+    assert sim.stats.outcomes == {"fenced": 1}

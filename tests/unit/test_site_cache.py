@@ -3,8 +3,8 @@ agrees with a full read of the table."""
 
 import random
 
-from fleet import ops
 from embedded.fakes import MemoryStateTable
+from fleet import ops
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from hub.snapshot import SiteCache, watched
 

@@ -1,0 +1,27 @@
+"""The commands about a fleet.yaml itself: `validate` (what it describes) and `config from-terraform` (its
+`aws:` section from Terraform's outputs). Neither talks to AWS or starts anything."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from fleet.config_load import load_config
+from hub.loop import EXIT_OK
+from cli import tf_config
+
+
+def cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(args.config)
+    crawlers = sorted({s.crawler for s in config.sites})
+    console.print(f"{args.config}: OK: {len(config.sites)} sites (crawlers: {', '.join(crawlers)}), "
+                  f"max_nodes {config.fleet.max_nodes}, max_attempts {config.run.max_attempts}, "
+                  f"hang_after_s {config.run.hang_after_s:g}, deadline_s {config.run.deadline_s:g}")
+    return EXIT_OK
+
+
+def cmd_config(args: argparse.Namespace, console: Console) -> int:
+    text, source = tf_config.read_source(args.tf_output)
+    print(tf_config.render(tf_config.aws_section(text, source)), end="")
+    return EXIT_OK

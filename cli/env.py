@@ -1,0 +1,197 @@
+"""One interface to where a run lives, so that each command that reads or drives a run is written once.
+
+A run lives on the embedded default (the local stack: its moto server is AWS, local processes are the nodes;
+cli/local_env.py) or on AWS (cli/aws_env.py). Both give the same stores and the same seams the hub takes (a
+provider, a node control); what only one of them does (start the stack, resolve the AMI, copy node logs, stop
+the hub instance) stays behind the methods below, so the flows of cli/run.py and cli/inspect_cmd.py never ask which
+backend they hold. The constructors at the end choose the backend from the parsed arguments: `--config` without
+`--local` is AWS, anything else the local stack; each backend's module is imported once chosen (and the local one
+never brings the stack with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from rich.console import Console
+
+from fleet.aws.archive import S3RunArchive
+from fleet.aws.clients import AwsClients
+from fleet.aws.queue import SiteQueue
+from fleet.aws.results import ResultStore
+from fleet.aws.stores import Stores
+from fleet.aws.table import StateTable
+from fleet.clock import Clock
+from fleet.codec import RunInfo
+from fleet.config import Config
+from hub.control.base import NodeControl
+from hub.loop import RunOutcome
+from hub.providers.base import ComputeProvider
+from cli.check import CheckReport
+
+Load = Callable[[str], Config]
+
+
+class RunHold:
+    """How a run ended in this command, for the environment holding what the run needs (the local stack)."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def end(self) -> None:
+        """The run reached an end here: it finished, was found finished, or was interrupted. Not called when the
+        command fails on the way, so that what a crashed hub left stays for the next `--resume`."""
+        self.ended = True
+
+
+class Environment(Protocol):
+    """Where a run lives. Every member means the same on each backend; the docstrings say where they differ."""
+
+    @property
+    def config(self) -> Config:
+        """The config the hub and the nodes use (on the embedded default: with the stack's addresses filled in)."""
+
+    @property
+    def clients(self) -> AwsClients: ...
+
+    @property
+    def stores(self) -> Stores:
+        """The run's table, queue and bucket (on the embedded default: the running stack's moto server)."""
+
+    @property
+    def table(self) -> StateTable: ...
+
+    @property
+    def queue(self) -> SiteQueue: ...
+
+    @property
+    def results(self) -> ResultStore: ...
+
+    @property
+    def archive(self) -> S3RunArchive:
+        """The bucket's run archive (`runs/<run_id>/`), where a finished run's summary and report are put."""
+
+    @property
+    def reads_archive(self) -> bool:
+        """Whether a run the table no longer holds is read back from the archive (AWS, where the table's items
+        expire); the embedded default's bucket goes with its stack, and runs/<run_id>/ on disk is the record."""
+
+    @property
+    def demo_url(self) -> str | None:
+        """The demo site server whose own count of fetches `check` reads (embedded default only)."""
+
+    @property
+    def where(self) -> str:
+        """Where runs are looked up, as a message says it: "on the local stack", "in the table T"."""
+
+    def preflight(self) -> None:
+        """Fail before anything starts when what a run needs is missing: the local nodes' tools (Java,
+        Chromium, chromedriver); on AWS the table, queue and bucket."""
+
+    def dry_run(self, run_id: str, console: Console) -> int:
+        """Print what a run would do and start nothing."""
+
+    def latest_run(self) -> str | None:
+        """The run last started here, as the table (or the local stack) knows it."""
+
+    def finished_export(self, run_id: str, out: Path) -> dict[str, Any] | None:
+        """The summary a finished run of this id exported under `out`, when the stores may have forgotten the
+        run (the embedded default: moto keeps nothing once its stack stops); None on AWS."""
+
+    def stores_up(self) -> bool:
+        """Whether the stores can be read without starting anything (the local stack runs; on AWS always)."""
+
+    def hold(self, run_id: str) -> AbstractContextManager[RunHold]:
+        """What the run needs, for as long as it needs it: the local stack (started, or adopted from a crashed
+        hub of this run, and its resources made), nothing on AWS. The stores are open inside."""
+
+    def provider(self, run_id: str, clock: Clock) -> ComputeProvider:
+        """The run's nodes: local processes, or EC2 instances (launching needs an environment made for a run)."""
+
+    def control(self, run_id: str, clock: Clock) -> NodeControl:
+        """How the hub stops a crawl on a node: signals, or SSM then SSH."""
+
+    def hub_id(self) -> str:
+        """This process as a hub: `local:<pid>:<ticks>`, `ec2:<instance>` or `host:<name>:<pid>:<ticks>`."""
+
+    def hub_alive(self, hub_id: str) -> bool: ...
+
+    def save_run_config(self, run_id: str) -> str:
+        """Put the run's config where its nodes read it (the stack's runs/<id>/fleet.yaml, or the bucket);
+        returns where."""
+
+    def announce(self, run_id: str) -> None:
+        """Log the line that starts a run: its sites, nodes and addresses."""
+
+    def export_node_logs(self, run_id: str, out: Path) -> Path | None:
+        """Copy the nodes' logs to `<out>/<run_id>/nodes/`; None where they stay on the nodes (AWS)."""
+
+    def finish(self, outcome: RunOutcome, report: CheckReport) -> int:
+        """What follows a run's end here (on AWS the hub instance stops itself), and the command's exit code: on
+        the embedded default a broken promise fails it; on AWS it is the run's own (the check is in the summary)."""
+
+    def rerun_hubs(self, run_id: str, run: RunInfo) -> list[str]:
+        """The live hubs that hold the run and pick reopened sites up. UsageError, before anything is reopened,
+        when none does and none could be started (AWS without a hub launch template)."""
+
+    def hand_over(self, run_id: str, hubs: list[str], console: Console) -> bool:
+        """Say who finishes a rerun: True when a hub does (a live one, or one started now from the launch
+        template), False when this command must drive the run to its end itself (the embedded default)."""
+
+    def for_run(self) -> Environment:
+        """This environment as a run needs it (the local stack with its Grid jar, AWS able to launch nodes)."""
+
+
+# --- constructors from the parsed arguments ---------------------------------------------------------------
+def on_aws(args: argparse.Namespace) -> bool:
+    """`--config` names the AWS resources the run lives in, unless `--local` says it is on the local stack."""
+    return bool(getattr(args, "config", None)) and not getattr(args, "local", False)
+
+
+def for_run(args: argparse.Namespace, config: Config) -> Environment:
+    """`run`: the local stack with `--local`, else AWS as the config names it."""
+    if args.local:
+        from cli import local_env
+
+        return local_env.for_run(config)
+    from cli import aws_env
+
+    return aws_env.for_run(config, args.config)
+
+
+def for_reading(args: argparse.Namespace, load: Load) -> Environment | None:
+    """`status`, `watch`, `check`, `teardown`: the run on AWS (its resources checked first), else on the local
+    stack; None when no local stack with the run is up (a finished run is read from runs/ then)."""
+    if on_aws(args):
+        from cli import aws_env
+
+        env = aws_env.connect(load(args.config), source=args.config)
+        env.preflight()
+        return env
+    from cli import local_env
+
+    return local_env.for_reading(args.run_id)
+
+
+def for_rerun(args: argparse.Namespace, load: Load) -> Environment:
+    """`rerun`: the run on AWS, else on the running local stack (with `--config`, the sites' specs from it)."""
+    if on_aws(args):
+        from cli import aws_env
+
+        return aws_env.connect(load(args.config), source=args.config)
+    from cli import local_env
+
+    return local_env.for_rerun(args.run_id, load(args.config) if args.config else None)
+
+
+def archive_for(args: argparse.Namespace, load: Load) -> S3RunArchive | None:
+    """`report`: with `--config`, the bucket's run archive (summaries of runs the table forgot, and earlier runs
+    to compare with); without, None: the report reads the runs directory only."""
+    if not args.config:
+        return None
+    from cli import aws_env
+
+    return aws_env.connect(load(args.config), source=args.config).archive

@@ -1,0 +1,42 @@
+"""`gridfleet local up|down|status`: the embedded default's stack on its own, outside any run.
+
+`up` leaves it running for runs, reruns and `status` to use; `down` stops it and every node it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from hub.loop import EXIT_OK
+from cli.local_env import gridfleet_home, make_stack
+
+if TYPE_CHECKING:
+    from embedded.stack import LocalStack
+
+
+def cmd_local(args: argparse.Namespace, console: Console) -> int:
+    stack = make_stack(gridfleet_home(), need_jar=args.action == "up", progress=lambda m: console.print(m))
+    if args.action == "up":
+        st = stack.up()
+        print_stack(console, stack)
+        console.print(f"stack directory: {st.dir}; stop it with `gridfleet local down`")
+        return EXIT_OK
+    if args.action == "down":
+        n = stack.down(quiet=True)
+        console.print(f"local stack stopped ({n} processes ended)" if n else "local stack was not running")
+        return EXIT_OK
+    print_stack(console, stack)
+    return EXIT_OK if stack.running() else 1
+
+
+def print_stack(console: Console, stack: LocalStack) -> None:
+    t = Table(title=f"local stack ({stack.dir})", title_justify="left")
+    for c in ("component", "state", "address", "pid"):
+        t.add_column(c)
+    for name, state, url, pid in stack.status():
+        t.add_row(name, state, url, str(pid) if pid else "-")
+    console.print(t)

@@ -1,0 +1,300 @@
+"""The simulator's node: the node protocol (`fleet.protocol`) driven by events on virtual time.
+
+A `SimNode` makes every decision the real agent makes by calling the same
+`fleet.protocol` functions, and writes with the same `fleet.ops` on the same
+table, queue and result store; only its I/O differs. It is event-driven
+instead of a blocking loop, so that 500 nodes cost no threads: a long poll is
+a wake-up when a message arrives, a crawl is a timeline of progress reports
+(`embedded.sim.workload`), a hang is a page that never ends, and a killed
+crawler is seen at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleet import ops, protocol
+from fleet.aws.messages import BadMessage, SiteMessage
+from fleet.aws.results import result_key
+from fleet.errors import StaleWrite
+from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, MessageAction, NodeCard, NodeRules, Stop, Watch
+from fleet.state import NodeState, SiteRecord
+
+if TYPE_CHECKING:
+    from embedded.sim.cloud import VInstance
+    from embedded.sim.engine import Engine
+    from embedded.sim.run import Sim
+
+#: What EC2's instance metadata shows once a spot instance is to be reclaimed.
+SPOT_NOTICE = {"action": "terminate"}
+
+
+@dataclass
+class Crawl:
+    """One attempt's crawler: its timeline of events, and whether it was killed."""
+
+    site: str
+    attempt: int
+    claimed_at: float
+    events: deque  # (time, kind, payload): status / checkpoint / result; a hang is a URL_CALL with nothing after it
+    hang_at: float | None = None  # when the hung page started
+    killed: bool = False
+
+
+@dataclass
+class SimNode:
+    sim: Sim
+    inst: VInstance
+    dead: bool = False
+    notice: object = None  # the spot interruption notice, once it arrived
+    stop_after: Stop | None = None  # asked for by an attempt's end: take no more work
+    sites_done: int = 0
+    idle_since: float = 0.0
+    card: NodeCard = field(default_factory=NodeCard)  # the node item: what it says, when it is due
+    crawl: Crawl | None = None
+    watch: Watch | None = None  # the running attempt's timers
+    msg: SiteMessage | None = None  # the running attempt's message
+    rec: SiteRecord | None = None  # the record as this node last wrote it
+    gen: int = 0  # wake-ups scheduled under an older generation are void
+    waiting: bool = False
+
+    # --- scheduling -------------------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        return self.sim.engine
+
+    @property
+    def rules(self) -> NodeRules:
+        return self.sim.settings
+
+    def _wake(self, t: float, fn: Callable[[], None]) -> None:
+        self.gen += 1
+        gen = self.gen
+
+        def go() -> None:
+            if gen == self.gen and not self.dead:
+                fn()
+        self.engine.at(t, go)
+
+    # --- life ---------------------------------------------------------------------------
+    def boot(self) -> None:
+        if self.dead:
+            return
+        self.inst.state = "running"
+        if self.sim.node_table.get_run(self.sim.run_id) is None:
+            return self._exit()
+        self._node_item(self.card.moved(NodeState.IDLE))
+        self.idle_since = self.engine.now
+        self.poll()
+
+    def _exit(self) -> None:
+        self._node_item(self.card.moved(NodeState.EXITING))
+        self.gen += 1
+        self.sim.cloud.shutdown(self.inst.id)
+
+    def spot_notice_arrives(self) -> None:
+        if self.dead:
+            return
+        self.notice = SPOT_NOTICE
+        if self.crawl is not None and not self.crawl.killed:
+            self._wake(self.engine.now, self._step)  # the agent looks at the notice within a second
+        elif self.waiting:
+            self._wake(self.engine.now, self.poll)
+
+    def woken_by_message(self) -> bool:
+        if not self.waiting or self.dead:
+            return False
+        self.waiting = False
+        self._wake(self.engine.now, self.poll)
+        return True
+
+    def poll(self) -> None:
+        """One turn of the agent's main loop."""
+        rules, now = self.rules, self.engine.now
+        self.waiting = False
+        if protocol.before_receive(self.stop_after, self.notice, self.sites_done, rules):
+            return self._exit()
+        msg = self.sim.node_queue.receive(rules.receive_wait_s, rules.visibility_s)
+        self._node_item()
+        if msg is None:
+            if protocol.idle_stop(now - self.idle_since, rules) or protocol.run_stop(
+                    self.sim.node_table.get_run(self.sim.run_id)):
+                return self._exit()
+            # A long poll: back when a message arrives, or after the wait.
+            self.waiting = True
+            self.sim.waiters.append(self)
+            self._wake(now + rules.receive_wait_s, self.poll)
+            return
+        if self._handle(msg):
+            return  # an attempt started; its end calls poll again
+        self._wake(now, self.poll)
+
+    def _handle(self, msg: SiteMessage | BadMessage) -> bool:
+        """The protocol's step for a received message, carried out; True when it claimed an attempt."""
+        queue, key = self.sim.node_queue, protocol.record_of(msg)
+        rec = self.sim.node_table.get_site(*key) if key else None
+        step = protocol.on_message(msg, rec, self.sim.run_id, self.rules)
+        if step.action is MessageAction.CLAIM and isinstance(msg, SiteMessage) and rec is not None:
+            try:
+                rec = ops.claim(self.sim.node_table, rec, self.inst.id, self.sim.clock.now(), receipt=msg.receipt)
+            except StaleWrite as e:
+                step = protocol.on_claim_lost(e.current, msg.attempt)
+            else:
+                self._start(rec, msg)
+                return True
+        if step.action is MessageAction.DELETE:
+            queue.delete(msg)
+        elif step.visibility_s is not None:
+            queue.set_visibility(msg, step.visibility_s)
+        return False
+
+    def _start(self, rec: SiteRecord, msg: SiteMessage) -> None:
+        """The claimed attempt: skip it if its result is in S3 already, else start its crawler."""
+        now = self.engine.now
+        self.rec, self.msg, self.watch = rec, msg, Watch.start(self.rules, now)
+        self._extend_visibility()
+        key = result_key(rec.site, self.sim.run_date, rec.run_id)
+        if self.sim.node_results.exists(key):
+            try:
+                self._write(ops.complete, key, self.sim.clock.now(), skipped=True)
+                self.sim.node_queue.delete(msg)
+            except StaleWrite as f:
+                self._settle(CrawlEnd(CrawlEndKind.FENCED, current=f.current))
+                return
+            self._after_attempt()
+            return
+        self._node_item(self.card.moved(NodeState.BUSY, rec))
+        self.crawl = self.sim.workload.attempt(self, rec, now)
+        self._schedule()
+
+    # --- the crawl ------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        c, w = self.crawl, self.watch
+        assert c is not None and w is not None
+        wake = w.wake_at if not c.events else min(w.wake_at, c.events[0][0])
+        self._wake(wake, self._step)
+
+    def _step(self) -> None:
+        c, now = self.crawl, self.engine.now
+        assert c is not None and self.watch is not None
+        try:
+            if c.killed:
+                return self._settle(protocol.exited_end(-9))
+            while c.events and c.events[0][0] <= now:
+                _, kind, payload = c.events.popleft()
+                if kind == "result":
+                    return self._settle(CrawlEnd(CrawlEndKind.RESULT))
+                self._crawler_said(kind, payload, now)
+            if self.watch.beat_due(now):
+                self._beat()
+            end = protocol.spot_end(self.notice) if self.notice else self.watch.timed_out(now)
+            if end is not None:
+                return self._settle(end)
+        except StaleWrite as f:
+            return self._settle(CrawlEnd(CrawlEndKind.FENCED, forced=True, current=f.current))
+        self._schedule()
+
+    def _crawler_said(self, kind: str, payload: Any, now: float) -> None:
+        """A status step (written at once only when the hub times each step) or a checkpoint (a heartbeat too)."""
+        assert self.watch is not None
+        at = self.sim.clock.now()
+        if kind == "status":
+            status, url, pages = payload
+            self.watch = self.watch.stepped(status, url, pages, at, now)
+            if self.watch.writes_each_step:
+                self._write(ops.report, status, at, url=url, pages=pages)
+        elif kind == "checkpoint":
+            self.sim.stats.checkpoints += 1
+            self.watch = self.watch.beaten(now)
+            self._write(ops.save_checkpoint, at, self.watch.progress,
+                        {"next": f"p{payload + 1}", "pages": payload, "items": []})
+
+    def crawler_killed(self, site: str, attempt: int) -> None:
+        c = self.crawl
+        if c is not None and c.site == site and c.attempt == attempt and not c.killed:
+            c.killed = True
+            self._wake(self.engine.now, self._step)
+
+    # --- settling -------------------------------------------------------------------------
+    def _settle(self, end: CrawlEnd) -> None:
+        """Carry out the protocol's settling of the ended attempt, then go back to the queue."""
+        rec, msg = self.rec, self.msg
+        assert rec is not None and msg is not None
+        fenced, current = end.kind is CrawlEndKind.FENCED, end.current
+        if not fenced:
+            try:
+                self._record_end(end, msg)
+            except StaleWrite as e:
+                fenced, current = True, e.current
+        if fenced:  # the hub took the attempt over: it requeues (or has) with a new message
+            self.sim.node_queue.delete(msg)
+            self.stop_after = self.stop_after or protocol.stop_when_fenced(current, rec.attempt, self.inst.id)
+        self.stop_after = self.stop_after or protocol.stop_after(end)
+        if self.crawl is not None:
+            outcome = "fenced" if fenced else "completed" if end.kind is CrawlEndKind.RESULT else str(end.kind)
+            self.sim.stats.attempt_ended(self.inst.id, rec.site, rec.attempt, self.engine.now, outcome, self.crawl)
+        self._after_attempt()
+
+    def _record_end(self, end: CrawlEnd, msg: SiteMessage) -> None:
+        """The result (after a last heartbeat: a zombie must not write one), or the attempt ended and followed up."""
+        rec = self.rec
+        assert rec is not None
+        if end.kind is CrawlEndKind.RESULT:
+            self._beat()
+            key = result_key(rec.site, self.sim.run_date, rec.run_id)
+            self.sim.node_results.put_new(key, b"{}")
+            self._write(ops.complete, key, self.sim.clock.now())
+            self.sim.node_queue.delete(msg)
+            return
+        claimed, args = rec.attempt, protocol.end_attempt_args(end, self.rules, self.sim.clock.now())
+        self._follow_up(end, claimed, self._write(ops.end_attempt, **args), msg)
+
+    def _follow_up(self, end: CrawlEnd, attempt: int, new: SiteRecord, msg: SiteMessage) -> None:
+        step = protocol.settle(end, attempt, new)
+        if step.follow is FollowUp.RELEASE:
+            self._write(ops.mark_enqueued)
+            self.sim.node_queue.set_visibility(msg, step.release_after_s or 0.0)
+            return
+        if step.follow is FollowUp.REQUEUE:
+            ops.send_next(self.sim.node_table, self.sim.node_queue, new)
+        self.sim.node_queue.delete(msg)
+
+    def _after_attempt(self) -> None:
+        self.crawl, self.rec, self.msg, self.watch = None, None, None, None
+        self._node_item(self.card.moved(NodeState.IDLE))
+        self.sites_done += 1
+        self.idle_since = self.engine.now
+        self._wake(self.engine.now, self.poll)
+
+    # --- writes ---------------------------------------------------------------------------
+    def _write(self, op: Callable[..., SiteRecord], *args: Any, **kw: Any) -> SiteRecord:
+        """A fenced write of the attempt's record (StaleWrite: the hub moved it on)."""
+        self.rec = op(self.sim.node_table, self.rec, *args, **kw)
+        return self.rec
+
+    def _beat(self) -> None:
+        """As the agent's: one write with the progress since the last; the node item is not written while busy."""
+        assert self.watch is not None
+        now = self.engine.now
+        self.sim.stats.heartbeats += 1
+        self.watch = self.watch.beaten(now)
+        self._write(ops.beat, self.sim.clock.now(), self.watch.progress)
+        self._extend_visibility()
+
+    def _extend_visibility(self) -> None:
+        now = self.engine.now
+        if self.watch is not None and self.msg is not None and self.watch.hide_due(now):
+            self.sim.node_queue.set_visibility(self.msg, self.rules.claimed_visibility_s)
+            self.watch = self.watch.hidden(now)
+
+    def _node_item(self, moved: NodeCard | None = None) -> None:
+        """Write the node item when it is due: at once when `moved` changes what it says."""
+        now = self.engine.now
+        card = self.card = moved or self.card
+        if card.due(now):
+            self.sim.node_table.put_node(card.item(self.sim.run_id, self.inst.id, self.sim.clock.now(),
+                                                   self.inst.launched_at, self.sites_done))
+            self.card = card.written(now, self.rules)

@@ -1,0 +1,93 @@
+"""The running attempts: hangs, lost nodes, kills a hub did not finish, and messages never sent.
+
+Only the watched sites (running, or QUEUED without their message) can need anything: the rest wait in
+the queue or are done. Each rule also says when it could next fire, so the hub sleeps until then.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fleet.config import Config
+from fleet.state import Reason, RunStatus, SiteRecord, SiteStatus
+from hub.actions import Action, EndAttempt, Enqueue, KillAttempt, KillLadder
+from hub.snapshot import Snapshot
+
+#: With node watchdogs on, the hub is the backup for a hang: it waits this much longer, so the node's own
+#: (cheaper, exact) kill normally wins and the two do not race.
+BACKUP_GRACE_S = 2.0
+
+#: What one watched site needs now (if anything), and the earliest moment it could need something else.
+Verdict = tuple[Action | None, float]
+
+NOTHING: Verdict = (None, math.inf)
+
+
+def hang_after_s(config: Config) -> float:
+    """How long a navigation may stay unchanged before the hub kills the attempt."""
+    return config.run.hang_after_s + (BACKUP_GRACE_S if config.fleet.node_watchdog else 0.0)
+
+
+def kill_ladder(instance_id: str | None, reason: Reason) -> KillLadder:
+    """The rungs for a kill: a node whose agent stopped heartbeating is sick, so its instance goes whatever the
+    node control manages; any other node is terminated only when the node control cannot reach it."""
+    if instance_id is None:
+        return KillLadder.NONE
+    return KillLadder.TERMINATE if reason is Reason.LOST else KillLadder.FALLBACK
+
+
+def kill(r: SiteRecord, reason: Reason) -> KillAttempt:
+    return KillAttempt(r.site, r.instance_id, r.attempt, reason, kill_ladder(r.instance_id, reason))
+
+
+def attempt_rules(s: Snapshot, now: float, config: Config) -> tuple[list[Action], float]:
+    """What the watched sites need, in name order, and when the next of them could need something."""
+    actions: list[Action] = []
+    wake = math.inf
+    for name in s.watched:
+        action, at = watch_site(s, s.sites[name], now, config)
+        if action is not None:
+            actions.append(action)
+        wake = min(wake, at)
+    return actions, wake
+
+
+def watch_site(s: Snapshot, r: SiteRecord, now: float, config: Config) -> Verdict:
+    if r.run_status is RunStatus.QUEUED and not r.enqueued:
+        return unsent(s, r, now, config)
+    if r.run_status is not RunStatus.RUN:
+        return NOTHING
+    if r.kill_reason:  # a kill a hub marked and did not finish (it died in between): finish it
+        return kill(r, Reason(r.kill_reason)), math.inf
+    inst = s.instances.get(r.instance_id or "")
+    if inst is None or not inst.live:  # reclaimed by EC2 before its node could say so: not its fault
+        return EndAttempt(r.site, r.attempt, Reason.SPOT if inst and inst.interrupted else Reason.LOST), math.inf
+    return running(s, r, now, config)
+
+
+def unsent(s: Snapshot, r: SiteRecord, now: float, config: Config) -> Verdict:
+    """A QUEUED site whose message is not marked sent: a writer may be sending it, so wait a grace first."""
+    seen = s.obs.unsent.get(r.site)
+    if seen is None:
+        return NOTHING
+    grace = config.run.enqueue_grace_s
+    if now - seen.since >= grace:
+        return Enqueue(r.site, r.version), math.inf
+    return None, seen.since + grace
+
+
+def running(s: Snapshot, r: SiteRecord, now: float, config: Config) -> Verdict:
+    """A hang (a navigation unchanged for too long) or a lost node (its heartbeat on the attempt stopped)."""
+    wake = math.inf
+    progress = s.obs.progress.get(r.site)
+    if r.site_status is SiteStatus.URL_CALL and progress is not None:
+        hang_after = hang_after_s(config)
+        if now - progress.since >= hang_after:
+            return kill(r, Reason.HANG), math.inf
+        if not config.fleet.node_watchdog:  # with watchdogs, nodes end hangs on time: check them each tick
+            wake = progress.since + hang_after
+    beat = s.obs.heartbeat.get(r.site)
+    if beat is not None and now - beat.since >= config.run.heartbeat_timeout_s:
+        return kill(r, Reason.LOST), wake
+    # No wake-up for a heartbeat: they are checked every tick, at most one watch interval late.
+    return None, wake

@@ -1,0 +1,365 @@
+"""One attempt on a real node: skip check -> profile lock -> crawler process -> settle.
+
+While the crawl runs the node waits on the crawler's events with a timeout that
+wakes it for the next heartbeat (one fenced write of heartbeatEpoch and the
+crawler's progress since the last one) and for its own watchdog (the first,
+fastest rung of the kill ladder); when to do which is `fleet.protocol.Watch`.
+The claimed message is hidden for hours once, not extended each beat: the hub
+recovers claimed sites. Every write is fenced by the record the node last wrote:
+if the hub moved the record on (a kill, a requeue), the next write fails, the
+node stops its crawler and drops the attempt, and the hub owns what happens
+next. The message is deleted only after the result is in S3 and COMPLETED is
+written, or after the next attempt's message is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import ClientError
+
+from fleet import crawlerfile, ops, protocol
+from fleet.aws.clients import error_code
+from fleet.aws.queue import SiteMessage
+from fleet.aws.results import result_key
+from fleet.codec import ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, capped
+from fleet.errors import StaleWrite
+from fleet.logs import event
+from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, Stop, Watch
+from fleet.state import NodeState, SiteRecord, SiteStatus
+from node.runner import CrawlProcess, Exited
+from profiles import ProfileBusy
+
+if TYPE_CHECKING:
+    from node.agent import Agent
+
+log = logging.getLogger("gridfleet.node")
+
+StartCrawl = Callable[[dict[str, Any], Path], CrawlProcess]
+Cleanup = Callable[[Path, "str | None", bool], None]  # (profile, Grid session id, forced)
+
+#: How long a crawler that reported its end may take to close its browser before it is killed.
+QUIT_GRACE_S = 15.0
+
+
+class Fenced(Exception):
+    """The record moved past our attempt: someone else (the hub) owns the site now."""
+
+    def __init__(self, current: SiteRecord | None):
+        self.current = current
+
+
+class Refused(Exception):
+    """DynamoDB refused a write of the attempt as invalid (ValidationException, e.g. an item over 400 KB). No
+    retry of that write can succeed: the attempt ends as an error, and the node goes on to its next site."""
+
+
+def merged_items(before: list[dict[str, Any]], now: list[Any]) -> list[dict[str, Any]]:
+    """The checkpoint's items (earlier attempts and this one), then the crawler's result, each item once (by id,
+    else by content): a resumed crawl's result has no duplicates.
+
+    Ids are compared as the checkpoint stores them (cut to ITEM_ID_MAX_CHARS), so an item with a longer id that
+    a resumed crawl finds again is still one item; it keeps its whole id when the crawler reported it whole."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in [*before, *now]:
+        if not isinstance(item, dict):
+            item = {"value": item}
+        if item.get("id") is None:
+            key = json.dumps(item, sort_keys=True, default=str)
+        else:
+            key = capped(item["id"], ITEM_ID_MAX_CHARS)
+        held = out.get(key)
+        if held is None or len(str(held.get("id"))) < len(str(item.get("id"))):
+            out[key] = item
+    return list(out.values())
+
+
+class Attempt:
+    """The attempt a claim just started, from the claim to its settling; `run()` returns a stop its end asks for."""
+
+    def __init__(self, agent: Agent, rec: SiteRecord, msg: SiteMessage):
+        self.agent, self.s = agent, agent.s
+        self.rec, self.msg = rec, msg
+        self.n = rec.attempt  # the claimed attempt (the record's count moves back when an attempt is given back)
+        mono = agent.clock.monotonic()
+        self.marks: dict[str, float] = {"claim": mono}  # phase -> monotonic time, for the timings on the log line
+        self.watch = Watch.start(agent.s, mono)
+        self.resume: Mapping[str, Any] | None = ops.resumable(rec)  # the checkpoint this attempt starts from
+        self.items: list[dict[str, Any]] = list(self.resume.get("items") or []) if self.resume else []
+        self.fields: dict[str, Any] = dict(run_id=rec.run_id, site=rec.site, attempt=rec.attempt,
+                                           node=agent.s.instance_id)
+
+    def run(self) -> Stop | None:
+        self._extend_visibility()
+        try:
+            end = self._run()
+        except Refused as r:  # the crawler (if any) is stopped and its browser ended by now
+            end = protocol.refused_end(r)
+        except Fenced as f:
+            end = CrawlEnd(CrawlEndKind.FENCED, current=f.current)
+        return self._settle(end) if end is not None else None
+
+    def _run(self) -> CrawlEnd | None:
+        """Skip check, profile lock, crawl; how the attempt ended, or None when it is settled already."""
+        a, rec = self.agent, self.rec
+        key = result_key(rec.site, a.run_date, rec.run_id)
+        if a.results.exists(key):
+            self._write(ops.complete, key, a.clock.now(), skipped=True)
+            a.job_ended(self.marks["claim"], None)
+            a.queue.delete(self.msg)
+            event(log, "skip", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, why="result already in S3",
+                  key=key)
+            return None
+        a.set_node(NodeState.BUSY, rec)
+        try:
+            held = a.profiles.acquire(rec.site, self.s.lock_timeout_s, on_wait=self._beat_quietly,
+                                      monotonic=a.clock.monotonic, sleep=a.clock.sleep)
+        except ProfileBusy:  # a node cut off mid-crawl may still hold it: not the site's fault, try again later
+            return protocol.busy_end(rec.site, self.s.lock_timeout_s)
+        if held.removed:
+            event(log, "stale-profile", run_id=rec.run_id, site=rec.site, removed=",".join(held.removed))
+        session: list[str | None] = [None]
+        end: CrawlEnd | None = None
+        try:
+            end = self._crawl(held.path, session)
+        finally:
+            self.marks["closed"] = a.clock.monotonic()
+            a.cleanup(held.path, session[0], end.forced if end else True)
+            held.release()
+            crawlerfile.remove(a.state_dir)
+        return end
+
+    # --- the crawl ----------------------------------------------------------------------------
+    def _crawl(self, profile: Path, session: list[str | None]) -> CrawlEnd:
+        proc = self._spawn(profile)
+        end = CrawlEnd(CrawlEndKind.FENCED, forced=True)
+        try:
+            end = self._follow(proc, session)
+        except Fenced as f:
+            end = CrawlEnd(CrawlEndKind.FENCED, forced=True, current=f.current)
+        finally:
+            # A crawler that reported its end closes its own browser; any other is killed now.
+            proc.close(QUIT_GRACE_S if not end.forced else 0)
+        return end
+
+    def _spawn(self, profile: Path) -> CrawlProcess:
+        rec, s = self.rec, self.s
+        job = {
+            "site": rec.site, "start_url": rec.spec.start_url, "crawler": rec.spec.crawler,
+            "options": dict(rec.spec.options), "attempt": rec.attempt, "node_id": s.instance_id,
+            "grid_url": s.grid_url, "profile_dir": str(profile), "chromium": s.chromium,
+            "chrome_args": list(s.chrome_args), "page_load_timeout_s": s.page_load_timeout_s,
+            "checkpoint": dict(self.resume) if self.resume else None,
+            "mark": list(rec.mark) if rec.spec.incremental and rec.mark else None,
+            "rate_limit": ({**dict(s.limits_table), "group": rec.spec.rate_limit, "per_s": rec.spec.per_s}
+                           if rec.spec.rate_limit else None),
+        }
+        if self.resume:
+            event(log, "resume", **self.fields, pages=self.resume.get("pages"), items=len(self.items),
+                  next=self.resume.get("next"))
+        self.marks["spawn"] = self.agent.clock.monotonic()
+        proc = self.agent.start_crawl(job, self.agent.state_dir / "crawler.log")
+        crawlerfile.write(self.agent.state_dir, rec.site, rec.attempt, proc.pid)
+        return proc
+
+    def _follow(self, proc: CrawlProcess, session: list[str | None]) -> CrawlEnd:
+        """Take the crawler's events until the attempt ends: by the crawler, a spot notice, or the watchdog."""
+        clock = self.agent.clock
+        while True:
+            mono = clock.monotonic()
+            wake = min(self.watch.wake_at, mono + 1.0)  # a spot notice is looked for at least once a second
+            ev = proc.next_event(max(0.0, wake - mono))
+            mono = clock.monotonic()
+            end = self._on_event(ev, session, mono)
+            if end is not None:
+                return end
+            if self.watch.beat_due(mono):
+                self.beat()
+            notice = self.agent.spot_notice()
+            end = protocol.spot_end(notice) if notice else self.watch.timed_out(mono)
+            if end is not None:
+                proc.kill()
+                return end
+
+    def _on_event(self, ev: object, session: list[str | None], mono: float) -> CrawlEnd | None:
+        if isinstance(ev, Exited):
+            return protocol.exited_end(ev.code)
+        if not isinstance(ev, dict):
+            return None
+        kind = ev.get("event")
+        if kind == "status":
+            self.watch = self.watch.stepped(SiteStatus(ev["site_status"]), ev.get("url"), ev.get("pages"),
+                                            self.agent.clock.now(), mono)
+            if self.watch.writes_each_step:
+                self._report()
+        elif kind == "checkpoint":
+            self._checkpoint(ev)
+        elif kind == "session":
+            session[0] = ev.get("id")
+            self.marks["session"] = mono
+        elif kind == "result":
+            self.marks["result"] = mono
+            return CrawlEnd(CrawlEndKind.RESULT, result=ev)
+        elif kind == "error":
+            return CrawlEnd(CrawlEndKind.ERROR, error=capped(ev.get("message", "crawler error"), ERROR_MAX_CHARS))
+        return None
+
+    # --- settling -----------------------------------------------------------------------------
+    def _settle(self, end: CrawlEnd) -> Stop | None:
+        """Record the result, or end the attempt (requeue, give back, FAILED), or leave it to the hub (fenced). A
+        result the table refuses ends the attempt as an error; an end it refuses too is left to the hub, which ends
+        the attempt once its heartbeat stops. Returns the stop the end asks for."""
+        stop = protocol.stop_after(end)
+        claimed_at = self.marks["claim"]
+        try:
+            if end.kind is CrawlEndKind.RESULT:
+                try:
+                    self._save_result(end)
+                    return stop
+                except Refused as r:
+                    end = protocol.refused_end(r)
+            self.agent.job_ended(claimed_at, end.kind, end.error)
+            if end.kind is CrawlEndKind.FENCED:
+                raise Fenced(end.current)
+            new = self._write(ops.end_attempt, **protocol.end_attempt_args(end, self.s, self.agent.clock.now()))
+            self._follow_up(end, new)
+        except Fenced as f:
+            if end.kind is CrawlEndKind.RESULT:  # a zombie's result, never written
+                self.agent.job_ended(claimed_at, CrawlEndKind.FENCED)
+            dropped = self._dropped(f.current)
+            return stop or dropped
+        except Refused as r:
+            event(log, "write-refused", logging.ERROR, **self.fields, error=capped(r, ERROR_MAX_CHARS))
+        return stop
+
+    def _follow_up(self, end: CrawlEnd, new: SiteRecord) -> None:
+        step = protocol.settle(end, self.n, new)
+        reason, queue = end.kind.reason, self.agent.queue
+        if step.follow is FollowUp.RELEASE:
+            self._write(ops.mark_enqueued)  # the released message is the next attempt's message
+            queue.set_visibility(self.msg, step.release_after_s or 0.0)
+            event(log, f"{reason}-release", logging.WARNING, **self.fields, given_back=new.spot_requeues,
+                  error=end.error)
+            return
+        if step.follow is FollowUp.REQUEUE:
+            ops.send_next(self.agent.table, queue, new)
+            event(log, "requeue", logging.WARNING, **self.fields, reason=reason, error=end.error,
+                  next_attempt=new.attempt + 1)
+        else:
+            event(log, "failed", logging.WARNING, **self.fields, reason=reason, error=end.error)
+        queue.delete(self.msg)
+
+    def _dropped(self, cur: SiteRecord | None) -> Stop | None:
+        """The hub took the attempt over: drop its message (the hub requeues, or has, with a new one)."""
+        now = f"{cur.run_status}/{cur.fence()}" if cur else "moved on"
+        event(log, "fenced", logging.WARNING, **self.fields, now=now, kill_reason=cur.kill_reason if cur else None)
+        self.agent.queue.delete(self.msg)
+        stop = protocol.stop_when_fenced(cur, self.n, self.s.instance_id)
+        if stop is not None:
+            event(log, "node-exit", logging.WARNING, **self.fields, why=stop.detail)
+        return stop
+
+    def _save_result(self, end: CrawlEnd) -> None:
+        """The result to S3, then COMPLETED, then the message deleted (and an incremental site's mark moved)."""
+        a, rec = self.agent, self.rec
+        self.beat()  # still ours? (a zombie must not write a result)
+        key = result_key(rec.site, a.run_date, rec.run_id)
+        items = merged_items(self.items, (end.result or {}).get("items", []))
+        body = self._result_body({**(end.result or {}), "items": items})
+        wrote = a.results.put_new(key, body)
+        self._write(ops.complete, key, a.clock.now())
+        a.job_ended(self.marks["claim"], None)
+        a.queue.delete(self.msg)
+        if rec.spec.incremental and wrote:
+            self._new_mark(items)
+        fields: dict[str, Any] = {**self.fields, "pages": (end.result or {}).get("pages"), "items": len(items),
+                                  "key": key, **self._timings()}
+        if self.resume:
+            fields["resumed_at_page"] = self.resume.get("pages")
+        if not wrote:
+            fields["note"] = "result existed; kept"
+        event(log, "completed", **fields)
+
+    def _timings(self) -> dict[str, str]:
+        """Seconds per phase: setup (claim to crawler start), browser (to session), crawl, close, save."""
+        m, now = self.marks, self.agent.clock.monotonic()
+        spans = {"setup_s": ("claim", "spawn"), "browser_s": ("spawn", "session"), "crawl_s": ("session", "result"),
+                 "close_s": ("result", "closed"), "save_s": ("closed", None)}
+        return {k: f"{(m[b] if b else now) - m[a]:.2f}" for k, (a, b) in spans.items()
+                if a in m and (b is None or b in m)}
+
+    def _result_body(self, result: dict[str, Any]) -> bytes:
+        rec = self.rec
+        attempt = rec.current_attempt
+        body = {
+            "run_id": rec.run_id, "site": rec.site, "attempt": rec.attempt, "instance_id": self.s.instance_id,
+            "start_url": rec.spec.start_url, "started_at": attempt.start if attempt else None,
+            "finished_at": self.agent.clock.now(), "pages": result.get("pages", 0), "items": result.get("items", []),
+        }
+        return json.dumps(body, indent=1).encode()
+
+    def _new_mark(self, items: list[dict[str, Any]]) -> None:
+        """An incremental site's high-water mark moves to the newest items this crawl found (none: unchanged)."""
+        rec = self.rec
+        mark = ops.next_mark(rec.mark, [str(i["id"]) for i in items if i.get("id") is not None])
+        if mark is not None:  # if missed, the next run fetches these items again: more work, nothing lost
+            self._missable("mark-missed", self.agent.table.put_mark, rec.site, mark, rec.run_id,
+                           self.agent.clock.now())
+
+    # --- writes while the attempt runs --------------------------------------------------------------
+    def _write(self, op: Callable[..., SiteRecord], *args: Any, **kwargs: Any) -> SiteRecord:
+        try:
+            self.rec = op(self.agent.table, self.rec, *args, **kwargs)
+        except StaleWrite as e:
+            raise Fenced(e.current) from None
+        except ClientError as e:
+            if error_code(e) != "ValidationException":
+                raise
+            raise Refused(f"{op.__name__}: {e}") from None
+        return self.rec
+
+    def _missable(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+        return self.agent.missable(what, self.rec.site, fn, *args, **kwargs)
+
+    def _checkpoint(self, ev: dict[str, Any]) -> None:
+        """Keep the page's items and write where the crawl got to (a heartbeat, too)."""
+        self.items.extend(i for i in ev.get("items") or [] if isinstance(i, dict))
+        ckpt = {"next": ev.get("next"), "pages": ev.get("pages"), "items": self.items}
+        self.watch = self.watch.beaten(self.agent.clock.monotonic())
+        # if missed, the next checkpoint carries everything this one had
+        self._missable("checkpoint-missed", self._write, ops.save_checkpoint, self.agent.clock.now(),
+                       self.watch.progress, ckpt)
+
+    def _report(self) -> None:
+        """Write the crawler's latest step now (without node watchdogs, where the hub times each step)."""
+        p = self.watch.progress
+        assert p is not None  # if missed (throttling), the next heartbeat carries the step
+        self._missable("status-missed", self._write, ops.report, p.site_status, p.at, url=p.url, pages=p.pages)
+
+    def beat(self) -> None:
+        """The attempt's heartbeat: one fenced write of heartbeatEpoch and the crawler's progress since the last.
+        The node item is not written while busy (the hub watches a busy node through its site's heartbeat)."""
+        self.watch = self.watch.beaten(self.agent.clock.monotonic())
+        # a missed heartbeat is made up by the next; a fenced one is not (Fenced propagates)
+        if self._missable("heartbeat-missed", self._write, ops.beat, self.agent.clock.now(), self.watch.progress):
+            self._extend_visibility()
+            self.agent.metric_beat()
+
+    def _extend_visibility(self) -> None:
+        """Hide the claimed message for long once it could show again before the next beats."""
+        mono = self.agent.clock.monotonic()
+        if not self.watch.hide_due(mono):
+            return
+        # if missed, the next heartbeat tries again (the message is hidden for visibility_s still)
+        if self._missable("visibility-missed", self.agent.queue.set_visibility, self.msg,
+                          self.s.claimed_visibility_s):
+            self.watch = self.watch.hidden(mono)
+
+    def _beat_quietly(self) -> None:
+        """Heartbeat while waiting for the profile lock (at most once per interval)."""
+        if self.watch.beat_due(self.agent.clock.monotonic()):
+            self.beat()

@@ -1,0 +1,87 @@
+"""Layer rules that import-linter cannot see: how an import is made, and what loads at run time.
+
+import-linter (`make lint`) checks which package may import which. Two rules need more than the import graph:
+the commands reach the local stack (`embedded`) only from inside the functions that need it, so that a command
+run against AWS never loads it; and the hub's planning imports with boto3 and botocore absent, not merely without
+a static import of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def eager_imports(source: str, package: str) -> list[int]:
+    """Lines of the imports of `package` (or its modules) made when the module loads: at its top level, or in a
+    class body or a top-level `if`/`try`, but not under `if TYPE_CHECKING:` and not inside a function."""
+    lines: list[int] = []
+
+    def names(node: ast.Import | ast.ImportFrom) -> list[str]:
+        if isinstance(node, ast.ImportFrom):
+            return [node.module or ""] if node.level == 0 else []
+        return [alias.name for alias in node.names]
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                if any(n == package or n.startswith(package + ".") for n in names(node)):
+                    lines.append(node.lineno)
+            elif isinstance(node, ast.If):
+                if not _is_type_checking(node.test):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                for part in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                    visit(part)
+            elif isinstance(node, (ast.With, ast.ClassDef)):
+                visit(node.body)
+
+    visit(ast.parse(source).body)
+    return lines
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def test_eager_imports_are_told_from_lazy_ones():
+    source = """
+from typing import TYPE_CHECKING
+import embedded.stack
+from embedded import demo_server
+import embeddedx
+from .embedded import thing
+if TYPE_CHECKING:
+    from embedded.sim.run import SimParams
+else:
+    import embedded.fakes
+try:
+    import embedded.vclock
+except ImportError:
+    pass
+
+class C:
+    from embedded.stack import LocalStack
+
+def f():
+    from embedded.stack import LocalStack
+"""
+    assert eager_imports(source, "embedded") == [3, 4, 10, 12, 17]
+
+
+def test_the_commands_reach_the_local_stack_only_from_inside_functions():
+    found = {str(path.relative_to(ROOT)): lines for path in sorted((ROOT / "cli").glob("*.py"))
+             if (lines := eager_imports(path.read_text(), "embedded"))}
+    assert found == {}, f"cli imports embedded when a module loads (file: lines): {found}"
+
+
+def test_the_hubs_planning_imports_without_boto3_or_botocore():
+    code = "import sys; sys.modules['boto3'] = sys.modules['botocore'] = None; import hub.plan"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

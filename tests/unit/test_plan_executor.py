@@ -1,0 +1,91 @@
+"""The executor performs what the plan chose, one bounded pass per action, and reports what happened as data."""
+
+import pytest
+
+from fleet import ops
+from fleet.state import Reason, RunStatus, SiteStatus
+from hub.actions import Drain, FailSites, KillAttempt, KillLadder, Launch
+from hub.executor import kill_path
+from hub.providers.base import LaunchResult
+from tests.unit.test_hub_loop import RUN, Rig
+
+
+def started(tmp_path):
+    """A run seeded on two nodes, s0's attempt 1 running on i-1; the hub that did it."""
+    rig = Rig(tmp_path)
+    hub = rig.hub()
+    hub.tick()
+    rec, _ = rig.node_takes()
+    return rig, hub, rec
+
+
+@pytest.mark.parametrize("ladder, reachable, path, terminated", [
+    (KillLadder.FALLBACK, True, "local", False),
+    (KillLadder.FALLBACK, False, "terminate", True),
+    (KillLadder.TERMINATE, True, "local+terminate", True),
+    (KillLadder.TERMINATE, False, "terminate", True),
+])
+def test_a_kill_climbs_the_rungs_the_plan_chose(tmp_path, ladder, reachable, path, terminated):
+    rig, hub, rec = started(tmp_path)
+    rig.control.ok = reachable
+    done = hub.executor.execute(KillAttempt(rec.site, "i-1", 1, Reason.HANG, ladder), hub.snapshot(rig.clock.now()))
+    assert done.kill_path == path and rig.control.calls == [("i-1", rec.site, 1)]
+    assert (rig.provider.instances["i-1"] == "terminated") is terminated
+    after = rig.table.get_site(RUN, rec.site)
+    assert after.attempts[0].kill_path == path and after.run_status is RunStatus.QUEUED
+
+
+def test_a_kill_with_no_rungs_only_ends_the_attempt(tmp_path):
+    rig, hub, rec = started(tmp_path)
+    done = hub.executor.execute(KillAttempt(rec.site, None, 1, Reason.HANG, KillLadder.NONE),
+                                hub.snapshot(rig.clock.now()))
+    assert done.kill_path == "none" and rig.control.calls == [] and rig.provider.instances["i-1"] == "running"
+
+
+def test_kill_paths_name_the_rungs_that_ran():
+    from hub.control.base import KillResult
+
+    assert kill_path(None, False) == "none" and kill_path(None, True) == "terminate"
+    assert kill_path(KillResult(True, "ssm"), False) == "ssm"
+    assert kill_path(KillResult(True, "ssm"), True) == "ssm+terminate"
+    assert kill_path(KillResult(False, "ssh"), True) == "terminate"
+
+
+def test_a_launch_that_starts_nothing_is_recorded_as_the_plan_said(tmp_path):
+    rig, hub, _ = started(tmp_path)
+    real = rig.provider.launch
+    rig.provider.launch = lambda run_id, count, target=None: LaunchResult((), ("InsufficientInstanceCapacity",))
+    snap = hub.snapshot(rig.clock.now())
+    hub.executor.execute(Launch(1, target=3, failures=2, backoff_s=8.0), snap)
+    run = rig.table.get_run(RUN)
+    assert (run.launch_failures, run.launch_retry_at) == (3, rig.clock.now() + 8.0)
+    assert run.launch_error == "InsufficientInstanceCapacity"
+    rig.provider.launch = real
+    done = hub.executor.execute(Launch(1, target=3, failures=3, backoff_s=16.0), hub.snapshot(rig.clock.now()))
+    assert done.acted_on == ("i-3",) and rig.table.get_run(RUN).launch_failures == 0
+
+
+def test_a_drain_pass_deletes_the_runs_messages_and_sees_another_runs_once(tmp_path):
+    rig, hub, _ = started(tmp_path)  # two of the run's three first messages are still waiting
+    rig.queue.send("another-run", "x", 1)
+    rig.queue.send_raw("not a site message")
+    done = hub.executor.execute(Drain(), hub.snapshot(rig.clock.now()))
+    assert sorted(done.acted_on) == ["s1", "s2"]
+    (other,) = [m for m in rig.queue.messages if "another-run" in m.body]
+    assert other.receives == 1 and other.visible_at <= rig.clock.monotonic()  # left for its own run, visible
+    assert [m.body for m in rig.queue.dlq] == ["not a site message"]  # its receives ran out in the pass
+
+
+def test_a_drain_pass_is_bounded(tmp_path):
+    rig, hub, _ = started(tmp_path)
+    done = hub.executor.execute(Drain(max_messages=1), hub.snapshot(rig.clock.now()))
+    assert len(done.acted_on) == 1 and rig.queue.depth().visible == 1
+
+
+def test_failing_sites_goes_on_past_one_a_node_just_wrote_to(tmp_path):
+    rig, hub, rec = started(tmp_path)
+    snap = hub.snapshot(rig.clock.now())
+    ops.report(rig.table, rec, SiteStatus.RUNNING, rig.clock.now())  # after the snapshot: its write is stale
+    done = hub.executor.execute(FailSites(tuple(sorted(snap.sites)), Reason.DEADLINE), snap)
+    assert rec.site not in done.acted_on and len(done.acted_on) == 2 and done.conflicts == 1
+    assert rig.table.get_site(RUN, rec.site).run_status is RunStatus.RUN  # the next plan fails it again
