@@ -133,6 +133,13 @@ def declared_lost(rec: SiteRecord, attempt: int, instance_id: str) -> bool:
                for a in rec.attempts)
 
 
+def run_has_queued(table: StateTable, run_id: str) -> bool:
+    """Whether a site of the run waits for a node. Its message can be out of sight for a while (taken by a long
+    poll that died with its node, released later after a busy profile, being resent): an idle node stays for it
+    rather than leave and have the hub launch another in its place."""
+    return any(stamp[2] == str(RunStatus.QUEUED) for stamp in table.open_stamps(run_id).values())
+
+
 StartCrawl = Callable[[dict[str, Any], Path], CrawlProcess]
 Cleanup = Callable[[Path, "str | None", bool], None]  # (profile, Grid session id, forced)
 
@@ -246,9 +253,11 @@ class Agent:
             if msg is None:
                 idle = self.clock.monotonic() - idle_since
                 if idle >= self.s.idle_exit_s:
-                    event(log, "node-exit", run_id=self.s.run_id, node=self.s.instance_id,
-                          why=f"no work for {idle:.0f}s")
-                    break
+                    if not run_has_queued(self.table, self.s.run_id):
+                        event(log, "node-exit", run_id=self.s.run_id, node=self.s.instance_id,
+                              why=f"no work for {idle:.0f}s")
+                        break
+                    idle_since = self.clock.monotonic()  # a message is on its way: look again in idle_exit_s
                 run = self.table.get_run(self.s.run_id)
                 if run is None or run.finished:
                     event(log, "node-exit", run_id=self.s.run_id, node=self.s.instance_id, why="run finished")

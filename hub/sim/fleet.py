@@ -30,7 +30,7 @@ from fleet.state import Outcome, Reason, RunStatus, SiteStatus
 from hub.control.base import KillResult
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
-from node.agent import CLAIMED_VISIBILITY_S
+from node.agent import CLAIMED_VISIBILITY_S, run_has_queued
 
 if TYPE_CHECKING:
     from hub.sim.engine import Engine
@@ -242,7 +242,9 @@ class SimNode:
         self._node_beat()
         if msg is None:
             if now - self.idle_since >= s.idle_exit_s:
-                return self._exit()
+                if not run_has_queued(self.sim.node_table, self.sim.run_id):
+                    return self._exit()
+                self.idle_since = now  # as the agent: a message is on its way
             run = self.sim.node_table.get_run(self.sim.run_id)
             if run is None or run.finished:
                 return self._exit()
