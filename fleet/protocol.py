@@ -16,7 +16,7 @@ import enum
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from fleet import ops
 from fleet.aws.messages import BadMessage, SiteMessage
@@ -346,11 +346,24 @@ def before_receive(pending: Stop | None, notice: object, sites_done: int, rules:
     return None
 
 
-def idle_stop(idle_s: float, rules: NodeRules) -> Stop | None:
-    """After an empty receive: idle for idle_exit_s is enough (waiting out AWS errors is not idling)."""
-    if idle_s >= rules.idle_exit_s:
+def idle_stop(idle_s: float, rules: NodeRules, site_queued: Callable[[], bool]) -> Stop | None:
+    """After an empty receive: idle for idle_exit_s is enough (waiting out AWS errors is not idling), unless a site
+    of the run is QUEUED (asked only then: one Query). Its message can be out of sight for a while (taken by a long
+    poll that died with its node, released later after a busy profile, being resent): the node stays for it rather
+    than leave and have the hub launch another in its place."""
+    if idle_s >= rules.idle_exit_s and not site_queued():
         return Stop(StopWhy.IDLE, f"no work for {idle_s:.0f}s")
     return None
+
+
+def idle_restarts(idle_s: float, rules: NodeRules) -> bool:
+    """An idle node that stayed for a QUEUED site counts its idleness again from now."""
+    return idle_s >= rules.idle_exit_s
+
+
+def has_queued(stamps: Mapping[str, tuple]) -> bool:
+    """Whether one of the run's open sites (their stamps, from the index `open`) is QUEUED."""
+    return any(stamp[2] == str(RunStatus.QUEUED) for stamp in stamps.values())
 
 
 def run_stop(run: RunInfo | None) -> Stop | None:

@@ -136,14 +136,20 @@ class Agent:
                 idle_since = self.clock.monotonic()  # waiting out AWS is not being idle
                 continue
             if msg is None:
-                stop = protocol.idle_stop(self.clock.monotonic() - idle_since, self.s) or protocol.run_stop(
+                idle = self.clock.monotonic() - idle_since
+                stop = protocol.idle_stop(idle, self.s, self._site_queued) or protocol.run_stop(
                     self.table.get_run(self.s.run_id))
                 if stop is not None:
                     return self._exit(stop)
+                if protocol.idle_restarts(idle, self.s):
+                    idle_since = self.clock.monotonic()  # stayed for a QUEUED site: its message is on its way
                 continue
             if worked:
                 self.sites_done += 1
                 idle_since = self.clock.monotonic()
+
+    def _site_queued(self) -> bool:
+        return protocol.has_queued(self.table.open_stamps(self.s.run_id))
 
     def _exit(self, stop: Stop) -> int:
         """Log why the node stops (a stop an attempt asked for was logged then), mark it exiting; the exit status."""

@@ -120,9 +120,12 @@ class SimNode:
         msg = self.sim.node_queue.receive(rules.receive_wait_s, rules.visibility_s)
         self._node_item()
         if msg is None:
-            if protocol.idle_stop(now - self.idle_since, rules) or protocol.run_stop(
+            queued = lambda: protocol.has_queued(self.sim.node_table.open_stamps(self.sim.run_id))  # noqa: E731
+            if protocol.idle_stop(now - self.idle_since, rules, queued) or protocol.run_stop(
                     self.sim.node_table.get_run(self.sim.run_id)):
                 return self._exit()
+            if protocol.idle_restarts(now - self.idle_since, rules):
+                self.idle_since = now  # as the agent: stayed for a QUEUED site
             # A long poll: back when a message arrives, or after the wait.
             self.waiting = True
             self.sim.waiters.append(self)

@@ -365,6 +365,14 @@ data "aws_iam_policy_document" "node" {
     resources = [aws_dynamodb_table.status.arn]
   }
 
+  # node.agent: an idle node reads its run's open sites before it leaves (it
+  # stays while one is QUEUED: its message is on its way).
+  statement {
+    sid       = "OpenSites"
+    actions   = ["dynamodb:Query"]
+    resources = ["${aws_dynamodb_table.status.arn}/index/open"]
+  }
+
   # node.agent: taking sites, extending their visibility while crawling,
   # deleting them when done, requeueing on a spot notice.
   statement {

@@ -46,8 +46,16 @@ class Gridfleet:
         return [sys.executable, "-m", "cli.main", *args]
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(self.cmd(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        try:
+            return subprocess.run(self.cmd(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            (self.cwd / "timed-out.log").write_text(err)
+            shutil.copytree(self.home / "local", self.cwd / "timed-out-home", dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("grid-home", "*.jar"), ignore_dangling_symlinks=True)
+            raise AssertionError(f"gridfleet {' '.join(args)} still running after {timeout}s; its log ends:\n"
+                                 + err[-6000:]) from None
 
     def start(self, *args: str, log: str = "hub.log") -> subprocess.Popen:
         out = open(self.cwd / log, "w")

@@ -84,7 +84,7 @@ EXPECTED_ACTIONS = {
         "cloudwatch:PutMetricData",
     },
     "node": {
-        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
+        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query",
         "sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
         "sqs:SendMessage",
         "s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:PutObjectTagging",
@@ -884,8 +884,9 @@ def test_metrics_are_put_into_the_fleet_namespace_only(tf):
 
 
 def test_state_table_reads_of_the_hub(tf):
-    """The hub alone batch-reads site records and queries the index `open`, and only that index. Batch writes
-    (history lines) are the hub's and the watchdog's (closing an abandoned run), on the table."""
+    """The hub alone batch-reads site records; the hub and the node (an idle node looks for QUEUED sites before
+    it leaves) query the index `open`, and only that index. Batch writes (history lines) are the hub's and the
+    watchdog's (closing an abandoned run), on the table."""
     index_arn = f"${{aws_dynamodb_table.status.arn}}/index/{OPEN_INDEX}"
     for role in ROLES:
         statements = statements_of(tf, role)
@@ -895,6 +896,10 @@ def test_state_table_reads_of_the_hub(tf):
         if role in ("node", "starter"):
             assert not batch_writes, role
         assert all(s["resources"] == ["${aws_dynamodb_table.status.arn}"] for s in batch_writes), role
+        if role == "node":
+            (index,) = on_index
+            assert index["actions"] == ["dynamodb:Query"] and index["resources"] == [index_arn] and not batch
+            continue
         if role != "hub":
             assert not on_index and not batch, role
             continue

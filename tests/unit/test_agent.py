@@ -152,6 +152,8 @@ def test_a_profile_locked_elsewhere_gives_the_attempt_back_and_retries_later(tmp
         assert holder.stdout.readline().strip() == "held"
         rig = Rig(tmp_path, [], max_attempts=1, idle_exit_s=1)
         rig.seed()
+        # The node would stay for the site it gave back (it is QUEUED): stop it once it has been given back.
+        rig.agent.healthy = lambda: "stopped after the give-back" if rig.site().spot_requeues else None
         rig.agent.run()
         rec = rig.site()  # not the site's fault (a node cut off mid-crawl may hold it): not counted
         assert (rec.run_status, rec.attempt, rec.spot_requeues) == (RunStatus.QUEUED, 0, 1)
@@ -274,3 +276,22 @@ def test_a_node_the_hub_declared_lost_takes_no_more_work(tmp_path):
     assert rig.agent.run() == 0
     assert len(rig.crawls) == 1  # s2 was left for a node the hub believes in
     assert rig.site("s2").run_status is RunStatus.QUEUED
+
+
+def test_an_idle_node_stays_while_a_site_of_its_run_waits_and_takes_it_when_its_message_shows_again(tmp_path):
+    # A long poll that died with its node (terminated mid-receive) took the message: it is out of sight for the
+    # visibility timeout. Leaving after idle_exit_s would only have the hub launch another node in its place.
+    rig = Rig(tmp_path, [pages_script(1)], idle_exit_s=3)
+    rig.seed()
+    start = rig.clock.monotonic()
+    ghost = rig.queue.receive(0, 20)
+    assert ghost is not None and rig.queue.receive(0, 20) is None
+    rig.agent.run()
+    assert rig.site().run_status is RunStatus.COMPLETED and rig.clock.monotonic() >= start + 20
+    assert [a.outcome for a in rig.site().attempts] == ["completed"]
+
+
+def test_an_idle_node_leaves_when_no_site_of_its_run_waits(tmp_path):
+    rig = Rig(tmp_path, [], idle_exit_s=3)
+    start = rig.clock.monotonic()
+    assert rig.agent.run() == 0 and rig.clock.monotonic() < start + 10

@@ -251,9 +251,19 @@ def test_before_each_receive_a_spot_notice_comes_first_then_a_pending_stop_then_
 
 
 def test_an_empty_receive_stops_an_idle_node_or_one_whose_run_is_over():
-    assert protocol.idle_stop(2.9, RULES) is None
-    idle = protocol.idle_stop(3.0, RULES)
+    asked: list[int] = []
+
+    def none_queued() -> bool:
+        asked.append(1)
+        return False
+
+    assert protocol.idle_stop(2.9, RULES, none_queued) is None and not asked  # the Query only once idle is over
+    idle = protocol.idle_stop(3.0, RULES, none_queued)
     assert idle is not None and idle.why is StopWhy.IDLE and idle.detail == "no work for 3s"
+    assert protocol.idle_stop(3.0, RULES, lambda: True) is None  # a QUEUED site: its message is on its way
+    assert protocol.idle_restarts(3.0, RULES) and not protocol.idle_restarts(2.9, RULES)
+    assert protocol.has_queued({"a": (1, "i-1", "RUN"), "b": (0, None, "QUEUED")})
+    assert not protocol.has_queued({"a": (1, "i-1", "RUN")})
     running = RunInfo(RUN, "RUNNING", 0.0, 3600.0, "20261121")
     assert protocol.run_stop(running) is None
     for over in (None, RunInfo(RUN, "FINISHED", 0.0, 3600.0, "20261121")):
