@@ -29,8 +29,9 @@ from node.browser import BASE_ARGS, STARTUP_PREFS  # noqa: E402
 
 
 def gridfleet(env: dict, cwd: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def sequential(urls: list[str], pages: int, profile: Path) -> tuple[float, int]:
@@ -74,10 +75,12 @@ def main() -> int:
     tag = uuid.uuid4().hex[:6]
     names = [f"b{tag}-{i:03d}" for i in range(args.sites)]
     cfg = work / "bench.yaml"
-    lines = ["run: {hang_after_s: 60, watch_interval_s: 1, deadline_s: 3600}",
-             f"fleet: {{max_nodes: {args.nodes}, idle_exit_s: 5}}", "sites:"]
-    lines += [f'  - {{id: {n}, start_url: "{{demo}}/s/{n}/?pages={args.pages}&delay_s={args.delay}"}}'
-              for n in names]
+    lines = [
+        "run: {hang_after_s: 60, watch_interval_s: 1, deadline_s: 3600}",
+        f"fleet: {{max_nodes: {args.nodes}, idle_exit_s: 5}}",
+        "sites:",
+    ]
+    lines += [f'  - {{id: {n}, start_url: "{{demo}}/s/{n}/?pages={args.pages}&delay_s={args.delay}"}}' for n in names]
     cfg.write_text("\n".join(lines) + "\n")
 
     up = gridfleet(env, work, "local", "up", timeout=180)
@@ -93,8 +96,12 @@ def main() -> int:
             print(run.stdout + run.stderr, file=sys.stderr)
             return 1
         summary = json.loads((work / "runs" / f"bench-{tag}" / "summary.json").read_text())
-        durations = [a["end"] - a["start"] for s in summary["sites"].values() for a in s["attempts"]
-                     if a["outcome"] == "completed"]
+        durations = [
+            a["end"] - a["start"]
+            for s in summary["sites"].values()
+            for a in s["attempts"]
+            if a["outcome"] == "completed"
+        ]
         urls = [f"{demo}/s/{n}/?pages={args.pages}&delay_s={args.delay}" for n in names]
         wall_seq, items = sequential(urls, args.pages, work / "seq-profile")
     finally:
@@ -104,13 +111,16 @@ def main() -> int:
     over_fleet = [d - served for d in durations]
     over_seq = wall_seq / args.sites - served
     print(f"sites={args.sites} nodes={args.nodes} pages/site={args.pages} server delay/page={args.delay}s")
-    print(f"gridfleet run --local : {wall_fleet:7.1f} s wall (incl. {summary['nodes']['launched']} node boots, "
-          f"teardown)")
+    print(
+        f"gridfleet run --local : {wall_fleet:7.1f} s wall (incl. {summary['nodes']['launched']} node boots, teardown)"
+    )
     print(f"sequential Selenium   : {wall_seq:7.1f} s wall ({items} items)")
     print(f"ratio sequential/gridfleet = {wall_seq / wall_fleet:.2f}x")
-    print(f"orchestration overhead per site (attempt time - server delay): gridfleet mean "
-          f"{statistics.mean(over_fleet):.2f} s, p95 {sorted(over_fleet)[int(0.95 * (len(over_fleet) - 1))]:.2f} s; "
-          f"sequential loop {over_seq:.2f} s")
+    print(
+        f"orchestration overhead per site (attempt time - server delay): gridfleet mean "
+        f"{statistics.mean(over_fleet):.2f} s, p95 {sorted(over_fleet)[int(0.95 * (len(over_fleet) - 1))]:.2f} s; "
+        f"sequential loop {over_seq:.2f} s"
+    )
     return 0
 
 

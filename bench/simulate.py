@@ -24,8 +24,17 @@ sys.path.insert(0, str(ROOT))
 from embedded.sim.run import SimParams, simulate  # noqa: E402
 
 SCENARIOS = {"full": [(80, 20), (10_000, 500)], "quick": [(80, 20), (1_000, 50)]}
-KEYS = ("makespan_s", "lower_bound_s", "ratio", "utilization", "node_hours", "cost_usd", "hang_lag_max_s",
-        "tick_cpu_ms_p95", "wall_s")
+KEYS = (
+    "makespan_s",
+    "lower_bound_s",
+    "ratio",
+    "utilization",
+    "node_hours",
+    "cost_usd",
+    "hang_lag_max_s",
+    "tick_cpu_ms_p95",
+    "wall_s",
+)
 
 
 def main() -> int:
@@ -42,13 +51,21 @@ def main() -> int:
         for policy in ("gridfleet", "seed"):
             r = simulate(dataclasses.replace(base, sites=sites, nodes=nodes, policy=policy))
             rows[policy] = r
-            print(f"{f'{sites}/{nodes}':>14} {policy:>9} " + " ".join(f"{getattr(r, k):>15,}" for k in KEYS)
-                  + f" {r.api_calls_per_site['total']:>11,}", flush=True)
+            print(
+                f"{f'{sites}/{nodes}':>14} {policy:>9} "
+                + " ".join(f"{getattr(r, k):>15,}" for k in KEYS)
+                + f" {r.api_calls_per_site['total']:>11,}",
+                flush=True,
+            )
         ours, seed = rows["gridfleet"], rows["seed"]
-        print(f"{'':>14} {'seed/ours':>9} makespan {seed.makespan_s / ours.makespan_s:.2f}x, "
-              f"node-hours {seed.node_hours / ours.node_hours:.2f}x, cost {seed.cost_usd / max(ours.cost_usd, 1e-9):.2f}x, "
-              f"calls/site {seed.api_calls_per_site['total'] / ours.api_calls_per_site['total']:.2f}x, "
-              f"hang lag {seed.hang_lag_max_s:.1f} s vs {ours.hang_lag_max_s:.1f} s", flush=True)
+        print(
+            f"{'':>14} {'seed/ours':>9} makespan {seed.makespan_s / ours.makespan_s:.2f}x, "
+            f"node-hours {seed.node_hours / ours.node_hours:.2f}x, "
+            f"cost {seed.cost_usd / max(ours.cost_usd, 1e-9):.2f}x, "
+            f"calls/site {seed.api_calls_per_site['total'] / ours.api_calls_per_site['total']:.2f}x, "
+            f"hang lag {seed.hang_lag_max_s:.1f} s vs {ours.hang_lag_max_s:.1f} s",
+            flush=True,
+        )
     return 0
 
 

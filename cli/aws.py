@@ -9,25 +9,25 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from botocore.exceptions import BotoCoreError, ClientError
 from rich.console import Console
 
+from cli import aws_env
+from cli.bundle import build_bundle, build_lambda_zip
+from cli.local_env import PROJECT_ROOT, grid_jar_candidates, gridfleet_home
 from cloud_init import HubUserData, RenderError, render_hub
-from fleet.aws.errors import CREDENTIALS_ADVICE, Kind, aws_failure
 from fleet.aws.bootstrap import ensure_resources
+from fleet.aws.errors import CREDENTIALS_ADVICE, Kind, aws_failure
 from fleet.aws.results import result_key
 from fleet.config import Config
 from fleet.config_load import load_config
 from fleet.errors import GridfleetError, MissingResource, UsageError
 from fleet.ids import default_run_id
 from hub.plan import run_date_for
-from cli import aws_env
-from cli.bundle import build_bundle, build_lambda_zip
-from cli.local_env import PROJECT_ROOT, grid_jar_candidates, gridfleet_home
 
 log = logging.getLogger("gridfleet")
 
@@ -41,11 +41,19 @@ def find_grid_jar(candidates: list[Path]) -> Path:
 
 def hub_params(config: Config) -> HubUserData:
     aws = config.aws
-    return HubUserData(region=aws.region, bucket=aws.bucket, bundle_key=aws.bundle_key,
-                       hub_config_key=aws.hub_config_key, grid_port=aws.grid_port,
-                       grid_publish_port=aws.grid_publish_port, grid_subscribe_port=aws.grid_subscribe_port,
-                       install_dir=aws.install_dir, state_dir=aws.state_dir, self_stop=aws.hub_self_stop,
-                       imds_url=aws.imds_url)
+    return HubUserData(
+        region=aws.region,
+        bucket=aws.bucket,
+        bundle_key=aws.bundle_key,
+        hub_config_key=aws.hub_config_key,
+        grid_port=aws.grid_port,
+        grid_publish_port=aws.grid_publish_port,
+        grid_subscribe_port=aws.grid_subscribe_port,
+        install_dir=aws.install_dir,
+        state_dir=aws.state_dir,
+        self_stop=aws.hub_self_stop,
+        imds_url=aws.imds_url,
+    )
 
 
 def cmd_render(args: argparse.Namespace, console: Console) -> int:
@@ -72,8 +80,10 @@ def cmd_bootstrap(args: argparse.Namespace, console: Console) -> int:
     for line in created:
         console.print(f"created {line}")
     aws = config.aws
-    console.print(f"{'all present' if not created else 'ready'}: table {aws.table}, queue {aws.queue_name} "
-                  f"(DLQ {aws.dlq_name}), bucket {aws.bucket} in {aws.region}")
+    console.print(
+        f"{'all present' if not created else 'ready'}: table {aws.table}, queue {aws.queue_name} "
+        f"(DLQ {aws.dlq_name}), bucket {aws.bucket} in {aws.region}"
+    )
     return 0
 
 
@@ -99,8 +109,11 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
         console.print("not uploaded (pass --upload to put them in the bucket)")
         return 0
     folder = str(Path(aws.bundle_key).parent)
-    uploads = [(bundle, aws.bundle_key), (zipped, f"{folder}/gridfleet-lambda.zip"),
-               (Path(args.config), aws.hub_config_key)]
+    uploads = [
+        (bundle, aws.bundle_key),
+        (zipped, f"{folder}/gridfleet-lambda.zip"),
+        (Path(args.config), aws.hub_config_key),
+    ]
     if args.efs_utils_deb:
         uploads.append((Path(args.efs_utils_deb), f"{folder}/amazon-efs-utils.deb"))
     for path, key in uploads:
@@ -164,30 +177,42 @@ def dry_run(env: aws_env.AwsEnv, run_id: str, console: Console) -> int:
     nodes = min(fleet.max_nodes, len(config.sites))
     market = ("spot" + (", on-demand fallback" if fleet.on_demand_fallback else "")) if fleet.spot else "on-demand"
     console.print(f"run {run_id} on AWS ({aws.region}): dry run, nothing is created, launched or written")
-    console.print(f"  sites:      {len(config.sites)} ({', '.join(s.id for s in config.sites[:8])}"
-                  f"{', ...' if len(config.sites) > 8 else ''})")
-    console.print(f"  nodes:      up to {nodes} x {'/'.join(fleet.instance_types)} ({market}), "
-                  f"IMDSv2 required, shutdown = terminate, tagged gridfleet:stack={aws.stack} "
-                  f"gridfleet:run_id={run_id}")
-    console.print(f"  network:    subnets {', '.join(aws.subnet_ids) or '-'}; security groups "
-                  f"{', '.join(aws.security_group_ids) or '-'}")
+    console.print(
+        f"  sites:      {len(config.sites)} ({', '.join(s.id for s in config.sites[:8])}"
+        f"{', ...' if len(config.sites) > 8 else ''})"
+    )
+    console.print(
+        f"  nodes:      up to {nodes} x {'/'.join(fleet.instance_types)} ({market}), "
+        f"IMDSv2 required, shutdown = terminate, tagged gridfleet:stack={aws.stack} "
+        f"gridfleet:run_id={run_id}"
+    )
+    console.print(
+        f"  network:    subnets {', '.join(aws.subnet_ids) or '-'}; security groups "
+        f"{', '.join(aws.security_group_ids) or '-'}"
+    )
     _print_user_data(env, run_id, console, problems)
     asked = _Questions(None if env.clients.has_credentials() else "no AWS credentials")
     _print_answers(env, run_id, console, asked, problems)
-    console.print(f"  writes:     the run's items in {aws.table}, one message per attempt in {aws.queue_name}, "
-                  f"s3://{aws.bucket}/{env.run_config_key(run_id)} (the nodes' config), "
-                  f"s3://{aws.bucket}/{result_key('<site>', run_date_for(run_id, time.time()), run_id)} per site, "
-                  f"s3://{aws.bucket}/runs/{run_id}/summary.json and report.html at the end"
-                  f"{f', metrics in CloudWatch {config.metrics.namespace}' if config.metrics.cloudwatch else ''}")
-    console.print(f"  kills:      {'node watchdog -> ' if fleet.node_watchdog else ''}SSM"
-                  f"{' -> SSH as ' + aws.ssh_user if aws.ssh_key_path else ''} -> TerminateInstances; "
-                  f"hub self-stop: {aws.hub_self_stop}")
+    console.print(
+        f"  writes:     the run's items in {aws.table}, one message per attempt in {aws.queue_name}, "
+        f"s3://{aws.bucket}/{env.run_config_key(run_id)} (the nodes' config), "
+        f"s3://{aws.bucket}/{result_key('<site>', run_date_for(run_id, time.time()), run_id)} per site, "
+        f"s3://{aws.bucket}/runs/{run_id}/summary.json and report.html at the end"
+        f"{f', metrics in CloudWatch {config.metrics.namespace}' if config.metrics.cloudwatch else ''}"
+    )
+    console.print(
+        f"  kills:      {'node watchdog -> ' if fleet.node_watchdog else ''}SSM"
+        f"{' -> SSH as ' + aws.ssh_user if aws.ssh_key_path else ''} -> TerminateInstances; "
+        f"hub self-stop: {aws.hub_self_stop}"
+    )
 
     for p in problems:
         console.print(f"[red]problem:[/] {p}")
     if asked.unresolved:
-        console.print(f"not resolved: {', '.join(asked.unresolved)} ({asked.why_not}: {asked.advice}; "
-                      f"then the dry run asks AWS, read-only)")
+        console.print(
+            f"not resolved: {', '.join(asked.unresolved)} ({asked.why_not}: {asked.advice}; "
+            f"then the dry run asks AWS, read-only)"
+        )
     if problems:
         more = f" (and {len(problems) - 1} more problem(s) above)" if len(problems) > 1 else ""
         raise GridfleetError(f"dry run: {problems[0]}{more}")
@@ -204,8 +229,10 @@ def _print_user_data(env: aws_env.AwsEnv, run_id: str, console: Console, problem
     elif hub_address:
         hub = f"{hub_address} (this EC2 instance's private IPv4)"
     else:
-        hub = ("the hub instance's private IPv4 (this host is not on EC2 and aws.hub_address is unset: "
-               "a hub run from here would need it)")
+        hub = (
+            "the hub instance's private IPv4 (this host is not on EC2 and aws.hub_address is unset: "
+            "a hub run from here would need it)"
+        )
     try:
         size = len(env.node_user_data(run_id, hub_address or STAND_IN_ADDRESS).encode())
         user_data = f"{size} bytes of cloud-config (limit 16384){'' if hub_address else ', with a stand-in address'}"
@@ -213,15 +240,16 @@ def _print_user_data(env: aws_env.AwsEnv, run_id: str, console: Console, problem
         user_data = f"cannot be made: {e}"
         problems.append(str(e))
     console.print(f"  user-data:  {user_data}; `gridfleet render node` prints it")
-    console.print(f"              fetches s3://{aws.bucket}/{aws.bundle_key} and s3://{aws.bucket}/"
-                  f"{env.run_config_key(run_id)}, mounts EFS {aws.efs_id or '-'}"
-                  f"{f' (access point {aws.efs_access_point_id})' if aws.efs_access_point_id else ''} at "
-                  f"{aws.efs_mount}, joins the Grid on port {aws.grid_port}")
+    console.print(
+        f"              fetches s3://{aws.bucket}/{aws.bundle_key} and s3://{aws.bucket}/"
+        f"{env.run_config_key(run_id)}, mounts EFS {aws.efs_id or '-'}"
+        f"{f' (access point {aws.efs_access_point_id})' if aws.efs_access_point_id else ''} at "
+        f"{aws.efs_mount}, joins the Grid on port {aws.grid_port}"
+    )
     console.print(f"  hub:        {hub}")
 
 
-def _print_answers(env: aws_env.AwsEnv, run_id: str, console: Console, asked: _Questions,
-                   problems: list[str]) -> None:
+def _print_answers(env: aws_env.AwsEnv, run_id: str, console: Console, asked: _Questions, problems: list[str]) -> None:
     """What only AWS knows: the AMI, the instance profile, the table, queue and bucket, the run."""
     aws = env.config.aws
     if aws.node_launch_template:
@@ -252,9 +280,11 @@ def _print_answers(env: aws_env.AwsEnv, run_id: str, console: Console, asked: _Q
 
 def _answer(check: Callable[[], None], answer: str) -> Callable[[], str]:
     """A question whose answer is `answer` when `check` passes."""
+
     def question() -> str:
         check()
         return answer
+
     return question
 
 

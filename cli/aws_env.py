@@ -11,15 +11,18 @@ import logging
 import os
 import socket
 import subprocess
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from botocore.exceptions import ClientError
 from rich.console import Console
 
+from cli.check import CheckReport
+from cli.env import RunHold
 from cloud_init import NodeUserData, RenderError, render_node
 from fleet import procs
 from fleet.aws.archive import S3RunArchive
@@ -38,8 +41,6 @@ from fleet.errors import MissingResource, UsageError
 from hub.control.aws import LadderControl, ec2_node_control
 from hub.loop import RunOutcome
 from hub.providers.ec2 import Ec2Provider
-from cli.check import CheckReport
-from cli.env import RunHold
 
 log = logging.getLogger("gridfleet.hub")
 
@@ -125,16 +126,19 @@ class AwsEnv:
         if self.config.aws.node_launch_template:
             return ami or ""
         if not ami:
-            raise MissingResource("aws.ami is not set (an AMI id, or an SSM parameter name such as "
-                                  "/aws/service/debian/release/12/latest/amd64)")
+            raise MissingResource(
+                "aws.ami is not set (an AMI id, or an SSM parameter name such as "
+                "/aws/service/debian/release/12/latest/amd64)"
+            )
         if not ami.startswith("/"):
             return ami
         try:
             return self.clients.client("ssm").get_parameter(Name=ami)["Parameter"]["Value"]
         except ClientError as e:
             if error_code(e) in ("ParameterNotFound", "ValidationException"):
-                raise MissingResource(f"aws.ami: there is no SSM parameter {ami!r} in {self.config.aws.region}: "
-                                      f"{error_code(e)}") from None
+                raise MissingResource(
+                    f"aws.ami: there is no SSM parameter {ami!r} in {self.config.aws.region}: {error_code(e)}"
+                ) from None
             raise
 
     def check_instance_profile(self) -> None:
@@ -160,8 +164,10 @@ class AwsEnv:
         """The address nodes reach the hub's Selenium Grid at: aws.hub_address, else this EC2 instance's."""
         address = self.config.aws.hub_address or self.identity.address
         if not address:
-            raise UsageError("aws.hub_address is not set and this host is not on EC2: nodes need the address of "
-                             "the hub's Selenium Grid")
+            raise UsageError(
+                "aws.hub_address is not set and this host is not on EC2: nodes need the address of "
+                "the hub's Selenium Grid"
+            )
         return address
 
     def run_config_key(self, run_id: str) -> str:
@@ -169,8 +175,12 @@ class AwsEnv:
 
     def upload_run_config(self, run_id: str) -> str:
         key = self.run_config_key(run_id)
-        self.clients.client("s3").put_object(Bucket=self.config.aws.bucket, Key=key,
-                                             Body=dump_config(self.config).encode(), ContentType="application/yaml")
+        self.clients.client("s3").put_object(
+            Bucket=self.config.aws.bucket,
+            Key=key,
+            Body=dump_config(self.config).encode(),
+            ContentType="application/yaml",
+        )
         return key
 
     def save_run_config(self, run_id: str) -> str:
@@ -186,8 +196,9 @@ class AwsEnv:
     # --- the hub's seams -----------------------------------------------------------------------------------
     def node_provider(self, ami: str, hub_address: str) -> Ec2Provider:
         """EC2 instances from `ami` whose user-data joins them to the Grid at `hub_address`."""
-        return Ec2Provider(self.ec2, self.config, ami=ami,
-                           user_data=lambda run_id: self.node_user_data(run_id, hub_address))
+        return Ec2Provider(
+            self.ec2, self.config, ami=ami, user_data=lambda run_id: self.node_user_data(run_id, hub_address)
+        )
 
     def provider(self, run_id: str, clock: Clock) -> Ec2Provider:
         if not self.launch:  # to list and terminate the run's instances: no AMI, no user-data
@@ -208,9 +219,17 @@ class AwsEnv:
 
     def announce(self, run_id: str) -> None:
         aws = self.config.aws
-        log.info("run %s on AWS (%s): %d sites, up to %d nodes, Grid at %s:%d, node config s3://%s/%s", run_id,
-                 aws.region, len(self.config.sites), self.config.fleet.max_nodes, self.hub_address, aws.grid_port,
-                 aws.bucket, self.run_config_key(run_id))
+        log.info(
+            "run %s on AWS (%s): %d sites, up to %d nodes, Grid at %s:%d, node config s3://%s/%s",
+            run_id,
+            aws.region,
+            len(self.config.sites),
+            self.config.fleet.max_nodes,
+            self.hub_address,
+            aws.grid_port,
+            aws.bucket,
+            self.run_config_key(run_id),
+        )
 
     # --- after the run -------------------------------------------------------------------------------------
     def export_node_logs(self, run_id: str, out: Path) -> Path | None:
@@ -228,8 +247,10 @@ class AwsEnv:
 
         hubs = live_hub_ids(self.ec2, run_id, self.config.aws.stack)
         if not hubs and not self.config.aws.hub_launch_template:
-            raise UsageError("aws.hub_launch_template is not set, and no hub runs this run: a rerun on AWS starts a "
-                             "hub from that template (`gridfleet config from-terraform` fills it in)")
+            raise UsageError(
+                "aws.hub_launch_template is not set, and no hub runs this run: a rerun on AWS starts a "
+                "hub from that template (`gridfleet config from-terraform` fills it in)"
+            )
         return hubs
 
     def hand_over(self, run_id: str, hubs: list[str], console: Console) -> bool:
@@ -237,8 +258,10 @@ class AwsEnv:
             console.print(f"the run's hub ({', '.join(hubs)}) picks them up")
         else:
             started = self.start_hub(run_id)
-            console.print(f"hub: {started['action']} {started.get('instance_id') or ''} "
-                          f"({started.get('reason') or started.get('how')}); it launches the nodes these sites need")
+            console.print(
+                f"hub: {started['action']} {started.get('instance_id') or ''} "
+                f"({started.get('reason') or started.get('how')}); it launches the nodes these sites need"
+            )
         console.print(f"follow with `gridfleet watch --config {self.source} --run-id {run_id}`")
         return True
 
@@ -247,8 +270,14 @@ class AwsEnv:
         from lambdas.starter import LambdaSettings, start_hub
 
         aws = self.config.aws
-        settings = LambdaSettings(region=aws.region, table=aws.table, stack=aws.stack, bucket=aws.bucket,
-                                  endpoint_url=aws.endpoint_url, hub_launch_template=aws.hub_launch_template)
+        settings = LambdaSettings(
+            region=aws.region,
+            table=aws.table,
+            stack=aws.stack,
+            bucket=aws.bucket,
+            endpoint_url=aws.endpoint_url,
+            hub_launch_template=aws.hub_launch_template,
+        )
         return start_hub(settings, self.ec2, self.table, SystemClock(), run_id)
 
     def for_run(self) -> AwsEnv:
@@ -274,13 +303,24 @@ def node_params(config: Config, run_id: str, hub_address: str) -> NodeUserData:
     if not aws.efs_id:
         raise MissingResource("aws.efs_id is not set: nodes keep their Chrome profiles on EFS")
     return NodeUserData(
-        run_id=run_id, region=aws.region, bucket=aws.bucket, bundle_key=aws.bundle_key,
-        config_key=aws.run_config_key.format(run_id=run_id), efs_id=aws.efs_id, hub_address=hub_address,
-        grid_port=aws.grid_port, grid_publish_port=aws.grid_publish_port, grid_subscribe_port=aws.grid_subscribe_port,
-        node_port=aws.node_port, install_dir=aws.install_dir, state_dir=aws.state_dir, efs_mount=aws.efs_mount,
+        run_id=run_id,
+        region=aws.region,
+        bucket=aws.bucket,
+        bundle_key=aws.bundle_key,
+        config_key=aws.run_config_key.format(run_id=run_id),
+        efs_id=aws.efs_id,
+        hub_address=hub_address,
+        grid_port=aws.grid_port,
+        grid_publish_port=aws.grid_publish_port,
+        grid_subscribe_port=aws.grid_subscribe_port,
+        node_port=aws.node_port,
+        install_dir=aws.install_dir,
+        state_dir=aws.state_dir,
+        efs_mount=aws.efs_mount,
         boot_timeout_s=int(config.fleet.boot_timeout_s),  # nodes use EC2's own metadata service
         efs_access_point_id=aws.efs_access_point_id,
-        crawl_user=config.fleet.crawl_user, crawl_uid=config.fleet.crawl_uid,
+        crawl_user=config.fleet.crawl_user,
+        crawl_uid=config.fleet.crawl_uid,
     )
 
 

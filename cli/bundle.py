@@ -51,9 +51,24 @@ def build_lambda_zip(project: Path, out_dir: Path, *, deps: bool = True) -> Path
     with tempfile.TemporaryDirectory() as tmp:
         target = Path(tmp) / "lambda"
         if deps:
-            _pip(["install", "-q", "--target", str(target), "--platform", "manylinux2014_x86_64",
-                  "--implementation", "cp", "--python-version", "3.11", "--only-binary=:all:",
-                  "-c", str(project / "constraints.txt"), *LAMBDA_DEPS])
+            _pip(
+                [
+                    "install",
+                    "-q",
+                    "--target",
+                    str(target),
+                    "--platform",
+                    "manylinux2014_x86_64",
+                    "--implementation",
+                    "cp",
+                    "--python-version",
+                    "3.11",
+                    "--only-binary=:all:",
+                    "-c",
+                    str(project / "constraints.txt"),
+                    *LAMBDA_DEPS,
+                ]
+            )
         for pkg in LAMBDA_PACKAGES:
             shutil.copytree(project / pkg, target / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:

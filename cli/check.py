@@ -23,18 +23,19 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from fleet.config import Config
-from fleet.logs import event
 from fleet.aws.queue import BadMessage, SiteMessage, SiteQueue
 from fleet.aws.results import ResultStore, result_key
-from fleet.state import Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from fleet.aws.table import StateTable
-from hub.providers.base import ComputeProvider
+from fleet.config import Config
+from fleet.logs import event
+from fleet.state import Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from fleet.summary import write_json
+from hub.providers.base import ComputeProvider
 
 log = logging.getLogger("gridfleet.hub")
 
@@ -67,13 +68,27 @@ class CheckReport:
         return len(self.false_loss_details)
 
     def as_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "violations": self.violations, "notes": self.notes, "checked": self.checked,
-                "false_losses": self.false_losses, "false_loss_details": self.false_loss_details}
+        return {
+            "ok": self.ok,
+            "violations": self.violations,
+            "notes": self.notes,
+            "checked": self.checked,
+            "false_losses": self.false_losses,
+            "false_loss_details": self.false_loss_details,
+        }
 
 
-def check_run(run_id: str, *, table: StateTable, queue: SiteQueue, results: ResultStore,
-              provider: ComputeProvider, config: Config | None = None,
-              demo_stats: Mapping[str, Any] | None = None, demo_url: str | None = None) -> CheckReport:
+def check_run(
+    run_id: str,
+    *,
+    table: StateTable,
+    queue: SiteQueue,
+    results: ResultStore,
+    provider: ComputeProvider,
+    config: Config | None = None,
+    demo_stats: Mapping[str, Any] | None = None,
+    demo_url: str | None = None,
+) -> CheckReport:
     report = CheckReport(run_id)
     v, note = report.violations.append, report.notes.append
     rows = table.read_run(run_id)
@@ -89,7 +104,7 @@ def check_run(run_id: str, *, table: StateTable, queue: SiteQueue, results: Resu
             if s.id not in sites:
                 v(f"{s.id}: in the config but never seeded")
 
-    for name, r in sorted(sites.items()):
+    for _name, r in sorted(sites.items()):
         _check_site(r, max_attempts, rows.run.run_date, results, v, note)
     report.checked["sites"] = len(sites)
 
@@ -104,8 +119,14 @@ def check_run(run_id: str, *, table: StateTable, queue: SiteQueue, results: Resu
     return report
 
 
-def check_archived(summary: Mapping[str, Any], *, results: ResultStore, queue: SiteQueue,
-                   provider: ComputeProvider, config: Config | None = None) -> CheckReport:
+def check_archived(
+    summary: Mapping[str, Any],
+    *,
+    results: ResultStore,
+    queue: SiteQueue,
+    provider: ComputeProvider,
+    config: Config | None = None,
+) -> CheckReport:
     """Check a run the table has forgotten (its items expired) from its archived summary: the same promises
     about its sites, results, instances and queue; the hub's history went with the table."""
     run_id = str(summary["run_id"])
@@ -128,20 +149,40 @@ def check_archived(summary: Mapping[str, Any], *, results: ResultStore, queue: S
 
 def record_of(run_id: str, site: str, entry: Mapping[str, Any]) -> SiteRecord:
     """A site record rebuilt from its summary entry (what the checks read of it)."""
-    attempts = tuple(Attempt(n, str(a.get("instance_id")), float(a["start"]),
-                             None if a.get("end") is None else float(a["end"]), a.get("outcome"), a.get("kill_path"))
-                     for n, a in enumerate(entry.get("attempts") or [], start=1))
-    return SiteRecord(run_id=run_id, site=site, spec=SiteSpec(""), run_status=RunStatus(entry["run_status"]),
-                      site_status=SiteStatus(entry["site_status"]), attempt=int(entry.get("attemptCount") or 0),
-                      failure_reason=entry.get("failure_reason"), result_key=entry.get("result_key"),
-                      spot_requeues=int(entry.get("spot_requeues") or 0),
-                      attempt_base=int(entry.get("attemptBase") or 0), attempts=attempts)
+    attempts = tuple(
+        Attempt(
+            n,
+            str(a.get("instance_id")),
+            float(a["start"]),
+            None if a.get("end") is None else float(a["end"]),
+            a.get("outcome"),
+            a.get("kill_path"),
+        )
+        for n, a in enumerate(entry.get("attempts") or [], start=1)
+    )
+    return SiteRecord(
+        run_id=run_id,
+        site=site,
+        spec=SiteSpec(""),
+        run_status=RunStatus(entry["run_status"]),
+        site_status=SiteStatus(entry["site_status"]),
+        attempt=int(entry.get("attemptCount") or 0),
+        failure_reason=entry.get("failure_reason"),
+        result_key=entry.get("result_key"),
+        spot_requeues=int(entry.get("spot_requeues") or 0),
+        attempt_base=int(entry.get("attemptBase") or 0),
+        attempts=attempts,
+    )
 
 
 def losses(records: Iterable[SiteRecord], history: Iterable[Any]) -> list[str]:
     """Attempts that ended because their node was taken for dead or reclaimed, and nodes terminated as lost."""
-    out = [f"{r.site}: attempt {a.n} on {a.instance_id} ended {a.outcome}"
-           for r in sorted(records, key=lambda r: r.site) for a in r.attempts if a.outcome in LOSS_OUTCOMES]
+    out = [
+        f"{r.site}: attempt {a.n} on {a.instance_id} ended {a.outcome}"
+        for r in sorted(records, key=lambda r: r.site)
+        for a in r.attempts
+        if a.outcome in LOSS_OUTCOMES
+    ]
     for e in history:
         if e.kind == "terminate" and e.fields.get("why") in LOSS_TERMINATIONS:
             nodes = e.fields.get("nodes") or []
@@ -177,7 +218,7 @@ def _check_site(r: SiteRecord, max_attempts: int, run_date: str, results: Result
     elif counted != r.attempt:
         v(f"{name}: {len(r.attempts)} attempts, {r.spot_requeues} given back, but attemptCount is {r.attempt}")
     spans = sorted((a.start, a.end if a.end is not None else float("inf"), a.n, a.instance_id) for a in r.attempts)
-    for (s1, e1, n1, i1), (s2, _, n2, i2) in zip(spans, spans[1:]):
+    for (_s1, e1, n1, i1), (s2, _, n2, i2) in zip(spans, spans[1:], strict=False):
         if e1 > s2:
             v(f"{name}: attempts {n1} ({i1}) and {n2} ({i2}) overlap in time")
     if r.is_terminal and any(a.end is None for a in r.attempts):
@@ -206,8 +247,11 @@ def demo_hits(site_stats: Mapping[str, Any], r: SiteRecord) -> dict[int, int]:
     requests = site_stats.get("requests")
     if requests is None:
         return {int(p): n for p, n in site_stats.get("hits", {}).items()}
-    windows = [(a.start - WINDOW_SLACK_S, (a.end if a.end is not None else float("inf")) + WINDOW_SLACK_S)
-               for a in r.attempts if a.outcome != Outcome.SKIPPED.value]
+    windows = [
+        (a.start - WINDOW_SLACK_S, (a.end if a.end is not None else float("inf")) + WINDOW_SLACK_S)
+        for a in r.attempts
+        if a.outcome != Outcome.SKIPPED.value
+    ]
     hits: dict[int, int] = {}
     for at, page in requests:
         if any(lo <= at <= hi for lo, hi in windows):
@@ -227,8 +271,10 @@ def _check_demo(sites: Mapping[str, SiteRecord], stats: Mapping[str, Any], demo_
         attempts = len([a for a in r.attempts if a.outcome != Outcome.SKIPPED.value])
         for page, n in sorted(hits.items()):
             if n > attempts:
-                v(f"{name}: page {page} was fetched {n} times by {attempts} attempts (/_stats): two crawls at once, "
-                  "or a finished site crawled again")
+                v(
+                    f"{name}: page {page} was fetched {n} times by {attempts} attempts (/_stats): two crawls at once, "
+                    "or a finished site crawled again"
+                )
         if r.run_status is RunStatus.COMPLETED and r.pages:
             missing = [p for p in range(1, r.pages + 1) if hits.get(p, 0) < 1]
             if missing and attempts:
@@ -242,5 +288,12 @@ def attach(report: CheckReport, summary_path: Path) -> None:
     write_json(summary_path, data)
     for text in report.violations:
         event(log, "check-violation", logging.ERROR, run_id=report.run_id, violation=text)
-    event(log, "check", run_id=report.run_id, ok=report.ok, violations=len(report.violations),
-          notes=len(report.notes), false_losses=report.false_losses)
+    event(
+        log,
+        "check",
+        run_id=report.run_id,
+        ok=report.ok,
+        violations=len(report.violations),
+        notes=len(report.notes),
+        false_losses=report.false_losses,
+    )

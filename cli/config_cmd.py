@@ -7,17 +7,19 @@ import argparse
 
 from rich.console import Console
 
+from cli import tf_config
 from fleet.config_load import load_config
 from hub.loop import EXIT_OK
-from cli import tf_config
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config)
     crawlers = sorted({s.crawler for s in config.sites})
-    console.print(f"{args.config}: OK: {len(config.sites)} sites (crawlers: {', '.join(crawlers)}), "
-                  f"max_nodes {config.fleet.max_nodes}, max_attempts {config.run.max_attempts}, "
-                  f"hang_after_s {config.run.hang_after_s:g}, deadline_s {config.run.deadline_s:g}")
+    console.print(
+        f"{args.config}: OK: {len(config.sites)} sites (crawlers: {', '.join(crawlers)}), "
+        f"max_nodes {config.fleet.max_nodes}, max_attempts {config.run.max_attempts}, "
+        f"hang_after_s {config.run.hang_after_s:g}, deadline_s {config.run.deadline_s:g}"
+    )
     return EXIT_OK
 
 

@@ -34,8 +34,15 @@ def user_can(pw: pwd.struct_passwd, test: str, path: Path) -> bool:
     answer, ACLs included (needs root)."""
     groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
     try:
-        r = subprocess.run(["test", test, str(path)], user=pw.pw_uid, group=pw.pw_gid, extra_groups=groups,
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+        r = subprocess.run(
+            ["test", test, str(path)],
+            user=pw.pw_uid,
+            group=pw.pw_gid,
+            extra_groups=groups,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return r.returncode == 0
@@ -49,8 +56,9 @@ def umask() -> int:
     return 0o022
 
 
-def reach_crawl_user(name: str, stack: LocalStack, jar: Path, euid: int | None = None
-                     ) -> tuple[CrawlUser | None, str | None]:
+def reach_crawl_user(
+    name: str, stack: LocalStack, jar: Path, euid: int | None = None
+) -> tuple[CrawlUser | None, str | None]:
     """(the user, None) when local nodes can run their Grid node and Chromium as `name`; (None, why not) when
     they cannot; (None, None) when this process is not root (it runs nothing as root)."""
     if (os.geteuid() if euid is None else euid) != 0:

@@ -12,12 +12,14 @@ never brings the stack with it).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from rich.console import Console
 
+from cli.check import CheckReport
 from fleet.aws.archive import S3RunArchive
 from fleet.aws.clients import AwsClients
 from fleet.aws.queue import SiteQueue
@@ -30,7 +32,6 @@ from fleet.config import Config
 from hub.control.base import NodeControl
 from hub.loop import RunOutcome
 from hub.providers.base import ComputeProvider
-from cli.check import CheckReport
 
 Load = Callable[[str], Config]
 

@@ -15,6 +15,9 @@ from typing import Any
 
 from rich.console import Console
 
+from cli import env as envs
+from cli.env import Environment
+from cli.views import print_sites
 from fleet.aws import archive as run_archive
 from fleet.clock import SystemClock
 from fleet.config_load import load_config
@@ -22,9 +25,6 @@ from fleet.errors import MissingResource, UsageError
 from fleet.summary import build_summary, counts, export, site_entry, write_json
 from hub.loop import EXIT_ERROR, EXIT_OK
 from hub.teardown import teardown_run
-from cli import env as envs
-from cli.env import Environment
-from cli.views import print_sites
 
 log = logging.getLogger("gridfleet")
 
@@ -50,8 +50,10 @@ def status_from_summary(out: Path, run_id: str | None) -> dict[str, Any]:
     if run_id is None:
         found = latest_summary(out)
         if found is None:
-            raise MissingResource("no run to show: no local stack is up and no runs/*/summary.json here "
-                                  "(use --run-id, --out, or start one with `gridfleet run --local`)")
+            raise MissingResource(
+                "no run to show: no local stack is up and no runs/*/summary.json here "
+                "(use --run-id, --out, or start one with `gridfleet run --local`)"
+            )
         path = found
     else:
         path = out / run_id / "summary.json"
@@ -63,16 +65,22 @@ def status_from_summary(out: Path, run_id: str | None) -> dict[str, Any]:
         raise UsageError(f"{path}: not a run summary: {e}") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("sites"), dict) or "run_id" not in summary:
         raise UsageError(f"{path}: not a run summary (no run_id and sites)")
-    return {"run_id": summary["run_id"], "sites": summary["sites"], "counts": summary.get("counts") or
-            {k: sum(1 for s in summary["sites"].values() if s["run_status"] == k) for k in STATUSES}}
+    return {
+        "run_id": summary["run_id"],
+        "sites": summary["sites"],
+        "counts": summary.get("counts")
+        or {k: sum(1 for s in summary["sites"].values() if s["run_status"] == k) for k in STATUSES},
+    }
 
 
 def archived(env: Environment, run_id: str, config_path: str) -> dict[str, Any]:
     """A run's summary from the bucket, once the table has forgotten the run (its items expire a day later)."""
     summary = env.archive.get_summary(run_id)
     if summary is None:
-        raise MissingResource(f"there is no run {run_id} in the table {config_path} names, and no "
-                              f"s3://{env.archive.bucket}/runs/{run_id}/summary.json")
+        raise MissingResource(
+            f"there is no run {run_id} in the table {config_path} names, and no "
+            f"s3://{env.archive.bucket}/runs/{run_id}/summary.json"
+        )
     return summary
 
 
@@ -85,8 +93,12 @@ def status_data(env: Environment | None, run_id: str | None, args: argparse.Name
             return {"run_id": run_id, "sites": sites, "counts": counts(rows.sites), "finished": rows.run.finished}
         if env.reads_archive:
             summary = archived(env, run_id, args.config)
-            return {"run_id": run_id, "sites": summary["sites"], "counts": summary.get("counts") or {},
-                    "finished": True}
+            return {
+                "run_id": run_id,
+                "sites": summary["sites"],
+                "counts": summary.get("counts") or {},
+                "finished": True,
+            }
     return {**status_from_summary(args.out, run_id), "finished": True}
 
 
@@ -140,15 +152,16 @@ def _summary_path(args: argparse.Namespace, archive: run_archive.S3RunArchive | 
         if summary is not None:  # the run's record in the bucket: kept beside the report here
             write_json(path, summary)
     if not path.is_file():
-        raise MissingResource(f"no {path}: a run writes its summary when it ends (see `gridfleet status` meanwhile)"
-                              + (f"; nor s3://{archive.bucket}/runs/{path.parent.name}/summary.json"
-                                 if archive is not None else ""))
+        raise MissingResource(
+            f"no {path}: a run writes its summary when it ends (see `gridfleet status` meanwhile)"
+            + (f"; nor s3://{archive.bucket}/runs/{path.parent.name}/summary.json" if archive is not None else "")
+        )
     return path
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
-    from fleet.config import FleetConfig
     from cli.report import write_report
+    from fleet.config import FleetConfig
 
     archive = envs.archive_for(args, load_config)
     path = _summary_path(args, archive)
@@ -180,11 +193,24 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     provider = env.provider(run_id, SystemClock())
     stats = demo_stats(env.demo_url) if env.demo_url else None
     if env.reads_archive and env.table.get_run(run_id) is None:
-        report = check_archived(archived(env, run_id, args.config), results=env.results, queue=env.queue,
-                                provider=provider, config=env.config)
+        report = check_archived(
+            archived(env, run_id, args.config),
+            results=env.results,
+            queue=env.queue,
+            provider=provider,
+            config=env.config,
+        )
     else:
-        report = check_run(run_id, table=env.table, queue=env.queue, results=env.results, provider=provider,
-                           config=env.config, demo_stats=stats, demo_url=env.demo_url)
+        report = check_run(
+            run_id,
+            table=env.table,
+            queue=env.queue,
+            results=env.results,
+            provider=provider,
+            config=env.config,
+            demo_stats=stats,
+            demo_url=env.demo_url,
+        )
     for text in report.violations:
         console.print(f"[red]violation:[/] {text}")
     for text in report.notes:
@@ -192,8 +218,10 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     for text in report.false_loss_details:
         console.print(f"loss: {text}")
     what = ", ".join(f"{n} {k}" for k, n in report.checked.items())
-    console.print(f"run {run_id}: {'OK' if report.ok else f'{len(report.violations)} violation(s)'} ({what}"
-                  f"{', demo server fetches' if stats is not None else ''}; false_losses {report.false_losses})")
+    console.print(
+        f"run {run_id}: {'OK' if report.ok else f'{len(report.violations)} violation(s)'} ({what}"
+        f"{', demo server fetches' if stats is not None else ''}; false_losses {report.false_losses})"
+    )
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
@@ -203,9 +231,12 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
     result = teardown_run(run_id, env.table, env.provider(run_id, clock), clock)
     rows = env.table.read_run(run_id)
     assert rows.run is not None  # teardown_run refuses a run the table does not hold
-    summary = build_summary(rows.run, rows.sites, left_running=result.left_running, finished_at=clock.now(),
-                            finish_reason="teardown")
+    summary = build_summary(
+        rows.run, rows.sites, left_running=result.left_running, finished_at=clock.now(), finish_reason="teardown"
+    )
     path = export(args.out, summary, rows.sites, env.results)
-    console.print(f"run {run_id}: terminated {len(result.terminated)} nodes, {len(result.failed_sites)} open sites "
-                  f"marked FAILED (killed); summary: {path}")
+    console.print(
+        f"run {run_id}: terminated {len(result.terminated)} nodes, {len(result.failed_sites)} open sites "
+        f"marked FAILED (killed); summary: {path}"
+    )
     return EXIT_OK if not result.left_running else EXIT_ERROR

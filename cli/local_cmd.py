@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from hub.loop import EXIT_OK
 from cli.local_env import gridfleet_home, make_stack
+from hub.loop import EXIT_OK
 
 if TYPE_CHECKING:
     from embedded.stack import LocalStack

@@ -17,12 +17,16 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from cli.check import CheckReport
+from cli.crawl_user import CrawlUser, reach_crawl_user
+from cli.env import RunHold
 from fleet.aws.archive import S3RunArchive
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
@@ -38,9 +42,6 @@ from fleet.errors import UsageError
 from hub.control.local import LocalNodeControl
 from hub.loop import EXIT_OK, RunOutcome
 from hub.providers.local import LocalProvider, local_hub_id
-from cli.check import CheckReport
-from cli.crawl_user import CrawlUser, reach_crawl_user
-from cli.env import RunHold
 
 if TYPE_CHECKING:
     from embedded.stack import LocalStack, StackState
@@ -68,8 +69,9 @@ def grid_jar_candidates(home: Path, environ: dict[str, str] | None = None) -> li
     return out + [PROJECT_ROOT / "vendor", Path.cwd() / "vendor", home / "vendor"]
 
 
-def make_stack(home: Path, config: Config | None = None, *, need_jar: bool = True,
-               progress: Callable[[str], None] = lambda _: None) -> LocalStack:
+def make_stack(
+    home: Path, config: Config | None = None, *, need_jar: bool = True, progress: Callable[[str], None] = lambda _: None
+) -> LocalStack:
     from embedded.stack import LocalStack, find_grid_jar
 
     jar = find_grid_jar(grid_jar_candidates(home)) if need_jar else None
@@ -84,8 +86,12 @@ def effective_config(config: Config, state: StackState, cpus: int | None = None)
     cap = config.local.node_cap(cpus or os.cpu_count() or 1)
     fleet = config.fleet
     if fleet.max_nodes > cap:
-        log.info("embedded default: at most %d local nodes on this machine (fleet.max_nodes is %d; "
-                 "set local.max_nodes to change)", cap, fleet.max_nodes)
+        log.info(
+            "embedded default: at most %d local nodes on this machine (fleet.max_nodes is %d; "
+            "set local.max_nodes to change)",
+            cap,
+            fleet.max_nodes,
+        )
         fleet = fleet.model_copy(update={"max_nodes": cap})
     return config.with_endpoint(state.moto_url).model_copy(update={"sites": sites, "fleet": fleet})
 
@@ -127,8 +133,14 @@ class LocalEnv:
     where = "on the local stack"
     reads_archive = False
 
-    def __init__(self, config: Config, *, stack: LocalStack | None = None, state: StackState | None = None,
-                 home: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        stack: LocalStack | None = None,
+        state: StackState | None = None,
+        home: Path | None = None,
+    ) -> None:
         self.given = config  # as loaded: the stack's addresses are filled in once it runs
         self.config = config
         self.home = home or (stack.root if stack is not None else gridfleet_home())
@@ -193,8 +205,10 @@ class LocalEnv:
     def dry_run(self, run_id: str, console: Console) -> int:
         config = self.given
         nodes = min(config.fleet.max_nodes, config.local.node_cap(os.cpu_count() or 1), len(config.sites))
-        console.print(f"run {run_id} (dry run, nothing started): {len(config.sites)} sites, {nodes} local nodes, "
-                      f"max_attempts {config.run.max_attempts}, hang_after_s {config.run.hang_after_s:g}")
+        console.print(
+            f"run {run_id} (dry run, nothing started): {len(config.sites)} sites, {nodes} local nodes, "
+            f"max_attempts {config.run.max_attempts}, hang_after_s {config.run.hang_after_s:g}"
+        )
         for s in config.sites:
             console.print(f"  {s.id:<24} {s.crawler:<8} {s.start_url}")
         return EXIT_OK
@@ -244,8 +258,9 @@ class LocalEnv:
         if problem is not None:
             log.warning("embedded default: local nodes run Chromium as root, without its sandbox: %s", problem)
         elif user is not None:
-            log.info("embedded default: local nodes run their Grid node and Chromium as %s (uid %d)",
-                     user.name, user.uid)
+            log.info(
+                "embedded default: local nodes run their Grid node and Chromium as %s (uid %d)", user.name, user.uid
+            )
         return user
 
     def provider(self, run_id: str, clock: Clock) -> LocalProvider:
@@ -253,13 +268,36 @@ class LocalEnv:
         st, stack = self._up(), self.stack
 
         def node_command(run: str, iid: str, inst_dir: Path) -> list[str]:
-            cmd = [sys.executable, "-m", "node", "--local", "--config", str(cfg_path), "--run-id", run,
-                   "--instance-id", iid, "--state-dir", str(inst_dir), "--profiles-root", str(stack.efs_root),
-                   "--grid-url", st.grid_url, "--imds-url", f"{st.imds_url}/{iid}"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "node",
+                "--local",
+                "--config",
+                str(cfg_path),
+                "--run-id",
+                run,
+                "--instance-id",
+                iid,
+                "--state-dir",
+                str(inst_dir),
+                "--profiles-root",
+                str(stack.efs_root),
+                "--grid-url",
+                st.grid_url,
+                "--imds-url",
+                f"{st.imds_url}/{iid}",
+            ]
             jar, user = stack.grid_jar, self.crawl_user
             if jar is not None:
-                cmd += ["--grid-jar", str(user.grid_jar if user else jar), "--grid-publish", st.grid_publish,
-                        "--grid-subscribe", st.grid_subscribe]
+                cmd += [
+                    "--grid-jar",
+                    str(user.grid_jar if user else jar),
+                    "--grid-publish",
+                    st.grid_publish,
+                    "--grid-subscribe",
+                    st.grid_subscribe,
+                ]
             if user is not None:
                 cmd += ["--grid-user", user.name]
             return cmd
@@ -277,8 +315,14 @@ class LocalEnv:
 
     def announce(self, run_id: str) -> None:
         st = self._up()
-        log.info("run %s: %d sites, up to %d nodes; Grid %s, demo sites %s", run_id, len(self.config.sites),
-                 self.config.fleet.max_nodes, st.grid_url, st.demo_url)
+        log.info(
+            "run %s: %d sites, up to %d nodes; Grid %s, demo sites %s",
+            run_id,
+            len(self.config.sites),
+            self.config.fleet.max_nodes,
+            st.grid_url,
+            st.demo_url,
+        )
 
     # --- after the run -------------------------------------------------------------------------------------
     def export_node_logs(self, run_id: str, out: Path) -> Path:
@@ -306,8 +350,9 @@ class LocalEnv:
     def hand_over(self, run_id: str, hubs: list[str], console: Console) -> bool:
         if not hubs:  # no hub instance to start here: this command drives the run to its end
             return False
-        console.print(f"the run's hub ({', '.join(hubs)}) picks them up; follow with `gridfleet watch --run-id "
-                      f"{run_id}`")
+        console.print(
+            f"the run's hub ({', '.join(hubs)}) picks them up; follow with `gridfleet watch --run-id {run_id}`"
+        )
         return True
 
     def for_run(self) -> LocalEnv:
@@ -341,11 +386,15 @@ def for_rerun(run_id: str | None, config: Config | None) -> LocalEnv:
     stack, state = _running_stack()
     run_id = run_id or (latest_run_on_stack(stack) if state else None)
     if state is None or run_id is None:
-        raise UsageError("no local stack with a run is up: a rerun on the embedded default works on the stack that "
-                         "holds the run (moto keeps nothing once it stops). Start one with `gridfleet local up`, "
-                         "then `gridfleet run --local`; for a run on AWS pass --config")
+        raise UsageError(
+            "no local stack with a run is up: a rerun on the embedded default works on the stack that "
+            "holds the run (moto keeps nothing once it stops). Start one with `gridfleet local up`, "
+            "then `gridfleet run --local`; for a run on AWS pass --config"
+        )
     config = config or run_config(stack, run_id)
     if config is None:
-        raise UsageError(f"run {run_id} did not run on this stack (no {stack.dir / 'runs' / run_id / 'fleet.yaml'}); "
-                         f"pass --config with its fleet.yaml")
+        raise UsageError(
+            f"run {run_id} did not run on this stack (no {stack.dir / 'runs' / run_id / 'fleet.yaml'}); "
+            f"pass --config with its fleet.yaml"
+        )
     return LocalEnv(config, stack=stack, state=state)

@@ -12,17 +12,20 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from rich.console import Console
 
+from cli import aws as aws_cmd
+from cli import config_cmd, inspect_cmd, local_cmd
+from cli import run as run_cmd
+from cli import simulate as sim_cli
 from fleet.aws.errors import aws_failure
 from fleet.errors import GridfleetError
 from fleet.ids import RUN_ID_RULE, is_run_id
 from fleet.logs import setup
 from hub.loop import EXIT_ERROR
-from cli import aws as aws_cmd, config_cmd, inspect_cmd, local_cmd, run as run_cmd, simulate as sim_cli
 
 log = logging.getLogger("gridfleet")
 DEFAULT_CONFIG = "fleet.yaml"
@@ -57,31 +60,49 @@ def _validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", help="run the crawl of every site in the config until each is done",
-                       description="Seed the sites, launch nodes, watch for hangs and lost nodes, retry up to "
-                                   "run.max_attempts, then terminate the fleet and write runs/<run_id>/summary.json.")
+    p = sub.add_parser(
+        "run",
+        help="run the crawl of every site in the config until each is done",
+        description="Seed the sites, launch nodes, watch for hangs and lost nodes, retry up to "
+        "run.max_attempts, then terminate the fleet and write runs/<run_id>/summary.json.",
+    )
     p.add_argument("--config", default=DEFAULT_CONFIG, help="fleet.yaml (default: %(default)s)")
-    p.add_argument("--local", action="store_true",
-                   help="the embedded default: moto server, a local Selenium Grid and local node processes")
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="the embedded default: moto server, a local Selenium Grid and local node processes",
+    )
     p.add_argument("--run-id", type=_run_id, help="the run's id (default: today's UTC date, e.g. 2026-11-21)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an existing run (after the hub was killed) from the table and the nodes")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an existing run (after the hub was killed) from the table and the nodes",
+    )
     p.add_argument("--dry-run", action="store_true", help="print what would be done; start nothing")
-    p.add_argument("--full", action="store_true",
-                   help="crawl incremental sites whole: ignore their high-water marks (which are renewed after)")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="crawl incremental sites whole: ignore their high-water marks (which are renewed after)",
+    )
     _runs_out(p)
 
 
 def _rerun(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("rerun", help="crawl chosen sites of a run again, or all its FAILED sites (--failed)",
-                       description="Queue the sites again with max_attempts fresh attempts, through the same hub and "
-                                   "nodes. On the embedded default this drives the run to its end on the running "
-                                   "local stack; on AWS it starts a hub from aws.hub_launch_template when none runs. "
-                                   "With --config on the embedded default, reopened sites take their spec from it.")
+    p = sub.add_parser(
+        "rerun",
+        help="crawl chosen sites of a run again, or all its FAILED sites (--failed)",
+        description="Queue the sites again with max_attempts fresh attempts, through the same hub and "
+        "nodes. On the embedded default this drives the run to its end on the running "
+        "local stack; on AWS it starts a hub from aws.hub_launch_template when none runs. "
+        "With --config on the embedded default, reopened sites take their spec from it.",
+    )
     p.add_argument("sites", nargs="*", metavar="SITE", help="site ids to crawl again")
     p.add_argument("--failed", action="store_true", help="every FAILED site of the run")
-    p.add_argument("--force", action="store_true",
-                   help="also crawl sites that have a result (the old one is kept as result.replaced-<time>.json)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="also crawl sites that have a result (the old one is kept as result.replaced-<time>.json)",
+    )
     p.add_argument("--run-id", type=_run_id, help="default: the latest run")
     p.add_argument("--config", help="fleet.yaml: the run is on AWS (or, with --local, the sites' specs)")
     p.add_argument("--local", action="store_true", help="the run is on the local stack (the default without --config)")
@@ -89,8 +110,11 @@ def _rerun(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _render(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("render", help="print the cloud-init user-data of the hub or of a node",
-                       description="Print the rendered cloud-config (for the launch template, or to review it).")
+    p = sub.add_parser(
+        "render",
+        help="print the cloud-init user-data of the hub or of a node",
+        description="Print the rendered cloud-config (for the launch template, or to review it).",
+    )
     p.add_argument("role", choices=("hub", "node"))
     p.add_argument("--config", default=DEFAULT_CONFIG, help="fleet.yaml (default: %(default)s)")
     p.add_argument("--run-id", type=_run_id, help="node: the run (default: today's UTC date)")
@@ -99,19 +123,22 @@ def _render(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _aws(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("aws", help="AWS housekeeping: `aws bootstrap` creates the table, queue + DLQ and bucket")
-    p.add_argument("action", choices=("bootstrap",),
-                   help="bootstrap: create what is missing, idempotently (dev accounts, LocalStack, moto)")
+    p.add_argument(
+        "action",
+        choices=("bootstrap",),
+        help="bootstrap: create what is missing, idempotently (dev accounts, LocalStack, moto)",
+    )
     p.add_argument("--config", required=True)
 
 
 def _bundle(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bundle", help="build the code bundle and the Lambda package; --upload puts them in S3")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help="fleet.yaml (its bucket and keys; uploaded as the "
-                                                            "hub's config)")
+    p.add_argument(
+        "--config", default=DEFAULT_CONFIG, help="fleet.yaml (its bucket and keys; uploaded as the hub's config)"
+    )
     p.add_argument("--out", type=Path, default=Path("dist"), help="where to build (default: %(default)s)")
     p.add_argument("--upload", action="store_true", help="upload the bundle, the Lambda package and the config")
-    p.add_argument("--efs-utils-deb", help="an amazon-efs-utils .deb to upload beside the bundle (for AMIs "
-                                           "without it)")
+    p.add_argument("--efs-utils-deb", help="an amazon-efs-utils .deb to upload beside the bundle (for AMIs without it)")
 
 
 def _config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -124,16 +151,22 @@ def _status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help="the sites of a run: status, attempt, node, last update, reason")
     p.add_argument("--run-id", type=_run_id, help="default: the latest run")
     p.add_argument("--json", action="store_true", help='{"run_id", "sites", "counts"} as JSON')
-    p.add_argument("--config", help="read the run on AWS, from the resources this fleet.yaml names "
-                                     "(default: the local stack, else runs/<run_id>/summary.json)")
+    p.add_argument(
+        "--config",
+        help="read the run on AWS, from the resources this fleet.yaml names "
+        "(default: the local stack, else runs/<run_id>/summary.json)",
+    )
     p.add_argument("--local", action="store_true", help="read the run on the local stack")
     _runs_out(p, "where to look for summaries (default: %(default)s)")
 
 
 def _watch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("watch", help="follow a run live until it finishes: progress bar, counts, open sites",
-                       description="Refreshes every --interval seconds until the run finishes; exits 0 when every "
-                                   "site COMPLETED, 3 when some FAILED (as `run` does).")
+    p = sub.add_parser(
+        "watch",
+        help="follow a run live until it finishes: progress bar, counts, open sites",
+        description="Refreshes every --interval seconds until the run finishes; exits 0 when every "
+        "site COMPLETED, 3 when some FAILED (as `run` does).",
+    )
     p.add_argument("--run-id", type=_run_id, help="default: the latest run")
     p.add_argument("--config", help="follow the run on AWS, in the resources this fleet.yaml names")
     p.add_argument("--local", action="store_true", help="follow the run on the local stack")
@@ -142,22 +175,29 @@ def _watch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("report", help="write a self-contained HTML report of a run (timeline, cost, diff)",
-                       description="One HTML file: the sites, a timeline of every attempt on every node, durations, "
-                                   "estimated cost (node-seconds x fleet.hourly_price) and the difference from the "
-                                   "previous run under the same runs directory.")
+    p = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report of a run (timeline, cost, diff)",
+        description="One HTML file: the sites, a timeline of every attempt on every node, durations, "
+        "estimated cost (node-seconds x fleet.hourly_price) and the difference from the "
+        "previous run under the same runs directory.",
+    )
     p.add_argument("--run-id", type=_run_id, help="default: the latest run under --runs")
     p.add_argument("--out", type=Path, help="the HTML file (default: runs/<run_id>/report.html)")
-    p.add_argument("--runs", type=Path, default=Path("runs"),
-                   help="where the runs' summaries are (default: %(default)s)")
+    p.add_argument(
+        "--runs", type=Path, default=Path("runs"), help="where the runs' summaries are (default: %(default)s)"
+    )
     p.add_argument("--config", help="fleet.yaml whose fleet.hourly_price prices the node-seconds")
 
 
 def _check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("check", help="assert a finished run kept every promise (exit 0) or list what broke (exit 1)",
-                       description="Every site terminal; attempts within max_attempts and never overlapping; one "
-                                   "result per COMPLETED site; no instance or message of the run left; the DLQ "
-                                   "reported; on the embedded default, the demo server's own count of fetches.")
+    p = sub.add_parser(
+        "check",
+        help="assert a finished run kept every promise (exit 0) or list what broke (exit 1)",
+        description="Every site terminal; attempts within max_attempts and never overlapping; one "
+        "result per COMPLETED site; no instance or message of the run left; the DLQ "
+        "reported; on the embedded default, the demo server's own count of fetches.",
+    )
     p.add_argument("--run-id", type=_run_id, help="default: the latest run")
     p.add_argument("--config", help="the run is on AWS, in the resources this fleet.yaml names")
     p.add_argument("--local", action="store_true", help="the run is on the local stack (the default without --config)")
@@ -173,17 +213,34 @@ def _teardown(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _local(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("local", help="the embedded default's stack (moto server, Selenium Grid, demo sites)")
-    p.add_argument("action", choices=("up", "down", "status"),
-                   help="up: start and leave running; down: stop it and every node; status: components and URLs")
+    p.add_argument(
+        "action",
+        choices=("up", "down", "status"),
+        help="up: start and leave running; down: stop it and every node; status: components and URLs",
+    )
 
 
 def _node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub.add_parser("node", help="the node agent, as cloud-init runs it (see `gridfleet node --help`)",
-                   add_help=False)
+    sub.add_parser("node", help="the node agent, as cloud-init runs it (see `gridfleet node --help`)", add_help=False)
 
 
-PARSERS = (_validate, _run, _rerun, _render, _aws, _bundle, _config, _status, _watch, _report, _check, _teardown,
-           _local, sim_cli.add_parser, _node)
+PARSERS = (
+    _validate,
+    _run,
+    _rerun,
+    _render,
+    _aws,
+    _bundle,
+    _config,
+    _status,
+    _watch,
+    _report,
+    _check,
+    _teardown,
+    _local,
+    sim_cli.add_parser,
+    _node,
+)
 
 COMMANDS: dict[str, Command] = {
     "validate": config_cmd.cmd_validate,

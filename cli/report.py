@@ -55,6 +55,7 @@ BIG_CHANGE_S = 30.0  # ... and by more than this many seconds
 
 # --- the sections -------------------------------------------------------------------------------
 
+
 def _header(summary: Mapping[str, Any]) -> dict[str, Any]:
     counts = {str(k): int(v) for k, v in as_dict(summary.get("counts")).items() if num(v) is not None}
     if not counts:
@@ -97,8 +98,15 @@ def _fleet(attempts: list[Attempt]) -> dict[str, Any]:
         "crawl_time": fmt_duration(sum(secs)),
         "kills": sorted(Counter(a.kill_path for a in attempts if a.kill_path).items()),
         "outcomes": Counter(a.outcome for a in attempts).most_common(),
-        "slowest": [{"site": a.site, "final": fmt_duration(a.seconds), "total": fmt_duration(total[a.site]),
-                     "attempts": count[a.site]} for a in slowest],
+        "slowest": [
+            {
+                "site": a.site,
+                "final": fmt_duration(a.seconds),
+                "total": fmt_duration(total[a.site]),
+                "attempts": count[a.site],
+            }
+            for a in slowest
+        ],
     }
 
 
@@ -108,11 +116,17 @@ def _cost(nodes: list[Node], prices: Mapping[str, float] | None) -> dict[str, An
     for type_ in sorted({n.type for n in nodes}):
         seconds = sum(n.seconds for n in nodes if n.type == type_)
         price = num(prices.get(type_))
-        lines.append({"type": type_, "nodes": sum(1 for n in nodes if n.type == type_),
-                      "node_seconds": f"{round(seconds):,}", "node_hours": f"{seconds / 3600:.2f}",
-                      "price": None if price is None else f"{fmt_usd(price)}/h",
-                      "cost": None if price is None else fmt_usd(seconds / 3600 * price),
-                      "usd": None if price is None else seconds / 3600 * price})
+        lines.append(
+            {
+                "type": type_,
+                "nodes": sum(1 for n in nodes if n.type == type_),
+                "node_seconds": f"{round(seconds):,}",
+                "node_hours": f"{seconds / 3600:.2f}",
+                "price": None if price is None else f"{fmt_usd(price)}/h",
+                "cost": None if price is None else fmt_usd(seconds / 3600 * price),
+                "usd": None if price is None else seconds / 3600 * price,
+            }
+        )
     return {
         "lines": lines,
         "node_seconds": f"{round(sum(n.seconds for n in nodes)):,}",
@@ -133,14 +147,18 @@ def _site_rows(summary: Mapping[str, Any], attempts: list[Attempt]) -> list[dict
         reason = e.get("failure_reason")
         error = e.get("error") if status != "COMPLETED" else None  # a completed site's old error is history
         count = e.get("attemptCount")
-        rows.append({
-            "site": name, "status": status, "failed": status == "FAILED",
-            "attempts": count if num(count) is not None else len(mine),
-            "final": fmt_duration(mine[-1].seconds) if mine else "-",
-            "total": fmt_duration(sum(a.seconds for a in mine)) if mine else "-",
-            "reason": ": ".join(str(p) for p in (reason, error) if p),
-            "node": str(e.get("instance_id") or (mine[-1].instance_id if mine else "-")),
-        })
+        rows.append(
+            {
+                "site": name,
+                "status": status,
+                "failed": status == "FAILED",
+                "attempts": count if num(count) is not None else len(mine),
+                "final": fmt_duration(mine[-1].seconds) if mine else "-",
+                "total": fmt_duration(sum(a.seconds for a in mine)) if mine else "-",
+                "reason": ": ".join(str(p) for p in (reason, error) if p),
+                "node": str(e.get("instance_id") or (mine[-1].instance_id if mine else "-")),
+            }
+        )
     return sorted(rows, key=lambda r: (not r["failed"], r["site"]))
 
 
@@ -157,8 +175,14 @@ def _diff(summary: Mapping[str, Any], previous: Mapping[str, Any] | None) -> dic
         if site in dur_now and site in dur_before:
             a, b = dur_before[site], dur_now[site]
             if abs(b - a) > BIG_CHANGE_S and abs(b - a) > BIG_CHANGE_RATIO * a:
-                changes.append({"site": site, "before": fmt_duration(a), "after": fmt_duration(b),
-                                "change": f"{(b - a) / a:+.0%}" if a else "new"})
+                changes.append(
+                    {
+                        "site": site,
+                        "before": fmt_duration(a),
+                        "after": fmt_duration(b),
+                        "change": f"{(b - a) / a:+.0%}" if a else "new",
+                    }
+                )
     return {
         "run_id": str(previous.get("run_id") or "?"),
         "started": fmt_utc(num(previous.get("started_at"))),
@@ -172,6 +196,7 @@ def _diff(summary: Mapping[str, Any], previous: Mapping[str, Any] | None) -> dic
 
 # --- rendering and files ------------------------------------------------------------------------
 
+
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
@@ -183,8 +208,13 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def render_report(summary: Mapping[str, Any], *, previous: Mapping[str, Any] | None = None,
-                  prices: Mapping[str, float] | None = None, generated_at: float | None = None) -> str:
+def render_report(
+    summary: Mapping[str, Any],
+    *,
+    previous: Mapping[str, Any] | None = None,
+    prices: Mapping[str, float] | None = None,
+    generated_at: float | None = None,
+) -> str:
     """The whole HTML document of a run's report.
 
     `prices` are USD per hour by instance type; `previous` is the summary to
@@ -240,8 +270,13 @@ def publish(summary_path: Path, archive: RunArchive, *, prices: Mapping[str, flo
     return out
 
 
-def write_report(summary_path: Path, out: Path, *, prices: Mapping[str, float] | None = None,
-                 previous: Mapping[str, Any] | None = None) -> Path:
+def write_report(
+    summary_path: Path,
+    out: Path,
+    *,
+    prices: Mapping[str, float] | None = None,
+    previous: Mapping[str, Any] | None = None,
+) -> Path:
     """Write the report of `summary_path` to `out` and return `out`.
 
     Without `previous`, the run is compared with the latest earlier run beside

@@ -19,6 +19,7 @@ UNFINISHED = "unfinished"  # an attempt whose end was never recorded: drawn to t
 
 # --- formatting ---------------------------------------------------------------------------------
 
+
 def fmt_duration(seconds: float | None) -> str:
     """'42 s' below two minutes, '3 m 05 s' below an hour, else '1 h 02 m'; '-' when unknown."""
     if seconds is None:
@@ -56,6 +57,7 @@ def sites_of(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 
 # --- attempts and nodes -------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Attempt:
@@ -102,8 +104,13 @@ class Node:
 
 def run_bounds(summary: Mapping[str, Any]) -> tuple[float, float]:
     """The run's start and end; from its attempts where the summary lacks them."""
-    times = [t for entry in sites_of(summary).values() for a in entry.get("attempts") or []
-             for t in (num(as_dict(a).get("start")), num(as_dict(a).get("end"))) if t is not None]
+    times = [
+        t
+        for entry in sites_of(summary).values()
+        for a in entry.get("attempts") or []
+        for t in (num(as_dict(a).get("start")), num(as_dict(a).get("end")))
+        if t is not None
+    ]
     start = num(summary.get("started_at"))
     start = min(times, default=0.0) if start is None else start
     end = num(summary.get("finished_at"))
@@ -121,11 +128,18 @@ def attempts_of(summary: Mapping[str, Any]) -> list[Attempt]:
             start, end = num(a.get("start")), num(a.get("end"))
             if start is None:
                 continue
-            out.append(Attempt(site=site, n=n, instance_id=str(a.get("instance_id") or "?"), start=start,
-                               end=max(start, run_end if end is None else end),
-                               outcome=str(a.get("outcome") or UNFINISHED),
-                               kill_path=str(a["kill_path"]) if a.get("kill_path") else None,
-                               unfinished=end is None))
+            out.append(
+                Attempt(
+                    site=site,
+                    n=n,
+                    instance_id=str(a.get("instance_id") or "?"),
+                    start=start,
+                    end=max(start, run_end if end is None else end),
+                    outcome=str(a.get("outcome") or UNFINISHED),
+                    kill_path=str(a["kill_path"]) if a.get("kill_path") else None,
+                    unfinished=end is None,
+                )
+            )
     return out
 
 
@@ -149,12 +163,19 @@ def nodes_of(summary: Mapping[str, Any], attempts: Iterable[Attempt]) -> list[No
             start = mine[0].start
         if end is None and start is not None:
             end = max(a.end for a in mine) if mine else max(start, run_end)
-        nodes.append(Node(iid, str(info.get("type") or "unknown"),
-                          str(info["market"]) if info.get("market") else None, start, end, tuple(mine)))
+        nodes.append(
+            Node(
+                iid,
+                str(info.get("type") or "unknown"),
+                str(info["market"]) if info.get("market") else None,
+                start,
+                end,
+                tuple(mine),
+            )
+        )
     return sorted(nodes, key=lambda n: (n.start is None, n.start or 0.0, n.instance_id))
 
 
 def final_seconds(summary: Mapping[str, Any]) -> dict[str, float]:
     """Each attempted site's duration of its last attempt."""
     return {a.site: a.seconds for a in attempts_of(summary)}  # attempts come in history order
-

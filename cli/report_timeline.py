@@ -46,8 +46,10 @@ def _ticks(scale: _Scale) -> list[dict[str, Any]]:
     step = step or 86400 * math.ceil(span / 86400 / MAX_TICKS)
     fmt = "%H:%M:%S" if step < 60 else ("%H:%M" if step < 86400 else "%Y-%m-%d")
     first = math.ceil(scale.t0 / step) * step
-    return [{"x": scale.x(t), "label": fmt_utc(t, fmt)}
-            for t in (first + i * step for i in range(int((scale.t1 - first) // step) + 1))]
+    return [
+        {"x": scale.x(t), "label": fmt_utc(t, fmt)}
+        for t in (first + i * step for i in range(int((scale.t1 - first) // step) + 1))
+    ]
 
 
 def _bar(a: Attempt, scale: _Scale, y: float) -> dict[str, Any]:
@@ -57,13 +59,22 @@ def _bar(a: Attempt, scale: _Scale, y: float) -> dict[str, Any]:
     if a.kill_path:
         cx, cy, r = round(x + w, 1), round(y + BAR_H / 2, 1), KILL_R
         kill = f"M{cx - r},{cy - r}L{cx + r},{cy + r}M{cx + r},{cy - r}L{cx - r},{cy + r}"
-    return {"x": x, "y": y, "w": w, "h": BAR_H, "css": a.css, "open": a.unfinished, "title": a.describe(),
-            "kill": kill, "kill_path": a.kill_path}
+    return {
+        "x": x,
+        "y": y,
+        "w": w,
+        "h": BAR_H,
+        "css": a.css,
+        "open": a.unfinished,
+        "title": a.describe(),
+        "kill": kill,
+        "kill_path": a.kill_path,
+    }
 
 
 def _label(node: Node) -> str:
     text = f"{node.instance_id} {node.type}"
-    return text if len(text) <= LABEL_CHARS else text[:LABEL_CHARS - 1] + "\u2026"
+    return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "\u2026"
 
 
 def _row(node: Node, i: int, scale: _Scale) -> dict[str, Any]:
@@ -71,11 +82,16 @@ def _row(node: Node, i: int, scale: _Scale) -> dict[str, Any]:
     bar_y = round(y + (ROW_H - BAR_H) / 2, 1)
     market = f", {node.market}" if node.market else ""
     return {
-        "y": y, "h": ROW_H, "stripe": i % 2 == 1, "text_y": round(y + ROW_H / 2 + 4, 1), "label": _label(node),
+        "y": y,
+        "h": ROW_H,
+        "stripe": i % 2 == 1,
+        "text_y": round(y + ROW_H / 2 + 4, 1),
+        "label": _label(node),
         "title": f"node {node.instance_id} ({node.type}{market}): {len(node.attempts)} attempts, "
-                 f"up {fmt_duration(node.seconds)}",
-        "life": None if node.start is None or node.end is None else
-        {"x1": scale.x(node.start), "x2": scale.x(node.end), "y": round(y + ROW_H / 2, 1)},
+        f"up {fmt_duration(node.seconds)}",
+        "life": None
+        if node.start is None or node.end is None
+        else {"x1": scale.x(node.start), "x2": scale.x(node.end), "y": round(y + ROW_H / 2, 1)},
         "bars": [_bar(a, scale, bar_y) for a in node.attempts],
     }
 
@@ -86,12 +102,16 @@ def timeline(nodes: list[Node], attempts: list[Attempt], bounds: tuple[float, fl
     axis_y = TOP + len(shown) * ROW_H + 4
     present = {a.css for a in attempts}
     return {
-        "width": WIDTH, "height": axis_y + AXIS_H, "axis_y": axis_y, "x0": LABEL_W, "x1": WIDTH - RIGHT_PAD,
+        "width": WIDTH,
+        "height": axis_y + AXIS_H,
+        "axis_y": axis_y,
+        "x0": LABEL_W,
+        "x1": WIDTH - RIGHT_PAD,
         "rows": [_row(n, i, scale) for i, n in enumerate(shown)],
         "ticks": _ticks(scale),
         "legend": [o for o in (*OUTCOMES, UNFINISHED, "other") if o in present],
         "kills": any(a.kill_path for a in attempts),
-        "hidden_nodes": len(hidden), "hidden_attempts": sum(len(n.attempts) for n in hidden),
+        "hidden_nodes": len(hidden),
+        "hidden_attempts": sum(len(n.attempts) for n in hidden),
         "drawn": bool(attempts) and bool(shown),
     }
-

@@ -15,18 +15,18 @@ result aside (`.../result.replaced-<time>.json`) rather than deleting it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from fleet import ops
+from fleet.aws.queue import SiteQueue
+from fleet.aws.results import ResultStore, result_key
+from fleet.aws.table import StateTable
 from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite, UsageError
 from fleet.logs import event
-from fleet.aws.queue import SiteQueue
-from fleet.aws.results import ResultStore, result_key
 from fleet.state import RunState, RunStatus, SiteRecord
-from fleet.aws.table import StateTable
 from hub.plan import spec_of
 
 log = logging.getLogger("gridfleet.hub")
@@ -60,12 +60,31 @@ def choose(records: Mapping[str, SiteRecord], names: Iterable[str], *, failed: b
     return out
 
 
-def reopen(*, run_id: str, run: RunInfo, records: Mapping[str, SiteRecord], choice: Choice, table: StateTable,
-           queue: SiteQueue, results: ResultStore, config: Config, now: float) -> list[str]:
+def reopen(
+    *,
+    run_id: str,
+    run: RunInfo,
+    records: Mapping[str, SiteRecord],
+    choice: Choice,
+    table: StateTable,
+    queue: SiteQueue,
+    results: ResultStore,
+    config: Config,
+    now: float,
+) -> list[str]:
     """Reopen the chosen sites (and the run, if it finished); returns the sites reopened."""
     if run.finished:
-        table.update_run(run_id, status=RunState.RUNNING, deadline_at=now + config.run.deadline_s, finished_at=None,
-                         hub_id=None, launch_failures=0, launch_error=None, launch_retry_at=None, reruns=run.reruns + 1)
+        table.update_run(
+            run_id,
+            status=RunState.RUNNING,
+            deadline_at=now + config.run.deadline_s,
+            finished_at=None,
+            hub_id=None,
+            launch_failures=0,
+            launch_error=None,
+            launch_retry_at=None,
+            reruns=run.reruns + 1,
+        )
         event(log, "run-reopened", run_id=run_id, sites=len(choice.sites), rerun=run.reruns + 1)
     done = []
     for name in choice.sites:

@@ -14,11 +14,17 @@ import argparse
 import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 
+from cli import env as envs
+from cli.check import CheckReport, attach, check_run
+from cli.env import Environment, RunHold
+from cli.rerun import Choice, choose, reopen
+from cli.views import print_sites
 from fleet.aws.clients import AwsClients
 from fleet.aws.metrics import CloudWatchSink
 from fleet.aws.queue import SiteQueue
@@ -35,17 +41,13 @@ from fleet.summary import build_summary, export, site_entry
 from hub.loop import EXIT_OK, Hub, RunOutcome
 from hub.monitor import HubMonitor
 from hub.providers.base import ComputeProvider
-from cli import env as envs
-from cli.check import CheckReport, attach, check_run
-from cli.env import Environment, RunHold
-from cli.rerun import Choice, choose, reopen
-from cli.views import print_sites
 
 log = logging.getLogger("gridfleet")
 
 
-def check_existing(existing: RunInfo | None, run_id: str, resume: bool, hub_alive: Callable[[str], bool],
-                   me: str) -> None:
+def check_existing(
+    existing: RunInfo | None, run_id: str, resume: bool, hub_alive: Callable[[str], bool], me: str
+) -> None:
     if existing is None:
         if resume:
             log.info("run %s does not exist yet: starting it", run_id)
@@ -60,8 +62,9 @@ def check_existing(existing: RunInfo | None, run_id: str, resume: bool, hub_aliv
 def export_finished(table: StateTable, results: ResultStore, run_id: str, out: Path, console: Console) -> int:
     rows = table.read_run(run_id)
     assert rows.run is not None
-    summary = build_summary(rows.run, rows.sites, left_running=0, finished_at=rows.run.finished_at or time.time(),
-                            finish_reason="done")
+    summary = build_summary(
+        rows.run, rows.sites, left_running=0, finished_at=rows.run.finished_at or time.time(), finish_reason="done"
+    )
     path = export(out, summary, rows.sites, results)
     print_sites(console, run_id, summary["sites"], summary["counts"])
     console.print(f"run {run_id} had already finished; summary: {path}")
@@ -72,8 +75,9 @@ def report_finished_export(summary: dict[str, Any], path: Path, run_id: str, res
     """A finished run the stores forgot (the embedded default): `--resume` reports it; a new run of its id is
     refused."""
     if not resume:
-        raise UsageError(f"run {run_id} already finished ({path}); pass --run-id to start another, "
-                         f"or --resume to see how it ended")
+        raise UsageError(
+            f"run {run_id} already finished ({path}); pass --run-id to start another, or --resume to see how it ended"
+        )
     counts = summary.get("counts") or {}
     print_sites(console, run_id, summary.get("sites") or {}, counts)
     console.print(f"run {run_id} had already finished; nothing to resume. summary: {path}")
@@ -88,8 +92,9 @@ def _term_as_interrupt() -> None:
 
 
 def monitor_for(run_id: str, config: Config, queue: SiteQueue, clients: AwsClients, clock: Clock) -> HubMonitor:
-    cw = CloudWatchSink(clients.client("cloudwatch") if config.metrics.cloudwatch else None,
-                        config.metrics.namespace, clock)
+    cw = CloudWatchSink(
+        clients.client("cloudwatch") if config.metrics.cloudwatch else None, config.metrics.namespace, clock
+    )
     return HubMonitor(run_id, config, queue, clock, cw)
 
 
@@ -103,8 +108,12 @@ def _serve(hub: Hub) -> Any:
     try:
         server = HubServer(hub.monitor.status, hub.monitor.registry, bind=cfg.bind, port=cfg.port).start()
     except OSError as e:
-        log.warning("dashboard-unavailable bind=%s port=%d error=%s (set hub.port, or 0 for any free port)",
-                    cfg.bind, cfg.port, e)
+        log.warning(
+            "dashboard-unavailable bind=%s port=%d error=%s (set hub.port, or 0 for any free port)",
+            cfg.bind,
+            cfg.port,
+            e,
+        )
         return None
     event(log, "dashboard", run_id=hub.run_id, url=server.url, metrics=server.url + "metrics")
     return server
@@ -124,16 +133,24 @@ def _drive(hub: Hub) -> RunOutcome:
             server.stop()
 
 
-def _report(console: Console, table: StateTable, run_id: str, outcome: RunOutcome, extra: str = "",
-            report: CheckReport | None = None) -> None:
+def _report(
+    console: Console,
+    table: StateTable,
+    run_id: str,
+    outcome: RunOutcome,
+    extra: str = "",
+    report: CheckReport | None = None,
+) -> None:
     rows = table.read_run(run_id)
     print_sites(console, run_id, {r.site: site_entry(r) for r in rows.sites}, outcome.counts)
     if report is not None:
         for text in report.violations:
             console.print(f"[red]check violation:[/] {text}")
-        console.print(f"check: {'OK' if report.ok else f'{len(report.violations)} violation(s)'}"
-                      f"{f', {len(report.notes)} note(s)' if report.notes else ''}"
-                      f", false_losses {report.false_losses}")
+        console.print(
+            f"check: {'OK' if report.ok else f'{len(report.violations)} violation(s)'}"
+            f"{f', {len(report.notes)} note(s)' if report.notes else ''}"
+            f", false_losses {report.false_losses}"
+        )
     console.print(f"summary: {outcome.summary_path}{extra}")
 
 
@@ -146,11 +163,17 @@ def _publish(outcome: RunOutcome, env: Environment) -> None:
     try:
         report = publish(outcome.summary_path, env.archive, prices=env.config.fleet.hourly_price)
     except Exception as e:  # noqa: BLE001 - the record is also on disk; a lost upload must not fail the run
-        event(log, "archive-failed", logging.ERROR, run_id=outcome.run_id, bucket=bucket,
-              error=f"{type(e).__name__}: {e}", kept=str(outcome.summary_path))
+        event(
+            log,
+            "archive-failed",
+            logging.ERROR,
+            run_id=outcome.run_id,
+            bucket=bucket,
+            error=f"{type(e).__name__}: {e}",
+            kept=str(outcome.summary_path),
+        )
         return
-    event(log, "archived", run_id=outcome.run_id, bucket=bucket, summary=f"runs/{outcome.run_id}/",
-          report=str(report))
+    event(log, "archived", run_id=outcome.run_id, bucket=bucket, summary=f"runs/{outcome.run_id}/", report=str(report))
 
 
 def demo_stats(demo_url: str) -> dict[str, Any] | None:
@@ -193,10 +216,20 @@ def run(env: Environment, args: argparse.Namespace, run_id: str, console: Consol
             hold.end()
             return export_finished(env.table, env.results, run_id, args.out, console)
         env.save_run_config(run_id)
-        hub = Hub(run_id=run_id, config=env.config, table=env.table, queue=env.queue, results=env.results,
-                  provider=provider, control=env.control(run_id, clock), clock=clock, out_dir=args.out,
-                  hub_id=hub_id, monitor=monitor_for(run_id, env.config, env.queue, env.clients, clock),
-                  full=getattr(args, "full", False))
+        hub = Hub(
+            run_id=run_id,
+            config=env.config,
+            table=env.table,
+            queue=env.queue,
+            results=env.results,
+            provider=provider,
+            control=env.control(run_id, clock),
+            clock=clock,
+            out_dir=args.out,
+            hub_id=hub_id,
+            monitor=monitor_for(run_id, env.config, env.queue, env.clients, clock),
+            full=getattr(args, "full", False),
+        )
         env.announce(run_id)
         return _drive_to_end(env, hub, hold, provider, console)
 
@@ -211,9 +244,16 @@ def _drive_to_end(env: Environment, hub: Hub, hold: RunHold, provider: ComputePr
     hold.end()
     run_id, out = hub.run_id, hub.out_dir
     logs = env.export_node_logs(run_id, out)
-    report = check_run(run_id, table=env.table, queue=env.queue, results=env.results, provider=provider,
-                       config=env.config, demo_stats=demo_stats(env.demo_url) if env.demo_url else None,
-                       demo_url=env.demo_url)
+    report = check_run(
+        run_id,
+        table=env.table,
+        queue=env.queue,
+        results=env.results,
+        provider=provider,
+        config=env.config,
+        demo_stats=demo_stats(env.demo_url) if env.demo_url else None,
+        demo_url=env.demo_url,
+    )
     attach(report, outcome.summary_path)
     _publish(outcome, env)
     _report(console, env.table, run_id, outcome, f"  (node logs: {logs})" if logs is not None else "", report)
@@ -250,8 +290,17 @@ def rerun(env: Environment, args: argparse.Namespace, console: Console) -> int:
     if not choice.sites:
         return EXIT_OK
     hubs = env.rerun_hubs(run_id, rows.run)
-    reopen(run_id=run_id, run=rows.run, records=records, choice=choice, table=env.table, queue=env.queue,
-           results=env.results, config=env.config, now=time.time())
+    reopen(
+        run_id=run_id,
+        run=rows.run,
+        records=records,
+        choice=choice,
+        table=env.table,
+        queue=env.queue,
+        results=env.results,
+        config=env.config,
+        now=time.time(),
+    )
     console.print(f"run {run_id}: {len(choice.sites)} site(s) queued again: {', '.join(choice.sites)}")
     if env.hand_over(run_id, hubs, console):
         return EXIT_OK

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -25,8 +26,11 @@ POLICIES = ("gridfleet", "seed")
 
 #: The figures we aim for (reported next to what a run reaches; see docs/ARCHITECTURE.md).
 TARGETS = {
-    "ratio": ("<=", 1.10), "hang_lag_max_s": ("<=", 2.0), "utilization": (">=", 0.85),
-    "calls_per_site": ("<=", 8.0), "tick_cpu_ms_p95": ("<=", 20.0),
+    "ratio": ("<=", 1.10),
+    "hang_lag_max_s": ("<=", 2.0),
+    "utilization": (">=", 0.85),
+    "calls_per_site": ("<=", 8.0),
+    "tick_cpu_ms_p95": ("<=", 20.0),
 }
 
 
@@ -39,11 +43,13 @@ def _count(lo: int, hi: int) -> Callable[[str], int]:
         if not lo <= n <= hi:
             raise argparse.ArgumentTypeError(f"{value!r}: a whole number from {lo} to {hi:,}")
         return n
+
     return parse
 
 
 def _number(lo: float, hi: float | None, what: str, above: bool = False) -> Callable[[str], float]:
     """An argparse type for a number in [lo, hi] (above lo, with `above`)."""
+
     def parse(value: str) -> float:
         try:
             x = float(value)
@@ -52,6 +58,7 @@ def _number(lo: float, hi: float | None, what: str, above: bool = False) -> Call
         if not ((x > lo if above else x >= lo) and (hi is None or x <= hi)):
             raise argparse.ArgumentTypeError(f"{value!r}: {what}")
         return x
+
     return parse
 
 
@@ -62,33 +69,51 @@ _pos = _number(0, None, "a number above 0", above=True)
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "simulate", help="a whole run in virtual time on the hub's own plan(): makespan, cost, API calls",
+        "simulate",
+        help="a whole run in virtual time on the hub's own plan(): makespan, cost, API calls",
         description="A discrete-event simulation of a run: the real hub (plan, executor, site cache) on an "
-                    "in-memory table, nodes making the agent's decisions, a simulated EC2 (boot times, spot "
-                    "interruptions, capacity errors) and simulated crawls (heavy-tailed times, hangs). Nothing "
-                    "is launched. --policy seed runs the original design's policy for comparison: FIFO order, "
-                    "a fixed 30 s poll, one site per node then shutdown.",
+        "in-memory table, nodes making the agent's decisions, a simulated EC2 (boot times, spot "
+        "interruptions, capacity errors) and simulated crawls (heavy-tailed times, hangs). Nothing "
+        "is launched. --policy seed runs the original design's policy for comparison: FIFO order, "
+        "a fixed 30 s poll, one site per node then shutdown.",
         epilog="Figures: makespan_s (start to the last site done), lower_bound_s = max(boot + longest site, "
-               "boot + total work / nodes), ratio, hang_lag_*_s (a hang's end beyond hang_after_s), utilization "
-               "(busy / billed node-seconds), node_hours, cost_usd (fleet.hourly_price), api_calls_per_site, "
-               "tick_cpu_ms_* (the hub's own work per tick, apart from its reads), wall_s.")
+        "boot + total work / nodes), ratio, hang_lag_*_s (a hang's end beyond hang_after_s), utilization "
+        "(busy / billed node-seconds), node_hours, cost_usd (fleet.hourly_price), api_calls_per_site, "
+        "tick_cpu_ms_* (the hub's own work per tick, apart from its reads), wall_s.",
+    )
     p.add_argument("--sites", type=_count(1, 100_000), help="sites in the run (default 80, or the history's)")
     p.add_argument("--nodes", type=_count(1, 10_000), default=20, help="fleet.max_nodes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="random seed: the same seed, the same run (default: 1)")
     p.add_argument("--policy", choices=POLICIES, default="gridfleet", help="default: %(default)s")
-    p.add_argument("--history", type=Path, metavar="FILE",
-                   help="crawl times of a past run: its runs/<id>/summary.json, or a JSON object {site: seconds}")
+    p.add_argument(
+        "--history",
+        type=Path,
+        metavar="FILE",
+        help="crawl times of a past run: its runs/<id>/summary.json, or a JSON object {site: seconds}",
+    )
     p.add_argument("--config", metavar="FILE", help="take run: and fleet: settings from this fleet.yaml")
     p.add_argument("--boot-s", type=_pos, default=60.0, help="mean boot time of a node (default: %(default)s)")
     p.add_argument("--site-s", type=_pos, default=300.0, help="median crawl time (default: %(default)s)")
-    p.add_argument("--sigma", type=_nonneg, default=0.8,
-                   help="spread of crawl times (lognormal; 0 = all equal) (default: %(default)s)")
+    p.add_argument(
+        "--sigma",
+        type=_nonneg,
+        default=0.8,
+        help="spread of crawl times (lognormal; 0 = all equal) (default: %(default)s)",
+    )
     p.add_argument("--page-s", type=_pos, default=30.0, help="seconds per page (default: %(default)s)")
     p.add_argument("--hang-rate", type=_rate, default=0.01, help="chance an attempt hangs (default: %(default)s)")
-    p.add_argument("--spot-per-hour", type=_nonneg, default=0.05,
-                   help="spot interruptions per instance-hour (default: %(default)s)")
-    p.add_argument("--capacity-errors", type=_rate, default=0.02,
-                   help="chance a launch of one instance type finds no capacity (default: %(default)s)")
+    p.add_argument(
+        "--spot-per-hour",
+        type=_nonneg,
+        default=0.05,
+        help="spot interruptions per instance-hour (default: %(default)s)",
+    )
+    p.add_argument(
+        "--capacity-errors",
+        type=_rate,
+        default=0.02,
+        help="chance a launch of one instance type finds no capacity (default: %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -98,10 +123,21 @@ def params_from(args: argparse.Namespace) -> SimParams:
     history = durations_from_file(args.history) if args.history else None
     config = load_config(args.config) if args.config else None
     sites = args.sites or (len(history) if history else 80)
-    return SimParams(sites=sites, nodes=args.nodes, seed=args.seed, policy=args.policy, boot_s=args.boot_s,
-                     site_s=args.site_s, sigma=args.sigma, page_s=args.page_s, hang_rate=args.hang_rate,
-                     spot_per_hour=args.spot_per_hour, capacity_error_rate=args.capacity_errors, history=history,
-                     config=config)
+    return SimParams(
+        sites=sites,
+        nodes=args.nodes,
+        seed=args.seed,
+        policy=args.policy,
+        boot_s=args.boot_s,
+        site_s=args.site_s,
+        sigma=args.sigma,
+        page_s=args.page_s,
+        hang_rate=args.hang_rate,
+        spot_per_hour=args.spot_per_hour,
+        capacity_error_rate=args.capacity_errors,
+        history=history,
+        config=config,
+    )
 
 
 def cmd_simulate(args: argparse.Namespace, console: Console) -> int:
@@ -137,28 +173,46 @@ def result_table(r: SimResult) -> Table:
         ("makespan", f"{r.makespan_s:,.0f} s", f"{r.makespan_s / 3600:.2f} h"),
         ("lower bound", f"{r.lower_bound_s:,.0f} s", "max(boot + longest, boot + work / nodes)"),
         ("ratio", f"{r.ratio:.3f}", _mark("ratio", r.ratio)),
-        ("hang lag max / p95", f"{r.hang_lag_max_s:.1f} / {r.hang_lag_p95_s:.1f} s",
-         f"{r.hangs} hangs; " + _mark("hang_lag_max_s", r.hang_lag_max_s)),
+        (
+            "hang lag max / p95",
+            f"{r.hang_lag_max_s:.1f} / {r.hang_lag_p95_s:.1f} s",
+            f"{r.hangs} hangs; " + _mark("hang_lag_max_s", r.hang_lag_max_s),
+        ),
         ("utilization", f"{r.utilization:.3f}", _mark("utilization", r.utilization)),
         ("node-hours / cost", f"{r.node_hours:,.1f} h / ${r.cost_usd:,.2f}", f"{r.instances_launched:,} instances"),
-        ("API calls per site", f"{calls['total']:.1f}",
-         ", ".join(f"{k} {v:g}" for k, v in calls.items() if k != "total") + "; "
-         + _mark("calls_per_site", calls["total"])),
+        (
+            "API calls per site",
+            f"{calls['total']:.1f}",
+            ", ".join(f"{k} {v:g}" for k, v in calls.items() if k != "total")
+            + "; "
+            + _mark("calls_per_site", calls["total"]),
+        ),
         ("  of which the hub's", f"{r.hub_calls_per_site:.2f}", ""),
-        ("  of which heartbeats", f"{r.heartbeat_calls_per_site:.2f}",
-         f"one write per {r.heartbeat_interval_s:g} s of crawl; "
-         f"without them {calls['total'] - r.heartbeat_calls_per_site:.1f}"),
-        ("  of which checkpoints", f"{r.checkpoint_calls_per_site:.2f}",
-         "one write per page (a retry resumes there); without these and heartbeats "
-         f"{calls['total'] - r.heartbeat_calls_per_site - r.checkpoint_calls_per_site:.1f}"),
-        ("hub work per tick p95 / max", f"{r.tick_cpu_ms_p95:.1f} / {r.tick_cpu_ms_max:.1f} ms",
-         f"{r.ticks} ticks; " + _mark("tick_cpu_ms_p95", r.tick_cpu_ms_p95)),
-        ("sites", f"{r.completed:,} COMPLETED / {r.failed:,} FAILED",
-         ", ".join(f"{k} {v}" for k, v in sorted(r.attempts.items())) + " (attempt ends)"),
+        (
+            "  of which heartbeats",
+            f"{r.heartbeat_calls_per_site:.2f}",
+            f"one write per {r.heartbeat_interval_s:g} s of crawl; "
+            f"without them {calls['total'] - r.heartbeat_calls_per_site:.1f}",
+        ),
+        (
+            "  of which checkpoints",
+            f"{r.checkpoint_calls_per_site:.2f}",
+            "one write per page (a retry resumes there); without these and heartbeats "
+            f"{calls['total'] - r.heartbeat_calls_per_site - r.checkpoint_calls_per_site:.1f}",
+        ),
+        (
+            "hub work per tick p95 / max",
+            f"{r.tick_cpu_ms_p95:.1f} / {r.tick_cpu_ms_max:.1f} ms",
+            f"{r.ticks} ticks; " + _mark("tick_cpu_ms_p95", r.tick_cpu_ms_p95),
+        ),
+        (
+            "sites",
+            f"{r.completed:,} COMPLETED / {r.failed:,} FAILED",
+            ", ".join(f"{k} {v}" for k, v in sorted(r.attempts.items())) + " (attempt ends)",
+        ),
         ("left running", str(r.left_running), ""),
         ("wall time", f"{r.wall_s:.1f} s", f"{r.sim_events:,} events"),
     ]
     for row in rows:
         t.add_row(*row)
     return t
-

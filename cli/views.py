@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -45,8 +46,9 @@ def _age(epoch: float | None, now: float) -> str:
     return f"{s}s" if s < 120 else (f"{s // 60}m" if s < 7200 else f"{s // 3600}h")
 
 
-def sites_table(run_id: str, sites: Mapping[str, Mapping[str, Any]], *, only_notable: bool = False,
-                now: float | None = None) -> Table:
+def sites_table(
+    run_id: str, sites: Mapping[str, Mapping[str, Any]], *, only_notable: bool = False, now: float | None = None
+) -> Table:
     now = time.time() if now is None else now
     t = Table(title=_text(f"run {run_id}"), title_justify="left")
     for col in ("site", "run_status", "site_status", "attempt", "node", "updated", "reason"):
@@ -59,8 +61,15 @@ def sites_table(run_id: str, sites: Mapping[str, Mapping[str, Any]], *, only_not
         error = str(s.get("error") or "")[:60]
         if error and st != "COMPLETED":
             reason = f"{reason}: {error}" if reason else error
-        t.add_row(_text(name), _text(st, STYLE.get(st, "")), _text(s["site_status"]), _text(s["attemptCount"]),
-                  _text(s.get("instance_id") or "-"), _age(s.get("lastUpdateEpoch"), now), _text(reason))
+        t.add_row(
+            _text(name),
+            _text(st, STYLE.get(st, "")),
+            _text(s["site_status"]),
+            _text(s["attemptCount"]),
+            _text(s.get("instance_id") or "-"),
+            _age(s.get("lastUpdateEpoch"), now),
+            _text(reason),
+        )
     return t
 
 
@@ -71,8 +80,14 @@ def counts_line(counts: Mapping[str, int]) -> str:
     return f"{done}/{total} sites finished: " + ", ".join(parts)
 
 
-def print_sites(console: Console, run_id: str, sites: Mapping[str, Mapping[str, Any]], counts: Mapping[str, int],
-                *, limit_full: int = 30) -> None:
+def print_sites(
+    console: Console,
+    run_id: str,
+    sites: Mapping[str, Mapping[str, Any]],
+    counts: Mapping[str, int],
+    *,
+    limit_full: int = 30,
+) -> None:
     notable = len(sites) > limit_full
     table = sites_table(run_id, sites, only_notable=notable)
     if table.row_count:
@@ -82,8 +97,14 @@ def print_sites(console: Console, run_id: str, sites: Mapping[str, Mapping[str, 
     console.print(counts_line(counts))
 
 
-def watch(fetch: Callable[[], dict[str, Any]], console: Console, *, interval_s: float = 2.0,
-          sleep: Callable[[float], None] = time.sleep, max_polls: int | None = None) -> int:
+def watch(
+    fetch: Callable[[], dict[str, Any]],
+    console: Console,
+    *,
+    interval_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+    max_polls: int | None = None,
+) -> int:
     """Follow a run until it finishes: a progress bar of finished sites, the counts and the sites still open.
 
     `fetch` returns the `status --json` shape plus `finished`. On a terminal the view
@@ -92,18 +113,31 @@ def watch(fetch: Callable[[], dict[str, Any]], console: Console, *, interval_s: 
     """
     data = fetch()
     total = max(1, len(data["sites"]))
-    bar = Progress(TextColumn("[bold]run {task.fields[run_id]}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), console=console)
+    bar = Progress(
+        TextColumn("[bold]run {task.fields[run_id]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[counts]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
     task = bar.add_task("sites", total=total, run_id=_markup(data["run_id"]), counts="")
     last_line = None
     polls = 0
 
     def render(d: dict[str, Any]) -> Group:
         c = d["counts"]
-        bar.update(task, total=max(1, len(d["sites"])), completed=c.get("COMPLETED", 0) + c.get("FAILED", 0),
-                   counts=counts_line(c).split(": ", 1)[-1])
-        open_sites = {k: v for k, v in d["sites"].items() if v["run_status"] in ("RUN", "QUEUED")
-                      or v["attemptCount"] > 1 or v["run_status"] == "FAILED"}
+        bar.update(
+            task,
+            total=max(1, len(d["sites"])),
+            completed=c.get("COMPLETED", 0) + c.get("FAILED", 0),
+            counts=counts_line(c).split(": ", 1)[-1],
+        )
+        open_sites = {
+            k: v
+            for k, v in d["sites"].items()
+            if v["run_status"] in ("RUN", "QUEUED") or v["attemptCount"] > 1 or v["run_status"] == "FAILED"
+        }
         table = sites_table(d["run_id"], dict(list(sorted(open_sites.items()))[:40]))
         table.title = _text(f"run {d['run_id']}: sites running, retried or failed")
         return Group(bar.get_renderable(), table)

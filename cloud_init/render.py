@@ -84,8 +84,11 @@ def _path(field: str, value: object) -> None:
     if not text.startswith("/"):
         raise RenderError(field, f"{value!r} is not an absolute path")
     if not _PATH_RE.match(text) or any(part in (".", "..") for part in text.split("/")):
-        raise RenderError(field, f"{value!r} is not a plain absolute path (letters, digits, '._+@-' between "
-                                 f"single slashes, no '.' or '..', no trailing slash, not '/')")
+        raise RenderError(
+            field,
+            f"{value!r} is not a plain absolute path (letters, digits, '._+@-' between "
+            f"single slashes, no '.' or '..', no trailing slash, not '/')",
+        )
 
 
 def _crawl_user(name: object, uid: object) -> None:
@@ -158,8 +161,10 @@ class NodeUserData:
         _match("hub_address", self.hub_address, _HOST_RE, "a DNS name or an IPv4 address")
         _port("node_port", self.node_port)
         if self.node_port < 1024:
-            raise RenderError("node_port", f"{self.node_port} is a privileged port: the Grid node runs as "
-                                           f"{self.crawl_user} (1024-65535)")
+            raise RenderError(
+                "node_port",
+                f"{self.node_port} is a privileged port: the Grid node runs as {self.crawl_user} (1024-65535)",
+            )
         _path("efs_mount", self.efs_mount)
         b = self.boot_timeout_s
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 86400:
@@ -233,9 +238,15 @@ def _render(name: str, context: dict[str, Any]) -> str:
 
 
 def _cloud_config(template: str, script_path: str, script: str, env_path: str, env_file: str) -> str:
-    text = _render(template, {
-        "script_path": script_path, "script": script, "env_path": env_path, "env_file": env_file,
-    })
+    text = _render(
+        template,
+        {
+            "script_path": script_path,
+            "script": script,
+            "env_path": env_path,
+            "env_file": env_file,
+        },
+    )
     size = len(text.encode())
     if size > USER_DATA_LIMIT:
         raise RenderError("user-data", f"{size} bytes, over EC2's limit of {USER_DATA_LIMIT} bytes")
@@ -252,8 +263,9 @@ def render_node(p: NodeUserData) -> str:
     ctx["efs_utils_key"] = posixpath.join(posixpath.dirname(p.bundle_key), "amazon-efs-utils.deb")
     ctx["efs_options"] = "tls,iam" + (f",accesspoint={p.efs_access_point_id}" if p.efs_access_point_id else "")
     ctx["crawl_home"] = posixpath.join(p.state_dir, "home")
-    return _cloud_config("node.yaml.j2", NODE_BOOT_SCRIPT, _render("node-boot.sh.j2", ctx),
-                         NODE_ENV_FILE, _render("node.env.j2", ctx))
+    return _cloud_config(
+        "node.yaml.j2", NODE_BOOT_SCRIPT, _render("node-boot.sh.j2", ctx), NODE_ENV_FILE, _render("node.env.j2", ctx)
+    )
 
 
 def render_hub(p: HubUserData) -> str:
@@ -262,5 +274,6 @@ def render_hub(p: HubUserData) -> str:
         raise TypeError(f"render_hub needs HubUserData, not {type(p).__name__}")
     p.__post_init__()
     ctx = dataclasses.asdict(p)
-    return _cloud_config("hub.yaml.j2", HUB_BOOT_SCRIPT, _render("hub-boot.sh.j2", ctx),
-                         HUB_ENV_FILE, _render("hub.env.j2", ctx))
+    return _cloud_config(
+        "hub.yaml.j2", HUB_BOOT_SCRIPT, _render("hub-boot.sh.j2", ctx), HUB_ENV_FILE, _render("hub.env.j2", ctx)
+    )

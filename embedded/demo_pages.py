@@ -26,9 +26,7 @@ class BadParam(ValueError):
     """A query parameter that cannot be used; args[0] is its name."""
 
 
-def int_param(
-    params: dict[str, str], key: str, minimum: int | None = None, maximum: int | None = None
-) -> int | None:
+def int_param(params: dict[str, str], key: str, minimum: int | None = None, maximum: int | None = None) -> int | None:
     raw = params.get(key)
     if raw is None:
         return None
@@ -136,9 +134,7 @@ def document(title: str, body: str) -> bytes:
 def page_html(name: str, page: int, next_href: str | None) -> bytes:
     lines = [f"<h1>{html.escape(name)} page {page}</h1>", "<ul>"]
     for item_id in map(html.escape, item_ids(name, page)):
-        lines.append(
-            f'<li><a class="item" data-id="{item_id}" href="/item/{item_id}">Item {item_id}</a></li>'
-        )
+        lines.append(f'<li><a class="item" data-id="{item_id}" href="/item/{item_id}">Item {item_id}</a></li>')
     lines.append("</ul>")
     if next_href is not None:
         lines.append(f'<a class="next" href="{html.escape(next_href)}">Next</a>')

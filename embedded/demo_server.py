@@ -77,9 +77,7 @@ class _State:
     def record(self, name: str, page: int) -> int:
         """Count one request for a page; returns how many there have been so far."""
         with self._lock:
-            site = self._sites.setdefault(
-                name, {"hits": {}, "times": [], "requests": deque(maxlen=MAX_REQUESTS_KEPT)}
-            )
+            site = self._sites.setdefault(name, {"hits": {}, "times": [], "requests": deque(maxlen=MAX_REQUESTS_KEPT)})
             now = time.time()
             site["times"].append(now)
             site["requests"].append((now, page))
@@ -189,9 +187,7 @@ class _Handler(QuietHandler):
         if req.page == 1 and attempt <= req.fail_attempts:
             self._send_json({"error": f"{name} failed on purpose (attempt {attempt})"}, 500)
             return
-        items = [
-            {"id": item_id, "title": f"Item {item_id}"} for item_id in item_ids(name, req.page, per_page)
-        ]
+        items = [{"id": item_id, "title": f"Item {item_id}"} for item_id in item_ids(name, req.page, per_page)]
         self._send_json(
             {
                 "site": name,
@@ -290,18 +286,13 @@ class DemoServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m embedded.demo_server", description="Serve the demo test sites."
-    )
+    parser = argparse.ArgumentParser(prog="python -m embedded.demo_server", description="Serve the demo test sites.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8800, help="0 picks a free port")
     args = parser.parse_args(argv)
 
     done = threading.Event()
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: done.set())
-        for sig in (signal.SIGTERM, signal.SIGINT)
-    }
+    previous = {sig: signal.signal(sig, lambda signum, frame: done.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with DemoServer(args.host, args.port, token=os.environ.get(TOKEN_ENV)) as server:
             print(f"demo server on {server.base_url}", flush=True)

@@ -78,8 +78,13 @@ class MemoryStateTable:
 
     def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None:
         with self._lock:
-            self.items[(MARKS_PARTITION, site)] = {"run_id": MARKS_PARTITION, "Site": site, "mark": list(mark),
-                                                   "run": run_id, "at": at}
+            self.items[(MARKS_PARTITION, site)] = {
+                "run_id": MARKS_PARTITION,
+                "Site": site,
+                "mark": list(mark),
+                "run": run_id,
+                "at": at,
+            }
 
     def get_site(self, run_id: str, site: str) -> SiteRecord | None:
         item = self.items.get((run_id, site))
@@ -96,8 +101,7 @@ class MemoryStateTable:
                 and cur.get("instance_id") == old.instance_id
             )
             if cur is None or not fenced:
-                raise StaleWrite(old.run_id, old.site, old.fence(),
-                                 item_to_site(copy.deepcopy(cur)) if cur else None)
+                raise StaleWrite(old.run_id, old.site, old.fence(), item_to_site(copy.deepcopy(cur)) if cur else None)
             sets, removes = diff_items(site_to_item(old), site_to_item(new))  # what DynamoDB would SET/REMOVE
             cur.update({k: copy.deepcopy(v) if isinstance(v, (dict, list)) else v for k, v in sets.items()})
             for k in removes:
@@ -130,8 +134,11 @@ class MemoryStateTable:
             if (run.run_id, RUN_ITEM) in self.items:
                 return False
             self.items[(run.run_id, RUN_ITEM)] = run_to_item(run)
-            self.items[(RUNS_PARTITION, run.run_id)] = {"run_id": RUNS_PARTITION, "Site": run.run_id,
-                                                         "started_at": num(run.started_at)}
+            self.items[(RUNS_PARTITION, run.run_id)] = {
+                "run_id": RUNS_PARTITION,
+                "Site": run.run_id,
+                "started_at": num(run.started_at),
+            }
             return True
 
     def get_run(self, run_id: str) -> RunInfo | None:
@@ -180,8 +187,7 @@ class MemoryStateTable:
                 self.items[(event.run_id, event.key)] = history_to_item(event)
 
     def list_runs(self) -> list[RunIndexEntry]:
-        out = [RunIndexEntry(k, float(v["started_at"])) for (rid, k), v in self.items.items()
-               if rid == RUNS_PARTITION]
+        out = [RunIndexEntry(k, float(v["started_at"])) for (rid, k), v in self.items.items() if rid == RUNS_PARTITION]
         return sorted(out, key=lambda e: e.started_at)
 
 

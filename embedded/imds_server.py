@@ -46,8 +46,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def _send(self, code: int, body: str = "", ctype: str = "text/plain", headers: dict[str, str] | None = None
-              ) -> None:
+    def _send(
+        self, code: int, body: str = "", ctype: str = "text/plain", headers: dict[str, str] | None = None
+    ) -> None:
         data = body.encode()
         self.send_response(code)
         self.send_header("Content-Type", ctype)
@@ -139,8 +140,7 @@ class ImdsServer:
         self.token = token or secrets.token_urlsafe(32)
         self.state = _State(self.token)
         self._httpd = _Server((host, port), self.state)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
 
     def start(self) -> ImdsServer:
         self._thread.start()
@@ -180,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import signal
 
-    ap = argparse.ArgumentParser(prog="python -m embedded.imds_server",
-                                 description="Serve an IMDSv2 emulator for local instances.")
+    ap = argparse.ArgumentParser(
+        prog="python -m embedded.imds_server", description="Serve an IMDSv2 emulator for local instances."
+    )
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args(argv)

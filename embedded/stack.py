@@ -30,8 +30,7 @@ from fleet.errors import MissingResource, StackError
 from fleet.httpd import TOKEN_ENV
 
 JAR_GLOB = "selenium-server-*.jar"
-PREFERRED_PORTS = {"moto": 5000, "grid": 4444, "grid_publish": 4442, "grid_subscribe": 4443, "demo": 8800,
-                   "imds": 8169}
+PREFERRED_PORTS = {"moto": 5000, "grid": 4444, "grid_publish": 4442, "grid_subscribe": 4443, "demo": 8800, "imds": 8169}
 
 
 def stack_id_for(path: Path) -> str:
@@ -48,7 +47,8 @@ def find_grid_jar(candidates: list[Path]) -> Path:
             if jars:
                 return jars[-1]
     raise MissingResource(
-        "the Selenium server jar was not found (looked in " + ", ".join(str(c) for c in candidates)
+        "the Selenium server jar was not found (looked in "
+        + ", ".join(str(c) for c in candidates)
         + "); run `make setup`"
     )
 
@@ -116,8 +116,15 @@ class StackState:
 
 
 class LocalStack:
-    def __init__(self, root: Path, *, grid_jar: Path | None = None, java: str = "java",
-                 session_request_timeout_s: float = 60, progress: Callable[[str], None] = lambda _: None):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        grid_jar: Path | None = None,
+        java: str = "java",
+        session_request_timeout_s: float = 60,
+        progress: Callable[[str], None] = lambda _: None,
+    ):
         self.root = root
         self.dir = root / "local"
         self.stack_id = stack_id_for(self.dir)
@@ -173,9 +180,12 @@ class LocalStack:
         try:
             for name, cmd, url, extra in self._specs({name: procs.free_port(p) for name, p in PREFERRED_PORTS.items()}):
                 self.progress(f"starting {name} on {url}")
-                p = procs.spawn(cmd, markers={"GRIDFLEET_STACK": self.stack_id, "GRIDFLEET_ROLE": f"stack-{name}"},
-                                log_path=logs / f"{name}.log",
-                                extra_env={TOKEN_ENV: token} if name in ("demo", "imds") else None)
+                p = procs.spawn(
+                    cmd,
+                    markers={"GRIDFLEET_STACK": self.stack_id, "GRIDFLEET_ROLE": f"stack-{name}"},
+                    log_path=logs / f"{name}.log",
+                    extra_env={TOKEN_ENV: token} if name in ("demo", "imds") else None,
+                )
                 started[name] = Component(name, p.pid, procs.start_ticks(p.pid), url, extra)
             _await_healthy(started.values(), logs, timeout_s)
         except BaseException:
@@ -189,20 +199,49 @@ class LocalStack:
         """(name, command, url, extra ports) of each component, in the order they start."""
         py = sys.executable
         return [
-            ("moto", [py, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(ports["moto"])],
-             f"http://127.0.0.1:{ports['moto']}", {}),
-            ("grid", [self.java, "-Xmx512m", "-XX:+UseSerialGC", "-jar", str(self.grid_jar), "hub",
-                      "--host", "127.0.0.1", "--port", str(ports["grid"]),
-                      "--publish-events", f"tcp://127.0.0.1:{ports['grid_publish']}",
-                      "--subscribe-events", f"tcp://127.0.0.1:{ports['grid_subscribe']}",
-                      "--session-request-timeout", str(int(self.session_request_timeout_s)),
-                      "--session-retry-interval", "1"],
-             f"http://127.0.0.1:{ports['grid']}",
-             {"publish": ports["grid_publish"], "subscribe": ports["grid_subscribe"]}),
-            ("demo", [py, "-m", "embedded.demo_server", "--host", "127.0.0.1", "--port", str(ports["demo"])],
-             f"http://127.0.0.1:{ports['demo']}", {}),
-            ("imds", [py, "-m", "embedded.imds_server", "--host", "127.0.0.1", "--port", str(ports["imds"])],
-             f"http://127.0.0.1:{ports['imds']}", {}),
+            (
+                "moto",
+                [py, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(ports["moto"])],
+                f"http://127.0.0.1:{ports['moto']}",
+                {},
+            ),
+            (
+                "grid",
+                [
+                    self.java,
+                    "-Xmx512m",
+                    "-XX:+UseSerialGC",
+                    "-jar",
+                    str(self.grid_jar),
+                    "hub",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(ports["grid"]),
+                    "--publish-events",
+                    f"tcp://127.0.0.1:{ports['grid_publish']}",
+                    "--subscribe-events",
+                    f"tcp://127.0.0.1:{ports['grid_subscribe']}",
+                    "--session-request-timeout",
+                    str(int(self.session_request_timeout_s)),
+                    "--session-retry-interval",
+                    "1",
+                ],
+                f"http://127.0.0.1:{ports['grid']}",
+                {"publish": ports["grid_publish"], "subscribe": ports["grid_subscribe"]},
+            ),
+            (
+                "demo",
+                [py, "-m", "embedded.demo_server", "--host", "127.0.0.1", "--port", str(ports["demo"])],
+                f"http://127.0.0.1:{ports['demo']}",
+                {},
+            ),
+            (
+                "imds",
+                [py, "-m", "embedded.imds_server", "--host", "127.0.0.1", "--port", str(ports["imds"])],
+                f"http://127.0.0.1:{ports['imds']}",
+                {},
+            ),
         ]
 
     def _write_state(self, st: StackState) -> None:
@@ -222,8 +261,11 @@ class LocalStack:
         for c in st.components.values():
             state = ("up" if _healthy(c) else "not answering") if c.alive else "stopped"
             rows.append((c.name, state, c.url, c.pid))
-        nodes = {p.markers.get("GRIDFLEET_INSTANCE") for p in procs.find(procs.scan(), GRIDFLEET_STACK=self.stack_id)
-                 if p.markers.get("GRIDFLEET_ROLE") == "node"}
+        nodes = {
+            p.markers.get("GRIDFLEET_INSTANCE")
+            for p in procs.find(procs.scan(), GRIDFLEET_STACK=self.stack_id)
+            if p.markers.get("GRIDFLEET_ROLE") == "node"
+        }
         for iid in sorted(n for n in nodes if n):
             rows.append((f"node {iid}", "up", "-", None))
         return rows
@@ -248,8 +290,9 @@ def _await_healthy(components: Iterable[Component], logs: Path, timeout_s: float
             if not c.alive:
                 raise StackError(f"{c.name} exited while starting; see {logs / (c.name + '.log')}")
             if time.monotonic() > deadline:
-                raise StackError(f"{c.name} did not answer on {c.url} in {timeout_s:.0f}s; "
-                                 f"see {logs / (c.name + '.log')}")
+                raise StackError(
+                    f"{c.name} did not answer on {c.url} in {timeout_s:.0f}s; see {logs / (c.name + '.log')}"
+                )
             time.sleep(0.2)
 
 

@@ -126,8 +126,9 @@ class VirtualClock:
             self._now = t
 
     # --- the scheduler --------------------------------------------------------------
-    def run(self, until: float | None = None, stop: Callable[[], bool] = lambda: False,
-            max_steps: int = 2_000_000) -> None:
+    def run(
+        self, until: float | None = None, stop: Callable[[], bool] = lambda: False, max_steps: int = 2_000_000
+    ) -> None:
         """Hand the baton around until `stop()`, time `until`, nobody left to run, or `max_steps`."""
         while self.steps < max_steps:
             with self._cv:

@@ -109,8 +109,14 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
     return SiteRecord(
         run_id=i["run_id"],
         site=i["Site"],
-        spec=SiteSpec(spec.get("start_url", ""), spec.get("crawler", "links"), spec.get("options") or {},
-                      bool(spec.get("incremental", False)), spec.get("rate_limit"), spec.get("per_s")),
+        spec=SiteSpec(
+            spec.get("start_url", ""),
+            spec.get("crawler", "links"),
+            spec.get("options") or {},
+            bool(spec.get("incremental", False)),
+            spec.get("rate_limit"),
+            spec.get("per_s"),
+        ),
         run_status=RunStatus(i["run_status"]),
         site_status=SiteStatus(i["site_status"]),
         attempt=int(i.get("attemptCount", 0)),
@@ -140,8 +146,11 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
 
 
 def spec_to_item(spec: SiteSpec) -> dict[str, Any]:
-    out: dict[str, Any] = {"start_url": spec.start_url, "crawler": spec.crawler,
-                           "options": _plain_to_item(dict(spec.options))}
+    out: dict[str, Any] = {
+        "start_url": spec.start_url,
+        "crawler": spec.crawler,
+        "options": _plain_to_item(dict(spec.options)),
+    }
     if spec.incremental:
         out["incremental"] = True
     if spec.rate_limit is not None:
@@ -219,8 +228,14 @@ def run_to_item(r: RunInfo) -> dict[str, Any]:
     }
     if r.full:
         item["full"] = True
-    for k, v in (("hub_id", r.hub_id), ("hub_heartbeat", r.hub_heartbeat), ("finished_at", r.finished_at),
-                 ("expireAt", r.expire_at), ("launch_error", r.launch_error), ("launch_retry_at", r.launch_retry_at)):
+    for k, v in (
+        ("hub_id", r.hub_id),
+        ("hub_heartbeat", r.hub_heartbeat),
+        ("finished_at", r.finished_at),
+        ("expireAt", r.expire_at),
+        ("launch_error", r.launch_error),
+        ("launch_retry_at", r.launch_retry_at),
+    ):
         if v is not None:
             item[k] = num(v) if isinstance(v, (int, float)) else v
     return item
@@ -290,7 +305,7 @@ def item_to_node(item: Mapping[str, Any]) -> NodeInfo:
     i = unnum(dict(item))
     return NodeInfo(
         run_id=i["run_id"],
-        instance_id=i["Site"][len(NODE_PREFIX):],
+        instance_id=i["Site"][len(NODE_PREFIX) :],
         state=i["state"],
         heartbeat=i["heartbeatEpoch"],
         started_at=i["started_at"],
@@ -319,8 +334,13 @@ class HistoryEvent:
 
 
 def history_to_item(e: HistoryEvent) -> dict[str, Any]:
-    return {"run_id": e.run_id, "Site": e.key, "kind": e.kind, "at": num(e.at),
-            "fields": _plain_to_item({k: v for k, v in e.fields.items() if v is not None})}
+    return {
+        "run_id": e.run_id,
+        "Site": e.key,
+        "kind": e.kind,
+        "at": num(e.at),
+        "fields": _plain_to_item({k: v for k, v in e.fields.items() if v is not None}),
+    }
 
 
 def item_to_history(item: Mapping[str, Any]) -> HistoryEvent:
@@ -333,8 +353,19 @@ def item_to_history(item: Mapping[str, Any]) -> HistoryEvent:
 #: four change only with a transition (claim, end of an attempt, kill mark, completion, rerun): the hub then
 #: reads the whole record. The rest change with a node's progress, heartbeat or the enqueued mark (and the
 #: version with them): the hub patches its copy from the stamp without reading the record.
-STAMP_ATTRS = ("attemptCount", "instance_id", "run_status", "kill_reason",
-               "version", "site_status", "lastUpdateEpoch", "heartbeatEpoch", "enqueued", "pages", "url")
+STAMP_ATTRS = (
+    "attemptCount",
+    "instance_id",
+    "run_status",
+    "kill_reason",
+    "version",
+    "site_status",
+    "lastUpdateEpoch",
+    "heartbeatEpoch",
+    "enqueued",
+    "pages",
+    "url",
+)
 TRANSITION_FIELDS = 4
 
 Stamp = tuple  # the values of STAMP_ATTRS
@@ -343,9 +374,19 @@ Stamp = tuple  # the values of STAMP_ATTRS
 def item_stamp(item: Mapping[str, Any]) -> Stamp:
     """The stamp of a site item (as stored or as read back): equal stamps mean an unchanged record."""
     g = item.get
-    return (int(g("attemptCount", 0)), g("instance_id"), g("run_status"), g("kill_reason"), int(g("version", 0)),
-            g("site_status"), _num_or_none(g("lastUpdateEpoch")), _num_or_none(g("heartbeatEpoch")),
-            bool(g("enqueued", False)), int(g("pages", 0)), g("url"))
+    return (
+        int(g("attemptCount", 0)),
+        g("instance_id"),
+        g("run_status"),
+        g("kill_reason"),
+        int(g("version", 0)),
+        g("site_status"),
+        _num_or_none(g("lastUpdateEpoch")),
+        _num_or_none(g("heartbeatEpoch")),
+        bool(g("enqueued", False)),
+        int(g("pages", 0)),
+        g("url"),
+    )
 
 
 def _num_or_none(v: Any) -> float | None:
@@ -353,8 +394,19 @@ def _num_or_none(v: Any) -> float | None:
 
 
 def record_stamp(r: SiteRecord) -> Stamp:
-    return (r.attempt, r.instance_id, str(r.run_status), r.kill_reason, r.version, str(r.site_status),
-            _num_or_none(r.last_update), _num_or_none(r.heartbeat), r.enqueued, r.pages, r.url)
+    return (
+        r.attempt,
+        r.instance_id,
+        str(r.run_status),
+        r.kill_reason,
+        r.version,
+        str(r.site_status),
+        _num_or_none(r.last_update),
+        _num_or_none(r.heartbeat),
+        r.enqueued,
+        r.pages,
+        r.url,
+    )
 
 
 def patch_from_stamp(r: SiteRecord, st: Stamp) -> SiteRecord:

@@ -39,14 +39,14 @@ class RunConfig(_Model):
     )
     lock_timeout_s: float = Field(60, ge=0, description="longest wait for a site's profile lock")
     order: Literal["longest_first", "config"] = Field(
-        "longest_first", description="seeding order: longest expected crawl first (from the previous run), "
-        "or the order of `sites`")
+        "longest_first",
+        description="seeding order: longest expected crawl first (from the previous run), or the order of `sites`",
+    )
 
 
 class FleetConfig(_Model):
     max_nodes: int = Field(20, ge=1, le=10000)
-    min_nodes: int = Field(0, ge=0, description="nodes kept launched while sites remain open, even if fewer "
-                           "are queued")
+    min_nodes: int = Field(0, ge=0, description="nodes kept launched while sites remain open, even if fewer are queued")
     sites_per_node: int = Field(0, ge=0, description="0 = until the queue is empty; 1 = one site then exit")
     instance_types: tuple[str, ...] = Field(("t3.medium", "t3a.medium"), min_length=1)
     spot: bool = True
@@ -55,15 +55,19 @@ class FleetConfig(_Model):
     node_watchdog: bool = Field(True, description="nodes kill their own hung crawls (fastest kill path)")
     on_demand_fallback: bool = Field(True, description="launch on-demand when no spot capacity is left")
     crawl_user: str = Field(
-        "gridfleet", pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
+        "gridfleet",
+        pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
         description="the unprivileged user a node's agent, Grid node and Chromium run as (Chromium keeps its "
-        "sandbox on); it owns the sites' profiles and locks")
-    crawl_uid: int = Field(
-        2000, ge=1000, le=60000, description="that user's uid and gid on AWS nodes (the EFS access point's POSIX "
-        "user); on the embedded default the local user of that name is used")
-    max_launches: int | None = Field(
-        None, ge=1, description="launches allowed per run; default 3 x max_nodes + sites"
+        "sandbox on); it owns the sites' profiles and locks",
     )
+    crawl_uid: int = Field(
+        2000,
+        ge=1000,
+        le=60000,
+        description="that user's uid and gid on AWS nodes (the EFS access point's POSIX "
+        "user); on the embedded default the local user of that name is used",
+    )
+    max_launches: int | None = Field(None, ge=1, description="launches allowed per run; default 3 x max_nodes + sites")
     hourly_price: dict[str, float] = Field(
         default_factory=lambda: {"t3.medium": 0.0156, "t3a.medium": 0.0141, "local": 0.0},
         description="USD per node-hour by instance type, for the report's cost estimate (spot prices vary: set yours)",
@@ -73,15 +77,18 @@ class FleetConfig(_Model):
 class AwsConfig(_Model):
     region: str = "ap-northeast-2"
     stack: str = Field(
-        "gridfleet", pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,31}$",
+        "gridfleet",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,31}$",
         description="the stack's name (Terraform's name_prefix): every instance is tagged gridfleet:stack=<stack>, "
-        "and nothing of another stack in the account is listed, adopted or terminated")
+        "and nothing of another stack in the account is listed, adopted or terminated",
+    )
     endpoint_url: str | None = None
     table: str = "TrendlyzeStatus"
     queue: str = "trendlyze-sites"
     queue_fifo: bool = Field(
-        False, description="a FIFO queue: each (run, site, attempt) message is sent at most once within SQS's "
-        "5-minute deduplication window, even if a restarted hub sends it again"
+        False,
+        description="a FIFO queue: each (run, site, attempt) message is sent at most once within SQS's "
+        "5-minute deduplication window, even if a restarted hub sends it again",
     )
     dlq: str | None = Field(None, description="dead-letter queue name; default <queue>-dlq")
     max_receive_count: int = Field(10, ge=2, description="receives before a message goes to the DLQ")
@@ -186,8 +193,11 @@ class LocalConfig(_Model):
 class RateLimitConfig(_Model):
     """A fleet-wide request rate shared by every node crawling a site of the group (`fleet.aws.ratelimit`)."""
 
-    per_s: float = Field(gt=0, description="requests per second to the group's sites, by the whole fleet together; "
-                         "requests are paced about 1.1/per_s apart, never in bursts")
+    per_s: float = Field(
+        gt=0,
+        description="requests per second to the group's sites, by the whole fleet together; "
+        "requests are paced about 1.1/per_s apart, never in bursts",
+    )
 
 
 class SiteConfig(_Model):
@@ -196,8 +206,11 @@ class SiteConfig(_Model):
     crawler: str = "links"
     options: dict[str, Any] = Field(default_factory=dict)
     rate_limit: str | None = Field(None, description="the group of `rate_limits` whose rate this site's requests share")
-    incremental: bool = Field(False, description="keep a high-water mark (the newest item ids) after each successful "
-                              "crawl; the next crawl stops at items already seen (`run --full` ignores it)")
+    incremental: bool = Field(
+        False,
+        description="keep a high-water mark (the newest item ids) after each successful "
+        "crawl; the next crawl stops at items already seen (`run --full` ignores it)",
+    )
 
     @field_validator("id")
     @classmethod
@@ -241,7 +254,7 @@ class SiteConfig(_Model):
             return self.start_url
         if demo_base_url is None:
             raise ValueError(f"site {self.id}: {DEMO_PLACEHOLDER} needs the embedded default's demo server")
-        return demo_base_url.rstrip("/") + self.start_url[len(DEMO_PLACEHOLDER):]
+        return demo_base_url.rstrip("/") + self.start_url[len(DEMO_PLACEHOLDER) :]
 
 
 class Config(_Model):
@@ -278,20 +291,27 @@ class Config(_Model):
     @model_validator(mode="after")
     def _min_max(self) -> Config:
         if self.fleet.min_nodes > self.fleet.max_nodes:
-            raise ValueError(f"fleet.min_nodes ({self.fleet.min_nodes}) is larger than fleet.max_nodes "
-                             f"({self.fleet.max_nodes})")
+            raise ValueError(
+                f"fleet.min_nodes ({self.fleet.min_nodes}) is larger than fleet.max_nodes ({self.fleet.max_nodes})"
+            )
         return self
 
     @model_validator(mode="after")
     def _rate_limit_groups(self) -> Config:
-        unknown = [(i, s) for i, s in enumerate(self.sites) if s.rate_limit is not None
-                   and s.rate_limit not in self.rate_limits]
+        unknown = [
+            (i, s)
+            for i, s in enumerate(self.sites)
+            if s.rate_limit is not None and s.rate_limit not in self.rate_limits
+        ]
         if unknown:
             defined = ", ".join(sorted(self.rate_limits)) or "none"
-            raise ValueError("; ".join(
-                f"sites[{i}] (id {s.id!r}): rate_limit {s.rate_limit!r} is not a group of rate_limits"
-                for i, s in unknown
-            ) + f" (defined: {defined})")
+            raise ValueError(
+                "; ".join(
+                    f"sites[{i}] (id {s.id!r}): rate_limit {s.rate_limit!r} is not a group of rate_limits"
+                    for i, s in unknown
+                )
+                + f" (defined: {defined})"
+            )
         return self
 
     @property

@@ -78,7 +78,7 @@ def _line(node: yaml.Node) -> int:
 
 
 def _tag_name(tag: str) -> str:
-    return "!!" + tag[len(_Y):] if tag.startswith(_Y) else tag
+    return "!!" + tag[len(_Y) :] if tag.startswith(_Y) else tag
 
 
 class Loader(yaml.SafeLoader):
@@ -206,8 +206,14 @@ class Composer:
                     if isinstance(source, yaml.MappingNode) and source.tag == MAP:
                         merged += self._pairs(source, path)
                     else:
-                        self.problems.append(Problem(self.file, _line(key_node), field_name(path),
-                                                     "'<<' (merge) takes a mapping or a list of mappings"))
+                        self.problems.append(
+                            Problem(
+                                self.file,
+                                _line(key_node),
+                                field_name(path),
+                                "'<<' (merge) takes a mapping or a list of mappings",
+                            )
+                        )
                 continue
             key = self._key(key_node, path)
             if key is None:
@@ -236,8 +242,10 @@ class Composer:
                 return None
             truth = _SHORT_BOOLS.get(text, yaml.SafeLoader.bool_values.get(text.lower()))
             shown = f"{kind} ({str(truth).lower()})" if tag == BOOL and truth is not None else kind
-            message = (f"key {_preview(text)!r} is read as {shown} by YAML: quote it ({_quoted(_preview(text))}) "
-                       "if it is meant as a name")
+            message = (
+                f"key {_preview(text)!r} is read as {shown} by YAML: quote it ({_quoted(_preview(text))}) "
+                "if it is meant as a name"
+            )
         else:
             kind = "a mapping" if isinstance(node, yaml.MappingNode) else "a list"
             message = f"a key is {kind}: keys must be names"
@@ -253,22 +261,24 @@ class Composer:
         if node.tag not in (INT, FLOAT, BOOL, NULL):
             return self._bad_tag(node, path)
         if node.tag == INT and len(text) > MAX_INT_DIGITS + 8:  # room for a sign, 0x and underscores
-            return self._problem(node, path, f"integer {_preview(text)} is too long (at most {MAX_INT_DIGITS} "
-                                             "digits)")
+            return self._problem(node, path, f"integer {_preview(text)} is too long (at most {MAX_INT_DIGITS} digits)")
         try:
             value = self._constructor.construct_object(node)
         except (ValueError, OverflowError, KeyError, IndexError, yaml.YAMLError):  # e.g. `!!bool maybe`
             return self._problem(node, path, f"{_preview(text)!r} cannot be read as {_KEY_KINDS[node.tag]}")
-        if node.tag == INT and abs(value) >= 10 ** MAX_INT_DIGITS:
-            return self._problem(node, path, f"integer {_preview(text)} is too long (at most {MAX_INT_DIGITS} "
-                                             "digits)")
+        if node.tag == INT and abs(value) >= 10**MAX_INT_DIGITS:
+            return self._problem(node, path, f"integer {_preview(text)} is too long (at most {MAX_INT_DIGITS} digits)")
         if node.tag == FLOAT and not math.isfinite(value):
             return self._problem(node, path, f"{_preview(text)} is not a finite number")
         return value
 
     def _bad_tag(self, node: yaml.Node, path: Loc) -> None:
-        return self._problem(node, path, f"tag {_tag_name(node.tag)!r} is not supported: only plain values "
-                                         "(strings, numbers, booleans, null, lists and mappings)")
+        return self._problem(
+            node,
+            path,
+            f"tag {_tag_name(node.tag)!r} is not supported: only plain values "
+            "(strings, numbers, booleans, null, lists and mappings)",
+        )
 
     def _problem(self, node: yaml.Node, path: Loc, message: str) -> None:
         self.problems.append(Problem(self.file, _line(node), field_name(path), message))
@@ -307,8 +317,9 @@ def compose(text: str, file: str) -> tuple[Loader, yaml.Node | None]:
         raise ConfigError([Problem(file, line, "", f"malformed YAML: {one_line(e.problem or str(e))}")]) from None
     except yaml.reader.ReaderError as e:
         line = text.count("\n", 0, e.position) + 1
-        raise ConfigError([Problem(file, line, "", f"malformed YAML: unacceptable character "
-                                                   f"#x{e.character:04x}: {e.reason}")]) from None
+        raise ConfigError(
+            [Problem(file, line, "", f"malformed YAML: unacceptable character #x{e.character:04x}: {e.reason}")]
+        ) from None
     except yaml.YAMLError as e:
         raise ConfigError([Problem(file, None, "", f"malformed YAML: {one_line(str(e))}")]) from None
     finally:

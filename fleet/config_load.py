@@ -104,8 +104,9 @@ def load_config(path: str | Path) -> Config:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        raise ConfigError([Problem(str(p), line, "", f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
-                                                     f"{e.start})")]) from None
+        raise ConfigError(
+            [Problem(str(p), line, "", f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})")]
+        ) from None
     return parse_config(text, str(p))
 
 

@@ -56,8 +56,12 @@ class OptionsError(ValueError):
     def __init__(self, model: type[CrawlerOptions], errors: list[ErrorDetails]):
         self.model = model
         self.errors = errors
-        super().__init__("options: " + "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: {error_text(e)}" if e["loc"] else error_text(e) for e in errors))
+        super().__init__(
+            "options: "
+            + "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {error_text(e)}" if e["loc"] else error_text(e) for e in errors
+            )
+        )
 
 
 def error_text(error: ErrorDetails) -> str:

@@ -80,8 +80,9 @@ def use_json(stream: TextIO, environ: dict[str, str] | None = None) -> bool:
         return True
 
 
-def setup(level: int = logging.INFO, stream: TextIO | None = None, prefix: str = "",
-          defaults: dict[str, Any] | None = None) -> None:
+def setup(
+    level: int = logging.INFO, stream: TextIO | None = None, prefix: str = "", defaults: dict[str, Any] | None = None
+) -> None:
     """Configure the root logger once per process: JSON lines, or `time level logger: message` on a terminal.
 
     `defaults` are fields every JSON line carries unless the record has its own (a node's `instance_id`)."""

@@ -10,23 +10,38 @@ it sent" (a crash between the last two is repaired by the hub, see `plan`).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from fleet.codec import (
-    CHECKPOINT_MAX_CHARS, ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, URL_MAX_CHARS, capped, encode_checkpoint,
-)
 from fleet.aws.queue import SiteQueue
+from fleet.aws.table import StateTable
 from fleet.clock import Clock
+from fleet.codec import (
+    CHECKPOINT_MAX_CHARS,
+    ERROR_MAX_CHARS,
+    ITEM_ID_MAX_CHARS,
+    URL_MAX_CHARS,
+    capped,
+    encode_checkpoint,
+)
 from fleet.errors import StaleWrite
 from fleet.state import (
-    GIVEN_BACK, Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus, transition,
+    GIVEN_BACK,
+    Attempt,
+    Outcome,
+    Reason,
+    RunStatus,
+    SiteRecord,
+    SiteSpec,
+    SiteStatus,
+    transition,
 )
-from fleet.aws.table import StateTable
 
 
-def new_site(run_id: str, site: str, spec: SiteSpec, expire_at: int | None,
-             mark: tuple[str, ...] | None = None) -> SiteRecord:
+def new_site(
+    run_id: str, site: str, spec: SiteSpec, expire_at: int | None, mark: tuple[str, ...] | None = None
+) -> SiteRecord:
     return SiteRecord(run_id=run_id, site=site, spec=spec, expire_at=expire_at, mark=mark)
 
 
@@ -63,20 +78,36 @@ def classify(rec: SiteRecord | None, attempt: int) -> Verdict:
     return Verdict.STALE if rec.attempt > attempt else Verdict.WAIT
 
 
-def claim(table: StateTable, rec: SiteRecord, instance_id: str, now: float, receipt: str | None = None
-          ) -> SiteRecord:
+def claim(table: StateTable, rec: SiteRecord, instance_id: str, now: float, receipt: str | None = None) -> SiteRecord:
     """Start an attempt; `receipt` (of the message that asked for it) lets the hub delete that message later."""
     new = transition(
-        rec, run_status=RunStatus.RUN, site_status=SiteStatus.PENDING, attempt=rec.attempt + 1,
-        instance_id=instance_id, last_update=now, heartbeat=now, enqueued=False, url=None, pages=0,
-        kill_reason=None, error=None, receipt=receipt,
+        rec,
+        run_status=RunStatus.RUN,
+        site_status=SiteStatus.PENDING,
+        attempt=rec.attempt + 1,
+        instance_id=instance_id,
+        last_update=now,
+        heartbeat=now,
+        enqueued=False,
+        url=None,
+        pages=0,
+        kill_reason=None,
+        error=None,
+        receipt=receipt,
         attempts=rec.attempts + (Attempt(rec.attempt + 1, instance_id, now),),
     )
     return table.write(rec, new)
 
 
-def report(table: StateTable, rec: SiteRecord, site_status: SiteStatus, now: float, *,
-           url: str | None = None, pages: int | None = None) -> SiteRecord:
+def report(
+    table: StateTable,
+    rec: SiteRecord,
+    site_status: SiteStatus,
+    now: float,
+    *,
+    url: str | None = None,
+    pages: int | None = None,
+) -> SiteRecord:
     """Crawler progress: RUNNING, URL_CALL (before a navigation), CALL_DONE (after)."""
     return table.write(rec, transition(rec, **_step(site_status, now, url, pages)))
 
@@ -94,14 +125,14 @@ def _step(site_status: SiteStatus, at: float, url: str | None, pages: int | None
 @dataclass(frozen=True)
 class Progress:
     """The crawler's latest step, held by the node until its next heartbeat writes it."""
+
     site_status: SiteStatus
     at: float  # epoch of the step (lastUpdateEpoch)
     url: str | None = None
     pages: int | None = None
 
 
-def beat(table: StateTable, rec: SiteRecord, now: float, progress: Progress | None = None, **extra: Any
-         ) -> SiteRecord:
+def beat(table: StateTable, rec: SiteRecord, now: float, progress: Progress | None = None, **extra: Any) -> SiteRecord:
     """The node's heartbeat on its attempt; fenced. Alone it moves no version; with the crawler's progress since
     the last write (one write for any number of steps: the hub needs the latest, not each) it does."""
     if progress is None or (progress.site_status, progress.at) == (rec.site_status, rec.last_update):
@@ -110,8 +141,9 @@ def beat(table: StateTable, rec: SiteRecord, now: float, progress: Progress | No
     return table.write(rec, transition(rec, **changes, heartbeat=now, **extra))
 
 
-def save_checkpoint(table: StateTable, rec: SiteRecord, now: float, progress: Progress | None,
-                    checkpoint: Mapping[str, Any]) -> SiteRecord:
+def save_checkpoint(
+    table: StateTable, rec: SiteRecord, now: float, progress: Progress | None, checkpoint: Mapping[str, Any]
+) -> SiteRecord:
     """Where the crawl got to (next page or token, pages, items so far), with the heartbeat and progress: a retry
     of the site resumes from it. One too large for an item keeps no items and is not resumed from."""
     ckpt = {**checkpoint, "items": _cut_item_ids(checkpoint.get("items"))}
@@ -142,12 +174,20 @@ def mark_enqueued(table: StateTable, rec: SiteRecord) -> SiteRecord:
     return table.write(rec, transition(rec, bump=False, enqueued=True))
 
 
-def complete(table: StateTable, rec: SiteRecord, result_key: str, now: float, *, skipped: bool = False
-             ) -> SiteRecord:
+def complete(table: StateTable, rec: SiteRecord, result_key: str, now: float, *, skipped: bool = False) -> SiteRecord:
     attempts = _close(rec, now, Outcome.SKIPPED if skipped else Outcome.COMPLETED)
-    new = transition(rec, run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED, result_key=result_key,
-                     last_update=now, failure_reason=None, kill_reason=None, attempts=attempts, receipt=None,
-                     checkpoint=None)
+    new = transition(
+        rec,
+        run_status=RunStatus.COMPLETED,
+        site_status=SiteStatus.COMPLETED,
+        result_key=result_key,
+        last_update=now,
+        failure_reason=None,
+        kill_reason=None,
+        attempts=attempts,
+        receipt=None,
+        checkpoint=None,
+    )
     return table.write(rec, new)
 
 
@@ -156,34 +196,61 @@ def request_kill(table: StateTable, rec: SiteRecord, reason: Reason, now: float)
     return table.write(rec, transition(rec, kill_reason=str(reason)))
 
 
-def end_attempt(table: StateTable, rec: SiteRecord, *, reason: Reason, now: float,
-                max_attempts: int, spot_cap: int, kill_path: str | None = None, error: str | None = None
-                ) -> SiteRecord:
+def end_attempt(
+    table: StateTable,
+    rec: SiteRecord,
+    *,
+    reason: Reason,
+    now: float,
+    max_attempts: int,
+    spot_cap: int,
+    kill_path: str | None = None,
+    error: str | None = None,
+) -> SiteRecord:
     """The current attempt ended without a result: requeue (QUEUED, message not yet sent) or FAILED."""
     attempts = _close(rec, now, Outcome.of(reason), kill_path)
-    common: dict[str, Any] = {"last_update": now, "kill_reason": None, "attempts": attempts,
-                              "failure_reason": str(reason), "url": None, "receipt": None}
+    common: dict[str, Any] = {
+        "last_update": now,
+        "kill_reason": None,
+        "attempts": attempts,
+        "failure_reason": str(reason),
+        "url": None,
+        "receipt": None,
+    }
     if kill_path is not None:
         common["kill_path"] = kill_path
     if error is not None:
         common["error"] = capped(error, ERROR_MAX_CHARS)
     if reason in GIVEN_BACK and rec.spot_requeues < spot_cap:
-        new = transition(rec, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False,
-                         attempt=rec.attempt - 1, spot_requeues=rec.spot_requeues + 1, **common)
+        new = transition(
+            rec,
+            run_status=RunStatus.QUEUED,
+            site_status=SiteStatus.PENDING,
+            enqueued=False,
+            attempt=rec.attempt - 1,
+            spot_requeues=rec.spot_requeues + 1,
+            **common,
+        )
     elif rec.attempt - rec.attempt_base < max_attempts:
-        new = transition(rec, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False,
-                         **common)
+        new = transition(rec, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False, **common)
     else:
         new = transition(rec, run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED, **common)
     return table.write(rec, new)
 
 
-def fail_now(table: StateTable, rec: SiteRecord, reason: Reason, now: float, *, error: str | None = None
-             ) -> SiteRecord:
+def fail_now(table: StateTable, rec: SiteRecord, reason: Reason, now: float, *, error: str | None = None) -> SiteRecord:
     """End the site FAILED whatever attempts remain (deadline, teardown)."""
-    new = transition(rec, run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED, failure_reason=str(reason),
-                     last_update=now, kill_reason=None, attempts=_close(rec, now, Outcome.of(reason)), receipt=None,
-                     **({"error": capped(error, ERROR_MAX_CHARS)} if error else {}))
+    new = transition(
+        rec,
+        run_status=RunStatus.FAILED,
+        site_status=SiteStatus.FAILED,
+        failure_reason=str(reason),
+        last_update=now,
+        kill_reason=None,
+        attempts=_close(rec, now, Outcome.of(reason)),
+        receipt=None,
+        error=capped(error, ERROR_MAX_CHARS) if error else rec.error,
+    )
     return table.write(rec, new)
 
 
@@ -209,9 +276,23 @@ def reopen(table: StateTable, rec: SiteRecord, now: float, spec: SiteSpec | None
     """An operator's rerun: a FAILED (or, forced, COMPLETED) site is QUEUED again with max_attempts fresh attempts.
 
     The history of its attempts stays; the message is sent by `send_next`, as for any requeue."""
-    new = transition(rec, reopen=True, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False,
-                     attempt_base=rec.attempt, failure_reason=None, error=None, kill_reason=None, result_key=None,
-                     url=None, receipt=None, last_update=now, checkpoint=None, **({"spec": spec} if spec is not None else {}))
+    new = transition(
+        rec,
+        reopen=True,
+        run_status=RunStatus.QUEUED,
+        site_status=SiteStatus.PENDING,
+        enqueued=False,
+        attempt_base=rec.attempt,
+        failure_reason=None,
+        error=None,
+        kill_reason=None,
+        result_key=None,
+        url=None,
+        receipt=None,
+        last_update=now,
+        checkpoint=None,
+        spec=spec if spec is not None else rec.spec,
+    )
     return table.write(rec, new)
 
 

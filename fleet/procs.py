@@ -40,7 +40,7 @@ def _read_stat(pid: int) -> tuple[int, str, int] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    rest = raw[raw.rfind(")") + 2:].split()
+    rest = raw[raw.rfind(")") + 2 :].split()
     return int(rest[1]), rest[0], int(rest[19])  # ppid, state, starttime
 
 
@@ -151,16 +151,30 @@ def _reap(pids: Iterable[int]) -> None:
             pass
 
 
-def spawn(cmd: Sequence[str], *, markers: Mapping[str, str], log_path: Path, cwd: Path | None = None,
-          extra_env: Mapping[str, str] | None = None) -> subprocess.Popen:
+def spawn(
+    cmd: Sequence[str],
+    *,
+    markers: Mapping[str, str],
+    log_path: Path,
+    cwd: Path | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> subprocess.Popen:
     """Start `cmd` detached (own session, stdin closed, output to `log_path`), carrying `markers`."""
     env = {k: v for k, v in os.environ.items() if k not in MARKERS}
     env.update(extra_env or {})
     env.update(markers)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        return subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=cwd, env=env, start_new_session=True, close_fds=True)
+        return subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
 
 
 def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from fleet import ops
 from fleet.aws.messages import BadMessage, SiteMessage
@@ -63,12 +64,17 @@ class NodeRules:
 def rule_fields(c: Config) -> dict[str, Any]:
     """The rules of a run's config, as keyword arguments (for NodeRules or a settings class built on it)."""
     return dict(
-        max_attempts=c.run.max_attempts, spot_cap=c.run.spot_requeue_cap, hang_after_s=c.run.hang_after_s,
+        max_attempts=c.run.max_attempts,
+        spot_cap=c.run.spot_requeue_cap,
+        hang_after_s=c.run.hang_after_s,
         # three beats fit in the hub's heartbeat timeout: one lost write does not make a node look dead
         heartbeat_interval_s=max(0.5, c.run.heartbeat_timeout_s / 3),
-        visibility_s=max(30.0, c.run.heartbeat_timeout_s), idle_exit_s=c.fleet.idle_exit_s,
-        sites_per_node=c.fleet.sites_per_node, browser_start_timeout_s=c.run.browser_start_timeout_s,
-        node_watchdog=c.fleet.node_watchdog, receive_wait_s=min(5.0, c.fleet.idle_exit_s),
+        visibility_s=max(30.0, c.run.heartbeat_timeout_s),
+        idle_exit_s=c.fleet.idle_exit_s,
+        sites_per_node=c.fleet.sites_per_node,
+        browser_start_timeout_s=c.run.browser_start_timeout_s,
+        node_watchdog=c.fleet.node_watchdog,
+        receive_wait_s=min(5.0, c.fleet.idle_exit_s),
     )
 
 
@@ -77,6 +83,7 @@ def rules_from_config(c: Config) -> NodeRules:
 
 
 # --- how an attempt ends --------------------------------------------------------------------------------------------
+
 
 class CrawlEndKind(StrEnum):
     RESULT = "result"  # the crawler reported the site's result
@@ -92,8 +99,12 @@ class CrawlEndKind(StrEnum):
         return _REASONS.get(self)
 
 
-_REASONS = {CrawlEndKind.HANG: Reason.HANG, CrawlEndKind.ERROR: Reason.ERROR, CrawlEndKind.SPOT: Reason.SPOT,
-            CrawlEndKind.BUSY: Reason.BUSY}
+_REASONS = {
+    CrawlEndKind.HANG: Reason.HANG,
+    CrawlEndKind.ERROR: Reason.ERROR,
+    CrawlEndKind.SPOT: Reason.SPOT,
+    CrawlEndKind.BUSY: Reason.BUSY,
+}
 
 
 @dataclass
@@ -129,11 +140,11 @@ def declared_lost(rec: SiteRecord, attempt: int, instance_id: str) -> bool:
     """Whether the hub ended (or is ending) `attempt` on `instance_id` because it took the node for dead."""
     if rec.kill_reason == str(Reason.LOST) and rec.instance_id == instance_id:
         return True
-    return any(a.n == attempt and a.instance_id == instance_id and a.outcome == str(Reason.LOST)
-               for a in rec.attempts)
+    return any(a.n == attempt and a.instance_id == instance_id and a.outcome == str(Reason.LOST) for a in rec.attempts)
 
 
 # --- a received message ---------------------------------------------------------------------------------------------
+
 
 class MessageAction(enum.Enum):
     CLAIM = "claim"  # claim the site's next attempt
@@ -154,8 +165,7 @@ def record_of(msg: SiteMessage | BadMessage) -> tuple[str, str] | None:
     return None if isinstance(msg, BadMessage) else (msg.run_id, msg.site)
 
 
-def on_message(msg: SiteMessage | BadMessage, rec: SiteRecord | None, run_id: str, rules: NodeRules
-               ) -> MessageStep:
+def on_message(msg: SiteMessage | BadMessage, rec: SiteRecord | None, run_id: str, rules: NodeRules) -> MessageStep:
     """What to do with a received message, given its site's record (None for a bad message or an unknown site)."""
     if isinstance(msg, BadMessage):
         return MessageStep(MessageAction.RELEASE, BAD_MESSAGE_HIDE_S)
@@ -175,6 +185,7 @@ def on_claim_lost(current: SiteRecord | None, attempt: int) -> MessageStep:
 
 
 # --- while the attempt runs -----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Watch:
@@ -208,16 +219,23 @@ class Watch:
 
     def beaten(self, mono: float) -> Watch:
         """A heartbeat (or a checkpoint, which is one) was written at `mono`."""
-        return Watch(self.rules, self.status, self.since, mono + self.rules.heartbeat_interval_s, self.hidden_until,
-                     self.progress)
+        return Watch(
+            self.rules,
+            self.status,
+            self.since,
+            mono + self.rules.heartbeat_interval_s,
+            self.hidden_until,
+            self.progress,
+        )
 
     def hide_due(self, mono: float) -> bool:
         """Whether the claimed message could show again before the next two beats: hide it for long again."""
         return mono + 2 * self.rules.heartbeat_interval_s >= self.hidden_until
 
     def hidden(self, mono: float) -> Watch:
-        return Watch(self.rules, self.status, self.since, self.next_beat, mono + self.rules.claimed_visibility_s,
-                     self.progress)
+        return Watch(
+            self.rules, self.status, self.since, self.next_beat, mono + self.rules.claimed_visibility_s, self.progress
+        )
 
     @property
     def watchdog_at(self) -> float | None:
@@ -241,10 +259,18 @@ class Watch:
             return None
         if self.status is SiteStatus.URL_CALL:
             url = self.progress.url if self.progress else "?"
-            return CrawlEnd(CrawlEndKind.HANG, error=f"no progress on {url} for {self.rules.hang_after_s:.0f}s",
-                            kill_path="watchdog", forced=True)
-        return CrawlEnd(CrawlEndKind.ERROR, kill_path="watchdog", forced=True,
-                        error=f"browser session did not start in {self.rules.browser_start_timeout_s:.0f}s")
+            return CrawlEnd(
+                CrawlEndKind.HANG,
+                error=f"no progress on {url} for {self.rules.hang_after_s:.0f}s",
+                kill_path="watchdog",
+                forced=True,
+            )
+        return CrawlEnd(
+            CrawlEndKind.ERROR,
+            kill_path="watchdog",
+            forced=True,
+            error=f"browser session did not start in {self.rules.browser_start_timeout_s:.0f}s",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,13 +295,14 @@ class NodeCard:
     def written(self, mono: float, rules: NodeRules) -> NodeCard:
         return NodeCard(self.state, self.site, self.attempt, mono + rules.heartbeat_interval_s)
 
-    def item(self, run_id: str, instance_id: str, now: float, started_at: float, sites_done: int, **extra: Any
-             ) -> NodeInfo:
-        return NodeInfo(run_id, instance_id, self.state, now, started_at, self.site, self.attempt, sites_done,
-                        **extra)
+    def item(
+        self, run_id: str, instance_id: str, now: float, started_at: float, sites_done: int, **extra: Any
+    ) -> NodeInfo:
+        return NodeInfo(run_id, instance_id, self.state, now, started_at, self.site, self.attempt, sites_done, **extra)
 
 
 # --- settling an ended attempt --------------------------------------------------------------------------------------
+
 
 class FollowUp(enum.Enum):
     REQUEUE = "requeue"  # send the next attempt's message, then delete this one
@@ -294,8 +321,14 @@ def end_attempt_args(end: CrawlEnd, rules: NodeRules, now: float) -> dict[str, A
     reason = end.kind.reason
     if reason is None:
         raise ValueError(f"the node does not end an attempt that ended as {end.kind}")
-    return dict(reason=reason, now=now, max_attempts=rules.max_attempts, spot_cap=rules.spot_cap,
-                kill_path=end.kill_path, error=end.error)
+    return dict(
+        reason=reason,
+        now=now,
+        max_attempts=rules.max_attempts,
+        spot_cap=rules.spot_cap,
+        kill_path=end.kill_path,
+        error=end.error,
+    )
 
 
 def settle(end: CrawlEnd, attempt: int, new: SiteRecord) -> Settle:
@@ -309,6 +342,7 @@ def settle(end: CrawlEnd, attempt: int, new: SiteRecord) -> Settle:
 
 
 # --- when to stop taking work ---------------------------------------------------------------------------------------
+
 
 class StopWhy(StrEnum):
     SICK = "sick"  # the node cannot crawl (its Grid node died, AWS keeps failing): exit with an error

@@ -10,9 +10,10 @@ every DynamoDB write is conditional on (see `fleet.aws.table`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any
 
 from fleet.errors import IllegalTransition
 
@@ -127,7 +128,6 @@ SITE_TRANSITIONS: dict[SiteStatus, frozenset[SiteStatus]] = {
 }
 
 
-
 def _closure(edges: dict[SiteStatus, frozenset[SiteStatus]]) -> dict[SiteStatus, frozenset[SiteStatus]]:
     out = {}
     for start in edges:
@@ -240,8 +240,9 @@ def transition(old: SiteRecord, *, bump: bool = True, reopen: bool = False, **ch
             _check(old, new)
     if new.site_status not in _SITE_FOR_RUN[new.run_status]:
         raise IllegalTransition(old.site, "run_status/site_status pair", new.run_status, new.site_status)
-    if new.attempt < 0 or (new.attempt != old.attempt and new.run_status is RunStatus.RUN
-                           and old.run_status is RunStatus.RUN):
+    if new.attempt < 0 or (
+        new.attempt != old.attempt and new.run_status is RunStatus.RUN and old.run_status is RunStatus.RUN
+    ):
         raise IllegalTransition(old.site, "attemptCount during an attempt", old.attempt, new.attempt)
     if bump:
         new = dataclasses.replace(new, version=old.version + 1)

@@ -11,12 +11,13 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
+from fleet.aws.results import ResultStore
 from fleet.codec import RunInfo
 from fleet.ids import check_run_id, is_site_id
-from fleet.aws.results import ResultStore
 from fleet.state import RunStatus, SiteRecord
 
 log = logging.getLogger("gridfleet.hub")
@@ -30,8 +31,13 @@ def site_entry(r: SiteRecord) -> dict[str, Any]:
         "failure_reason": r.failure_reason if r.run_status is not RunStatus.COMPLETED else None,
         "result_key": r.result_key,
         "attempts": [
-            {"instance_id": a.instance_id, "start": a.start, "end": a.end, "outcome": a.outcome,
-             **({"kill_path": a.kill_path} if a.kill_path else {})}
+            {
+                "instance_id": a.instance_id,
+                "start": a.start,
+                "end": a.end,
+                "outcome": a.outcome,
+                **({"kill_path": a.kill_path} if a.kill_path else {}),
+            }
             for a in r.attempts
         ],
         "error": r.error,
@@ -49,8 +55,9 @@ def counts(sites: Iterable[SiteRecord]) -> dict[str, int]:
     return out
 
 
-def build_summary(run: RunInfo, sites: list[SiteRecord], *, left_running: int, finished_at: float,
-                  finish_reason: str) -> dict[str, Any]:
+def build_summary(
+    run: RunInfo, sites: list[SiteRecord], *, left_running: int, finished_at: float, finish_reason: str
+) -> dict[str, Any]:
     return {
         "run_id": run.run_id,
         "run_date": run.run_date,  # YYYYMMDD of its result keys
@@ -65,9 +72,15 @@ def build_summary(run: RunInfo, sites: list[SiteRecord], *, left_running: int, f
 
 def instances_section(nodes: Iterable[Any], types: Mapping[str, str | None]) -> dict[str, Any]:
     """Each node of the run: its type and how long its agent ran (start to last heartbeat), for the report's cost."""
-    return {n.instance_id: {"type": types.get(n.instance_id), "started_at": n.started_at, "ended_at": n.heartbeat,
-                            "sites_done": n.sites_done}
-            for n in sorted(nodes, key=lambda n: n.started_at)}
+    return {
+        n.instance_id: {
+            "type": types.get(n.instance_id),
+            "started_at": n.started_at,
+            "ended_at": n.heartbeat,
+            "sites_done": n.sites_done,
+        }
+        for n in sorted(nodes, key=lambda n: n.started_at)
+    }
 
 
 def write_json(path: Path, data: Any) -> None:

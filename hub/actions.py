@@ -101,8 +101,7 @@ class Finish:
     left_running: int = 0
 
 
-Action = (StartRun | SeedSites | Enqueue | KillAttempt | EndAttempt | FailSites | Launch | Terminate | Drain
-          | Finish)
+Action = StartRun | SeedSites | Enqueue | KillAttempt | EndAttempt | FailSites | Launch | Terminate | Drain | Finish
 
 
 @dataclass(frozen=True)

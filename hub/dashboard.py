@@ -22,7 +22,7 @@ StatusFn = Callable[[], dict]
 PAGE_HEADERS = {
     # The page is self-contained: it may run its own inline script and talk only to this server.
     "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                               "connect-src 'self'",
+    "connect-src 'self'",
     "X-Content-Type-Options": "nosniff",
 }
 

@@ -93,8 +93,9 @@ class EndExecutor:
         try:
             self.table.add_history(events)
         except Exception as e:  # noqa: BLE001 - the history is a record, not a decision
-            log.warning("history-lost lines=%d kinds=%s error=%s", len(events),
-                        ",".join(sorted({e.kind for e in events})), e)
+            log.warning(
+                "history-lost lines=%d kinds=%s error=%s", len(events), ",".join(sorted({e.kind for e in events})), e
+            )
 
     def execute(self, action: Action, snap: Snapshot) -> Done:
         try:
@@ -159,11 +160,25 @@ class Executor(EndExecutor):
 
     # --- run and seeding --------------------------------------------------------
     def _StartRun(self, a: StartRun, snap: Snapshot) -> Done:
-        info = RunInfo(self.run_id, RunState.RUNNING, a.started_at, a.deadline_at, a.run_date, hub_id=self.hub_id,
-                       hub_heartbeat=a.started_at, expire_at=self.expire_at(a.deadline_at), full=self.full)
+        info = RunInfo(
+            self.run_id,
+            RunState.RUNNING,
+            a.started_at,
+            a.deadline_at,
+            a.run_date,
+            hub_id=self.hub_id,
+            hub_heartbeat=a.started_at,
+            expire_at=self.expire_at(a.deadline_at),
+            full=self.full,
+        )
         if self.table.create_run(info):
-            event(log, "run-start", run_id=self.run_id, sites=len(self.config.sites),
-                  deadline_s=self.config.run.deadline_s)
+            event(
+                log,
+                "run-start",
+                run_id=self.run_id,
+                sites=len(self.config.sites),
+                deadline_s=self.config.run.deadline_s,
+            )
         return Done(a)
 
     def _SeedSites(self, a: SeedSites, snap: Snapshot) -> Done:
@@ -180,15 +195,19 @@ class Executor(EndExecutor):
                 ops.mark_enqueued(self.table, r)
             except StaleWrite:
                 pass  # a node claimed it already: the mark no longer matters
-        event(log, "seed", run_id=self.run_id, sites=len(fresh),
-              **({"incremental": len(incremental), "marks": len(marks), "full": full} if incremental else {}))
+        event(
+            log,
+            "seed",
+            run_id=self.run_id,
+            sites=len(fresh),
+            **({"incremental": len(incremental), "marks": len(marks), "full": full} if incremental else {}),
+        )
         return Done(a, tuple(r.site for r in fresh))
 
     def _Enqueue(self, a: Enqueue, snap: Snapshot) -> Done:
         rec = snap.sites[a.site]
         ops.send_next(self.table, self.queue, rec)
-        event(log, "enqueue", run_id=self.run_id, site=a.site, attempt=rec.attempt + 1,
-              why="message never marked sent")
+        event(log, "enqueue", run_id=self.run_id, site=a.site, attempt=rec.attempt + 1, why="message never marked sent")
         self.history("enqueue", site=a.site, attempt=rec.attempt + 1)
         return Done(a, (a.site,))
 
@@ -207,10 +226,28 @@ class Executor(EndExecutor):
         if iid is None or a.ladder is KillLadder.NONE:
             return kill_path(None, False)
         result = self.control.kill(iid, rec.site, rec.attempt)
-        event(log, "kill", run_id=self.run_id, site=rec.site, attempt=rec.attempt, node=iid, reason=a.reason,
-              path=result.path, ok=result.ok, detail=result.detail or None)
-        self.history("kill", site=rec.site, attempt=rec.attempt, node=iid, reason=str(a.reason), path=result.path,
-                     ok=result.ok, detail=result.detail or None)
+        event(
+            log,
+            "kill",
+            run_id=self.run_id,
+            site=rec.site,
+            attempt=rec.attempt,
+            node=iid,
+            reason=a.reason,
+            path=result.path,
+            ok=result.ok,
+            detail=result.detail or None,
+        )
+        self.history(
+            "kill",
+            site=rec.site,
+            attempt=rec.attempt,
+            node=iid,
+            reason=str(a.reason),
+            path=result.path,
+            ok=result.ok,
+            detail=result.detail or None,
+        )
         if result.ok and a.ladder is KillLadder.FALLBACK:
             return kill_path(result, False)
         self.provider.terminate([iid])
@@ -223,21 +260,49 @@ class Executor(EndExecutor):
         return Done(a, (a.site,))
 
     def _end(self, rec: SiteRecord, reason: Reason, path: str | None) -> None:
-        new = ops.end_attempt(self.table, rec, reason=reason, now=self.clock.now(),
-                              max_attempts=self.config.run.max_attempts, spot_cap=self.config.run.spot_requeue_cap,
-                              kill_path=path)
+        new = ops.end_attempt(
+            self.table,
+            rec,
+            reason=reason,
+            now=self.clock.now(),
+            max_attempts=self.config.run.max_attempts,
+            spot_cap=self.config.run.spot_requeue_cap,
+            kill_path=path,
+        )
         if rec.receipt:  # the message of the attempt that ended (its node is dead or was stopped): not needed
             self.queue.delete_receipt(rec.receipt)
         requeued = new.run_status is RunStatus.QUEUED
-        self.history("requeue" if requeued else "failed", site=rec.site, attempt=rec.attempt, node=rec.instance_id,
-                     reason=str(reason), kill_path=path)
+        self.history(
+            "requeue" if requeued else "failed",
+            site=rec.site,
+            attempt=rec.attempt,
+            node=rec.instance_id,
+            reason=str(reason),
+            kill_path=path,
+        )
         if requeued:
-            event(log, "requeue", run_id=self.run_id, site=rec.site, attempt=rec.attempt, node=rec.instance_id,
-                  reason=reason, next_attempt=new.attempt + 1)
+            event(
+                log,
+                "requeue",
+                run_id=self.run_id,
+                site=rec.site,
+                attempt=rec.attempt,
+                node=rec.instance_id,
+                reason=reason,
+                next_attempt=new.attempt + 1,
+            )
             ops.send_next(self.table, self.queue, new)
         else:
-            event(log, "failed", logging.WARNING, run_id=self.run_id, site=rec.site, attempt=rec.attempt,
-                  node=rec.instance_id, reason=reason)
+            event(
+                log,
+                "failed",
+                logging.WARNING,
+                run_id=self.run_id,
+                site=rec.site,
+                attempt=rec.attempt,
+                node=rec.instance_id,
+                reason=reason,
+            )
 
     # --- the fleet and the queue ------------------------------------------------------
     def _Launch(self, a: Launch, snap: Snapshot) -> Done:
@@ -253,10 +318,20 @@ class Executor(EndExecutor):
             if a.failures:
                 self.table.update_run(self.run_id, launch_failures=0)
         elif result.errors:  # nothing started: record it as the plan said, for the next plan to wait or give up
-            self.table.update_run(self.run_id, launch_failures=a.failures + 1, launch_error=result.errors[-1][:500],
-                                  launch_retry_at=self.clock.now() + a.backoff_s)
-            event(log, "launch-backoff", logging.WARNING, run_id=self.run_id, failures=a.failures + 1,
-                  retry_in_s=a.backoff_s)
+            self.table.update_run(
+                self.run_id,
+                launch_failures=a.failures + 1,
+                launch_error=result.errors[-1][:500],
+                launch_retry_at=self.clock.now() + a.backoff_s,
+            )
+            event(
+                log,
+                "launch-backoff",
+                logging.WARNING,
+                run_id=self.run_id,
+                failures=a.failures + 1,
+                retry_in_s=a.backoff_s,
+            )
         return Done(a, result.launched)
 
     def _Drain(self, a: Drain, snap: Snapshot) -> Done:
@@ -280,8 +355,13 @@ class Executor(EndExecutor):
         for msg in others:
             self.queue.set_visibility(msg, 0)
         if deleted:
-            event(log, "drain", run_id=self.run_id, messages=len(deleted),
-                  why="every site is done: its messages are stale")
+            event(
+                log,
+                "drain",
+                run_id=self.run_id,
+                messages=len(deleted),
+                why="every site is done: its messages are stale",
+            )
         return Done(a, tuple(deleted))
 
     def teardown(self, why: str) -> int:

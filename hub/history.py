@@ -66,8 +66,7 @@ def durations_from_file(path: Path) -> dict[str, float]:
             d = crawl_seconds(entry.get("attempts") or []) if isinstance(entry, dict) else None
             if d is not None:
                 out[site] = d
-    elif isinstance(data, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                        for v in data.values()):
+    elif isinstance(data, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values()):
         out = {str(k): float(v) for k, v in data.items() if v >= 0}
     else:
         raise UsageError(f"{path}: expected a summary.json (with 'sites') or an object of site -> seconds")

@@ -94,9 +94,19 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False  # stop() closes event streams itself rather than waiting for them
     allow_reuse_port = False  # a port another server listens on must fail to bind
 
-    def __init__(self, address: tuple[str, int], *, status: StatusFn, registry: CollectorRegistry,
-                 feed: StatusFeed, stopping: threading.Event, keepalive_s: float, page: bytes,
-                 max_streams: int, max_connections: int) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        *,
+        status: StatusFn,
+        registry: CollectorRegistry,
+        feed: StatusFeed,
+        stopping: threading.Event,
+        keepalive_s: float,
+        page: bytes,
+        max_streams: int,
+        max_connections: int,
+    ) -> None:
         self.status = status
         self.registry = registry
         self.feed = feed
@@ -177,8 +187,10 @@ class _Server(ThreadingHTTPServer):
 def _refuse_busy(sock: socket.socket) -> None:
     """A 503 written straight to a connection that gets no thread (a few bytes: the send never blocks for long)."""
     body = b"too many connections"
-    head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: {_TEXT}\r\nContent-Length: {len(body)}\r\n"
-            f"Retry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n").encode()
+    head = (
+        f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: {_TEXT}\r\nContent-Length: {len(body)}\r\n"
+        f"Retry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n"
+    ).encode()
     try:
         sock.settimeout(1.0)
         sock.sendall(head + body)
@@ -275,8 +287,15 @@ class HubServer:
     max_streams: int = MAX_STREAMS
     max_connections: int = MAX_CONNECTIONS
 
-    def __init__(self, status: StatusFn, registry: CollectorRegistry | None = None, *,
-                 bind: str = "127.0.0.1", port: int = 0, poll_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        status: StatusFn,
+        registry: CollectorRegistry | None = None,
+        *,
+        bind: str = "127.0.0.1",
+        port: int = 0,
+        poll_s: float = 0.5,
+    ) -> None:
         self._status = status
         self._registry = registry if registry is not None else CollectorRegistry()
         self._address = (bind, port)
@@ -290,12 +309,21 @@ class HubServer:
         if self._httpd is not None or self._stopping.is_set():
             raise RuntimeError("a HubServer can be started only once")
         page = page_html()
-        self._httpd = _Server(self._address, status=self._status, registry=self._registry, feed=self._feed,
-                              stopping=self._stopping, keepalive_s=self.keepalive_s, page=page,
-                              max_streams=self.max_streams, max_connections=self.max_connections)
+        self._httpd = _Server(
+            self._address,
+            status=self._status,
+            registry=self._registry,
+            feed=self._feed,
+            stopping=self._stopping,
+            keepalive_s=self.keepalive_s,
+            page=page,
+            max_streams=self.max_streams,
+            max_connections=self.max_connections,
+        )
         port = self._httpd.server_address[1]
-        self._serve_thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                              name=f"hub-http-{port}", daemon=True)
+        self._serve_thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name=f"hub-http-{port}", daemon=True
+        )
         self._serve_thread.start()
         threading.Thread(target=self._feed.run, name=f"hub-http-feed-{port}", daemon=True).start()
         log.debug("dashboard on %s", self.url)

@@ -52,11 +52,25 @@ class RunOutcome:
 
 
 class Hub:
-    def __init__(self, *, run_id: str, config: Config, table: StateTable, queue: SiteQueue,
-                 results: ResultStore, provider: ComputeProvider, control: NodeControl, clock: Clock,
-                 out_dir: Path, hub_id: str, min_sleep_s: float = 0.2, max_tick_failures: int = 20,
-                 monitor: HubMonitor | None = None, expected: Mapping[str, float] | None = None,
-                 full: bool = False):
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        config: Config,
+        table: StateTable,
+        queue: SiteQueue,
+        results: ResultStore,
+        provider: ComputeProvider,
+        control: NodeControl,
+        clock: Clock,
+        out_dir: Path,
+        hub_id: str,
+        min_sleep_s: float = 0.2,
+        max_tick_failures: int = 20,
+        monitor: HubMonitor | None = None,
+        expected: Mapping[str, float] | None = None,
+        full: bool = False,
+    ):
         self.run_id = run_id
         self.config = config
         self.table = table
@@ -74,8 +88,18 @@ class Hub:
         self.cache = SiteCache()
         self.cache.expect(s.id for s in config.sites)
         self.expected = dict(expected) if expected is not None else None  # read once, when the run is seeded
-        self.executor = Executor(run_id=run_id, config=config, table=table, queue=queue, provider=provider,
-                                 control=control, clock=clock, hub_id=hub_id, expire_at=self._expire_at, full=full)
+        self.executor = Executor(
+            run_id=run_id,
+            config=config,
+            table=table,
+            queue=queue,
+            provider=provider,
+            control=control,
+            clock=clock,
+            hub_id=hub_id,
+            expire_at=self._expire_at,
+            full=full,
+        )
         self._last_progress: tuple | None = None
         self._last_beat = float("-inf")
         self.decision_s = 0.0
@@ -96,16 +120,27 @@ class Hub:
         else:
             run = io(self.table.get_run, self.run_id)
             node_rows = io(self.table.read_nodes, self.run_id)
-            cache.refresh(io(self.table.open_stamps, self.run_id),
-                          lambda names: io(self.table.get_sites, self.run_id, names))
+            cache.refresh(
+                io(self.table.open_stamps, self.run_id), lambda names: io(self.table.get_sites, self.run_id, names)
+            )
         instances = {i.id: i for i in io(self.provider.list, self.run_id)}
         sites = dict(cache.sites)
         nodes = {n.instance_id: n for n in node_rows}
         self.obs = observe(self.obs, sites, nodes, instances, now, watch=cache.watch, beats=cache.beats)
         depth = io(self.queue.depth) if self.ending is not None else None
-        return Snapshot(self.run_id, run, sites, nodes, instances, self.obs, queue=depth,
-                        watch=frozenset(cache.watch), tally=dict(cache.tally), expected=self._expected(sites),
-                        ending=self.ending)
+        return Snapshot(
+            self.run_id,
+            run,
+            sites,
+            nodes,
+            instances,
+            self.obs,
+            queue=depth,
+            watch=frozenset(cache.watch),
+            tally=dict(cache.tally),
+            expected=self._expected(sites),
+            ending=self.ending,
+        )
 
     def _io(self, fn, *args):
         """Call an adapter, adding its time to `io_s` (the tick's reads, apart from the hub's own work)."""
@@ -168,8 +203,17 @@ class Hub:
         if key != self._last_progress:
             self._last_progress = key
             done = c["COMPLETED"] + c["FAILED"]
-            event(log, "progress", run_id=self.run_id, done=f"{done}/{len(self.config.sites)}",
-                  completed=c["COMPLETED"], failed=c["FAILED"], running=c["RUN"], queued=c["QUEUED"], nodes=live)
+            event(
+                log,
+                "progress",
+                run_id=self.run_id,
+                done=f"{done}/{len(self.config.sites)}",
+                completed=c["COMPLETED"],
+                failed=c["FAILED"],
+                running=c["RUN"],
+                queued=c["QUEUED"],
+                nodes=live,
+            )
 
     def run(self) -> RunOutcome:
         failures = 0
@@ -179,8 +223,14 @@ class Hub:
                 failures = 0
             except Exception as e:  # the outermost loop: a bad tick is logged and retried, not fatal
                 failures += 1
-                event(log, "tick-failed", logging.ERROR, run_id=self.run_id, failures=failures,
-                      error=f"{type(e).__name__}: {e}")
+                event(
+                    log,
+                    "tick-failed",
+                    logging.ERROR,
+                    run_id=self.run_id,
+                    failures=failures,
+                    error=f"{type(e).__name__}: {e}",
+                )
                 log.debug("tick failure", exc_info=True)
                 if failures >= self.max_tick_failures:
                     raise
@@ -203,8 +253,9 @@ class Hub:
         if rows.run is None:  # the plan finishes only a run whose item it saw
             raise RuntimeError(f"run {self.run_id} has no run item to finish")
         now = self.clock.now()
-        summary = build_summary(rows.run, rows.sites, left_running=fin.left_running, finished_at=now,
-                                finish_reason=fin.reason)
+        summary = build_summary(
+            rows.run, rows.sites, left_running=fin.left_running, finished_at=now, finish_reason=fin.reason
+        )
         try:
             types = {i.id: i.instance_type for i in self.provider.list(self.run_id)}
         except Exception as e:  # noqa: BLE001 - instance types are for the report's cost only
@@ -215,8 +266,14 @@ class Hub:
             depth = self.queue.depth()
             summary["queue"] = {"visible": depth.visible, "in_flight": depth.in_flight, "dlq": depth.dlq}
             if depth.dlq:
-                event(log, "dlq-not-empty", logging.WARNING, run_id=self.run_id, messages=depth.dlq,
-                      hint="see `gridfleet check`")
+                event(
+                    log,
+                    "dlq-not-empty",
+                    logging.WARNING,
+                    run_id=self.run_id,
+                    messages=depth.dlq,
+                    hint="see `gridfleet check`",
+                )
         except Exception as e:  # noqa: BLE001 - depths are a report, not a decision
             log.warning("queue-depth-unavailable error=%s", e)
         path = export(self.out_dir, summary, rows.sites, self.results)
@@ -225,8 +282,17 @@ class Hub:
             self._monitor(self.snapshot(now), finished=True)
         c = summary["counts"]
         failed = c[RunStatus.FAILED.value]
-        event(log, "run-finished", run_id=self.run_id, reason=fin.reason, completed=c["COMPLETED"], failed=failed,
-              nodes_launched=summary["nodes"]["launched"], left_running=fin.left_running, summary=str(path))
+        event(
+            log,
+            "run-finished",
+            run_id=self.run_id,
+            reason=fin.reason,
+            completed=c["COMPLETED"],
+            failed=failed,
+            nodes_launched=summary["nodes"]["launched"],
+            left_running=fin.left_running,
+            summary=str(path),
+        )
         code = EXIT_FAILED_SITES if failed else EXIT_OK
         if fin.left_running:
             code = EXIT_ERROR

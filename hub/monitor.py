@@ -44,8 +44,16 @@ def kills_of(snap: Snapshot) -> list[dict[str, Any]]:
     for name, r in snap.sites.items():
         for a in r.attempts:
             if a.kill_path:
-                out.append({"at": a.end, "site": name, "attempt": a.n, "instance_id": a.instance_id,
-                            "reason": a.outcome, "path": a.kill_path})
+                out.append(
+                    {
+                        "at": a.end,
+                        "site": name,
+                        "attempt": a.n,
+                        "instance_id": a.instance_id,
+                        "reason": a.outcome,
+                        "path": a.kill_path,
+                    }
+                )
     return sorted(out, key=lambda k: -(k["at"] or 0))
 
 
@@ -66,8 +74,14 @@ def by_path(kills: list[dict[str, Any]]) -> dict[str, int]:
 
 
 class HubMonitor:
-    def __init__(self, run_id: str, config: Config, queue: SiteQueue | None, clock: Clock,
-                 cloudwatch: CloudWatchSink | None = None):
+    def __init__(
+        self,
+        run_id: str,
+        config: Config,
+        queue: SiteQueue | None,
+        clock: Clock,
+        cloudwatch: CloudWatchSink | None = None,
+    ):
         self.run_id = run_id
         self.config = config
         self.queue = queue
@@ -108,18 +122,34 @@ class HubMonitor:
         with self._lock:
             snap, finished, now = self._snap, self._finished, self._observed_at
         if snap is None or now is None:
-            return {"run_id": self.run_id, "finished": False, "updated_at": None, "counts": {}, "sites": {},
-                    "nodes": [], "kills": [], "queue": None}
+            return {
+                "run_id": self.run_id,
+                "finished": False,
+                "updated_at": None,
+                "counts": {},
+                "sites": {},
+                "nodes": [],
+                "kills": [],
+                "queue": None,
+            }
         nodes = []  # ages as of the snapshot, so the view changes only when the run does
         for inst in sorted(snap.live_instances, key=lambda i: i.id):
             n = snap.nodes.get(inst.id)
-            nodes.append({"instance_id": inst.id, "instance_type": inst.instance_type,
-                          "state": n.state if n else "booting", "site": n.site if n else None,
-                          "sites_done": n.sites_done if n else 0,
-                          "heartbeat_age_s": round(max(0.0, now - last_beat(snap, n)), 1) if n else None})
+            nodes.append(
+                {
+                    "instance_id": inst.id,
+                    "instance_type": inst.instance_type,
+                    "state": n.state if n else "booting",
+                    "site": n.site if n else None,
+                    "sites_done": n.sites_done if n else 0,
+                    "heartbeat_age_s": round(max(0.0, now - last_beat(snap, n)), 1) if n else None,
+                }
+            )
         d = self._depth
         return {
-            "run_id": self.run_id, "finished": finished, "updated_at": now,
+            "run_id": self.run_id,
+            "finished": finished,
+            "updated_at": now,
             "counts": snap.counts(),
             "sites": {name: site_entry(r) for name, r in sorted(snap.sites.items())},
             "nodes": nodes,
@@ -141,8 +171,11 @@ class HubMonitor:
             Datum("RunProgress", 100.0 * (c["COMPLETED"] + c["FAILED"]) / total, "Percent"),
         ]
         if self._depth is not None:
-            data += [Datum("QueueVisible", self._depth.visible), Datum("QueueInFlight", self._depth.in_flight),
-                     Datum("QueueDlq", self._depth.dlq)]
+            data += [
+                Datum("QueueVisible", self._depth.visible),
+                Datum("QueueInFlight", self._depth.in_flight),
+                Datum("QueueDlq", self._depth.dlq),
+            ]
         # Kills as a count per period: what happened since the last publish (a restarted hub starts afresh).
         if self._kills_published is not None:
             new = kills[: max(0, len(kills) - self._kills_published)]
@@ -176,13 +209,18 @@ class _Families(Collector):
             sites.add_metric([status], n)
         yield sites
         total = max(1, len(self.m.config.sites))
-        yield GaugeMetricFamily("gridfleet_run_progress_ratio", "Sites finished (COMPLETED or FAILED) / all sites",
-                                value=(c["COMPLETED"] + c["FAILED"]) / total)
-        yield GaugeMetricFamily("gridfleet_nodes_active", "Nodes of the run that are pending or running",
-                                value=len(snap.live_instances))
+        yield GaugeMetricFamily(
+            "gridfleet_run_progress_ratio",
+            "Sites finished (COMPLETED or FAILED) / all sites",
+            value=(c["COMPLETED"] + c["FAILED"]) / total,
+        )
+        yield GaugeMetricFamily(
+            "gridfleet_nodes_active", "Nodes of the run that are pending or running", value=len(snap.live_instances)
+        )
         if depth is not None:
-            q = GaugeMetricFamily("gridfleet_queue_messages", "Site messages: waiting, in flight, dead-lettered",
-                                  labels=["state"])
+            q = GaugeMetricFamily(
+                "gridfleet_queue_messages", "Site messages: waiting, in flight, dead-lettered", labels=["state"]
+            )
             q.add_metric(["waiting"], depth.visible)
             q.add_metric(["in_flight"], depth.in_flight)
             q.add_metric(["dlq"], depth.dlq)
@@ -204,19 +242,26 @@ class _Families(Collector):
             att.add_metric([outcome], n)
         yield att
         if durations:
-            yield GaugeMetricFamily("gridfleet_attempt_duration_median_seconds", "Median duration of ended attempts",
-                                    value=statistics.median(durations))
+            yield GaugeMetricFamily(
+                "gridfleet_attempt_duration_median_seconds",
+                "Median duration of ended attempts",
+                value=statistics.median(durations),
+            )
         yield from self._node_families(snap)
 
     def _node_families(self, snap: Snapshot) -> Iterator[Any]:
-        done = CounterMetricFamily("gridfleet_node_jobs_completed", "Jobs a node finished with a result",
-                                   labels=["worker_id"])
-        errors = CounterMetricFamily("gridfleet_node_job_errors", "Jobs a node ended without a result, by type",
-                                     labels=["worker_id", "type"])
-        dur = SummaryMetricFamily("gridfleet_node_job_duration_seconds", "Seconds from claim to the job's end",
-                                  labels=["worker_id"])
-        beat = GaugeMetricFamily("gridfleet_node_heartbeat_timestamp_seconds", "A node's last heartbeat (epoch)",
-                                 labels=["worker_id"])
+        done = CounterMetricFamily(
+            "gridfleet_node_jobs_completed", "Jobs a node finished with a result", labels=["worker_id"]
+        )
+        errors = CounterMetricFamily(
+            "gridfleet_node_job_errors", "Jobs a node ended without a result, by type", labels=["worker_id", "type"]
+        )
+        dur = SummaryMetricFamily(
+            "gridfleet_node_job_duration_seconds", "Seconds from claim to the job's end", labels=["worker_id"]
+        )
+        beat = GaugeMetricFamily(
+            "gridfleet_node_heartbeat_timestamp_seconds", "A node's last heartbeat (epoch)", labels=["worker_id"]
+        )
         for iid, n in sorted(snap.nodes.items()):
             s = JobStats.from_plain(n.stats)
             done.add_metric([iid], s.completed)

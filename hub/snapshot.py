@@ -83,9 +83,15 @@ def site_beats(records: Iterable[SiteRecord]) -> dict[str, float]:
     return out
 
 
-def observe(prev: Observations, sites: Mapping[str, SiteRecord], nodes: Mapping[str, NodeInfo],
-            instances: Mapping[str, Instance], now: float, watch: Iterable[str] | None = None,
-            beats: Mapping[str, float] | None = None) -> Observations:
+def observe(
+    prev: Observations,
+    sites: Mapping[str, SiteRecord],
+    nodes: Mapping[str, NodeInfo],
+    instances: Mapping[str, Instance],
+    now: float,
+    watch: Iterable[str] | None = None,
+    beats: Mapping[str, float] | None = None,
+) -> Observations:
     """What changed since `prev`, timed by the hub's clock. A node is seen alive whenever any of its signs moves:
     its node item, or a heartbeat it wrote on a site record (`beats`, else found in `sites`), so a node that was
     busy longer than heartbeat_timeout_s and has just finished one site and claimed the next is alive whichever
@@ -93,7 +99,7 @@ def observe(prev: Observations, sites: Mapping[str, SiteRecord], nodes: Mapping[
     if beats is None:
         beats = site_beats(sites.values())
     progress, heartbeat, unsent, node_beat = {}, {}, {}, {}
-    for name in (watch if watch is not None else sites):
+    for name in watch if watch is not None else sites:
         r = sites[name]
         if r.run_status is RunStatus.RUN:
             progress[name] = _seen(prev.progress, name, (r.attempt, r.site_status, r.last_update), now)

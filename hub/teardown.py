@@ -40,19 +40,28 @@ class TeardownResult:
     left_running: int
 
 
-def read_snapshot(run_id: str, table: StateTable, provider: ComputeProvider, now: float,
-                  ending: Ending | None = None) -> Snapshot:
+def read_snapshot(
+    run_id: str, table: StateTable, provider: ComputeProvider, now: float, ending: Ending | None = None
+) -> Snapshot:
     """A snapshot from one full read of the run (no observations: nothing here times a hang)."""
     rows = table.read_run(run_id)
     if rows.run is None:
         raise MissingResource(f"there is no run {run_id}")
     instances = {i.id: i for i in provider.list(run_id)}
-    return Snapshot(run_id, rows.run, {r.site: r for r in rows.sites}, {n.instance_id: n for n in rows.nodes},
-                    instances, Observations(), ending=ending)
+    return Snapshot(
+        run_id,
+        rows.run,
+        {r.site: r for r in rows.sites},
+        {n.instance_id: n for n in rows.nodes},
+        instances,
+        Observations(),
+        ending=ending,
+    )
 
 
-def teardown_run(run_id: str, table: StateTable, provider: ComputeProvider, clock: Clock,
-                 reason: Reason = Reason.KILLED) -> TeardownResult:
+def teardown_run(
+    run_id: str, table: StateTable, provider: ComputeProvider, clock: Clock, reason: Reason = Reason.KILLED
+) -> TeardownResult:
     """Terminate the run's instances, fail its open sites with `reason`, mark it finished (MissingResource if
     the table holds no such run)."""
     request = teardown_request(clock.now(), reason)

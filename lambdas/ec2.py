@@ -63,8 +63,12 @@ class Instance:
 
 def of_ec2(raw: Mapping[str, Any]) -> Instance:
     launch = raw.get("LaunchTime")
-    return Instance(raw["InstanceId"], raw.get("State", {}).get("Name", ""), tags_of(dict(raw)),
-                    launch.timestamp() if launch is not None else None)
+    return Instance(
+        raw["InstanceId"],
+        raw.get("State", {}).get("Name", ""),
+        tags_of(dict(raw)),
+        launch.timestamp() if launch is not None else None,
+    )
 
 
 def _describe(ec2: Any, **kwargs: Any) -> Iterator[Instance]:
@@ -101,8 +105,9 @@ def describe_one(ec2: Any, instance_id: str) -> Instance | None:
 
 def tag_and_start(ec2: Any, instance_id: str, run_id: str) -> None:
     """Give a stopped hub of the stack the run to resume, then start it."""
-    ec2.create_tags(Resources=[instance_id], Tags=[{"Key": TAG_RUN_ID, "Value": run_id},
-                                                   {"Key": TAG_ROLE, "Value": ROLE_HUB}])
+    ec2.create_tags(
+        Resources=[instance_id], Tags=[{"Key": TAG_RUN_ID, "Value": run_id}, {"Key": TAG_ROLE, "Value": ROLE_HUB}]
+    )
     ec2.start_instances(InstanceIds=[instance_id])
 
 
@@ -110,7 +115,10 @@ def run_hub(ec2: Any, template: str, stack: str, run_id: str, client_token: str)
     """A hub instance from the launch template, it and its volumes tagged with the stack, run and role."""
     tags = instance_tags(stack, run_id, ROLE_HUB)
     out = ec2.run_instances(
-        LaunchTemplate={"LaunchTemplateName": template}, MinCount=1, MaxCount=1, ClientToken=client_token,
+        LaunchTemplate={"LaunchTemplateName": template},
+        MinCount=1,
+        MaxCount=1,
+        ClientToken=client_token,
         TagSpecifications=[{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
     )
     return str(out["Instances"][0]["InstanceId"])
@@ -118,7 +126,7 @@ def run_hub(ec2: Any, template: str, stack: str, run_id: str, client_token: str)
 
 def terminate(ec2: Any, instance_ids: list[str]) -> None:
     for i in range(0, len(instance_ids), TERMINATE_BATCH):
-        ec2.terminate_instances(InstanceIds=instance_ids[i:i + TERMINATE_BATCH])
+        ec2.terminate_instances(InstanceIds=instance_ids[i : i + TERMINATE_BATCH])
 
 
 def stop(ec2: Any, instance_ids: list[str]) -> None:

@@ -27,8 +27,7 @@ def is_abandoned(run: RunInfo, now: float, settings: LambdaSettings) -> bool:
     return run.status == RunState.RUNNING and now > float(run.deadline_at) + settings.run_grace_s
 
 
-def orphan_reason(run: RunInfo | None, launched_at: float | None, now: float, settings: LambdaSettings
-                  ) -> str | None:
+def orphan_reason(run: RunInfo | None, launched_at: float | None, now: float, settings: LambdaSettings) -> str | None:
     """Why an instance of `run` must go, or None when it belongs to a live run."""
     if run is None:
         # A new hub creates its run item shortly after boot; give it the time a hub has to show a heartbeat.
@@ -51,8 +50,13 @@ class Orphan:
     state: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {"instance_id": self.instance_id, "run_id": self.run_id, "role": self.role, "reason": self.reason,
-                "state": self.state}
+        return {
+            "instance_id": self.instance_id,
+            "run_id": self.run_id,
+            "role": self.role,
+            "reason": self.reason,
+            "state": self.state,
+        }
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,9 @@ class Orphans:
     stop: tuple[Orphan, ...]
 
 
-def doomed(inst: Instance, run_of: Callable[[str], RunInfo | None], now: float, settings: LambdaSettings
-           ) -> Orphan | None:
+def doomed(
+    inst: Instance, run_of: Callable[[str], RunInfo | None], now: float, settings: LambdaSettings
+) -> Orphan | None:
     """The instance as an orphan, or None when it stays."""
     if inst.stopped:
         if inst.id == settings.hub_instance_id or inst.role not in (ROLE_HUB, ROLE_NODE):
@@ -79,8 +84,9 @@ def doomed(inst: Instance, run_of: Callable[[str], RunInfo | None], now: float, 
     return None if reason is None else Orphan(inst.id, inst.run_id, inst.role, reason, inst.state)
 
 
-def retire(instances: Iterable[Instance], run_of: Callable[[str], RunInfo | None], now: float,
-           settings: LambdaSettings) -> list[Orphans]:
+def retire(
+    instances: Iterable[Instance], run_of: Callable[[str], RunInfo | None], now: float, settings: LambdaSettings
+) -> list[Orphans]:
     """The stack's orphans, by run and reason (sorted); `run_of` answers the run of a run id as it is now."""
     groups: dict[tuple[str, str], list[Orphan]] = {}
     for inst in instances:

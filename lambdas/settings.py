@@ -53,11 +53,14 @@ class LambdaSettings:
         if not self.table:
             raise ValueError(f"{ENV_TABLE} must not be empty")
         if not _STACK_RE.fullmatch(self.stack):
-            raise ValueError(f"{ENV_STACK} must be the stack's name (letters, digits and '-', max 32), "
-                             f"got {self.stack!r}")
+            raise ValueError(
+                f"{ENV_STACK} must be the stack's name (letters, digits and '-', max 32), got {self.stack!r}"
+            )
         if not self.hub_launch_template and not self.hub_instance_id:
-            raise ValueError(f"set {ENV_HUB_LAUNCH_TEMPLATE} (the hub launch template's name) "
-                             f"and/or {ENV_HUB_INSTANCE_ID} (a stopped hub instance to start)")
+            raise ValueError(
+                f"set {ENV_HUB_LAUNCH_TEMPLATE} (the hub launch template's name) "
+                f"and/or {ENV_HUB_INSTANCE_ID} (a stopped hub instance to start)"
+            )
         if self.hub_stale_s <= 0:
             raise ValueError(f"{ENV_HUB_STALE_S} must be > 0, got {self.hub_stale_s}")
         if self.run_grace_s < 0:

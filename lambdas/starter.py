@@ -118,8 +118,9 @@ def decide(view: StarterView, settings: LambdaSettings) -> list[StarterAction]:
         reason = f"hub instance {settings.hub_instance_id} is {state}"
         if not settings.hub_launch_template:
             return [Refuse(view.run_id, reason, settings.hub_instance_id, warn=True)]
-        actions.append(Fallback(view.run_id, settings.hub_instance_id,
-                                f"{reason}, launching from the template instead"))
+        actions.append(
+            Fallback(view.run_id, settings.hub_instance_id, f"{reason}, launching from the template instead")
+        )
     assert settings.hub_launch_template  # LambdaSettings requires the template or the instance
     previous = max(len(view.hubs), view.watch.hub_starts if view.watch else 0)
     return actions + [Launch(view.run_id, settings.hub_launch_template, previous)]
@@ -127,19 +128,25 @@ def decide(view: StarterView, settings: LambdaSettings) -> list[StarterAction]:
 
 def read(settings: LambdaSettings, ec2: Any, table: WatchTable, run_id: str) -> StarterView:
     configured = ec2_calls.describe_one(ec2, settings.hub_instance_id) if settings.hub_instance_id else None
-    return StarterView(run_id, tuple(ec2_calls.hub_instances(ec2, run_id, settings.stack)),
-                       table.get_run_watch(run_id), configured)
+    return StarterView(
+        run_id, tuple(ec2_calls.hub_instances(ec2, run_id, settings.stack)), table.get_run_watch(run_id), configured
+    )
 
 
-def apply(actions: Sequence[StarterAction], settings: LambdaSettings, ec2: Any, table: WatchTable
-          ) -> dict[str, Any]:
+def apply(actions: Sequence[StarterAction], settings: LambdaSettings, ec2: Any, table: WatchTable) -> dict[str, Any]:
     """Carry the decision out; the answer is the last action's (the one that ends the decision)."""
     out: dict[str, Any] = {}
     for a in actions:
         match a:
             case Refuse():
-                event(log, "hub-refused", logging.WARNING if a.warn else logging.INFO, run_id=a.run_id,
-                      instance_id=",".join(a.live) or a.instance_id, reason=a.reason)
+                event(
+                    log,
+                    "hub-refused",
+                    logging.WARNING if a.warn else logging.INFO,
+                    run_id=a.run_id,
+                    instance_id=",".join(a.live) or a.instance_id,
+                    reason=a.reason,
+                )
                 out = {"action": "refused", "run_id": a.run_id, "reason": a.reason, "instance_id": a.instance_id}
             case Skip():
                 event(log, "hub-skipped", run_id=a.run_id, reason=a.reason)
@@ -154,27 +161,41 @@ def apply(actions: Sequence[StarterAction], settings: LambdaSettings, ec2: Any, 
             case Launch():
                 iid = ec2_calls.run_hub(ec2, a.template, settings.stack, a.run_id, client_token(a.run_id, a.previous))
                 table.add_hub_start(a.run_id)
-                event(log, "hub-started", run_id=a.run_id, instance_id=iid, how="run", template=a.template,
-                      previous_hubs=a.previous)
+                event(
+                    log,
+                    "hub-started",
+                    run_id=a.run_id,
+                    instance_id=iid,
+                    how="run",
+                    template=a.template,
+                    previous_hubs=a.previous,
+                )
                 out = {"action": "started", "run_id": a.run_id, "instance_id": iid, "how": "run"}
     return out
 
 
-def start_hub(settings: LambdaSettings, ec2: Any, table: WatchTable, clock: Clock,
-              run_id: str | None = None) -> dict[str, Any]:
+def start_hub(
+    settings: LambdaSettings, ec2: Any, table: WatchTable, clock: Clock, run_id: str | None = None
+) -> dict[str, Any]:
     """Start a hub for `run_id` (default: today's run) unless one is live or the run is done."""
     run_id = run_id or default_run_id(clock.now())
     return apply(decide(read(settings, ec2, table, run_id), settings), settings, ec2, table)
 
 
-def run_starter(event_in: Any, env: Mapping[str, str], *, clients_factory: ClientsFactory = default_clients,
-                clock: Clock | None = None) -> dict[str, Any]:
+def run_starter(
+    event_in: Any,
+    env: Mapping[str, str],
+    *,
+    clients_factory: ClientsFactory = default_clients,
+    clock: Clock | None = None,
+) -> dict[str, Any]:
     """The starter with its environment, clients and clock passed in."""
     settings = LambdaSettings.from_env(env)
     run_id = event_run_id(event_in)
     clients = clients_factory(settings)
-    return start_hub(settings, clients.client("ec2"), state_table(clients, settings), clock or SystemClock(),
-                     run_id=run_id)
+    return start_hub(
+        settings, clients.client("ec2"), state_table(clients, settings), clock or SystemClock(), run_id=run_id
+    )
 
 
 def handler(event_in: Any, context: Any) -> dict[str, Any]:

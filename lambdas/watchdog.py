@@ -43,8 +43,17 @@ from lambdas.runtime import ClientsFactory, default_clients, log, outermost, sta
 from lambdas.settings import LambdaSettings
 from lambdas.starter import start_hub
 
-__all__ = ["run_watchdog", "handler", "watch", "decide", "heartbeat_token", "claim_restart", "release_restart",
-           "orphan_reason", "is_abandoned"]
+__all__ = [
+    "run_watchdog",
+    "handler",
+    "watch",
+    "decide",
+    "heartbeat_token",
+    "claim_restart",
+    "release_restart",
+    "orphan_reason",
+    "is_abandoned",
+]
 
 
 @dataclass(frozen=True)
@@ -154,15 +163,21 @@ def claim_restart(table: WatchTable, w: RunWatch, now: float) -> bool:
     The claim also restarts the observation, so the new hub gets its own `hub_stale_s`. Of watchdogs racing on
     the same observation, exactly one gets True.
     """
-    expect: RunExpect = {"status": RunState.RUNNING, "hub_heartbeat": w.run.hub_heartbeat, "seen_hb": w.seen_hb,
-                         "seen_since": w.seen_since, "restart_at": w.restart_at}
+    expect: RunExpect = {
+        "status": RunState.RUNNING,
+        "hub_heartbeat": w.run.hub_heartbeat,
+        "seen_hb": w.seen_hb,
+        "seen_since": w.seen_since,
+        "restart_at": w.restart_at,
+    }
     return table.update_watch(w.run.run_id, expect, restart_at=now, seen_since=now)
 
 
 def release_restart(table: WatchTable, w: RunWatch, claimed_at: float) -> bool:
     """Undo a claim whose restart failed, so the next pass may try again."""
-    return table.update_watch(w.run.run_id, {"restart_at": claimed_at}, seen_since=w.seen_since,
-                              restart_at=w.restart_at)
+    return table.update_watch(
+        w.run.run_id, {"restart_at": claimed_at}, seen_since=w.seen_since, restart_at=w.restart_at
+    )
 
 
 @dataclass
@@ -175,8 +190,9 @@ class Pass:
     clock: Clock
     archive: RunArchive | None
     now: float
-    result: dict[str, Any] = dataclasses.field(default_factory=lambda: {
-        "restarted": [], "terminated": [], "stopped": [], "observed": [], "ended": []})
+    result: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {"restarted": [], "terminated": [], "stopped": [], "observed": [], "ended": []}
+    )
 
 
 def apply(actions: Sequence[WatchAction], p: Pass) -> dict[str, Any]:
@@ -192,8 +208,15 @@ def apply(actions: Sequence[WatchAction], p: Pass) -> dict[str, Any]:
                 ec2_calls.terminate(p.ec2, list(a.instance_ids))
             case Stop():
                 ec2_calls.stop(p.ec2, list(a.instance_ids))
-    event(log, "watch-pass", restarted=len(r["restarted"]), terminated=len(r["terminated"]),
-          stopped=len(r["stopped"]), observed=len(r["observed"]), ended=len(r["ended"]))
+    event(
+        log,
+        "watch-pass",
+        restarted=len(r["restarted"]),
+        terminated=len(r["terminated"]),
+        stopped=len(r["stopped"]),
+        observed=len(r["observed"]),
+        ended=len(r["ended"]),
+    )
     log.info("watch-result %s", json.dumps(r, sort_keys=True))
     return r
 
@@ -202,22 +225,40 @@ def apply_run(a: End | Observe | Healthy | StaleButAlive | Restart, p: Pass) -> 
     """Carry out what a run needs; what was observed of it."""
     match a:
         case End():
-            event(log, "run-abandoned", logging.WARNING, run_id=a.run_id,
-                  reason=f"RUNNING more than {p.settings.run_grace_s:.0f}s past its deadline; ending it")
+            event(
+                log,
+                "run-abandoned",
+                logging.WARNING,
+                run_id=a.run_id,
+                reason=f"RUNNING more than {p.settings.run_grace_s:.0f}s past its deadline; ending it",
+            )
             p.result["ended"].append(end_abandoned(p.settings, p.table, p.clock, a.run_id, p.archive))
             return {"run_id": a.run_id, "state": "abandoned"}
         case Observe():
             won = p.table.update_watch(a.run_id, {"seen_hb": a.prev_seen}, seen_hb=a.seen, seen_since=p.now)
-            return {"run_id": a.run_id, "state": "fresh", "unchanged_s": 0.0,
-                    **({} if won else {"note": "observed by another watchdog"})}
+            return {
+                "run_id": a.run_id,
+                "state": "fresh",
+                "unchanged_s": 0.0,
+                **({} if won else {"note": "observed by another watchdog"}),
+            }
         case Healthy():
             return {"run_id": a.run_id, "state": "ok", "unchanged_s": round(a.unchanged_s, 3)}
         case StaleButAlive():
-            event(log, "hub-stale-but-alive", logging.WARNING, run_id=a.run_id,
-                  instance_id=",".join(a.instance_ids),
-                  reason=f"heartbeat unchanged for {a.unchanged_s:.0f}s but the hub instance is pending/running")
-            return {"run_id": a.run_id, "state": "stale-hub-alive", "unchanged_s": round(a.unchanged_s, 3),
-                    "instance_ids": list(a.instance_ids)}
+            event(
+                log,
+                "hub-stale-but-alive",
+                logging.WARNING,
+                run_id=a.run_id,
+                instance_id=",".join(a.instance_ids),
+                reason=f"heartbeat unchanged for {a.unchanged_s:.0f}s but the hub instance is pending/running",
+            )
+            return {
+                "run_id": a.run_id,
+                "state": "stale-hub-alive",
+                "unchanged_s": round(a.unchanged_s, 3),
+                "instance_ids": list(a.instance_ids),
+            }
         case Restart():
             return restart(a, p)
 
@@ -227,11 +268,20 @@ def restart(a: Restart, p: Pass) -> dict[str, Any]:
     run_id, unchanged = a.watch.run.run_id, a.unchanged_s
     observed: dict[str, Any] = {"run_id": run_id, "unchanged_s": round(unchanged, 3)}
     if not claim_restart(p.table, a.watch, p.now):
-        event(log, "hub-restart-lost-race", run_id=run_id,
-              reason="another watchdog claimed this restart or the run changed since it was read")
+        event(
+            log,
+            "hub-restart-lost-race",
+            run_id=run_id,
+            reason="another watchdog claimed this restart or the run changed since it was read",
+        )
         return {**observed, "state": "restart-claimed-elsewhere"}
-    event(log, "hub-restart", logging.WARNING, run_id=run_id,
-          reason=f"heartbeat unchanged for {unchanged:.0f}s and no hub instance is pending/running")
+    event(
+        log,
+        "hub-restart",
+        logging.WARNING,
+        run_id=run_id,
+        reason=f"heartbeat unchanged for {unchanged:.0f}s and no hub instance is pending/running",
+    )
     try:
         out = start_hub(p.settings, p.ec2, p.table, p.clock, run_id=run_id)
     except Exception:
@@ -239,8 +289,9 @@ def restart(a: Restart, p: Pass) -> dict[str, Any]:
         raise
     observed["state"] = "restart-" + out["action"]
     if out["action"] == "started":
-        p.result["restarted"].append({"run_id": run_id, "instance_id": out["instance_id"], "how": out["how"],
-                                      "unchanged_s": round(unchanged, 3)})
+        p.result["restarted"].append(
+            {"run_id": run_id, "instance_id": out["instance_id"], "how": out["how"], "unchanged_s": round(unchanged, 3)}
+        )
     else:
         observed["reason"] = out["reason"]
     return observed
@@ -248,41 +299,68 @@ def restart(a: Restart, p: Pass) -> dict[str, Any]:
 
 def record_orphans(a: Orphans, p: Pass) -> None:
     if a.terminate:
-        event(log, "orphans-terminate", run_id=a.run_id, instance_id=",".join(o.instance_id for o in a.terminate),
-              reason=a.reason)
+        event(
+            log,
+            "orphans-terminate",
+            run_id=a.run_id,
+            instance_id=",".join(o.instance_id for o in a.terminate),
+            reason=a.reason,
+        )
         p.result["terminated"] += [o.as_dict() for o in a.terminate]
     if a.stop:
-        event(log, "orphan-hub-stop", run_id=a.run_id, instance_id=p.settings.hub_instance_id,
-              reason=a.reason + "; the configured hub instance is stopped, not terminated")
+        event(
+            log,
+            "orphan-hub-stop",
+            run_id=a.run_id,
+            instance_id=p.settings.hub_instance_id,
+            reason=a.reason + "; the configured hub instance is stopped, not terminated",
+        )
         p.result["stopped"] += [o.as_dict() for o in a.stop]
 
 
-def end_abandoned(settings: LambdaSettings, table: WatchTable, clock: Clock, run_id: str,
-                  archive: RunArchive | None) -> dict[str, Any]:
+def end_abandoned(
+    settings: LambdaSettings, table: WatchTable, clock: Clock, run_id: str, archive: RunArchive | None
+) -> dict[str, Any]:
     """End a run whose hub is gone past its deadline and grace, as its hub would have at the deadline: its open
     sites FAILED (`deadline`), the run FINISHED, its summary in the bucket. Its instances go in this same pass."""
-    failed = fail_open_sites(table, run_id, Reason.DEADLINE, clock,
-                             error=f"the run's hub was gone {settings.run_grace_s:.0f}s past the deadline")
+    failed = fail_open_sites(
+        table,
+        run_id,
+        Reason.DEADLINE,
+        clock,
+        error=f"the run's hub was gone {settings.run_grace_s:.0f}s past the deadline",
+    )
     now = clock.now()
-    table.add_history([HistoryEvent(run_id, now, "failed", {"site": name, "reason": str(Reason.DEADLINE),
-                                                            "by": "watchdog"}, n)
-                       for n, name in enumerate(failed, start=1)]
-                      + [HistoryEvent(run_id, now, "finish", {"reason": "deadline", "by": "watchdog"},
-                                      len(failed) + 1)])
+    table.add_history(
+        [
+            HistoryEvent(run_id, now, "failed", {"site": name, "reason": str(Reason.DEADLINE), "by": "watchdog"}, n)
+            for n, name in enumerate(failed, start=1)
+        ]
+        + [HistoryEvent(run_id, now, "finish", {"reason": "deadline", "by": "watchdog"}, len(failed) + 1)]
+    )
     table.update_run(run_id, status=RunState.FINISHED, finished_at=now)
     rows = table.read_run(run_id)
     out: dict[str, Any] = {"run_id": run_id, "failed": failed, "summary": None}
     if rows.run is not None and archive is not None:
-        summary = build_summary(rows.run, rows.sites, left_running=0, finished_at=now,
-                                finish_reason="deadline (ended by the watchdog)")
+        summary = build_summary(
+            rows.run, rows.sites, left_running=0, finished_at=now, finish_reason="deadline (ended by the watchdog)"
+        )
         out["summary"] = f"s3://{settings.bucket}/{archive.put_summary(summary)}"
-    event(log, "run-ended", logging.WARNING, run_id=run_id, failed=len(failed), summary=out["summary"],
-          reason="abandoned: FAILED (deadline) what was open")
+    event(
+        log,
+        "run-ended",
+        logging.WARNING,
+        run_id=run_id,
+        failed=len(failed),
+        summary=out["summary"],
+        reason="abandoned: FAILED (deadline) what was open",
+    )
     return out
 
 
-def watch(settings: LambdaSettings, ec2: Any, table: WatchTable, clock: Clock,
-          archive: RunArchive | None = None) -> dict[str, Any]:
+def watch(
+    settings: LambdaSettings, ec2: Any, table: WatchTable, clock: Clock, archive: RunArchive | None = None
+) -> dict[str, Any]:
     """One watchdog pass: restart the hubs of stale runs, end abandoned ones (their summary to `archive`), then
     clean up orphaned and stopped instances."""
     now = clock.now()
@@ -290,8 +368,13 @@ def watch(settings: LambdaSettings, ec2: Any, table: WatchTable, clock: Clock,
     return apply(actions, Pass(settings, ec2, table, clock, archive, now))
 
 
-def run_watchdog(event_in: Any, env: Mapping[str, str], *, clients_factory: ClientsFactory = default_clients,
-                 clock: Clock | None = None) -> dict[str, Any]:
+def run_watchdog(
+    event_in: Any,
+    env: Mapping[str, str],
+    *,
+    clients_factory: ClientsFactory = default_clients,
+    clock: Clock | None = None,
+) -> dict[str, Any]:
     """The watchdog with its environment, clients and clock passed in."""
     settings = LambdaSettings.from_env(env)
     clients = clients_factory(settings)

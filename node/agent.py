@@ -53,14 +53,22 @@ class AgentSettings(NodeRules):
     limits_table: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
-    def from_config(cls, c: Config, run_id: str, instance_id: str, grid_url: str, local: bool = False
-                    ) -> AgentSettings:
+    def from_config(cls, c: Config, run_id: str, instance_id: str, grid_url: str, local: bool = False) -> AgentSettings:
         return cls(
-            **protocol.rule_fields(c), run_id=run_id, instance_id=instance_id,
-            lock_timeout_s=c.run.lock_timeout_s, grid_url=grid_url, chromium=c.browser.chromium,
-            chrome_args=c.browser.extra_args, page_load_timeout_s=c.browser.page_load_timeout_s,
-            limits_table=(("table", c.aws.table), ("region", c.aws.region), ("endpoint_url", c.aws.endpoint_url),
-                          ("local", local)),
+            **protocol.rule_fields(c),
+            run_id=run_id,
+            instance_id=instance_id,
+            lock_timeout_s=c.run.lock_timeout_s,
+            grid_url=grid_url,
+            chromium=c.browser.chromium,
+            chrome_args=c.browser.extra_args,
+            page_load_timeout_s=c.browser.page_load_timeout_s,
+            limits_table=(
+                ("table", c.aws.table),
+                ("region", c.aws.region),
+                ("endpoint_url", c.aws.endpoint_url),
+                ("local", local),
+            ),
         )
 
 
@@ -80,10 +88,22 @@ def error_type(kind: str, error: str | None) -> str:
 
 
 class Agent:
-    def __init__(self, s: AgentSettings, *, table: StateTable, queue: SiteQueue, results: ResultStore,
-                 profiles: ProfileStore, start_crawl: StartCrawl, cleanup: Cleanup, clock: Clock,
-                 state_dir: Path, spot_notice: Callable[[], object] = lambda: None,
-                 healthy: Callable[[], str | None] = lambda: None, metrics: CloudWatchSink | None = None):
+    def __init__(
+        self,
+        s: AgentSettings,
+        *,
+        table: StateTable,
+        queue: SiteQueue,
+        results: ResultStore,
+        profiles: ProfileStore,
+        start_crawl: StartCrawl,
+        cleanup: Cleanup,
+        clock: Clock,
+        state_dir: Path,
+        spot_notice: Callable[[], object] = lambda: None,
+        healthy: Callable[[], str | None] = lambda: None,
+        metrics: CloudWatchSink | None = None,
+    ):
         self.s = s
         self.table = table
         self.queue = queue
@@ -118,7 +138,8 @@ class Agent:
         failures = 0
         while True:
             stop = protocol.sick(self.healthy(), failures) or protocol.before_receive(
-                self._stop_after, self.spot_notice(), self.sites_done, self.s)
+                self._stop_after, self.spot_notice(), self.sites_done, self.s
+            )
             if stop is not None:
                 return self._exit(stop)
             try:
@@ -130,15 +151,23 @@ class Agent:
                 if not is_transient(e):
                     raise
                 failures += 1
-                event(log, "aws-error", logging.WARNING, run_id=self.s.run_id, node=self.s.instance_id,
-                      failures=failures, error=f"{type(e).__name__}: {e}")
-                self.clock.sleep(min(30.0, 2.0 ** failures))
+                event(
+                    log,
+                    "aws-error",
+                    logging.WARNING,
+                    run_id=self.s.run_id,
+                    node=self.s.instance_id,
+                    failures=failures,
+                    error=f"{type(e).__name__}: {e}",
+                )
+                self.clock.sleep(min(30.0, 2.0**failures))
                 idle_since = self.clock.monotonic()  # waiting out AWS is not being idle
                 continue
             if msg is None:
                 idle = self.clock.monotonic() - idle_since
                 stop = protocol.idle_stop(idle, self.s, self._site_queued) or protocol.run_stop(
-                    self.table.get_run(self.s.run_id))
+                    self.table.get_run(self.s.run_id)
+                )
                 if stop is not None:
                     return self._exit(stop)
                 if protocol.idle_restarts(idle, self.s):
@@ -181,8 +210,15 @@ class Agent:
     def _leave(self, msg: SiteMessage | BadMessage, step: protocol.MessageStep) -> None:
         """Carry out a message step that starts no attempt."""
         if isinstance(msg, BadMessage):
-            event(log, "bad-message", logging.WARNING, node=self.s.instance_id, message_id=msg.message_id,
-                  receives=msg.receive_count, problem=msg.problem)
+            event(
+                log,
+                "bad-message",
+                logging.WARNING,
+                node=self.s.instance_id,
+                message_id=msg.message_id,
+                receives=msg.receive_count,
+                problem=msg.problem,
+            )
         if step.action is MessageAction.DELETE:
             self.queue.delete(msg)
             if isinstance(msg, SiteMessage):
@@ -200,8 +236,16 @@ class Agent:
         except ClientError as e:  # the record cannot take another attempt: its message ends in the DLQ
             if error_code(e) != "ValidationException":
                 raise
-            event(log, "claim-refused", logging.ERROR, run_id=msg.run_id, site=msg.site, attempt=msg.attempt,
-                  node=self.s.instance_id, error=capped(e, ERROR_MAX_CHARS))
+            event(
+                log,
+                "claim-refused",
+                logging.ERROR,
+                run_id=msg.run_id,
+                site=msg.site,
+                attempt=msg.attempt,
+                node=self.s.instance_id,
+                error=capped(e, ERROR_MAX_CHARS),
+            )
             return None
         event(log, "claim", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=self.s.instance_id)
         return rec
@@ -237,8 +281,15 @@ class Agent:
         mono = self.clock.monotonic()
         if not self._card.due(mono):
             return
-        item = self._card.item(self.s.run_id, self.s.instance_id, self.clock.now(), self.started_at, self.sites_done,
-                               expire_at=self._expire_at, stats=self.stats.to_plain())
+        item = self._card.item(
+            self.s.run_id,
+            self.s.instance_id,
+            self.clock.now(),
+            self.started_at,
+            self.sites_done,
+            expire_at=self._expire_at,
+            stats=self.stats.to_plain(),
+        )
         try:
             self.table.put_node(item)
         except Exception as e:  # the node item is a liveness hint: a missed one is made up by the next

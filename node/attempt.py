@@ -90,8 +90,9 @@ class Attempt:
         self.watch = Watch.start(agent.s, mono)
         self.resume: Mapping[str, Any] | None = ops.resumable(rec)  # the checkpoint this attempt starts from
         self.items: list[dict[str, Any]] = list(self.resume.get("items") or []) if self.resume else []
-        self.fields: dict[str, Any] = dict(run_id=rec.run_id, site=rec.site, attempt=rec.attempt,
-                                           node=agent.s.instance_id)
+        self.fields: dict[str, Any] = dict(
+            run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=agent.s.instance_id
+        )
 
     def run(self) -> Stop | None:
         self._extend_visibility()
@@ -111,13 +112,19 @@ class Attempt:
             self._write(ops.complete, key, a.clock.now(), skipped=True)
             a.job_ended(self.marks["claim"], None)
             a.queue.delete(self.msg)
-            event(log, "skip", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, why="result already in S3",
-                  key=key)
+            event(
+                log, "skip", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, why="result already in S3", key=key
+            )
             return None
         a.set_node(NodeState.BUSY, rec)
         try:
-            held = a.profiles.acquire(rec.site, self.s.lock_timeout_s, on_wait=self._beat_quietly,
-                                      monotonic=a.clock.monotonic, sleep=a.clock.sleep)
+            held = a.profiles.acquire(
+                rec.site,
+                self.s.lock_timeout_s,
+                on_wait=self._beat_quietly,
+                monotonic=a.clock.monotonic,
+                sleep=a.clock.sleep,
+            )
         except ProfileBusy:  # a node cut off mid-crawl may still hold it: not the site's fault, try again later
             return protocol.busy_end(rec.site, self.s.lock_timeout_s)
         if held.removed:
@@ -149,18 +156,34 @@ class Attempt:
     def _spawn(self, profile: Path) -> CrawlProcess:
         rec, s = self.rec, self.s
         job = {
-            "site": rec.site, "start_url": rec.spec.start_url, "crawler": rec.spec.crawler,
-            "options": dict(rec.spec.options), "attempt": rec.attempt, "node_id": s.instance_id,
-            "grid_url": s.grid_url, "profile_dir": str(profile), "chromium": s.chromium,
-            "chrome_args": list(s.chrome_args), "page_load_timeout_s": s.page_load_timeout_s,
+            "site": rec.site,
+            "start_url": rec.spec.start_url,
+            "crawler": rec.spec.crawler,
+            "options": dict(rec.spec.options),
+            "attempt": rec.attempt,
+            "node_id": s.instance_id,
+            "grid_url": s.grid_url,
+            "profile_dir": str(profile),
+            "chromium": s.chromium,
+            "chrome_args": list(s.chrome_args),
+            "page_load_timeout_s": s.page_load_timeout_s,
             "checkpoint": dict(self.resume) if self.resume else None,
             "mark": list(rec.mark) if rec.spec.incremental and rec.mark else None,
-            "rate_limit": ({**dict(s.limits_table), "group": rec.spec.rate_limit, "per_s": rec.spec.per_s}
-                           if rec.spec.rate_limit else None),
+            "rate_limit": (
+                {**dict(s.limits_table), "group": rec.spec.rate_limit, "per_s": rec.spec.per_s}
+                if rec.spec.rate_limit
+                else None
+            ),
         }
         if self.resume:
-            event(log, "resume", **self.fields, pages=self.resume.get("pages"), items=len(self.items),
-                  next=self.resume.get("next"))
+            event(
+                log,
+                "resume",
+                **self.fields,
+                pages=self.resume.get("pages"),
+                items=len(self.items),
+                next=self.resume.get("next"),
+            )
         self.marks["spawn"] = self.agent.clock.monotonic()
         proc = self.agent.start_crawl(job, self.agent.state_dir / "crawler.log")
         crawlerfile.write(self.agent.state_dir, rec.site, rec.attempt, proc.pid)
@@ -192,8 +215,9 @@ class Attempt:
             return None
         kind = ev.get("event")
         if kind == "status":
-            self.watch = self.watch.stepped(SiteStatus(ev["site_status"]), ev.get("url"), ev.get("pages"),
-                                            self.agent.clock.now(), mono)
+            self.watch = self.watch.stepped(
+                SiteStatus(ev["site_status"]), ev.get("url"), ev.get("pages"), self.agent.clock.now(), mono
+            )
             if self.watch.writes_each_step:
                 self._report()
         elif kind == "checkpoint":
@@ -242,13 +266,21 @@ class Attempt:
         if step.follow is FollowUp.RELEASE:
             self._write(ops.mark_enqueued)  # the released message is the next attempt's message
             queue.set_visibility(self.msg, step.release_after_s or 0.0)
-            event(log, f"{reason}-release", logging.WARNING, **self.fields, given_back=new.spot_requeues,
-                  error=end.error)
+            event(
+                log, f"{reason}-release", logging.WARNING, **self.fields, given_back=new.spot_requeues, error=end.error
+            )
             return
         if step.follow is FollowUp.REQUEUE:
             ops.send_next(self.agent.table, queue, new)
-            event(log, "requeue", logging.WARNING, **self.fields, reason=reason, error=end.error,
-                  next_attempt=new.attempt + 1)
+            event(
+                log,
+                "requeue",
+                logging.WARNING,
+                **self.fields,
+                reason=reason,
+                error=end.error,
+                next_attempt=new.attempt + 1,
+            )
         else:
             event(log, "failed", logging.WARNING, **self.fields, reason=reason, error=end.error)
         queue.delete(self.msg)
@@ -276,8 +308,13 @@ class Attempt:
         a.queue.delete(self.msg)
         if rec.spec.incremental and wrote:
             self._new_mark(items)
-        fields: dict[str, Any] = {**self.fields, "pages": (end.result or {}).get("pages"), "items": len(items),
-                                  "key": key, **self._timings()}
+        fields: dict[str, Any] = {
+            **self.fields,
+            "pages": (end.result or {}).get("pages"),
+            "items": len(items),
+            "key": key,
+            **self._timings(),
+        }
         if self.resume:
             fields["resumed_at_page"] = self.resume.get("pages")
         if not wrote:
@@ -287,18 +324,30 @@ class Attempt:
     def _timings(self) -> dict[str, str]:
         """Seconds per phase: setup (claim to crawler start), browser (to session), crawl, close, save."""
         m, now = self.marks, self.agent.clock.monotonic()
-        spans = {"setup_s": ("claim", "spawn"), "browser_s": ("spawn", "session"), "crawl_s": ("session", "result"),
-                 "close_s": ("result", "closed"), "save_s": ("closed", None)}
-        return {k: f"{(m[b] if b else now) - m[a]:.2f}" for k, (a, b) in spans.items()
-                if a in m and (b is None or b in m)}
+        spans = {
+            "setup_s": ("claim", "spawn"),
+            "browser_s": ("spawn", "session"),
+            "crawl_s": ("session", "result"),
+            "close_s": ("result", "closed"),
+            "save_s": ("closed", None),
+        }
+        return {
+            k: f"{(m[b] if b else now) - m[a]:.2f}" for k, (a, b) in spans.items() if a in m and (b is None or b in m)
+        }
 
     def _result_body(self, result: dict[str, Any]) -> bytes:
         rec = self.rec
         attempt = rec.current_attempt
         body = {
-            "run_id": rec.run_id, "site": rec.site, "attempt": rec.attempt, "instance_id": self.s.instance_id,
-            "start_url": rec.spec.start_url, "started_at": attempt.start if attempt else None,
-            "finished_at": self.agent.clock.now(), "pages": result.get("pages", 0), "items": result.get("items", []),
+            "run_id": rec.run_id,
+            "site": rec.site,
+            "attempt": rec.attempt,
+            "instance_id": self.s.instance_id,
+            "start_url": rec.spec.start_url,
+            "started_at": attempt.start if attempt else None,
+            "finished_at": self.agent.clock.now(),
+            "pages": result.get("pages", 0),
+            "items": result.get("items", []),
         }
         return json.dumps(body, indent=1).encode()
 
@@ -307,8 +356,7 @@ class Attempt:
         rec = self.rec
         mark = ops.next_mark(rec.mark, [str(i["id"]) for i in items if i.get("id") is not None])
         if mark is not None:  # if missed, the next run fetches these items again: more work, nothing lost
-            self._missable("mark-missed", self.agent.table.put_mark, rec.site, mark, rec.run_id,
-                           self.agent.clock.now())
+            self._missable("mark-missed", self.agent.table.put_mark, rec.site, mark, rec.run_id, self.agent.clock.now())
 
     # --- writes while the attempt runs --------------------------------------------------------------
     def _write(self, op: Callable[..., SiteRecord], *args: Any, **kwargs: Any) -> SiteRecord:
@@ -331,8 +379,9 @@ class Attempt:
         ckpt = {"next": ev.get("next"), "pages": ev.get("pages"), "items": self.items}
         self.watch = self.watch.beaten(self.agent.clock.monotonic())
         # if missed, the next checkpoint carries everything this one had
-        self._missable("checkpoint-missed", self._write, ops.save_checkpoint, self.agent.clock.now(),
-                       self.watch.progress, ckpt)
+        self._missable(
+            "checkpoint-missed", self._write, ops.save_checkpoint, self.agent.clock.now(), self.watch.progress, ckpt
+        )
 
     def _report(self) -> None:
         """Write the crawler's latest step now (without node watchdogs, where the hub times each step)."""
@@ -355,8 +404,7 @@ class Attempt:
         if not self.watch.hide_due(mono):
             return
         # if missed, the next heartbeat tries again (the message is hidden for visibility_s still)
-        if self._missable("visibility-missed", self.agent.queue.set_visibility, self.msg,
-                          self.s.claimed_visibility_s):
+        if self._missable("visibility-missed", self.agent.queue.set_visibility, self.msg, self.s.claimed_visibility_s):
             self.watch = self.watch.hidden(mono)
 
     def _beat_quietly(self) -> None:

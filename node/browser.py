@@ -31,8 +31,14 @@ log = logging.getLogger("gridfleet.node")
 
 #: Flags Chromium needs to run headless on a server, with no network beyond the crawl.
 BASE_ARGS = (
-    "--headless=new", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--no-default-browser-check",
+    "--headless=new",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--no-default-browser-check",
 )
 
 NODE_CAPABILITY = "gridfleet:node"
@@ -64,8 +70,9 @@ def chrome_args(profile_dir: Path, extra: tuple[str, ...] = ()) -> list[str]:
     return [*BASE_ARGS, f"--user-data-dir={profile_dir}", *extra]
 
 
-def sandbox_problem(uid: int, gid: int, groups: tuple[int, ...] = (), sysctl_dir: Path = Path("/proc/sys"),
-                    probe: bool = True) -> str | None:
+def sandbox_problem(
+    uid: int, gid: int, groups: tuple[int, ...] = (), sysctl_dir: Path = Path("/proc/sys"), probe: bool = True
+) -> str | None:
     """Why Chromium run as `uid` cannot have its sandbox, or None when it can.
 
     Chromium refuses to run as root with its sandbox on; elsewhere the sandbox
@@ -88,9 +95,15 @@ def sandbox_problem(uid: int, gid: int, groups: tuple[int, ...] = (), sysctl_dir
         return None
     other = uid != os.geteuid()
     try:
-        r = subprocess.run([unshare, "--user", "true"], capture_output=True, text=True, timeout=10,
-                           user=uid if other else None, group=gid if other else None,
-                           extra_groups=list(groups) if other else None)
+        r = subprocess.run(
+            [unshare, "--user", "true"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            user=uid if other else None,
+            group=gid if other else None,
+            extra_groups=list(groups) if other else None,
+        )
     except (OSError, subprocess.SubprocessError):
         return None  # a probe that cannot run decides nothing: the sandbox stays on
     if r.returncode != 0:

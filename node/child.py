@@ -38,6 +38,7 @@ def pacer(spec: dict[str, Any] | None) -> Callable[[], None]:
 
     def pace() -> None:
         limiter.wait(group, per_s)
+
     return pace
 
 
@@ -56,11 +57,20 @@ def main(argv: list[str] | None = None) -> int:
 
     job = json.load(sys.stdin)
     ctx = CrawlContext(
-        site=job["site"], start_url=job["start_url"], options=job.get("options") or {}, attempt=job["attempt"],
-        node_id=job["node_id"], grid_url=job["grid_url"], profile_dir=job["profile_dir"],
-        chromium=job.get("chromium", "/usr/bin/chromium"), chrome_extra_args=tuple(job.get("chrome_args", ())),
-        page_load_timeout_s=job.get("page_load_timeout_s", 600), emit=emit,
-        checkpoint=job.get("checkpoint"), mark=tuple(job.get("mark") or ()), pace=pacer(job.get("rate_limit")),
+        site=job["site"],
+        start_url=job["start_url"],
+        options=job.get("options") or {},
+        attempt=job["attempt"],
+        node_id=job["node_id"],
+        grid_url=job["grid_url"],
+        profile_dir=job["profile_dir"],
+        chromium=job.get("chromium", "/usr/bin/chromium"),
+        chrome_extra_args=tuple(job.get("chrome_args", ())),
+        page_load_timeout_s=job.get("page_load_timeout_s", 600),
+        emit=emit,
+        checkpoint=job.get("checkpoint"),
+        mark=tuple(job.get("mark") or ()),
+        pace=pacer(job.get("rate_limit")),
     )
     crawler = None
     try:
@@ -72,8 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         emit(event="error", kind="crawl", message=str(e))
         return 1
     except Exception as e:  # the outermost frame of the crawler process: report, never hide
-        emit(event="error", kind=type(e).__name__, message=f"{type(e).__name__}: {e}",
-             trace=traceback.format_exc(limit=8))
+        emit(
+            event="error",
+            kind=type(e).__name__,
+            message=f"{type(e).__name__}: {e}",
+            trace=traceback.format_exc(limit=8),
+        )
         return 1
     finally:
         if crawler is not None:

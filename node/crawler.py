@@ -29,8 +29,9 @@ from node.browser import capabilities, chrome_args
 Emit = Callable[..., None]
 
 #: The HTTP status of the last navigation, from the Navigation Timing API.
-_STATUS_JS = ("const e = performance.getEntriesByType('navigation')[0];"
-              " return e && e.responseStatus ? e.responseStatus : null;")
+_STATUS_JS = (
+    "const e = performance.getEntriesByType('navigation')[0]; return e && e.responseStatus ? e.responseStatus : null;"
+)
 
 
 class CrawlError(Exception):
@@ -66,8 +67,9 @@ class BaseCrawler(abc.ABC):
         self.pages = int(ctx.checkpoint.get("pages") or 0) if ctx.checkpoint else 0
         self.known: frozenset[str] = frozenset(ctx.mark)
         #: ids of the items collected so far (those of the checkpoint too): a resumed crawl adds no duplicate
-        self.collected: set[str] = {str(i.get("id")) for i in (ctx.checkpoint or {}).get("items", [])
-                                    if isinstance(i, Mapping)}
+        self.collected: set[str] = {
+            str(i.get("id")) for i in (ctx.checkpoint or {}).get("items", []) if isinstance(i, Mapping)
+        }
         self._driver: Any = None
 
     # --- the browser ------------------------------------------------------------
@@ -78,8 +80,12 @@ class BaseCrawler(abc.ABC):
             from selenium.webdriver.chrome.options import Options
 
             opts = Options()
-            caps = capabilities(self.ctx.chromium, chrome_args(self.ctx.profile_dir, self.ctx.chrome_extra_args),
-                                self.ctx.node_id, self.ctx.page_load_timeout_s)
+            caps = capabilities(
+                self.ctx.chromium,
+                chrome_args(self.ctx.profile_dir, self.ctx.chrome_extra_args),
+                self.ctx.node_id,
+                self.ctx.page_load_timeout_s,
+            )
             chrome = caps["goog:chromeOptions"]
             opts.binary_location = chrome["binary"]
             for arg in chrome["args"]:

@@ -60,14 +60,30 @@ class GridNodeSpec:
 def render_toml(spec: GridNodeSpec, node_id: str, port: int) -> str:
     stereotype = json.dumps({"browserName": "chrome", "platformName": "linux", NODE_CAPABILITY: node_id})
     q = json.dumps  # TOML basic strings accept JSON string escapes
-    return "\n".join([
-        "[server]", f"host = {q(spec.host)}", f"port = {port}", "",
-        "[events]", f"publish = {q(spec.publish)}", f"subscribe = {q(spec.subscribe)}", "",
-        "[node]", "detect-drivers = false", "max-sessions = 1", "selenium-manager = false",
-        f"session-timeout = {int(spec.session_timeout_s)}", "", "[[node.driver-configuration]]",
-        'display-name = "chromium"', "max-sessions = 1", f"webdriver-executable = {q(spec.chromedriver)}",
-        f"stereotype = {q(stereotype)}", "",
-    ])
+    return "\n".join(
+        [
+            "[server]",
+            f"host = {q(spec.host)}",
+            f"port = {port}",
+            "",
+            "[events]",
+            f"publish = {q(spec.publish)}",
+            f"subscribe = {q(spec.subscribe)}",
+            "",
+            "[node]",
+            "detect-drivers = false",
+            "max-sessions = 1",
+            "selenium-manager = false",
+            f"session-timeout = {int(spec.session_timeout_s)}",
+            "",
+            "[[node.driver-configuration]]",
+            'display-name = "chromium"',
+            "max-sessions = 1",
+            f"webdriver-executable = {q(spec.chromedriver)}",
+            f"stereotype = {q(stereotype)}",
+            "",
+        ]
+    )
 
 
 class GridNode:
@@ -89,11 +105,21 @@ class GridNode:
         toml = self.state_dir / "grid-node.toml"
         toml.write_text(render_toml(self.spec, self.node_id, port))
         log_file = open(self.state_dir / "grid-node.log", "ab")  # opened here: the Grid node needs no access
-        cmd = [self.spec.java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-               "-jar", str(self.spec.jar), "node", "--config", str(toml)]
+        cmd = [
+            self.spec.java,
+            "-Xmx256m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-jar",
+            str(self.spec.jar),
+            "node",
+            "--config",
+            str(toml),
+        ]
         try:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                         **self._as_user(toml))
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, **self._as_user(toml)
+            )
         finally:
             log_file.close()
         deadline = time.monotonic() + timeout_s
@@ -104,8 +130,13 @@ class GridNode:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Grid node not registered with {self.spec.grid_url} after {timeout_s:.0f}s")
             time.sleep(0.25)
-        log.info("grid-node-up node=%s port=%d grid=%s user=%s", self.node_id, port, self.spec.grid_url,
-                 self.run_as.name if self.run_as else "(this process's)")
+        log.info(
+            "grid-node-up node=%s port=%d grid=%s user=%s",
+            self.node_id,
+            port,
+            self.spec.grid_url,
+            self.run_as.name if self.run_as else "(this process's)",
+        )
 
     def _as_user(self, toml: Path) -> dict:
         """Popen's arguments that start the Grid node as `run_as`: its ids, its own HOME and cwd, the toml

@@ -49,26 +49,40 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gridfleet node",
         description="Run the node agent: take sites from the queue and crawl them until the queue is empty. "
-                    "`gridfleet node kill --site S --attempt N` ends one crawl on this node.",
+        "`gridfleet node kill --site S --attempt N` ends one crawl on this node.",
     )
     ap.add_argument("--config", required=True, help="fleet.yaml (the hub's effective config)")
     ap.add_argument("--run-id", required=True, help="the run this node works for")
     ap.add_argument("--instance-id", help="this node's id (its Grid stereotype carries it); default: from IMDS")
     ap.add_argument("--imds-url", help="instance metadata service (default: aws.imds_url of the config)")
-    ap.add_argument("--state-dir", type=Path, default=Path("/var/lib/gridfleet"),
-                    help="where the agent keeps crawler.json and logs (default: %(default)s)")
-    ap.add_argument("--profiles-root", type=Path, default=Path("/efs"),
-                    help="root of profiles/ and locks/ (EFS on AWS; default: %(default)s)")
+    ap.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("/var/lib/gridfleet"),
+        help="where the agent keeps crawler.json and logs (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--profiles-root",
+        type=Path,
+        default=Path("/efs"),
+        help="root of profiles/ and locks/ (EFS on AWS; default: %(default)s)",
+    )
     ap.add_argument("--grid-url", required=True, help="the Selenium Grid hub, e.g. http://127.0.0.1:4444")
     ap.add_argument("--grid-jar", type=Path, help="start this node's Grid node from this jar")
     ap.add_argument("--grid-publish", help="the Grid hub's event bus publish address (tcp://host:4442)")
     ap.add_argument("--grid-subscribe", help="the Grid hub's event bus subscribe address (tcp://host:4443)")
-    ap.add_argument("--grid-host", default="127.0.0.1",
-                    help="address this node's Grid node listens on and the hub reaches it at (its private IP on EC2)")
+    ap.add_argument(
+        "--grid-host",
+        default="127.0.0.1",
+        help="address this node's Grid node listens on and the hub reaches it at (its private IP on EC2)",
+    )
     ap.add_argument("--grid-port", type=int, default=0, help="port of this node's Grid node (0: a free one)")
     ap.add_argument("--java", default="java")
-    ap.add_argument("--grid-user", help="run the Grid node (so chromedriver and Chromium) as this local user "
-                                        "(needs root; default: this process's user)")
+    ap.add_argument(
+        "--grid-user",
+        help="run the Grid node (so chromedriver and Chromium) as this local user "
+        "(needs root; default: this process's user)",
+    )
     ap.add_argument("--local", action="store_true", help="AWS is the embedded default's moto server")
     return ap
 
@@ -80,14 +94,24 @@ def grid_user(name: str | None) -> RunAs | None:
     try:
         user = RunAs.lookup(name)
     except KeyError:
-        event(log, "grid-user-missing", logging.WARNING, user=name,
-              detail="no such user: the Grid node and Chromium run as this process's user")
+        event(
+            log,
+            "grid-user-missing",
+            logging.WARNING,
+            user=name,
+            detail="no such user: the Grid node and Chromium run as this process's user",
+        )
         return None
     if user.uid == os.geteuid():
         return None
     if os.geteuid() != 0:
-        event(log, "grid-user-refused", logging.WARNING, user=name,
-              detail="only root can start the Grid node as another user: it runs as this process's user")
+        event(
+            log,
+            "grid-user-refused",
+            logging.WARNING,
+            user=name,
+            detail="only root can start the Grid node as another user: it runs as this process's user",
+        )
         return None
     return user
 
@@ -109,8 +133,9 @@ def sandbox_args(user: RunAs | None) -> tuple[str, ...]:
 
 def kill_main(argv: list[str]) -> int:
     """`gridfleet node kill`: what SSM or SSH runs on a node to end one crawl (exit 0: it no longer runs)."""
-    ap = argparse.ArgumentParser(prog="gridfleet node kill",
-                                 description="Kill the crawler of one site and attempt on this node, if it runs.")
+    ap = argparse.ArgumentParser(
+        prog="gridfleet node kill", description="Kill the crawler of one site and attempt on this node, if it runs."
+    )
     ap.add_argument("--state-dir", type=Path, default=Path("/var/lib/gridfleet"))
     ap.add_argument("--site", required=True)
     ap.add_argument("--attempt", type=int, required=True)
@@ -122,8 +147,10 @@ def kill_main(argv: list[str]) -> int:
 
 def report_failure_main(argv: list[str]) -> int:
     """`gridfleet node report-failure`: a node whose bootstrap failed says why, on its node item."""
-    ap = argparse.ArgumentParser(prog="gridfleet node report-failure",
-                                 description="Record that this node's bootstrap failed, and why, for the hub.")
+    ap = argparse.ArgumentParser(
+        prog="gridfleet node report-failure",
+        description="Record that this node's bootstrap failed, and why, for the hub.",
+    )
     ap.add_argument("--config", required=True)
     ap.add_argument("--run-id", required=True)
     ap.add_argument("--instance-id", required=True)
@@ -192,17 +219,23 @@ def _config_and_identity(args: argparse.Namespace) -> tuple[Config, Imds]:
 
 
 def _start_grid(args: argparse.Namespace, config: Config, run_as: RunAs | None) -> GridNode:
-    spec = GridNodeSpec(jar=args.grid_jar, grid_url=args.grid_url, publish=args.grid_publish,
-                        subscribe=args.grid_subscribe, chromedriver=config.browser.chromedriver,
-                        host=args.grid_host, port=args.grid_port, java=args.java,
-                        session_timeout_s=int(max(60, config.run.hang_after_s * 2)))
+    spec = GridNodeSpec(
+        jar=args.grid_jar,
+        grid_url=args.grid_url,
+        publish=args.grid_publish,
+        subscribe=args.grid_subscribe,
+        chromedriver=config.browser.chromedriver,
+        host=args.grid_host,
+        port=args.grid_port,
+        java=args.java,
+        session_timeout_s=int(max(60, config.run.hang_after_s * 2)),
+    )
     grid = GridNode(spec, args.instance_id, args.state_dir, run_as=run_as)
     grid.start()
     return grid
 
 
-def _agent(args: argparse.Namespace, config: Config, imds: Imds, grid: GridNode | None,
-           run_as: RunAs | None) -> Agent:
+def _agent(args: argparse.Namespace, config: Config, imds: Imds, grid: GridNode | None, run_as: RunAs | None) -> Agent:
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS if args.local else None)
     stores = open_stores(clients, config.aws)
     clock = SystemClock()
@@ -218,12 +251,17 @@ def _agent(args: argparse.Namespace, config: Config, imds: Imds, grid: GridNode 
     settings = dataclasses.replace(settings, chrome_args=(*settings.chrome_args, *sandbox_args(run_as)))
     return Agent(
         settings,
-        table=stores.table, queue=stores.queue, results=stores.results,
+        table=stores.table,
+        queue=stores.queue,
+        results=stores.results,
         profiles=ProfileStore(args.profiles_root, owner=(run_as.uid, run_as.gid) if run_as else None),
         start_crawl=lambda job, log_path: ChildProcess(job, log_path),
-        cleanup=cleanup, clock=clock, state_dir=args.state_dir,
+        cleanup=cleanup,
+        clock=clock,
+        state_dir=args.state_dir,
         healthy=grid.problem if grid is not None else (lambda: None),
         spot_notice=SpotWatcher(imds, clock).notice,
-        metrics=CloudWatchSink(clients.client("cloudwatch") if config.metrics.cloudwatch else None,
-                               config.metrics.namespace, clock),
+        metrics=CloudWatchSink(
+            clients.client("cloudwatch") if config.metrics.cloudwatch else None, config.metrics.namespace, clock
+        ),
     )

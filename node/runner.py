@@ -37,8 +37,12 @@ class ChildProcess:
         log = open(log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [python, "-m", "node.child", "--event-fd", str(w)], stdin=subprocess.PIPE, stdout=log,
-                stderr=subprocess.STDOUT, pass_fds=(w,), start_new_session=True,
+                [python, "-m", "node.child", "--event-fd", str(w)],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(w,),
+                start_new_session=True,
             )
         finally:
             os.close(w)

@@ -54,7 +54,13 @@ from pathlib import Path
 import fasteners
 
 __all__ = [
-    "HeldProfile", "ProfileBusy", "ProfileStore", "SITE_ID_RE", "check_site_id", "give_to", "remove_singletons",
+    "HeldProfile",
+    "ProfileBusy",
+    "ProfileStore",
+    "SITE_ID_RE",
+    "check_site_id",
+    "give_to",
+    "remove_singletons",
 ]
 
 #: What a site id may look like; anything else could name a path outside the root.
@@ -185,8 +191,7 @@ class ProfileStore:
 
         with self._mutex:
             slot.held = True
-        return HeldProfile(site=site, path=profile, removed=removed,
-                           _release=lambda: self._release(site, slot))
+        return HeldProfile(site=site, path=profile, removed=removed, _release=lambda: self._release(site, slot))
 
     def _reserve(self, site: str) -> _Slot:
         """The site's slot in the registry, taken before the lock file is opened, so that no other thread of this
@@ -226,8 +231,8 @@ class ProfileStore:
             remaining = deadline - monotonic()
             if remaining <= 0:
                 raise ProfileBusy(
-                    site, f"profile of site {site!r} is locked by another process "
-                          f"(waited {timeout_s:g}s)")
+                    site, f"profile of site {site!r} is locked by another process (waited {timeout_s:g}s)"
+                )
             if on_wait is not None:
                 on_wait()
             sleep(min(poll_s, remaining))

@@ -59,8 +59,11 @@ class VirtualCloud:
 
     # --- ComputeProvider ---------------------------------------------------------------
     def list(self, run_id: str) -> list[Instance]:
-        return [Instance(v.id, v.state, "node", {}, v.instance_type, v.interrupted) for v in self.instances.values()
-                if v.state != "terminated" or self.sim.engine.now - (v.ended_at or 0) < 3600]
+        return [
+            Instance(v.id, v.state, "node", {}, v.instance_type, v.interrupted)
+            for v in self.instances.values()
+            if v.state != "terminated" or self.sim.engine.now - (v.ended_at or 0) < 3600
+        ]
 
     def launch(self, run_id: str, count: int, target: int | None = None) -> LaunchResult:
         p, fleet = self.sim.params, self.sim.config.fleet

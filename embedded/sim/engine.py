@@ -177,6 +177,7 @@ def _n_arg(i: int, per_call: int) -> Cost:
     def cost(args: tuple, kwargs: dict, result: Any) -> int:
         items = args[i] if len(args) > i else next(iter(kwargs.values()))
         return math.ceil(len(items) / per_call) if items else 0
+
     return cost
 
 
@@ -186,23 +187,34 @@ def _one(op: str) -> tuple[str, Cost]:
 
 #: method -> (service, AWS operation, calls it makes), as the AWS adapters make them.
 TABLE_CALLS: dict[str, tuple[str, Cost]] = {
-    "create_site": _one("PutItem"), "get_site": _one("GetItem"), "write": _one("UpdateItem"),
-    "read_run": ("Query", lambda a, k, r: _pages(len(r.sites) + len(r.nodes) + len(r.history) + 1,
-                                                 QUERY_PAGE_ITEMS)),
+    "create_site": _one("PutItem"),
+    "get_site": _one("GetItem"),
+    "write": _one("UpdateItem"),
+    "read_run": ("Query", lambda a, k, r: _pages(len(r.sites) + len(r.nodes) + len(r.history) + 1, QUERY_PAGE_ITEMS)),
     "open_stamps": ("Query", lambda a, k, r: _pages(len(r), OPEN_INDEX_PAGE_ITEMS)),
     "get_sites": ("BatchGetItem", _n_arg(1, 100)),
     "read_nodes": ("Query", lambda a, k, r: _pages(len(r), QUERY_PAGE_ITEMS)),
-    "create_run": ("PutItem", lambda a, k, r: 2), "get_run": _one("GetItem"), "update_run": _one("UpdateItem"),
-    "add_launched": _one("UpdateItem"), "put_node": _one("PutItem"), "add_history": ("BatchWriteItem", _n_arg(0, 25)),
+    "create_run": ("PutItem", lambda a, k, r: 2),
+    "get_run": _one("GetItem"),
+    "update_run": _one("UpdateItem"),
+    "add_launched": _one("UpdateItem"),
+    "put_node": _one("PutItem"),
+    "add_history": ("BatchWriteItem", _n_arg(0, 25)),
     "list_runs": _one("Query"),
 }
 QUEUE_CALLS: dict[str, tuple[str, Cost]] = {
-    "send": _one("SendMessage"), "send_many": ("SendMessageBatch", lambda a, k, r: math.ceil(r / 10)),
-    "receive": _one("ReceiveMessage"), "delete": _one("DeleteMessage"), "delete_receipt": _one("DeleteMessage"),
-    "set_visibility": _one("ChangeMessageVisibility"), "depth": ("GetQueueAttributes", lambda a, k, r: 2),
+    "send": _one("SendMessage"),
+    "send_many": ("SendMessageBatch", lambda a, k, r: math.ceil(r / 10)),
+    "receive": _one("ReceiveMessage"),
+    "delete": _one("DeleteMessage"),
+    "delete_receipt": _one("DeleteMessage"),
+    "set_visibility": _one("ChangeMessageVisibility"),
+    "depth": ("GetQueueAttributes", lambda a, k, r: 2),
 }
 RESULT_CALLS: dict[str, tuple[str, Cost]] = {
-    "exists": _one("HeadObject"), "put_new": _one("PutObject"), "get": _one("GetObject"),
+    "exists": _one("HeadObject"),
+    "put_new": _one("PutObject"),
+    "get": _one("GetObject"),
 }
 EC2_CALLS: dict[str, tuple[str, Cost]] = {
     "list": ("DescribeInstances", lambda a, k, r: _pages(len(r), 1000)),
@@ -233,4 +245,5 @@ class Counted:
             result = attr(*args, **kwargs)
             counter[key] += cost(args, kwargs, result)
             return result
+
         return counted

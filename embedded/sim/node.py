@@ -77,6 +77,7 @@ class SimNode:
         def go() -> None:
             if gen == self.gen and not self.dead:
                 fn()
+
         self.engine.at(t, go)
 
     # --- life ---------------------------------------------------------------------------
@@ -122,7 +123,8 @@ class SimNode:
         if msg is None:
             queued = lambda: protocol.has_queued(self.sim.node_table.open_stamps(self.sim.run_id))  # noqa: E731
             if protocol.idle_stop(now - self.idle_since, rules, queued) or protocol.run_stop(
-                    self.sim.node_table.get_run(self.sim.run_id)):
+                self.sim.node_table.get_run(self.sim.run_id)
+            ):
                 return self._exit()
             if protocol.idle_restarts(now - self.idle_since, rules):
                 self.idle_since = now  # as the agent: stayed for a QUEUED site
@@ -212,8 +214,9 @@ class SimNode:
         elif kind == "checkpoint":
             self.sim.stats.checkpoints += 1
             self.watch = self.watch.beaten(now)
-            self._write(ops.save_checkpoint, at, self.watch.progress,
-                        {"next": f"p{payload + 1}", "pages": payload, "items": []})
+            self._write(
+                ops.save_checkpoint, at, self.watch.progress, {"next": f"p{payload + 1}", "pages": payload, "items": []}
+            )
 
     def crawler_killed(self, site: str, attempt: int) -> None:
         c = self.crawl
@@ -298,6 +301,7 @@ class SimNode:
         now = self.engine.now
         card = self.card = moved or self.card
         if card.due(now):
-            self.sim.node_table.put_node(card.item(self.sim.run_id, self.inst.id, self.sim.clock.now(),
-                                                   self.inst.launched_at, self.sites_done))
+            self.sim.node_table.put_node(
+                card.item(self.sim.run_id, self.inst.id, self.sim.clock.now(), self.inst.launched_at, self.sites_done)
+            )
             self.card = card.written(now, self.rules)

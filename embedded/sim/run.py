@@ -119,11 +119,16 @@ class Sim:
         self.table = table
         self._out = tempfile.TemporaryDirectory(prefix="gridfleet-sim-")
         self.hub = Hub(
-            run_id=self.run_id, config=self.config, table=Counted(table, "dynamodb", TABLE_CALLS, self.hub_calls),
+            run_id=self.run_id,
+            config=self.config,
+            table=Counted(table, "dynamodb", TABLE_CALLS, self.hub_calls),
             queue=Counted(queue, "sqs", QUEUE_CALLS, self.hub_calls),
             results=Counted(results, "s3", RESULT_CALLS, self.hub_calls),
-            provider=Counted(self.cloud, "ec2", EC2_CALLS, self.hub_calls), control=_CountedControl(self),
-            clock=self.clock, out_dir=Path(self._out.name), hub_id="sim-hub",
+            provider=Counted(self.cloud, "ec2", EC2_CALLS, self.hub_calls),
+            control=_CountedControl(self),
+            clock=self.clock,
+            out_dir=Path(self._out.name),
+            hub_id="sim-hub",
             expected=self.workload.expected if self.config.run.order == "longest_first" else {},
         )
         self.finished_at: float | None = None
@@ -237,23 +242,39 @@ class SimResult:
         failed = sum(1 for r in sites if r.run_status.value == "FAILED")
         left = sum(1 for v in sim.cloud.instances.values() if v.state in ("pending", "running"))
         return cls(
-            policy=p.policy, sites=n, nodes=p.nodes, seed=p.seed,
-            makespan_s=round(end, 1), lower_bound_s=round(lb, 1), ratio=round(end / lb, 3),
+            policy=p.policy,
+            sites=n,
+            nodes=p.nodes,
+            seed=p.seed,
+            makespan_s=round(end, 1),
+            lower_bound_s=round(lb, 1),
+            ratio=round(end / lb, 3),
             hang_lag_max_s=round(max(sim.stats.hang_lags, default=0.0), 2),
-            hang_lag_p95_s=round(_pct(sim.stats.hang_lags, 0.95), 2), hangs=len(sim.stats.hang_lags),
+            hang_lag_p95_s=round(_pct(sim.stats.hang_lags, 0.95), 2),
+            hangs=len(sim.stats.hang_lags),
             utilization=round(sim.stats.busy_s / billed, 3) if billed else 0.0,
-            node_hours=round(billed / 3600, 2), cost_usd=round(cost, 2), instances_launched=len(sim.cloud.instances),
-            api_calls_per_site={**{k: round(v / n, 2) for k, v in sorted(by_service.items())},
-                                "total": round(total / n, 2)},
+            node_hours=round(billed / 3600, 2),
+            cost_usd=round(cost, 2),
+            instances_launched=len(sim.cloud.instances),
+            api_calls_per_site={
+                **{k: round(v / n, 2) for k, v in sorted(by_service.items())},
+                "total": round(total / n, 2),
+            },
             api_calls_by_operation={f"{s}:{op}": round(c / n, 3) for (s, op), c in sorted(calls.items())},
             hub_calls_per_site=round(sum(sim.hub_calls.values()) / n, 2),
             heartbeat_calls_per_site=round(sim.stats.heartbeats / n, 2),
             heartbeat_interval_s=sim.settings.heartbeat_interval_s,
             checkpoint_calls_per_site=round(sim.stats.checkpoints / n, 2),
-            ticks=len(sim.stats.tick_ms), tick_cpu_ms_p95=round(_pct(sim.stats.tick_ms, 0.95), 2),
+            ticks=len(sim.stats.tick_ms),
+            tick_cpu_ms_p95=round(_pct(sim.stats.tick_ms, 0.95), 2),
             tick_cpu_ms_max=round(max(sim.stats.tick_ms, default=0.0), 2),
-            completed=completed, failed=failed, attempts=dict(sim.stats.outcomes), left_running=left,
-            sim_events=sim.engine.events, wall_s=round(wall, 2), cpu_s=round(cpu, 2),
+            completed=completed,
+            failed=failed,
+            attempts=dict(sim.stats.outcomes),
+            left_running=left,
+            sim_events=sim.engine.events,
+            wall_s=round(wall, 2),
+            cpu_s=round(cpu, 2),
         )
 
     def to_json(self) -> dict[str, Any]:

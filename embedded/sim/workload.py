@@ -36,17 +36,22 @@ class Workload:
             past = list(p.history.items())
             n = p.sites or len(past)
             picks = [past[i % len(past)] for i in range(n)]
-            self.site_ids = [name if n <= len(past) else f"{name}-{i // len(past)}" for i, (name, _) in
-                             enumerate(picks)]
+            self.site_ids = [
+                name if n <= len(past) else f"{name}-{i // len(past)}" for i, (name, _) in enumerate(picks)
+            ]
             before = [max(1.0, s) for _, s in picks]
         else:
             self.site_ids = [f"site-{i:05d}" for i in range(1, p.sites + 1)]
             mu = math.log(p.site_s)
-            before = [min(p.site_s * MAX_SPREAD, rng.lognormvariate(mu, p.sigma)) if p.sigma > 0 else p.site_s
-                      for _ in self.site_ids]
+            before = [
+                min(p.site_s * MAX_SPREAD, rng.lognormvariate(mu, p.sigma)) if p.sigma > 0 else p.site_s
+                for _ in self.site_ids
+            ]
         self.expected = dict(zip(self.site_ids, before, strict=True))
-        self.today = {s: max(BROWSER_START_S + 1, b * (rng.lognormvariate(0, p.drift) if p.drift > 0 else 1.0))
-                      for s, b in zip(self.site_ids, before, strict=True)}
+        self.today = {
+            s: max(BROWSER_START_S + 1, b * (rng.lognormvariate(0, p.drift) if p.drift > 0 else 1.0))
+            for s, b in zip(self.site_ids, before, strict=True)
+        }
         self.work = list(self.today.values())
 
     def attempt(self, node: SimNode | None, rec: Any, now: float) -> Crawl:

@@ -64,8 +64,9 @@ class S3RunArchive:
 
     def put_summary(self, summary: Mapping[str, Any]) -> str:
         key = summary_key(str(summary["run_id"]))
-        self._c.put_object(Bucket=self.bucket, Key=key, Body=json.dumps(summary, indent=1).encode(),
-                           ContentType="application/json")
+        self._c.put_object(
+            Bucket=self.bucket, Key=key, Body=json.dumps(summary, indent=1).encode(), ContentType="application/json"
+        )
         return key
 
     def put_report(self, run_id: str, html: str) -> str:

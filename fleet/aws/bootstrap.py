@@ -55,17 +55,23 @@ def _ensure_table(ddb: Any, name: str) -> bool:
     ddb.create_table(
         TableName=name,
         KeySchema=[{"AttributeName": "run_id", "KeyType": "HASH"}, {"AttributeName": "Site", "KeyType": "RANGE"}],
-        AttributeDefinitions=[{"AttributeName": "run_id", "AttributeType": "S"},
-                              {"AttributeName": "Site", "AttributeType": "S"},
-                              {"AttributeName": OPEN_ATTR, "AttributeType": "S"}],
+        AttributeDefinitions=[
+            {"AttributeName": "run_id", "AttributeType": "S"},
+            {"AttributeName": "Site", "AttributeType": "S"},
+            {"AttributeName": OPEN_ATTR, "AttributeType": "S"},
+        ],
         # The sparse index of the sites that can still change (only they carry OPEN_ATTR), with what their
         # stamps are made of: the hub's read of what moved. A local index, so that read can be consistent.
-        LocalSecondaryIndexes=[{
-            "IndexName": OPEN_INDEX,
-            "KeySchema": [{"AttributeName": "run_id", "KeyType": "HASH"},
-                          {"AttributeName": OPEN_ATTR, "KeyType": "RANGE"}],
-            "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(OPEN_INDEX_ATTRIBUTES)},
-        }],
+        LocalSecondaryIndexes=[
+            {
+                "IndexName": OPEN_INDEX,
+                "KeySchema": [
+                    {"AttributeName": "run_id", "KeyType": "HASH"},
+                    {"AttributeName": OPEN_ATTR, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(OPEN_INDEX_ATTRIBUTES)},
+            }
+        ],
         BillingMode="PAY_PER_REQUEST",
     )
     wait_table_active(ddb, name)

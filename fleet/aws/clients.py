@@ -21,10 +21,17 @@ from fleet.aws.errors import AwsCall, name_calls, service_label, stamp
 from fleet.config import AwsConfig
 
 #: Error codes worth retrying by our own loops (botocore already retries these a few times).
-RETRYABLE_CODES = frozenset({
-    "ThrottlingException", "Throttling", "ProvisionedThroughputExceededException",
-    "RequestLimitExceeded", "InternalServerError", "ServiceUnavailable", "RequestTimeout",
-})
+RETRYABLE_CODES = frozenset(
+    {
+        "ThrottlingException",
+        "Throttling",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "RequestTimeout",
+    }
+)
 
 
 @dataclass(frozen=True)

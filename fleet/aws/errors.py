@@ -42,8 +42,10 @@ from botocore.exceptions import (
 #: What to do about a missing table, queue or bucket (also the advice of cli.aws_env's preflight).
 CREATE_ADVICE = "run `gridfleet aws bootstrap` or apply infra/terraform"
 
-CREDENTIALS_ADVICE = ("configure a profile (`aws configure`, or AWS_PROFILE), the environment variables "
-                      "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or an instance role")
+CREDENTIALS_ADVICE = (
+    "configure a profile (`aws configure`, or AWS_PROFILE), the environment variables "
+    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or an instance role"
+)
 
 
 class Kind(Enum):
@@ -101,12 +103,31 @@ class AwsFailure:
 
 
 _EXPIRED = frozenset({"ExpiredToken", "ExpiredTokenException", "RequestExpired", "TokenRefreshRequired"})
-_INVALID = frozenset({"InvalidClientTokenId", "UnrecognizedClientException", "SignatureDoesNotMatch", "AuthFailure",
-                      "InvalidAccessKeyId", "InvalidToken", "IncompleteSignature", "MissingAuthenticationToken"})
+_INVALID = frozenset(
+    {
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+        "SignatureDoesNotMatch",
+        "AuthFailure",
+        "InvalidAccessKeyId",
+        "InvalidToken",
+        "IncompleteSignature",
+        "MissingAuthenticationToken",
+    }
+)
 _DENIED = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "Forbidden", "403"})
-_THROTTLED = frozenset({"Throttling", "ThrottlingException", "ProvisionedThroughputExceededException",
-                        "RequestLimitExceeded", "SlowDown", "TooManyRequestsException", "RequestThrottled",
-                        "RequestThrottledException"})
+_THROTTLED = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+        "SlowDown",
+        "TooManyRequestsException",
+        "RequestThrottled",
+        "RequestThrottledException",
+    }
+)
 #: Error codes of a missing table, queue or bucket, by the service that answers them.
 _MISSING = {
     "DynamoDB": frozenset({"ResourceNotFoundException"}),
@@ -200,33 +221,48 @@ def _answered(e: ClientError, call: AwsCall | None) -> AwsFailure:
         return AwsFailure(kind, problem, advice, call, code or None)
 
     if code in _EXPIRED:
-        return failure(Kind.BAD_CREDENTIALS, "AWS credentials expired",
-                       "renew them (`aws sso login`, a new session token, or new keys) and try again")
+        return failure(
+            Kind.BAD_CREDENTIALS,
+            "AWS credentials expired",
+            "renew them (`aws sso login`, a new session token, or new keys) and try again",
+        )
     if code in _INVALID:
-        return failure(Kind.BAD_CREDENTIALS, "AWS credentials not valid",
-                       "check the keys this process runs with (AWS_PROFILE, AWS_ACCESS_KEY_ID, ~/.aws/credentials) "
-                       "and this machine's clock")
+        return failure(
+            Kind.BAD_CREDENTIALS,
+            "AWS credentials not valid",
+            "check the keys this process runs with (AWS_PROFILE, AWS_ACCESS_KEY_ID, ~/.aws/credentials) "
+            "and this machine's clock",
+        )
     if code in _DENIED:
         named = _NOT_AUTHORIZED_RE.search(message)
         action = named.group(1) if named else (call.action if call else None)
         on = f" on {named.group(2)}" if named and named.group(2) else ""
-        return failure(Kind.ACCESS_DENIED, f"access denied{f' to {action}' if action else ''}{on}",
-                       f"allow {action or 'it'} in the IAM policy of the identity these credentials belong to "
-                       f"(infra/terraform's roles grant what each gridfleet program needs)")
+        return failure(
+            Kind.ACCESS_DENIED,
+            f"access denied{f' to {action}' if action else ''}{on}",
+            f"allow {action or 'it'} in the IAM policy of the identity these credentials belong to "
+            f"(infra/terraform's roles grant what each gridfleet program needs)",
+        )
     if code in _THROTTLED:
         retries = meta.get("RetryAttempts")
         tries = f" after {retries} {'retry' if retries == 1 else 'retries'}" if retries else ""
-        return failure(Kind.THROTTLED, f"AWS throttled the call{tries}",
-                       "try again in a minute, or raise aws.max_retries")
+        return failure(
+            Kind.THROTTLED, f"AWS throttled the call{tries}", "try again in a minute, or raise aws.max_retries"
+        )
     no_bucket = call is not None and call.operation == "HeadBucket" and code in ("404", "NotFound")
     if code in _MISSING.get(service, ()) or no_bucket:
         name = f" {error['BucketName']!r}" if error.get("BucketName") else ""
-        return failure(Kind.MISSING, f"{_MISSING_WHAT[service]}{name} does not exist"
-                       f"{f' ({message})' if message and not name else ''}",
-                       f"{CREATE_ADVICE} (its name is in the config's aws: section)")
+        return failure(
+            Kind.MISSING,
+            f"{_MISSING_WHAT[service]}{name} does not exist{f' ({message})' if message and not name else ''}",
+            f"{CREATE_ADVICE} (its name is in the config's aws: section)",
+        )
     status = meta.get("HTTPStatusCode")
-    return failure(Kind.REFUSED, "AWS refused the call",
-                   message or f"HTTP {status} without details; run with -v for the whole error")
+    return failure(
+        Kind.REFUSED,
+        "AWS refused the call",
+        message or f"HTTP {status} without details; run with -v for the whole error",
+    )
 
 
 def _unanswered(e: BotoCoreError, call: AwsCall | None) -> AwsFailure:
@@ -237,32 +273,50 @@ def _unanswered(e: BotoCoreError, call: AwsCall | None) -> AwsFailure:
         problem = "no AWS credentials" if isinstance(e, NoCredentialsError) else f"incomplete AWS credentials ({e})"
         return failure(Kind.NO_CREDENTIALS, problem, CREDENTIALS_ADVICE)
     if isinstance(e, (CredentialRetrievalError, TokenRetrievalError)):
-        return failure(Kind.BAD_CREDENTIALS, f"AWS credentials could not be loaded ({e})",
-                       "renew them (`aws sso login` for an SSO profile) and try again")
+        return failure(
+            Kind.BAD_CREDENTIALS,
+            f"AWS credentials could not be loaded ({e})",
+            "renew them (`aws sso login` for an SSO profile) and try again",
+        )
     if isinstance(e, NoRegionError):
         return failure(Kind.NO_REGION, "no AWS region", "set aws.region in the config")
     if isinstance(e, UnknownEndpointError):
         region = e.kwargs.get("region_name")
-        return failure(Kind.NO_REGION, f"no endpoint for {call.service if call else e.kwargs.get('service_name')} "
-                       f"in region {region}", "set aws.region to a region that offers it")
+        return failure(
+            Kind.NO_REGION,
+            f"no endpoint for {call.service if call else e.kwargs.get('service_name')} in region {region}",
+            "set aws.region to a region that offers it",
+        )
     if isinstance(e, (EndpointResolutionError, InvalidRegionError)):
         return failure(Kind.NO_REGION, f"no AWS endpoint can be made ({e})", "check aws.region")
     if isinstance(e, EndpointConnectionError) and _name_not_resolved(e):
         host = urlsplit(str(e.kwargs.get("endpoint_url") or "")).hostname or "the endpoint"
         if host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
-            return failure(Kind.NO_REGION, f"{host} does not resolve",
-                           "check aws.region (the service may not be offered in it) and this machine's DNS")
+            return failure(
+                Kind.NO_REGION,
+                f"{host} does not resolve",
+                "check aws.region (the service may not be offered in it) and this machine's DNS",
+            )
         return failure(Kind.NO_ANSWER, f"{host} does not resolve", "check aws.endpoint_url and this machine's DNS")
     endpoint = _endpoint(e.kwargs.get("endpoint_url"))
     if isinstance(e, ReadTimeoutError):
-        return failure(Kind.NO_ANSWER, f"no answer in time from {endpoint}",
-                       "check the network and aws.endpoint_url, then try again")
+        return failure(
+            Kind.NO_ANSWER,
+            f"no answer in time from {endpoint}",
+            "check the network and aws.endpoint_url, then try again",
+        )
     if isinstance(e, ConnectTimeoutError):
-        return failure(Kind.NO_ANSWER, f"no connection in time to {endpoint}",
-                       "check the network (or proxy, or firewall) and aws.endpoint_url, then try again")
+        return failure(
+            Kind.NO_ANSWER,
+            f"no connection in time to {endpoint}",
+            "check the network (or proxy, or firewall) and aws.endpoint_url, then try again",
+        )
     if isinstance(e, BotoConnectionError):  # refused, reset, closed
-        return failure(Kind.NO_ANSWER, f"cannot reach {endpoint}",
-                       "check the network (or proxy) and aws.endpoint_url, then try again")
+        return failure(
+            Kind.NO_ANSWER,
+            f"cannot reach {endpoint}",
+            "check the network (or proxy) and aws.endpoint_url, then try again",
+        )
     return failure(Kind.FAILED, f"the AWS call failed ({type(e).__name__})", f"{e}; run with -v for the whole error")
 
 

@@ -22,8 +22,12 @@ class ImdsError(Exception):
 
 
 class Imds:
-    def __init__(self, base_url: str = "http://169.254.169.254", timeout_s: float = 2.0,
-                 monotonic: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        base_url: str = "http://169.254.169.254",
+        timeout_s: float = 2.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         self.base = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._monotonic = monotonic
@@ -41,8 +45,11 @@ class Imds:
 
     def token(self) -> str:
         if self._token is None or self._monotonic() >= self._token_until:
-            req = urllib.request.Request(f"{self.base}/latest/api/token", method="PUT",
-                                         headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
+            req = urllib.request.Request(
+                f"{self.base}/latest/api/token",
+                method="PUT",
+                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)},
+            )
             try:
                 self._token = self._request(req)
             except urllib.error.HTTPError as e:
@@ -53,8 +60,9 @@ class Imds:
     def get(self, path: str) -> str | None:
         """The value at /latest/<path>, or None if it does not exist (404)."""
         for retry in (False, True):
-            req = urllib.request.Request(f"{self.base}/latest/{path.lstrip('/')}",
-                                         headers={"X-aws-ec2-metadata-token": self.token()})
+            req = urllib.request.Request(
+                f"{self.base}/latest/{path.lstrip('/')}", headers={"X-aws-ec2-metadata-token": self.token()}
+            )
             try:
                 return self._request(req)
             except urllib.error.HTTPError as e:

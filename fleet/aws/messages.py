@@ -65,8 +65,10 @@ def group_id(run_id: str, site: str) -> str:
 
 
 def fifo_fields(run_id: str, site: str, attempt: int, given_back: int = 0) -> dict[str, str]:
-    return {"MessageGroupId": group_id(run_id, site),
-            "MessageDeduplicationId": dedup_id(run_id, site, attempt, given_back)}
+    return {
+        "MessageGroupId": group_id(run_id, site),
+        "MessageDeduplicationId": dedup_id(run_id, site, attempt, given_back),
+    }
 
 
 def encode(run_id: str, site: str, attempt: int) -> str:
@@ -76,8 +78,9 @@ def encode(run_id: str, site: str, attempt: int) -> str:
 def decode(body: str, receipt: str, message_id: str, receive_count: int) -> SiteMessage | BadMessage:
     try:
         data = json.loads(body)
-        msg = SiteMessage(str(data["run_id"]), str(data["site"]), int(data["attempt"]), receipt, message_id,
-                          receive_count)
+        msg = SiteMessage(
+            str(data["run_id"]), str(data["site"]), int(data["attempt"]), receipt, message_id, receive_count
+        )
     except (ValueError, KeyError, TypeError) as e:
         return BadMessage(body[:200], receipt, message_id, receive_count, f"not a site message: {e}")
     if msg.attempt < 1:

@@ -42,14 +42,22 @@ class JobStats:
             self.errors[error_type] = self.errors.get(error_type, 0) + 1
 
     def to_plain(self) -> dict[str, Any]:
-        return {"completed": self.completed, "seconds_sum": round(self.seconds_sum, 3), "timed": self.timed,
-                "errors": dict(self.errors)}
+        return {
+            "completed": self.completed,
+            "seconds_sum": round(self.seconds_sum, 3),
+            "timed": self.timed,
+            "errors": dict(self.errors),
+        }
 
     @classmethod
     def from_plain(cls, d: Mapping[str, Any] | None) -> JobStats:
         d = d or {}
-        return cls(int(d.get("completed", 0)), float(d.get("seconds_sum", 0.0)), int(d.get("timed", 0)),
-                   {str(k): int(v) for k, v in (d.get("errors") or {}).items()})
+        return cls(
+            int(d.get("completed", 0)),
+            float(d.get("seconds_sum", 0.0)),
+            int(d.get("timed", 0)),
+            {str(k): int(v) for k, v in (d.get("errors") or {}).items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -60,8 +68,7 @@ class Datum:
     dims: tuple[tuple[str, str], ...] = ()
 
     def to_api(self, ts: float) -> dict[str, Any]:
-        d: dict[str, Any] = {"MetricName": self.name, "Value": float(self.value), "Unit": self.unit,
-                             "Timestamp": ts}
+        d: dict[str, Any] = {"MetricName": self.name, "Value": float(self.value), "Unit": self.unit, "Timestamp": ts}
         if self.dims:
             d["Dimensions"] = [{"Name": k, "Value": v} for k, v in self.dims]
         return d
@@ -86,7 +93,7 @@ class CloudWatchSink:
         if self.client is None:
             return
         ts = self._now()
-        for d in ([data] if isinstance(data, Datum) else data):
+        for d in [data] if isinstance(data, Datum) else data:
             self._buffer.append(d.to_api(ts))
 
     def flush(self) -> int:
@@ -96,14 +103,15 @@ class CloudWatchSink:
         pending, self._buffer = self._buffer, []
         sent = 0
         for i in range(0, len(pending), BATCH):
-            chunk = pending[i:i + BATCH]
+            chunk = pending[i : i + BATCH]
             try:
                 self.client.put_metric_data(Namespace=self.namespace, MetricData=chunk)
                 sent += len(chunk)
             except Exception as e:  # noqa: BLE001 - metrics are a report, never a reason to stop
                 self.dropped += len(chunk)
-                log.warning("metrics-dropped namespace=%s data=%d error=%s: %s", self.namespace, len(chunk),
-                            type(e).__name__, e)
+                log.warning(
+                    "metrics-dropped namespace=%s data=%d error=%s: %s", self.namespace, len(chunk), type(e).__name__, e
+                )
         self.sent += sent
         return sent
 

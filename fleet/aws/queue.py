@@ -35,8 +35,17 @@ from fleet.aws.messages import (  # re-exported: the queue's users take its mess
 from fleet.errors import MissingResource
 
 __all__ = [
-    "DEDUP_WINDOW_S", "BadMessage", "QueueDepth", "SiteMessage", "SiteQueue", "SqsSiteQueue", "decode", "dedup_id",
-    "encode", "fifo_fields", "group_id",
+    "DEDUP_WINDOW_S",
+    "BadMessage",
+    "QueueDepth",
+    "SiteMessage",
+    "SiteQueue",
+    "SqsSiteQueue",
+    "decode",
+    "dedup_id",
+    "encode",
+    "fifo_fields",
+    "group_id",
 ]
 
 
@@ -98,8 +107,11 @@ class SqsSiteQueue:
 
     def receive(self, wait_s: float, visibility_s: float) -> SiteMessage | BadMessage | None:
         out = self._c.receive_message(
-            QueueUrl=self.url, MaxNumberOfMessages=1, WaitTimeSeconds=int(max(0, min(20, wait_s))),
-            VisibilityTimeout=int(visibility_s), MessageSystemAttributeNames=["ApproximateReceiveCount"],
+            QueueUrl=self.url,
+            MaxNumberOfMessages=1,
+            WaitTimeSeconds=int(max(0, min(20, wait_s))),
+            VisibilityTimeout=int(visibility_s),
+            MessageSystemAttributeNames=["ApproximateReceiveCount"],
         )
         msgs = out.get("Messages", [])
         if not msgs:
@@ -121,8 +133,9 @@ class SqsSiteQueue:
 
     def set_visibility(self, msg: SiteMessage | BadMessage, seconds: float) -> None:
         try:
-            self._c.change_message_visibility(QueueUrl=self.url, ReceiptHandle=msg.receipt,
-                                              VisibilityTimeout=int(max(0, seconds)))
+            self._c.change_message_visibility(
+                QueueUrl=self.url, ReceiptHandle=msg.receipt, VisibilityTimeout=int(max(0, seconds))
+            )
         except ClientError as e:
             if error_code(e) not in ("ReceiptHandleIsInvalid", "InvalidParameterValue", "MessageNotInflight"):
                 raise
@@ -132,8 +145,13 @@ class SqsSiteQueue:
         url = self.dlq_url if dlq else self.url
         seen: dict[str, SiteMessage | BadMessage] = {}
         for _ in range(max(1, limit // 10) + 2):
-            out = self._c.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0,
-                                          VisibilityTimeout=0, MessageSystemAttributeNames=["ApproximateReceiveCount"])
+            out = self._c.receive_message(
+                QueueUrl=url,
+                MaxNumberOfMessages=10,
+                WaitTimeSeconds=0,
+                VisibilityTimeout=0,
+                MessageSystemAttributeNames=["ApproximateReceiveCount"],
+            )
             new = [m for m in out.get("Messages", []) if m.get("MessageId") not in seen]
             if not new:
                 break

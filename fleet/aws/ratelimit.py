@@ -146,7 +146,8 @@ class DynamoRateLimiter(_Waiting):
         """The slot after the last one taken, if the group is busy; None if it is idle."""
         try:
             out = self._c.update_item(
-                TableName=self.name, Key=self._key(group),
+                TableName=self.name,
+                Key=self._key(group),
                 UpdateExpression="SET next_at = next_at + :spacing",
                 ConditionExpression="next_at > :now",
                 ExpressionAttributeValues={":spacing": _n(step), ":now": _n(now)},
@@ -162,7 +163,8 @@ class DynamoRateLimiter(_Waiting):
         """`now`, if the group is idle (no item, or its next slot has passed); None if it is busy."""
         try:
             self._c.update_item(
-                TableName=self.name, Key=self._key(group),
+                TableName=self.name,
+                Key=self._key(group),
                 UpdateExpression="SET next_at = :next",
                 ConditionExpression="attribute_not_exists(next_at) OR next_at <= :now",
                 ExpressionAttributeValues={":next": _n(now + step), ":now": _n(now)},

@@ -77,8 +77,14 @@ class S3ResultStore:
     def put_new(self, key: str, body: bytes) -> bool:
         """Write `body` unless the key exists; True if this call wrote it."""
         try:
-            self._c.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*",
-                               ContentType="application/json", Tagging=RESULT_TAG)
+            self._c.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=body,
+                IfNoneMatch="*",
+                ContentType="application/json",
+                Tagging=RESULT_TAG,
+            )
             return True
         except ClientError as e:
             if error_code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
@@ -92,8 +98,9 @@ class S3ResultStore:
         if not self.exists(key):
             return None
         new = aside_key(key, suffix)
-        self._c.copy_object(Bucket=self.bucket, Key=new, CopySource={"Bucket": self.bucket, "Key": key},
-                            TaggingDirective="COPY")
+        self._c.copy_object(
+            Bucket=self.bucket, Key=new, CopySource={"Bucket": self.bucket, "Key": key}, TaggingDirective="COPY"
+        )
         self._c.delete_object(Bucket=self.bucket, Key=key)
         return new
 

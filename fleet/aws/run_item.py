@@ -58,11 +58,21 @@ class RunWatch:
 
 
 #: Field name -> the run item's attribute.
-RUN_ATTRS = {"status": "status", "hub_id": "hub_id", "hub_heartbeat": "hub_heartbeat",
-             "finished_at": "finished_at", "expire_at": "expireAt", "deadline_at": "deadline_at",
-             "launch_failures": "launch_failures", "launch_error": "launch_error",
-             "launch_retry_at": "launch_retry_at", "reruns": "reruns",
-             "seen_hb": "watch_hb", "seen_since": "watch_since", "restart_at": "watch_restart_at"}
+RUN_ATTRS = {
+    "status": "status",
+    "hub_id": "hub_id",
+    "hub_heartbeat": "hub_heartbeat",
+    "finished_at": "finished_at",
+    "expire_at": "expireAt",
+    "deadline_at": "deadline_at",
+    "launch_failures": "launch_failures",
+    "launch_error": "launch_error",
+    "launch_retry_at": "launch_retry_at",
+    "reruns": "reruns",
+    "seen_hb": "watch_hb",
+    "seen_since": "watch_since",
+    "restart_at": "watch_restart_at",
+}
 HUB_STARTS = "hub_starts"
 
 
@@ -75,8 +85,13 @@ def run_value(v: Any) -> Any:
 
 def item_to_watch(item: Mapping[str, Any]) -> RunWatch:
     since, restart = item.get(RUN_ATTRS["seen_since"]), item.get(RUN_ATTRS["restart_at"])
-    return RunWatch(item_to_run(item), item.get(RUN_ATTRS["seen_hb"]), None if since is None else float(since),
-                    None if restart is None else float(restart), int(item.get(HUB_STARTS, 0)))
+    return RunWatch(
+        item_to_run(item),
+        item.get(RUN_ATTRS["seen_hb"]),
+        None if since is None else float(since),
+        None if restart is None else float(restart),
+        int(item.get(HUB_STARTS, 0)),
+    )
 
 
 def assignments(fields: Mapping[str, Any], names: dict[str, str], values: dict[str, Any]) -> str:

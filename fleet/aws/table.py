@@ -142,7 +142,8 @@ class DynamoStateTable:
     def create_site(self, rec: SiteRecord) -> bool:
         try:
             self._c.put_item(
-                TableName=self.name, Item=self._enc(site_to_item(rec)),
+                TableName=self.name,
+                Item=self._enc(site_to_item(rec)),
                 ConditionExpression="attribute_not_exists(Site)",
             )
             return True
@@ -176,8 +177,11 @@ class DynamoStateTable:
             expr += (" " if expr else "") + "REMOVE " + ", ".join(rm)
         try:
             self._c.update_item(
-                TableName=self.name, Key=self._key(old.run_id, old.site), UpdateExpression=expr,
-                ConditionExpression=cond, ExpressionAttributeNames=names,
+                TableName=self.name,
+                Key=self._key(old.run_id, old.site),
+                UpdateExpression=expr,
+                ConditionExpression=cond,
+                ExpressionAttributeNames=names,
                 ExpressionAttributeValues=self._enc(values),
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -218,32 +222,43 @@ class DynamoStateTable:
         """
         if self._has_open_index is not False:
             try:
-                items = list(self._pages(
-                    IndexName=OPEN_INDEX, KeyConditionExpression="run_id = :r",
-                    ExpressionAttributeValues={":r": {"S": run_id}},
-                    ProjectionExpression=", ".join(f"#a{i}" for i in range(len(STAMP_ATTRS) + 1)),
-                    ExpressionAttributeNames={f"#a{i}": a for i, a in enumerate(("Site",) + STAMP_ATTRS)},
-                ))
+                items = list(
+                    self._pages(
+                        IndexName=OPEN_INDEX,
+                        KeyConditionExpression="run_id = :r",
+                        ExpressionAttributeValues={":r": {"S": run_id}},
+                        ProjectionExpression=", ".join(f"#a{i}" for i in range(len(STAMP_ATTRS) + 1)),
+                        ExpressionAttributeNames={f"#a{i}": a for i, a in enumerate(("Site",) + STAMP_ATTRS)},
+                    )
+                )
             except ClientError as e:
                 if not self._is_missing_index(e):
                     raise
                 self._has_open_index = False
-                log.warning("DynamoDB table %r has no index %r: each read of the open sites reads the whole run; "
-                            "recreate the table (`gridfleet aws bootstrap`, or infra/terraform) for the cheaper read",
-                            self.name, OPEN_INDEX)
+                log.warning(
+                    "DynamoDB table %r has no index %r: each read of the open sites reads the whole run; "
+                    "recreate the table (`gridfleet aws bootstrap`, or infra/terraform) for the cheaper read",
+                    self.name,
+                    OPEN_INDEX,
+                )
             else:
                 self._has_open_index = True
                 return {i["Site"]: item_stamp(i) for i in items}
-        return {i["Site"]: item_stamp(i) for i in self._query(run_id)
-                if not str(i["Site"]).startswith("#") and OPEN_ATTR in i}
+        return {
+            i["Site"]: item_stamp(i)
+            for i in self._query(run_id)
+            if not str(i["Site"]).startswith("#") and OPEN_ATTR in i
+        }
 
     @staticmethod
     def _is_missing_index(e: ClientError) -> bool:
         """A Query naming an index the table does not have. DynamoDB answers ValidationException ("The table
         does not have the specified index"); moto answers ResourceNotFoundException ("Invalid index")."""
         err = e.response.get("Error", {})
-        return err.get("Code") in ("ValidationException", "ResourceNotFoundException") and \
-            "index" in str(err.get("Message", "")).lower()
+        return (
+            err.get("Code") in ("ValidationException", "ResourceNotFoundException")
+            and "index" in str(err.get("Message", "")).lower()
+        )
 
     def get_sites(self, run_id: str, sites: Iterable[str]) -> list[SiteRecord]:
         """The records of `sites` (strongly consistent), in the order given; unknown sites are left out."""
@@ -251,7 +266,7 @@ class DynamoStateTable:
         found: dict[str, SiteRecord] = {}
         unique = list(dict.fromkeys(names))  # a BatchGetItem refuses a key twice
         for start in range(0, len(unique), self.BATCH_GET_MAX):
-            keys = [self._key(run_id, s) for s in unique[start:start + self.BATCH_GET_MAX]]
+            keys = [self._key(run_id, s) for s in unique[start : start + self.BATCH_GET_MAX]]
             for item in self._batch_get(keys):
                 rec = item_to_site(self._dec(item))
                 found[rec.site] = rec
@@ -263,15 +278,17 @@ class DynamoStateTable:
         unique = list(dict.fromkeys(sites))
         out: dict[str, tuple[str, ...]] = {}
         for start in range(0, len(unique), self.BATCH_GET_MAX):
-            keys = [self._key(MARKS_PARTITION, s) for s in unique[start:start + self.BATCH_GET_MAX]]
+            keys = [self._key(MARKS_PARTITION, s) for s in unique[start : start + self.BATCH_GET_MAX]]
             for item in self._batch_get(keys):
                 i = self._dec(item)
                 out[i["Site"]] = tuple(i.get("mark") or ())
         return out
 
     def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None:
-        self._c.put_item(TableName=self.name, Item=self._enc(
-            {"run_id": MARKS_PARTITION, "Site": site, "mark": list(mark), "run": run_id, "at": num(at)}))
+        self._c.put_item(
+            TableName=self.name,
+            Item=self._enc({"run_id": MARKS_PARTITION, "Site": site, "mark": list(mark), "run": run_id, "at": num(at)}),
+        )
 
     def _batch_get(self, keys: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """The items of up to 100 keys, retrying the keys DynamoDB leaves unprocessed (throttling, 16 MB)."""
@@ -283,26 +300,33 @@ class DynamoStateTable:
             keys = ((out.get("UnprocessedKeys") or {}).get(self.name) or {}).get("Keys") or []
             if not keys:
                 return
-        raise GridfleetError(f"DynamoDB table {self.name!r}: {len(keys)} keys still unprocessed after "
-                             f"{self.BATCH_GET_ROUNDS} retries of BatchGetItem (throttled?)")
+        raise GridfleetError(
+            f"DynamoDB table {self.name!r}: {len(keys)} keys still unprocessed after "
+            f"{self.BATCH_GET_ROUNDS} retries of BatchGetItem (throttled?)"
+        )
 
     def read_nodes(self, run_id: str) -> list[NodeInfo]:
         """The run's node items, by key."""
-        items = self._pages(KeyConditionExpression="run_id = :r AND begins_with(#k, :p)",
-                            ExpressionAttributeNames={"#k": "Site"},
-                            ExpressionAttributeValues={":r": {"S": run_id}, ":p": {"S": NODE_PREFIX}})
+        items = self._pages(
+            KeyConditionExpression="run_id = :r AND begins_with(#k, :p)",
+            ExpressionAttributeNames={"#k": "Site"},
+            ExpressionAttributeValues={":r": {"S": run_id}, ":p": {"S": NODE_PREFIX}},
+        )
         return [item_to_node(i) for i in sorted(items, key=lambda i: i["Site"])]
 
     def create_run(self, run: RunInfo) -> bool:
         try:
-            self._c.put_item(TableName=self.name, Item=self._enc(run_to_item(run)),
-                             ConditionExpression="attribute_not_exists(Site)")
+            self._c.put_item(
+                TableName=self.name, Item=self._enc(run_to_item(run)), ConditionExpression="attribute_not_exists(Site)"
+            )
         except ClientError as e:
             if error_code(e) == "ConditionalCheckFailedException":
                 return False
             raise
-        self._c.put_item(TableName=self.name, Item=self._enc(
-            {"run_id": RUNS_PARTITION, "Site": run.run_id, "started_at": num(run.started_at)}))
+        self._c.put_item(
+            TableName=self.name,
+            Item=self._enc({"run_id": RUNS_PARTITION, "Site": run.run_id, "started_at": num(run.started_at)}),
+        )
         return True
 
     def get_run(self, run_id: str) -> RunInfo | None:
@@ -314,9 +338,14 @@ class DynamoStateTable:
         names: dict[str, str] = {}
         values: dict[str, Any] = {}
         update = run_item.assignments(fields, names, values)
-        self._c.update_item(TableName=self.name, Key=self._key(run_id, RUN_ITEM), UpdateExpression=update,
-                            ConditionExpression="attribute_exists(Site)", ExpressionAttributeNames=names,
-                            **({"ExpressionAttributeValues": self._enc(values)} if values else {}))
+        self._c.update_item(
+            TableName=self.name,
+            Key=self._key(run_id, RUN_ITEM),
+            UpdateExpression=update,
+            ConditionExpression="attribute_exists(Site)",
+            ExpressionAttributeNames=names,
+            **({"ExpressionAttributeValues": self._enc(values)} if values else {}),
+        )
 
     # --- the watchdog's bookkeeping on the run item ------------------------------------
     def get_run_watch(self, run_id: str) -> RunWatch | None:
@@ -333,15 +362,23 @@ class DynamoStateTable:
         names: dict[str, str] = {}
         values: dict[str, Any] = {}
         update, cond = run_item.assignments(fields, names, values), run_item.expectations(expect, names, values)
-        return self._update_if(run_id, UpdateExpression=update, ConditionExpression=cond,
-                               ExpressionAttributeNames=names,
-                               **({"ExpressionAttributeValues": self._enc(values)} if values else {}))
+        return self._update_if(
+            run_id,
+            UpdateExpression=update,
+            ConditionExpression=cond,
+            ExpressionAttributeNames=names,
+            **({"ExpressionAttributeValues": self._enc(values)} if values else {}),
+        )
 
     def add_hub_start(self, run_id: str) -> None:
         """Count a hub started for the run (nothing while the run has no item yet: its hub creates it)."""
-        self._update_if(run_id, UpdateExpression="ADD #n :one", ConditionExpression="attribute_exists(Site)",
-                        ExpressionAttributeNames={"#n": run_item.HUB_STARTS},
-                        ExpressionAttributeValues={":one": {"N": "1"}})
+        self._update_if(
+            run_id,
+            UpdateExpression="ADD #n :one",
+            ConditionExpression="attribute_exists(Site)",
+            ExpressionAttributeNames={"#n": run_item.HUB_STARTS},
+            ExpressionAttributeValues={":one": {"N": "1"}},
+        )
 
     def _update_if(self, run_id: str, **kwargs: Any) -> bool:
         """An UpdateItem of the run item; False when its condition does not hold."""
@@ -355,8 +392,11 @@ class DynamoStateTable:
 
     def add_launched(self, run_id: str, count: int) -> None:
         self._c.update_item(
-            TableName=self.name, Key=self._key(run_id, RUN_ITEM), UpdateExpression="ADD nodes_launched :n",
-            ConditionExpression="attribute_exists(Site)", ExpressionAttributeValues={":n": {"N": str(count)}},
+            TableName=self.name,
+            Key=self._key(run_id, RUN_ITEM),
+            UpdateExpression="ADD nodes_launched :n",
+            ConditionExpression="attribute_exists(Site)",
+            ExpressionAttributeValues={":n": {"N": str(count)}},
         )
 
     def put_node(self, node: NodeInfo) -> None:
@@ -366,7 +406,7 @@ class DynamoStateTable:
         """History lines need no condition (each has its own key): BatchWriteItem, 25 to a call."""
         items = [{"PutRequest": {"Item": self._enc(history_to_item(e))}} for e in events]
         for i in range(0, len(items), 25):
-            self._batch_write(items[i:i + 25])
+            self._batch_write(items[i : i + 25])
 
     def _batch_write(self, requests: list[dict[str, Any]]) -> None:
         """Up to 25 writes, retrying the ones DynamoDB leaves unprocessed (throttling)."""
@@ -377,8 +417,10 @@ class DynamoStateTable:
             requests = (out.get("UnprocessedItems") or {}).get(self.name) or []
             if not requests:
                 return
-        raise GridfleetError(f"DynamoDB table {self.name!r}: {len(requests)} writes still unprocessed after "
-                             f"{self.BATCH_GET_ROUNDS} retries of BatchWriteItem (throttled?)")
+        raise GridfleetError(
+            f"DynamoDB table {self.name!r}: {len(requests)} writes still unprocessed after "
+            f"{self.BATCH_GET_ROUNDS} retries of BatchWriteItem (throttled?)"
+        )
 
     def list_runs(self) -> list[RunIndexEntry]:
         out = [RunIndexEntry(i["Site"], float(i.get("started_at", 0))) for i in self._query(RUNS_PARTITION)]

@@ -26,12 +26,17 @@ ALL_STATES = ("pending", "running", "shutting-down", "stopping", "stopped", "ter
 
 def instance_tags(stack: str, run_id: str, role: str) -> list[dict[str, str]]:
     """The tags of an instance gridfleet starts (also its volumes')."""
-    return [{"Key": TAG_STACK, "Value": stack}, {"Key": TAG_RUN_ID, "Value": run_id},
-            {"Key": TAG_ROLE, "Value": role}, {"Key": "Name", "Value": f"{stack}-{role}-{run_id}"}]
+    return [
+        {"Key": TAG_STACK, "Value": stack},
+        {"Key": TAG_RUN_ID, "Value": run_id},
+        {"Key": TAG_ROLE, "Value": role},
+        {"Key": "Name", "Value": f"{stack}-{role}-{run_id}"},
+    ]
 
 
-def filters(stack: str, *, run_id: str | None = None, role: str | None = None,
-            states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+def filters(
+    stack: str, *, run_id: str | None = None, role: str | None = None, states: tuple[str, ...] | None = None
+) -> list[dict[str, Any]]:
     """DescribeInstances filters for the stack's instances, narrowed by run, role and state."""
     out: list[dict[str, Any]] = [{"Name": f"tag:{TAG_STACK}", "Values": [stack]}]
     if run_id is not None:

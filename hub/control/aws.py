@@ -28,9 +28,20 @@ from hub.control.ssh import (
 from hub.control.ssm import SsmControl
 
 __all__ = [
-    "DEFAULT_GRIDFLEET_BIN", "DEFAULT_STATE_DIR", "AcceptNewHostKeys", "ConsoleHostKeys", "HostKeyPolicy",
-    "LadderControl", "SshControl", "SsmControl", "console_text", "ec2_node_control", "host_key_policy",
-    "host_keys_from_console", "kill_command", "private_address",
+    "DEFAULT_GRIDFLEET_BIN",
+    "DEFAULT_STATE_DIR",
+    "AcceptNewHostKeys",
+    "ConsoleHostKeys",
+    "HostKeyPolicy",
+    "LadderControl",
+    "SshControl",
+    "SsmControl",
+    "console_text",
+    "ec2_node_control",
+    "host_key_policy",
+    "host_keys_from_console",
+    "kill_command",
+    "private_address",
 ]
 
 
@@ -69,11 +80,17 @@ def ec2_node_control(aws: AwsConfig, clients: Any, clock: Clock) -> LadderContro
     def command(site: str, attempt: int) -> str:
         return kill_command(site, attempt, gridfleet_bin=gridfleet_bin, state_dir=aws.state_dir)
 
-    rungs: list[NodeControl] = [SsmControl(clients.client("ssm"), clock, timeout_s=aws.ssm_timeout_s,
-                                           command=command)]
+    rungs: list[NodeControl] = [SsmControl(clients.client("ssm"), clock, timeout_s=aws.ssm_timeout_s, command=command)]
     if aws.ssh_key_path:
         ec2 = clients.client("ec2")
         ssh_command = command if aws.ssh_user == "root" else (lambda site, attempt: "sudo -n " + command(site, attempt))
-        rungs.append(SshControl(private_address(ec2), user=aws.ssh_user, key_path=aws.ssh_key_path,
-                                host_keys=host_key_policy(aws.ssh_host_keys, ec2), command=ssh_command))
+        rungs.append(
+            SshControl(
+                private_address(ec2),
+                user=aws.ssh_user,
+                key_path=aws.ssh_key_path,
+                host_keys=host_key_policy(aws.ssh_host_keys, ec2),
+                command=ssh_command,
+            )
+        )
     return LadderControl(rungs)

@@ -19,15 +19,23 @@ DEFAULT_STATE_DIR = "/var/lib/gridfleet"
 _DETAIL_TAIL = 300
 
 
-def kill_command(site: str, attempt: int, gridfleet_bin: str = DEFAULT_GRIDFLEET_BIN,
-                 state_dir: str = DEFAULT_STATE_DIR) -> str:
+def kill_command(
+    site: str, attempt: int, gridfleet_bin: str = DEFAULT_GRIDFLEET_BIN, state_dir: str = DEFAULT_STATE_DIR
+) -> str:
     """The shell command that ends the crawl of `site`, attempt `attempt`, on a node (exit 0: it no longer runs)."""
-    return " ".join([
-        shlex.quote(gridfleet_bin), "node", "kill",
-        "--state-dir", shlex.quote(state_dir),
-        "--site", shlex.quote(site),
-        "--attempt", shlex.quote(str(int(attempt))),
-    ])
+    return " ".join(
+        [
+            shlex.quote(gridfleet_bin),
+            "node",
+            "kill",
+            "--state-dir",
+            shlex.quote(state_dir),
+            "--site",
+            shlex.quote(site),
+            "--attempt",
+            shlex.quote(str(int(attempt))),
+        ]
+    )
 
 
 def output_tail(text: str | bytes | None, limit: int = _DETAIL_TAIL) -> str:

@@ -78,7 +78,7 @@ def _is_key_blob(token: str, key_type: str) -> bool:
     except (binascii.Error, ValueError):
         return False
     name = key_type.encode()
-    return raw[:4] == len(name).to_bytes(4, "big") and raw[4:4 + len(name)] == name
+    return raw[:4] == len(name).to_bytes(4, "big") and raw[4 : 4 + len(name)] == name
 
 
 def console_text(output: str | None) -> str:
@@ -114,10 +114,12 @@ class _ListedKeysOnly(paramiko.MissingHostKeyPolicy):
             return
         if not listed:
             raise paramiko.SSHException(
-                f"host key of {self.instance_id} cannot be verified: no SSH host keys in its EC2 console output")
+                f"host key of {self.instance_id} cannot be verified: no SSH host keys in its EC2 console output"
+            )
         raise paramiko.SSHException(
             f"host key {key.get_name()} {key.fingerprint} of {self.instance_id} at {hostname} is not among "
-            f"the {len(listed)} host keys in its EC2 console output")
+            f"the {len(listed)} host keys in its EC2 console output"
+        )
 
 
 class ConsoleHostKeys:
@@ -170,9 +172,17 @@ class SshControl:
 
     path = "ssh"
 
-    def __init__(self, address_of: Callable[[str], str | None], *, user: str, key_path: str,
-                 host_keys: HostKeyPolicy, port: int = 22, timeout_s: float = 20.0,
-                 command: Callable[[str, int], str] = kill_command):
+    def __init__(
+        self,
+        address_of: Callable[[str], str | None],
+        *,
+        user: str,
+        key_path: str,
+        host_keys: HostKeyPolicy,
+        port: int = 22,
+        timeout_s: float = 20.0,
+        command: Callable[[str, int], str] = kill_command,
+    ):
         self.address_of = address_of
         self.user = user
         self.key_path = key_path
@@ -193,10 +203,16 @@ class SshControl:
             key = paramiko.PKey.from_path(self.key_path)
             client.set_missing_host_key_policy(self.host_keys.for_instance(instance_id))
             client.connect(
-                address, port=self.port, username=self.user, pkey=key,
-                look_for_keys=False, allow_agent=False,
-                timeout=self.timeout_s, banner_timeout=self.timeout_s,
-                auth_timeout=self.timeout_s, channel_timeout=self.timeout_s,
+                address,
+                port=self.port,
+                username=self.user,
+                pkey=key,
+                look_for_keys=False,
+                allow_agent=False,
+                timeout=self.timeout_s,
+                banner_timeout=self.timeout_s,
+                auth_timeout=self.timeout_s,
+                channel_timeout=self.timeout_s,
             )
             status, out, err = self._run(client, self.command(site, attempt))
         except Exception as e:  # paramiko and socket errors, a bad key file: this rung failed, never raise

@@ -19,10 +19,18 @@ from hub.control.base import KillResult
 from hub.control.command import error_detail, kill_command, output_tail
 
 #: Command statuses (Status or StatusDetails of GetCommandInvocation) after which nothing more happens.
-SSM_FAILED_STATUSES = frozenset({
-    "Failed", "TimedOut", "Cancelled", "Cancelling", "Undeliverable", "Terminated",
-    "DeliveryTimedOut", "ExecutionTimedOut",
-})
+SSM_FAILED_STATUSES = frozenset(
+    {
+        "Failed",
+        "TimedOut",
+        "Cancelled",
+        "Cancelling",
+        "Undeliverable",
+        "Terminated",
+        "DeliveryTimedOut",
+        "ExecutionTimedOut",
+    }
+)
 #: Statuses of a command that has not finished yet.
 SSM_PENDING_STATUSES = frozenset({"Pending", "InProgress", "Delayed"})
 #: SendCommand's TimeoutSeconds (how long SSM tries to deliver the command) may not be lower than this.
@@ -34,8 +42,15 @@ class SsmControl:
 
     path = "ssm"
 
-    def __init__(self, ssm_client: Any, clock: Clock, *, timeout_s: float = 60.0, poll_s: float = 1.0,
-                 command: Callable[[str, int], str] = kill_command):
+    def __init__(
+        self,
+        ssm_client: Any,
+        clock: Clock,
+        *,
+        timeout_s: float = 60.0,
+        poll_s: float = 1.0,
+        command: Callable[[str, int], str] = kill_command,
+    ):
         self.ssm = ssm_client
         self.clock = clock
         self.timeout_s = timeout_s
@@ -94,8 +109,9 @@ class SsmControl:
                 break
             self.clock.sleep(min(self.poll_s, remaining))
         self._cancel(command_id, instance_id)
-        return KillResult(False, self.path,
-                          f"TimedOut: command {command_id} still {status} ({detail}) after {self.timeout_s:g}s")
+        return KillResult(
+            False, self.path, f"TimedOut: command {command_id} still {status} ({detail}) after {self.timeout_s:g}s"
+        )
 
     def _cancel(self, command_id: str, instance_id: str) -> None:
         """Best effort: a command that was never delivered should not run once the ladder has moved on."""

@@ -31,9 +31,22 @@ from hub.plan.start import missing_sites, run_date_for, seeding_order, spec_of, 
 from hub.snapshot import Snapshot
 
 __all__ = [
-    "BACKUP_GRACE_S", "BOOT_FAILED", "END_WAIT_S", "LAUNCH_BACKOFF_MAX_S", "LAUNCH_GIVE_UP", "NO_NODES_AFTER",
-    "drain_wait_s", "end_plan", "hang_after_s", "kill_ladder", "launch_backoff_s", "plan", "run_date_for",
-    "seeding_order", "spec_of", "teardown_request",
+    "BACKUP_GRACE_S",
+    "BOOT_FAILED",
+    "END_WAIT_S",
+    "LAUNCH_BACKOFF_MAX_S",
+    "LAUNCH_GIVE_UP",
+    "NO_NODES_AFTER",
+    "drain_wait_s",
+    "end_plan",
+    "hang_after_s",
+    "kill_ladder",
+    "launch_backoff_s",
+    "plan",
+    "run_date_for",
+    "seeding_order",
+    "spec_of",
+    "teardown_request",
 ]
 
 

@@ -56,13 +56,16 @@ def no_nodes_error(s: Snapshot) -> str | None:
         return None  # a node booted once: this run can run
     if s.run.launch_failures >= LAUNCH_GIVE_UP and not s.live_instances:
         return f"no node could be launched ({s.run.launch_failures} tries): {s.run.launch_error}"
-    never_booted = [i.id for i in s.instances.values()
-                    if not i.live and (i.id not in s.nodes or s.nodes[i.id].state == BOOT_FAILED)]
+    never_booted = [
+        i.id for i in s.instances.values() if not i.live and (i.id not in s.nodes or s.nodes[i.id].state == BOOT_FAILED)
+    ]
     if len(never_booted) < NO_NODES_AFTER:
         return None
     why = next((s.nodes[i].error for i in never_booted if i in s.nodes and s.nodes[i].error), None)
-    return (f"no node could start: {len(never_booted)} ended before their first heartbeat "
-            f"(e.g. {never_booted[0]}: {why or 'see its log'})")
+    return (
+        f"no node could start: {len(never_booted)} ended before their first heartbeat "
+        f"(e.g. {never_booted[0]}: {why or 'see its log'})"
+    )
 
 
 def ending_of(s: Snapshot, now: float, config: Config, open_count: int) -> Ending | None:

@@ -24,7 +24,7 @@ LAUNCH_BACKOFF_MAX_S = 60.0
 
 def launch_backoff_s(failures: int) -> float:
     """The wait before the next launch after `failures` launches in a row started nothing."""
-    return min(LAUNCH_BACKOFF_MAX_S, 2.0 ** failures)
+    return min(LAUNCH_BACKOFF_MAX_S, 2.0**failures)
 
 
 def silent_nodes(s: Snapshot, now: float, config: Config) -> tuple[list[str], float]:
@@ -58,15 +58,19 @@ def node_rules(s: Snapshot, now: float, config: Config) -> tuple[list[Action], l
     if beat_dead:
         actions.append(Terminate(beat_dead, "node-lost"))
     # A node that reported its bootstrap failed is terminated at once (it shuts itself down, too).
-    failed_boot = tuple(sorted(i.id for i in s.live_instances if getattr(s.nodes.get(i.id), "state", None)
-                               == BOOT_FAILED and i.id not in doomed))
+    failed_boot = tuple(
+        sorted(
+            i.id
+            for i in s.live_instances
+            if getattr(s.nodes.get(i.id), "state", None) == BOOT_FAILED and i.id not in doomed
+        )
+    )
     if failed_boot:
         actions.append(Terminate(failed_boot, "boot-failed"))
     return actions, doomed + list(failed_boot), wake
 
 
-def sizing(s: Snapshot, now: float, config: Config, doomed: list[str], open_count: int
-           ) -> tuple[list[Action], float]:
+def sizing(s: Snapshot, now: float, config: Config, doomed: list[str], open_count: int) -> tuple[list[Action], float]:
     """One node per open site (queued or running), between min_nodes and max_nodes. Nodes leave by themselves
     when the queue runs dry; nodes still booting beyond what the open sites need are not waited for."""
     live = len(s.live_instances) - len(doomed)
@@ -74,8 +78,11 @@ def sizing(s: Snapshot, now: float, config: Config, doomed: list[str], open_coun
     actions: list[Action] = []
     surplus = live - wanted
     if surplus > 0:
-        booting = sorted(i.id for i in s.live_instances if i.id not in doomed
-                         and (seen := s.obs.node_beat.get(i.id)) is not None and seen.value == NO_SIGN)
+        booting = sorted(
+            i.id
+            for i in s.live_instances
+            if i.id not in doomed and (seen := s.obs.node_beat.get(i.id)) is not None and seen.value == NO_SIGN
+        )
         if booting[:surplus]:
             actions.append(Terminate(tuple(booting[-surplus:]), "scale-in"))
     launch, wake = launch_rule(s, now, config, live, wanted)
@@ -95,5 +102,6 @@ def launch_rule(s: Snapshot, now: float, config: Config, live: int, wanted: int)
     if retry_at is not None and now < retry_at:
         return [], retry_at  # the last launch started nothing: wait out its backoff
     failures = run.launch_failures if run is not None else 0
-    return [Launch(min(wanted - live, room), target=wanted, failures=failures,
-                   backoff_s=launch_backoff_s(failures + 1))], math.inf
+    return [
+        Launch(min(wanted - live, room), target=wanted, failures=failures, backoff_s=launch_backoff_s(failures + 1))
+    ], math.inf

@@ -35,8 +35,14 @@ def run_date_for(run_id: str, now: float) -> str:
 def spec_of(site: SiteConfig, config: Config) -> SiteSpec:
     """What a node needs to crawl `site`, copied onto its record (a rate limit only if its group exists)."""
     limit = config.rate_limits.get(site.rate_limit) if site.rate_limit else None
-    return SiteSpec(site.start_url, site.crawler, dict(site.options), site.incremental,
-                    site.rate_limit if limit else None, limit.per_s if limit else None)
+    return SiteSpec(
+        site.start_url,
+        site.crawler,
+        dict(site.options),
+        site.incremental,
+        site.rate_limit if limit else None,
+        limit.per_s if limit else None,
+    )
 
 
 def seeding_order(sites: Seeds, expected: Mapping[str, float], order: str) -> Seeds:

@@ -28,11 +28,20 @@ from hub.snapshot import Instance
 log = logging.getLogger("gridfleet.hub")
 
 #: Errors that mean "not here, not now": try another type, subnet or market.
-CAPACITY_ERRORS = frozenset({
-    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity", "SpotMaxPriceTooLow",
-    "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported",
-    "InsufficientFreeAddressesInSubnet", "SpotCapacityNotAvailable",
-})
+CAPACITY_ERRORS = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientHostCapacity",
+        "SpotMaxPriceTooLow",
+        "MaxSpotInstanceCountExceeded",
+        "InstanceLimitExceeded",
+        "VcpuLimitExceeded",
+        "Unsupported",
+        "InsufficientFreeAddressesInSubnet",
+        "SpotCapacityNotAvailable",
+    }
+)
 
 SPOT_RECLAIMED = "Server.SpotInstanceTermination"  # EC2's StateReason of a reclaimed spot instance
 
@@ -56,8 +65,16 @@ class Ec2Provider:
                 for i in res.get("Instances", []):
                     tags = tags_of(i)
                     reason = i.get("StateReason", {}).get("Code", "")
-                    out.append(Instance(i["InstanceId"], i["State"]["Name"], tags.get(TAG_ROLE, self.role), tags,
-                                        i.get("InstanceType"), interrupted=reason == SPOT_RECLAIMED))
+                    out.append(
+                        Instance(
+                            i["InstanceId"],
+                            i["State"]["Name"],
+                            tags.get(TAG_ROLE, self.role),
+                            tags,
+                            i.get("InstanceType"),
+                            interrupted=reason == SPOT_RECLAIMED,
+                        )
+                    )
         return out
 
     def address_of(self, instance_id: str) -> str | None:
@@ -83,8 +100,9 @@ class Ec2Provider:
         subnets: list[str | None] = [*aws.subnet_ids] or [None]
         start = next(self._rotation) % len(subnets)  # spread launches over the subnets (AZs)
         subnets = subnets[start:] + subnets[:start]
-        markets = (["spot"] if fleet.spot else []) + (["on-demand"] if (not fleet.spot or fleet.on_demand_fallback)
-                                                        else [])
+        markets = (["spot"] if fleet.spot else []) + (
+            ["on-demand"] if (not fleet.spot or fleet.on_demand_fallback) else []
+        )
         launched: list[str] = []
         errors: list[str] = []
         remaining = count
@@ -96,15 +114,18 @@ class Ec2Provider:
                 ids = self._run(run_id, remaining, market, itype, subnet, token)
             except ClientError as e:
                 code = error_code(e) or "Error"
-                errors.append(f"{market} {itype} in {subnet or 'default subnet'}: {code}: "
-                              f"{e.response.get('Error', {}).get('Message', '')}")
+                errors.append(
+                    f"{market} {itype} in {subnet or 'default subnet'}: {code}: "
+                    f"{e.response.get('Error', {}).get('Message', '')}"
+                )
                 if code in CAPACITY_ERRORS:
                     continue
                 break  # a configuration or permission error: other types will not fare better
             launched.extend(ids)
             remaining -= len(ids)
-            log.info("ec2-launch run_id=%s market=%s type=%s subnet=%s count=%d", run_id, market, itype, subnet,
-                     len(ids))
+            log.info(
+                "ec2-launch run_id=%s market=%s type=%s subnet=%s count=%d", run_id, market, itype, subnet, len(ids)
+            )
         return LaunchResult(tuple(launched), tuple(errors))
 
     def _token(self, run_id: str, seen: int, market: str, itype: str, subnet: str | None) -> str:
@@ -112,17 +133,20 @@ class Ec2Provider:
         raw = f"{self.config.aws.stack}|{run_id}|{self.role}|{seen}|{market}|{itype}|{subnet}"
         return "gf-" + hashlib.sha256(raw.encode()).hexdigest()[:48]
 
-    def _run(self, run_id: str, count: int, market: str, itype: str, subnet: str | None,
-             token: str) -> builtins.list[str]:
+    def _run(
+        self, run_id: str, count: int, market: str, itype: str, subnet: str | None, token: str
+    ) -> builtins.list[str]:
         aws = self.config.aws
         tags = instance_tags(aws.stack, run_id, self.role)
         kwargs: dict[str, Any] = {
-            "MinCount": 1, "MaxCount": count, "InstanceType": itype, "ClientToken": token,
+            "MinCount": 1,
+            "MaxCount": count,
+            "InstanceType": itype,
+            "ClientToken": token,
             "UserData": self.user_data(run_id),
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
             "InstanceInitiatedShutdownBehavior": "terminate",
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
-                                  {"ResourceType": "volume", "Tags": tags}],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
         }
         if aws.node_launch_template:
             kwargs["LaunchTemplate"] = {"LaunchTemplateName": aws.node_launch_template}
@@ -137,15 +161,17 @@ class Ec2Provider:
         if aws.security_group_ids:
             kwargs["SecurityGroupIds"] = list(aws.security_group_ids)
         if market == "spot":
-            kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
-                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+            kwargs["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+            }
         out = self.ec2.run_instances(**kwargs)
         return [i["InstanceId"] for i in out.get("Instances", [])]
 
     # --- terminate -------------------------------------------------------------------
     def terminate(self, instance_ids: Sequence[str]) -> None:
         ids = list(dict.fromkeys(instance_ids))
-        for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+        for chunk in (ids[i : i + 500] for i in range(0, len(ids), 500)):
             try:
                 self.ec2.terminate_instances(InstanceIds=chunk)
             except ClientError as e:

@@ -30,8 +30,14 @@ NodeCommand = Callable[[str, str, Path], list[str]]  # (run_id, instance_id, ins
 
 
 class LocalProvider:
-    def __init__(self, instances_dir: Path, stack_id: str, node_command: NodeCommand, clock: Clock,
-                 extra_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        instances_dir: Path,
+        stack_id: str,
+        node_command: NodeCommand,
+        clock: Clock,
+        extra_env: dict[str, str] | None = None,
+    ):
         self.dir = instances_dir
         self.stack_id = stack_id
         self.node_command = node_command
@@ -70,23 +76,36 @@ class LocalProvider:
     # --- provider interface ---------------------------------------------------
     def list(self, run_id: str) -> list[Instance]:
         self._reap()
-        running = {p.markers.get("GRIDFLEET_INSTANCE"): p
-                   for p in procs.find(procs.scan(), GRIDFLEET_RUN=run_id, GRIDFLEET_STACK=self.stack_id)
-                   if p.markers.get("GRIDFLEET_ROLE") == "node"}
+        running = {
+            p.markers.get("GRIDFLEET_INSTANCE"): p
+            for p in procs.find(procs.scan(), GRIDFLEET_RUN=run_id, GRIDFLEET_STACK=self.stack_id)
+            if p.markers.get("GRIDFLEET_ROLE") == "node"
+        }
         out: list[Instance] = []
         for e in self.registry(run_id):
             # Right after the spawn the child may not show its markers yet (until its exec), so the registry's
             # own pid and start time count as well.
-            alive = e["id"] in running or (e.get("state") != "terminated" and e.get("pid") is not None
-                                           and procs.pid_alive(int(e["pid"]), e.get("start_ticks")))
-            state = "running" if alive else ("pending" if e.get("state") == "pending" and self._young(e)
-                                              else "terminated")
+            alive = e["id"] in running or (
+                e.get("state") != "terminated"
+                and e.get("pid") is not None
+                and procs.pid_alive(int(e["pid"]), e.get("start_ticks"))
+            )
+            state = (
+                "running" if alive else ("pending" if e.get("state") == "pending" and self._young(e) else "terminated")
+            )
             if state == "terminated" and e.get("state") != "terminated":
                 e["state"] = "terminated"
                 e["terminated_at"] = self.clock.now()
                 self._write(e)
-            out.append(Instance(e["id"], state, "node", {"gridfleet:run_id": run_id, "gridfleet:role": "node"},
-                                instance_type="local"))
+            out.append(
+                Instance(
+                    e["id"],
+                    state,
+                    "node",
+                    {"gridfleet:run_id": run_id, "gridfleet:role": "node"},
+                    instance_type="local",
+                )
+            )
         known = {i.id for i in out}
         for iid in running:
             if iid and iid not in known:  # spawned, but the registry write was lost: list it so it is not leaked
@@ -102,16 +121,27 @@ class LocalProvider:
         launched, errors = [], []
         for _ in range(count):
             iid = "i-local-" + secrets.token_hex(4)
-            entry = {"id": iid, "run_id": run_id, "role": "node", "state": "pending",
-                     "launched_at": self.clock.now(), "pid": None}
+            entry = {
+                "id": iid,
+                "run_id": run_id,
+                "role": "node",
+                "state": "pending",
+                "launched_at": self.clock.now(),
+                "pid": None,
+            }
             self._write(entry)  # before the spawn: a crash after it leaves a "pending" entry, never a ghost
             d = self.instance_dir(iid, run_id)
             try:
                 p = procs.spawn(
                     self.node_command(run_id, iid, d),
-                    markers={"GRIDFLEET_STACK": self.stack_id, "GRIDFLEET_RUN": run_id,
-                             "GRIDFLEET_INSTANCE": iid, "GRIDFLEET_ROLE": "node"},
-                    log_path=d / "node.log", extra_env=self.extra_env,
+                    markers={
+                        "GRIDFLEET_STACK": self.stack_id,
+                        "GRIDFLEET_RUN": run_id,
+                        "GRIDFLEET_INSTANCE": iid,
+                        "GRIDFLEET_ROLE": "node",
+                    },
+                    log_path=d / "node.log",
+                    extra_env=self.extra_env,
                 )
             except OSError as e:
                 entry["state"] = "terminated"
@@ -129,8 +159,15 @@ class LocalProvider:
         ids = set(instance_ids)
         if not ids:
             return
-        procs.kill_tree(lambda ps: [p for p in ps if p.alive and p.markers.get("GRIDFLEET_INSTANCE") in ids
-                                    and p.markers.get("GRIDFLEET_STACK") == self.stack_id])
+        procs.kill_tree(
+            lambda ps: [
+                p
+                for p in ps
+                if p.alive
+                and p.markers.get("GRIDFLEET_INSTANCE") in ids
+                and p.markers.get("GRIDFLEET_STACK") == self.stack_id
+            ]
+        )
         for iid in ids:
             e = self._read(self.instance_dir(iid) / "instance.json")
             if e and e.get("state") != "terminated":

@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from boto3.dynamodb.types import TypeDeserializer
 
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.aws.bootstrap import ensure_resources
-from fleet.clock import FakeClock
-from fleet.config import AwsConfig
 from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
+from fleet.aws.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
+from fleet.clock import FakeClock
+from fleet.config import AwsConfig
 
 REGION = "ap-northeast-2"
 BACKENDS = ("moto", "memory")
@@ -117,8 +118,7 @@ def _moto_backend(shared: AwsClients, make_config: Callable[..., AwsConfig]) -> 
         sqs.send_message(QueueUrl=queue.url, MessageBody=body)
 
     def raw_site(run_id: str, site: str) -> dict[str, Any] | None:
-        out = ddb.get_item(TableName=aws.table, Key={"run_id": {"S": run_id}, "Site": {"S": site}},
-                           ConsistentRead=True)
+        out = ddb.get_item(TableName=aws.table, Key={"run_id": {"S": run_id}, "Site": {"S": site}}, ConsistentRead=True)
         return {k: de.deserialize(v) for k, v in out["Item"].items()} if "Item" in out else None
 
     return Backend(

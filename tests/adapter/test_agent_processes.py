@@ -11,17 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from fleet import ops
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet import ops, procs
 from fleet.aws.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.queue import SqsSiteQueue
+from fleet.aws.results import S3ResultStore
+from fleet.aws.table import DynamoStateTable
 from fleet.clock import SystemClock
 from fleet.codec import RunInfo
 from fleet.config import AwsConfig
-from fleet import procs
-from fleet.aws.queue import SqsSiteQueue
-from fleet.aws.results import S3ResultStore
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
-from fleet.aws.table import DynamoStateTable
 from hub.control.local import LocalNodeControl
 from node.agent import Agent, AgentSettings
 from node.runner import ChildProcess
@@ -53,12 +52,29 @@ def world(moto_url, tmp_path, monkeypatch):
     w.tmp = tmp_path
 
     def agent(**kw):
-        settings = dict(run_id=RUN, instance_id="i-1", hang_after_s=1.0, heartbeat_interval_s=0.5, visibility_s=30,
-                        idle_exit_s=1.5, receive_wait_s=0, max_attempts=1, lock_timeout_s=1)
+        settings = dict(
+            run_id=RUN,
+            instance_id="i-1",
+            hang_after_s=1.0,
+            heartbeat_interval_s=0.5,
+            visibility_s=30,
+            idle_exit_s=1.5,
+            receive_wait_s=0,
+            max_attempts=1,
+            lock_timeout_s=1,
+        )
         settings.update(kw)
-        return Agent(AgentSettings(**settings), table=w.table, queue=w.queue, results=w.results,
-                     profiles=ProfileStore(tmp_path / "efs"), start_crawl=lambda job, log: ChildProcess(job, log),
-                     cleanup=lambda *a: None, clock=SystemClock(), state_dir=w.state_dir)
+        return Agent(
+            AgentSettings(**settings),
+            table=w.table,
+            queue=w.queue,
+            results=w.results,
+            profiles=ProfileStore(tmp_path / "efs"),
+            start_crawl=lambda job, log: ChildProcess(job, log),
+            cleanup=lambda *a: None,
+            clock=SystemClock(),
+            state_dir=w.state_dir,
+        )
 
     def seed(site, crawler, **options):
         rec = ops.new_site(RUN, site, SiteSpec("http://x.test/", crawler, options), None)
@@ -102,8 +118,11 @@ def test_the_hubs_local_kill_reaches_the_crawler_and_the_agent_stands_down(world
     agent = world.agent(node_watchdog=False, hang_after_s=600, max_attempts=3)
     stack_id = "test-" + uuid.uuid4().hex[:6]
     # The agent runs in this test process; a marked stand-in tells the control that instance i-1 is up.
-    marker = procs.spawn([sys.executable, "-c", "import time; time.sleep(120)"], log_path=world.tmp / "m.log",
-                         markers={"GRIDFLEET_INSTANCE": "i-1", "GRIDFLEET_STACK": stack_id})
+    marker = procs.spawn(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        log_path=world.tmp / "m.log",
+        markers={"GRIDFLEET_INSTANCE": "i-1", "GRIDFLEET_STACK": stack_id},
+    )
     done = threading.Event()
     thread = threading.Thread(target=lambda: (agent.run(), done.set()), daemon=True)
     try:

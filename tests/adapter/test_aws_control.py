@@ -48,10 +48,13 @@ def client_error(code: str, message: str = "", op: str = "SendCommand") -> Clien
 
 def test_kill_command_quotes_every_value():
     cmd = kill_command("a site; rm -rf /", 3, gridfleet_bin="/opt/grid fleet/gridfleet", state_dir="/var/$HOME")
-    assert cmd == ("'/opt/grid fleet/gridfleet' node kill --state-dir '/var/$HOME' "
-                   "--site 'a site; rm -rf /' --attempt 3")
-    assert kill_command("s1", 2) == "/opt/gridfleet/venv/bin/gridfleet node kill --state-dir /var/lib/gridfleet " \
-                                    "--site s1 --attempt 2"
+    assert cmd == (
+        "'/opt/grid fleet/gridfleet' node kill --state-dir '/var/$HOME' --site 'a site; rm -rf /' --attempt 3"
+    )
+    assert (
+        kill_command("s1", 2) == "/opt/gridfleet/venv/bin/gridfleet node kill --state-dir /var/lib/gridfleet "
+        "--site s1 --attempt 2"
+    )
 
 
 # --------------------------------------------------------------------------- SSM under moto
@@ -125,8 +128,14 @@ class FakeSsm:
             raise head
         if isinstance(head, str):
             head = {"Status": head, "StatusDetails": head}
-        return {"CommandId": CommandId, "InstanceId": InstanceId, "StandardOutputContent": "",
-                "StandardErrorContent": "", "ResponseCode": -1, **head}
+        return {
+            "CommandId": CommandId,
+            "InstanceId": InstanceId,
+            "StandardOutputContent": "",
+            "StandardErrorContent": "",
+            "ResponseCode": -1,
+            **head,
+        }
 
     def cancel_command(self, CommandId: str, InstanceIds: list[str]) -> dict:
         self.cancelled.append(CommandId)
@@ -149,16 +158,31 @@ def test_ssm_throttling_left_after_retries_is_a_failure():
 
 
 def test_ssm_failed_command_reports_status_exit_code_and_output():
-    ssm = FakeSsm([{"Status": "Failed", "StatusDetails": "Failed", "ResponseCode": 1,
-                    "StandardOutputContent": "failed: crawler survived SIGKILL\n"}])
+    ssm = FakeSsm(
+        [
+            {
+                "Status": "Failed",
+                "StatusDetails": "Failed",
+                "ResponseCode": 1,
+                "StandardOutputContent": "failed: crawler survived SIGKILL\n",
+            }
+        ]
+    )
     result = SsmControl(ssm, FakeClock()).kill("i-1", "s", 1)
     assert not result.ok and result.path == "ssm"
     assert result.detail.startswith("Failed: ") and "exit status 1" in result.detail
     assert "crawler survived SIGKILL" in result.detail
 
 
-@pytest.mark.parametrize("status,details", [("TimedOut", "DeliveryTimedOut"), ("Cancelled", "Cancelled"),
-                                            ("Failed", "Undeliverable"), ("TimedOut", "ExecutionTimedOut")])
+@pytest.mark.parametrize(
+    "status,details",
+    [
+        ("TimedOut", "DeliveryTimedOut"),
+        ("Cancelled", "Cancelled"),
+        ("Failed", "Undeliverable"),
+        ("TimedOut", "ExecutionTimedOut"),
+    ],
+)
 def test_ssm_terminal_failures(status, details):
     ssm = FakeSsm([{"Status": status, "StatusDetails": details}])
     result = SsmControl(ssm, FakeClock()).kill("i-1", "s", 1)
@@ -200,7 +224,6 @@ def test_ssm_never_registered_times_out():
 # --------------------------------------------------------------------------- host keys from the console
 
 
-
 def ed25519_blob(seed: int) -> str:
     name = b"ssh-ed25519"
     raw = len(name).to_bytes(4, "big") + name + (32).to_bytes(4, "big") + bytes([seed]) * 32
@@ -208,17 +231,19 @@ def ed25519_blob(seed: int) -> str:
 
 
 def console(*key_lines: str, noise: str = "[   11.2] cloud-init[812]: Cloud-init v. 24.1 finished") -> str:
-    return "\n".join([
-        "[    0.000000] Linux version 6.1.0-28-cloud-amd64",
-        "-----BEGIN SSH HOST KEY FINGERPRINTS-----",
-        "256 SHA256:abc root@ip-10-0-1-5 (ED25519)",
-        "-----END SSH HOST KEY FINGERPRINTS-----",
-        "-----BEGIN SSH HOST KEY KEYS-----",
-        *key_lines,
-        "-----END SSH HOST KEY KEYS-----",
-        noise,
-        "",
-    ])
+    return "\n".join(
+        [
+            "[    0.000000] Linux version 6.1.0-28-cloud-amd64",
+            "-----BEGIN SSH HOST KEY FINGERPRINTS-----",
+            "256 SHA256:abc root@ip-10-0-1-5 (ED25519)",
+            "-----END SSH HOST KEY FINGERPRINTS-----",
+            "-----BEGIN SSH HOST KEY KEYS-----",
+            *key_lines,
+            "-----END SSH HOST KEY KEYS-----",
+            noise,
+            "",
+        ]
+    )
 
 
 def test_host_keys_from_console_reads_only_the_keys_block():
@@ -309,8 +334,9 @@ class StandIn:
 
     def __init__(self, workdir: Path):
         pid_file = workdir / "child.pid"
-        self.proc = subprocess.Popen([sys.executable, "-c", STAND_IN, str(pid_file)], start_new_session=True,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", STAND_IN, str(pid_file)], start_new_session=True, stdin=subprocess.DEVNULL
+        )
         self.pid = self.proc.pid
         self.child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text()))
 
@@ -352,14 +378,23 @@ def crawl(tmp_path, state_dir):
         stand_in.stop()
 
 
-def ssh_control(sshd: Sshd, state_dir: Path, *, host_keys=None, port: int | None = None, command=None,
-                timeout_s: float = 10.0) -> SshControl:
+def ssh_control(
+    sshd: Sshd, state_dir: Path, *, host_keys=None, port: int | None = None, command=None, timeout_s: float = 10.0
+) -> SshControl:
     if command is None:
+
         def command(site: str, attempt: int) -> str:
             return kill_command(site, attempt, gridfleet_bin=GRIDFLEET, state_dir=str(state_dir))
-    return SshControl(lambda iid: "127.0.0.1", user="root", key_path=str(sshd.client_key),
-                      host_keys=host_keys or AcceptNewHostKeys(), port=port or sshd.port, timeout_s=timeout_s,
-                      command=command)
+
+    return SshControl(
+        lambda iid: "127.0.0.1",
+        user="root",
+        key_path=str(sshd.client_key),
+        host_keys=host_keys or AcceptNewHostKeys(),
+        port=port or sshd.port,
+        timeout_s=timeout_s,
+        command=command,
+    )
 
 
 def test_ssh_kills_the_crawl_and_its_children(sshd, state_dir, crawl):
@@ -431,8 +466,9 @@ def test_ssh_command_that_hangs_times_out(sshd, state_dir, tmp_path):
     pid_file = tmp_path / "hang.pid"
     started = time.monotonic()
     try:
-        result = ssh_control(sshd, state_dir, command=lambda s, a: f"echo $$ > {pid_file}; exec sleep 30",
-                             timeout_s=1).kill("i-1", "s", 1)
+        result = ssh_control(
+            sshd, state_dir, command=lambda s, a: f"echo $$ > {pid_file}; exec sleep 30", timeout_s=1
+        ).kill("i-1", "s", 1)
         assert not result.ok and "did not finish" in result.detail
         assert time.monotonic() - started < 5
     finally:
@@ -446,8 +482,9 @@ def test_ssh_command_that_hangs_times_out(sshd, state_dir, tmp_path):
 def test_ssh_bad_key_file_is_a_failure(sshd, state_dir, tmp_path):
     bad = tmp_path / "not-a-key"
     bad.write_text("hello\n")
-    control = SshControl(lambda iid: "127.0.0.1", user="root", key_path=str(bad), host_keys=AcceptNewHostKeys(),
-                         port=sshd.port)
+    control = SshControl(
+        lambda iid: "127.0.0.1", user="root", key_path=str(bad), host_keys=AcceptNewHostKeys(), port=sshd.port
+    )
     assert not control.kill("i-1", "s", 1).ok
 
 
@@ -464,8 +501,9 @@ def test_ladder_falls_through_to_ssh_when_ssm_cannot_deliver(sshd, state_dir, cr
 
 def test_ladder_reports_every_rung_when_all_fail(sshd, state_dir, crawl):
     ssm = FakeSsm(send_error=client_error("InvalidInstanceId", "not managed"))
-    ladder = LadderControl([SsmControl(ssm, FakeClock()),
-                            ssh_control(sshd, state_dir, port=procs.free_port(), timeout_s=5)])
+    ladder = LadderControl(
+        [SsmControl(ssm, FakeClock()), ssh_control(sshd, state_dir, port=procs.free_port(), timeout_s=5)]
+    )
     result = ladder.kill("i-1", "site-a", 2)
     assert not result.ok and result.path == "ssh"
     assert result.detail.startswith("ssm: InvalidInstanceId: not managed; ssh: ")
@@ -496,11 +534,15 @@ def test_ladder_rung_that_raises_counts_as_failed():
 def test_ec2_node_control_from_config(aws_clients):
     ssm_only = ec2_node_control(AwsConfig(), aws_clients, FakeClock())
     assert [type(r) for r in ssm_only.rungs] == [SsmControl]
-    both = ec2_node_control(AwsConfig(ssh_key_path="/etc/gridfleet/id_ed25519", install_dir="/srv/gf",
-                                      state_dir="/srv/state"), aws_clients, FakeClock())
+    both = ec2_node_control(
+        AwsConfig(ssh_key_path="/etc/gridfleet/id_ed25519", install_dir="/srv/gf", state_dir="/srv/state"),
+        aws_clients,
+        FakeClock(),
+    )
     ssm, ssh = both.rungs
     assert isinstance(ssh, SshControl) and isinstance(ssh.host_keys, ConsoleHostKeys)
-    assert ssm.command("s", 1) == kill_command("s", 1, gridfleet_bin="/srv/gf/venv/bin/gridfleet",
-                                               state_dir="/srv/state")
+    assert ssm.command("s", 1) == kill_command(
+        "s", 1, gridfleet_bin="/srv/gf/venv/bin/gridfleet", state_dir="/srv/state"
+    )
     assert ssh.command("s", 1) == "sudo -n " + ssm.command("s", 1)
     assert ssh.user == "admin"

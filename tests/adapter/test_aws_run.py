@@ -21,10 +21,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.config_load import parse_config
 from cli import aws_env
 from cli.aws import dry_run
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.config_load import parse_config
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,10 @@ def moto_url(moto_endpoint):
 @pytest.fixture
 def account(moto_url, tmp_path):
     """What Terraform would have made: a VPC with two subnets, a security group, an EFS file system."""
-    clients = AwsClients(parse_config(f"aws: {{endpoint_url: '{moto_url}'}}\nsites: [{{id: a, start_url: "
-                                      f"'http://a.test'}}]").aws, credentials=LOCAL_CREDENTIALS)
+    clients = AwsClients(
+        parse_config(f"aws: {{endpoint_url: '{moto_url}'}}\nsites: [{{id: a, start_url: 'http://a.test'}}]").aws,
+        credentials=LOCAL_CREDENTIALS,
+    )
     ec2, efs = clients.client("ec2"), clients.client("efs")
     vpc = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
     subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.1.{k}.0/24")["Subnet"]["SubnetId"] for k in (1, 2)]
@@ -75,10 +77,15 @@ sites:
 
 def gridfleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_EC2_METADATA_DISABLED="true",
-               GRIDFLEET_HOME=str(tmp_path / "home"))
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=180)
+    env.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_EC2_METADATA_DISABLED="true",
+        GRIDFLEET_HOME=str(tmp_path / "home"),
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
 
 
 def test_bootstrap_then_a_run_to_its_deadline_on_moto(account, tmp_path):
@@ -96,15 +103,19 @@ def test_bootstrap_then_a_run_to_its_deadline_on_moto(account, tmp_path):
     assert "hub self-stop: not stopping: not on EC2" in run.stderr
 
     ec2 = account["ec2"]
-    nodes = [i for r in ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:run_id", "Values": ["aws-1"]}])
-             ["Reservations"] for i in r["Instances"]]
+    nodes = [
+        i
+        for r in ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:run_id", "Values": ["aws-1"]}])["Reservations"]
+        for i in r["Instances"]
+    ]
     assert len(nodes) == 2
     for i in nodes:
         assert i["State"]["Name"] in ("shutting-down", "terminated")
         assert i["InstanceLifecycle"] == "spot" and i["MetadataOptions"]["HttpTokens"] == "required"
         assert {t["Key"]: t["Value"] for t in i["Tags"]}["gridfleet:role"] == "node"
-        shutdown = ec2.describe_instance_attribute(InstanceId=i["InstanceId"],
-                                                   Attribute="instanceInitiatedShutdownBehavior")
+        shutdown = ec2.describe_instance_attribute(
+            InstanceId=i["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
+        )
         assert shutdown["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
         raw = ec2.describe_instance_attribute(InstanceId=i["InstanceId"], Attribute="userData")["UserData"]["Value"]
         user_data = base64.b64decode(raw).decode()
@@ -115,8 +126,9 @@ def test_bootstrap_then_a_run_to_its_deadline_on_moto(account, tmp_path):
         ud_file = tmp_path / f"{i['InstanceId']}.yaml"
         ud_file.write_text(user_data)
         if shutil.which("cloud-init"):
-            check = subprocess.run(["cloud-init", "schema", "--config-file", str(ud_file)], capture_output=True,
-                                   text=True)
+            check = subprocess.run(
+                ["cloud-init", "schema", "--config-file", str(ud_file)], capture_output=True, text=True
+            )
             assert check.returncode == 0, check.stdout + check.stderr
 
     s3 = account["clients"].client("s3")  # the nodes' config was published where their user-data looks for it
@@ -135,7 +147,8 @@ def test_missing_resources_are_named_before_anything_is_launched(account, tmp_pa
         assert name in run.stderr
     ec2 = account["ec2"]
     assert not ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:run_id", "Values": ["aws-missing"]}])[
-        "Reservations"]
+        "Reservations"
+    ]
 
 
 READ_ONLY = ("Describe", "Get", "List", "Head")
@@ -165,9 +178,12 @@ def test_a_hub_on_ec2_takes_its_identity_from_imds_and_stops_itself(account, tmp
     from embedded.imds_server import ImdsServer
 
     ec2 = account["ec2"]
-    hub = ec2.run_instances(ImageId=account["config"].aws.ami, MinCount=1, MaxCount=1,
-                            TagSpecifications=[{"ResourceType": "instance", "Tags": [
-                                {"Key": "gridfleet:role", "Value": "hub"}]}])["Instances"][0]["InstanceId"]
+    hub = ec2.run_instances(
+        ImageId=account["config"].aws.ami,
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "gridfleet:role", "Value": "hub"}]}],
+    )["Instances"][0]["InstanceId"]
     with ImdsServer() as imds:
         imds.set(hub, local_ipv4="10.1.1.77")
         text = account["path"].read_text().replace("  hub_address: 10.1.1.10\n", "  hub_self_stop: terminate\n")
@@ -199,10 +215,20 @@ def test_metrics_reach_cloudwatch_and_a_rerun_on_aws_starts_a_hub_for_the_reopen
     runs `gridfleet run --resume` for the run named by its tag); a second rerun starts no second hub."""
     ec2, clients = account["ec2"], account["clients"]
     template = f"hub-{uuid.uuid4().hex[:6]}"
-    ec2.create_launch_template(LaunchTemplateName=template, LaunchTemplateData={
-        "ImageId": account["config"].aws.ami, "InstanceType": "t3.small"})
-    text = account["path"].read_text().replace("aws:\n", f"metrics: {{cloudwatch: true, namespace: gf-{template}}}\n"
-                                               f"hub: {{port: 0}}\naws:\n  hub_launch_template: {template}\n", 1)
+    ec2.create_launch_template(
+        LaunchTemplateName=template,
+        LaunchTemplateData={"ImageId": account["config"].aws.ami, "InstanceType": "t3.small"},
+    )
+    text = (
+        account["path"]
+        .read_text()
+        .replace(
+            "aws:\n",
+            f"metrics: {{cloudwatch: true, namespace: gf-{template}}}\n"
+            f"hub: {{port: 0}}\naws:\n  hub_launch_template: {template}\n",
+            1,
+        )
+    )
     account["path"].write_text(text)
     assert gridfleet(tmp_path, "aws", "bootstrap", "--config", str(account["path"])).returncode == 0
     run = gridfleet(tmp_path, "run", "--config", str(account["path"]), "--run-id", "aws-re")
@@ -211,19 +237,33 @@ def test_metrics_reach_cloudwatch_and_a_rerun_on_aws_starts_a_hub_for_the_reopen
     cw = clients.client("cloudwatch")
     names = {m["MetricName"] for m in cw.list_metrics(Namespace=f"gf-{template}")["Metrics"]}
     assert {"ActiveNodes", "SitesCompleted", "SitesFailed", "RunProgress", "QueueVisible"} <= names
-    stats = cw.get_metric_statistics(Namespace=f"gf-{template}", MetricName="SitesFailed", Statistics=["Maximum"],
-                                     StartTime=time.time() - 600, EndTime=time.time() + 60, Period=60)
+    stats = cw.get_metric_statistics(
+        Namespace=f"gf-{template}",
+        MetricName="SitesFailed",
+        Statistics=["Maximum"],
+        StartTime=time.time() - 600,
+        EndTime=time.time() + 60,
+        Period=60,
+    )
     assert max(p["Maximum"] for p in stats["Datapoints"]) == 3
 
     rerun = gridfleet(tmp_path, "rerun", "--failed", "--config", str(account["path"]), "--run-id", "aws-re")
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "3 site(s) queued again" in rerun.stdout and "hub: started" in rerun.stdout
-    hubs = [i for r in ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:run_id", "Values": ["aws-re"]},
-                                                       {"Name": "tag:gridfleet:role", "Values": ["hub"]}])
-            ["Reservations"] for i in r["Instances"]]
+    hubs = [
+        i
+        for r in ec2.describe_instances(
+            Filters=[
+                {"Name": "tag:gridfleet:run_id", "Values": ["aws-re"]},
+                {"Name": "tag:gridfleet:role", "Values": ["hub"]},
+            ]
+        )["Reservations"]
+        for i in r["Instances"]
+    ]
     assert len(hubs) == 1 and hubs[0]["State"]["Name"] in ("pending", "running")
-    status = json.loads(gridfleet(tmp_path, "status", "--config", str(account["path"]), "--run-id", "aws-re",
-                                  "--json").stdout)
+    status = json.loads(
+        gridfleet(tmp_path, "status", "--config", str(account["path"]), "--run-id", "aws-re", "--json").stdout
+    )
     assert {s["run_status"] for s in status["sites"].values()} == {"QUEUED"}
     assert {s["attemptCount"] for s in status["sites"].values()} == {0}  # the deadline came before any claim
     sqs = clients.client("sqs")
@@ -233,8 +273,21 @@ def test_metrics_reach_cloudwatch_and_a_rerun_on_aws_starts_a_hub_for_the_reopen
 
     again = gridfleet(tmp_path, "rerun", "--failed", "--config", str(account["path"]), "--run-id", "aws-re")
     assert again.returncode == 0 and "nothing to rerun" in again.stdout
-    assert len([i for r in ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:role", "Values": ["hub"]},
-                {"Name": "tag:gridfleet:run_id", "Values": ["aws-re"]}])["Reservations"] for i in r["Instances"]]) == 1
+    assert (
+        len(
+            [
+                i
+                for r in ec2.describe_instances(
+                    Filters=[
+                        {"Name": "tag:gridfleet:role", "Values": ["hub"]},
+                        {"Name": "tag:gridfleet:run_id", "Values": ["aws-re"]},
+                    ]
+                )["Reservations"]
+                for i in r["Instances"]
+            ]
+        )
+        == 1
+    )
 
 
 def test_node_metrics_round_trip_through_cloudwatch_on_moto(account):
@@ -250,18 +303,27 @@ def test_node_metrics_round_trip_through_cloudwatch_on_moto(account):
     assert ("JobsCompleted", (("WorkerId", "i-0abc"),)) in dims
     assert ("JobErrors", (("ErrorType", "hang"), ("WorkerId", "i-0abc"))) in dims
     assert ("Heartbeat", (("WorkerId", "i-0abc"),)) in dims
-    got = cw.get_metric_statistics(Namespace=ns, MetricName="JobDuration", Statistics=["Sum", "SampleCount"],
-                                   Dimensions=[{"Name": "WorkerId", "Value": "i-0abc"}],
-                                   StartTime=time.time() - 600, EndTime=time.time() + 60, Period=60)
+    got = cw.get_metric_statistics(
+        Namespace=ns,
+        MetricName="JobDuration",
+        Statistics=["Sum", "SampleCount"],
+        Dimensions=[{"Name": "WorkerId", "Value": "i-0abc"}],
+        StartTime=time.time() - 600,
+        EndTime=time.time() + 60,
+        Period=60,
+    )
     assert sum(p["Sum"] for p in got["Datapoints"]) == 15.5 and sum(p["SampleCount"] for p in got["Datapoints"]) == 2
 
 
 def _forget(clients, table: str, run_id: str) -> int:
     """Delete a run's partition from the table, as its items' TTL eventually does (moto never expires them)."""
     ddb = clients.client("dynamodb")
-    pages = ddb.get_paginator("query").paginate(TableName=table, KeyConditionExpression="run_id = :r",
-                                                ExpressionAttributeValues={":r": {"S": run_id}},
-                                                ProjectionExpression="run_id, Site")
+    pages = ddb.get_paginator("query").paginate(
+        TableName=table,
+        KeyConditionExpression="run_id = :r",
+        ExpressionAttributeValues={":r": {"S": run_id}},
+        ProjectionExpression="run_id, Site",
+    )
     keys = [item for page in pages for item in page["Items"]]
     for k in keys:
         ddb.delete_item(TableName=table, Key=k)

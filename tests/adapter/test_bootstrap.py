@@ -7,11 +7,11 @@ import json
 import pytest
 
 from fleet.aws.bootstrap import ensure_resources
-from fleet.codec import OPEN_ATTR, OPEN_INDEX, STAMP_ATTRS
-from fleet.errors import MissingResource
 from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
+from fleet.codec import OPEN_ATTR, OPEN_INDEX, STAMP_ATTRS
+from fleet.errors import MissingResource
 
 from .conftest import moto_clients
 
@@ -37,12 +37,16 @@ def test_ensure_resources_creates_the_table_the_queues_and_the_bucket(aws_config
     table = ddb.describe_table(TableName=aws.table)["Table"]
     assert table["TableStatus"] == "ACTIVE"
     assert sorted((k["AttributeName"], k["KeyType"]) for k in table["KeySchema"]) == [
-        ("Site", "RANGE"), ("run_id", "HASH")]
+        ("Site", "RANGE"),
+        ("run_id", "HASH"),
+    ]
     # The sparse index of the open sites, carrying what a stamp is made of.
     (index,) = table["LocalSecondaryIndexes"]
     assert index["IndexName"] == OPEN_INDEX
     assert [(k["AttributeName"], k["KeyType"]) for k in index["KeySchema"]] == [
-        ("run_id", "HASH"), (OPEN_ATTR, "RANGE")]
+        ("run_id", "HASH"),
+        (OPEN_ATTR, "RANGE"),
+    ]
     assert index["Projection"]["ProjectionType"] == "INCLUDE"
     assert sorted(index["Projection"]["NonKeyAttributes"]) == sorted(STAMP_ATTRS)
     assert {"AttributeName": OPEN_ATTR, "AttributeType": "S"} in table["AttributeDefinitions"]

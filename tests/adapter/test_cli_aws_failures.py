@@ -16,20 +16,21 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError, UnknownEndpointError
 
-from fleet.aws import clients as fleet_aws
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.aws.bootstrap import ensure_resources
-from fleet.config_load import parse_config
 from cli.main import main
+from fleet.aws import clients as fleet_aws
+from fleet.aws.bootstrap import ensure_resources
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.config_load import parse_config
 
 RUN = "r1"
 READ_ONLY = ("Describe", "Get", "List", "Head")
@@ -65,6 +66,7 @@ class Calls:
         def record(model: Any, **_: Any) -> None:
             with self.lock:
                 self.started.append(f"{label} {model.name}")
+
         client.meta.events.register("provide-client-params", record)
 
 
@@ -90,11 +92,16 @@ def answer(code: str, status: int = 400, message: str = "", spare: tuple[str, ..
                 with calls.lock:
                     calls.refused.append(f"{label} {model.name}")
                 text = message.format(action=action)
-                parsed = {"Error": {"Code": code, "Message": text},
-                          "ResponseMetadata": {"HTTPStatusCode": status, "RetryAttempts": 0}}
+                parsed = {
+                    "Error": {"Code": code, "Message": text},
+                    "ResponseMetadata": {"HTTPStatusCode": status, "RetryAttempts": 0},
+                }
                 return AWSResponse("https://aws.invalid/", status, {}, _Raw(b"")), parsed
+
             client.meta.events.register("before-call", refuse)
+
         return hook
+
     return install
 
 
@@ -109,14 +116,19 @@ def raise_in_http(make: Callable[[str, str], Exception]) -> Callable[[Calls], An
                 with calls.lock:
                     calls.refused.append(f"{label} {event_name.rsplit('.', 1)[-1]}")
                 raise make(request.url, service)
+
             client.meta.events.register("before-send", fail)
+
         return hook
+
     return install
 
 
-DENIED = ("User: arn:aws:iam::123456789012:user/ops is not authorized to perform: {action} on resource: "
-          "arn:aws:service:ap-northeast-2:123456789012:thing because no identity-based policy allows the {action} "
-          "action")
+DENIED = (
+    "User: arn:aws:iam::123456789012:user/ops is not authorized to perform: {action} on resource: "
+    "arn:aws:service:ap-northeast-2:123456789012:thing because no identity-based policy allows the {action} "
+    "action"
+)
 
 
 @dataclass(frozen=True)
@@ -140,12 +152,18 @@ FAILURES: dict[str, Failure] = {
     "invalid credentials": Failure("AWS credentials not valid", answer("UnrecognizedClientException")),
     "access denied": Failure("access denied to", answer("AccessDeniedException", 400, DENIED)),
     "endpoint refuses": Failure("cannot reach http://127.0.0.1:", config={"endpoint_url": "closed"}),
-    "connect timeout": Failure("no connection in time to http://127.0.0.1:", raise_in_http(
-        lambda url, service: ConnectTimeoutError(endpoint_url=url))),
-    "read timeout": Failure("no answer in time from http://127.0.0.1:", raise_in_http(
-        lambda url, service: ReadTimeoutError(endpoint_url=url))),
-    "region without the service": Failure("no endpoint for", raise_in_http(
-        lambda url, service: UnknownEndpointError(service_name=service, region_name="ap-northeast-2"))),
+    "connect timeout": Failure(
+        "no connection in time to http://127.0.0.1:",
+        raise_in_http(lambda url, service: ConnectTimeoutError(endpoint_url=url)),
+    ),
+    "read timeout": Failure(
+        "no answer in time from http://127.0.0.1:",
+        raise_in_http(lambda url, service: ReadTimeoutError(endpoint_url=url)),
+    ),
+    "region without the service": Failure(
+        "no endpoint for",
+        raise_in_http(lambda url, service: UnknownEndpointError(service_name=service, region_name="ap-northeast-2")),
+    ),
     "no region": Failure("no AWS region", config={"region": ""}, names_call=False),
     "throttling": Failure("AWS throttled the call", answer("ThrottlingException")),
     "missing table, queue and bucket": Failure("", config={"fresh": True}, names_call=False),
@@ -163,8 +181,10 @@ def names(moto_endpoint) -> dict[str, str]:
     """A table, queue and bucket that exist on the moto server (the rows whose calls never reach it need none)."""
     tag = uuid.uuid4().hex[:10]
     found = {"table": f"t-{tag}", "queue": f"q-{tag}", "bucket": f"b-{tag}"}
-    aws = parse_config(f"aws: {{endpoint_url: '{moto_endpoint}', table: {found['table']}, queue: {found['queue']}, "
-                       f"bucket: {found['bucket']}}}\nsites: [{{id: a, start_url: 'http://a.test'}}]").aws
+    aws = parse_config(
+        f"aws: {{endpoint_url: '{moto_endpoint}', table: {found['table']}, queue: {found['queue']}, "
+        f"bucket: {found['bucket']}}}\nsites: [{{id: a, start_url: 'http://a.test'}}]"
+    ).aws
     clients = AwsClients(aws, credentials=LOCAL_CREDENTIALS)
     ensure_resources(clients, visibility_timeout_s=30)
     clients.client("iam").create_instance_profile(InstanceProfileName=f"node-{tag}")
@@ -175,11 +195,20 @@ def names(moto_endpoint) -> dict[str, str]:
 
 def write_config(path: Path, moto_endpoint: str, names: dict[str, str], **aws: Any) -> Path:
     fields: dict[str, Any] = {
-        "region": "ap-northeast-2", "endpoint_url": moto_endpoint, "table": names["table"], "queue": names["queue"],
-        "bucket": names["bucket"], "max_retries": 0, "efs_id": "fs-0123456789abcdef0",
-        "subnet_ids": ["subnet-0123456789abcdef0"], "security_group_ids": ["sg-0123456789abcdef0"],
-        "instance_profile": names["profile"], "ami": names["ami_parameter"], "hub_address": "10.0.0.10",
-        "imds_url": "http://127.0.0.1:9", "hub_launch_template": "gridfleet-hub",
+        "region": "ap-northeast-2",
+        "endpoint_url": moto_endpoint,
+        "table": names["table"],
+        "queue": names["queue"],
+        "bucket": names["bucket"],
+        "max_retries": 0,
+        "efs_id": "fs-0123456789abcdef0",
+        "subnet_ids": ["subnet-0123456789abcdef0"],
+        "security_group_ids": ["sg-0123456789abcdef0"],
+        "instance_profile": names["profile"],
+        "ami": names["ami_parameter"],
+        "hub_address": "10.0.0.10",
+        "imds_url": "http://127.0.0.1:9",
+        "hub_launch_template": "gridfleet-hub",
     }
     if aws.pop("fresh", False):
         tag = uuid.uuid4().hex[:10]
@@ -187,10 +216,17 @@ def write_config(path: Path, moto_endpoint: str, names: dict[str, str], **aws: A
     if aws.get("endpoint_url") == "closed":
         aws["endpoint_url"] = f"http://127.0.0.1:{closed_port()}"
     fields.update(aws)
-    path.write_text(yaml.safe_dump({
-        "run": {"deadline_s": 5, "watch_interval_s": 0.5}, "hub": {"http": False}, "metrics": {"cloudwatch": False},
-        "aws": fields, "sites": [{"id": "alpha", "start_url": "https://alpha.test/"}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "run": {"deadline_s": 5, "watch_interval_s": 0.5},
+                "hub": {"http": False},
+                "metrics": {"cloudwatch": False},
+                "aws": fields,
+                "sites": [{"id": "alpha", "start_url": "https://alpha.test/"}],
+            }
+        )
+    )
     return path
 
 
@@ -266,8 +302,9 @@ PREFLIGHT = ("DescribeTable", "GetQueueUrl", "HeadBucket")
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
-def test_access_denied_past_the_preflight_checks_names_the_call_it_hit(command, cli, names, moto_endpoint,
-                                                                      tmp_path, monkeypatch):
+def test_access_denied_past_the_preflight_checks_names_the_call_it_hit(
+    command, cli, names, moto_endpoint, tmp_path, monkeypatch
+):
     """The account's resources exist; every call but the preflight's is denied, so each command fails at the first
     call of its own work. `bundle --upload` has its two builds (minutes of wheels) replaced at their seam by
     files of a few bytes: the upload, through boto3's transfer manager, is what is tested."""
@@ -278,6 +315,7 @@ def test_access_denied_past_the_preflight_checks_names_the_call_it_hit(command, 
             out.mkdir(parents=True, exist_ok=True)
             (out / name).write_bytes(b"bundle")
             return out / name
+
         return make
 
     monkeypatch.setattr(aws_cmd, "find_grid_jar", lambda candidates: tmp_path / "selenium-server.jar")
@@ -302,8 +340,14 @@ def test_the_dry_run_on_a_complete_account_resolves_everything_and_only_reads(cl
     assert out.count(": present") == 3 and f"run:        {RUN} does not exist yet" in out
     assert "not resolved" not in out and err == ""
     assert calls.started and all(c.split()[1].startswith(READ_ONLY) for c in calls.started), calls.started
-    assert {"SSM GetParameter", "IAM GetInstanceProfile", "DynamoDB DescribeTable", "SQS GetQueueUrl",
-            "S3 HeadBucket", "DynamoDB GetItem"} <= set(calls.started)
+    assert {
+        "SSM GetParameter",
+        "IAM GetInstanceProfile",
+        "DynamoDB DescribeTable",
+        "SQS GetQueueUrl",
+        "S3 HeadBucket",
+        "DynamoDB GetItem",
+    } <= set(calls.started)
 
 
 def test_the_dry_run_of_a_missing_account_only_reads_and_names_what_is_missing(cli, names, moto_endpoint, tmp_path):

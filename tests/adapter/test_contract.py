@@ -28,8 +28,18 @@ from fleet.state import Attempt, Reason, RunState, RunStatus, SiteRecord, SiteSp
 
 NOW = 1_800_000_000.0
 RUN = "20270115-0600-ab12"
-OPTIONAL_ATTRIBUTES = ("instance_id", "lastUpdateEpoch", "heartbeatEpoch", "failure_reason", "error", "result_key",
-                       "url", "kill_reason", "kill_path", "expireAt")
+OPTIONAL_ATTRIBUTES = (
+    "instance_id",
+    "lastUpdateEpoch",
+    "heartbeatEpoch",
+    "failure_reason",
+    "error",
+    "result_key",
+    "url",
+    "kill_reason",
+    "kill_path",
+    "expireAt",
+)
 
 
 def backends():
@@ -46,28 +56,51 @@ def seed(table, site: str = "s1", run_id: str = RUN, **spec_options) -> SiteReco
 def full_record(run_id: str = RUN, site: str = "s-full") -> SiteRecord:
     """A record with every field set, nested options and a closed and an open attempt."""
     options = {
-        "depth": 2, "ratio": 0.25, "follow": True, "skip": None, "label": "", "tags": ["a", "b", 3],
+        "depth": 2,
+        "ratio": 0.25,
+        "follow": True,
+        "skip": None,
+        "label": "",
+        "tags": ["a", "b", 3],
         "nested": {"limits": {"pages": 50, "delay_s": 1.5}, "empty_map": {}, "empty_list": []},
     }
     return SiteRecord(
-        run_id=run_id, site=site,
-        spec=SiteSpec("https://full.example.test/start?q=1", "links", options, incremental=True, rate_limit="shop",
-                      per_s=2.5),
-        run_status=RunStatus.RUN, site_status=SiteStatus.URL_CALL, attempt=2, instance_id="i-0abc", version=7,
-        last_update=NOW + 12.5, heartbeat=NOW + 11.125, enqueued=True, failure_reason="hang", error="boom: 500",
-        result_key=result_key(site, "20270115"), url="https://full.example.test/p/3", pages=3, kill_reason="hang",
-        kill_path="watchdog", spot_requeues=1,
+        run_id=run_id,
+        site=site,
+        spec=SiteSpec(
+            "https://full.example.test/start?q=1", "links", options, incremental=True, rate_limit="shop", per_s=2.5
+        ),
+        run_status=RunStatus.RUN,
+        site_status=SiteStatus.URL_CALL,
+        attempt=2,
+        instance_id="i-0abc",
+        version=7,
+        last_update=NOW + 12.5,
+        heartbeat=NOW + 11.125,
+        enqueued=True,
+        failure_reason="hang",
+        error="boom: 500",
+        result_key=result_key(site, "20270115"),
+        url="https://full.example.test/p/3",
+        pages=3,
+        kill_reason="hang",
+        kill_path="watchdog",
+        spot_requeues=1,
         attempts=(Attempt(1, "i-0aaa", NOW, NOW + 5.5, "hang", "local"), Attempt(2, "i-0abc", NOW + 6.75)),
         expire_at=1_800_086_400,
-        checkpoint={"next": "https://full.example.test/p/4", "pages": 3,
-                    "items": [{"id": f"it-{i}", "text": "x" * 20, "n": i, "score": 0.5} for i in range(30)]},
+        checkpoint={
+            "next": "https://full.example.test/p/4",
+            "pages": 3,
+            "items": [{"id": f"it-{i}", "text": "x" * 20, "n": i, "score": 0.5} for i in range(30)],
+        },
         mark=("it-0", "it-1", "old"),
     )
 
 
 def run_info(run_id: str = RUN, started_at: float = NOW) -> RunInfo:
-    return RunInfo(run_id=run_id, status="RUNNING", started_at=started_at, deadline_at=started_at + 21600,
-                   run_date="20270115")
+    return RunInfo(
+        run_id=run_id, status="RUNNING", started_at=started_at, deadline_at=started_at + 21600, run_date="20270115"
+    )
 
 
 # --- state table: site records ---------------------------------------------------------------------
@@ -92,8 +125,11 @@ def test_every_field_of_a_site_record_round_trips(backend):
     assert backend.table.get_site(RUN, "s-full") == rec
     raw = backend.raw_site(RUN, "s-full")
     # the names of the original design, and expireAt a number (the table's TTL attribute)
-    assert (raw["attemptCount"], raw["lastUpdateEpoch"], raw["heartbeatEpoch"]) == (2, Decimal("1800000012.5"),
-                                                                                     Decimal("1800000011.125"))
+    assert (raw["attemptCount"], raw["lastUpdateEpoch"], raw["heartbeatEpoch"]) == (
+        2,
+        Decimal("1800000012.5"),
+        Decimal("1800000011.125"),
+    )
     assert isinstance(raw["expireAt"], Decimal) and raw["expireAt"] == 1_800_086_400
 
 
@@ -116,8 +152,16 @@ def test_records_written_by_ops_read_back_equal(backend):
         lambda r: ops.beat(table, r, NOW + 3.125),
         lambda r: ops.report(table, r, SiteStatus.CALL_DONE, NOW + 4, pages=2),
         lambda r: ops.request_kill(table, r, Reason.HANG, NOW + 5),
-        lambda r: ops.end_attempt(table, r, reason=Reason.HANG, now=NOW + 6,
-                                  max_attempts=3, spot_cap=3, kill_path="local", error="page load hung"),
+        lambda r: ops.end_attempt(
+            table,
+            r,
+            reason=Reason.HANG,
+            now=NOW + 6,
+            max_attempts=3,
+            spot_cap=3,
+            kill_path="local",
+            error="page load hung",
+        ),
         lambda r: ops.send_next(table, backend.queue, r),
         lambda r: ops.claim(table, r, "i-2", NOW + 7),
         lambda r: ops.complete(table, r, result_key("s1", "20270115"), NOW + 8),
@@ -127,7 +171,9 @@ def test_records_written_by_ops_read_back_equal(backend):
         assert table.get_site(RUN, "s1") == rec
     assert (rec.run_status, rec.attempt, rec.version) == (RunStatus.COMPLETED, 2, 8)
     assert [(a.n, a.instance_id, a.outcome, a.kill_path) for a in rec.attempts] == [
-        (1, "i-1", "hang", "local"), (2, "i-2", "completed", None)]
+        (1, "i-1", "hang", "local"),
+        (2, "i-2", "completed", None),
+    ]
     msg = backend.queue.receive(0, 30)
     assert isinstance(msg, SiteMessage) and (msg.run_id, msg.site, msg.attempt) == (RUN, "s1", 2)
 
@@ -142,11 +188,14 @@ def test_write_from_a_stale_record_raises_with_the_current_record(table):
     assert table.get_site(RUN, "s1") == mine
 
 
-@pytest.mark.parametrize("forge", [
-    pytest.param({"instance_id": "i-zombie"}, id="instance"),
-    pytest.param({"attempt": 2}, id="attempt"),
-    pytest.param({"instance_id": None}, id="no-instance"),
-])
+@pytest.mark.parametrize(
+    "forge",
+    [
+        pytest.param({"instance_id": "i-zombie"}, id="instance"),
+        pytest.param({"attempt": 2}, id="attempt"),
+        pytest.param({"instance_id": None}, id="no-instance"),
+    ],
+)
 def test_write_is_fenced_on_attempt_and_instance_too(table, forge):
     claimed = ops.claim(table, seed(table), "i-1", NOW)
     forged = dataclasses.replace(claimed, **forge)  # the right version, someone else's attempt
@@ -192,8 +241,7 @@ def test_a_write_that_clears_an_optional_field_removes_the_attribute(backend):
     raw = backend.raw_site(RUN, "s1")
     assert (raw["kill_reason"], raw["url"]) == ("hang", "https://s1.example.test/slow")
 
-    rec = ops.end_attempt(table, rec, reason=Reason.HANG, now=NOW + 4, max_attempts=3,
-                          spot_cap=3)
+    rec = ops.end_attempt(table, rec, reason=Reason.HANG, now=NOW + 4, max_attempts=3, spot_cap=3)
     raw = backend.raw_site(RUN, "s1")
     assert "kill_reason" not in raw and "url" not in raw
     assert raw["failure_reason"] == "hang"
@@ -235,8 +283,9 @@ def test_read_run_separates_the_run_item_sites_and_nodes(table):
     assert table.create_run(run)
     sites = [seed(table, s) for s in ("b-site", "a-site", "c.site_2")]
     nodes = [
-        NodeInfo(RUN, "i-0001", "busy", NOW + 5.5, NOW, site="a-site", attempt=1, sites_done=2,
-                 expire_at=1_800_086_400),
+        NodeInfo(
+            RUN, "i-0001", "busy", NOW + 5.5, NOW, site="a-site", attempt=1, sites_done=2, expire_at=1_800_086_400
+        ),
         NodeInfo(RUN, "i-0002", "booting", NOW + 1, NOW + 0.25),
     ]
     for n in nodes:
@@ -262,8 +311,7 @@ def test_read_run_reads_every_page_of_a_large_run(backend):
     blob = "x" * 10_000  # 120 records of ~10 KB: more than one 1 MB Query page
     expected = {}
     for i in range(120):
-        rec = ops.new_site(RUN, f"site-{i:03d}", SiteSpec("https://big.test/", "links", {"blob": blob, "i": i}),
-                           None)
+        rec = ops.new_site(RUN, f"site-{i:03d}", SiteSpec("https://big.test/", "links", {"blob": blob, "i": i}), None)
         assert table.create_site(rec)
         expected[rec.site] = rec
     if backend.name == "moto":
@@ -296,8 +344,11 @@ def test_create_run_is_put_if_absent_and_indexes_the_run(table):
 def test_list_runs_is_ordered_by_start(table):
     for run_id, started in (("r-middle", NOW + 100), ("r-last", NOW + 200.5), ("r-first", NOW)):
         assert table.create_run(run_info(run_id, started))
-    assert table.list_runs() == [RunIndexEntry("r-first", NOW), RunIndexEntry("r-middle", NOW + 100),
-                                 RunIndexEntry("r-last", NOW + 200.5)]
+    assert table.list_runs() == [
+        RunIndexEntry("r-first", NOW),
+        RunIndexEntry("r-middle", NOW + 100),
+        RunIndexEntry("r-last", NOW + 200.5),
+    ]
     assert table.read_run("r-first").sites == []  # the index is not part of any run
 
 
@@ -306,18 +357,31 @@ def test_update_run_sets_fields(table):
     table.create_run(run)
     table.update_run(RUN, hub_id="hub-a", hub_heartbeat=NOW + 10.5)
     assert table.get_run(RUN) == dataclasses.replace(run, hub_id="hub-a", hub_heartbeat=NOW + 10.5)
-    table.update_run(RUN, status="FINISHED", finished_at=NOW + 3600.25, expire_at=1_800_090_000,
-                     deadline_at=NOW + 7200, hub_heartbeat=NOW + 3600)
+    table.update_run(
+        RUN,
+        status="FINISHED",
+        finished_at=NOW + 3600.25,
+        expire_at=1_800_090_000,
+        deadline_at=NOW + 7200,
+        hub_heartbeat=NOW + 3600,
+    )
     assert table.get_run(RUN) == dataclasses.replace(
-        run, hub_id="hub-a", hub_heartbeat=NOW + 3600, status="FINISHED", finished_at=NOW + 3600.25,
-        expire_at=1_800_090_000, deadline_at=NOW + 7200)
+        run,
+        hub_id="hub-a",
+        hub_heartbeat=NOW + 3600,
+        status="FINISHED",
+        finished_at=NOW + 3600.25,
+        expire_at=1_800_090_000,
+        deadline_at=NOW + 7200,
+    )
     assert table.get_run(RUN).finished
 
 
 def test_add_launched_is_atomic(table):
     table.create_run(run_info())
-    threads = [threading.Thread(target=lambda k=k: [table.add_launched(RUN, k) for _ in range(5)])
-               for k in (1, 2, 3, 1, 2, 3)]
+    threads = [
+        threading.Thread(target=lambda k=k: [table.add_launched(RUN, k) for _ in range(5)]) for k in (1, 2, 3, 1, 2, 3)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -353,10 +417,22 @@ def test_update_watch_holds_only_while_the_run_item_is_as_expected(table):
     table.create_run(dataclasses.replace(run_info(), hub_heartbeat=NOW))
     table.update_watch(RUN, {}, seen_hb="a", seen_since=NOW + 1)
     read = table.get_run_watch(RUN)
-    expect = {"status": RunState.RUNNING, "hub_heartbeat": read.run.hub_heartbeat, "seen_hb": "a",
-              "seen_since": NOW + 1, "restart_at": None}
-    for wrong in ({"status": RunState.FINISHED}, {"hub_heartbeat": NOW + 1}, {"hub_heartbeat": None},
-                  {"seen_hb": "b"}, {"seen_hb": None}, {"seen_since": NOW + 2}, {"restart_at": NOW}):
+    expect = {
+        "status": RunState.RUNNING,
+        "hub_heartbeat": read.run.hub_heartbeat,
+        "seen_hb": "a",
+        "seen_since": NOW + 1,
+        "restart_at": None,
+    }
+    for wrong in (
+        {"status": RunState.FINISHED},
+        {"hub_heartbeat": NOW + 1},
+        {"hub_heartbeat": None},
+        {"seen_hb": "b"},
+        {"seen_hb": None},
+        {"seen_since": NOW + 2},
+        {"restart_at": NOW},
+    ):
         assert table.update_watch(RUN, {**expect, **wrong}, restart_at=NOW + 5) is False, wrong
         assert table.get_run_watch(RUN) == read, wrong
     assert table.update_watch(RUN, expect, restart_at=NOW + 5, seen_since=NOW + 5) is True
@@ -448,8 +524,12 @@ def test_open_stamps_read_every_page(backend, monkeypatch):
         if i % 3 == 0:
             rec = ops.claim(table, rec, "i-0001", NOW + i)
         if i % 5 == 0:
-            ops.complete(table, ops.claim(table, rec, "i-0001", NOW + i) if i % 3 else rec,
-                         result_key(rec.site, "20270115"), NOW + 100)
+            ops.complete(
+                table,
+                ops.claim(table, rec, "i-0001", NOW + i) if i % 3 else rec,
+                result_key(rec.site, "20270115"),
+                NOW + 100,
+            )
             continue
         expected[rec.site] = stamp(rec)
     seen: list[str] = []
@@ -520,8 +600,14 @@ def test_get_sites_retries_the_keys_left_unprocessed(backend, monkeypatch):
     assert table.get_sites(RUN, [r.site for r in recs]) == recs
     assert asked[:4] == [100, 50, 25, 13] and len(asked) == 8 + 7
 
-    monkeypatch.setattr(client, "batch_get_item", lambda RequestItems: {  # noqa: N803
-        "Responses": {}, "UnprocessedKeys": RequestItems})
+    monkeypatch.setattr(
+        client,
+        "batch_get_item",
+        lambda RequestItems: {  # noqa: N803
+            "Responses": {},
+            "UnprocessedKeys": RequestItems,
+        },
+    )
     with pytest.raises(GridfleetError, match="100 keys still unprocessed after 8 retries"):
         table.get_sites(RUN, [r.site for r in recs])
 
@@ -530,8 +616,13 @@ def test_checkpoints_are_written_compressed_and_cleared_when_the_site_completes(
     table = backend.table
     rec = ops.claim(table, seed(table), "i-1", NOW)
     items = [{"id": f"a-{i}", "text": "same words again " * 4} for i in range(200)]
-    rec = ops.save_checkpoint(table, rec, NOW + 1, ops.Progress(SiteStatus.CALL_DONE, NOW + 0.5, "u", 2),
-                              {"next": "tok-3", "pages": 2, "items": items})
+    rec = ops.save_checkpoint(
+        table,
+        rec,
+        NOW + 1,
+        ops.Progress(SiteStatus.CALL_DONE, NOW + 0.5, "u", 2),
+        {"next": "tok-3", "pages": 2, "items": items},
+    )
     back = table.get_site(RUN, "s1")
     assert back == rec and back.checkpoint["items"] == items and back.site_status is SiteStatus.CALL_DONE
     assert ops.resumable(back) == back.checkpoint
@@ -545,8 +636,9 @@ def test_a_checkpoint_too_large_for_an_item_keeps_no_items_and_is_not_resumed_fr
     monkeypatch.setattr(ops, "CHECKPOINT_MAX_CHARS", 200)
     table = backend.table
     rec = ops.claim(table, seed(table), "i-1", NOW)
-    rec = ops.save_checkpoint(table, rec, NOW + 1, None, {"next": "p9", "pages": 8,
-                                                          "items": [{"id": str(i)} for i in range(500)]})
+    rec = ops.save_checkpoint(
+        table, rec, NOW + 1, None, {"next": "p9", "pages": 8, "items": [{"id": str(i)} for i in range(500)]}
+    )
     assert table.get_site(RUN, "s1").checkpoint == {"next": "p9", "pages": 8, "items": [], "partial": True}
     assert ops.resumable(rec) is None
 
@@ -595,8 +687,13 @@ def test_history_writes_left_unprocessed_are_sent_again(backend, monkeypatch):
     table.add_history([HistoryEvent(RUN, NOW + i, "launch", {"n": i}, seq=i) for i in range(20)])
     assert sizes == [20, 10, 5, 2, 1] and len(table.read_run(RUN).history) == 20
 
-    monkeypatch.setattr(client, "batch_write_item", lambda RequestItems: {  # noqa: N803
-        "UnprocessedItems": RequestItems})
+    monkeypatch.setattr(
+        client,
+        "batch_write_item",
+        lambda RequestItems: {  # noqa: N803
+            "UnprocessedItems": RequestItems
+        },
+    )
     with pytest.raises(GridfleetError, match="3 writes still unprocessed after 8 retries"):
         table.add_history([HistoryEvent(RUN, NOW + i, "launch", {}, seq=100 + i) for i in range(3)])
 
@@ -623,8 +720,10 @@ def test_open_stamps_on_a_table_without_the_index(shared_clients, caplog):
     ddb.create_table(
         TableName=name,
         KeySchema=[{"AttributeName": "run_id", "KeyType": "HASH"}, {"AttributeName": "Site", "KeyType": "RANGE"}],
-        AttributeDefinitions=[{"AttributeName": "run_id", "AttributeType": "S"},
-                              {"AttributeName": "Site", "AttributeType": "S"}],
+        AttributeDefinitions=[
+            {"AttributeName": "run_id", "AttributeType": "S"},
+            {"AttributeName": "Site", "AttributeType": "S"},
+        ],
         BillingMode="PAY_PER_REQUEST",
     )
     wait_table_active(ddb, name)
@@ -715,12 +814,15 @@ def test_send_many_delivers_every_item(queue):
     assert queue.depth() == QueueDepth(0, 25, 0)
 
 
-@pytest.mark.parametrize("body", [
-    pytest.param("this is not json", id="not-json"),
-    pytest.param('{"run_id": "r", "site": "s"}', id="no-attempt"),
-    pytest.param('{"run_id": "r", "site": "s", "attempt": 0}', id="attempt-0"),
-    pytest.param('["r", "s", 1]', id="a-list"),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param("this is not json", id="not-json"),
+        pytest.param('{"run_id": "r", "site": "s"}', id="no-attempt"),
+        pytest.param('{"run_id": "r", "site": "s", "attempt": 0}', id="attempt-0"),
+        pytest.param('["r", "s", 1]', id="a-list"),
+    ],
+)
 def test_a_body_that_is_not_a_site_message_comes_back_as_bad_message(backend, body):
     backend.send_raw(backend.queue, body)
     msg = backend.queue.receive(0, 30)
@@ -795,8 +897,10 @@ def test_results_carry_the_tag_the_expiry_rule_selects(moto_endpoint):
     from fleet.config import AwsConfig
 
     hx = uuid.uuid4().hex[:10]
-    clients = AwsClients(AwsConfig(endpoint_url=moto_endpoint, table=f"t-{hx}", queue=f"q-{hx}", bucket=f"b-{hx}"),
-                         credentials=LOCAL_CREDENTIALS)
+    clients = AwsClients(
+        AwsConfig(endpoint_url=moto_endpoint, table=f"t-{hx}", queue=f"q-{hx}", bucket=f"b-{hx}"),
+        credentials=LOCAL_CREDENTIALS,
+    )
     ensure_resources(clients, 30)
     S3ResultStore(clients.client("s3"), f"b-{hx}").put_new("s1/20261121/result.json", b"{}")
     tags = clients.client("s3").get_object_tagging(Bucket=f"b-{hx}", Key="s1/20261121/result.json")["TagSet"]

@@ -21,19 +21,25 @@ def ec2(moto_endpoint):
 @pytest.fixture(scope="module")
 def net(ec2):
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-    subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{k}.0/24", AvailabilityZone=f"ap-northeast-2{z}")
-               ["Subnet"]["SubnetId"] for k, z in ((1, "a"), (2, "c"))]
+    subnets = [
+        ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{k}.0/24", AvailabilityZone=f"ap-northeast-2{z}")["Subnet"][
+            "SubnetId"
+        ]
+        for k, z in ((1, "a"), (2, "c"))
+    ]
     sg = ec2.create_security_group(GroupName=f"nodes-{uuid.uuid4().hex[:6]}", Description="nodes", VpcId=vpc)
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     return {"subnets": subnets, "sg": sg["GroupId"], "ami": ami}
 
 
 def config(net, **fleet):
-    return Config.model_validate({
-        "fleet": {"max_nodes": 10, "instance_types": ["t3.medium", "t3a.medium"], **fleet},
-        "aws": {"subnet_ids": net["subnets"], "security_group_ids": [net["sg"]], "instance_profile": None},
-        "sites": [{"id": "a", "start_url": "https://a.test/"}],
-    })
+    return Config.model_validate(
+        {
+            "fleet": {"max_nodes": 10, "instance_types": ["t3.medium", "t3a.medium"], **fleet},
+            "aws": {"subnet_ids": net["subnets"], "security_group_ids": [net["sg"]], "instance_profile": None},
+            "sites": [{"id": "a", "start_url": "https://a.test/"}],
+        }
+    )
 
 
 def run_id():
@@ -56,8 +62,9 @@ def test_nodes_are_one_time_spot_with_imdsv2_terminate_on_shutdown_and_run_tags(
         assert tags["gridfleet:run_id"] == rid and tags["gridfleet:role"] == "node"
         # (moto starts one spot instance per call whatever MaxCount says, so a launch may use several types)
         assert i["SubnetId"] in net["subnets"] and i["InstanceType"] in ("t3.medium", "t3a.medium")
-        attr = ec2.describe_instance_attribute(InstanceId=i["InstanceId"],
-                                               Attribute="instanceInitiatedShutdownBehavior")
+        attr = ec2.describe_instance_attribute(
+            InstanceId=i["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
+        )
         assert attr["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
         ud = ec2.describe_instance_attribute(InstanceId=i["InstanceId"], Attribute="userData")["UserData"]["Value"]
         assert base64.b64decode(ud).decode() == f"#cloud-config\n# run {rid}\n"
@@ -107,8 +114,9 @@ class CapacityLimited:
 
 def test_capacity_errors_move_to_other_types_then_to_on_demand(ec2, net):
     rid = run_id()
-    limited = CapacityLimited(ec2, {("spot", "t3.medium"): "InsufficientInstanceCapacity",
-                                    ("spot", "t3a.medium"): "SpotMaxPriceTooLow"})
+    limited = CapacityLimited(
+        ec2, {("spot", "t3.medium"): "InsufficientInstanceCapacity", ("spot", "t3a.medium"): "SpotMaxPriceTooLow"}
+    )
     p = Ec2Provider(limited, config(net), ami=net["ami"], user_data=lambda r: "#cloud-config\n")
     result = p.launch(rid, 2)
     assert len(result.launched) == 2  # no site is left without a node
@@ -119,8 +127,10 @@ def test_capacity_errors_move_to_other_types_then_to_on_demand(ec2, net):
 
 
 def test_no_on_demand_fallback_when_it_is_off(ec2, net):
-    limited = CapacityLimited(ec2, {("spot", "t3.medium"): "InsufficientInstanceCapacity",
-                                    ("spot", "t3a.medium"): "InsufficientInstanceCapacity"})
+    limited = CapacityLimited(
+        ec2,
+        {("spot", "t3.medium"): "InsufficientInstanceCapacity", ("spot", "t3a.medium"): "InsufficientInstanceCapacity"},
+    )
     p = Ec2Provider(limited, config(net, on_demand_fallback=False), ami=net["ami"], user_data=lambda r: "x")
     result = p.launch(run_id(), 1)
     assert result.launched == () and len(result.errors) == 4

@@ -15,16 +15,17 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from cli.tf_config import aws_section
+from embedded.fakes import MemoryQueue
 from fleet.aws.bootstrap import ensure_resources
+from fleet.aws.queue import DEDUP_WINDOW_S, QueueDepth, SiteMessage, SqsSiteQueue, dedup_id, group_id
 from fleet.clock import FakeClock
 from fleet.config import AwsConfig
-from embedded.fakes import MemoryQueue
-from fleet.aws.queue import DEDUP_WINDOW_S, QueueDepth, SiteMessage, SqsSiteQueue, dedup_id, group_id
-from cli.tf_config import aws_section
 
 from .conftest import NamedClients, moto_clients
 
@@ -87,8 +88,9 @@ def test_sends_carry_the_ids_on_fifo_only(aws_config, shared_clients):
         ensure_resources(NamedClients(shared_clients, aws), visibility_timeout_s=30)
     sqs = moto_clients(fifo_aws).client("sqs")  # its own client: the hook stays off the shared ones
     calls: list[tuple[str, dict[str, Any]]] = []
-    sqs.meta.events.register("provide-client-params.sqs",
-                             lambda params, model, **_: calls.append((model.name, dict(params))))
+    sqs.meta.events.register(
+        "provide-client-params.sqs", lambda params, model, **_: calls.append((model.name, dict(params)))
+    )
 
     SqsSiteQueue(sqs, fifo_aws.queue_name, fifo_aws.dlq_name).send(RUN, "s1", 3)
     SqsSiteQueue(sqs, fifo_aws.queue_name, fifo_aws.dlq_name).send_many([(RUN, "s2", 1)])
@@ -227,7 +229,11 @@ def test_a_standard_queue_still_delivers_duplicates(aws_config, shared_clients):
     a, b = queue.receive(0, 30), queue.receive(0, 30)  # no groups: both of s1 at once
     assert isinstance(a, SiteMessage) and isinstance(b, SiteMessage)
     assert sorted(drain(queue) + [(RUN, a.site, a.attempt), (RUN, b.site, b.attempt)]) == [
-        (RUN, "s1", 1), (RUN, "s1", 1), (RUN, "s1", 1), (RUN, "s2", 1)]
+        (RUN, "s1", 1),
+        (RUN, "s1", 1),
+        (RUN, "s1", 1),
+        (RUN, "s2", 1),
+    ]
 
 
 # --- bootstrap and config ----------------------------------------------------------------------------------------
@@ -269,7 +275,9 @@ def test_bootstrap_creates_fifo_queues_with_the_dlq_redrive(aws_config):
 
 def test_fifo_queue_names():
     assert (AwsConfig(queue="q", queue_fifo=True).queue_name, AwsConfig(queue="q", queue_fifo=True).dlq_name) == (
-        "q.fifo", "q-dlq.fifo")
+        "q.fifo",
+        "q-dlq.fifo",
+    )
     named = AwsConfig(queue="q.fifo", queue_fifo=True)
     assert (named.queue_name, named.dlq_name) == ("q.fifo", "q-dlq.fifo")  # never .fifo.fifo
     assert AwsConfig(queue="q", dlq="dead", queue_fifo=True).dlq_name == "dead.fifo"
@@ -289,9 +297,9 @@ def test_terraform_output_carries_queue_fifo():
 def test_an_attempt_given_back_is_asked_for_again_under_a_new_id():
     """A spot interruption gives its attempt back: the next message has the same (run, site, attempt) as the
     deleted one, and must not be dropped as a duplicate; a repeated send of that request still is."""
+    from embedded.fakes import MemoryStateTable
     from fleet import ops
     from fleet.clock import FakeClock
-    from embedded.fakes import MemoryStateTable
     from fleet.state import Reason, SiteSpec
 
     clock = FakeClock()
@@ -302,8 +310,7 @@ def test_an_attempt_given_back_is_asked_for_again_under_a_new_id():
     msg = q.receive(0, 30)
     rec = ops.claim(table, table.get_site("r", "s1"), "i-1", clock.now())
     q.delete(msg)
-    rec = ops.end_attempt(table, rec, reason=Reason.SPOT, now=clock.now(), max_attempts=3,
-                          spot_cap=3)
+    rec = ops.end_attempt(table, rec, reason=Reason.SPOT, now=clock.now(), max_attempts=3, spot_cap=3)
     assert rec.attempt == 0 and rec.spot_requeues == 1
     ops.send_next(table, q, rec)
     q.send("r", "s1", 1, rec.spot_requeues)  # the same request again (a repaired enqueue): dropped

@@ -63,8 +63,9 @@ def post(url: str, method: str = "POST", headers: dict[str, str] | None = None) 
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(url, method=method, data=b"" if method in ("POST", "PUT") else None,
-                                 headers=headers or {})
+    req = urllib.request.Request(
+        url, method=method, data=b"" if method in ("POST", "PUT") else None, headers=headers or {}
+    )
     try:
         with urllib.request.urlopen(req, timeout=2) as resp:
             return resp.status

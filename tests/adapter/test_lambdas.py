@@ -57,8 +57,9 @@ def template(clients) -> str:
     ec2 = clients.client("ec2")
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     name = f"gridfleet-hub-{uuid.uuid4().hex[:8]}"
-    ec2.create_launch_template(LaunchTemplateName=name,
-                               LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"})
+    ec2.create_launch_template(
+        LaunchTemplateName=name, LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"}
+    )
     return name
 
 
@@ -137,11 +138,21 @@ class Rig:
     def run_id(self) -> str:
         return f"r{next(_seq)}-{uuid.uuid4().hex[:8]}"
 
-    def create_run(self, run_id: str, *, status: str = "RUNNING", heartbeat: float | None = None,
-                   deadline_in_s: float = 6 * 3600) -> None:
+    def create_run(
+        self, run_id: str, *, status: str = "RUNNING", heartbeat: float | None = None, deadline_in_s: float = 6 * 3600
+    ) -> None:
         now = self.clock.now()
-        assert self.table.create_run(RunInfo(run_id, "RUNNING", now, now + deadline_in_s, "20270101",
-                                             hub_id="i-previous", hub_heartbeat=heartbeat or now))
+        assert self.table.create_run(
+            RunInfo(
+                run_id,
+                "RUNNING",
+                now,
+                now + deadline_in_s,
+                "20270101",
+                hub_id="i-previous",
+                hub_heartbeat=heartbeat or now,
+            )
+        )
         if status != "RUNNING":
             self.table.update_run(run_id, status=status, finished_at=now)
 
@@ -158,9 +169,12 @@ class Rig:
             tags.append({"Key": TAG_RUN_ID, "Value": run_id})
         if role is not None:
             tags.append({"Key": TAG_ROLE, "Value": role})
-        out = self.ec2._client.run_instances(LaunchTemplate={"LaunchTemplateName": self.template}, MinCount=n,
-                                             MaxCount=n, TagSpecifications=[{"ResourceType": "instance",
-                                                                             "Tags": tags}])
+        out = self.ec2._client.run_instances(
+            LaunchTemplate={"LaunchTemplateName": self.template},
+            MinCount=n,
+            MaxCount=n,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+        )
         return [i["InstanceId"] for i in out["Instances"]]
 
     def instances(self, run_id: str, role: str | None = None) -> dict[str, str]:
@@ -185,8 +199,13 @@ class Rig:
         return {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
 
     def watch(self, **kwargs: Any) -> dict[str, Any]:
-        return watch(kwargs.get("settings", self.settings), kwargs.get("ec2", self.ec2),
-                     kwargs.get("table", self.table), kwargs.get("clock", self.clock), kwargs.get("archive"))
+        return watch(
+            kwargs.get("settings", self.settings),
+            kwargs.get("ec2", self.ec2),
+            kwargs.get("table", self.table),
+            kwargs.get("clock", self.clock),
+            kwargs.get("archive"),
+        )
 
     def start(self, run_id: str | None = None, settings: LambdaSettings | None = None) -> dict[str, Any]:
         return start_hub(settings or self.settings, self.ec2, self.table, self.clock, run_id=run_id)
@@ -199,15 +218,27 @@ def mine(entries: list[dict[str, Any]], *run_ids: str) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def rig(clients, template) -> Rig:
-    aws = AwsConfig(region=REGION, endpoint_url=clients.aws.endpoint_url, table=f"t-{uuid.uuid4().hex}",
-                    queue=f"q-{uuid.uuid4().hex}", bucket=f"b-{uuid.uuid4().hex}")
+    aws = AwsConfig(
+        region=REGION,
+        endpoint_url=clients.aws.endpoint_url,
+        table=f"t-{uuid.uuid4().hex}",
+        queue=f"q-{uuid.uuid4().hex}",
+        bucket=f"b-{uuid.uuid4().hex}",
+    )
     ensure_resources(NamedClients(clients, aws), visibility_timeout_s=30)
     ddb = clients.client("dynamodb")
     table = DynamoStateTable(ddb, aws.table)
     # A stack of its own per test: EC2 is shared by the module, and a watchdog touches only its stack's instances.
-    settings = LambdaSettings(region=REGION, table=aws.table, stack=f"s{uuid.uuid4().hex[:8]}",
-                              bucket=aws.bucket, endpoint_url=aws.endpoint_url, hub_launch_template=template,
-                              hub_stale_s=STALE_S, run_grace_s=GRACE_S)
+    settings = LambdaSettings(
+        region=REGION,
+        table=aws.table,
+        stack=f"s{uuid.uuid4().hex[:8]}",
+        bucket=aws.bucket,
+        endpoint_url=aws.endpoint_url,
+        hub_launch_template=template,
+        hub_stale_s=STALE_S,
+        run_grace_s=GRACE_S,
+    )
     return Rig(settings, Spy(clients.client("ec2")), ddb, table, FakeClock(start=time.time()), template)
 
 
@@ -580,28 +611,56 @@ def test_orphan_reason():
 
 
 def test_settings_from_env_defaults_and_values():
-    s = LambdaSettings.from_env({"GRIDFLEET_REGION": "eu-west-1", "GRIDFLEET_HUB_INSTANCE_ID": "i-1",
-                                 "GRIDFLEET_ENDPOINT_URL": ""})
-    assert s == LambdaSettings(region="eu-west-1", table="TrendlyzeStatus", endpoint_url=None,
-                               hub_launch_template=None, hub_instance_id="i-1", hub_stale_s=600.0,
-                               run_grace_s=3600.0, lookback_runs=7)
-    s = LambdaSettings.from_env({
-        "GRIDFLEET_REGION": "eu-west-1", "GRIDFLEET_TABLE": "T", "GRIDFLEET_ENDPOINT_URL": "http://127.0.0.1:1",
-        "GRIDFLEET_HUB_LAUNCH_TEMPLATE": "lt", "GRIDFLEET_HUB_STALE_S": "90", "GRIDFLEET_RUN_GRACE_S": "10.5",
-        "GRIDFLEET_LOOKBACK_RUNS": "3"})
-    assert (s.table, s.endpoint_url, s.hub_launch_template, s.hub_stale_s, s.run_grace_s, s.lookback_runs) == \
-        ("T", "http://127.0.0.1:1", "lt", 90.0, 10.5, 3)
+    s = LambdaSettings.from_env(
+        {"GRIDFLEET_REGION": "eu-west-1", "GRIDFLEET_HUB_INSTANCE_ID": "i-1", "GRIDFLEET_ENDPOINT_URL": ""}
+    )
+    assert s == LambdaSettings(
+        region="eu-west-1",
+        table="TrendlyzeStatus",
+        endpoint_url=None,
+        hub_launch_template=None,
+        hub_instance_id="i-1",
+        hub_stale_s=600.0,
+        run_grace_s=3600.0,
+        lookback_runs=7,
+    )
+    s = LambdaSettings.from_env(
+        {
+            "GRIDFLEET_REGION": "eu-west-1",
+            "GRIDFLEET_TABLE": "T",
+            "GRIDFLEET_ENDPOINT_URL": "http://127.0.0.1:1",
+            "GRIDFLEET_HUB_LAUNCH_TEMPLATE": "lt",
+            "GRIDFLEET_HUB_STALE_S": "90",
+            "GRIDFLEET_RUN_GRACE_S": "10.5",
+            "GRIDFLEET_LOOKBACK_RUNS": "3",
+        }
+    )
+    assert (s.table, s.endpoint_url, s.hub_launch_template, s.hub_stale_s, s.run_grace_s, s.lookback_runs) == (
+        "T",
+        "http://127.0.0.1:1",
+        "lt",
+        90.0,
+        10.5,
+        3,
+    )
 
 
-@pytest.mark.parametrize("env, names", [
-    ({"GRIDFLEET_HUB_LAUNCH_TEMPLATE": "lt"}, ["GRIDFLEET_REGION"]),
-    ({"GRIDFLEET_REGION": " "}, ["GRIDFLEET_REGION"]),
-    ({"GRIDFLEET_REGION": "eu-west-1"}, ["GRIDFLEET_HUB_LAUNCH_TEMPLATE", "GRIDFLEET_HUB_INSTANCE_ID"]),
-    ({"GRIDFLEET_REGION": "eu-west-1", "GRIDFLEET_HUB_LAUNCH_TEMPLATE": "lt", "GRIDFLEET_HUB_STALE_S": "ten"},
-     ["GRIDFLEET_HUB_STALE_S"]),
-    ({"GRIDFLEET_REGION": "eu-west-1", "GRIDFLEET_HUB_LAUNCH_TEMPLATE": "lt", "GRIDFLEET_LOOKBACK_RUNS": "0"},
-     ["GRIDFLEET_LOOKBACK_RUNS"]),
-])
+@pytest.mark.parametrize(
+    "env, names",
+    [
+        ({"GRIDFLEET_HUB_LAUNCH_TEMPLATE": "lt"}, ["GRIDFLEET_REGION"]),
+        ({"GRIDFLEET_REGION": " "}, ["GRIDFLEET_REGION"]),
+        ({"GRIDFLEET_REGION": "eu-west-1"}, ["GRIDFLEET_HUB_LAUNCH_TEMPLATE", "GRIDFLEET_HUB_INSTANCE_ID"]),
+        (
+            {"GRIDFLEET_REGION": "eu-west-1", "GRIDFLEET_HUB_LAUNCH_TEMPLATE": "lt", "GRIDFLEET_HUB_STALE_S": "ten"},
+            ["GRIDFLEET_HUB_STALE_S"],
+        ),
+        (
+            {"GRIDFLEET_REGION": "eu-west-1", "GRIDFLEET_HUB_LAUNCH_TEMPLATE": "lt", "GRIDFLEET_LOOKBACK_RUNS": "0"},
+            ["GRIDFLEET_LOOKBACK_RUNS"],
+        ),
+    ],
+)
 def test_bad_settings_name_the_variable(env, names):
     with pytest.raises(ValueError) as err:
         LambdaSettings.from_env(env)
@@ -656,8 +715,12 @@ def test_the_starter_rejects_a_bad_run_id_in_the_event(lambda_env):
 
 
 def test_run_starter_takes_clients_and_clock(rig, clients):
-    env = {"GRIDFLEET_REGION": REGION, "GRIDFLEET_TABLE": rig.settings.table,
-           "GRIDFLEET_ENDPOINT_URL": rig.settings.endpoint_url, "GRIDFLEET_HUB_LAUNCH_TEMPLATE": rig.template}
+    env = {
+        "GRIDFLEET_REGION": REGION,
+        "GRIDFLEET_TABLE": rig.settings.table,
+        "GRIDFLEET_ENDPOINT_URL": rig.settings.endpoint_url,
+        "GRIDFLEET_HUB_LAUNCH_TEMPLATE": rig.template,
+    }
     made: list[LambdaSettings] = []
 
     def factory(settings: LambdaSettings) -> AwsClients:
@@ -708,8 +771,9 @@ def test_stopped_instances_of_the_stack_are_terminated_unless_configured_to_be_k
     run_id = rig.run_id()
     rig.create_run(run_id)  # a live run: its running instances stay
     running = rig.launch(run_id, "node")
-    stopped_hub, kept_hub, stopped_node = (rig.launch(run_id, "hub") + rig.launch(None, "hub")
-                                           + rig.launch(run_id, "node"))
+    stopped_hub, kept_hub, stopped_node = (
+        rig.launch(run_id, "hub") + rig.launch(None, "hub") + rig.launch(run_id, "node")
+    )
     other_stack = rig.launch(run_id, "hub", stack="someone-else")
     rig.ec2._client.stop_instances(InstanceIds=[stopped_hub, kept_hub, stopped_node, *other_stack])
 

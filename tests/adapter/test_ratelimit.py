@@ -24,8 +24,13 @@ from tests.helpers.windows import max_in_window
 @pytest.fixture(scope="module")
 def limits_table(shared_clients, moto_endpoint) -> str:
     """One state table (made as bootstrap makes it) for the module; each test uses its own group names."""
-    aws = AwsConfig(endpoint_url=moto_endpoint, region=REGION, table=f"t-{uuid.uuid4().hex}",
-                    queue=f"q-{uuid.uuid4().hex}", bucket=f"b-{uuid.uuid4().hex}")
+    aws = AwsConfig(
+        endpoint_url=moto_endpoint,
+        region=REGION,
+        table=f"t-{uuid.uuid4().hex}",
+        queue=f"q-{uuid.uuid4().hex}",
+        bucket=f"b-{uuid.uuid4().hex}",
+    )
     ensure_resources(NamedClients(shared_clients, aws), visibility_timeout_s=30)
     return aws.table
 
@@ -56,6 +61,7 @@ def update_calls() -> int:
 
 
 # --- the same slots as in memory -------------------------------------------------------------------------------------
+
 
 def test_idle_group_gives_slot_now(make_limiter):
     clock = FakeClock()
@@ -97,14 +103,16 @@ def test_wait_sleeps_until_the_slot(make_limiter):
 
 # --- DynamoDB specifics ----------------------------------------------------------------------------------------------
 
+
 def test_item_layout(shared_clients, limits_table):
     ddb = shared_clients.client("dynamodb")
     clock = FakeClock()
     rl, g = DynamoRateLimiter(ddb, limits_table, clock), group()
     rl.take(g, 4, clock.now())
     rl.take(g, 4, clock.now())
-    item = ddb.get_item(TableName=limits_table, Key={"run_id": {"S": LIMITS_PARTITION}, "Site": {"S": g}},
-                        ConsistentRead=True)["Item"]
+    item = ddb.get_item(
+        TableName=limits_table, Key={"run_id": {"S": LIMITS_PARTITION}, "Site": {"S": g}}, ConsistentRead=True
+    )["Item"]
     assert set(item) == {"run_id", "Site", "next_at"}
     assert item["run_id"] == {"S": "#limits"} and item["Site"] == {"S": g}
     assert float(item["next_at"]["N"]) == pytest.approx(clock.now() + 2 * spacing(4), abs=1e-6)
@@ -157,13 +165,15 @@ def test_other_errors_are_not_swallowed(shared_clients):
 
 # --- processes sharing a group's rate ---------------------------------------------------------------------------------
 
+
 def _node(endpoint: str, table: str, grp: str, per_s: float, start: Any, run_s: float, out: Any) -> None:
     """One node: its own boto3 client; once all nodes are ready, takes slots and 'sends' at each for run_s."""
     clients = AwsClients(AwsConfig(endpoint_url=endpoint, region=REGION), credentials=LOCAL_CREDENTIALS)
     rl = DynamoRateLimiter(clients.client("dynamodb"), table)  # the system clock
     ddb_calls = [0]
     clients.client("dynamodb").meta.events.register(
-        "after-call.dynamodb.UpdateItem", lambda **_: ddb_calls.__setitem__(0, ddb_calls[0] + 1))
+        "after-call.dynamodb.UpdateItem", lambda **_: ddb_calls.__setitem__(0, ddb_calls[0] + 1)
+    )
     start.wait(timeout=30)
     start_at = time.time()
     sends: list[float] = []
@@ -179,8 +189,9 @@ def test_processes_share_the_rate(moto_endpoint, limits_table):
     out = ctx.Queue()
     g = group()
     start = ctx.Barrier(nodes)  # the nodes start together, once each has its client
-    procs = [ctx.Process(target=_node, args=(moto_endpoint, limits_table, g, per_s, start, run_s, out))
-             for _ in range(nodes)]
+    procs = [
+        ctx.Process(target=_node, args=(moto_endpoint, limits_table, g, per_s, start, run_s, out)) for _ in range(nodes)
+    ]
     for p in procs:
         p.start()
     try:
@@ -196,10 +207,12 @@ def test_processes_share_the_rate(moto_endpoint, limits_table):
     rate = (len(sends) - 1) / (sends[-1] - sends[0])
     worst = max_in_window(sends)
     min_gap = min(b - a for a, b in pairwise(sends))
-    print(f"\n{nodes} processes, per_s={per_s}: {len(sends)} sends {per_node} in {sends[-1] - sends[0]:.2f}s, "
-          f"achieved {rate:.2f}/s (paced target {per_s / 1.1:.2f}/s), most in any 1s window {worst}, "
-          f"closest sends {min_gap * 1000:.0f} ms apart (spacing {spacing(per_s) * 1000:.0f} ms), "
-          f"{calls / len(sends):.2f} UpdateItem calls per request")
+    print(
+        f"\n{nodes} processes, per_s={per_s}: {len(sends)} sends {per_node} in {sends[-1] - sends[0]:.2f}s, "
+        f"achieved {rate:.2f}/s (paced target {per_s / 1.1:.2f}/s), most in any 1s window {worst}, "
+        f"closest sends {min_gap * 1000:.0f} ms apart (spacing {spacing(per_s) * 1000:.0f} ms), "
+        f"{calls / len(sends):.2f} UpdateItem calls per request"
+    )
     assert all(n > 0 for n in per_node), per_node  # every node got its share
     assert worst <= per_s
     assert rate >= 0.8 * per_s / 1.1

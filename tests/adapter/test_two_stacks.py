@@ -47,12 +47,19 @@ def make_stack(clients: AwsClients, name: str) -> Stack:
     ec2 = clients.client("ec2")
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     tag = uuid.uuid4().hex[:8]
-    config = Config.model_validate({
-        "fleet": {"max_nodes": 4, "instance_types": ["t3.medium"], "spot": False},
-        "aws": {"stack": name, "endpoint_url": clients.aws.endpoint_url, "table": f"t-{tag}", "queue": f"q-{tag}",
-                "bucket": f"b-{tag}"},
-        "sites": [{"id": "a", "start_url": "https://a.test/"}],
-    })
+    config = Config.model_validate(
+        {
+            "fleet": {"max_nodes": 4, "instance_types": ["t3.medium"], "spot": False},
+            "aws": {
+                "stack": name,
+                "endpoint_url": clients.aws.endpoint_url,
+                "table": f"t-{tag}",
+                "queue": f"q-{tag}",
+                "bucket": f"b-{tag}",
+            },
+            "sites": [{"id": "a", "start_url": "https://a.test/"}],
+        }
+    )
     ensure_resources(NamedClients(clients, config.aws), visibility_timeout_s=30)
     table = DynamoStateTable(clients.client("dynamodb"), config.aws.table)
     return Stack(name, config, Ec2Provider(ec2, config, ami=ami, user_data=lambda r: "#cloud-config\n"), table)
@@ -79,9 +86,11 @@ def test_two_stacks_side_by_side_neither_touches_the_other(clients):
     staging_nodes = fill(staging, 2)
     assert len(prod_nodes) == len(staging_nodes) == 2 and not prod_nodes & staging_nodes
     assert live(prod) == prod_nodes and live(staging) == staging_nodes
-    tags = {i["InstanceId"]: {t["Key"]: t["Value"] for t in i["Tags"]}
-            for r in ec2.describe_instances(InstanceIds=[*prod_nodes, *staging_nodes])["Reservations"]
-            for i in r["Instances"]}
+    tags = {
+        i["InstanceId"]: {t["Key"]: t["Value"] for t in i["Tags"]}
+        for r in ec2.describe_instances(InstanceIds=[*prod_nodes, *staging_nodes])["Reservations"]
+        for i in r["Instances"]
+    }
     assert {tags[i][TAG_STACK] for i in prod_nodes} == {prod.name}
     assert {tags[i][TAG_STACK] for i in staging_nodes} == {staging.name}
 
@@ -97,11 +106,17 @@ def test_two_stacks_side_by_side_neither_touches_the_other(clients):
     staging_hub = staging.provider.launch(RUN, 1).launched[0]
     prod_hub = prod.provider.launch(RUN, 1).launched[0]
     ec2.stop_instances(InstanceIds=[staging_hub, prod_hub])
-    settings = LambdaSettings(region=staging.config.aws.region, table=staging.config.aws.table, stack=staging.name,
-                              hub_launch_template="unused")
+    settings = LambdaSettings(
+        region=staging.config.aws.region,
+        table=staging.config.aws.table,
+        stack=staging.name,
+        hub_launch_template="unused",
+    )
     out = watch(settings, ec2, staging.table, FakeClock(start=now))
     assert {e["instance_id"] for e in out["terminated"]} == {staging_hub}
-    states = {i["InstanceId"]: i["State"]["Name"]
-              for r in ec2.describe_instances(InstanceIds=[prod_hub, *prod_nodes])["Reservations"]
-              for i in r["Instances"]}
+    states = {
+        i["InstanceId"]: i["State"]["Name"]
+        for r in ec2.describe_instances(InstanceIds=[prod_hub, *prod_nodes])["Reservations"]
+        for i in r["Instances"]
+    }
     assert states == {prod_hub: "stopped", **{n: "running" for n in prod_nodes}}

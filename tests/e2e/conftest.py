@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet import procs
 from embedded.stack import stack_id_for
+from fleet import procs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,15 +47,22 @@ class Gridfleet:
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         try:
-            return subprocess.run(self.cmd(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True,
-                                  timeout=timeout)
+            return subprocess.run(
+                self.cmd(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout
+            )
         except subprocess.TimeoutExpired as e:
             err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
             (self.cwd / "timed-out.log").write_text(err)
-            shutil.copytree(self.home / "local", self.cwd / "timed-out-home", dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("grid-home", "*.jar"), ignore_dangling_symlinks=True)
-            raise AssertionError(f"gridfleet {' '.join(args)} still running after {timeout}s; its log ends:\n"
-                                 + err[-6000:]) from None
+            shutil.copytree(
+                self.home / "local",
+                self.cwd / "timed-out-home",
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns("grid-home", "*.jar"),
+                ignore_dangling_symlinks=True,
+            )
+            raise AssertionError(
+                f"gridfleet {' '.join(args)} still running after {timeout}s; its log ends:\n" + err[-6000:]
+            ) from None
 
     def start(self, *args: str, log: str = "hub.log") -> subprocess.Popen:
         out = open(self.cwd / log, "w")
@@ -125,5 +132,5 @@ def assert_no_overlap(summary: dict) -> None:
     """No two attempts of one site ran at the same time."""
     for name, s in summary["sites"].items():
         spans = sorted((a["start"], a["end"]) for a in s["attempts"])
-        for (s1, e1), (s2, _) in zip(spans, spans[1:]):
+        for (_s1, e1), (s2, _) in zip(spans, spans[1:], strict=False):
             assert e1 is not None and e1 <= s2, f"{name}: attempts overlap: {spans}"

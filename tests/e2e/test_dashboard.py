@@ -18,9 +18,16 @@ pytestmark = pytest.mark.e2e
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-CHROME_ARGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--no-first-run")
+CHROME_ARGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+)
 WAIT_S = 15
 
 
@@ -49,14 +56,23 @@ def driver(tmp_path) -> WebDriver:
 @pytest.fixture
 def status() -> dict:
     return {
-        "run_id": "2026-11-21", "finished": False, "updated_at": 1763700000.0,
+        "run_id": "2026-11-21",
+        "finished": False,
+        "updated_at": 1763700000.0,
         "counts": {"QUEUED": 1, "RUN": 1, "COMPLETED": 0, "FAILED": 0},
         "sites": {
             "a": {"run_status": "QUEUED", "site_status": "PENDING", "attemptCount": 0},
             "b": {"run_status": "RUN", "site_status": "URL_CALL", "attemptCount": 1, "instance_id": "i-0abc"},
         },
-        "nodes": [{"instance_id": "i-0abc", "state": "busy", "site": "b", "heartbeat_age_s": 1.5,
-                   "instance_type": "t3.medium"}],
+        "nodes": [
+            {
+                "instance_id": "i-0abc",
+                "state": "busy",
+                "site": "b",
+                "heartbeat_age_s": 1.5,
+                "instance_type": "t3.medium",
+            }
+        ],
         "kills": [],
         "queue": {"visible": 1, "in_flight": 1, "dlq": 0},
     }
@@ -83,8 +99,9 @@ def test_the_page_follows_a_site_to_completed_and_lists_the_kill(driver, server,
 
     status["sites"]["b"] = {**status["sites"]["b"], "run_status": "COMPLETED", "site_status": "COMPLETED"}
     status["counts"] = {"QUEUED": 1, "RUN": 0, "COMPLETED": 1, "FAILED": 0}
-    status["kills"] = [{"at": 1763699000.0, "site": "b", "attempt": 1, "instance_id": "i-<i>x</i>",
-                        "reason": "hang", "path": "ssm"}]
+    status["kills"] = [
+        {"at": 1763699000.0, "site": "b", "attempt": 1, "instance_id": "i-<i>x</i>", "reason": "hang", "path": "ssm"}
+    ]
 
     # The same element changes: tiles are updated in place, not redrawn.
     wait.until(lambda d: tile.get_attribute("data-status") == "COMPLETED")

@@ -46,9 +46,14 @@ def test_mixed_sites_on_a_running_stack_end_as_their_behaviour_implies(gf):
     cfg = gf.write_config("mixed.yaml", MIXED)
     hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "mixed", log="mixed.log")
     metrics = metrics_while_running(gf.cwd / "mixed.log", hub)  # the hub's /metrics, scraped mid-run
-    for family in ("gridfleet_sites", "gridfleet_nodes_active", "gridfleet_queue_messages",
-                   "gridfleet_run_progress_ratio", "gridfleet_node_jobs_completed_total",
-                   "gridfleet_node_heartbeat_timestamp_seconds"):
+    for family in (
+        "gridfleet_sites",
+        "gridfleet_nodes_active",
+        "gridfleet_queue_messages",
+        "gridfleet_run_progress_ratio",
+        "gridfleet_node_jobs_completed_total",
+        "gridfleet_node_heartbeat_timestamp_seconds",
+    ):
         assert family in metrics, family
     assert hub.wait(timeout=240) == 3, (gf.cwd / "mixed.log").read_text()[-3000:]  # finished, some sites FAILED
     s = gf.summary("mixed")
@@ -193,13 +198,16 @@ def test_hub_sigkilled_mid_run_then_resumed_loses_nothing_and_fetches_nothing_tw
 
 
 def test_run_starts_its_own_stack_and_leaves_nothing_running_even_across_a_crash(gf):
-    cfg = gf.write_config("own.yaml", """\
+    cfg = gf.write_config(
+        "own.yaml",
+        """\
         run: {hang_after_s: 5, watch_interval_s: 1}
         fleet: {max_nodes: 2, sites_per_node: 1}
         sites:
           - {id: one, start_url: "{demo}/s/one/?pages=2"}
           - {id: two, start_url: "{demo}/s/two/?pages=4&delay_s=1"}
-        """)
+        """,
+    )
     hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "own")
     sigkill_when(gf, hub, "own", completed=1)
     assert gf.run("local", "status").returncode == 0  # the stack the dead hub started is still up
@@ -247,8 +255,9 @@ def test_a_spot_notice_mid_crawl_requeues_the_site_without_spending_an_attempt(g
     with pytest.raises(urllib.error.HTTPError) as refused:  # without the stack's token nothing happens
         urllib.request.urlopen(urllib.request.Request(spot, method="POST"), timeout=5)
     assert refused.value.code == 403
-    urllib.request.urlopen(urllib.request.Request(spot, method="POST", headers={"X-Gridfleet-Token": stack["token"]}),
-                           timeout=5).read()
+    urllib.request.urlopen(
+        urllib.request.Request(spot, method="POST", headers={"X-Gridfleet-Token": stack["token"]}), timeout=5
+    ).read()
     assert hub.wait(timeout=180) == 0, (gf.cwd / "hub.log").read_text()
 
     s = gf.summary("spot")
@@ -280,8 +289,14 @@ def test_a_node_agent_sigkilled_mid_crawl_is_lost_its_instance_ended_and_the_sit
     cfg = gf.write_config("kill.yaml", KILL_AGENT)
     hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "kill")
     node = crawling_node(gf, hub, "kill", "victim")
-    agents = [p for p in procs.scan(with_cmdline=True) if p.alive and p.markers.get("GRIDFLEET_INSTANCE") == node
-              and "node" in p.cmdline and "--instance-id" in p.cmdline]
+    agents = [
+        p
+        for p in procs.scan(with_cmdline=True)
+        if p.alive
+        and p.markers.get("GRIDFLEET_INSTANCE") == node
+        and "node" in p.cmdline
+        and "--instance-id" in p.cmdline
+    ]
     assert len(agents) == 1, agents
     os.kill(agents[0].pid, signal.SIGKILL)  # the agent dies; its Grid node, crawler and browser do not
     assert hub.wait(timeout=180) == 0, (gf.cwd / "hub.log").read_text()

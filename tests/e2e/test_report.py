@@ -17,8 +17,17 @@ pytestmark = pytest.mark.e2e
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-ARGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1280,1600")
+ARGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1280,1600",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -43,8 +52,9 @@ def browser(tmp_path: Path):
 
 
 def fill(driver: webdriver.Chrome, selector: str) -> str:
-    return driver.execute_script("return getComputedStyle(arguments[0]).fill",
-                                 driver.find_element(By.CSS_SELECTOR, selector))
+    return driver.execute_script(
+        "return getComputedStyle(arguments[0]).fill", driver.find_element(By.CSS_SELECTOR, selector)
+    )
 
 
 def test_the_report_reads_as_intended_in_chromium(tmp_path, browser):

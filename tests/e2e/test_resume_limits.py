@@ -56,8 +56,9 @@ def test_resume_incremental_and_a_shared_rate_limit(gf):
     # Rate limit: the three feeds ran on three nodes at once and the fleet kept to 5 requests a second.
     nodes = {attempts(s, f)[0]["instance_id"] for f in ("feed-a", "feed-b", "feed-c")}
     times = [t for f in ("feed-a", "feed-b", "feed-c") for t in stats[f]["times"]]
-    assert len(times) == 36 and all(stats[f]["hits"] == {str(p): 1 for p in range(1, 13)}
-                                    for f in ("feed-a", "feed-b", "feed-c"))
+    assert len(times) == 36 and all(
+        stats[f]["hits"] == {str(p): 1 for p in range(1, 13)} for f in ("feed-a", "feed-b", "feed-c")
+    )
     busiest = max_in_window(times)
     rate = (len(times) - 1) / (max(times) - min(times))
     print(f"feeds: {len(times)} requests from {len(nodes)} nodes, {rate:.2f}/s, at most {busiest} in any second")
@@ -66,8 +67,10 @@ def test_resume_incremental_and_a_shared_rate_limit(gf):
 
     # Incremental: the next day's run of the unchanged sites fetches page 1 of each and stops there.
     token = json.loads(gf.stack_file.read_text())["token"]
-    urllib.request.urlopen(urllib.request.Request(gf.demo_url() + "/_reset", method="POST",
-                                                  headers={"X-Gridfleet-Token": token}), timeout=5).read()
+    urllib.request.urlopen(
+        urllib.request.Request(gf.demo_url() + "/_reset", method="POST", headers={"X-Gridfleet-Token": token}),
+        timeout=5,
+    ).read()
     cfg2 = gf.write_config("second.yaml", SECOND)
     second = gf.run("run", "--local", "--config", str(cfg2), "--run-id", "2026-11-21-feeds", timeout=300)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]

@@ -48,9 +48,15 @@ def browsers(flag: str) -> list[dict]:
         args = " ".join(p.cmdline).split()  # Chromium's helpers rewrite their command line as one string
         if p.alive and flag in args:
             try:
-                out.append({"pid": p.pid, "args": args, "uids": uids(p.pid),
-                            "userns": os.readlink(f"/proc/{p.pid}/ns/user"),
-                            "type": next((a.split("=", 1)[1] for a in args if a.startswith("--type=")), None)})
+                out.append(
+                    {
+                        "pid": p.pid,
+                        "args": args,
+                        "uids": uids(p.pid),
+                        "userns": os.readlink(f"/proc/{p.pid}/ns/user"),
+                        "type": next((a.split("=", 1)[1] for a in args if a.startswith("--type=")), None),
+                    }
+                )
             except OSError:  # exited meanwhile
                 continue
     return out
@@ -86,7 +92,10 @@ def test_chromium_of_a_crawl_runs_unprivileged_with_its_sandbox(gf):
     assert s["check"]["ok"], s["check"]
     assert [a["outcome"] for a in attempts(s, "sbx")] == ["completed"]  # none lost, none spot
     node = attempts(s, "sbx")[0]["instance_id"]
-    said = [json.loads(line) for line in (gf.cwd / "runs" / "sandbox" / "nodes" / node / "node.log").read_text()
-            .splitlines() if line.startswith("{") and '"chromium-sandbox"' in line]
+    said = [
+        json.loads(line)
+        for line in (gf.cwd / "runs" / "sandbox" / "nodes" / node / "node.log").read_text().splitlines()
+        if line.startswith("{") and '"chromium-sandbox"' in line
+    ]
     assert [(e["sandbox"], e["uid"]) for e in said] == [("on", uid)]
     assert gf.wait_no_leftovers() == []  # the crawl user's Chromium too, found by its profile

@@ -76,8 +76,10 @@ class Throttle:
 def config_on(moto_endpoint: str, **aws):
     tag = uuid.uuid4().hex[:8]
     extra = "".join(f", {k}: {v}" for k, v in aws.items())
-    return parse_config(f"aws: {{endpoint_url: '{moto_endpoint}', table: t-{tag}, queue: q-{tag}, bucket: b-{tag}"
-                        f"{extra}}}\nsites: [{{id: s1, start_url: 'https://s1.test/'}}]")
+    return parse_config(
+        f"aws: {{endpoint_url: '{moto_endpoint}', table: t-{tag}, queue: q-{tag}, bucket: b-{tag}"
+        f"{extra}}}\nsites: [{{id: s1, start_url: 'https://s1.test/'}}]"
+    )
 
 
 def test_a_node_under_throttling_beyond_retries_never_crawls_unclaimed_and_survives(moto_endpoint, tmp_path):
@@ -100,12 +102,19 @@ def test_a_node_under_throttling_beyond_retries_never_crawls_unclaimed_and_survi
         return ScriptedCrawl(clock, pages_script(2))
 
     (tmp_path / "state").mkdir()
-    agent = Agent(AgentSettings(run_id=RUN, instance_id="i-1", receive_wait_s=1, visibility_s=1, idle_exit_s=4,
-                                heartbeat_interval_s=5),
-                  table=DynamoStateTable(clients.client("dynamodb"), config.aws.table),
-                  queue=SqsSiteQueue(clients.client("sqs"), config.aws.queue, config.aws.dlq_name),
-                  results=S3ResultStore(clients.client("s3"), config.aws.bucket), profiles=ProfileStore(tmp_path),
-                  start_crawl=start_crawl, cleanup=lambda *a: None, clock=clock, state_dir=tmp_path / "state")
+    agent = Agent(
+        AgentSettings(
+            run_id=RUN, instance_id="i-1", receive_wait_s=1, visibility_s=1, idle_exit_s=4, heartbeat_interval_s=5
+        ),
+        table=DynamoStateTable(clients.client("dynamodb"), config.aws.table),
+        queue=SqsSiteQueue(clients.client("sqs"), config.aws.queue, config.aws.dlq_name),
+        results=S3ResultStore(clients.client("s3"), config.aws.bucket),
+        profiles=ProfileStore(tmp_path),
+        start_crawl=start_crawl,
+        cleanup=lambda *a: None,
+        clock=clock,
+        state_dir=tmp_path / "state",
+    )
     assert agent.run() == 0  # the node waited the throttling out instead of dying
     assert throttle.refused == 6
     assert crawl_starts and all(r.run_status is RunStatus.RUN and r.instance_id == "i-1" for r in crawl_starts)
@@ -122,10 +131,18 @@ def test_a_hub_under_throttling_beyond_retries_keeps_its_loop(moto_endpoint, tmp
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS, on_client=(throttle.hook,))
     clock = FakeClock(time.time())
     table = DynamoStateTable(clients.client("dynamodb"), config.aws.table)
-    hub = Hub(run_id=RUN, config=config.model_copy(update={"run": config.run.model_copy(update={"deadline_s": 60})}),
-              table=table, queue=SqsSiteQueue(clients.client("sqs"), config.aws.queue, config.aws.dlq_name),
-              results=S3ResultStore(clients.client("s3"), config.aws.bucket), provider=FakeProvider(),
-              control=FakeControl(), clock=clock, out_dir=tmp_path / "runs", hub_id="h")
+    hub = Hub(
+        run_id=RUN,
+        config=config.model_copy(update={"run": config.run.model_copy(update={"deadline_s": 60})}),
+        table=table,
+        queue=SqsSiteQueue(clients.client("sqs"), config.aws.queue, config.aws.dlq_name),
+        results=S3ResultStore(clients.client("s3"), config.aws.bucket),
+        provider=FakeProvider(),
+        control=FakeControl(),
+        clock=clock,
+        out_dir=tmp_path / "runs",
+        hub_id="h",
+    )
     out = hub.run()  # no node ever comes: the deadline ends it, after the throttled ticks were retried
     assert throttle.refused == 8 and out.exit_code == 3
     assert table.get_site(RUN, "s1").failure_reason == "deadline"
@@ -138,8 +155,7 @@ def test_a_hub_gone_for_good_is_replaced_by_the_watchdog_and_the_run_ends_clean(
     from lambdas.watchdog import run_watchdog
 
     config = config_on(moto_endpoint, efs_id="fs-0123456789abcdef0", hub_address="10.0.0.10")
-    config = config.model_copy(update={"run": config.run.model_copy(update={"deadline_s": 120,
-                                                                             "watch_interval_s": 1})})
+    config = config.model_copy(update={"run": config.run.model_copy(update={"deadline_s": 120, "watch_interval_s": 1})})
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)
     ensure_resources(clients, 30)
     ec2 = clients.client("ec2")
@@ -151,17 +167,30 @@ def test_a_hub_gone_for_good_is_replaced_by_the_watchdog_and_the_run_ends_clean(
 
     # The first hub starts the run, launches nodes, and dies (its instance is gone).
     provider = Ec2Provider(ec2, config, ami=ami, user_data=lambda r: "#cloud-config\n")
-    first = Hub(run_id=RUN, config=config, table=env.table, queue=env.queue, results=env.results,
-                provider=provider, control=env.control(RUN, clock), clock=clock, out_dir=tmp_path / "runs",
-                hub_id="ec2:i-gone")
+    first = Hub(
+        run_id=RUN,
+        config=config,
+        table=env.table,
+        queue=env.queue,
+        results=env.results,
+        provider=provider,
+        control=env.control(RUN, clock),
+        clock=clock,
+        out_dir=tmp_path / "runs",
+        hub_id="ec2:i-gone",
+    )
     first.tick()
     first.tick()  # seeded, nodes launched, hub heartbeat written
     assert [i for i in provider.list(RUN) if i.live]
 
     # The watchdog notices the heartbeat no longer moves, and starts a hub for the run.
-    lam = {"GRIDFLEET_REGION": config.aws.region, "GRIDFLEET_TABLE": config.aws.table,
-           "GRIDFLEET_ENDPOINT_URL": moto_endpoint, "GRIDFLEET_HUB_LAUNCH_TEMPLATE": template,
-           "GRIDFLEET_HUB_STALE_S": "600"}
+    lam = {
+        "GRIDFLEET_REGION": config.aws.region,
+        "GRIDFLEET_TABLE": config.aws.table,
+        "GRIDFLEET_ENDPOINT_URL": moto_endpoint,
+        "GRIDFLEET_HUB_LAUNCH_TEMPLATE": template,
+        "GRIDFLEET_HUB_STALE_S": "600",
+    }
     factory = lambda settings: AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)  # noqa: E731
     run_watchdog({}, lam, clients_factory=factory, clock=clock)
     clock.advance(601)
@@ -172,9 +201,18 @@ def test_a_hub_gone_for_good_is_replaced_by_the_watchdog_and_the_run_ends_clean(
     assert again["restarted"] == []  # one hub, not one per pass
 
     # The new hub (what the instance the watchdog started runs) resumes the run to its end.
-    second = Hub(run_id=RUN, config=config, table=env.table, queue=env.queue, results=env.results,
-                 provider=provider, control=env.control(RUN, clock), clock=clock, out_dir=tmp_path / "runs",
-                 hub_id=f"ec2:{restart['instance_id']}")
+    second = Hub(
+        run_id=RUN,
+        config=config,
+        table=env.table,
+        queue=env.queue,
+        results=env.results,
+        provider=provider,
+        control=env.control(RUN, clock),
+        clock=clock,
+        out_dir=tmp_path / "runs",
+        hub_id=f"ec2:{restart['instance_id']}",
+    )
     out = second.run()
     assert out.exit_code == 3 and out.left_running == 0  # moto nodes never boot: the deadline ended the run
     report = check_run(RUN, table=env.table, queue=env.queue, results=env.results, provider=provider, config=config)

@@ -19,8 +19,14 @@ from hub.providers.base import LaunchResult
 from tests.helpers.fleet_sim import RUN, SimCloud, SimProvider, sim_config
 
 MIX = {"a": "ok", "b": "hang-once", "c": "error-once", "d": "slow", "e": "hang-always", "f": "error-always"}
-EXPECTED = {"a": ("COMPLETED", None), "b": ("COMPLETED", None), "c": ("COMPLETED", None),
-            "d": ("COMPLETED", None), "e": ("FAILED", "hang"), "f": ("FAILED", "error")}
+EXPECTED = {
+    "a": ("COMPLETED", None),
+    "b": ("COMPLETED", None),
+    "c": ("COMPLETED", None),
+    "d": ("COMPLETED", None),
+    "e": ("FAILED", "hang"),
+    "f": ("FAILED", "error"),
+}
 
 
 def outcomes(cloud: SimCloud) -> dict[str, tuple[str, str | None]]:
@@ -42,10 +48,12 @@ def assert_sound(cloud: SimCloud, *, no_losses: bool = False) -> None:
 
 def when(cloud: SimCloud, cond, then, poll_s: float = 1.0, name: str = "chaos") -> None:
     """A chaos actor: once `cond()` holds (looked at every `poll_s` of virtual time), do `then()`."""
+
     def body():
         while not cond():
             cloud.clock.sleep(poll_s)
         then()
+
     cloud.clock.spawn(name, body)
 
 
@@ -84,8 +92,7 @@ def test_node_agent_killed_mid_crawl_is_lost_and_the_site_retried_elsewhere(tmp_
     cloud = SimCloud(tmp_path, sim_config(sites), sites)
     cloud.start_hub()
     victim = []
-    when(cloud, lambda: crawling(cloud, "a"), lambda: (victim.append(crawling(cloud, "a")),
-                                                       cloud.kill_node(victim[0])))
+    when(cloud, lambda: crawling(cloud, "a"), lambda: (victim.append(crawling(cloud, "a")), cloud.kill_node(victim[0])))
     cloud.run()
     a = cloud.site("a")
     assert a.run_status is RunStatus.COMPLETED and [x.outcome for x in a.attempts] == ["lost", "completed"]
@@ -189,8 +196,12 @@ def test_ssm_failing_then_ssh_failing_ends_in_terminate(tmp_path, how):
     config = sim_config(sites)
     config = config.model_copy(update={"fleet": config.fleet.model_copy(update={"node_watchdog": False})})
     cloud = SimCloud(tmp_path, config, sites)
-    ladder = LadderControl([SsmControl(FailingSsm(how), cloud.clock, timeout_s=20),
-                            SshControl(lambda iid: None, user="admin", key_path="/nonexistent", host_keys=None)])
+    ladder = LadderControl(
+        [
+            SsmControl(FailingSsm(how), cloud.clock, timeout_s=20),
+            SshControl(lambda iid: None, user="admin", key_path="/nonexistent", host_keys=None),
+        ]
+    )
     cloud.start_hub(control=ladder)
     cloud.run()
     h = cloud.site("h")
@@ -250,8 +261,10 @@ def test_capacity_errors_at_launch_back_off_and_no_site_is_dropped(tmp_path):
     def launch(run_id, count, target=None):
         if refusals[0] > 0:
             refusals[0] -= 1
-            return LaunchResult((), ("spot t3.medium: InsufficientInstanceCapacity",
-                                     "on-demand t3.medium: InsufficientInstanceCapacity"))
+            return LaunchResult(
+                (),
+                ("spot t3.medium: InsufficientInstanceCapacity", "on-demand t3.medium: InsufficientInstanceCapacity"),
+            )
         return real(run_id, count, target)
 
     provider.launch = launch

@@ -54,8 +54,9 @@ class SlowReceive:
         return self._q.receive(wait_s, visibility_s)
 
 
-def test_a_node_busy_past_the_heartbeat_timeout_that_finishes_and_claims_around_a_tick_is_not_lost(tmp_path,
-                                                                                                       monkeypatch):
+def test_a_node_busy_past_the_heartbeat_timeout_that_finishes_and_claims_around_a_tick_is_not_lost(
+    tmp_path, monkeypatch
+):
     sites = {"long": "long", "next": "ok"}
     # 25 s on one site, heartbeat_timeout_s 20: the node item (written when the crawl began) goes stale.
     monkeypatch.setitem(ATTEMPT_SCRIPTS, "long", lambda: pages_script(5, step=5.0))

@@ -20,15 +20,21 @@ from tests.helpers.fleet_sim import BEHAVIOURS, RUN, SimCloud, sim_config
 
 FAULTS = ("crash_hub", "kill_node", "spot_notice", "reclaim_spot", "duplicates", "partition")
 
-fault = st.tuples(st.sampled_from(FAULTS), st.floats(min_value=0, max_value=600), st.integers(0, 10),
-                  st.floats(min_value=5, max_value=150))
-schedule = st.fixed_dictionaries({
-    "sites": st.lists(st.sampled_from(sorted(BEHAVIOURS)), min_size=1, max_size=6),
-    "max_nodes": st.integers(1, 3),
-    "node_watchdog": st.booleans(),
-    "first_hub_crash_at_write": st.one_of(st.none(), st.integers(1, 70)),
-    "faults": st.lists(fault, max_size=6),
-})
+fault = st.tuples(
+    st.sampled_from(FAULTS),
+    st.floats(min_value=0, max_value=600),
+    st.integers(0, 10),
+    st.floats(min_value=5, max_value=150),
+)
+schedule = st.fixed_dictionaries(
+    {
+        "sites": st.lists(st.sampled_from(sorted(BEHAVIOURS)), min_size=1, max_size=6),
+        "max_nodes": st.integers(1, 3),
+        "node_watchdog": st.booleans(),
+        "first_hub_crash_at_write": st.one_of(st.none(), st.integers(1, 70)),
+        "faults": st.lists(fault, max_size=6),
+    }
+)
 
 #: Whatever befalls it, a site can only end COMPLETED if some attempt of its behaviour can succeed.
 CAN_COMPLETE = {name for name, kinds in BEHAVIOURS.items() if {"ok", "slow"} & set(kinds)}
@@ -39,8 +45,11 @@ DISTURBED = {"lost", "deadline", "no-nodes", "busy", "spot"}
 def play(tmp: Path, s: dict) -> SimCloud:
     sites = {f"s{i}": b for i, b in enumerate(s["sites"])}
     config = sim_config(sites)
-    config = config.model_copy(update={"fleet": config.fleet.model_copy(
-        update={"max_nodes": s["max_nodes"], "node_watchdog": s["node_watchdog"]})})
+    config = config.model_copy(
+        update={
+            "fleet": config.fleet.model_copy(update={"max_nodes": s["max_nodes"], "node_watchdog": s["node_watchdog"]})
+        }
+    )
     cloud = SimCloud(tmp, config, sites)
     cloud.start_hub(crash_after_writes=s["first_hub_crash_at_write"])
 
@@ -79,8 +88,13 @@ def play(tmp: Path, s: dict) -> SimCloud:
     return cloud
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(schedule)
 def test_the_invariants_hold_for_every_schedule_of_faults(s):
     with tempfile.TemporaryDirectory() as tmp:

@@ -86,13 +86,29 @@ class Rig:
         self.crawls: list[ScriptedCrawl] = []
         self.cleanups: list[tuple] = []
         self.table.create_run(RunInfo(RUN, "RUNNING", self.clock.now(), self.clock.now() + 3600, "20261121"))
-        defaults = dict(run_id=RUN, instance_id="i-1", hang_after_s=10, heartbeat_interval_s=5, visibility_s=30,
-                        idle_exit_s=3, receive_wait_s=1, max_attempts=3, lock_timeout_s=0)
+        defaults = dict(
+            run_id=RUN,
+            instance_id="i-1",
+            hang_after_s=10,
+            heartbeat_interval_s=5,
+            visibility_s=30,
+            idle_exit_s=3,
+            receive_wait_s=1,
+            max_attempts=3,
+            lock_timeout_s=0,
+        )
         defaults.update(settings)
-        self.agent = Agent(AgentSettings(**defaults), table=self.table, queue=self.queue, results=self.results,
-                           profiles=ProfileStore(tmp_path / "efs"), start_crawl=self._start,
-                           cleanup=lambda p, s, forced: self.cleanups.append((p.name, s, forced)),
-                           clock=self.clock, state_dir=tmp_path / "state")
+        self.agent = Agent(
+            AgentSettings(**defaults),
+            table=self.table,
+            queue=self.queue,
+            results=self.results,
+            profiles=ProfileStore(tmp_path / "efs"),
+            start_crawl=self._start,
+            cleanup=lambda p, s, forced: self.cleanups.append((p.name, s, forced)),
+            clock=self.clock,
+            state_dir=tmp_path / "state",
+        )
         (tmp_path / "state").mkdir()
 
     def _start(self, job, log_path):
@@ -124,6 +140,7 @@ class Spy:
         def call(*args, **kwargs):
             self.calls.append((name, args))
             return attr(*args, **kwargs)
+
         return call
 
     def named(self, name):

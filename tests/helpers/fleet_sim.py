@@ -38,18 +38,31 @@ ATTEMPT_SCRIPTS: dict[str, Callable[[], list]] = {
 
 #: A site's behaviour: the attempt kinds in order (the last repeats).
 BEHAVIOURS = {
-    "ok": ["ok"], "slow": ["slow"], "hang-once": ["hang", "ok"], "hang-always": ["hang"],
-    "error-once": ["error", "ok"], "error-always": ["error"],
+    "ok": ["ok"],
+    "slow": ["slow"],
+    "hang-once": ["hang", "ok"],
+    "hang-always": ["hang"],
+    "error-once": ["error", "ok"],
+    "error-always": ["error"],
 }
 
 
 def sim_config(sites: dict[str, str], **run: Any) -> Config:
-    return Config.model_validate({
-        "run": {"max_attempts": 3, "hang_after_s": 30, "heartbeat_timeout_s": 20, "watch_interval_s": 10,
-                "deadline_s": 7200, "enqueue_grace_s": 15, **run},
-        "fleet": {"max_nodes": 3, "idle_exit_s": 20, "boot_timeout_s": 60},
-        "sites": [{"id": s, "start_url": f"https://{s}.test/"} for s in sites],
-    })
+    return Config.model_validate(
+        {
+            "run": {
+                "max_attempts": 3,
+                "hang_after_s": 30,
+                "heartbeat_timeout_s": 20,
+                "watch_interval_s": 10,
+                "deadline_s": 7200,
+                "enqueue_grace_s": 15,
+                **run,
+            },
+            "fleet": {"max_nodes": 3, "idle_exit_s": 20, "boot_timeout_s": 60},
+            "sites": [{"id": s, "start_url": f"https://{s}.test/"} for s in sites],
+        }
+    )
 
 
 class CrashAt:
@@ -75,8 +88,15 @@ class CrashAt:
 
 
 class SimCloud:
-    def __init__(self, tmp: Path, config: Config, behaviours: dict[str, str], *, boot_s: float = 5.0,
-                 node_clock_skew_s: float = 0.0):
+    def __init__(
+        self,
+        tmp: Path,
+        config: Config,
+        behaviours: dict[str, str],
+        *,
+        boot_s: float = 5.0,
+        node_clock_skew_s: float = 0.0,
+    ):
         self.tmp = tmp
         self.config = config
         self.behaviours = behaviours
@@ -98,14 +118,29 @@ class SimCloud:
         self.duds = 0  # how many of the next launched nodes never boot
 
     # --- the hub ------------------------------------------------------------------
-    def start_hub(self, at: float | None = None, crash_after_writes: int | None = None, control: Any = None,
-                  provider: Any = None, table: Any = None) -> Actor:
+    def start_hub(
+        self,
+        at: float | None = None,
+        crash_after_writes: int | None = None,
+        control: Any = None,
+        provider: Any = None,
+        table: Any = None,
+    ) -> Actor:
         table = table or self.table
         if crash_after_writes is not None:
             table = CrashAt(table, self.clock, crash_after_writes)
-        hub = Hub(run_id=RUN, config=self.config, table=table, queue=self.queue, results=self.results,
-                  provider=provider or SimProvider(self), control=control or SimControl(self), clock=self.clock,
-                  out_dir=self.tmp / "runs", hub_id=f"sim:hub{len(self.hubs)}")
+        hub = Hub(
+            run_id=RUN,
+            config=self.config,
+            table=table,
+            queue=self.queue,
+            results=self.results,
+            provider=provider or SimProvider(self),
+            control=control or SimControl(self),
+            clock=self.clock,
+            out_dir=self.tmp / "runs",
+            hub_id=f"sim:hub{len(self.hubs)}",
+        )
 
         def run() -> RunOutcome:
             out = hub.run()
@@ -124,22 +159,42 @@ class SimCloud:
         iid = f"i-sim{len(self.instances):03d}"
         if self.duds > 0:  # its bootstrap fails silently: no agent, no heartbeat, ever
             self.duds -= 1
-            actor = self.clock.spawn(iid, lambda: self.clock.sleep(10 ** 9))
-            self.instances[iid] = {"actor": actor, "crawl": None, "interrupted": False, "spot": None,
-                                   "partitioned": False, "dud": True}
+            actor = self.clock.spawn(iid, lambda: self.clock.sleep(10**9))
+            self.instances[iid] = {
+                "actor": actor,
+                "crawl": None,
+                "interrupted": False,
+                "spot": None,
+                "partitioned": False,
+                "dud": True,
+            }
             return iid
         state = self.tmp / "nodes" / iid
         state.mkdir(parents=True)
-        settings = dataclasses.replace(AgentSettings.from_config(self.config, RUN, iid, grid_url=""),
-                                       receive_wait_s=5.0)
-        agent = Agent(settings, table=self.table, queue=self.queue_for_nodes, results=self.results,
-                      profiles=self.profiles,
-                      start_crawl=lambda job, log: self._crawl(iid, job), cleanup=lambda *a: None,
-                      clock=self.node_clock, state_dir=state,
-                      spot_notice=lambda: self.instances[iid]["spot"])
+        settings = dataclasses.replace(
+            AgentSettings.from_config(self.config, RUN, iid, grid_url=""), receive_wait_s=5.0
+        )
+        agent = Agent(
+            settings,
+            table=self.table,
+            queue=self.queue_for_nodes,
+            results=self.results,
+            profiles=self.profiles,
+            start_crawl=lambda job, log: self._crawl(iid, job),
+            cleanup=lambda *a: None,
+            clock=self.node_clock,
+            state_dir=state,
+            spot_notice=lambda: self.instances[iid]["spot"],
+        )
         actor = self.clock.spawn(iid, agent.run, at=self.clock.now() + self.boot_s)
-        self.instances[iid] = {"actor": actor, "crawl": None, "interrupted": False, "spot": None,
-                               "partitioned": False, "dud": False}
+        self.instances[iid] = {
+            "actor": actor,
+            "crawl": None,
+            "interrupted": False,
+            "spot": None,
+            "partitioned": False,
+            "dud": False,
+        }
         return iid
 
     def _crawl(self, iid: str, job: dict) -> ScriptedCrawl:
@@ -150,8 +205,14 @@ class SimCloud:
         crawl.site, crawl.attempt = site, attempt
         for other, inst in self.instances.items():
             c = inst["crawl"]
-            if (other != iid and c is not None and c.site == site and not inst["actor"].done and not c.killed
-                    and c.closed_with is None):
+            if (
+                other != iid
+                and c is not None
+                and c.site == site
+                and not inst["actor"].done
+                and not c.killed
+                and c.closed_with is None
+            ):
                 self.concurrent.append(f"{site}: crawled on {iid} while {other} still crawls it")
         self.instances[iid]["crawl"] = crawl
         return crawl
@@ -198,8 +259,14 @@ class SimCloud:
                 raise AssertionError(f"{actor.name} failed") from actor.error
 
     def check(self) -> CheckReport:
-        report = check_run(RUN, table=self.table, queue=self.queue, results=self.results, provider=SimProvider(self),
-                           config=self.config)
+        report = check_run(
+            RUN,
+            table=self.table,
+            queue=self.queue,
+            results=self.results,
+            provider=SimProvider(self),
+            config=self.config,
+        )
         self.clock.shutdown()
         return report
 
@@ -231,8 +298,14 @@ class SimProvider:
         self.cloud = cloud
 
     def list(self, run_id: str) -> list[Instance]:
-        return [Instance(iid, "terminated" if inst["actor"].done or inst.get("terminated") else "running",
-                         interrupted=inst["interrupted"]) for iid, inst in self.cloud.instances.items()]
+        return [
+            Instance(
+                iid,
+                "terminated" if inst["actor"].done or inst.get("terminated") else "running",
+                interrupted=inst["interrupted"],
+            )
+            for iid, inst in self.cloud.instances.items()
+        ]
 
     def launch(self, run_id: str, count: int, target: int | None = None) -> LaunchResult:
         if target is not None:
@@ -279,8 +352,7 @@ class HostLocks:
         self.store = ProfileStore(root)  # paths and Singleton* cleanup stay the real code's
         self.owner: dict[str, object] = {}
 
-    def acquire(self, site: str, timeout_s: float, *, poll_s: float = 0.2, on_wait=None, monotonic=None,
-                sleep=None):
+    def acquire(self, site: str, timeout_s: float, *, poll_s: float = 0.2, on_wait=None, monotonic=None, sleep=None):
         from profiles import ProfileBusy
 
         me = object()

@@ -48,8 +48,9 @@ class Recorder:
         self.calls: set[str] = set()
 
     def hook(self, service: str, client: Any) -> None:
-        client.meta.events.register("before-parameter-build", lambda params, model, **_: self._record(
-            service, model, params))
+        client.meta.events.register(
+            "before-parameter-build", lambda params, model, **_: self._record(service, model, params)
+        )
 
     def _record(self, service: str, model: Any, params: dict[str, Any]) -> None:
         call = f"{service}.{model.name}"
@@ -66,8 +67,10 @@ class Recorder:
 def _account(endpoint: str, tmp: Path) -> Config:
     tmp.mkdir(parents=True, exist_ok=True)
     """A config on moto with the resources Terraform would make (made without recording)."""
-    setup = AwsClients(parse_config(f"aws: {{endpoint_url: '{endpoint}'}}\nsites: [{{id: a, start_url: "
-                                    "'http://a.test'}]").aws, credentials=LOCAL_CREDENTIALS)
+    setup = AwsClients(
+        parse_config(f"aws: {{endpoint_url: '{endpoint}'}}\nsites: [{{id: a, start_url: 'http://a.test'}}]").aws,
+        credentials=LOCAL_CREDENTIALS,
+    )
     ec2 = setup.client("ec2")
     vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.9.1.0/24")["Subnet"]["SubnetId"]
@@ -75,8 +78,11 @@ def _account(endpoint: str, tmp: Path) -> Config:
     fs = setup.client("efs").create_file_system(CreationToken=uuid.uuid4().hex)["FileSystemId"]
     profile = f"node-{uuid.uuid4().hex[:6]}"
     setup.client("iam").create_instance_profile(InstanceProfileName=profile)
-    setup.client("ssm").put_parameter(Name=f"/gridfleet/ami-{uuid.uuid4().hex[:6]}", Type="String",
-                                      Value=ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+    setup.client("ssm").put_parameter(
+        Name=f"/gridfleet/ami-{uuid.uuid4().hex[:6]}",
+        Type="String",
+        Value=ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"],
+    )
     ami_param = setup.client("ssm").describe_parameters()["Parameters"][-1]["Name"]
     tag = uuid.uuid4().hex[:8]
     config = parse_config(f"""
@@ -96,8 +102,11 @@ def published(config: Config) -> set[tuple[str, tuple[str, ...]]]:
     """Unrecorded: (metric name, dimension names) of what reached CloudWatch in the config's namespace."""
     cw = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS).client("cloudwatch")
     pages = cw.get_paginator("list_metrics").paginate(Namespace=config.metrics.namespace)
-    return {(m["MetricName"], tuple(sorted(d["Name"] for d in m.get("Dimensions", []))))
-            for page in pages for m in page["Metrics"]}
+    return {
+        (m["MetricName"], tuple(sorted(d["Name"] for d in m.get("Dimensions", []))))
+        for page in pages
+        for m in page["Metrics"]
+    }
 
 
 def hub_calls(endpoint: str, tmp: Path) -> set[str]:
@@ -121,9 +130,19 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     provider = env.provider(ami, "10.9.1.10")
     clock = SystemClock()
     control = env.control("iam-hub", clock)
-    hub = Hub(run_id="iam-hub", config=config, table=env.table, queue=env.queue, results=env.results,
-              provider=provider, control=control, clock=clock, out_dir=tmp / "runs", hub_id="ec2:i-hub",
-              monitor=monitor_for("iam-hub", config, env.queue, env.clients, clock))  # as `gridfleet run`
+    hub = Hub(
+        run_id="iam-hub",
+        config=config,
+        table=env.table,
+        queue=env.queue,
+        results=env.results,
+        provider=provider,
+        control=control,
+        clock=clock,
+        out_dir=tmp / "runs",
+        hub_id="ec2:i-hub",
+        monitor=monitor_for("iam-hub", config, env.queue, env.clients, clock),
+    )  # as `gridfleet run`
     hub.tick()  # start, seed, launch
     # The hub's per-tick read of what moved: the open sites' stamps (the table's index `open`), the records
     # that changed (in batches) and the node items.
@@ -137,12 +156,14 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     from cli.report import publish
     from fleet.aws.archive import S3RunArchive
 
-    check_run("iam-hub", table=env.table, queue=env.queue, results=env.results, provider=provider,
-              config=config)  # what `gridfleet run` does at the end: the run checks itself...
+    check_run(
+        "iam-hub", table=env.table, queue=env.queue, results=env.results, provider=provider, config=config
+    )  # what `gridfleet run` does at the end: the run checks itself...
     publish(outcome.summary_path, S3RunArchive(env.clients.client("s3"), config.aws.bucket))  # ...and keeps its record
     for name in ("summary.json", "report.html"):
         AwsClients(config.aws, credentials=LOCAL_CREDENTIALS).client("s3").head_object(
-            Bucket=config.aws.bucket, Key=f"runs/iam-hub/{name}")
+            Bucket=config.aws.bucket, Key=f"runs/iam-hub/{name}"
+        )
     control.kill(node, "s1", 1)  # SSM (moto answers Success)
     ConsoleHostKeys(env.ec2)  # the SSH rung reads host keys from the console output
     env.ec2.get_console_output(InstanceId=node)
@@ -193,12 +214,12 @@ def node_calls(endpoint: str, tmp: Path) -> set[str]:
     seed = AwsClients(aws, credentials=LOCAL_CREDENTIALS)
     table = DynamoStateTable(seed.client("dynamodb"), aws.table)
     table.create_run(RunInfo("iam-node", "RUNNING", time.time(), time.time() + 600, "20261121"))
-    rec_site = ops.new_site("iam-node", "s1", SiteSpec("http://x.test/", "tests.helpers.crawlers:QuickCrawler"),
-                            None)
+    rec_site = ops.new_site("iam-node", "s1", SiteSpec("http://x.test/", "tests.helpers.crawlers:QuickCrawler"), None)
     table.create_site(rec_site)
     ops.send_next(table, SqsSiteQueue(seed.client("sqs"), aws.queue, aws.dlq_name), rec_site)
-    failing = ops.new_site("iam-node", "s2", SiteSpec("http://y.test/", "tests.helpers.crawlers:FailingCrawler"),
-                           None)  # an error: the node requeues it itself (a new message), then fails it
+    failing = ops.new_site(
+        "iam-node", "s2", SiteSpec("http://y.test/", "tests.helpers.crawlers:FailingCrawler"), None
+    )  # an error: the node requeues it itself (a new message), then fails it
     table.create_site(failing)
     ops.send_next(table, SqsSiteQueue(seed.client("sqs"), aws.queue, aws.dlq_name), failing)
 
@@ -208,24 +229,40 @@ def node_calls(endpoint: str, tmp: Path) -> set[str]:
     state.mkdir(parents=True)
     clock = SystemClock()
     agent = Agent(
-        AgentSettings(run_id="iam-node", instance_id="i-node", heartbeat_interval_s=0.2, idle_exit_s=1,
-                      receive_wait_s=0, hang_after_s=30),
+        AgentSettings(
+            run_id="iam-node",
+            instance_id="i-node",
+            heartbeat_interval_s=0.2,
+            idle_exit_s=1,
+            receive_wait_s=0,
+            hang_after_s=30,
+        ),
         table=DynamoStateTable(clients.client("dynamodb"), aws.table),
         queue=SqsSiteQueue(clients.client("sqs"), aws.queue, aws.dlq_name),
-        results=S3ResultStore(clients.client("s3"), aws.bucket), profiles=ProfileStore(tmp / "efs"),
-        start_crawl=lambda job, log: ChildProcess(job, log), cleanup=lambda *a: None, clock=clock,
+        results=S3ResultStore(clients.client("s3"), aws.bucket),
+        profiles=ProfileStore(tmp / "efs"),
+        start_crawl=lambda job, log: ChildProcess(job, log),
+        cleanup=lambda *a: None,
+        clock=clock,
         state_dir=state,
-        metrics=CloudWatchSink(clients.client("cloudwatch") if config.metrics.cloudwatch else None,
-                               config.metrics.namespace, clock))  # as node.main builds it
+        metrics=CloudWatchSink(
+            clients.client("cloudwatch") if config.metrics.cloudwatch else None, config.metrics.namespace, clock
+        ),
+    )  # as node.main builds it
     sys.path.insert(0, str(ROOT))
     agent.run()
     assert table.get_site("iam-node", "s1").run_status.value == "COMPLETED"
     metrics = published(config)
-    assert {("JobsCompleted", ("WorkerId",)), ("JobDuration", ("WorkerId",)), ("Heartbeat", ("WorkerId",)),
-            ("JobErrors", ("ErrorType", "WorkerId"))} <= metrics, metrics
+    assert {
+        ("JobsCompleted", ("WorkerId",)),
+        ("JobDuration", ("WorkerId",)),
+        ("Heartbeat", ("WorkerId",)),
+        ("JobErrors", ("ErrorType", "WorkerId")),
+    } <= metrics, metrics
     # `gridfleet node report-failure`: one item written with the node's own table client
     DynamoStateTable(clients.client("dynamodb"), aws.table).put_node(
-        NodeInfo("iam-node", "i-x", BOOT_FAILED, time.time(), time.time(), error="mount failed"))
+        NodeInfo("iam-node", "i-x", BOOT_FAILED, time.time(), time.time(), error="mount failed")
+    )
     return rec.calls
 
 
@@ -233,34 +270,77 @@ def _hub_template_and_reusable_hub(ec2: Any, stack_tag: dict[str, str]) -> tuple
     """The hub launch template, and the reusable hub as the operator makes it: the hub's role and the stack's tag,
     stopped."""
     template = f"hub-{uuid.uuid4().hex[:6]}"
-    ec2.create_launch_template(LaunchTemplateName=template, LaunchTemplateData={
-        "ImageId": ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"], "InstanceType": "t3.small"})
+    ec2.create_launch_template(
+        LaunchTemplateName=template,
+        LaunchTemplateData={
+            "ImageId": ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"],
+            "InstanceType": "t3.small",
+        },
+    )
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    reusable = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=[
-        {"ResourceType": "instance", "Tags": [{"Key": "gridfleet:role", "Value": "hub"}, stack_tag]}],
+    reusable = ec2.run_instances(
+        ImageId=ami,
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": "gridfleet:role", "Value": "hub"}, stack_tag]}
+        ],
     )["Instances"][0]["InstanceId"]
     ec2.stop_instances(InstanceIds=[reusable])
     return template, ami, reusable
 
 
-def _silent_and_finished_runs(table: Any, ec2: Any, ami: str, stack_tag: dict[str, str], clock: FakeClock
-                              ) -> tuple[str, str, str, str]:
+def _silent_and_finished_runs(
+    table: Any, ec2: Any, ami: str, stack_tag: dict[str, str], clock: FakeClock
+) -> tuple[str, str, str, str]:
     """What the watchdog finds: a run whose hub went silent, a finished run's orphan node and stopped hub, and a run
     whose hub is gone past its deadline and the grace (GRIDFLEET_RUN_GRACE_S, 3600 s) with one site open."""
     stale = f"iam-stale-{uuid.uuid4().hex[:6]}"
-    table.create_run(RunInfo(stale, "RUNNING", clock.now(), clock.now() + 7200, "20261121", hub_id="ec2:i-gone",
-                             hub_heartbeat=clock.now()))
+    table.create_run(
+        RunInfo(
+            stale,
+            "RUNNING",
+            clock.now(),
+            clock.now() + 7200,
+            "20261121",
+            hub_id="ec2:i-gone",
+            hub_heartbeat=clock.now(),
+        )
+    )
     done = f"iam-done-{uuid.uuid4().hex[:6]}"
     table.create_run(RunInfo(done, "RUNNING", clock.now(), clock.now() + 7200, "20261121"))
     table.update_run(done, status="FINISHED", finished_at=clock.now())
-    orphan, old_hub = (ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=[
-        {"ResourceType": "instance", "Tags": [{"Key": "gridfleet:run_id", "Value": done},
-                                              {"Key": "gridfleet:role", "Value": role}, stack_tag]}],
-    )["Instances"][0]["InstanceId"] for role in ("node", "hub"))
+    orphan, old_hub = (
+        ec2.run_instances(
+            ImageId=ami,
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=[
+                {
+                    "ResourceType": "instance",
+                    "Tags": [
+                        {"Key": "gridfleet:run_id", "Value": done},
+                        {"Key": "gridfleet:role", "Value": role},
+                        stack_tag,
+                    ],
+                }
+            ],
+        )["Instances"][0]["InstanceId"]
+        for role in ("node", "hub")
+    )
     ec2.stop_instances(InstanceIds=[old_hub])  # a hub left stopped: it bills for its volume every day
     gone = f"iam-gone-{uuid.uuid4().hex[:6]}"
-    table.create_run(RunInfo(gone, "RUNNING", clock.now() - 20000, clock.now() - 3700, "20261121",
-                             hub_id="ec2:i-lost", hub_heartbeat=clock.now() - 9000))
+    table.create_run(
+        RunInfo(
+            gone,
+            "RUNNING",
+            clock.now() - 20000,
+            clock.now() - 3700,
+            "20261121",
+            hub_id="ec2:i-lost",
+            hub_heartbeat=clock.now() - 9000,
+        )
+    )
     table.create_site(ops.new_site(gone, "s1", SiteSpec("http://x.test/"), None))
     return stale, gone, orphan, old_hub
 
@@ -280,23 +360,36 @@ def lambda_calls(endpoint: str, tmp: Path) -> dict[str, set[str]]:
     stack_tag = {"Key": "gridfleet:stack", "Value": config.aws.stack}
     template, ami, reusable = _hub_template_and_reusable_hub(ec2, stack_tag)
     # The environment Terraform gives both functions (infra/terraform/lambda.tf), on moto.
-    base = {"GRIDFLEET_REGION": config.aws.region, "GRIDFLEET_STACK": config.aws.stack,
-            "GRIDFLEET_TABLE": config.aws.table, "GRIDFLEET_BUCKET": config.aws.bucket,
-            "GRIDFLEET_ENDPOINT_URL": endpoint, "GRIDFLEET_HUB_LAUNCH_TEMPLATE": template,
-            "GRIDFLEET_HUB_STALE_S": "60"}
+    base = {
+        "GRIDFLEET_REGION": config.aws.region,
+        "GRIDFLEET_STACK": config.aws.stack,
+        "GRIDFLEET_TABLE": config.aws.table,
+        "GRIDFLEET_BUCKET": config.aws.bucket,
+        "GRIDFLEET_ENDPOINT_URL": endpoint,
+        "GRIDFLEET_HUB_LAUNCH_TEMPLATE": template,
+        "GRIDFLEET_HUB_STALE_S": "60",
+    }
     recs = {"starter": Recorder(), "watchdog": Recorder()}
 
     def factory(name: str) -> Callable[[Any], AwsClients]:
         return lambda settings: AwsClients(
-            parse_config(f"aws: {{region: {settings.region}, endpoint_url: '{endpoint}', table: "
-                         f"{settings.table}}}\nsites: [{{id: a, start_url: 'http://a.test'}}]").aws,
-            credentials=LOCAL_CREDENTIALS, on_client=(recs[name].hook,))
+            parse_config(
+                f"aws: {{region: {settings.region}, endpoint_url: '{endpoint}', table: "
+                f"{settings.table}}}\nsites: [{{id: a, start_url: 'http://a.test'}}]"
+            ).aws,
+            credentials=LOCAL_CREDENTIALS,
+            on_client=(recs[name].hook,),
+        )
 
     clock = FakeClock(time.time())
     # The starter: a hub from the launch template, and the reusable stopped hub started again.
     run_starter({"run_id": f"iam-{uuid.uuid4().hex[:6]}"}, base, clients_factory=factory("starter"), clock=clock)
-    run_starter({"run_id": f"iam-{uuid.uuid4().hex[:6]}"}, {**base, "GRIDFLEET_HUB_INSTANCE_ID": reusable},
-                clients_factory=factory("starter"), clock=clock)
+    run_starter(
+        {"run_id": f"iam-{uuid.uuid4().hex[:6]}"},
+        {**base, "GRIDFLEET_HUB_INSTANCE_ID": reusable},
+        clients_factory=factory("starter"),
+        clock=clock,
+    )
     # The watchdog: a run whose hub went silent (restarted once it is stale) and a finished run's orphan.
     table = DynamoStateTable(setup.client("dynamodb"), config.aws.table)
     stale, gone, orphan, old_hub = _silent_and_finished_runs(table, ec2, ami, stack_tag, clock)
@@ -337,8 +430,11 @@ if __name__ == "__main__":  # print what each role calls (for writing policies)
     url = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
     try:
         with tempfile.TemporaryDirectory() as t:
-            result = {"hub": hub_calls(url, Path(t) / "h"), "node": node_calls(url, Path(t) / "n"),
-                      **lambda_calls(url, Path(t) / "l")}
+            result = {
+                "hub": hub_calls(url, Path(t) / "h"),
+                "node": node_calls(url, Path(t) / "n"),
+                **lambda_calls(url, Path(t) / "l"),
+            }
         print(json.dumps({k: sorted(v) for k, v in result.items()}, indent=1))
     finally:
         server.stop()

@@ -25,8 +25,12 @@ PRIVSEP_DIR = Path("/run/sshd")
 
 def keygen(path: Path, key_type: str = "ed25519") -> tuple[str, str]:
     """Make a key pair without passphrase at `path`; return its public key as (type, base64)."""
-    subprocess.run([SSH_KEYGEN, "-q", "-t", key_type, "-N", "", "-C", path.name, "-f", str(path)],
-                   check=True, stdin=subprocess.DEVNULL, capture_output=True)
+    subprocess.run(
+        [SSH_KEYGEN, "-q", "-t", key_type, "-N", "", "-C", path.name, "-f", str(path)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+    )
     kind, blob = (path.parent / (path.name + ".pub")).read_text().split()[:2]
     return kind, blob
 
@@ -68,24 +72,33 @@ def start_sshd(workdir: Path, timeout: float = 10.0) -> Sshd:
     authorized.write_text((workdir / "client.pub").read_text())
     port = procs.free_port()
     config = workdir / "sshd_config"
-    config.write_text("\n".join([
-        "ListenAddress 127.0.0.1",
-        f"Port {port}",
-        f"HostKey {workdir / 'hostkey'}",
-        f"PidFile {workdir / 'sshd.pid'}",
-        f"AuthorizedKeysFile {authorized}",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "UsePAM no",
-        "StrictModes no",
-        "PermitRootLogin prohibit-password",
-        "LogLevel VERBOSE",
-        "",
-    ]))
+    config.write_text(
+        "\n".join(
+            [
+                "ListenAddress 127.0.0.1",
+                f"Port {port}",
+                f"HostKey {workdir / 'hostkey'}",
+                f"PidFile {workdir / 'sshd.pid'}",
+                f"AuthorizedKeysFile {authorized}",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "StrictModes no",
+                "PermitRootLogin prohibit-password",
+                "LogLevel VERBOSE",
+                "",
+            ]
+        )
+    )
     log = workdir / "sshd.log"
     with open(log, "ab") as out:
-        proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(SSHD), "-D", "-e", "-f", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     server = Sshd(port, host_key, workdir / "client", log, proc)
     end = time.monotonic() + timeout
     while True:
@@ -98,6 +111,7 @@ def start_sshd(workdir: Path, timeout: float = 10.0) -> Sshd:
             pass
         if time.monotonic() >= end:
             server.stop()
-            pytest.fail(f"sshd did not accept connections on 127.0.0.1:{port} within {timeout}s: "
-                        f"{log.read_text()[-2000:]}")
+            pytest.fail(
+                f"sshd did not accept connections on 127.0.0.1:{port} within {timeout}s: {log.read_text()[-2000:]}"
+            )
         time.sleep(0.02)

@@ -45,28 +45,49 @@ OPERATION_ACTIONS = {
     "ec2.RunInstances": {"ec2:RunInstances", "ec2:CreateTags", "iam:PassRole"},
 }
 
-_SSM_AGENT = {"ssm:UpdateInstanceInformation", "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
-              "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel", "ec2messages:AcknowledgeMessage",
-              "ec2messages:DeleteMessage", "ec2messages:FailMessage", "ec2messages:GetEndpoint",
-              "ec2messages:GetMessages", "ec2messages:SendReply"}
-_LAMBDA_RUNTIME = {"logs:CreateLogStream", "logs:PutLogEvents", "xray:PutTraceSegments", "xray:PutTelemetryRecords",
-                   "sqs:SendMessage"}
+_SSM_AGENT = {
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+    "ec2messages:AcknowledgeMessage",
+    "ec2messages:DeleteMessage",
+    "ec2messages:FailMessage",
+    "ec2messages:GetEndpoint",
+    "ec2messages:GetMessages",
+    "ec2messages:SendReply",
+}
+_LAMBDA_RUNTIME = {
+    "logs:CreateLogStream",
+    "logs:PutLogEvents",
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
+    "sqs:SendMessage",
+}
 
 #: Needed on the code's behalf, never seen as a call from it: (actions, why).
 IMPLIED: dict[str, list[tuple[set[str], str]]] = {
-    "hub": [({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue and bucket"),
-            ({"s3:GetObject"}, "the hub's boot script fetches the bundle and its config with `aws s3 cp`"),
-            ],
-    "node": [({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue, bucket and EFS"),
-             ({"s3:GetObject", "s3:ListBucket"}, "the boot script's `aws s3 cp`; a missing result reads as 404"),
-             ({"s3:PutObjectTagging"}, "results are written with a tag, which the bucket's expiry rule selects"),
-             ({"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}, "mount -t efs -o tls,iam"),
-             (_SSM_AGENT, "the SSM agent, through which the hub's kill command reaches the node")],
-    "starter": [({"kms:Decrypt"}, "the encrypted environment and the table's CMK"),
-                (_LAMBDA_RUNTIME, "the Lambda runtime: its logs, traces and dead-letter queue")],
-    "watchdog": [({"kms:Decrypt"}, "the encrypted environment and the table's CMK"),
-                 ({"kms:GenerateDataKey"}, "SSE-KMS on the bucket, for the summary of a run it ends"),
-                 (_LAMBDA_RUNTIME, "the Lambda runtime: its logs, traces and dead-letter queue")],
+    "hub": [
+        ({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue and bucket"),
+        ({"s3:GetObject"}, "the hub's boot script fetches the bundle and its config with `aws s3 cp`"),
+    ],
+    "node": [
+        ({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue, bucket and EFS"),
+        ({"s3:GetObject", "s3:ListBucket"}, "the boot script's `aws s3 cp`; a missing result reads as 404"),
+        ({"s3:PutObjectTagging"}, "results are written with a tag, which the bucket's expiry rule selects"),
+        ({"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}, "mount -t efs -o tls,iam"),
+        (_SSM_AGENT, "the SSM agent, through which the hub's kill command reaches the node"),
+    ],
+    "starter": [
+        ({"kms:Decrypt"}, "the encrypted environment and the table's CMK"),
+        (_LAMBDA_RUNTIME, "the Lambda runtime: its logs, traces and dead-letter queue"),
+    ],
+    "watchdog": [
+        ({"kms:Decrypt"}, "the encrypted environment and the table's CMK"),
+        ({"kms:GenerateDataKey"}, "SSE-KMS on the bucket, for the summary of a run it ends"),
+        (_LAMBDA_RUNTIME, "the Lambda runtime: its logs, traces and dead-letter queue"),
+    ],
 }
 
 #: Granted for a code path the role's scenario does not take yet: (actions, the code path). When the code makes
@@ -97,9 +118,12 @@ def policy_statements() -> dict[str, list[dict]]:
                     continue
                 for name, body in named.items():
                     docs[unquote(name)] = [
-                        {"actions": {unquote(a) for a in st.get("actions", [])},
-                         "resources": [unquote(r) for r in st.get("resources", [])]}
-                        for st in body.get("statement", []) if unquote(str(st.get("effect", '"Allow"'))) == "Allow"
+                        {
+                            "actions": {unquote(a) for a in st.get("actions", [])},
+                            "resources": [unquote(r) for r in st.get("resources", [])],
+                        }
+                        for st in body.get("statement", [])
+                        if unquote(str(st.get("effect", '"Allow"'))) == "Allow"
                     ]
     return docs
 
@@ -174,17 +198,22 @@ def needed_resources(calls: set[str]) -> set[tuple[str, str]]:
 
 def resource_problems(role: str, calls: set[str], statements: list[dict]) -> list[str]:
     """(action, resource) pairs the code needs that no statement of the role grants (empty: none)."""
-    return [f"{role}: the code calls {action} on {resource}, which no statement grants"
-            for action, resource in sorted(needed_resources(calls))
-            if not any(action in st["actions"] and any(fnmatchcase(resource, r) for r in st["resources"])
-                       for st in statements)]
+    return [
+        f"{role}: the code calls {action} on {resource}, which no statement grants"
+        for action, resource in sorted(needed_resources(calls))
+        if not any(
+            action in st["actions"] and any(fnmatchcase(resource, r) for r in st["resources"]) for st in statements
+        )
+    ]
 
 
 @pytest.fixture(scope="module")
 def recorded(moto_endpoint, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("iam")
-    calls = {"hub": iam_scenarios.hub_calls(moto_endpoint, tmp / "hub"),
-             "node": iam_scenarios.node_calls(moto_endpoint, tmp / "node")}
+    calls = {
+        "hub": iam_scenarios.hub_calls(moto_endpoint, tmp / "hub"),
+        "node": iam_scenarios.node_calls(moto_endpoint, tmp / "node"),
+    }
     calls.update(iam_scenarios.lambda_calls(moto_endpoint, tmp / "lambdas"))
     return calls
 
@@ -200,18 +229,43 @@ def granted():
 
 
 def test_the_scenarios_exercise_each_roles_code(recorded):
-    assert {"ec2.RunInstances", "ec2.TerminateInstances", "ssm.SendCommand", "sqs.SendMessageBatch",
-            "s3.GetObject", "s3.PutObject", "cloudwatch.PutMetricData", "dynamodb.Query", "dynamodb.BatchGetItem",
-            "dynamodb.BatchWriteItem"} <= operations(recorded["hub"])
+    assert {
+        "ec2.RunInstances",
+        "ec2.TerminateInstances",
+        "ssm.SendCommand",
+        "sqs.SendMessageBatch",
+        "s3.GetObject",
+        "s3.PutObject",
+        "cloudwatch.PutMetricData",
+        "dynamodb.Query",
+        "dynamodb.BatchGetItem",
+        "dynamodb.BatchWriteItem",
+    } <= operations(recorded["hub"])
     assert "dynamodb.Query on index/open" in recorded["hub"]
-    assert {"sqs.ReceiveMessage", "sqs.DeleteMessage", "sqs.SendMessage", "s3.PutObject",
-            "cloudwatch.PutMetricData"} <= operations(recorded["node"])
+    assert {
+        "sqs.ReceiveMessage",
+        "sqs.DeleteMessage",
+        "sqs.SendMessage",
+        "s3.PutObject",
+        "cloudwatch.PutMetricData",
+    } <= operations(recorded["node"])
     assert {"ec2.RunInstances", "ec2.CreateTags", "ec2.StartInstances"} <= recorded["starter"]
-    assert {"dynamodb.Query", "dynamodb.UpdateItem", "ec2.RunInstances", "ec2.CreateTags", "ec2.StartInstances",
-            "ec2.StopInstances", "ec2.TerminateInstances", "s3.PutObject"} <= operations(recorded["watchdog"])
+    assert {
+        "dynamodb.Query",
+        "dynamodb.UpdateItem",
+        "ec2.RunInstances",
+        "ec2.CreateTags",
+        "ec2.StartInstances",
+        "ec2.StopInstances",
+        "ec2.TerminateInstances",
+        "s3.PutObject",
+    } <= operations(recorded["watchdog"])
     # The objects are recorded with their keys, which the policies' key patterns must cover.
-    assert {"s3.PutObject on object/runs/iam-hub/fleet.yaml", "s3.PutObject on object/runs/iam-hub/summary.json",
-            "s3.PutObject on object/runs/iam-hub/report.html"} <= recorded["hub"]
+    assert {
+        "s3.PutObject on object/runs/iam-hub/fleet.yaml",
+        "s3.PutObject on object/runs/iam-hub/summary.json",
+        "s3.PutObject on object/runs/iam-hub/report.html",
+    } <= recorded["hub"]
     assert any(re.fullmatch(r"s3\.PutObject on object/runs/[^/]+/summary\.json", c) for c in recorded["watchdog"])
     assert any(re.fullmatch(r"s3\.PutObject on object/.+/result\.json", c) for c in recorded["node"])
 
@@ -259,12 +313,17 @@ def test_each_role_is_granted_its_table_and_bucket_calls_on_their_resources(role
 
 
 def test_an_object_call_is_recorded_with_its_key_and_needs_the_objects_arn():
-    calls = {"s3.PutObject on object/runs/r1/summary.json", "s3.HeadObject on object/a/20261121/result.json",
-             "s3.HeadBucket"}
+    calls = {
+        "s3.PutObject on object/runs/r1/summary.json",
+        "s3.HeadObject on object/a/20261121/result.json",
+        "s3.HeadBucket",
+    }
     assert needed(calls) == {"s3:PutObject", "s3:GetObject", "s3:ListBucket"}
-    assert needed_resources(calls) == {("s3:PutObject", f"{BUCKET_ARN}/runs/r1/summary.json"),
-                                       ("s3:GetObject", f"{BUCKET_ARN}/a/20261121/result.json"),
-                                       ("s3:ListBucket", BUCKET_ARN)}
+    assert needed_resources(calls) == {
+        ("s3:PutObject", f"{BUCKET_ARN}/runs/r1/summary.json"),
+        ("s3:GetObject", f"{BUCKET_ARN}/a/20261121/result.json"),
+        ("s3:ListBucket", BUCKET_ARN),
+    }
     reads = {"actions": {"s3:GetObject"}, "resources": [f"{BUCKET_ARN}/*"]}
     listing = {"actions": {"s3:ListBucket"}, "resources": [BUCKET_ARN]}
     for put in (f"{BUCKET_ARN}/runs/*", f"{BUCKET_ARN}/runs/*/summary.json", f"{BUCKET_ARN}/*"):
@@ -272,17 +331,22 @@ def test_an_object_call_is_recorded_with_its_key_and_needs_the_objects_arn():
     # A write pattern that does not cover the key is named.
     results_only = {"actions": {"s3:PutObject"}, "resources": [f"{BUCKET_ARN}/*/result.json"]}
     assert resource_problems("r", calls, [reads, listing, results_only]) == [
-        f"r: the code calls s3:PutObject on {BUCKET_ARN}/runs/r1/summary.json, which no statement grants"]
+        f"r: the code calls s3:PutObject on {BUCKET_ARN}/runs/r1/summary.json, which no statement grants"
+    ]
 
 
 def test_an_index_call_is_recorded_apart_and_needs_the_index_arn():
     calls = {"dynamodb.Query", "dynamodb.Query on index/open", "dynamodb.GetItem"}
     assert needed(calls) == {"dynamodb:Query", "dynamodb:GetItem"}
-    assert needed_resources(calls) == {("dynamodb:Query", TABLE_ARN), ("dynamodb:GetItem", TABLE_ARN),
-                                       ("dynamodb:Query", f"{TABLE_ARN}/index/open")}
+    assert needed_resources(calls) == {
+        ("dynamodb:Query", TABLE_ARN),
+        ("dynamodb:GetItem", TABLE_ARN),
+        ("dynamodb:Query", f"{TABLE_ARN}/index/open"),
+    }
     on_table = [{"actions": {"dynamodb:Query", "dynamodb:GetItem"}, "resources": [TABLE_ARN]}]
     assert resource_problems("r", calls, on_table) == [
-        f"r: the code calls dynamodb:Query on {TABLE_ARN}/index/open, which no statement grants"]
+        f"r: the code calls dynamodb:Query on {TABLE_ARN}/index/open, which no statement grants"
+    ]
     for index_arn in (f"{TABLE_ARN}/index/open", f"{TABLE_ARN}/index/*"):
         with_index = on_table + [{"actions": {"dynamodb:Query"}, "resources": [index_arn]}]
         assert resource_problems("r", calls, with_index) == []
@@ -295,7 +359,11 @@ def test_an_index_call_is_recorded_apart_and_needs_the_index_arn():
 def test_the_resource_check_fails_when_any_needed_resource_is_removed(role, recorded):
     statements = policy_statements()[role]
     for action, resource in sorted(needed_resources(recorded[role])):
-        cut = [{**st, "resources": [r for r in st["resources"] if not fnmatchcase(resource, r)]}
-               if action in st["actions"] else st for st in statements]
+        cut = [
+            {**st, "resources": [r for r in st["resources"] if not fnmatchcase(resource, r)]}
+            if action in st["actions"]
+            else st
+            for st in statements
+        ]
         found = resource_problems(role, recorded[role], cut)
         assert any(action in p and resource in p for p in found), f"removing {resource} from {action} went unnoticed"

@@ -38,19 +38,41 @@ ANYWHERE = {"0.0.0.0/0", "::/0"}
 
 # The keys of fleet.yaml's aws: section that the stack decides.
 GRIDFLEET_AWS_KEYS = {
-    "region", "stack", "table", "queue", "queue_fifo", "dlq", "bucket", "efs_id", "efs_access_point_id", "subnet_ids",
-    "security_group_ids", "instance_profile", "ami", "key_name", "node_launch_template",
+    "region",
+    "stack",
+    "table",
+    "queue",
+    "queue_fifo",
+    "dlq",
+    "bucket",
+    "efs_id",
+    "efs_access_point_id",
+    "subnet_ids",
+    "security_group_ids",
+    "instance_profile",
+    "ami",
+    "key_name",
+    "node_launch_template",
     "hub_launch_template",
 }
 
 # Actions that have no resource-level permissions: the only ones granted on "*".
 STAR_RESOURCE_ACTIONS = {
-    "ec2:DescribeInstances", "ssm:GetCommandInvocation", "ssm:CancelCommand",
-    "xray:PutTraceSegments", "xray:PutTelemetryRecords",
-    "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
-    "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel",
-    "ec2messages:AcknowledgeMessage", "ec2messages:DeleteMessage", "ec2messages:FailMessage",
-    "ec2messages:GetEndpoint", "ec2messages:GetMessages", "ec2messages:SendReply",
+    "ec2:DescribeInstances",
+    "ssm:GetCommandInvocation",
+    "ssm:CancelCommand",
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+    "ec2messages:AcknowledgeMessage",
+    "ec2messages:DeleteMessage",
+    "ec2messages:FailMessage",
+    "ec2messages:GetEndpoint",
+    "ec2messages:GetMessages",
+    "ec2messages:SendReply",
     "cloudwatch:PutMetricData",
 }
 
@@ -60,48 +82,97 @@ STAR_RESOURCE_CONDITIONS = {
 }
 
 STARTER_ACTIONS = {
-    "dynamodb:GetItem", "dynamodb:UpdateItem",
-    "ec2:DescribeInstances", "ec2:RunInstances", "ec2:CreateTags", "ec2:StartInstances",
+    "dynamodb:GetItem",
+    "dynamodb:UpdateItem",
+    "ec2:DescribeInstances",
+    "ec2:RunInstances",
+    "ec2:CreateTags",
+    "ec2:StartInstances",
     "iam:PassRole",
-    "logs:CreateLogStream", "logs:PutLogEvents",
-    "xray:PutTraceSegments", "xray:PutTelemetryRecords",
+    "logs:CreateLogStream",
+    "logs:PutLogEvents",
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
     "sqs:SendMessage",
     "kms:Decrypt",
 }
 
 EXPECTED_ACTIONS = {
     "hub": {
-        "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem",
-        "dynamodb:BatchGetItem", "dynamodb:BatchWriteItem",
-        "sqs:GetQueueUrl", "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:ReceiveMessage", "sqs:DeleteMessage",
+        "dynamodb:DescribeTable",
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:Query",
+        "dynamodb:UpdateItem",
+        "dynamodb:BatchGetItem",
+        "dynamodb:BatchWriteItem",
+        "sqs:GetQueueUrl",
+        "sqs:SendMessage",
+        "sqs:GetQueueAttributes",
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
         "sqs:ChangeMessageVisibility",
-        "s3:ListBucket", "s3:GetObject", "s3:PutObject",
-        "ec2:DescribeInstances", "ec2:GetConsoleOutput", "ec2:RunInstances", "ec2:CreateTags",
+        "s3:ListBucket",
+        "s3:GetObject",
+        "s3:PutObject",
+        "ec2:DescribeInstances",
+        "ec2:GetConsoleOutput",
+        "ec2:RunInstances",
+        "ec2:CreateTags",
         "ec2:TerminateInstances",
-        "ssm:SendCommand", "ssm:GetCommandInvocation", "ssm:CancelCommand", "ssm:GetParameter",
-        "iam:PassRole", "iam:GetInstanceProfile",
-        "kms:Decrypt", "kms:GenerateDataKey",
+        "ssm:SendCommand",
+        "ssm:GetCommandInvocation",
+        "ssm:CancelCommand",
+        "ssm:GetParameter",
+        "iam:PassRole",
+        "iam:GetInstanceProfile",
+        "kms:Decrypt",
+        "kms:GenerateDataKey",
         "cloudwatch:PutMetricData",
     },
     "node": {
-        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query",
-        "sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:Query",
+        "sqs:GetQueueUrl",
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
         "sqs:SendMessage",
-        "s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:PutObjectTagging",
-        "elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite",
+        "s3:ListBucket",
+        "s3:GetObject",
+        "s3:PutObject",
+        "s3:PutObjectTagging",
+        "elasticfilesystem:ClientMount",
+        "elasticfilesystem:ClientWrite",
         "ssm:UpdateInstanceInformation",
-        "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
-        "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel",
-        "ec2messages:AcknowledgeMessage", "ec2messages:DeleteMessage", "ec2messages:FailMessage",
-        "ec2messages:GetEndpoint", "ec2messages:GetMessages", "ec2messages:SendReply",
-        "kms:Decrypt", "kms:GenerateDataKey",
+        "ssmmessages:CreateControlChannel",
+        "ssmmessages:CreateDataChannel",
+        "ssmmessages:OpenControlChannel",
+        "ssmmessages:OpenDataChannel",
+        "ec2messages:AcknowledgeMessage",
+        "ec2messages:DeleteMessage",
+        "ec2messages:FailMessage",
+        "ec2messages:GetEndpoint",
+        "ec2messages:GetMessages",
+        "ec2messages:SendReply",
+        "kms:Decrypt",
+        "kms:GenerateDataKey",
         "cloudwatch:PutMetricData",
     },
     "starter": STARTER_ACTIONS,
     # Beyond a restart: closing an abandoned run (its sites, their history, its summary in the bucket) and
     # cleaning up instances.
-    "watchdog": STARTER_ACTIONS | {"dynamodb:Query", "dynamodb:BatchWriteItem", "s3:PutObject", "kms:GenerateDataKey",
-                                   "ec2:TerminateInstances", "ec2:StopInstances"},
+    "watchdog": STARTER_ACTIONS
+    | {
+        "dynamodb:Query",
+        "dynamodb:BatchWriteItem",
+        "s3:PutObject",
+        "kms:GenerateDataKey",
+        "ec2:TerminateInstances",
+        "ec2:StopInstances",
+    },
 }
 
 #: The stack's tag: every instance of the stack carries gridfleet:stack = var.name_prefix.
@@ -110,8 +181,14 @@ STACK = ["${var.name_prefix}"]
 #: Actions on an existing instance: a statement granting one on instances holds only for the stack's. (Tags
 #: given at launch, `ec2:CreateAction = RunInstances`, are not on an existing instance: the launch itself must
 #: carry the stack's tag.)
-INSTANCE_ACTIONS = {"ec2:TerminateInstances", "ec2:StopInstances", "ec2:StartInstances", "ec2:CreateTags",
-                    "ec2:GetConsoleOutput", "ssm:SendCommand"}
+INSTANCE_ACTIONS = {
+    "ec2:TerminateInstances",
+    "ec2:StopInstances",
+    "ec2:StartInstances",
+    "ec2:CreateTags",
+    "ec2:GetConsoleOutput",
+    "ssm:SendCommand",
+}
 
 
 # --- reading hcl2's output ------------------------------------------------------------------------
@@ -205,11 +282,14 @@ class Config:
 
     def resolve(self, text: str) -> str:
         """`${local.x}` replaced by the local's value where that value is a plain string."""
+
         def sub(m: re.Match[str]) -> str:
             value = self.locals.get(m.group(1))
-            whole_expression = isinstance(value, str) and value.startswith("${") and value.endswith("}") \
-                and value.count("${") == 1
+            whole_expression = (
+                isinstance(value, str) and value.startswith("${") and value.endswith("}") and value.count("${") == 1
+            )
             return value if isinstance(value, str) and not whole_expression else m.group(0)
+
         for _ in range(5):  # locals built from locals
             text = re.sub(r"\$\{local\.([A-Za-z0-9_]+)\}", sub, text)
         return text
@@ -353,10 +433,15 @@ def test_flow_logs_and_default_security_group(tf):
 
 def ingress_rules(tf: Config) -> list[tuple[str, dict[str, Any]]]:
     """Every ingress rule, whatever resource type declares it."""
-    rules = [(f"aws_vpc_security_group_ingress_rule.{n}", r)
-             for n, r in tf.resources.get("aws_vpc_security_group_ingress_rule", {}).items()]
-    rules += [(f"aws_security_group_rule.{n}", r) for n, r in tf.resources.get("aws_security_group_rule", {}).items()
-              if r.get("type") == "ingress"]
+    rules = [
+        (f"aws_vpc_security_group_ingress_rule.{n}", r)
+        for n, r in tf.resources.get("aws_vpc_security_group_ingress_rule", {}).items()
+    ]
+    rules += [
+        (f"aws_security_group_rule.{n}", r)
+        for n, r in tf.resources.get("aws_security_group_rule", {}).items()
+        if r.get("type") == "ingress"
+    ]
     for n, sg in tf.resources.get("aws_security_group", {}).items():
         rules += [(f"aws_security_group.{n} (inline)", r) for r in blocks(sg, "ingress")]
     return rules
@@ -414,8 +499,11 @@ def test_efs_ingress_nfs_from_nodes_only(tf):
 def test_the_hub_has_no_path_to_efs(tf):
     """The hub never mounts EFS: no NFS egress from its group, no EFS permission in its policy or the file
     system's."""
-    hub_egress = [r for r in tf.resources["aws_vpc_security_group_egress_rule"].values()
-                  if r["security_group_id"] == "${aws_security_group.hub.id}"]
+    hub_egress = [
+        r
+        for r in tf.resources["aws_vpc_security_group_egress_rule"].values()
+        if r["security_group_id"] == "${aws_security_group.hub.id}"
+    ]
     assert hub_egress
     assert all(r.get("referenced_security_group_id") != "${aws_security_group.efs.id}" for r in hub_egress)
     assert all(2049 not in rule_ports(tf, r) for r in hub_egress)
@@ -430,14 +518,20 @@ def test_nat_ingress_from_private_subnets_only(tf):
     for rule in rules:
         assert rule["for_each"] == "${aws_subnet.private}"
         assert rule["cidr_ipv4"] == "${each.value.cidr_block}"
-    egress = [r for r in tf.resources["aws_vpc_security_group_egress_rule"].values()
-              if r["security_group_id"] == "${aws_security_group.nat.id}"]
+    egress = [
+        r
+        for r in tf.resources["aws_vpc_security_group_egress_rule"].values()
+        if r["security_group_id"] == "${aws_security_group.nat.id}"
+    ]
     assert egress and all(r["cidr_ipv4"] == "0.0.0.0/0" for r in egress)
 
 
 def test_node_egress_web_ports(tf):
-    egress = [r for r in tf.resources["aws_vpc_security_group_egress_rule"].values()
-              if r["security_group_id"] == "${aws_security_group.node.id}" and r.get("cidr_ipv4") == "0.0.0.0/0"]
+    egress = [
+        r
+        for r in tf.resources["aws_vpc_security_group_egress_rule"].values()
+        if r["security_group_id"] == "${aws_security_group.node.id}" and r.get("cidr_ipv4") == "0.0.0.0/0"
+    ]
     ports = set().union(*(rule_ports(tf, r) for r in egress))
     assert ports == {80, 443}
 
@@ -469,12 +563,17 @@ def test_efs(tf):
     assert fs_policy["policy"] == "${data.aws_iam_policy_document.efs.json}"
     statements = blocks(tf.datum("aws_iam_policy_document", "efs"), "statement")
     deny = [s for s in statements if s.get("effect") == "Deny"]
-    assert any(c["variable"] == "aws:SecureTransport" and c["values"] == ["false"]
-               for s in deny for c in blocks(s, "condition"))
+    assert any(
+        c["variable"] == "aws:SecureTransport" and c["values"] == ["false"]
+        for s in deny
+        for c in blocks(s, "condition")
+    )
     allow = [s for s in statements if s.get("effect", "Allow") == "Allow"]
     # No ClientRootAccess: the access point's POSIX user is the crawl user, never root.
     assert {a for s in allow for a in s["actions"]} == {
-        "elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}
+        "elasticfilesystem:ClientMount",
+        "elasticfilesystem:ClientWrite",
+    }
     for s in allow:
         conditions = {c["variable"]: c["values"] for c in blocks(s, "condition")}
         assert conditions["elasticfilesystem:AccessPointArn"] == ["${aws_efs_access_point.main.arn}"]
@@ -544,7 +643,10 @@ def test_status_table(tf):
     assert table["name"] == "${var.table_name}"
     assert table["hash_key"] == "run_id" and table["range_key"] == "Site"
     assert {(a["name"], a["type"]) for a in blocks(table, "attribute")} == {
-        ("run_id", "S"), ("Site", "S"), (OPEN_ATTR, "S")}
+        ("run_id", "S"),
+        ("Site", "S"),
+        (OPEN_ATTR, "S"),
+    }
     # The sparse index of the open sites with the attributes of a stamp, as fleet.aws.bootstrap makes it.
     (lsi,) = blocks(table, "local_secondary_index")
     assert (lsi["name"], lsi["range_key"], lsi["projection_type"]) == (OPEN_INDEX, OPEN_ATTR, "INCLUDE")
@@ -588,12 +690,19 @@ def test_results_bucket(tf):
     policy = tf.resource("aws_s3_bucket_policy", "results")
     assert policy["policy"] == "${data.aws_iam_policy_document.results_bucket.json}"
     statements = blocks(tf.datum("aws_iam_policy_document", "results_bucket"), "statement")
-    assert any(s.get("effect") == "Deny" and any(
-        c["variable"] == "aws:SecureTransport" and c["values"] == ["false"] for c in blocks(s, "condition"))
-        for s in statements)
-    for rtype in ("aws_s3_bucket_public_access_block", "aws_s3_bucket_versioning",
-                  "aws_s3_bucket_server_side_encryption_configuration", "aws_s3_bucket_lifecycle_configuration",
-                  "aws_s3_bucket_policy", "aws_s3_bucket_logging"):
+    assert any(
+        s.get("effect") == "Deny"
+        and any(c["variable"] == "aws:SecureTransport" and c["values"] == ["false"] for c in blocks(s, "condition"))
+        for s in statements
+    )
+    for rtype in (
+        "aws_s3_bucket_public_access_block",
+        "aws_s3_bucket_versioning",
+        "aws_s3_bucket_server_side_encryption_configuration",
+        "aws_s3_bucket_lifecycle_configuration",
+        "aws_s3_bucket_policy",
+        "aws_s3_bucket_logging",
+    ):
         assert tf.resource(rtype, "results")["bucket"] == "${aws_s3_bucket.results.id}", rtype
 
 
@@ -633,12 +742,17 @@ def test_roles_profiles_and_one_inline_policy_each(tf):
         r = tf.resource("aws_iam_role", role)
         assert r["assume_role_policy"] == f"${{data.aws_iam_policy_document.{trust[role]}.json}}"
         assert "managed_policy_arns" not in r and "inline_policy" not in r
-        policies = [p for p in tf.resources["aws_iam_role_policy"].values()
-                    if p["role"] == f"${{aws_iam_role.{role}.id}}" or p["role"] == f"${{aws_iam_role.{role}.name}}"]
+        policies = [
+            p
+            for p in tf.resources["aws_iam_role_policy"].values()
+            if p["role"] == f"${{aws_iam_role.{role}.id}}" or p["role"] == f"${{aws_iam_role.{role}.name}}"
+        ]
         assert len(policies) == 1, f"{role}: {len(policies)} inline policies"
         assert policies[0]["policy"] == f"${{data.aws_iam_policy_document.{role}.json}}"
-    services = {name: one(one(tf.datum("aws_iam_policy_document", name), "statement"), "principals")["identifiers"]
-                for name in ("ec2_trust", "lambda_trust")}
+    services = {
+        name: one(one(tf.datum("aws_iam_policy_document", name), "statement"), "principals")["identifiers"]
+        for name in ("ec2_trust", "lambda_trust")
+    }
     assert services == {"ec2_trust": ["ec2.amazonaws.com"], "lambda_trust": ["lambda.amazonaws.com"]}
     for profile in ("hub", "node"):
         assert tf.resource("aws_iam_instance_profile", profile)["role"] == f"${{aws_iam_role.{profile}.name}}"
@@ -675,7 +789,7 @@ def test_each_statement_has_a_comment(tf):
     text = (TF_DIR / "iam.tf").read_text()
     for role in ROLES:
         start = text.index(f'data "aws_iam_policy_document" "{role}"')
-        body = text[start:text.index("\n}\n", start)].splitlines()
+        body = text[start : text.index("\n}\n", start)].splitlines()
         for i, line in enumerate(body):
             if line.strip() == "statement {":
                 assert body[i - 1].strip().startswith("#"), f"{role}: no comment above {body[i + 1].strip()}"
@@ -694,8 +808,11 @@ def test_pass_role_only_where_needed(tf):
             if "iam:PassRole" in s["actions"]:
                 passes.setdefault(name, []).append(s)
     assert set(passes) == {"hub", "starter", "watchdog"}
-    expected = {"hub": "${aws_iam_role.node.arn}", "starter": "${aws_iam_role.hub.arn}",
-                "watchdog": "${aws_iam_role.hub.arn}"}
+    expected = {
+        "hub": "${aws_iam_role.node.arn}",
+        "starter": "${aws_iam_role.hub.arn}",
+        "watchdog": "${aws_iam_role.hub.arn}",
+    }
     for name, statements in passes.items():
         assert len(statements) == 1
         (s,) = statements
@@ -785,13 +902,23 @@ def test_no_statement_touches_another_stacks_instances(tf):
                 if at_launch:
                     continue
                 assert cond.get(("StringEquals", f"aws:ResourceTag/{STACK_TAG}")) == STACK, (
-                    f"{role}/{s['sid']}: {action} on instances of any stack")
+                    f"{role}/{s['sid']}: {action} on instances of any stack"
+                )
                 checked.add((role, action))
-    assert {("hub", "ec2:RunInstances"), ("hub", "ec2:TerminateInstances"), ("hub", "ssm:SendCommand"),
-            ("hub", "ec2:GetConsoleOutput"), ("starter", "ec2:RunInstances"), ("starter", "ec2:CreateTags"),
-            ("starter", "ec2:StartInstances"), ("watchdog", "ec2:RunInstances"), ("watchdog", "ec2:CreateTags"),
-            ("watchdog", "ec2:StartInstances"), ("watchdog", "ec2:StopInstances"),
-            ("watchdog", "ec2:TerminateInstances")} == checked
+    assert {
+        ("hub", "ec2:RunInstances"),
+        ("hub", "ec2:TerminateInstances"),
+        ("hub", "ssm:SendCommand"),
+        ("hub", "ec2:GetConsoleOutput"),
+        ("starter", "ec2:RunInstances"),
+        ("starter", "ec2:CreateTags"),
+        ("starter", "ec2:StartInstances"),
+        ("watchdog", "ec2:RunInstances"),
+        ("watchdog", "ec2:CreateTags"),
+        ("watchdog", "ec2:StartInstances"),
+        ("watchdog", "ec2:StopInstances"),
+        ("watchdog", "ec2:TerminateInstances"),
+    } == checked
 
 
 def test_instances_are_terminated_only_as_the_stacks_hubs_and_nodes(tf):
@@ -800,8 +927,10 @@ def test_instances_are_terminated_only_as_the_stacks_hubs_and_nodes(tf):
     for role in ("hub", "watchdog"):
         (terminate,) = with_action(statements_of(tf, role), "ec2:TerminateInstances")
         assert terminate["actions"] == ["ec2:TerminateInstances"]
-        assert conditions(tf, terminate) == {("StringEquals", "aws:ResourceTag/gridfleet:role"): ["node", "hub"],
-                                             ("StringEquals", f"aws:ResourceTag/{STACK_TAG}"): STACK}, role
+        assert conditions(tf, terminate) == {
+            ("StringEquals", "aws:ResourceTag/gridfleet:role"): ["node", "hub"],
+            ("StringEquals", f"aws:ResourceTag/{STACK_TAG}"): STACK,
+        }, role
     nat_tags = str(tf.resource("aws_instance", "nat").get("tags", ""))
     assert "tag_role" not in nat_tags and "gridfleet:role" not in nat_tags
 
@@ -809,8 +938,11 @@ def test_instances_are_terminated_only_as_the_stacks_hubs_and_nodes(tf):
 def test_a_reusable_hub_keeps_its_stack_tag(tf):
     """A Lambda may tag a reusable hub with its run id and role, never with another stack's name."""
     for role in ("starter", "watchdog"):
-        (reuse,) = [s for s in with_action(statements_of(tf, role), "ec2:CreateTags")
-                    if ("StringEquals", "ec2:CreateAction") not in conditions(tf, s)]
+        (reuse,) = [
+            s
+            for s in with_action(statements_of(tf, role), "ec2:CreateTags")
+            if ("StringEquals", "ec2:CreateAction") not in conditions(tf, s)
+        ]
         keys = conditions(tf, reuse)[("ForAllValues:StringEquals", "aws:TagKeys")]
         assert STACK_TAG not in {tf.resolve(k) for k in keys} and "${local.tag_stack}" not in keys
 
@@ -821,7 +953,7 @@ def test_service_principals_act_for_this_account_only(tf):
     #: Principals bound otherwise, with the reason.
     bound_otherwise = {
         "ec2.amazonaws.com": "instance profile trust: EC2 assumes the role only for instances this account "
-                             "launches with the profile, and sets no source account",
+        "launches with the profile, and sets no source account",
         "logs.${var.region}.amazonaws.com": "held to this account's log groups by the encryption context ARN",
     }
     found = []
@@ -836,7 +968,8 @@ def test_service_principals_act_for_this_account_only(tf):
                         continue
                     cond = conditions(tf, s)
                     assert cond.get(("StringEquals", "aws:SourceAccount")) == ["${local.account_id}"], (
-                        f"{name}/{s.get('sid')}: {service} without aws:SourceAccount")
+                        f"{name}/{s.get('sid')}: {service} without aws:SourceAccount"
+                    )
     key_policy = tf.resource("aws_kms_key", "main")["policy"]
     for statement in key_policy_statements(key_policy):
         m = re.search(r"Principal = \{Service = (\[[^\]]*\]|\"[^\"]*\")\}", statement)
@@ -848,13 +981,14 @@ def test_service_principals_act_for_this_account_only(tf):
             if service in bound_otherwise:
                 continue
             assert re.search(r'"aws:SourceAccount" = local\.account_id', statement), (
-                f"key policy: {service} without aws:SourceAccount: {statement}")
+                f"key policy: {service} without aws:SourceAccount: {statement}"
+            )
     assert {"cloudwatch.amazonaws.com", "sns.amazonaws.com", "lambda.amazonaws.com"} <= set(found)
 
 
 def key_policy_statements(policy: str) -> list[str]:
     """The statement objects of the key's `jsonencode({... Statement = [{...}, ...]})` policy, as text."""
-    body = policy[policy.index("Statement = [") + len("Statement = ["):]
+    body = policy[policy.index("Statement = [") + len("Statement = [") :]
     out, depth, start = [], 0, None
     for i, ch in enumerate(body):
         if ch == "{":
@@ -864,7 +998,7 @@ def key_policy_statements(policy: str) -> list[str]:
         elif ch == "}":
             depth -= 1
             if depth == 0 and start is not None:
-                out.append(body[start:i + 1])
+                out.append(body[start : i + 1])
                 start = None
         elif ch == "]" and depth == 0:
             break
@@ -934,7 +1068,11 @@ def test_watchdog_closes_an_abandoned_run_with_the_least_it_needs(tf):
     assert [tf.resolve(r) for r in put["resources"]] == [f"{bucket}/runs/*/summary.json"]
     table = [s for s in watchdog if any(a.startswith("dynamodb:") for a in s["actions"])]
     assert {a for s in table for a in s["actions"]} == {
-        "dynamodb:Query", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:BatchWriteItem"}
+        "dynamodb:Query",
+        "dynamodb:GetItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:BatchWriteItem",
+    }
     assert all(s["resources"] == ["${aws_dynamodb_table.status.arn}"] for s in table)
     assert not [s for s in statements_of(tf, "starter") if any(a.startswith("s3:") for a in s["actions"])]
 
@@ -942,8 +1080,10 @@ def test_watchdog_closes_an_abandoned_run_with_the_least_it_needs(tf):
 def test_key_is_used_through_named_services_only(tf):
     """Every role's KMS grant holds only through the services that use the key for it (kms:ViaService): the
     Lambdas' Decrypt through Lambda (their environment) and DynamoDB, the watchdog's summary through S3."""
-    via = {name: tf.resolve(f"${{local.{name}}}") for name in
-           ("via_lambda", "via_dynamodb", "via_s3", "via_sqs", "via_efs")}
+    via = {
+        name: tf.resolve(f"${{local.{name}}}")
+        for name in ("via_lambda", "via_dynamodb", "via_s3", "via_sqs", "via_efs")
+    }
     assert via["via_lambda"] == "lambda.${local.region}.amazonaws.com"
     for role in ROLES:
         kms = [s for s in statements_of(tf, role) if any(a.startswith("kms:") for a in s["actions"])]
@@ -955,7 +1095,9 @@ def test_key_is_used_through_named_services_only(tf):
         (decrypt,) = with_action(statements_of(tf, role), "kms:Decrypt")
         assert decrypt["actions"] == ["kms:Decrypt"]
         assert conditions(tf, decrypt)[("StringEquals", "kms:ViaService")] == [
-            "${local.via_lambda}", "${local.via_dynamodb}"]
+            "${local.via_lambda}",
+            "${local.via_dynamodb}",
+        ]
     (generate,) = with_action(statements_of(tf, "watchdog"), "kms:GenerateDataKey")
     assert generate["actions"] == ["kms:GenerateDataKey"]
     assert conditions(tf, generate)[("StringEquals", "kms:ViaService")] == ["${local.via_s3}"]
@@ -966,7 +1108,8 @@ def test_node_permissions(tf):
     node = statements_of(tf, "node")
     (efs,) = with_action(node, "elasticfilesystem:ClientMount")
     assert conditions(tf, efs)[("StringEquals", "elasticfilesystem:AccessPointArn")] == [
-        "${aws_efs_access_point.main.arn}"]
+        "${aws_efs_access_point.main.arn}"
+    ]
     (put,) = with_action(node, "s3:PutObject")
     assert all(r.startswith("${aws_s3_bucket.results.arn}/") for r in put["resources"])
     (kms,) = with_action(node, "kms:Decrypt")
@@ -1023,8 +1166,9 @@ def test_a_hub_from_the_template_ends_with_its_run(tf):
     for doc in ("README.md", "terraform.tfvars.example"):
         paragraphs = re.split(r"\n\s*\n", (TF_DIR / doc).read_text())
         naming = [p for p in paragraphs if "GRIDFLEET_HUB_INSTANCE_ID" in p]
-        assert any(re.search(r"shutdown behaviour,? [`\"]stop[`\"]|[`\"]stop[`\"] as its shutdown", p)
-                   for p in naming), f"{doc}: the reusable hub's shutdown behaviour (stop) is not stated"
+        assert any(
+            re.search(r"shutdown behaviour,? [`\"]stop[`\"]|[`\"]stop[`\"] as its shutdown", p) for p in naming
+        ), f"{doc}: the reusable hub's shutdown behaviour (stop) is not stated"
 
 
 def test_every_launch_template_tags_the_stack(tf):
@@ -1040,9 +1184,16 @@ def test_every_launch_template_tags_the_stack(tf):
 
 def test_lambdas(tf):
     handlers = {"starter": "lambdas.starter.handler", "watchdog": "lambdas.watchdog.handler"}
-    env_keys = {"GRIDFLEET_REGION", "GRIDFLEET_STACK", "GRIDFLEET_TABLE", "GRIDFLEET_BUCKET",
-                "GRIDFLEET_HUB_LAUNCH_TEMPLATE", "GRIDFLEET_HUB_STALE_S", "GRIDFLEET_RUN_GRACE_S",
-                "GRIDFLEET_LOOKBACK_RUNS"}
+    env_keys = {
+        "GRIDFLEET_REGION",
+        "GRIDFLEET_STACK",
+        "GRIDFLEET_TABLE",
+        "GRIDFLEET_BUCKET",
+        "GRIDFLEET_HUB_LAUNCH_TEMPLATE",
+        "GRIDFLEET_HUB_STALE_S",
+        "GRIDFLEET_RUN_GRACE_S",
+        "GRIDFLEET_LOOKBACK_RUNS",
+    }
     env = tf.locals["lambda_environment"]
     assert set(env) == env_keys
     assert env["GRIDFLEET_HUB_LAUNCH_TEMPLATE"] == "${aws_launch_template.hub.name}"
@@ -1061,7 +1212,8 @@ def test_lambdas(tf):
         assert fn["s3_bucket"] == "${aws_s3_bucket.results.id}"
         assert fn["s3_key"] == "${local.lambda_zip_key}"
         assert one(fn, "environment")["variables"] == (
-            "${merge(local.lambda_environment, local.reusable_hub_environment)}")
+            "${merge(local.lambda_environment, local.reusable_hub_environment)}"
+        )
         assert fn["kms_key_arn"] == "${aws_kms_key.main.arn}"
         assert fn["timeout"] == 60
         assert fn["reserved_concurrent_executions"] == 1
@@ -1073,7 +1225,8 @@ def test_a_reusable_hub_is_configured_by_a_variable(tf):
     """var.hub_instance_id, when set, is the Lambdas' GRIDFLEET_HUB_INSTANCE_ID; unset, they have none."""
     assert tf.default("hub_instance_id") is None
     assert tf.locals["reusable_hub_environment"] == (
-        "${var.hub_instance_id == null ? {} : {GRIDFLEET_HUB_INSTANCE_ID = var.hub_instance_id}}")
+        "${var.hub_instance_id == null ? {} : {GRIDFLEET_HUB_INSTANCE_ID = var.hub_instance_id}}"
+    )
     assert "hub_instance_id == null" in one(tf.variables["hub_instance_id"], "validation")["condition"]
     description = tf.variables["hub_instance_id"]["description"]
     assert "GRIDFLEET_HUB_INSTANCE_ID" in description and "gridfleet:stack" in description and "stop" in description
@@ -1116,15 +1269,28 @@ def test_log_groups(tf):
             names.add(group["name"])
     assert {"/gridfleet/hub", "/gridfleet/node"} <= names
     assert {"/aws/lambda/gridfleet-starter", "/aws/lambda/gridfleet-watchdog"} <= {
-        n.replace("${var.name_prefix}", "gridfleet") for n in names}
+        n.replace("${var.name_prefix}", "gridfleet") for n in names
+    }
 
 
 def test_dashboard(tf):
     dashboard = tf.resource("aws_cloudwatch_dashboard", "fleet")
     body = str(dashboard["dashboard_body"]) + str(tf.locals["dashboard_widgets"])
-    for metric in ("ApproximateNumberOfMessagesVisible", "ApproximateNumberOfMessagesNotVisible",
-                   "ActiveNodes", "SitesQueued", "SitesRunning", "SitesCompleted", "SitesFailed", "RunProgress",
-                   "Kills", "JobsCompleted", "JobErrors", "JobDuration", "Heartbeat"):
+    for metric in (
+        "ApproximateNumberOfMessagesVisible",
+        "ApproximateNumberOfMessagesNotVisible",
+        "ActiveNodes",
+        "SitesQueued",
+        "SitesRunning",
+        "SitesCompleted",
+        "SitesFailed",
+        "RunProgress",
+        "Kills",
+        "JobsCompleted",
+        "JobErrors",
+        "JobDuration",
+        "Heartbeat",
+    ):
         assert metric in body, metric
     assert "aws_sqs_queue.sites_dlq.name" in body
     assert "var.metrics_namespace" in body
@@ -1140,7 +1306,7 @@ def test_dashboard(tf):
             else:  # [namespace, name, (dimension, value)..., {options}]
                 plain = [e for e in entry if not isinstance(e, dict)]
                 assert len(plain) % 2 == 0 and all(isinstance(e, str) for e in plain), (w["title"], entry)
-                assert all(isinstance(e, dict) for e in entry[len(plain):]), (w["title"], entry)
+                assert all(isinstance(e, dict) for e in entry[len(plain) :]), (w["title"], entry)
         assert len(ids) == len(set(ids)), f"{w['title']}: repeated expression id"
 
 
@@ -1154,7 +1320,8 @@ PER_PUBLISH_COUNTS = {"Kills"}
 NOT_DRAWN = {"QueueVisible", "QueueInFlight", "QueueDlq"}  # the SQS widget reads the same depths from SQS
 
 SEARCH_RE = re.compile(
-    r"""SEARCH\('\{\$\{local\.search_namespace\},([A-Za-z,]+)\} MetricName=\\?"(\w+)\\?"', '(\w+)', 300\)""")
+    r"""SEARCH\('\{\$\{local\.search_namespace\},([A-Za-z,]+)\} MetricName=\\?"(\w+)\\?"', '(\w+)', 300\)"""
+)
 
 
 def _dims(node: ast.expr | None, env: dict[str, tuple[str, ...]]) -> tuple[str, ...] | None:
@@ -1164,8 +1331,14 @@ def _dims(node: ast.expr | None, env: dict[str, tuple[str, ...]]) -> tuple[str, 
     if isinstance(node, ast.Name):
         return env.get(node.id)
     if isinstance(node, ast.Tuple):
-        names = [e.elts[0].value for e in node.elts if isinstance(e, ast.Tuple) and e.elts
-                 and isinstance(e.elts[0], ast.Constant) and isinstance(e.elts[0].value, str)]
+        names = [
+            e.elts[0].value
+            for e in node.elts
+            if isinstance(e, ast.Tuple)
+            and e.elts
+            and isinstance(e.elts[0], ast.Constant)
+            and isinstance(e.elts[0].value, str)
+        ]
         return tuple(names) if len(names) == len(node.elts) else None
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = _dims(node.left, env), _dims(node.right, env)
@@ -1187,11 +1360,16 @@ def published_metrics() -> dict[str, dict[str, set[frozenset[str]]]]:
                     if dims is not None:
                         env[node.targets[0].id] = dims
             for node in ast.walk(func):
-                if not (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
-                        == "Datum" and node.args and isinstance(node.args[0], ast.Constant)):
+                if not (
+                    isinstance(node, ast.Call)
+                    and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Datum"
+                    and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                ):
                     continue
-                arg = next((k.value for k in node.keywords if k.arg == "dims"),
-                           node.args[3] if len(node.args) > 3 else None)
+                arg = next(
+                    (k.value for k in node.keywords if k.arg == "dims"), node.args[3] if len(node.args) > 3 else None
+                )
                 dims = _dims(arg, env)
                 assert dims is not None, f"{module}:{node.lineno}: dims of {node.args[0].value} not read"
                 found.setdefault(node.args[0].value, set()).add(frozenset(dims))
@@ -1218,8 +1396,9 @@ def custom_metrics_read(tf: Config) -> list[tuple[str, str, frozenset[str], str]
                 out.append((w["title"], plain[1], frozenset(plain[2::2]), options.get("stat", w["stat"])))
     for name, alarm in tf.resources["aws_cloudwatch_metric_alarm"].items():
         if alarm.get("namespace") == ns:
-            out.append((f"alarm {name}", alarm["metric_name"], frozenset(alarm.get("dimensions") or {}),
-                        alarm["statistic"]))
+            out.append(
+                (f"alarm {name}", alarm["metric_name"], frozenset(alarm.get("dimensions") or {}), alarm["statistic"])
+            )
     return out
 
 
@@ -1242,7 +1421,8 @@ def test_widgets_and_alarms_read_only_metrics_the_code_publishes(tf):
         assert metric in published, f"{where}: {metric} is not a metric gridfleet publishes"
         assert dims in published[metric], (
             f"{where}: {metric} by {sorted(dims)}, "
-            f"but the code publishes it by {[sorted(d) for d in published[metric]]}")
+            f"but the code publishes it by {[sorted(d) for d in published[metric]]}"
+        )
     drawn = {metric for where, metric, _, _ in read if not where.startswith("alarm ")}
     assert set(published) - drawn == NOT_DRAWN, "a published metric is neither drawn nor listed in NOT_DRAWN"
     gauges = set(found["hub/monitor.py"]) - PER_PUBLISH_COUNTS
@@ -1275,9 +1455,24 @@ def test_alarms(tf):
 
 
 def test_outputs(tf):
-    for name in ("region", "table", "queue", "dlq", "bucket", "efs_id", "efs_access_point_id", "private_subnet_ids",
-                 "node_security_group_ids", "node_instance_profile", "hub_instance_profile", "ami_parameter",
-                 "node_launch_template", "hub_launch_template", "nat_public_ip", "alarms_topic_arn"):
+    for name in (
+        "region",
+        "table",
+        "queue",
+        "dlq",
+        "bucket",
+        "efs_id",
+        "efs_access_point_id",
+        "private_subnet_ids",
+        "node_security_group_ids",
+        "node_instance_profile",
+        "hub_instance_profile",
+        "ami_parameter",
+        "node_launch_template",
+        "hub_launch_template",
+        "nat_public_ip",
+        "alarms_topic_arn",
+    ):
         assert name in tf.outputs, f"missing output {name}"
     value = tf.outputs["gridfleet_aws"]["value"]
     assert set(value) == GRIDFLEET_AWS_KEYS
@@ -1335,7 +1530,10 @@ def checkov_report() -> dict[str, Any]:
         pytest.fail(f"checkov is not installed at {CHECKOV}: run make setup")
     proc = subprocess.run(
         [str(CHECKOV), "-d", str(TF_DIR), "--framework", "terraform", "-o", "json", "--skip-download"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
     )
     assert proc.returncode in (0, 1), f"checkov failed to run (status {proc.returncode}):\n{proc.stderr[-3000:]}"
     report = json.loads(proc.stdout)

@@ -18,8 +18,12 @@ def test_a_healthy_crawl_writes_the_result_then_completed_then_deletes_the_messa
     rig.seed()
     assert rig.agent.run() == 0  # idles out once the queue is empty
     rec = rig.site()
-    assert (rec.run_status, rec.site_status, rec.attempt, rec.pages) == (RunStatus.COMPLETED, SiteStatus.COMPLETED,
-                                                                        1, 3)
+    assert (rec.run_status, rec.site_status, rec.attempt, rec.pages) == (
+        RunStatus.COMPLETED,
+        SiteStatus.COMPLETED,
+        1,
+        3,
+    )
     body = json.loads(rig.results.get("s1/20261121/result.json"))
     assert body["attempt"] == 1 and len(body["items"]) == 3
     assert rig.queue.messages == [] and rig.queue.sent == 1
@@ -145,9 +149,19 @@ def test_a_profile_locked_elsewhere_gives_the_attempt_back_and_retries_later(tmp
 
     lock = tmp_path / "efs" / "locks" / "s1.lock"
     lock.parent.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import fasteners, sys, time; l = fasteners.InterProcessLock(sys.argv[1]); l.acquire(); "
-        "print('held', flush=True); time.sleep(60)"), str(lock)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fasteners, sys, time; l = fasteners.InterProcessLock(sys.argv[1]); l.acquire(); "
+                "print('held', flush=True); time.sleep(60)"
+            ),
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         rig = Rig(tmp_path, [], max_attempts=1, idle_exit_s=1)

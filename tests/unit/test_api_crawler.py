@@ -18,9 +18,20 @@ def demo():
 
 def crawl(url: str, options=None, checkpoint=None, mark=(), pace=lambda: None):
     events: list[dict] = []
-    ctx = CrawlContext(site="shop", start_url=url, options=options or {}, attempt=1, node_id="i-1", grid_url="",
-                       profile_dir="/nonexistent", page_load_timeout_s=5, emit=lambda **e: events.append(e),
-                       checkpoint=checkpoint, mark=tuple(mark), pace=pace)
+    ctx = CrawlContext(
+        site="shop",
+        start_url=url,
+        options=options or {},
+        attempt=1,
+        node_id="i-1",
+        grid_url="",
+        profile_dir="/nonexistent",
+        page_load_timeout_s=5,
+        emit=lambda **e: events.append(e),
+        checkpoint=checkpoint,
+        mark=tuple(mark),
+        pace=pace,
+    )
     crawler = ApiCrawler(ctx)
     result = crawler.run()
     assert crawler._driver is None  # never a browser

@@ -14,21 +14,31 @@ from tests.helpers.fake_node import HANG, RUN, Rig, pages_script, spied, status
 
 # --- checkpoints and incremental marks ------------------------------------------------------------
 
+
 def page_with_checkpoint(p: int, t: float, nxt: str | None) -> list:
     """A page as a crawler reports it: URL_CALL, CALL_DONE, then the checkpoint with its two new items."""
     url = f"http://x.test/?page={p}"
-    return [(t, status("URL_CALL", url, p - 1)), (t + 0.5, status("CALL_DONE", url, p)),
-            (t + 0.6, {"event": "checkpoint", "next": nxt, "pages": p,
-                       "items": [{"id": f"i{p}a"}, {"id": f"i{p}b"}]})]
+    return [
+        (t, status("URL_CALL", url, p - 1)),
+        (t + 0.5, status("CALL_DONE", url, p)),
+        (t + 0.6, {"event": "checkpoint", "next": nxt, "pages": p, "items": [{"id": f"i{p}a"}, {"id": f"i{p}b"}]}),
+    ]
 
 
 def test_a_retry_resumes_from_the_checkpoint_and_the_result_has_each_item_once(tmp_path):
     start = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
-    first = start + page_with_checkpoint(1, 1, "p2") + page_with_checkpoint(2, 2, "p3") + \
-        [(3.0, status("URL_CALL", "http://x.test/?page=3", 2)), HANG]
+    first = (
+        start
+        + page_with_checkpoint(1, 1, "p2")
+        + page_with_checkpoint(2, 2, "p3")
+        + [(3.0, status("URL_CALL", "http://x.test/?page=3", 2)), HANG]
+    )
     # The resumed crawler reports page 2's items again (as a crawler that overlaps pages might): no duplicates.
-    second = start + page_with_checkpoint(3, 1, None) + [
-        (2.0, {"event": "result", "items": [{"id": "i2b"}, {"id": "i3a"}, {"id": "i3b"}], "pages": 3})]
+    second = (
+        start
+        + page_with_checkpoint(3, 1, None)
+        + [(2.0, {"event": "result", "items": [{"id": "i2b"}, {"id": "i3a"}, {"id": "i3b"}], "pages": 3})]
+    )
     rig = Rig(tmp_path, [first, second])
     rig.seed()
     rig.agent.run()
@@ -65,8 +75,11 @@ def test_an_incremental_site_gets_its_mark_and_moves_it_to_the_newest_items(tmp_
 
 
 def test_an_incremental_crawl_that_found_nothing_new_keeps_the_mark(tmp_path):
-    nothing = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING")),
-               (1.0, {"event": "result", "items": [], "pages": 1})]
+    nothing = [
+        (0.5, {"event": "session", "id": "sess-1"}),
+        (0.6, status("RUNNING")),
+        (1.0, {"event": "result", "items": [], "pages": 1}),
+    ]
     rig = Rig(tmp_path, [nothing])
     rig.table.put_mark("s1", ("old-1",), "yesterday", 1.0)
     rec = ops.new_site(RUN, "s1", SiteSpec("http://x.test/", incremental=True), None, mark=("old-1",))
@@ -87,14 +100,24 @@ def test_a_site_without_incremental_gets_no_mark_and_writes_none(tmp_path):
 
 # --- what the node writes is bounded, and a write the table refuses ends the attempt, not the node ---------------
 
+
 def refusing(write, refuse):
     """The fake table's `write` seam, raising what DynamoDB answers to an invalid item (ValidationException, e.g.
     one over 400 KB) for every write `refuse(old, new)` picks: the fault is injected here, the rest is the fake."""
+
     def write_or_refuse(old, new):
         if refuse(old, new):
-            raise ClientError({"Error": {"Code": "ValidationException",
-                                         "Message": "Item size has exceeded the maximum allowed size"}}, "UpdateItem")
+            raise ClientError(
+                {
+                    "Error": {
+                        "Code": "ValidationException",
+                        "Message": "Item size has exceeded the maximum allowed size",
+                    }
+                },
+                "UpdateItem",
+            )
         return write(old, new)
+
     return write_or_refuse
 
 
@@ -102,8 +125,9 @@ def test_a_checkpoint_the_table_refuses_ends_the_attempt_as_an_error_and_the_nod
     start = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
     first = start + page_with_checkpoint(1, 1, "p2") + [HANG]
     rig = Rig(tmp_path, [first, pages_script(1), pages_script(2)])
-    rig.table.write = refusing(rig.table.write, lambda old, new: new.checkpoint is not None
-                               and new.checkpoint != old.checkpoint)
+    rig.table.write = refusing(
+        rig.table.write, lambda old, new: new.checkpoint is not None and new.checkpoint != old.checkpoint
+    )
     rig.seed("s1")
     rig.seed("s2")
     assert rig.agent.run() == 0  # the agent did not crash: it went on and idled out
@@ -141,10 +165,13 @@ def test_a_result_the_table_refuses_ends_the_attempt_as_an_error(tmp_path):
 def test_what_a_crawler_sends_is_cut_to_size_before_it_is_written(tmp_path):
     long_url = "http://x.test/?q=" + "u" * 10_000
     long_id = "i" * 5_000
-    script = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING")),
-              (1.0, status("URL_CALL", long_url, 0)),
-              (1.5, {"event": "checkpoint", "next": "p2", "pages": 1, "items": [{"id": long_id}, {"id": "short"}]}),
-              (2.0, {"event": "error", "message": "E" * 100_000})]
+    script = [
+        (0.5, {"event": "session", "id": "sess-1"}),
+        (0.6, status("RUNNING")),
+        (1.0, status("URL_CALL", long_url, 0)),
+        (1.5, {"event": "checkpoint", "next": "p2", "pages": 1, "items": [{"id": long_id}, {"id": "short"}]}),
+        (2.0, {"event": "error", "message": "E" * 100_000}),
+    ]
     rig = spied(Rig(tmp_path, [script], max_attempts=1))
     rig.seed()
     rig.agent.run()
@@ -158,8 +185,11 @@ def test_what_a_crawler_sends_is_cut_to_size_before_it_is_written(tmp_path):
 def test_a_resumed_crawl_meeting_an_item_with_a_cut_id_again_keeps_it_once_with_its_whole_id(tmp_path):
     long_id = "L" * 2_000
     start = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
-    first = start + [(1.0, {"event": "checkpoint", "next": "p2", "pages": 1, "items": [{"id": long_id}]}),
-                     (1.1, status("URL_CALL", "http://x.test/?page=2", 1)), HANG]
+    first = start + [
+        (1.0, {"event": "checkpoint", "next": "p2", "pages": 1, "items": [{"id": long_id}]}),
+        (1.1, status("URL_CALL", "http://x.test/?page=2", 1)),
+        HANG,
+    ]
     second = start + [(1.0, {"event": "result", "items": [{"id": long_id}, {"id": "b"}], "pages": 2})]
     rig = Rig(tmp_path, [first, second])
     rig.seed()
@@ -171,8 +201,11 @@ def test_a_resumed_crawl_meeting_an_item_with_a_cut_id_again_keeps_it_once_with_
 
 def test_a_mark_keeps_no_id_longer_than_the_cap(tmp_path):
     long_id = "M" * (ITEM_ID_MAX_CHARS + 1)
-    script = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING")),
-              (1.0, {"event": "result", "items": [{"id": long_id}, {"id": "ok"}], "pages": 1})]
+    script = [
+        (0.5, {"event": "session", "id": "sess-1"}),
+        (0.6, status("RUNNING")),
+        (1.0, {"event": "result", "items": [{"id": long_id}, {"id": "ok"}], "pages": 1}),
+    ]
     rig = Rig(tmp_path, [script])
     rec = ops.new_site(RUN, "s1", SiteSpec("http://x.test/", incremental=True), None, mark=("old",))
     rig.table.create_site(rec)

@@ -26,8 +26,9 @@ from fleet.aws.errors import CREATE_ADVICE, AwsCall, Kind, aws_failure, one_line
 from fleet.config import AwsConfig
 
 
-def client_error(code: str, operation: str, service: str | None, message: str = "", retries: int = 0,
-                 status: int = 400) -> ClientError:
+def client_error(
+    code: str, operation: str, service: str | None, message: str = "", retries: int = 0, status: int = 400
+) -> ClientError:
     meta = {"HTTPStatusCode": status, "RetryAttempts": retries}
     if service:
         meta["ServiceId"] = service
@@ -64,38 +65,47 @@ def test_each_error_code_is_one_line_naming_the_call(code, kind, problem):
 
 
 def test_access_denied_names_the_action_and_resource_the_message_names():
-    msg = ("User: arn:aws:sts::123456789012:assumed-role/ops/me is not authorized to perform: dynamodb:Query on "
-           "resource: arn:aws:dynamodb:ap-northeast-2:123456789012:table/T because no identity-based policy allows "
-           "the dynamodb:Query action")
+    msg = (
+        "User: arn:aws:sts::123456789012:assumed-role/ops/me is not authorized to perform: dynamodb:Query on "
+        "resource: arn:aws:dynamodb:ap-northeast-2:123456789012:table/T because no identity-based policy allows "
+        "the dynamodb:Query action"
+    )
     line = one_line(client_error("AccessDeniedException", "Query", "DynamoDB", msg))
     assert line.startswith("access denied to dynamodb:Query on arn:aws:dynamodb:ap-northeast-2:123456789012:table/T")
     assert "allow dynamodb:Query in the IAM policy" in line
 
 
-@pytest.mark.parametrize("service,operation,code,action", [
-    ("S3", "HeadBucket", "403", "s3:ListBucket"),  # a HEAD has no body: S3's code is the status
-    ("S3", "HeadObject", "Forbidden", "s3:GetObject"),
-    ("SQS", "SendMessageBatch", "AccessDenied", "sqs:SendMessage"),
-    ("EFS", "DescribeFileSystems", "AccessDeniedException", "elasticfilesystem:DescribeFileSystems"),
-    ("EC2", "RunInstances", "UnauthorizedOperation", "ec2:RunInstances"),
-])
+@pytest.mark.parametrize(
+    "service,operation,code,action",
+    [
+        ("S3", "HeadBucket", "403", "s3:ListBucket"),  # a HEAD has no body: S3's code is the status
+        ("S3", "HeadObject", "Forbidden", "s3:GetObject"),
+        ("SQS", "SendMessageBatch", "AccessDenied", "sqs:SendMessage"),
+        ("EFS", "DescribeFileSystems", "AccessDeniedException", "elasticfilesystem:DescribeFileSystems"),
+        ("EC2", "RunInstances", "UnauthorizedOperation", "ec2:RunInstances"),
+    ],
+)
 def test_access_denied_without_a_message_names_the_action_the_call_needs(service, operation, code, action):
     failure = aws_failure(client_error(code, operation, service, status=403))
     assert failure.kind is Kind.ACCESS_DENIED and failure.line().startswith(f"access denied to {action} (")
 
 
-@pytest.mark.parametrize("service,operation,code,what", [
-    ("DynamoDB", "DescribeTable", "ResourceNotFoundException", "the DynamoDB table"),
-    ("SQS", "GetQueueUrl", "AWS.SimpleQueueService.NonExistentQueue", "the SQS queue"),
-    ("SQS", "GetQueueUrl", "QueueDoesNotExist", "the SQS queue"),
-    ("S3", "PutObject", "NoSuchBucket", "the S3 bucket"),
-    ("S3", "HeadBucket", "404", "the S3 bucket"),
-])
+@pytest.mark.parametrize(
+    "service,operation,code,what",
+    [
+        ("DynamoDB", "DescribeTable", "ResourceNotFoundException", "the DynamoDB table"),
+        ("SQS", "GetQueueUrl", "AWS.SimpleQueueService.NonExistentQueue", "the SQS queue"),
+        ("SQS", "GetQueueUrl", "QueueDoesNotExist", "the SQS queue"),
+        ("S3", "PutObject", "NoSuchBucket", "the S3 bucket"),
+        ("S3", "HeadBucket", "404", "the S3 bucket"),
+    ],
+)
 def test_a_missing_resource_says_how_to_create_it(service, operation, code, what):
     failure = aws_failure(client_error(code, operation, service, status=404))
     assert failure.kind is Kind.MISSING
     assert failure.line().startswith(f"{what} does not exist") and failure.line().endswith(
-        f"{CREATE_ADVICE} (its name is in the config's aws: section)")
+        f"{CREATE_ADVICE} (its name is in the config's aws: section)"
+    )
 
 
 def test_a_not_found_of_another_service_is_not_a_missing_fleet_resource():
@@ -116,23 +126,39 @@ def stamped(e: Exception, call: AwsCall) -> Exception:
 
 SDK_ERRORS = [
     (NoCredentialsError(), Kind.NO_CREDENTIALS, "no AWS credentials (DynamoDB DescribeTable): configure a profile"),
-    (PartialCredentialsError(provider="env", cred_var="AWS_SECRET_ACCESS_KEY"), Kind.NO_CREDENTIALS,
-     "incomplete AWS credentials"),
+    (
+        PartialCredentialsError(provider="env", cred_var="AWS_SECRET_ACCESS_KEY"),
+        Kind.NO_CREDENTIALS,
+        "incomplete AWS credentials",
+    ),
     (NoRegionError(), Kind.NO_REGION, "no AWS region (DynamoDB DescribeTable): set aws.region"),
-    (UnknownEndpointError(service_name="ssm", region_name="xx-nowhere-1"), Kind.NO_REGION,
-     "no endpoint for DynamoDB in region xx-nowhere-1"),
-    (EndpointConnectionError(endpoint_url="http://127.0.0.1:9/", error=ConnectionRefusedError(111, "refused")),
-     Kind.NO_ANSWER, "cannot reach http://127.0.0.1:9 (DynamoDB DescribeTable): check the network"),
-    (ConnectTimeoutError(endpoint_url="https://dynamodb.ap-northeast-2.amazonaws.com/"), Kind.NO_ANSWER,
-     "no connection in time to https://dynamodb.ap-northeast-2.amazonaws.com (DynamoDB DescribeTable)"),
+    (
+        UnknownEndpointError(service_name="ssm", region_name="xx-nowhere-1"),
+        Kind.NO_REGION,
+        "no endpoint for DynamoDB in region xx-nowhere-1",
+    ),
+    (
+        EndpointConnectionError(endpoint_url="http://127.0.0.1:9/", error=ConnectionRefusedError(111, "refused")),
+        Kind.NO_ANSWER,
+        "cannot reach http://127.0.0.1:9 (DynamoDB DescribeTable): check the network",
+    ),
+    (
+        ConnectTimeoutError(endpoint_url="https://dynamodb.ap-northeast-2.amazonaws.com/"),
+        Kind.NO_ANSWER,
+        "no connection in time to https://dynamodb.ap-northeast-2.amazonaws.com (DynamoDB DescribeTable)",
+    ),
     (ReadTimeoutError(endpoint_url="http://127.0.0.1:9/"), Kind.NO_ANSWER, "no answer in time from"),
-    (ParamValidationError(report="Invalid type for parameter TableName"), Kind.FAILED,
-     "the AWS call failed (ParamValidationError)"),
+    (
+        ParamValidationError(report="Invalid type for parameter TableName"),
+        Kind.FAILED,
+        "the AWS call failed (ParamValidationError)",
+    ),
 ]
 
 
-@pytest.mark.parametrize("error,kind,start", SDK_ERRORS, ids=lambda x: type(x).__name__ if isinstance(x, Exception)
-                         else None)
+@pytest.mark.parametrize(
+    "error,kind,start", SDK_ERRORS, ids=lambda x: type(x).__name__ if isinstance(x, Exception) else None
+)
 def test_botocores_own_errors_name_the_call_they_were_stamped_with(error, kind, start):
     failure = aws_failure(stamped(error, AwsCall("DynamoDB", "DescribeTable")))
     assert failure.kind is kind and failure.line().startswith(start), failure.line()
@@ -146,8 +172,9 @@ def test_an_endpoint_name_that_does_not_resolve_is_a_region_without_the_service(
     aws_host = EndpointConnectionError(endpoint_url="https://ssm.xx-nowhere-1.amazonaws.com/", error=dns)
     failure = aws_failure(stamped(aws_host, AwsCall("SSM", "GetParameter")))
     assert failure.kind is Kind.NO_REGION
-    assert failure.line().startswith("ssm.xx-nowhere-1.amazonaws.com does not resolve (SSM GetParameter): "
-                                     "check aws.region")
+    assert failure.line().startswith(
+        "ssm.xx-nowhere-1.amazonaws.com does not resolve (SSM GetParameter): check aws.region"
+    )
     own_host = EndpointConnectionError(endpoint_url="http://moto.invalid:5000/", error=dns)
     assert aws_failure(own_host).kind is Kind.NO_ANSWER
 
@@ -193,10 +220,12 @@ def test_clients_stamp_the_service_and_operation_on_every_error():
     def serve(service, client):
         def answer(request, **_):
             if "GetQueueUrl" in request.headers.get("X-Amz-Target", b"").decode():
-                body = (b'{"__type":"com.amazonaws.sqs#QueueDoesNotExist",'
-                        b'"message":"The specified queue does not exist."}')
+                body = (
+                    b'{"__type":"com.amazonaws.sqs#QueueDoesNotExist","message":"The specified queue does not exist."}'
+                )
                 return AWSResponse(request.url, 400, {"Content-Type": "application/x-amz-json-1.0"}, _Raw(body))
             raise ConnectTimeoutError(endpoint_url=request.url)
+
         client.meta.events.register(f"before-send.{service}", answer)
 
     aws = AwsConfig(endpoint_url="http://127.0.0.1:9", max_retries=0)
@@ -227,9 +256,11 @@ def test_a_call_without_credentials_is_named_though_nothing_was_sent(monkeypatch
     assert not clients.has_credentials()
     with pytest.raises(NoCredentialsError) as e:
         clients.client("ssm").get_parameter(Name="/aws/service/debian/release/12/latest/amd64")
-    assert one_line(e.value) == ("no AWS credentials (SSM GetParameter): configure a profile (`aws configure`, or "
-                                 "AWS_PROFILE), the environment variables AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                                 "or an instance role")
+    assert one_line(e.value) == (
+        "no AWS credentials (SSM GetParameter): configure a profile (`aws configure`, or "
+        "AWS_PROFILE), the environment variables AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+        "or an instance role"
+    )
 
 
 def test_a_client_that_cannot_be_made_names_its_service():
@@ -251,12 +282,18 @@ def test_throttling_is_named_once_botocores_retries_are_spent():
             sent.append(request.url)
             body = b'{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"Rate exceeded"}'
             return AWSResponse(request.url, 400, {"Content-Type": "application/x-amz-json-1.0"}, _Raw(body))
+
         client.meta.events.register(f"before-send.{service}", answer)
 
-    clients = AwsClients(AwsConfig(endpoint_url="http://127.0.0.1:9", max_retries=1),
-                         credentials=StaticCredentials("k", "s"), on_client=(throttle,))
+    clients = AwsClients(
+        AwsConfig(endpoint_url="http://127.0.0.1:9", max_retries=1),
+        credentials=StaticCredentials("k", "s"),
+        on_client=(throttle,),
+    )
     with pytest.raises(ClientError) as e:
         clients.client("dynamodb").describe_table(TableName="t")
     assert len(sent) == 2
-    assert one_line(e.value) == ("AWS throttled the call after 1 retry (DynamoDB DescribeTable, ThrottlingException): "
-                                 "try again in a minute, or raise aws.max_retries")
+    assert one_line(e.value) == (
+        "AWS throttled the call after 1 retry (DynamoDB DescribeTable, ThrottlingException): "
+        "try again in a minute, or raise aws.max_retries"
+    )

@@ -24,7 +24,7 @@ SITE = 'sites: [{id: a, start_url: "http://a.test"}]\n'
 #: Nine levels of nine aliases: a few hundred bytes that expand to 9**9 (387 million) strings.
 ALIAS_BOMB = "sites:\n  - id: a\n    start_url: http://a.test\n    crawler: my.crawlers:Shop\n    options:\n" + "".join(
     f"      {name}: &{name} [{', '.join([prev] * 9)}]\n"
-    for name, prev in zip("abcdefghi", ['"lol"', "*a", "*b", "*c", "*d", "*e", "*f", "*g", "*h"])
+    for name, prev in zip("abcdefghi", ['"lol"', "*a", "*b", "*c", "*d", "*e", "*f", "*g", "*h"], strict=True)
 )
 
 TF_OUTPUT_NOT_UTF8 = b'{"gridfleet_aws": {"value": {"region": "\xff"}}}'
@@ -45,73 +45,109 @@ def validate(content: str | bytes, expected: str) -> Case:
 
 CASES: dict[str, Case] = {
     # a YAML alias bomb under a site's options: refused before anything is expanded
-    "alias bomb": validate(ALIAS_BOMB, "{F}:12: sites[0].options.g: more than 1,000,000 values once aliases are "
-                                       "expanded"),
-    "recursive alias": validate("run: &a [*a]\n" + SITE, "{F}:1: run[0]: recursive alias *a: the value contains "
-                                                         "itself"),
+    "alias bomb": validate(
+        ALIAS_BOMB, "{F}:12: sites[0].options.g: more than 1,000,000 values once aliases are expanded"
+    ),
+    "recursive alias": validate(
+        "run: &a [*a]\n" + SITE, "{F}:1: run[0]: recursive alias *a: the value contains itself"
+    ),
     "recursive merge": validate("run: &r {<<: *r}\n" + SITE, "{F}:1: run.<<: recursive alias *r"),
     "nesting without end": validate("run: " + "[" * 100_000, "{F}:1: nested deeper than 64 levels"),
     "nesting by aliases": validate(
         "x: &x0 [[[[[[[[[[1]]]]]]]]]]\n" + "".join(f"x{i}: &x{i} [[[[[[[[[[*x{i - 1}]]]]]]]]]]\n" for i in range(1, 8)),
-        "{F}:7: x6[0][0][0][0][0][0][0][0][0][0]: nested deeper than 64 levels once aliases are expanded"),
+        "{F}:7: x6[0][0][0][0][0][0][0][0][0][0]: nested deeper than 64 levels once aliases are expanded",
+    ),
     "custom tag": validate("run: !foo {max_attempts: 2}\n" + SITE, "{F}:1: run: tag '!foo' is not supported"),
-    "python tag": validate("run: {max_attempts: !!python/object/apply:os.system [true]}\n" + SITE,
-                           "{F}:1: run.max_attempts: tag '!!python/object/apply:os.system' is not supported"),
-    "merge of a scalar": validate("run: {<<: &three 3}\n" + SITE,
-                                  "{F}:1: run: '<<' (merge) takes a mapping or a list of mappings"),
-    "5000-digit integer": validate("run: {max_attempts: " + "1" * 5000 + "}\n" + SITE,
-                                   "{F}:1: run.max_attempts: integer 111111111111111111111111... (5000 characters) "
-                                   "is too long (at most 38 digits)"),
+    "python tag": validate(
+        "run: {max_attempts: !!python/object/apply:os.system [true]}\n" + SITE,
+        "{F}:1: run.max_attempts: tag '!!python/object/apply:os.system' is not supported",
+    ),
+    "merge of a scalar": validate(
+        "run: {<<: &three 3}\n" + SITE, "{F}:1: run: '<<' (merge) takes a mapping or a list of mappings"
+    ),
+    "5000-digit integer": validate(
+        "run: {max_attempts: " + "1" * 5000 + "}\n" + SITE,
+        "{F}:1: run.max_attempts: integer 111111111111111111111111... (5000 characters) "
+        "is too long (at most 38 digits)",
+    ),
     "5000-digit integer in options": validate(
         "sites:\n  - id: a\n    start_url: http://a.test\n    crawler: my.crawlers:Shop\n"
         "    options: {count: 0x" + "f" * 5000 + "}\n",
-        "{F}:5: sites[0].options.count: integer 0xffffffffffffffffffffff... (5002 characters) is too long"),
-    ".inf duration": validate("run: {hang_after_s: .inf}\n" + SITE,
-                              "{F}:1: run.hang_after_s: .inf is not a finite number"),
-    "1e309 duration": validate("run:\n  deadline_s: 1e309\n" + SITE,
-                               "{F}:2: run.deadline_s: Input should be a finite number"),
-    "1.0e+309 price": validate("fleet:\n  hourly_price: {t3.medium: 1.0e+309}\n" + SITE,
-                               "{F}:2: fleet.hourly_price['t3.medium']: 1.0e+309 is not a finite number"),
-    ".nan rate": validate(SITE + "rate_limits: {g: {per_s: .nan}}\n",
-                          "{F}:2: rate_limits.g.per_s: .nan is not a finite number"),
-    "site id ending in a newline": validate('sites:\n  - {id: "a\\n", start_url: "http://a.test"}\n',
-                                            "{F}:2: sites[0].id: 'a\\n' is not a site id"),
-    "group name ending in a newline": validate(SITE + 'rate_limits: {"g\\n": {per_s: 1}}\n',
-                                               "{F}:2: rate_limits: group name 'g\\n' is not valid"),
-    "--run-id ending in a newline": Case(["run", "--local", "--dry-run", "--config", "{F}", "--run-id", "day\n"],
-                                         "argument --run-id: 'day\\n' is not a run id", SITE),
+        "{F}:5: sites[0].options.count: integer 0xffffffffffffffffffffff... (5002 characters) is too long",
+    ),
+    ".inf duration": validate(
+        "run: {hang_after_s: .inf}\n" + SITE, "{F}:1: run.hang_after_s: .inf is not a finite number"
+    ),
+    "1e309 duration": validate(
+        "run:\n  deadline_s: 1e309\n" + SITE, "{F}:2: run.deadline_s: Input should be a finite number"
+    ),
+    "1.0e+309 price": validate(
+        "fleet:\n  hourly_price: {t3.medium: 1.0e+309}\n" + SITE,
+        "{F}:2: fleet.hourly_price['t3.medium']: 1.0e+309 is not a finite number",
+    ),
+    ".nan rate": validate(
+        SITE + "rate_limits: {g: {per_s: .nan}}\n", "{F}:2: rate_limits.g.per_s: .nan is not a finite number"
+    ),
+    "site id ending in a newline": validate(
+        'sites:\n  - {id: "a\\n", start_url: "http://a.test"}\n', "{F}:2: sites[0].id: 'a\\n' is not a site id"
+    ),
+    "group name ending in a newline": validate(
+        SITE + 'rate_limits: {"g\\n": {per_s: 1}}\n', "{F}:2: rate_limits: group name 'g\\n' is not valid"
+    ),
+    "--run-id ending in a newline": Case(
+        ["run", "--local", "--dry-run", "--config", "{F}", "--run-id", "day\n"],
+        "argument --run-id: 'day\\n' is not a run id",
+        SITE,
+    ),
     "max_pages -5 on links": validate(
         "sites:\n  - id: a\n    start_url: http://a.test\n    options: {max_pages: -5}\n",
-        "{F}:4: sites[0].options.max_pages: Input should be greater than or equal to 1"),
+        "{F}:4: sites[0].options.max_pages: Input should be greater than or equal to 1",
+    ),
     "unknown option of api": validate(
         "sites:\n  - id: a\n    start_url: http://a.test\n    crawler: api\n    options:\n      item: data\n",
-        "{F}:6: sites[0].options.item: unknown key 'item' (allowed: items, next, token_param, id, max_pages, "
-        "headers)"),
+        "{F}:6: sites[0].options.item: unknown key 'item' (allowed: items, next, token_param, id, max_pages, headers)",
+    ),
     "header that is not a string": validate(
         "sites:\n  - id: a\n    start_url: http://a.test\n    crawler: api\n    options:\n      headers: {X-N: 5}\n",
-        "{F}:6: sites[0].options.headers.X-N: Input should be a valid string"),
-    "empty selector": validate("sites:\n  - {id: a, start_url: http://a.test, options: {item: ''}}\n",
-                               "{F}:2: sites[0].options.item: must not be empty"),
-    "key on": validate("run:\n  max_attempts: 2\n  on: 3\n" + SITE,
-                       """{F}:3: run: key 'on' is read as a boolean (true) by YAML: quote it ("on") if it is meant """
-                       "as a name"),
-    "key no in options": validate("sites:\n  - id: a\n    start_url: http://a.test\n    crawler: my.crawlers:Shop\n"
-                                  "    options: {no: 1}\n",
-                                  "{F}:5: sites[0].options: key 'no' is read as a boolean (false) by YAML"),
+        "{F}:6: sites[0].options.headers.X-N: Input should be a valid string",
+    ),
+    "empty selector": validate(
+        "sites:\n  - {id: a, start_url: http://a.test, options: {item: ''}}\n",
+        "{F}:2: sites[0].options.item: must not be empty",
+    ),
+    "key on": validate(
+        "run:\n  max_attempts: 2\n  on: 3\n" + SITE,
+        """{F}:3: run: key 'on' is read as a boolean (true) by YAML: quote it ("on") if it is meant """
+        "as a name",
+    ),
+    "key no in options": validate(
+        "sites:\n  - id: a\n    start_url: http://a.test\n    crawler: my.crawlers:Shop\n    options: {no: 1}\n",
+        "{F}:5: sites[0].options: key 'no' is read as a boolean (false) by YAML",
+    ),
     "key ~": validate("run: {~: 3}\n" + SITE, "{F}:1: run: key '~' is read as null by YAML: quote it"),
     "key y": validate("run: {y: 3}\n" + SITE, "{F}:1: run: key 'y' is read as a boolean (true) by YAML"),
-    "integer key": validate(SITE + "fleet: {hourly_price: {7: 0.1}}\n",
-                            "{F}:2: fleet.hourly_price: key '7' is read as an integer by YAML"),
-    "tf-output not UTF-8": Case(["config", "from-terraform", "--tf-output", "{F}"],
-                                "gridfleet: error: {F}: not UTF-8 text (byte 0xff at offset 40)", TF_OUTPUT_NOT_UTF8),
-    "tf-output on stdin not UTF-8": Case(["config", "from-terraform"], "gridfleet: error: stdin: not UTF-8 text",
-                                         stdin=TF_OUTPUT_NOT_UTF8),
-    "tf-output nested without end": Case(["config", "from-terraform", "--tf-output", "{F}"],
-                                         "{F}: not the JSON of `terraform output -json`", "[" * 100_000),
+    "integer key": validate(
+        SITE + "fleet: {hourly_price: {7: 0.1}}\n", "{F}:2: fleet.hourly_price: key '7' is read as an integer by YAML"
+    ),
+    "tf-output not UTF-8": Case(
+        ["config", "from-terraform", "--tf-output", "{F}"],
+        "gridfleet: error: {F}: not UTF-8 text (byte 0xff at offset 40)",
+        TF_OUTPUT_NOT_UTF8,
+    ),
+    "tf-output on stdin not UTF-8": Case(
+        ["config", "from-terraform"], "gridfleet: error: stdin: not UTF-8 text", stdin=TF_OUTPUT_NOT_UTF8
+    ),
+    "tf-output nested without end": Case(
+        ["config", "from-terraform", "--tf-output", "{F}"],
+        "{F}: not the JSON of `terraform output -json`",
+        "[" * 100_000,
+    ),
     "crawler in the standard library": Case(
         ["validate", "--config", "{F}"],
         "{F}:2: sites[0].crawler: unknown crawler 'this.x:Y': 'this' is a module of Python's standard library",
-        'sites:\n  - {id: a, start_url: "http://a.test", crawler: "this.x:Y"}\n', gone=["this"]),
+        'sites:\n  - {id: a, start_url: "http://a.test", crawler: "this.x:Y"}\n',
+        gone=["this"],
+    ),
     "config not UTF-8": validate(SITE.encode() + b'run: {order: "\xff"}\n', "{F}:2: not UTF-8 text"),
     "config larger than 5 MB": validate("# " + "x" * (6 * 2**20) + "\n" + SITE, "{F}: larger than 5 MB"),
     "control character": validate(SITE + "x: \x07\n", "{F}:2: malformed YAML: unacceptable character #x0007"),
@@ -160,7 +196,7 @@ def test_bad_input_is_one_line_exit_2_no_traceback_and_bounded(tmp_path, cli, na
 
     expected = case.expected.replace("{F}", str(path))
     lines = err.splitlines()
-    said = lines[next((i for i, line in enumerate(lines) if "error:" in line), 0):]  # after argparse's usage
+    said = lines[next((i for i, line in enumerate(lines) if "error:" in line), 0) :]  # after argparse's usage
     assert code == 2, (code, err)
     assert len(said) == 1 and expected in said[0], err
     assert "Traceback" not in err + out and out == ""

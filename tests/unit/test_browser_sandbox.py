@@ -16,7 +16,6 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another use
 NOBODY = "nobody"  # a user every Debian system has, standing in for the crawl user
 
 
-
 def test_the_crawler_adds_no_sandbox_flag_of_its_own_whoever_runs_it():
     args = browser.chrome_args(Path("/efs/profiles/a"))
     assert browser.NO_SANDBOX not in args and "--user-data-dir=/efs/profiles/a" in args
@@ -27,14 +26,17 @@ def test_root_never_gets_the_sandbox():
     assert "root" in browser.sandbox_problem(0, 0)
 
 
-@pytest.mark.parametrize("switch, value, denied", [
-    ("user/max_user_namespaces", "0", True),
-    ("user/max_user_namespaces", "15000", False),
-    ("kernel/unprivileged_userns_clone", "0", True),
-    ("kernel/unprivileged_userns_clone", "1", False),
-    ("kernel/apparmor_restrict_unprivileged_userns", "1", True),
-    ("kernel/apparmor_restrict_unprivileged_userns", "0", False),
-])
+@pytest.mark.parametrize(
+    "switch, value, denied",
+    [
+        ("user/max_user_namespaces", "0", True),
+        ("user/max_user_namespaces", "15000", False),
+        ("kernel/unprivileged_userns_clone", "0", True),
+        ("kernel/unprivileged_userns_clone", "1", False),
+        ("kernel/apparmor_restrict_unprivileged_userns", "1", True),
+        ("kernel/apparmor_restrict_unprivileged_userns", "0", False),
+    ],
+)
 def test_kernel_switches_that_deny_user_namespaces(tmp_path, switch, value, denied):
     (tmp_path / switch).parent.mkdir(parents=True)
     (tmp_path / switch).write_text(value + "\n")
@@ -76,8 +78,7 @@ def test_the_node_adds_no_sandbox_only_when_chromium_cannot_have_it_said_once(ca
         else:
             assert node_main.sandbox_args(None) == ()
     events = [(r.levelno, r.fields["sandbox"]) for r in caplog.records if getattr(r, "event", "") == "chromium-sandbox"]
-    assert events == ([(logging.WARNING, "off"), (logging.INFO, "on")] if os.geteuid() == 0
-                      else [(logging.INFO, "on")])
+    assert events == ([(logging.WARNING, "off"), (logging.INFO, "on")] if os.geteuid() == 0 else [(logging.INFO, "on")])
 
 
 def test_the_grid_user_is_one_the_node_can_switch_to(caplog):
@@ -94,16 +95,24 @@ def test_the_grid_user_is_one_the_node_can_switch_to(caplog):
 def test_the_grid_node_runs_as_its_user_with_a_home_of_its_own(open_dir, monkeypatch):
     # The seam: a `java` that reports who it runs as instead of starting the Grid node.
     java = open_dir / "java"
-    java.write_text('#!/bin/sh\nid -u; id -g; echo "$HOME"; pwd; echo "mark=$GRIDFLEET_INSTANCE"\n'
-                    'echo "xdg=${XDG_RUNTIME_DIR:-}"; head -n 1 "$(echo "$@" | sed "s/.*--config //")"; exit 3\n')
+    java.write_text(
+        '#!/bin/sh\nid -u; id -g; echo "$HOME"; pwd; echo "mark=$GRIDFLEET_INSTANCE"\n'
+        'echo "xdg=${XDG_RUNTIME_DIR:-}"; head -n 1 "$(echo "$@" | sed "s/.*--config //")"; exit 3\n'
+    )
     java.chmod(0o755)
     monkeypatch.setenv("GRIDFLEET_INSTANCE", "i-local-1")
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/0")
     state = open_dir / "state"
     state.mkdir(mode=0o700)
     user = RunAs.lookup(NOBODY)
-    spec = GridNodeSpec(jar=open_dir / "selenium.jar", grid_url="http://127.0.0.1:9", publish="tcp://127.0.0.1:9",
-                        subscribe="tcp://127.0.0.1:9", java=str(java), port=5999)
+    spec = GridNodeSpec(
+        jar=open_dir / "selenium.jar",
+        grid_url="http://127.0.0.1:9",
+        publish="tcp://127.0.0.1:9",
+        subscribe="tcp://127.0.0.1:9",
+        java=str(java),
+        port=5999,
+    )
     node = GridNode(spec, "i-local-1", state, run_as=user)
     with pytest.raises(RuntimeError, match="Grid node exited with 3"):
         node.start(timeout_s=10)
@@ -115,8 +124,14 @@ def test_the_grid_node_runs_as_its_user_with_a_home_of_its_own(open_dir, monkeyp
 
 
 def test_the_grid_node_of_this_user_changes_nothing(tmp_path):
-    spec = GridNodeSpec(jar=tmp_path / "j.jar", grid_url="http://127.0.0.1:9", publish="tcp://127.0.0.1:9",
-                        subscribe="tcp://127.0.0.1:9", java="false", port=5999)
+    spec = GridNodeSpec(
+        jar=tmp_path / "j.jar",
+        grid_url="http://127.0.0.1:9",
+        publish="tcp://127.0.0.1:9",
+        subscribe="tcp://127.0.0.1:9",
+        java="false",
+        port=5999,
+    )
     node = GridNode(spec, "i-local-1", tmp_path)
     with pytest.raises(RuntimeError, match="Grid node exited with 1"):
         node.start(timeout_s=10)

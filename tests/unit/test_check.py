@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from fleet import ops
-from fleet.codec import RunInfo
-from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
-from fleet.aws.results import is_daily_run, result_key
-from fleet.state import SiteSpec, SiteStatus
 from cli.check import check_run, demo_hits
+from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
+from fleet import ops
+from fleet.aws.results import is_daily_run, result_key
+from fleet.codec import RunInfo
+from fleet.state import SiteSpec, SiteStatus
 
 DEMO = "http://127.0.0.1:8800"
 
@@ -43,12 +43,17 @@ def test_a_second_run_on_one_stack_is_not_charged_with_the_first_runs_fetches():
     _finished_run(table, results, "a", 1000.0)
     second = _finished_run(table, results, "b", 2000.0)
     # The demo server's log: run a fetched pages 1-3 around t=1000, run b the same around t=2000.
-    stats = {"inc": {"hits": {"1": 2, "2": 2, "3": 2},
-                     "requests": [[1001, 1], [1004, 2], [1007, 3], [2001, 1], [2004, 2], [2007, 3]]}}
+    stats = {
+        "inc": {
+            "hits": {"1": 2, "2": 2, "3": 2},
+            "requests": [[1001, 1], [1004, 2], [1007, 3], [2001, 1], [2004, 2], [2007, 3]],
+        }
+    }
     assert demo_hits(stats["inc"], second) == {1: 1, 2: 1, 3: 1}
     for run_id in ("a", "b"):
-        report = check_run(run_id, table=table, queue=queue, results=results, provider=NoInstances(),
-                           demo_stats=stats, demo_url=DEMO)
+        report = check_run(
+            run_id, table=table, queue=queue, results=results, provider=NoInstances(), demo_stats=stats, demo_url=DEMO
+        )
         assert report.violations == [], (run_id, report.violations)
         assert report.false_losses == 0
 
@@ -57,8 +62,9 @@ def test_two_fetches_of_a_page_within_one_attempt_are_still_caught():
     table, queue, results = MemoryStateTable(), MemoryQueue(), MemoryResults()
     _finished_run(table, results, "b", 2000.0)
     stats = {"inc": {"requests": [[2001, 1], [2002, 1], [2004, 2], [2007, 3]]}}
-    report = check_run("b", table=table, queue=queue, results=results, provider=NoInstances(), demo_stats=stats,
-                       demo_url=DEMO)
+    report = check_run(
+        "b", table=table, queue=queue, results=results, provider=NoInstances(), demo_stats=stats, demo_url=DEMO
+    )
     assert any("page 1 was fetched 2 times by 1 attempts" in v for v in report.violations), report.violations
 
 

@@ -12,8 +12,9 @@ import pytest
 
 def gridfleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "GRIDFLEET_HOME": str(tmp_path / "home")}
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.fixture
@@ -33,8 +34,10 @@ def test_validate_ok(tmp_path):
 def test_invalid_config_exits_2_with_one_message_and_starts_nothing(tmp_path, bad_config, command):
     p = gridfleet(tmp_path, *command, "--config", str(bad_config))
     assert p.returncode == 2
-    assert p.stderr.strip() == f"gridfleet: error: {bad_config}:2: run.max_attempts: " \
-                               "Input should be greater than or equal to 1"
+    assert (
+        p.stderr.strip() == f"gridfleet: error: {bad_config}:2: run.max_attempts: "
+        "Input should be greater than or equal to 1"
+    )
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "home").exists()  # no stack, no instance, nothing
 
@@ -50,13 +53,19 @@ def test_bad_run_id_is_a_usage_error(tmp_path):
 
 
 def test_an_aws_run_without_credentials_exits_1_naming_them_and_starts_nothing(tmp_path):
-    (tmp_path / "fleet.yaml").write_text("aws: {imds_url: 'http://127.0.0.1:9'}\n"
-                                         "sites:\n  - {id: a, start_url: 'http://a.test'}\n")
+    (tmp_path / "fleet.yaml").write_text(
+        "aws: {imds_url: 'http://127.0.0.1:9'}\nsites:\n  - {id: a, start_url: 'http://a.test'}\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(GRIDFLEET_HOME=str(tmp_path / "home"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
-               AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
-    p = subprocess.run([sys.executable, "-m", "cli.main", "run"], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=60)
+    env.update(
+        GRIDFLEET_HOME=str(tmp_path / "home"),
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "cli.main", "run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 1 and "no AWS credentials" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -64,22 +73,35 @@ def test_the_aws_dry_run_needs_no_credentials_and_calls_nothing(tmp_path):
     """The first AWS command a new user tries, before any credentials exist: the plan, and exit 0."""
     example = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(GRIDFLEET_HOME=str(tmp_path / "home"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
-               AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
+    env.update(
+        GRIDFLEET_HOME=str(tmp_path / "home"),
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     out = []
-    for args in (["run", "--config", str(example), "--dry-run", "--run-id", "d1"],
-                 ["render", "node", "--config", str(example), "--run-id", "d1", "--hub-address", "10.0.0.10"]):
-        p = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=60)
+    for args in (
+        ["run", "--config", str(example), "--dry-run", "--run-id", "d1"],
+        ["render", "node", "--config", str(example), "--run-id", "d1", "--hub-address", "10.0.0.10"],
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
         assert p.returncode == 0 and p.stderr == "", p.stderr
         out.append(p.stdout)
     dry = out[0]
-    assert "AMI:        /aws/service/debian/release/12/latest/amd64 (SSM parameter) -> not resolved: no AWS " \
-           "credentials" in dry
-    for line in ("profile:    gridfleet-node: not resolved", "table:      DynamoDB TrendlyzeStatus: not resolved",
-                 "queue:      SQS trendlyze-sites (DLQ trendlyze-sites-dlq): not resolved",
-                 "bucket:     S3 trendlyze-results: not resolved", "bytes of cloud-config (limit 16384)",
-                 "up to 1 x t3.medium/t3a.medium (spot, on-demand fallback)"):
+    assert (
+        "AMI:        /aws/service/debian/release/12/latest/amd64 (SSM parameter) -> not resolved: no AWS "
+        "credentials" in dry
+    )
+    for line in (
+        "profile:    gridfleet-node: not resolved",
+        "table:      DynamoDB TrendlyzeStatus: not resolved",
+        "queue:      SQS trendlyze-sites (DLQ trendlyze-sites-dlq): not resolved",
+        "bucket:     S3 trendlyze-results: not resolved",
+        "bytes of cloud-config (limit 16384)",
+        "up to 1 x t3.medium/t3a.medium (spot, on-demand fallback)",
+    ):
         assert line in dry, dry
 
 
@@ -100,10 +122,17 @@ def test_status_reads_an_exported_summary(tmp_path):
 
     run = tmp_path / "runs" / "2026-11-21"
     run.mkdir(parents=True)
-    site = {"run_status": "FAILED", "site_status": "FAILED", "attemptCount": 3, "failure_reason": "hang",
-            "result_key": None, "attempts": []}
-    (run / "summary.json").write_text(json.dumps({"run_id": "2026-11-21", "started_at": 0, "finished_at": 1,
-                                                  "sites": {"a": site}, "nodes": {}}))
+    site = {
+        "run_status": "FAILED",
+        "site_status": "FAILED",
+        "attemptCount": 3,
+        "failure_reason": "hang",
+        "result_key": None,
+        "attempts": [],
+    }
+    (run / "summary.json").write_text(
+        json.dumps({"run_id": "2026-11-21", "started_at": 0, "finished_at": 1, "sites": {"a": site}, "nodes": {}})
+    )
     p = gridfleet(tmp_path, "status", "--json")
     assert p.returncode == 0
     data = json.loads(p.stdout)
@@ -153,12 +182,24 @@ def test_render_refuses_what_cannot_be_user_data(tmp_path):
 
 
 TF_OUTPUT = {
-    "gridfleet_aws": {"sensitive": False, "type": "object", "value": {
-        "region": "ap-northeast-2", "table": "TrendlyzeStatus", "queue": "trendlyze-sites",
-        "dlq": "trendlyze-sites-dlq", "bucket": "trendlyze-results", "efs_id": "fs-0123456789abcdef0",
-        "subnet_ids": ["subnet-1", "subnet-2"], "security_group_ids": ["sg-1"], "instance_profile": "gridfleet-node",
-        "ami": "/aws/service/debian/release/12/latest/amd64", "key_name": None,
-        "node_launch_template": "gridfleet-node"}},
+    "gridfleet_aws": {
+        "sensitive": False,
+        "type": "object",
+        "value": {
+            "region": "ap-northeast-2",
+            "table": "TrendlyzeStatus",
+            "queue": "trendlyze-sites",
+            "dlq": "trendlyze-sites-dlq",
+            "bucket": "trendlyze-results",
+            "efs_id": "fs-0123456789abcdef0",
+            "subnet_ids": ["subnet-1", "subnet-2"],
+            "security_group_ids": ["sg-1"],
+            "instance_profile": "gridfleet-node",
+            "ami": "/aws/service/debian/release/12/latest/amd64",
+            "key_name": None,
+            "node_launch_template": "gridfleet-node",
+        },
+    },
     "nat_public_ip": {"sensitive": False, "type": "string", "value": "203.0.113.7"},
 }
 
@@ -174,11 +215,19 @@ def test_config_from_terraform_prints_an_aws_section_that_validates(tmp_path):
     p = gridfleet(tmp_path, "config", "from-terraform", "--tf-output", "out.json")
     assert p.returncode == 0, p.stderr
     section = yaml.safe_load(p.stdout)
-    assert section["aws"]["efs_id"] == "fs-0123456789abcdef0" and section["aws"]["subnet_ids"] == ["subnet-1", "subnet-2"]
+    assert section["aws"]["efs_id"] == "fs-0123456789abcdef0" and section["aws"]["subnet_ids"] == [
+        "subnet-1",
+        "subnet-2",
+    ]
     config = parse_config(p.stdout + "sites: [{id: a, start_url: 'https://a.test/'}]\n")
     assert config.aws.node_launch_template == "gridfleet-node" and config.aws.dlq_name == "trendlyze-sites-dlq"
-    piped = subprocess.run([sys.executable, "-m", "cli.main", "config", "from-terraform"], input=json.dumps(TF_OUTPUT),
-                           capture_output=True, text=True, cwd=tmp_path)
+    piped = subprocess.run(
+        [sys.executable, "-m", "cli.main", "config", "from-terraform"],
+        input=json.dumps(TF_OUTPUT),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert piped.returncode == 0 and piped.stdout == p.stdout
 
 
@@ -197,21 +246,33 @@ def test_config_from_terraform_names_what_is_wrong(tmp_path):
 
 BAD_INPUT = {
     "malformed YAML": ("sites: [\n", "fleet.yaml:2: malformed YAML"),
-    "unknown key": ("fleet: {max_node: 2}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
-                    "fleet.yaml:1: fleet.max_node: unknown key 'max_node'"),
-    "duplicate site ids": ("sites:\n  - {id: a, start_url: 'http://a.test'}\n  - {id: a, start_url: 'http://b.test'}\n",
-                           "fleet.yaml:3: sites[1].id: duplicate site id 'a'"),
+    "unknown key": (
+        "fleet: {max_node: 2}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
+        "fleet.yaml:1: fleet.max_node: unknown key 'max_node'",
+    ),
+    "duplicate site ids": (
+        "sites:\n  - {id: a, start_url: 'http://a.test'}\n  - {id: a, start_url: 'http://b.test'}\n",
+        "fleet.yaml:3: sites[1].id: duplicate site id 'a'",
+    ),
     "missing URL": ("sites:\n  - {id: a}\n", "fleet.yaml:2: sites[0].start_url: required key is missing"),
     "malformed URL": ("sites:\n  - {id: a, start_url: 'not a url'}\n", "fleet.yaml:2: sites[0].start_url: must be"),
     "zero sites": ("sites: []\n", "fleet.yaml:1: sites: at least one site is required"),
-    "hang_after_s <= 0": ("run: {hang_after_s: 0}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
-                          "fleet.yaml:1: run.hang_after_s: Input should be greater than 0"),
-    "max_attempts < 1": ("run: {max_attempts: 0}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
-                         "fleet.yaml:1: run.max_attempts: Input should be greater than or equal to 1"),
-    "max_nodes < 1": ("fleet: {max_nodes: 0}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
-                      "fleet.yaml:1: fleet.max_nodes: Input should be greater than or equal to 1"),
-    "unknown crawler": ("sites:\n  - {id: a, start_url: 'http://a.test', crawler: shop}\n",
-                        "fleet.yaml:2: sites[0].crawler: unknown crawler 'shop'"),
+    "hang_after_s <= 0": (
+        "run: {hang_after_s: 0}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
+        "fleet.yaml:1: run.hang_after_s: Input should be greater than 0",
+    ),
+    "max_attempts < 1": (
+        "run: {max_attempts: 0}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
+        "fleet.yaml:1: run.max_attempts: Input should be greater than or equal to 1",
+    ),
+    "max_nodes < 1": (
+        "fleet: {max_nodes: 0}\nsites: [{id: a, start_url: 'http://a.test'}]\n",
+        "fleet.yaml:1: fleet.max_nodes: Input should be greater than or equal to 1",
+    ),
+    "unknown crawler": (
+        "sites:\n  - {id: a, start_url: 'http://a.test', crawler: shop}\n",
+        "fleet.yaml:2: sites[0].crawler: unknown crawler 'shop'",
+    ),
 }
 
 
@@ -233,12 +294,30 @@ def _finished_export(tmp_path: Path, run_id: str, failed: int) -> None:
     run_dir = tmp_path / "runs" / run_id
     run_dir.mkdir(parents=True)
     status = "FAILED" if failed else "COMPLETED"
-    sites = {"a": {"run_status": status, "site_status": status, "attemptCount": 1, "attempts": [],
-                   "failure_reason": "error: x" if failed else None, "result_key": None, "error": None,
-                   "instance_id": "n1", "lastUpdateEpoch": 2.0}}
-    (run_dir / "summary.json").write_text(json.dumps({
-        "run_id": run_id, "started_at": 1.0, "finished_at": 2.0, "sites": sites,
-        "counts": {"COMPLETED": 1 - failed, "FAILED": failed}}))
+    sites = {
+        "a": {
+            "run_status": status,
+            "site_status": status,
+            "attemptCount": 1,
+            "attempts": [],
+            "failure_reason": "error: x" if failed else None,
+            "result_key": None,
+            "error": None,
+            "instance_id": "n1",
+            "lastUpdateEpoch": 2.0,
+        }
+    }
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "started_at": 1.0,
+                "finished_at": 2.0,
+                "sites": sites,
+                "counts": {"COMPLETED": 1 - failed, "FAILED": failed},
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("failed, code", [(0, 0), (1, 3)])

@@ -13,22 +13,23 @@ import io
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from rich.console import Console
 
-from fleet.codec import RunInfo
-from fleet.config import Config
-from fleet.errors import UsageError
-from fleet.state import RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
-from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from cli import run as run_flow
 from cli.aws_env import AwsEnv
 from cli.env import Environment, RunHold, on_aws
 from cli.local_env import LocalEnv, stack_stops
+from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
+from fleet.codec import RunInfo
+from fleet.config import Config
+from fleet.errors import UsageError
+from fleet.state import RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 
 RUN = "r1"
 T0 = 1_763_700_000.0
@@ -48,9 +49,16 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("embedded", "node")))
 
 
 def test_the_command_line_loads_neither_the_embedded_stack_nor_the_node_agent(tmp_path):
-    check = subprocess.run([sys.executable, "-c", "import cli.main, sys; "
-                            "assert not [m for m in sys.modules if m.startswith(('embedded', 'node'))]"],
-                           capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import cli.main, sys; assert not [m for m in sys.modules if m.startswith(('embedded', 'node'))]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0, check.stderr
     config = tmp_path / "fleet.yaml"
     config.write_text("sites: [{id: a, start_url: 'http://a.test'}]\n")
@@ -60,8 +68,11 @@ def test_the_command_line_loads_neither_the_embedded_stack_nor_the_node_agent(tm
 
 
 def _members() -> dict[str, Any]:
-    return {name: value for name, value in vars(Environment).items()
-            if not name.startswith("_") and (callable(value) or isinstance(value, property))}
+    return {
+        name: value
+        for name, value in vars(Environment).items()
+        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+    }
 
 
 def _params(fn: Any) -> list[tuple[str, Any]]:
@@ -79,8 +90,19 @@ def test_each_environment_has_every_member_of_the_interface_with_the_same_signat
     config = _config()
     env = LocalEnv(config, home=tmp_path) if backend == "local" else AwsEnv(config, AwsClients(config.aws))
     members = _members()
-    assert {"stores", "provider", "control", "save_run_config", "export_node_logs", "archive", "preflight",
-            "hold", "rerun_hubs", "hand_over", "finish"} <= set(members)
+    assert {
+        "stores",
+        "provider",
+        "control",
+        "save_run_config",
+        "export_node_logs",
+        "archive",
+        "preflight",
+        "hold",
+        "rerun_hubs",
+        "hand_over",
+        "finish",
+    } <= set(members)
     for name, member in members.items():
         found = inspect.getattr_static(env, name)  # not evaluated: the local stores exist only while it runs
         if callable(member):
@@ -90,8 +112,8 @@ def test_each_environment_has_every_member_of_the_interface_with_the_same_signat
 
 
 def test_the_simulators_policies_are_the_ones_simulate_offers():
-    from embedded.sim.run import POLICIES
     from cli.simulate import POLICIES as OFFERED
+    from embedded.sim.run import POLICIES
 
     assert OFFERED == POLICIES
 
@@ -102,14 +124,17 @@ def test_config_without_local_is_aws_and_anything_else_the_local_stack():
     assert not on_aws(argparse.Namespace(config=None, local=False))
 
 
-@pytest.mark.parametrize("started_here, adopted, ended, stops", [
-    (True, False, False, True),  # a stack this command started goes with it, however the command ends
-    (True, False, True, True),
-    (False, True, True, True),  # a crashed hub's stack of this run, once the run reached an end here
-    (False, True, False, False),  # ... and kept for the next --resume when the command failed on the way
-    (False, False, True, False),  # anybody else's stack is never stopped by a run
-    (False, False, False, False),
-])
+@pytest.mark.parametrize(
+    "started_here, adopted, ended, stops",
+    [
+        (True, False, False, True),  # a stack this command started goes with it, however the command ends
+        (True, False, True, True),
+        (False, True, True, True),  # a crashed hub's stack of this run, once the run reached an end here
+        (False, True, False, False),  # ... and kept for the next --resume when the command failed on the way
+        (False, False, True, False),  # anybody else's stack is never stopped by a run
+        (False, False, False, False),
+    ],
+)
 def test_who_stops_the_local_stack(started_here, adopted, ended, stops):
     assert stack_stops(started_here, adopted, ended) is stops
 
@@ -126,10 +151,18 @@ class FakeEnv:
     reads_archive = False
     demo_url = None
 
-    def __init__(self, *, up: bool = True, export: dict[str, Any] | None = None, hubs: list[str] | None = None,
-                 takes_over: bool = True, alive: tuple[str, ...] = ()) -> None:
-        self.config = Config.model_validate({"sites": [{"id": s, "start_url": f"https://{s}.test/"}
-                                                       for s in ("a", "b")]})
+    def __init__(
+        self,
+        *,
+        up: bool = True,
+        export: dict[str, Any] | None = None,
+        hubs: list[str] | None = None,
+        takes_over: bool = True,
+        alive: tuple[str, ...] = (),
+    ) -> None:
+        self.config = Config.model_validate(
+            {"sites": [{"id": s, "start_url": f"https://{s}.test/"} for s in ("a", "b")]}
+        )
         self.table, self.queue, self.results = MemoryStateTable(), MemoryQueue(), MemoryResults()
         self.calls: list[str] = []
         self.up, self.export, self.hubs, self.takes_over, self.alive = up, export, hubs or [], takes_over, alive
@@ -185,13 +218,30 @@ class FakeEnv:
 
     # seeding
     def seed(self, status: RunState, *, hub_id: str | None = None, failed: tuple[str, ...] = ("b",)) -> None:
-        self.table.create_run(RunInfo(RUN, status, T0, T0 + 3600, "20251121", hub_id=hub_id,
-                                      finished_at=T0 + 60 if status is RunState.FINISHED else None))
+        self.table.create_run(
+            RunInfo(
+                RUN,
+                status,
+                T0,
+                T0 + 3600,
+                "20251121",
+                hub_id=hub_id,
+                finished_at=T0 + 60 if status is RunState.FINISHED else None,
+            )
+        )
         for s in ("a", "b"):
             st = RunStatus.FAILED if s in failed else RunStatus.COMPLETED
-            self.table.create_site(SiteRecord(RUN, s, SiteSpec(f"https://{s}.test/"), run_status=st,
-                                              site_status=SiteStatus.FAILED if s in failed else SiteStatus.COMPLETED,
-                                              attempt=1, failure_reason="error" if s in failed else None))
+            self.table.create_site(
+                SiteRecord(
+                    RUN,
+                    s,
+                    SiteSpec(f"https://{s}.test/"),
+                    run_status=st,
+                    site_status=SiteStatus.FAILED if s in failed else SiteStatus.COMPLETED,
+                    attempt=1,
+                    failure_reason="error" if s in failed else None,
+                )
+            )
 
 
 def run_args(tmp_path: Path, **kw: Any) -> argparse.Namespace:
@@ -210,8 +260,7 @@ def test_a_dry_run_asks_the_environment_for_its_plan_and_nothing_else(tmp_path):
 
 
 @pytest.mark.parametrize("failed, code", [(0, 0), (1, 3)])
-def test_a_finished_run_its_stores_forgot_is_reported_from_its_export_without_holding_anything(tmp_path, failed,
-                                                                                                code):
+def test_a_finished_run_its_stores_forgot_is_reported_from_its_export_without_holding_anything(tmp_path, failed, code):
     export = {"run_id": RUN, "finished_at": T0, "sites": {}, "counts": {"COMPLETED": 1 - failed, "FAILED": failed}}
     env = FakeEnv(up=False, export=export)
     c, out = console()

@@ -30,20 +30,30 @@ INSTANCE_ID = "i-0123456789abcdef0"
 LOCAL_IP = "10.0.1.23"
 TOKEN = "AQAEAtestTOKEN=="
 EFS_ID = "fs-0123456789abcdef0"
-HOSTILE_KEY = "bundle/it's a \"test\" $(touch pwned) `touch pwned` ; & | <x> # not: a comment {{ y }} \\ ü 🙂/b.tar.gz"
+HOSTILE_KEY = 'bundle/it\'s a "test" $(touch pwned) `touch pwned` ; & | <x> # not: a comment {{ y }} \\ ü 🙂/b.tar.gz'
 HOSTILE_CONFIG_KEY = "runs/2026-11-21/fleet $HOME ${PATH} 'x' \"y\".yaml"
 
 
 def node_params(**kw) -> NodeUserData:
-    base = dict(run_id="2026-11-21", region="ap-northeast-2", bucket="gridfleet-artifacts",
-                bundle_key="bundle/gridfleet-bundle.tar.gz", config_key="runs/2026-11-21/fleet.yaml",
-                efs_id=EFS_ID, hub_address="10.0.1.10")
+    base = dict(
+        run_id="2026-11-21",
+        region="ap-northeast-2",
+        bucket="gridfleet-artifacts",
+        bundle_key="bundle/gridfleet-bundle.tar.gz",
+        config_key="runs/2026-11-21/fleet.yaml",
+        efs_id=EFS_ID,
+        hub_address="10.0.1.10",
+    )
     return NodeUserData(**{**base, **kw})
 
 
 def hub_params(**kw) -> HubUserData:
-    base = dict(region="ap-northeast-2", bucket="gridfleet-artifacts", bundle_key="bundle/gridfleet-bundle.tar.gz",
-                hub_config_key="config/fleet.yaml")
+    base = dict(
+        region="ap-northeast-2",
+        bucket="gridfleet-artifacts",
+        bundle_key="bundle/gridfleet-bundle.tar.gz",
+        hub_config_key="config/fleet.yaml",
+    )
     return HubUserData(**{**base, **kw})
 
 
@@ -88,13 +98,16 @@ def test_cloud_config_shape(kind):
 
 def _needs(tool: str):
     """`make setup` installs the real tool; without it the check must fail, not pass by skipping."""
+
     def wrap(fn):
         @functools.wraps(fn)
         def check(*args, **kwargs):
             if shutil.which(tool) is None:
                 pytest.fail(f"{tool} is not installed (make setup)")
             return fn(*args, **kwargs)
+
         return check
+
     return wrap
 
 
@@ -103,28 +116,39 @@ needs_shellcheck = _needs("shellcheck")
 
 
 @needs_cloud_init
-@pytest.mark.parametrize("text", [
-    pytest.param(render_node(node_params()), id="node"),
-    pytest.param(render_hub(hub_params()), id="hub"),
-    pytest.param(render_node(node_params(bundle_key=HOSTILE_KEY, config_key=HOSTILE_CONFIG_KEY)), id="node-hostile"),
-    pytest.param(render_hub(hub_params(bundle_key=HOSTILE_KEY, self_stop="none")), id="hub-hostile"),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(render_node(node_params()), id="node"),
+        pytest.param(render_hub(hub_params()), id="hub"),
+        pytest.param(
+            render_node(node_params(bundle_key=HOSTILE_KEY, config_key=HOSTILE_CONFIG_KEY)), id="node-hostile"
+        ),
+        pytest.param(render_hub(hub_params(bundle_key=HOSTILE_KEY, self_stop="none")), id="hub-hostile"),
+    ],
+)
 def test_cloud_init_schema_accepts_it(text, tmp_path):
     path = tmp_path / "user-data.yaml"
     path.write_text(text)
-    r = subprocess.run(["cloud-init", "schema", "--config-file", str(path)], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(["cloud-init", "schema", "--config-file", str(path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip() == f"Valid cloud-config: {path}"
 
 
 @needs_shellcheck
-@pytest.mark.parametrize("text", [
-    pytest.param(render_node(node_params()), id="node"),
-    pytest.param(render_hub(hub_params(self_stop="terminate")), id="hub"),
-    pytest.param(render_node(node_params(bundle_key=HOSTILE_KEY, config_key=HOSTILE_CONFIG_KEY)), id="node-hostile"),
-    pytest.param(render_hub(hub_params(bundle_key=HOSTILE_KEY, hub_config_key=HOSTILE_CONFIG_KEY)), id="hub-hostile"),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(render_node(node_params()), id="node"),
+        pytest.param(render_hub(hub_params(self_stop="terminate")), id="hub"),
+        pytest.param(
+            render_node(node_params(bundle_key=HOSTILE_KEY, config_key=HOSTILE_CONFIG_KEY)), id="node-hostile"
+        ),
+        pytest.param(
+            render_hub(hub_params(bundle_key=HOSTILE_KEY, hub_config_key=HOSTILE_CONFIG_KEY)), id="hub-hostile"
+        ),
+    ],
+)
 def test_shellcheck_finds_nothing(text, tmp_path):
     shell = [f for f in files_of(text).values() if not f["path"].endswith(".service")]  # not the systemd unit
     assert len(shell) == 2
@@ -165,11 +189,21 @@ def test_hostile_values_are_reproduced_exactly(tmp_path):
     assert subprocess.run([BASH, "-n", str(path)], capture_output=True, timeout=30).returncode == 0
 
     block = parameter_block(script)
-    got = bash_values(f"cd {tmp_path}\n{block}", ["BUNDLE_KEY", "CONFIG_KEY", "EFS_UTILS_KEY", "HUB", "EFS_ID",
-                                                    "RUN_ID", "GRID_PORT", "INSTALL_DIR"])
+    got = bash_values(
+        f"cd {tmp_path}\n{block}",
+        ["BUNDLE_KEY", "CONFIG_KEY", "EFS_UTILS_KEY", "HUB", "EFS_ID", "RUN_ID", "GRID_PORT", "INSTALL_DIR"],
+    )
     efs_utils_key = HOSTILE_KEY.rsplit("/", 1)[0] + "/amazon-efs-utils.deb"
-    assert got == [HOSTILE_KEY, HOSTILE_CONFIG_KEY, efs_utils_key, "hub.internal.example", EFS_ID,
-                   "2026-11-21", "4444", "/opt/gridfleet"]
+    assert got == [
+        HOSTILE_KEY,
+        HOSTILE_CONFIG_KEY,
+        efs_utils_key,
+        "hub.internal.example",
+        EFS_ID,
+        "2026-11-21",
+        "4444",
+        "/opt/gridfleet",
+    ]
 
     env = files_of(text)[render_mod.NODE_ENV_FILE]["content"]
     got = bash_values(f"cd {tmp_path}\n{env}", ["GRIDFLEET_BUNDLE_KEY", "GRIDFLEET_CONFIG_KEY", "GRIDFLEET_RUN_ID"])
@@ -179,16 +213,26 @@ def test_hostile_values_are_reproduced_exactly(tmp_path):
 
 def test_hub_hostile_values_are_reproduced_exactly(tmp_path):
     text = render_hub(hub_params(bundle_key=HOSTILE_KEY, hub_config_key=HOSTILE_CONFIG_KEY, self_stop="none"))
-    got = bash_values(f"cd {tmp_path}\n{parameter_block(hub_script(text))}",
-                      ["BUNDLE_KEY", "HUB_CONFIG_KEY", "SELF_STOP"])
+    got = bash_values(
+        f"cd {tmp_path}\n{parameter_block(hub_script(text))}", ["BUNDLE_KEY", "HUB_CONFIG_KEY", "SELF_STOP"]
+    )
     assert got == [HOSTILE_KEY, HOSTILE_CONFIG_KEY, "none"]
     assert not (tmp_path / "pwned").exists()
 
 
-@pytest.mark.parametrize("value", [
-    "plain", "quote \" and ' and \\", "line\nbreak\ttab", "yaml: # not a comment", "nel\x85 ls\u2028 ps\u2029",
-    "del\x7f c1\x9b bom\ufeff", "ü 🙂 漢字", "<&>",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "plain",
+        "quote \" and ' and \\",
+        "line\nbreak\ttab",
+        "yaml: # not a comment",
+        "nel\x85 ls\u2028 ps\u2029",
+        "del\x7f c1\x9b bom\ufeff",
+        "ü 🙂 漢字",
+        "<&>",
+    ],
+)
 def test_tojson_is_yaml(value):
     env = render_mod.environment()
     dumped = env.from_string("{{ v | tojson }}").render(v=value)
@@ -217,32 +261,75 @@ def test_missing_template_variable_fails():
 
 
 # --- validation ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("field, value", [
-    ("efs_id", "fs-XYZ"), ("efs_id", "fs-0123"), ("efs_id", "0123456789abcdef0"), ("efs_id", "fs-0123456789abcdef0 "),
-    ("run_id", "-starts-with-dash"), ("run_id", "has space"), ("run_id", "x" * 65), ("run_id", "a;b"),
-    ("grid_port", 0), ("grid_port", 65536), ("node_port", -1), ("grid_publish_port", "4442"),
-    ("grid_subscribe_port", True), ("grid_publish_port", 4444),
-    ("install_dir", "opt/gridfleet"), ("state_dir", "var/lib"), ("efs_mount", "efs"), ("efs_mount", "/"),
-    ("install_dir", "/opt/../etc"), ("install_dir", "/opt/grid fleet"),
-    ("hub_address", "10.0.1.10; reboot"), ("hub_address", ""), ("bucket", "Bad_Bucket"),
-    ("region", "mars-1"), ("bundle_key", "/abs"), ("config_key", "a\nb"), ("bundle_key", ""),
-    ("imds_url", "http://169.254.169.254/latest"), ("boot_timeout_s", 0), ("boot_timeout_s", 1.5),
-    ("node_port", 80),  # the Grid node runs unprivileged
-    ("crawl_user", "root"), ("crawl_user", "Crawler"), ("crawl_user", "a b"), ("crawl_user", ""),
-    ("crawl_user", "x;reboot"), ("crawl_user", "-dash"), ("crawl_user", "x" * 33), ("crawl_user", 2000),
-    ("crawl_uid", 0), ("crawl_uid", 999), ("crawl_uid", 60001), ("crawl_uid", -1), ("crawl_uid", "2000"),
-    ("crawl_uid", True), ("crawl_uid", 2000.0),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("efs_id", "fs-XYZ"),
+        ("efs_id", "fs-0123"),
+        ("efs_id", "0123456789abcdef0"),
+        ("efs_id", "fs-0123456789abcdef0 "),
+        ("run_id", "-starts-with-dash"),
+        ("run_id", "has space"),
+        ("run_id", "x" * 65),
+        ("run_id", "a;b"),
+        ("grid_port", 0),
+        ("grid_port", 65536),
+        ("node_port", -1),
+        ("grid_publish_port", "4442"),
+        ("grid_subscribe_port", True),
+        ("grid_publish_port", 4444),
+        ("install_dir", "opt/gridfleet"),
+        ("state_dir", "var/lib"),
+        ("efs_mount", "efs"),
+        ("efs_mount", "/"),
+        ("install_dir", "/opt/../etc"),
+        ("install_dir", "/opt/grid fleet"),
+        ("hub_address", "10.0.1.10; reboot"),
+        ("hub_address", ""),
+        ("bucket", "Bad_Bucket"),
+        ("region", "mars-1"),
+        ("bundle_key", "/abs"),
+        ("config_key", "a\nb"),
+        ("bundle_key", ""),
+        ("imds_url", "http://169.254.169.254/latest"),
+        ("boot_timeout_s", 0),
+        ("boot_timeout_s", 1.5),
+        ("node_port", 80),  # the Grid node runs unprivileged
+        ("crawl_user", "root"),
+        ("crawl_user", "Crawler"),
+        ("crawl_user", "a b"),
+        ("crawl_user", ""),
+        ("crawl_user", "x;reboot"),
+        ("crawl_user", "-dash"),
+        ("crawl_user", "x" * 33),
+        ("crawl_user", 2000),
+        ("crawl_uid", 0),
+        ("crawl_uid", 999),
+        ("crawl_uid", 60001),
+        ("crawl_uid", -1),
+        ("crawl_uid", "2000"),
+        ("crawl_uid", True),
+        ("crawl_uid", 2000.0),
+    ],
+)
 def test_node_rejects(field, value):
     with pytest.raises(RenderError, match=f"^{field}: ") as e:
         node_params(**{field: value})
     assert e.value.field == field
 
 
-@pytest.mark.parametrize("field, value", [
-    ("self_stop", "reboot"), ("self_stop", ""), ("grid_port", 70000), ("install_dir", "relative"),
-    ("state_dir", "/var/lib/"), ("hub_config_key", "x\ty"), ("bucket", "ab"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("self_stop", "reboot"),
+        ("self_stop", ""),
+        ("grid_port", 70000),
+        ("install_dir", "relative"),
+        ("state_dir", "/var/lib/"),
+        ("hub_config_key", "x\ty"),
+        ("bucket", "ab"),
+    ],
+)
 def test_hub_rejects(field, value):
     with pytest.raises(RenderError, match=f"^{field}: "):
         hub_params(**{field: value})
@@ -264,13 +351,32 @@ def test_render_error_is_a_value_error():
 # --- the boot scripts in a sandbox ------------------------------------------------------------------
 # Real commands the scripts may use; everything else they call is a stub, and a command that is neither
 # is not found, so no test can reach the host's apt, mount or shutdown.
-REAL_TOOLS = ["cat", "chmod", "cp", "date", "dirname", "env", "gzip", "mkdir", "mktemp", "mv", "nohup", "rm", "tar",
-              "tee", "test", "timeout", "touch"]
-RECORD = '#!{bash}\n{{ printf "%s" "${{0##*/}}"; for a in "$@"; do printf "\\x1f%s" "$a"; done; printf "\\n"; }} ' \
-         '>>"$STUB_LOG"\n'
+REAL_TOOLS = [
+    "cat",
+    "chmod",
+    "cp",
+    "date",
+    "dirname",
+    "env",
+    "gzip",
+    "mkdir",
+    "mktemp",
+    "mv",
+    "nohup",
+    "rm",
+    "tar",
+    "tee",
+    "test",
+    "timeout",
+    "touch",
+]
+RECORD = (
+    '#!{bash}\n{{ printf "%s" "${{0##*/}}"; for a in "$@"; do printf "\\x1f%s" "$a"; done; printf "\\n"; }} '
+    '>>"$STUB_LOG"\n'
+)
 
 STUBS = {
-    "curl": r'''
+    "curl": r"""
 method=GET url= headers=()
 while (($#)); do
   case $1 in
@@ -297,15 +403,15 @@ case $url in
   */status) [[ -n ${STUB_GRID_DOWN:-} ]] && exit 7; printf '{"value":{"ready":false}}' ;;
   *) exit 7 ;;
 esac
-''',
-    "aws": r'''
+""",
+    "aws": r"""
 [[ $1 == s3 && $2 == cp ]] || exit 2
 src=${*: -2:1} dest=${*: -1}
 obj=$S3_ROOT/${src#s3://}
 [[ -f $obj ]] || { echo "fatal error: An error occurred (404) when calling the HeadObject operation" >&2; exit 1; }
 cp -- "$obj" "$dest"
-''',
-    "apt-get": r'''
+""",
+    "apt-get": r"""
 count=$(cat "$SANDBOX/apt.count" 2>/dev/null || echo 0); echo $((count + 1)) >"$SANDBOX/apt.count"
 for a in "$@"; do
   case $a in
@@ -315,50 +421,50 @@ for a in "$@"; do
   esac
 done
 exit 0
-''',
+""",
     "dpkg-query": "exit 1\n",
     "mountpoint": "exit 1\n",
     "mount.efs": "exit 0\n",
-    "mount": r'''
+    "mount": r"""
 count=$(cat "$SANDBOX/mount.count" 2>/dev/null || echo 0); echo $((count + 1)) >"$SANDBOX/mount.count"
 ((count < ${STUB_MOUNT_FAILS:-0})) && { echo "mount.nfs4: Connection timed out" >&2; exit 32; }
 exit 0
-''',
+""",
     "sleep": 'exec "$REAL_SLEEP" "${STUB_SLEEP_REAL:-0}"\n',
     "shutdown": "exit 0\n",
     # Users: none exists until useradd (STUB_PASSWD: one that does); `id` answers STUB_IDS (uid:gid).
-    "getent": r'''
+    "getent": r"""
 [[ $1 == passwd && -n ${STUB_PASSWD:-} && $2 == "${STUB_PASSWD%%:*}" ]] && { echo "$STUB_PASSWD"; exit 0; }
 exit 2
-''',
+""",
     "groupadd": "exit 0\n",
     "useradd": "exit 0\n",
     "id": 'ids=${STUB_IDS:-2000:2000}; [[ $1 == -u ]] && echo "${ids%:*}" || echo "${ids#*:}"\n',
     "chown": "exit 0\n",
     "install": 'mkdir -p -- "${@: -1}"\n',
     # setpriv runs its command as this test's own user; STUB_CANNOT_WRITE: the crawl user's `test -w` fails.
-    "setpriv": r'''
+    "setpriv": r"""
 while [[ $1 == --* ]]; do shift; done
 [[ -n ${STUB_CANNOT_WRITE:-} && " $* " == *" test -w "* ]] && exit 1
 exec "$@"
-''',
+""",
     "java": "exit 0\n",
-    "python3": r'''
+    "python3": r"""
 [[ $1 == -m && $2 == venv ]] || exit 2
 venv=${*: -1}
 mkdir -p "$venv/bin"
 cp "$SANDBOX/pip.stub" "$venv/bin/pip"
-''',
+""",
 }
 PIP_STUB = 'cp "$SANDBOX/gridfleet.stub" "$(dirname "$0")/gridfleet"\n'
-GRIDFLEET_STUB = r'''
+GRIDFLEET_STUB = r"""
 case $1 in
   validate) exit "${STUB_VALIDATE_RC:-0}" ;;
   node) [[ $2 == report-failure ]] && exit 0; exit "${STUB_AGENT_RC:-0}" ;;
   run) exit "${STUB_RUN_RC:-0}" ;;
 esac
 exit 2
-'''
+"""
 
 
 def make_bundle(path: Path) -> None:
@@ -389,16 +495,29 @@ class Sandbox:
             (self.real / tool).symlink_to(shutil.which(tool))
         for name, body in STUBS.items():
             self.stub(name, body)
-        for name, body in (("pip.stub", PIP_STUB), ("gridfleet.stub", GRIDFLEET_STUB),
-                           ("mount.efs.stub", STUBS["mount.efs"])):
+        for name, body in (
+            ("pip.stub", PIP_STUB),
+            ("gridfleet.stub", GRIDFLEET_STUB),
+            ("mount.efs.stub", STUBS["mount.efs"]),
+        ):
             self.write_exe(root / name, body)
         self.env = {
-            "PATH": f"{self.bin}:{self.real}", "HOME": str(root / "home"), "TMPDIR": str(root / "tmp"),
-            "LANG": "C.UTF-8", "SANDBOX": str(root), "STUB_BIN": str(self.bin), "STUB_LOG": str(self.stub_log),
-            "S3_ROOT": str(self.s3), "REAL_SLEEP": shutil.which("sleep"), "STUB_TOKEN": TOKEN,
-            "STUB_INSTANCE_ID": INSTANCE_ID, "STUB_LOCAL_IP": LOCAL_IP,
-            "GRIDFLEET_BOOT_LOG": str(self.log_file), "GRIDFLEET_CONSOLE": str(self.console),
-            "GRIDFLEET_ETC_DIR": str(self.etc), "GRIDFLEET_GRID_LOG": str(root / "log" / "grid.log"),
+            "PATH": f"{self.bin}:{self.real}",
+            "HOME": str(root / "home"),
+            "TMPDIR": str(root / "tmp"),
+            "LANG": "C.UTF-8",
+            "SANDBOX": str(root),
+            "STUB_BIN": str(self.bin),
+            "STUB_LOG": str(self.stub_log),
+            "S3_ROOT": str(self.s3),
+            "REAL_SLEEP": shutil.which("sleep"),
+            "STUB_TOKEN": TOKEN,
+            "STUB_INSTANCE_ID": INSTANCE_ID,
+            "STUB_LOCAL_IP": LOCAL_IP,
+            "GRIDFLEET_BOOT_LOG": str(self.log_file),
+            "GRIDFLEET_CONSOLE": str(self.console),
+            "GRIDFLEET_ETC_DIR": str(self.etc),
+            "GRIDFLEET_GRID_LOG": str(root / "log" / "grid.log"),
         }
 
     def write_exe(self, path: Path, body: str) -> None:
@@ -417,8 +536,9 @@ class Sandbox:
     def run(self, script: str, **env: str) -> subprocess.CompletedProcess:
         path = self.root / "boot.sh"
         path.write_text(script)
-        return subprocess.run([BASH, str(path)], env={**self.env, **env}, cwd=self.root, capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(
+            [BASH, str(path)], env={**self.env, **env}, cwd=self.root, capture_output=True, text=True, timeout=60
+        )
 
     def calls(self, name: str | None = None) -> list[list[str]]:
         lines = self.stub_log.read_text().splitlines() if self.stub_log.exists() else []
@@ -435,8 +555,13 @@ def sandbox(tmp_path_factory) -> Sandbox:
 
 
 def sandbox_node(sb: Sandbox, **kw) -> NodeUserData:
-    return node_params(install_dir=f"{sb.root}/opt/gridfleet", state_dir=f"{sb.root}/state",
-                       efs_mount=f"{sb.root}/efs", bucket=sb.bucket, **kw)
+    return node_params(
+        install_dir=f"{sb.root}/opt/gridfleet",
+        state_dir=f"{sb.root}/state",
+        efs_mount=f"{sb.root}/efs",
+        bucket=sb.bucket,
+        **kw,
+    )
 
 
 def upload_node_objects(sb: Sandbox, p: NodeUserData, bundle: bool = True, config: bool = True) -> None:
@@ -447,11 +572,32 @@ def upload_node_objects(sb: Sandbox, p: NodeUserData, bundle: bool = True, confi
 
 
 def agent_argv(sb: Sandbox, p: NodeUserData) -> list[str]:
-    return ["gridfleet", "node", "--config", f"{sb.etc}/fleet.yaml", "--run-id", p.run_id,
-            "--instance-id", INSTANCE_ID, "--grid-url", f"http://{p.hub_address}:4444",
-            "--grid-jar", f"{p.install_dir}/selenium-server.jar", "--grid-publish", f"tcp://{p.hub_address}:4442",
-            "--grid-subscribe", f"tcp://{p.hub_address}:4443", "--grid-host", LOCAL_IP, "--grid-port", "5555",
-            "--state-dir", p.state_dir, "--profiles-root", p.efs_mount]
+    return [
+        "gridfleet",
+        "node",
+        "--config",
+        f"{sb.etc}/fleet.yaml",
+        "--run-id",
+        p.run_id,
+        "--instance-id",
+        INSTANCE_ID,
+        "--grid-url",
+        f"http://{p.hub_address}:4444",
+        "--grid-jar",
+        f"{p.install_dir}/selenium-server.jar",
+        "--grid-publish",
+        f"tcp://{p.hub_address}:4442",
+        "--grid-subscribe",
+        f"tcp://{p.hub_address}:4443",
+        "--grid-host",
+        LOCAL_IP,
+        "--grid-port",
+        "5555",
+        "--state-dir",
+        p.state_dir,
+        "--profiles-root",
+        p.efs_mount,
+    ]
 
 
 def url_of(call: list[str]) -> str:
@@ -469,10 +615,13 @@ def assert_imds_v2(sb: Sandbox, items: list[str]) -> None:
         assert "-X" not in c and f"X-aws-ec2-metadata-token: {TOKEN}" in c
 
 
-@pytest.mark.parametrize("keys", [
-    pytest.param({}, id="plain"),
-    pytest.param({"bundle_key": HOSTILE_KEY, "config_key": HOSTILE_CONFIG_KEY}, id="hostile-keys"),
-])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        pytest.param({}, id="plain"),
+        pytest.param({"bundle_key": HOSTILE_KEY, "config_key": HOSTILE_CONFIG_KEY}, id="hostile-keys"),
+    ],
+)
 def test_node_happy_path(sandbox, keys):
     p = sandbox_node(sandbox, **keys)
     upload_node_objects(sandbox, p)
@@ -483,9 +632,19 @@ def test_node_happy_path(sandbox, keys):
     # apt: update failed once (the lock race) and was retried, then the missing packages were installed
     apts = sandbox.calls("apt-get")
     assert [c[-1] for c in apts[:2]] == ["update", "update"]
-    assert apts[2][apts[2].index("install"):] == [
-        "install", "-y", "--no-install-recommends", "chromium", "chromium-driver", "default-jre-headless",
-        "python3-venv", "nfs-common", "awscli", "curl", "ca-certificates"]
+    assert apts[2][apts[2].index("install") :] == [
+        "install",
+        "-y",
+        "--no-install-recommends",
+        "chromium",
+        "chromium-driver",
+        "default-jre-headless",
+        "python3-venv",
+        "nfs-common",
+        "awscli",
+        "curl",
+        "ca-certificates",
+    ]
     assert len(apts) == 3
     # S3: the exact keys, with the region
     cps = sandbox.calls("aws")
@@ -504,19 +663,44 @@ def test_node_happy_path(sandbox, keys):
     # the crawl user: created before the mount, given the state dir and the EFS directories
     home = f"{p.state_dir}/home"
     assert sandbox.calls("groupadd") == [["groupadd", "--system", "--gid", "2000", "gridfleet"]]
-    assert sandbox.calls("useradd") == [["useradd", "--system", "--no-log-init", "--uid", "2000", "--gid", "2000",
-                                         "--home-dir", home, "--no-create-home", "--shell", "/usr/sbin/nologin",
-                                         "gridfleet"]]
-    assert sandbox.calls("install") == [["install", "-d", "-o", "2000", "-g", "2000", "-m", "0755", p.state_dir],
-                                        ["install", "-d", "-o", "2000", "-g", "2000", "-m", "0700", home]]
+    assert sandbox.calls("useradd") == [
+        [
+            "useradd",
+            "--system",
+            "--no-log-init",
+            "--uid",
+            "2000",
+            "--gid",
+            "2000",
+            "--home-dir",
+            home,
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            "gridfleet",
+        ]
+    ]
+    assert sandbox.calls("install") == [
+        ["install", "-d", "-o", "2000", "-g", "2000", "-m", "0755", p.state_dir],
+        ["install", "-d", "-o", "2000", "-g", "2000", "-m", "0700", home],
+    ]
     assert sandbox.calls("chown") == [["chown", "2000:2000", f"{p.efs_mount}/profiles", f"{p.efs_mount}/locks"]]
     calls = sandbox.calls()
     assert calls.index(sandbox.calls("useradd")[0]) < calls.index(mount) < calls.index(sandbox.calls("chown")[0])
     # the agent runs as the crawl user (and only it, and the check that it can write on EFS); then the shutdown
     gf = sandbox.calls("gridfleet")
     assert gf == [["gridfleet", "validate", "--config", f"{sandbox.etc}/fleet.yaml"], agent_argv(sandbox, p)]
-    crawl_user = ["setpriv", "--reuid=2000", "--regid=2000", "--init-groups", "--no-new-privs",
-                  "env", f"HOME={home}", "USER=gridfleet", "LOGNAME=gridfleet"]
+    crawl_user = [
+        "setpriv",
+        "--reuid=2000",
+        "--regid=2000",
+        "--init-groups",
+        "--no-new-privs",
+        "env",
+        f"HOME={home}",
+        "USER=gridfleet",
+        "LOGNAME=gridfleet",
+    ]
     assert sandbox.calls("setpriv") == [
         crawl_user + ["test", "-w", f"{p.efs_mount}/profiles", "-a", "-w", f"{p.efs_mount}/locks"],
         crawl_user + [f"{p.install_dir}/venv/bin/gridfleet"] + agent_argv(sandbox, p)[1:],
@@ -536,8 +720,9 @@ def test_node_mounts_through_the_access_point_when_one_is_given(sandbox):
     upload_node_objects(sandbox, p)
     r = sandbox.run(node_script(render_node(p)))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sandbox.calls("mount") == [["mount", "-t", "efs", "-o", f"tls,iam,accesspoint={ap}", f"{EFS_ID}:/",
-                                       p.efs_mount]]
+    assert sandbox.calls("mount") == [
+        ["mount", "-t", "efs", "-o", f"tls,iam,accesspoint={ap}", f"{EFS_ID}:/", p.efs_mount]
+    ]
     with pytest.raises(RenderError, match="efs_access_point_id"):
         dataclasses.replace(p, efs_access_point_id="fsap-nothex!")
 
@@ -571,8 +756,11 @@ def test_node_mount_never_succeeds(sandbox):
     r = sandbox.run(node_script(render_node(p)), STUB_MOUNT_FAILS="1000000", STUB_SLEEP_REAL="0.3")
     assert time.monotonic() - started < 8
     assert r.returncode != 0
-    assert re.search(r"gridfleet: node bootstrap failed at mount-efs: fs-0123456789abcdef0 is not mounted at "
-                     r"\S+/efs after 3 s \(\d+ attempts\)", sandbox.boot_log())
+    assert re.search(
+        r"gridfleet: node bootstrap failed at mount-efs: fs-0123456789abcdef0 is not mounted at "
+        r"\S+/efs after 3 s \(\d+ attempts\)",
+        sandbox.boot_log(),
+    )
     assert len(sandbox.calls("mount")) >= 2
     gf = sandbox.calls("gridfleet")
     assert [c[1:3] for c in gf] == [["validate", "--config"], ["node", "report-failure"]]
@@ -589,8 +777,19 @@ def test_node_failure_after_install_is_reported(sandbox):
     cfg = f"{sandbox.etc}/fleet.yaml"
     message = f"check-config: {cfg} does not pass gridfleet validate"
     assert f"gridfleet: node bootstrap failed at {message}" in sandbox.boot_log()
-    assert sandbox.calls("gridfleet")[-1] == ["gridfleet", "node", "report-failure", "--config", cfg,
-                                              "--run-id", p.run_id, "--instance-id", INSTANCE_ID, "--message", message]
+    assert sandbox.calls("gridfleet")[-1] == [
+        "gridfleet",
+        "node",
+        "report-failure",
+        "--config",
+        cfg,
+        "--run-id",
+        p.run_id,
+        "--instance-id",
+        INSTANCE_ID,
+        "--message",
+        message,
+    ]
     assert sandbox.calls("mount") == []
     assert sandbox.calls()[-1] == ["shutdown", "-h", "now"]
 
@@ -624,8 +823,10 @@ def test_node_without_efs_utils_fails_clearly(sandbox):
     upload_node_objects(sandbox, p)
     (sandbox.bin / "mount.efs").unlink()
     sandbox.run(node_script(render_node(p)))
-    assert ("gridfleet: node bootstrap failed at install-efs-utils: amazon-efs-utils is not available: bake it "
-            "into the AMI or upload amazon-efs-utils.deb beside the bundle") in sandbox.boot_log()
+    assert (
+        "gridfleet: node bootstrap failed at install-efs-utils: amazon-efs-utils is not available: bake it "
+        "into the AMI or upload amazon-efs-utils.deb beside the bundle"
+    ) in sandbox.boot_log()
     assert sandbox.calls("gridfleet")[-1][1:3] == ["node", "report-failure"]
     assert sandbox.calls()[-1] == ["shutdown", "-h", "now"]
 
@@ -636,8 +837,13 @@ def test_node_crawl_user_of_the_config(sandbox):
     r = sandbox.run(node_script(render_node(p)), STUB_IDS="4321:4321")
     assert r.returncode == 0, r.stdout + r.stderr
     assert sandbox.calls("useradd")[0][-1] == "crawler_1" and "4321" in sandbox.calls("useradd")[0]
-    assert sandbox.calls("setpriv")[-1][:5] == ["setpriv", "--reuid=4321", "--regid=4321", "--init-groups",
-                                                "--no-new-privs"]
+    assert sandbox.calls("setpriv")[-1][:5] == [
+        "setpriv",
+        "--reuid=4321",
+        "--regid=4321",
+        "--init-groups",
+        "--no-new-privs",
+    ]
     env = files_of(render_node(p))[render_mod.NODE_ENV_FILE]["content"]
     assert "GRIDFLEET_CRAWL_USER=crawler_1\n" in env and "GRIDFLEET_CRAWL_UID=4321\n" in env
 
@@ -654,8 +860,9 @@ def test_node_keeps_an_existing_crawl_user_of_the_right_uid(sandbox):
 def test_node_refuses_a_crawl_user_of_another_uid(sandbox):
     p = sandbox_node(sandbox)
     upload_node_objects(sandbox, p)
-    r = sandbox.run(node_script(render_node(p)), STUB_PASSWD="gridfleet:x:1000:1000::/home/g:/bin/bash",
-                    STUB_IDS="1000:1000")
+    r = sandbox.run(
+        node_script(render_node(p)), STUB_PASSWD="gridfleet:x:1000:1000::/home/g:/bin/bash", STUB_IDS="1000:1000"
+    )
     assert r.returncode != 0
     assert "node bootstrap failed at crawl-user: user gridfleet is not uid and gid 2000" in sandbox.boot_log()
     assert sandbox.calls("useradd") == [] and sandbox.calls("mount") == [] and sandbox.calls("setpriv") == []
@@ -668,8 +875,10 @@ def test_node_fails_when_the_crawl_user_cannot_write_on_efs(sandbox):
     upload_node_objects(sandbox, p)
     r = sandbox.run(node_script(render_node(p)), STUB_CANNOT_WRITE="1")
     assert r.returncode != 0
-    assert (f"node bootstrap failed at prepare-dirs: gridfleet cannot write to {p.efs_mount}/profiles and locks "
-            f"(access point user not uid 2000?)") in sandbox.boot_log()
+    assert (
+        f"node bootstrap failed at prepare-dirs: gridfleet cannot write to {p.efs_mount}/profiles and locks "
+        f"(access point user not uid 2000?)"
+    ) in sandbox.boot_log()
     assert [c[1:3] for c in sandbox.calls("gridfleet")] == [["validate", "--config"], ["node", "report-failure"]]
     assert sandbox.calls()[-1] == ["shutdown", "-h", "now"]
 
@@ -679,7 +888,6 @@ def shell_function(script: str, name: str) -> str:
     m = re.search(rf"^{name}\(\) \{{$.*?^\}}$", script, re.M | re.S)
     assert m, f"no function {name}"
     return m.group(0)
-
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating a user and switching to it needs root")
@@ -693,24 +901,56 @@ def test_the_crawl_user_is_created_and_the_agent_runs_as_it_for_real(open_dir):
     script = node_script(render_node(p))
     subprocess.run(["cp", "-a", "/etc", str(open_dir / "etc")], check=True, timeout=60)
     agent = open_dir / "agent"
-    agent.write_text('#!/bin/sh\nid -u; id -g; id -G; echo "$HOME"; grep NoNewPrivs /proc/self/status\n'
-                     'touch "$1/agent-wrote"\n')
+    agent.write_text(
+        '#!/bin/sh\nid -u; id -g; id -G; echo "$HOME"; grep NoNewPrivs /proc/self/status\ntouch "$1/agent-wrote"\n'
+    )
     agent.chmod(0o755)
     steps = open_dir / "steps.sh"
-    steps.write_text("\n".join([
-        "set -Eeuo pipefail", parameter_block(script),
-        'log() { printf "log: %s\\n" "$*"; }', 'fail() { printf "failed: %s\\n" "$*"; exit 1; }',
-        shell_function(script, "ensure_crawl_user"), shell_function(script, "as_crawl_user"),
-        "ensure_crawl_user", "ensure_crawl_user",  # found the second time, not made again
-        'getent passwd "$CRAWL_USER"', f'as_crawl_user {agent} "$STATE_DIR"', "",
-    ]))
-    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", BASH, "-c",
-                        'mount --bind "$1" /etc && exec "$0" "$2"', BASH, str(open_dir / "etc"), str(steps)],
-                       capture_output=True, text=True, timeout=60)
+    steps.write_text(
+        "\n".join(
+            [
+                "set -Eeuo pipefail",
+                parameter_block(script),
+                'log() { printf "log: %s\\n" "$*"; }',
+                'fail() { printf "failed: %s\\n" "$*"; exit 1; }',
+                shell_function(script, "ensure_crawl_user"),
+                shell_function(script, "as_crawl_user"),
+                "ensure_crawl_user",
+                "ensure_crawl_user",  # found the second time, not made again
+                'getent passwd "$CRAWL_USER"',
+                f'as_crawl_user {agent} "$STATE_DIR"',
+                "",
+            ]
+        )
+    )
+    r = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            BASH,
+            "-c",
+            'mount --bind "$1" /etc && exec "$0" "$2"',
+            BASH,
+            str(open_dir / "etc"),
+            str(steps),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert lines == [f"{user}:x:{uid}:{uid}::{state}/home:/usr/sbin/nologin",  # a system account, no login shell
-                     str(uid), str(uid), str(uid), f"{state}/home", "NoNewPrivs:\t1"]
+    assert lines == [
+        f"{user}:x:{uid}:{uid}::{state}/home:/usr/sbin/nologin",  # a system account, no login shell
+        str(uid),
+        str(uid),
+        str(uid),
+        f"{state}/home",
+        "NoNewPrivs:\t1",
+    ]
     for path, mode in ((state, 0o755), (state / "home", 0o700), (state / "agent-wrote", None)):
         st = path.stat()
         assert (st.st_uid, st.st_gid) == (uid, uid), path
@@ -741,10 +981,22 @@ def test_hub_happy_path(sandbox):
     assert r.returncode == 0, r.stdout + r.stderr
     assert_imds_v2(sandbox, ["instance-id", "local-ipv4", "tags/instance/gridfleet:run_id"])
     wait_for(lambda: sandbox.calls("java"))  # the Grid hub runs under nohup ... &: its stub may log after the script
-    assert sandbox.calls("java") == [["java", "-jar", f"{p.install_dir}/selenium-server.jar", "hub",
-                                      "--host", LOCAL_IP, "--port", "4444",
-                                      "--publish-events", f"tcp://{LOCAL_IP}:4442",
-                                      "--subscribe-events", f"tcp://{LOCAL_IP}:4443"]]
+    assert sandbox.calls("java") == [
+        [
+            "java",
+            "-jar",
+            f"{p.install_dir}/selenium-server.jar",
+            "hub",
+            "--host",
+            LOCAL_IP,
+            "--port",
+            "4444",
+            "--publish-events",
+            f"tcp://{LOCAL_IP}:4442",
+            "--subscribe-events",
+            f"tcp://{LOCAL_IP}:4443",
+        ]
+    ]
     assert url_of(sandbox.calls("curl")[-1]) == f"http://{LOCAL_IP}:4444/status"
     run = ["gridfleet", "run", "--config", f"{sandbox.etc}/fleet.yaml", "--run-id", "2026-11-20", "--resume"]
     assert sandbox.calls("gridfleet") == [run]
@@ -795,8 +1047,11 @@ def test_hub_grid_that_dies_fails_the_bootstrap(sandbox):
 
 def test_production_paths_are_the_defaults():
     script = node_script(render_node(node_params()))
-    for default in ("${GRIDFLEET_BOOT_LOG:-/var/log/gridfleet-boot.log}", "${GRIDFLEET_CONSOLE:-/dev/console}",
-                    "${GRIDFLEET_ETC_DIR:-/etc/gridfleet}"):
+    for default in (
+        "${GRIDFLEET_BOOT_LOG:-/var/log/gridfleet-boot.log}",
+        "${GRIDFLEET_CONSOLE:-/dev/console}",
+        "${GRIDFLEET_ETC_DIR:-/etc/gridfleet}",
+    ):
         assert default in script
     assert 'exec > >(tee -a "$LOG_FILE" "$CONSOLE") 2>&1' in script
     assert os.path.basename(render_mod.NODE_BOOT_SCRIPT) == "gridfleet-node-boot"

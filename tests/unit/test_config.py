@@ -36,34 +36,53 @@ def test_a_full_example_is_valid_and_round_trips():
         c.run.max_attempts = 5
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("run: {max_attempts: 0}\nsites: [{id: a, start_url: 'http://a.test'}]",
-     "fleet.yaml:1: run.max_attempts: Input should be greater than or equal to 1"),
-    ("run:\n  hang_after_s: 0\nsites: [{id: a, start_url: 'http://a.test'}]",
-     "fleet.yaml:2: run.hang_after_s: Input should be greater than 0"),
-    ("run:\n  colour: red\nsites: [{id: a, start_url: 'http://a.test'}]",
-     "fleet.yaml:2: run.colour: unknown key 'colour'"),
-    ("sites:\n  - {id: a, start_url: 'http://a.test'}\n  - {id: a, start_url: 'http://b.test'}",
-     "fleet.yaml:3: sites[1].id: duplicate site id 'a' (first at sites[0])"),
-    ("sites:\n  - {id: a}", "fleet.yaml:2: sites[0].start_url: required key is missing"),
-    ("sites:\n  - {id: a, start_url: 'ftp://a'}", "fleet.yaml:2: sites[0].start_url: must be an http(s) URL"),
-    ("sites:\n  - {id: a, start_url: 'http://'}", "fleet.yaml:2: sites[0].start_url: must be an http(s) URL"),
-    ("sites: []", "fleet.yaml:1: sites: at least one site is required"),
-    ("run: {}", "fleet.yaml:1: sites: required key is missing"),
-    ("sites:\n  - {id: a, start_url: 'http://a.test', crawler: nope}",
-     "fleet.yaml:2: sites[0].crawler: unknown crawler 'nope'"),
-    ("sites:\n  - {id: a, start_url: 'http://a.test', crawler: 'no.such.module:Crawler'}",
-     "fleet.yaml:2: sites[0].crawler: unknown crawler 'no.such.module:Crawler': module 'no.such.module' cannot"),
-    ("sites:\n  - {id: '../x', start_url: 'http://a.test'}", "fleet.yaml:2: sites[0].id: '../x' is not a site id"),
-    ("sites: [\n", "fleet.yaml:2: malformed YAML"),
-    ("run: {a: 1}\nrun: {b: 2}\nsites: []", "fleet.yaml:2: run: duplicate key"),
-    ("- 1\n- 2", "fleet.yaml:1: the top level must be a mapping"),
-    ("", "fleet.yaml: the file is empty"),
-    ("fleet: {sites_per_node: -1}\nsites: [{id: a, start_url: 'http://a.test'}]",
-     "fleet.yaml:1: fleet.sites_per_node: Input should be greater than or equal to 0"),
-    ("aws: {endpoint_url: 'localhost:4566'}\nsites: [{id: a, start_url: 'http://a.test'}]",
-     "fleet.yaml:1: aws.endpoint_url: must be an http(s) URL"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "run: {max_attempts: 0}\nsites: [{id: a, start_url: 'http://a.test'}]",
+            "fleet.yaml:1: run.max_attempts: Input should be greater than or equal to 1",
+        ),
+        (
+            "run:\n  hang_after_s: 0\nsites: [{id: a, start_url: 'http://a.test'}]",
+            "fleet.yaml:2: run.hang_after_s: Input should be greater than 0",
+        ),
+        (
+            "run:\n  colour: red\nsites: [{id: a, start_url: 'http://a.test'}]",
+            "fleet.yaml:2: run.colour: unknown key 'colour'",
+        ),
+        (
+            "sites:\n  - {id: a, start_url: 'http://a.test'}\n  - {id: a, start_url: 'http://b.test'}",
+            "fleet.yaml:3: sites[1].id: duplicate site id 'a' (first at sites[0])",
+        ),
+        ("sites:\n  - {id: a}", "fleet.yaml:2: sites[0].start_url: required key is missing"),
+        ("sites:\n  - {id: a, start_url: 'ftp://a'}", "fleet.yaml:2: sites[0].start_url: must be an http(s) URL"),
+        ("sites:\n  - {id: a, start_url: 'http://'}", "fleet.yaml:2: sites[0].start_url: must be an http(s) URL"),
+        ("sites: []", "fleet.yaml:1: sites: at least one site is required"),
+        ("run: {}", "fleet.yaml:1: sites: required key is missing"),
+        (
+            "sites:\n  - {id: a, start_url: 'http://a.test', crawler: nope}",
+            "fleet.yaml:2: sites[0].crawler: unknown crawler 'nope'",
+        ),
+        (
+            "sites:\n  - {id: a, start_url: 'http://a.test', crawler: 'no.such.module:Crawler'}",
+            "fleet.yaml:2: sites[0].crawler: unknown crawler 'no.such.module:Crawler': module 'no.such.module' cannot",
+        ),
+        ("sites:\n  - {id: '../x', start_url: 'http://a.test'}", "fleet.yaml:2: sites[0].id: '../x' is not a site id"),
+        ("sites: [\n", "fleet.yaml:2: malformed YAML"),
+        ("run: {a: 1}\nrun: {b: 2}\nsites: []", "fleet.yaml:2: run: duplicate key"),
+        ("- 1\n- 2", "fleet.yaml:1: the top level must be a mapping"),
+        ("", "fleet.yaml: the file is empty"),
+        (
+            "fleet: {sites_per_node: -1}\nsites: [{id: a, start_url: 'http://a.test'}]",
+            "fleet.yaml:1: fleet.sites_per_node: Input should be greater than or equal to 0",
+        ),
+        (
+            "aws: {endpoint_url: 'localhost:4566'}\nsites: [{id: a, start_url: 'http://a.test'}]",
+            "fleet.yaml:1: aws.endpoint_url: must be an http(s) URL",
+        ),
+    ],
+)
 def test_bad_input_is_named_by_file_line_and_field(text, expected):
     found = problems(text)
     assert any(p.startswith(expected) for p in found), found
@@ -105,12 +124,14 @@ def test_built_in_crawlers_options_are_checked_at_load_and_dotted_paths_keep_fre
           - {id: b, start_url: 'http://b.test', crawler: api, options: {max_pages: '5', next: ''}}
           - {id: c, start_url: 'http://c.test', crawler: 'tests.helpers.crawlers:QuickCrawler', options: {any: [1]}}
         """)
-    assert sorted(found) == sorted([
-        "fleet.yaml:2: sites[0].options.itme: unknown key 'itme' (allowed: item, next, max_pages)",
-        "fleet.yaml:2: sites[0].options.max_pages: Input should be greater than or equal to 1",
-        "fleet.yaml:3: sites[1].options.next: must not be empty",
-        "fleet.yaml:3: sites[1].options.max_pages: Input should be a valid integer",
-    ]), found
+    assert sorted(found) == sorted(
+        [
+            "fleet.yaml:2: sites[0].options.itme: unknown key 'itme' (allowed: item, next, max_pages)",
+            "fleet.yaml:2: sites[0].options.max_pages: Input should be greater than or equal to 1",
+            "fleet.yaml:3: sites[1].options.next: must not be empty",
+            "fleet.yaml:3: sites[1].options.max_pages: Input should be a valid integer",
+        ]
+    ), found
 
 
 def test_a_dump_quotes_the_keys_the_loader_would_read_as_booleans():

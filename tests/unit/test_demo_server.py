@@ -49,8 +49,9 @@ class _Page(HTMLParser):
             self.title += data
 
 
-def fetch(url: str, method: str = "GET", timeout: float = 5, headers: dict[str, str] | None = None
-          ) -> tuple[int, http.client.HTTPMessage, bytes]:
+def fetch(
+    url: str, method: str = "GET", timeout: float = 5, headers: dict[str, str] | None = None
+) -> tuple[int, http.client.HTTPMessage, bytes]:
     req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -210,13 +211,16 @@ def test_reset_with_the_token_clears_stats_and_attempt_counters(server):
     assert fetch(url)[0] == 500
 
 
-@pytest.mark.parametrize("method, headers, expected", [
-    ("GET", {}, 405),
-    ("GET", "token", 405),  # a page can make a browser GET anything: a reset is never a GET
-    ("POST", {}, 403),
-    ("POST", {"X-Gridfleet-Token": ""}, 403),
-    ("POST", {"X-Gridfleet-Token": "guess"}, 403),
-])
+@pytest.mark.parametrize(
+    "method, headers, expected",
+    [
+        ("GET", {}, 405),
+        ("GET", "token", 405),  # a page can make a browser GET anything: a reset is never a GET
+        ("POST", {}, 403),
+        ("POST", {"X-Gridfleet-Token": ""}, 403),
+        ("POST", {"X-Gridfleet-Token": "guess"}, 403),
+    ],
+)
 def test_reset_without_the_token_or_by_get_changes_nothing(server, method, headers, expected):
     url = f"{server.base_url}/s/flaky/?fail_attempts=1"
     assert fetch(url)[0] == 500

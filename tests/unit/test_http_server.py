@@ -22,13 +22,17 @@ WAIT_S = 5.0
 
 def initial_status() -> dict:
     return {
-        "run_id": "2026-11-21", "finished": False, "updated_at": 1763700000.0,
+        "run_id": "2026-11-21",
+        "finished": False,
+        "updated_at": 1763700000.0,
         "counts": {"QUEUED": 1, "RUN": 1},
         "sites": {
             "a": {"run_status": "QUEUED", "site_status": "PENDING", "attemptCount": 0},
             "b": {"run_status": "RUN", "site_status": "URL_CALL", "attemptCount": 1, "instance_id": "i-1"},
         },
-        "nodes": [], "kills": [], "queue": {"visible": 1, "in_flight": 1, "dlq": 0},
+        "nodes": [],
+        "kills": [],
+        "queue": {"visible": 1, "in_flight": 1, "dlq": 0},
     }
 
 
@@ -72,7 +76,7 @@ class Events:
     def next_data(self) -> dict:
         block = self.next_block()
         assert len(block) == 1 and block[0].startswith("data: "), block
-        return json.loads(block[0][len("data: "):])
+        return json.loads(block[0][len("data: ") :])
 
     def close(self) -> None:
         self.resp.close()  # the response holds the socket open too
@@ -114,8 +118,14 @@ def serve():
     servers: list[HubServer] = []
     clients: list[Events] = []
 
-    def start(status, registry=None, keepalive_s: float | None = None, max_streams: int | None = None,
-              max_connections: int | None = None, **kw) -> HubServer:
+    def start(
+        status,
+        registry=None,
+        keepalive_s: float | None = None,
+        max_streams: int | None = None,
+        max_connections: int | None = None,
+        **kw,
+    ) -> HubServer:
         server = HubServer(status, registry, poll_s=POLL_S, **kw)
         if keepalive_s is not None:
             server.keepalive_s = keepalive_s
@@ -327,6 +337,7 @@ def test_stop_is_idempotent_and_a_server_starts_once(source):
 
 # --- another origin cannot read the run: the Host check and the connection caps ------------------------------
 
+
 def request_with_host(url: str, path: str, host: str | None) -> tuple[int, dict[str, str], bytes]:
     """GET `path` sending `host` as the Host header (None: no Host header at all), as a rebound name would."""
     parts = urlsplit(url)
@@ -342,8 +353,20 @@ def request_with_host(url: str, path: str, host: str | None) -> tuple[int, dict[
         conn.close()
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1.evil.example", "127.0.0.2",
-                                  "[::1]:{port}", "localhost.", "127.0.0.1:x", "", None])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "evil.example:{port}",
+        "127.0.0.1.evil.example",
+        "127.0.0.2",
+        "[::1]:{port}",
+        "localhost.",
+        "127.0.0.1:x",
+        "",
+        None,
+    ],
+)
 def test_a_request_naming_another_host_is_refused_and_reads_nothing(server, source, host):
     port = urlsplit(server.url).port
     calls = source.calls

@@ -60,11 +60,13 @@ class FakeControl:
 
 
 def config(**run):
-    return Config.model_validate({
-        "run": {"hang_after_s": 10, "heartbeat_timeout_s": 30, "watch_interval_s": 5, "deadline_s": 600, **run},
-        "fleet": {"max_nodes": 2, "node_watchdog": False},  # the hub's own kill path, at hang_after_s
-        "sites": [{"id": f"s{i}", "start_url": f"http://x.test/{i}"} for i in range(3)],
-    })
+    return Config.model_validate(
+        {
+            "run": {"hang_after_s": 10, "heartbeat_timeout_s": 30, "watch_interval_s": 5, "deadline_s": 600, **run},
+            "fleet": {"max_nodes": 2, "node_watchdog": False},  # the hub's own kill path, at hang_after_s
+            "sites": [{"id": f"s{i}", "start_url": f"http://x.test/{i}"} for i in range(3)],
+        }
+    )
 
 
 class Rig:
@@ -76,8 +78,18 @@ class Rig:
         self.out = tmp_path / "runs"
 
     def hub(self):
-        return Hub(run_id=RUN, config=self.cfg, table=self.table, queue=self.queue, results=self.results,
-                   provider=self.provider, control=self.control, clock=self.clock, out_dir=self.out, hub_id="h")
+        return Hub(
+            run_id=RUN,
+            config=self.cfg,
+            table=self.table,
+            queue=self.queue,
+            results=self.results,
+            provider=self.provider,
+            control=self.control,
+            clock=self.clock,
+            out_dir=self.out,
+            hub_id="h",
+        )
 
     def node_takes(self, node="i-1"):
         """What an agent does with the next message: claim, crawl, write the result, complete."""
@@ -171,8 +183,10 @@ def test_deadline_fails_what_is_open_and_terminates_everything(tmp_path):
     out = hub._finish(hub.executor.finished)
     summary = json.loads(out.summary_path.read_text())
     assert out.exit_code == 3
-    assert sorted(s["failure_reason"] for s in summary["sites"].values() if s["run_status"] == "FAILED") == \
-        ["deadline", "deadline"]
+    assert sorted(s["failure_reason"] for s in summary["sites"].values() if s["run_status"] == "FAILED") == [
+        "deadline",
+        "deadline",
+    ]
     assert all(state == "terminated" for state in rig.provider.instances.values())
     assert rig.queue.depth().visible == 0  # the failed sites' messages were drained
 
@@ -290,8 +304,9 @@ def test_a_reclaimed_spot_node_does_not_spend_the_sites_attempt(tmp_path):
     hub.tick()
     rec, _ = rig.node_takes()
     rig.provider.instances["i-1"] = "terminated"
-    rig.provider.list = lambda run_id: [Instance(i, st, interrupted=(i == "i-1")) for i, st in
-                                        rig.provider.instances.items()]
+    rig.provider.list = lambda run_id: [
+        Instance(i, st, interrupted=(i == "i-1")) for i, st in rig.provider.instances.items()
+    ]
     hub.tick()
     after = rig.table.get_site(RUN, rec.site)
     assert (after.run_status, after.attempt, after.spot_requeues) == (RunStatus.QUEUED, 0, 1)
@@ -313,15 +328,19 @@ def test_resume_is_refused_only_for_another_live_hub():
 
 
 def incremental_config(**extra):
-    return Config.model_validate({
-        "run": {"hang_after_s": 10, "heartbeat_timeout_s": 30, "watch_interval_s": 5, "deadline_s": 600},
-        "fleet": {"max_nodes": 2},
-        "rate_limits": {"shop-api": {"per_s": 6}},
-        "sites": [{"id": "s0", "start_url": "http://x.test/0", "incremental": True, "rate_limit": "shop-api"},
-                  {"id": "s1", "start_url": "http://x.test/1", "incremental": True},
-                  {"id": "s2", "start_url": "http://x.test/2"}],
-        **extra,
-    })
+    return Config.model_validate(
+        {
+            "run": {"hang_after_s": 10, "heartbeat_timeout_s": 30, "watch_interval_s": 5, "deadline_s": 600},
+            "fleet": {"max_nodes": 2},
+            "rate_limits": {"shop-api": {"per_s": 6}},
+            "sites": [
+                {"id": "s0", "start_url": "http://x.test/0", "incremental": True, "rate_limit": "shop-api"},
+                {"id": "s1", "start_url": "http://x.test/1", "incremental": True},
+                {"id": "s2", "start_url": "http://x.test/2"},
+            ],
+            **extra,
+        }
+    )
 
 
 @pytest.mark.parametrize("full", [False, True])
@@ -329,8 +348,19 @@ def test_incremental_sites_are_seeded_with_their_marks_unless_the_run_is_full(tm
     rig = Rig(tmp_path, incremental_config())
     rig.table.put_mark("s0", ("a", "b"), "yesterday", 1.0)
     rig.table.put_mark("s2", ("z",), "long-ago", 1.0)  # not incremental (any more): not given
-    hub = Hub(run_id=RUN, config=rig.cfg, table=rig.table, queue=rig.queue, results=rig.results,
-              provider=rig.provider, control=rig.control, clock=rig.clock, out_dir=rig.out, hub_id="h", full=full)
+    hub = Hub(
+        run_id=RUN,
+        config=rig.cfg,
+        table=rig.table,
+        queue=rig.queue,
+        results=rig.results,
+        provider=rig.provider,
+        control=rig.control,
+        clock=rig.clock,
+        out_dir=rig.out,
+        hub_id="h",
+        full=full,
+    )
     hub.tick()
     recs = {s: rig.table.get_site(RUN, s) for s in ("s0", "s1", "s2")}
     assert recs["s0"].spec.incremental and recs["s0"].spec.rate_limit == "shop-api" and recs["s0"].spec.per_s == 6

@@ -47,7 +47,8 @@ def eager_imports(source: str, package: str) -> list[int]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def test_eager_imports_are_told_from_lazy_ones():
@@ -76,8 +77,11 @@ def f():
 
 
 def test_the_commands_reach_the_local_stack_only_from_inside_functions():
-    found = {str(path.relative_to(ROOT)): lines for path in sorted((ROOT / "cli").glob("*.py"))
-             if (lines := eager_imports(path.read_text(), "embedded"))}
+    found = {
+        str(path.relative_to(ROOT)): lines
+        for path in sorted((ROOT / "cli").glob("*.py"))
+        if (lines := eager_imports(path.read_text(), "embedded"))
+    }
     assert found == {}, f"cli imports embedded when a module loads (file: lines): {found}"
 
 

@@ -21,7 +21,6 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 CRAWLER = ["sh", "-c", 'sh -c "sleep 60 & wait" & wait']
 
 
-
 class Crawler:
     def __init__(self, popen: subprocess.Popen, tree: set[int]):
         self.popen = popen
@@ -53,27 +52,43 @@ class Rig:
         return LocalNodeControl(self.dir, self.stack, run_id or self.run, wait_s=3.0)
 
     def start_agent(self, instance_id: str | None = None, stack: str | None = None) -> subprocess.Popen:
-        markers = {"GRIDFLEET_STACK": stack or self.stack, "GRIDFLEET_RUN": self.run,
-                   "GRIDFLEET_INSTANCE": instance_id or self.instance, "GRIDFLEET_ROLE": "node"}
+        markers = {
+            "GRIDFLEET_STACK": stack or self.stack,
+            "GRIDFLEET_RUN": self.run,
+            "GRIDFLEET_INSTANCE": instance_id or self.instance,
+            "GRIDFLEET_ROLE": "node",
+        }
         p = procs.spawn(SLEEPER, markers=markers, log_path=self.instance_dir / "node.log")
         self.popens.append(p)
-        wait_for(lambda: procs.find(procs.scan(), GRIDFLEET_INSTANCE=markers["GRIDFLEET_INSTANCE"],
-                                    GRIDFLEET_STACK=markers["GRIDFLEET_STACK"]))
+        wait_for(
+            lambda: procs.find(
+                procs.scan(),
+                GRIDFLEET_INSTANCE=markers["GRIDFLEET_INSTANCE"],
+                GRIDFLEET_STACK=markers["GRIDFLEET_STACK"],
+            )
+        )
         return p
 
     def start_crawler(self) -> Crawler:
         # marked with our run only (for the clean-up), so it never counts as the instance being alive
         env = {k: v for k, v in os.environ.items() if not k.startswith("GRIDFLEET_")}
         env.update(GRIDFLEET_RUN=self.run, GRIDFLEET_ROLE="crawler")
-        p = subprocess.Popen(CRAWLER, env=env, start_new_session=True,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            CRAWLER,
+            env=env,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.popens.append(p)
         tree = wait_for(lambda: len(t := procs.descendants(procs.scan(), [p.pid])) == 3 and t)
         return Crawler(p, tree)
 
     def write_crawler(self, site: str, attempt, pid: int, pgid: int, start_ticks: int | None):
-        (self.instance_dir / "crawler.json").write_text(json.dumps(
-            {"site": site, "attempt": attempt, "pid": pid, "pgid": pgid, "start_ticks": start_ticks}))
+        (self.instance_dir / "crawler.json").write_text(
+            json.dumps({"site": site, "attempt": attempt, "pid": pid, "pgid": pgid, "start_ticks": start_ticks})
+        )
 
     def close(self):
         procs.kill_tree(lambda ps: [p for p in ps if p.markers.get("GRIDFLEET_RUN") == self.run], grace_s=0.5)
@@ -91,6 +106,7 @@ def rig(tmp_path):
 
 
 # --- the crawl of the named site and attempt is killed ------------------------------------------
+
 
 def test_kill_signals_the_crawlers_process_group(rig):
     agent = rig.start_agent()
@@ -120,8 +136,12 @@ def test_kill_accepts_the_attempt_written_as_a_string(rig):
 
 # --- another crawl runs: nothing is killed ------------------------------------------------------
 
-@pytest.mark.parametrize("site, attempt", [("other.example", 2), ("example.com", 1), ("other.example", 7)],
-                         ids=["other-site", "other-attempt", "both-differ"])
+
+@pytest.mark.parametrize(
+    "site, attempt",
+    [("other.example", 2), ("example.com", 1), ("other.example", 7)],
+    ids=["other-site", "other-attempt", "both-differ"],
+)
 def test_kill_of_another_site_or_attempt_kills_nothing(rig, site, attempt):
     rig.start_agent()
     crawler = rig.start_crawler()
@@ -138,8 +158,9 @@ def test_kill_of_another_site_or_attempt_kills_nothing(rig, site, attempt):
 def test_a_crawler_file_without_an_attempt_matches_no_attempt(rig):
     rig.start_agent()
     crawler = rig.start_crawler()
-    (rig.instance_dir / "crawler.json").write_text(json.dumps(
-        {"site": "example.com", "pid": crawler.pid, "pgid": crawler.pgid, "start_ticks": crawler.ticks}))
+    (rig.instance_dir / "crawler.json").write_text(
+        json.dumps({"site": "example.com", "pid": crawler.pid, "pgid": crawler.pgid, "start_ticks": crawler.ticks})
+    )
 
     result = rig.control().kill(rig.instance, "example.com", 0)
 
@@ -148,6 +169,7 @@ def test_a_crawler_file_without_an_attempt_matches_no_attempt(rig):
 
 
 # --- no crawler, or it is gone ------------------------------------------------------------------
+
 
 def test_kill_without_a_crawler_file(rig):
     rig.start_agent()
@@ -195,6 +217,7 @@ def test_a_reused_pid_is_not_killed(rig):
 
 
 # --- the instance itself is not running ---------------------------------------------------------
+
 
 def test_kill_on_an_instance_without_a_process_fails(rig):
     result = rig.control().kill(rig.instance, "example.com", 1)

@@ -6,21 +6,28 @@ from pathlib import Path
 
 import pytest
 
-from fleet.config import Config
-from embedded.stack import Component, LocalStack, StackState
 from cli.crawl_user import reach_crawl_user
 from cli.local_env import ROOT_HOME, LocalEnv, effective_config, gridfleet_home
+from embedded.stack import Component, LocalStack, StackState
+from fleet.config import Config
 
-STATE = StackState("sid", "/tmp/x", None, {
-    "moto": Component("moto", 1, None, "http://127.0.0.1:5000"),
-    "grid": Component("grid", 2, None, "http://127.0.0.1:4444", {"publish": 4442, "subscribe": 4443}),
-    "demo": Component("demo", 3, None, "http://127.0.0.1:8800"),
-}, 0.0)
+STATE = StackState(
+    "sid",
+    "/tmp/x",
+    None,
+    {
+        "moto": Component("moto", 1, None, "http://127.0.0.1:5000"),
+        "grid": Component("grid", 2, None, "http://127.0.0.1:4444", {"publish": 4442, "subscribe": 4443}),
+        "demo": Component("demo", 3, None, "http://127.0.0.1:8800"),
+    },
+    0.0,
+)
 
 
 def config(**kw):
-    return Config.model_validate({"sites": [{"id": "a", "start_url": "{demo}/s/a/?pages=2"},
-                                            {"id": "b", "start_url": "https://b.test/"}], **kw})
+    return Config.model_validate(
+        {"sites": [{"id": "a", "start_url": "{demo}/s/a/?pages=2"}, {"id": "b", "start_url": "https://b.test/"}], **kw}
+    )
 
 
 def test_demo_urls_and_the_moto_endpoint_are_filled_in():
@@ -48,10 +55,14 @@ def test_gridfleet_home_is_under_var_lib_for_root_and_the_home_directory_otherwi
     assert gridfleet_home({"GRIDFLEET_HOME": "/srv/gf"}, euid=0) == Path("/srv/gf")
 
 
-
 def local_env(stack: LocalStack, crawl_user: str) -> LocalEnv:
-    state = StackState("sid", str(stack.dir), None, {
-        **STATE.components, "imds": Component("imds", 4, None, "http://127.0.0.1:8169")}, 0.0)
+    state = StackState(
+        "sid",
+        str(stack.dir),
+        None,
+        {**STATE.components, "imds": Component("imds", 4, None, "http://127.0.0.1:8169")},
+        0.0,
+    )
     return LocalEnv(config(fleet={"crawl_user": crawl_user}), stack=stack, state=state)
 
 

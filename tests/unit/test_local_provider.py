@@ -23,7 +23,6 @@ def sleeper(run_id, instance_id, instance_dir):
     return list(SLEEPER)
 
 
-
 class Rig:
     """A stack of our own (unique stack id and run ids) in a temporary instances dir."""
 
@@ -52,8 +51,12 @@ class Rig:
 
     def spawn_marked(self, instance_id: str, log_path, **markers) -> subprocess.Popen:
         """A node process whose registry entry was never written (a hub crash between spawn and write)."""
-        m = {"GRIDFLEET_STACK": self.stack, "GRIDFLEET_RUN": self.run, "GRIDFLEET_INSTANCE": instance_id,
-             "GRIDFLEET_ROLE": "node"}
+        m = {
+            "GRIDFLEET_STACK": self.stack,
+            "GRIDFLEET_RUN": self.run,
+            "GRIDFLEET_INSTANCE": instance_id,
+            "GRIDFLEET_ROLE": "node",
+        }
         m.update(markers)
         p = procs.spawn(SLEEPER, markers=m, log_path=log_path)
         self.popens.append(p)
@@ -77,6 +80,7 @@ def rig(tmp_path):
 
 
 # --- launch and list ----------------------------------------------------------------------------
+
 
 def test_launch_starts_instances_that_are_listed_running(rig):
     provider = rig.provider()
@@ -109,8 +113,12 @@ def test_launch_writes_a_registry_entry_per_instance(rig):
         (proc,) = rig.node_procs(iid)
         assert e["pid"] == proc.pid
         assert e["start_ticks"] == proc.start_ticks
-        assert proc.markers == {"GRIDFLEET_STACK": rig.stack, "GRIDFLEET_RUN": rig.run,
-                                "GRIDFLEET_INSTANCE": iid, "GRIDFLEET_ROLE": "node"}
+        assert proc.markers == {
+            "GRIDFLEET_STACK": rig.stack,
+            "GRIDFLEET_RUN": rig.run,
+            "GRIDFLEET_INSTANCE": iid,
+            "GRIDFLEET_ROLE": "node",
+        }
         assert not (rig.dir / rig.run / iid / "instance.json.tmp").exists()
 
 
@@ -150,6 +158,7 @@ def test_launch_of_zero_instances_does_nothing(rig):
 
 
 # --- terminate ----------------------------------------------------------------------------------
+
 
 def test_terminate_kills_one_instance_and_leaves_the_other_running(rig):
     provider = rig.provider()
@@ -216,6 +225,7 @@ def test_an_instance_that_exits_on_its_own_is_listed_terminated(rig):
 
 # --- registry and process table disagree --------------------------------------------------------
 
+
 def test_a_marked_process_missing_from_the_registry_is_listed_and_can_be_terminated(rig, tmp_path):
     provider = rig.provider()
     (known,) = provider.launch(rig.run, 1).launched
@@ -249,8 +259,18 @@ def test_a_pending_entry_without_a_process_is_pending_while_young_then_terminate
     iid = "i-local-pending"
     d = rig.dir / rig.run / iid
     d.mkdir(parents=True)
-    (d / "instance.json").write_text(json.dumps({"id": iid, "run_id": rig.run, "role": "node", "state": "pending",
-                                                 "launched_at": rig.clock.now(), "pid": None}))
+    (d / "instance.json").write_text(
+        json.dumps(
+            {
+                "id": iid,
+                "run_id": rig.run,
+                "role": "node",
+                "state": "pending",
+                "launched_at": rig.clock.now(),
+                "pid": None,
+            }
+        )
+    )
 
     rig.clock.advance(10)
     assert rig.states(provider) == {iid: "pending"}
@@ -286,6 +306,7 @@ def test_a_restarted_hub_lists_what_the_first_one_launched(rig):
 
 # --- failures -----------------------------------------------------------------------------------
 
+
 def test_a_node_command_that_cannot_run_ends_in_errors_and_leaves_nothing_running(rig, tmp_path):
     missing = str(tmp_path / "no-such-node-binary")
     provider = rig.provider(lambda r, i, d: [missing, "node"])
@@ -304,6 +325,7 @@ def test_a_node_command_that_cannot_run_ends_in_errors_and_leaves_nothing_runnin
 
 
 # --- hub_alive ----------------------------------------------------------------------------------
+
 
 def test_local_hub_id_names_this_process():
     kind, pid, ticks = local_hub_id().split(":")
@@ -332,16 +354,25 @@ def test_hub_alive_is_false_when_the_pid_was_reused(rig):
     assert not rig.provider().hub_alive(f"local:{me}:{procs.start_ticks(me) + 1}")
 
 
-@pytest.mark.parametrize("hub_id", ["", "local", f"local:{os.getpid()}", "local:1:2:3",
-                                    f"ec2:{os.getpid()}:{procs.start_ticks(os.getpid())}",
-                                    "i-0123456789abcdef0"],
-                         ids=["empty", "kind-only", "no-ticks", "too-many-parts", "other-kind", "ec2-instance-id"])
+@pytest.mark.parametrize(
+    "hub_id",
+    [
+        "",
+        "local",
+        f"local:{os.getpid()}",
+        "local:1:2:3",
+        f"ec2:{os.getpid()}:{procs.start_ticks(os.getpid())}",
+        "i-0123456789abcdef0",
+    ],
+    ids=["empty", "kind-only", "no-ticks", "too-many-parts", "other-kind", "ec2-instance-id"],
+)
 def test_hub_alive_is_false_for_ids_of_the_wrong_shape(rig, hub_id):
     assert rig.provider().hub_alive(hub_id) is False
 
 
-@pytest.mark.parametrize("hub_id", ["local:abc:1", f"local:{os.getpid()}:None", "local::"],
-                         ids=["word-pid", "none-ticks", "empty-parts"])
+@pytest.mark.parametrize(
+    "hub_id", ["local:abc:1", f"local:{os.getpid()}:None", "local::"], ids=["word-pid", "none-ticks", "empty-parts"]
+)
 def test_hub_alive_is_false_for_ids_with_non_numeric_parts(rig, hub_id):
     assert rig.provider().hub_alive(hub_id) is False
 
@@ -351,8 +382,17 @@ def test_a_just_spawned_instance_is_running_before_its_markers_show(rig):
     p = subprocess.Popen(SLEEPER)  # alive, but carrying none of the instance's markers
     rig.popens.append(p)
     provider = rig.provider()
-    provider._write({"id": "i-local-fresh", "run_id": rig.run, "role": "node", "state": "running",
-                     "launched_at": 0.0, "pid": p.pid, "start_ticks": procs.start_ticks(p.pid)})
+    provider._write(
+        {
+            "id": "i-local-fresh",
+            "run_id": rig.run,
+            "role": "node",
+            "state": "running",
+            "launched_at": 0.0,
+            "pid": p.pid,
+            "start_ticks": procs.start_ticks(p.pid),
+        }
+    )
     (inst,) = provider.list(rig.run)
     assert (inst.id, inst.state) == ("i-local-fresh", "running")
     p.kill()

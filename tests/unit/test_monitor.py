@@ -40,9 +40,18 @@ def run_and_monitor(tmp_path, cw=None):
     cloud.start_hub()
     cloud.run()
     mon = HubMonitor(RUN, cloud.config, cloud.queue, cloud.clock, CloudWatchSink(cw, "gridfleet", cloud.clock))
-    hub = Hub(run_id=RUN, config=cloud.config, table=cloud.table, queue=cloud.queue, results=cloud.results,
-              provider=SimProvider(cloud), control=SimControl(cloud), clock=cloud.clock, out_dir=tmp_path / "o",
-              hub_id="viewer")
+    hub = Hub(
+        run_id=RUN,
+        config=cloud.config,
+        table=cloud.table,
+        queue=cloud.queue,
+        results=cloud.results,
+        provider=SimProvider(cloud),
+        control=SimControl(cloud),
+        clock=cloud.clock,
+        out_dir=tmp_path / "o",
+        hub_id="viewer",
+    )
     mon.observe(hub.snapshot(cloud.clock.now()))
     return cloud, mon
 
@@ -85,8 +94,9 @@ def test_status_view_has_the_status_json_shape_plus_nodes_kills_and_queue(tmp_pa
     assert st["run_id"] == RUN and st["finished"] is True
     assert st["counts"] == {"QUEUED": 0, "RUN": 0, "COMPLETED": 2, "FAILED": 2}
     assert st["sites"]["e"]["run_status"] == "FAILED" and st["sites"]["e"]["attemptCount"] == 3
-    assert len(st["kills"]) == 4 and [k["at"] for k in st["kills"]] == sorted((k["at"] for k in st["kills"]),
-                                                                             reverse=True)
+    assert len(st["kills"]) == 4 and [k["at"] for k in st["kills"]] == sorted(
+        (k["at"] for k in st["kills"]), reverse=True
+    )
     assert {k["site"] for k in st["kills"]} == {"b", "e"} and all(k["reason"] == "hang" for k in st["kills"])
     assert st["queue"] == {"visible": 0, "in_flight": 0, "dlq": 0}
     json.dumps(st)  # served as is
@@ -148,8 +158,14 @@ def test_logs_are_json_lines_with_the_site_fields_off_a_terminal_and_text_on_one
     log.info("plain %s", "text")
     first, second = (json.loads(line) for line in rec_stream.getvalue().splitlines())
     assert {k: first[k] for k in ("event", "run_id", "site", "attempt", "instance_id", "reason", "path")} == {
-        "event": "kill", "run_id": "r1", "site": "zdnet", "attempt": 2, "instance_id": "i-0abc", "reason": "hang",
-        "path": "ssm"}
+        "event": "kill",
+        "run_id": "r1",
+        "site": "zdnet",
+        "attempt": 2,
+        "instance_id": "i-0abc",
+        "reason": "hang",
+        "path": "ssm",
+    }
     assert first["level"] == "info" and first["ts"].endswith("+00:00")
     assert second["event"] == "log" and second["msg"] == "plain text" and second["instance_id"] == "i-default"
 
@@ -164,16 +180,33 @@ def test_logs_are_json_lines_with_the_site_fields_off_a_terminal_and_text_on_one
 
 def test_watch_follows_until_the_run_finishes_and_exits_as_run_does():
     def states(final_failed):
-        site = lambda st, n=1: {"run_status": st, "site_status": st if st != "RUN" else "URL_CALL",  # noqa: E731
-                                "attemptCount": n, "failure_reason": None, "instance_id": "i-1",
-                                "lastUpdateEpoch": None}
-        yield {"run_id": "r", "finished": False, "sites": {"a": site("RUN"), "b": site("QUEUED")},
-               "counts": {"QUEUED": 1, "RUN": 1, "COMPLETED": 0, "FAILED": 0}}
-        yield {"run_id": "r", "finished": False, "sites": {"a": site("COMPLETED"), "b": site("RUN")},
-               "counts": {"QUEUED": 0, "RUN": 1, "COMPLETED": 1, "FAILED": 0}}
+        site = lambda st, n=1: {  # noqa: E731
+            "run_status": st,
+            "site_status": st if st != "RUN" else "URL_CALL",  # noqa: E731
+            "attemptCount": n,
+            "failure_reason": None,
+            "instance_id": "i-1",
+            "lastUpdateEpoch": None,
+        }
+        yield {
+            "run_id": "r",
+            "finished": False,
+            "sites": {"a": site("RUN"), "b": site("QUEUED")},
+            "counts": {"QUEUED": 1, "RUN": 1, "COMPLETED": 0, "FAILED": 0},
+        }
+        yield {
+            "run_id": "r",
+            "finished": False,
+            "sites": {"a": site("COMPLETED"), "b": site("RUN")},
+            "counts": {"QUEUED": 0, "RUN": 1, "COMPLETED": 1, "FAILED": 0},
+        }
         end = "FAILED" if final_failed else "COMPLETED"
-        yield {"run_id": "r", "finished": True, "sites": {"a": site("COMPLETED"), "b": site(end, 3)},
-               "counts": {"QUEUED": 0, "RUN": 0, "COMPLETED": 2 - final_failed, "FAILED": int(final_failed)}}
+        yield {
+            "run_id": "r",
+            "finished": True,
+            "sites": {"a": site("COMPLETED"), "b": site(end, 3)},
+            "counts": {"QUEUED": 0, "RUN": 0, "COMPLETED": 2 - final_failed, "FAILED": int(final_failed)},
+        }
 
     for failed, code in ((True, 3), (False, 0)):
         it = states(failed)
@@ -186,17 +219,27 @@ def test_watch_follows_until_the_run_finishes_and_exits_as_run_does():
 
 
 def test_watch_on_a_terminal_draws_the_bar_and_the_open_sites_in_place():
-    site = {"run_status": "RUN", "site_status": "URL_CALL", "attemptCount": 2, "failure_reason": None,
-            "instance_id": "i-9", "lastUpdateEpoch": None}
-    seq = iter([
-        {"run_id": "r", "finished": False, "sites": {"slow-site": site}, "counts": {"RUN": 1}},
-        {"run_id": "r", "finished": True, "sites": {"slow-site": {**site, "run_status": "COMPLETED",
-                                                                   "site_status": "COMPLETED"}},
-         "counts": {"COMPLETED": 1}},
-    ])
+    site = {
+        "run_status": "RUN",
+        "site_status": "URL_CALL",
+        "attemptCount": 2,
+        "failure_reason": None,
+        "instance_id": "i-9",
+        "lastUpdateEpoch": None,
+    }
+    seq = iter(
+        [
+            {"run_id": "r", "finished": False, "sites": {"slow-site": site}, "counts": {"RUN": 1}},
+            {
+                "run_id": "r",
+                "finished": True,
+                "sites": {"slow-site": {**site, "run_status": "COMPLETED", "site_status": "COMPLETED"}},
+                "counts": {"COMPLETED": 1},
+            },
+        ]
+    )
     out = io.StringIO()
-    rc = watch(lambda: next(seq), Console(file=out, width=120, force_terminal=True), interval_s=1,
-               sleep=lambda s: None)
+    rc = watch(lambda: next(seq), Console(file=out, width=120, force_terminal=True), interval_s=1, sleep=lambda s: None)
     text = out.getvalue()
     assert rc == 0 and "run r" in text and "slow-site" in text and "1/1" in text and "\x1b[" in text
 
@@ -208,8 +251,16 @@ def test_a_busy_nodes_last_sign_of_life_is_its_attempts_heartbeat():
     from hub.monitor import last_beat
     from hub.snapshot import Observations, Snapshot
 
-    rec = SiteRecord(run_id=RUN, site="s1", spec=SiteSpec("http://x.test/"), run_status=RunStatus.RUN,
-                     site_status=SiteStatus.URL_CALL, attempt=1, instance_id="i-1", heartbeat=1000.0)
+    rec = SiteRecord(
+        run_id=RUN,
+        site="s1",
+        spec=SiteSpec("http://x.test/"),
+        run_status=RunStatus.RUN,
+        site_status=SiteStatus.URL_CALL,
+        attempt=1,
+        instance_id="i-1",
+        heartbeat=1000.0,
+    )
     busy = NodeInfo(RUN, "i-1", "busy", 100.0, 50.0, site="s1", attempt=1)
     other = NodeInfo(RUN, "i-2", "busy", 100.0, 50.0, site="s1", attempt=1)  # not the site's node
     snap = Snapshot(RUN, None, {"s1": rec}, {"i-1": busy, "i-2": other}, {}, Observations())

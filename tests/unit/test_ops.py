@@ -2,9 +2,9 @@
 
 import pytest
 
+from embedded.fakes import MemoryQueue, MemoryStateTable
 from fleet import ops
 from fleet.errors import StaleWrite
-from embedded.fakes import MemoryQueue, MemoryStateTable
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 
 NOW = 1_800_000_000.0
@@ -54,8 +54,7 @@ def test_heartbeat_does_not_move_the_version_so_the_hub_write_still_lands(table)
 
 
 def end(table, r, reason=Reason.ERROR, **kw):
-    return ops.end_attempt(table, r, reason=reason, now=NOW, max_attempts=3,
-                           spot_cap=1, **kw)
+    return ops.end_attempt(table, r, reason=reason, now=NOW, max_attempts=3, spot_cap=1, **kw)
 
 
 def test_attempts_requeue_until_max_then_fail_with_reason(table):
@@ -64,7 +63,12 @@ def test_attempts_requeue_until_max_then_fail_with_reason(table):
         r = end(table, ops.claim(table, r, "i-1", NOW), Reason.HANG, kill_path="watchdog")
         assert (r.run_status, r.attempt, r.enqueued) == (RunStatus.QUEUED, n, False)
     r = end(table, ops.claim(table, r, "i-1", NOW), Reason.HANG)
-    assert (r.run_status, r.site_status, r.failure_reason, r.attempt) == (RunStatus.FAILED, SiteStatus.FAILED, "hang", 3)
+    assert (r.run_status, r.site_status, r.failure_reason, r.attempt) == (
+        RunStatus.FAILED,
+        SiteStatus.FAILED,
+        "hang",
+        3,
+    )
     assert [a.outcome for a in r.attempts] == ["hang", "hang", "hang"]
     assert r.attempts[0].kill_path == "watchdog"
 

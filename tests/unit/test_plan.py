@@ -25,13 +25,21 @@ T0 = 1_800_000_000.0
 
 
 def config(n_sites=3, node_watchdog=False, **run):
-    base = {"hang_after_s": 10, "heartbeat_timeout_s": 30, "watch_interval_s": 30, "deadline_s": 3600,
-            "enqueue_grace_s": 15}
+    base = {
+        "hang_after_s": 10,
+        "heartbeat_timeout_s": 30,
+        "watch_interval_s": 30,
+        "deadline_s": 3600,
+        "enqueue_grace_s": 15,
+    }
     base.update(run)
-    return Config.model_validate({
-        "run": base, "fleet": {"max_nodes": 2, "boot_timeout_s": 60, "node_watchdog": node_watchdog},
-        "sites": [{"id": f"s{i}", "start_url": f"http://x.test/{i}"} for i in range(n_sites)],
-    })
+    return Config.model_validate(
+        {
+            "run": base,
+            "fleet": {"max_nodes": 2, "boot_timeout_s": 60, "node_watchdog": node_watchdog},
+            "sites": [{"id": f"s{i}", "start_url": f"http://x.test/{i}"} for i in range(n_sites)],
+        }
+    )
 
 
 def site(name, **kw):
@@ -61,8 +69,21 @@ class World:
 
     def plan(self, now):
         self.obs = observe(self.obs, self.sites, self.nodes, self.instances, now)
-        p = plan(Snapshot("r1", self.run, self.sites, self.nodes, self.instances, self.obs, queue=self.queue,
-                          expected=self.expected, ending=self.ending), now, self.cfg)
+        p = plan(
+            Snapshot(
+                "r1",
+                self.run,
+                self.sites,
+                self.nodes,
+                self.instances,
+                self.obs,
+                queue=self.queue,
+                expected=self.expected,
+                ending=self.ending,
+            ),
+            now,
+            self.cfg,
+        )
         self.ending = p.ending
         return p
 
@@ -72,9 +93,17 @@ class World:
             if isinstance(a, Terminate):
                 self.instances.update({i: Instance(i, "terminated") for i in a.instance_ids})
             elif isinstance(a, FailSites):
-                self.sites.update({n: dataclasses.replace(self.sites[n], run_status=RunStatus.FAILED,
-                                                          site_status=SiteStatus.FAILED, failure_reason=str(a.reason))
-                                   for n in a.sites})
+                self.sites.update(
+                    {
+                        n: dataclasses.replace(
+                            self.sites[n],
+                            run_status=RunStatus.FAILED,
+                            site_status=SiteStatus.FAILED,
+                            failure_reason=str(a.reason),
+                        )
+                        for n in a.sites
+                    }
+                )
 
 
 def kinds(p):
@@ -166,8 +195,11 @@ def test_finish_when_every_site_is_terminal():
 
 
 def test_fleet_is_sized_by_open_sites_and_the_launch_budget():
-    sites = [site("s0"), site("s1", run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED),
-             site("s2", run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED)]
+    sites = [
+        site("s0"),
+        site("s1", run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED),
+        site("s2", run_status=RunStatus.COMPLETED, site_status=SiteStatus.COMPLETED),
+    ]
     w = World(config(3), sites, instances=())
     assert Launch(1, target=1) in w.plan(T0).actions
     spent = dataclasses.replace(RUN, nodes_launched=config(3).launch_budget)
@@ -228,8 +260,9 @@ def test_a_launch_that_started_nothing_is_not_retried_before_its_backoff():
 
 
 def test_launches_that_never_start_a_node_end_the_run_with_the_error():
-    run = dataclasses.replace(RUN, launch_failures=5, launch_error="spot t3.medium: UnauthorizedOperation",
-                              launch_retry_at=T0 - 1)
+    run = dataclasses.replace(
+        RUN, launch_failures=5, launch_error="spot t3.medium: UnauthorizedOperation", launch_retry_at=T0 - 1
+    )
     w = World(config(1), [site("s0")], instances=(), nodes={}, run=run)
     p = w.plan(T0)
     fail = [a for a in p.actions if isinstance(a, FailSites)][0]
@@ -266,8 +299,9 @@ def test_heartbeats_do_not_wake_the_hub_they_are_checked_each_tick():
 
 
 def test_the_fleet_is_kept_at_min_nodes_while_sites_remain():
-    cfg = Config.model_validate({"fleet": {"max_nodes": 5, "min_nodes": 3},
-                                 "sites": [{"id": "s0", "start_url": "http://x.test/"}]})
+    cfg = Config.model_validate(
+        {"fleet": {"max_nodes": 5, "min_nodes": 3}, "sites": [{"id": "s0", "start_url": "http://x.test/"}]}
+    )
     w = World(cfg, [site("s0")], instances=())
     assert Launch(3, target=3) in w.plan(T0).actions
 

@@ -15,8 +15,7 @@ EMPTY = QueueDepth(0, 0, 0)
 
 def snap(sites=(DONE,), live=(), gone=(), run=RUN, queue=EMPTY, ending=None):
     instances = {i: Instance(i, "running") for i in live} | {i: Instance(i, "terminated") for i in gone}
-    return Snapshot("r1", run, {s.site: s for s in sites}, {}, instances, Observations(), queue=queue,
-                    ending=ending)
+    return Snapshot("r1", run, {s.site: s for s in sites}, {}, instances, Observations(), queue=queue, ending=ending)
 
 
 def test_a_done_run_terminates_its_nodes_first_and_finishes_once_they_are_gone():
@@ -73,11 +72,14 @@ def test_a_teardown_request_ends_everything_with_killed_and_does_not_drain():
     request = teardown_request(T0)
     sites = (running("s0"), site("s1"))
     first = plan(snap(sites=sites, live=("i-1",), queue=None, ending=request), T0, cfg)
-    assert first.actions == (Terminate(("i-1",), "teardown"),
-                             FailSites(("s0", "s1"), Reason.KILLED, "torn down by an operator"))
+    assert first.actions == (
+        Terminate(("i-1",), "teardown"),
+        FailSites(("s0", "s1"), Reason.KILLED, "torn down by an operator"),
+    )
     failed = [dataclasses.replace(r, run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED) for r in sites]
-    assert plan(snap(sites=failed, gone=("i-1",), queue=None, ending=request), T0 + 1, cfg).actions == \
-        (Finish("teardown"),)
+    assert plan(snap(sites=failed, gone=("i-1",), queue=None, ending=request), T0 + 1, cfg).actions == (
+        Finish("teardown"),
+    )
 
 
 def test_a_finished_run_is_left_alone_unless_it_is_torn_down():

@@ -19,12 +19,15 @@ def started(tmp_path):
     return rig, hub, rec
 
 
-@pytest.mark.parametrize("ladder, reachable, path, terminated", [
-    (KillLadder.FALLBACK, True, "local", False),
-    (KillLadder.FALLBACK, False, "terminate", True),
-    (KillLadder.TERMINATE, True, "local+terminate", True),
-    (KillLadder.TERMINATE, False, "terminate", True),
-])
+@pytest.mark.parametrize(
+    "ladder, reachable, path, terminated",
+    [
+        (KillLadder.FALLBACK, True, "local", False),
+        (KillLadder.FALLBACK, False, "terminate", True),
+        (KillLadder.TERMINATE, True, "local+terminate", True),
+        (KillLadder.TERMINATE, False, "terminate", True),
+    ],
+)
 def test_a_kill_climbs_the_rungs_the_plan_chose(tmp_path, ladder, reachable, path, terminated):
     rig, hub, rec = started(tmp_path)
     rig.control.ok = reachable
@@ -37,8 +40,9 @@ def test_a_kill_climbs_the_rungs_the_plan_chose(tmp_path, ladder, reachable, pat
 
 def test_a_kill_with_no_rungs_only_ends_the_attempt(tmp_path):
     rig, hub, rec = started(tmp_path)
-    done = hub.executor.execute(KillAttempt(rec.site, None, 1, Reason.HANG, KillLadder.NONE),
-                                hub.snapshot(rig.clock.now()))
+    done = hub.executor.execute(
+        KillAttempt(rec.site, None, 1, Reason.HANG, KillLadder.NONE), hub.snapshot(rig.clock.now())
+    )
     assert done.kill_path == "none" and rig.control.calls == [] and rig.provider.instances["i-1"] == "running"
 
 

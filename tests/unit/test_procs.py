@@ -17,7 +17,6 @@ from tests.helpers.wait import wait_for
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
-
 @pytest.fixture
 def run_marker():
     """A run id of our own; every process a test starts carries it and is killed at teardown."""
@@ -52,15 +51,19 @@ def with_ticks(pids):
 
 # --- spawn and find -----------------------------------------------------------------------------
 
+
 def test_spawn_sets_markers_and_find_returns_the_process(run_marker, tmp_path):
     marker, _ = run_marker
-    p = spawn(run_marker, SLEEPER, tmp_path, GRIDFLEET_STACK="s-1", GRIDFLEET_INSTANCE="i-1",
-              GRIDFLEET_ROLE="node")
+    p = spawn(run_marker, SLEEPER, tmp_path, GRIDFLEET_STACK="s-1", GRIDFLEET_INSTANCE="i-1", GRIDFLEET_ROLE="node")
 
     found = procs.find(procs.scan(), GRIDFLEET_RUN=marker)
     assert [f.pid for f in found] == [p.pid]
-    assert found[0].markers == {"GRIDFLEET_RUN": marker, "GRIDFLEET_STACK": "s-1",
-                                "GRIDFLEET_INSTANCE": "i-1", "GRIDFLEET_ROLE": "node"}
+    assert found[0].markers == {
+        "GRIDFLEET_RUN": marker,
+        "GRIDFLEET_STACK": "s-1",
+        "GRIDFLEET_INSTANCE": "i-1",
+        "GRIDFLEET_ROLE": "node",
+    }
     assert found[0].alive
     assert found[0].start_ticks == procs.start_ticks(p.pid)
     assert [f.pid for f in procs.find(procs.scan(), GRIDFLEET_RUN=marker, GRIDFLEET_INSTANCE="i-1")] == [p.pid]
@@ -105,8 +108,12 @@ def test_spawn_does_not_pass_on_markers_of_the_spawning_process(run_marker, tmp_
 def test_spawn_passes_extra_env(run_marker, tmp_path):
     marker, popens = run_marker
     code = "import os; print(os.environ['GRIDFLEET_TEST_EXTRA'])"
-    p = procs.spawn([sys.executable, "-c", code], markers={"GRIDFLEET_RUN": marker},
-                    log_path=tmp_path / "extra.log", extra_env={"GRIDFLEET_TEST_EXTRA": "extra-value"})
+    p = procs.spawn(
+        [sys.executable, "-c", code],
+        markers={"GRIDFLEET_RUN": marker},
+        log_path=tmp_path / "extra.log",
+        extra_env={"GRIDFLEET_TEST_EXTRA": "extra-value"},
+    )
     popens.append(p)
     assert p.wait(timeout=10) == 0
     assert (tmp_path / "extra.log").read_text().strip() == "extra-value"
@@ -115,12 +122,15 @@ def test_spawn_passes_extra_env(run_marker, tmp_path):
 def test_children_inherit_markers(run_marker, tmp_path):
     marker, _ = run_marker
     root = spawn(run_marker, ["sh", "-c", "sleep 60 & wait"], tmp_path)
-    found = wait_for(lambda: len(procs.find(procs.scan(), GRIDFLEET_RUN=marker)) == 2
-                     and procs.find(procs.scan(), GRIDFLEET_RUN=marker))
+    found = wait_for(
+        lambda: len(procs.find(procs.scan(), GRIDFLEET_RUN=marker)) == 2
+        and procs.find(procs.scan(), GRIDFLEET_RUN=marker)
+    )
     assert {f.pid for f in found} == tree_of(root.pid)
 
 
 # --- kill_tree ----------------------------------------------------------------------------------
+
 
 def test_kill_tree_kills_the_selected_root_with_all_its_children(run_marker, tmp_path):
     root = spawn(run_marker, ["sh", "-c", "sleep 60 & sleep 60 & wait"], tmp_path)
@@ -141,8 +151,10 @@ def test_kill_tree_kills_a_descendant_that_cleared_its_environment(run_marker, t
     tree = wait_for(lambda: len(tree_of(root.pid)) == 2 and tree_of(root.pid))
     (child,) = tree - {root.pid}
     # the child is not marked any more: only the parent is found by marker
-    wait_for(lambda: procs.find(procs.scan(), GRIDFLEET_RUN=marker) and
-             [p.pid for p in procs.find(procs.scan(), GRIDFLEET_RUN=marker)] == [root.pid])
+    wait_for(
+        lambda: procs.find(procs.scan(), GRIDFLEET_RUN=marker)
+        and [p.pid for p in procs.find(procs.scan(), GRIDFLEET_RUN=marker)] == [root.pid]
+    )
     assert {p.pid: p for p in procs.scan()}[child].markers == {}
     targets = with_ticks(tree)
 
@@ -152,8 +164,9 @@ def test_kill_tree_kills_a_descendant_that_cleared_its_environment(run_marker, t
 
 
 def test_kill_tree_escalates_to_sigkill_after_the_grace(run_marker, tmp_path):
-    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('ready', flush=True); time.sleep(60)")
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    )
     p = spawn(run_marker, [sys.executable, "-c", code], tmp_path)
     wait_for(lambda: "ready" in (tmp_path / "logs" / "proc.log").read_text())
     ticks = procs.start_ticks(p.pid)
@@ -169,13 +182,15 @@ def test_kill_tree_escalates_to_sigkill_after_the_grace(run_marker, tmp_path):
 
 def test_kill_tree_tries_sigterm_first(run_marker, tmp_path):
     # kill_tree reaps its own children, so the exit status is not reliable: the stand-in reports the signal
-    code = ("import signal, sys, time\n"
-            "def on_term(signum, frame):\n"
-            "    print('got SIGTERM', flush=True)\n"
-            "    sys.exit(0)\n"
-            "signal.signal(signal.SIGTERM, on_term)\n"
-            "print('ready', flush=True)\n"
-            "time.sleep(60)\n")
+    code = (
+        "import signal, sys, time\n"
+        "def on_term(signum, frame):\n"
+        "    print('got SIGTERM', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
     p = spawn(run_marker, [sys.executable, "-c", code], tmp_path)
     log = tmp_path / "logs" / "proc.log"
     wait_for(lambda: "ready" in log.read_text())
@@ -190,11 +205,13 @@ def test_kill_tree_tries_sigterm_first(run_marker, tmp_path):
 
 
 def test_kill_tree_sends_sigterm_before_it_escalates(run_marker, tmp_path):
-    code = ("import signal, time\n"
-            "signal.signal(signal.SIGTERM, lambda *a: print('got SIGTERM', flush=True))\n"
-            "print('ready', flush=True)\n"
-            "while True:\n"
-            "    time.sleep(0.01)\n")
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: print('got SIGTERM', flush=True))\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    time.sleep(0.01)\n"
+    )
     p = spawn(run_marker, [sys.executable, "-c", code], tmp_path)
     log = tmp_path / "logs" / "proc.log"
     wait_for(lambda: "ready" in log.read_text())
@@ -216,6 +233,7 @@ def test_kill_tree_never_kills_the_calling_process():
 
 
 # --- descendants, pid_alive, start_ticks, scan -----------------------------------------------------
+
 
 def _proc(pid, ppid):
     return procs.Proc(pid, ppid, "S", 0, {}, ())
@@ -265,8 +283,12 @@ def test_a_zombie_counts_as_dead(run_marker, tmp_path):
 
 def test_find_skips_marked_processes_that_are_not_alive():
     marked = {"GRIDFLEET_RUN": "r-1"}
-    table = [procs.Proc(1, 0, "S", 0, marked, ()), procs.Proc(2, 0, "Z", 0, marked, ()),
-             procs.Proc(3, 0, "X", 0, marked, ()), procs.Proc(4, 0, "R", 0, {"GRIDFLEET_RUN": "r-2"}, ())]
+    table = [
+        procs.Proc(1, 0, "S", 0, marked, ()),
+        procs.Proc(2, 0, "Z", 0, marked, ()),
+        procs.Proc(3, 0, "X", 0, marked, ()),
+        procs.Proc(4, 0, "R", 0, {"GRIDFLEET_RUN": "r-2"}, ()),
+    ]
     assert [p.pid for p in procs.find(table, GRIDFLEET_RUN="r-1")] == [1]
     assert [p.pid for p in procs.find(table)] == [1, 4]
 
@@ -274,7 +296,7 @@ def test_find_skips_marked_processes_that_are_not_alive():
 def test_pid_alive_is_false_for_pids_that_never_existed():
     assert not procs.pid_alive(0)
     assert not procs.pid_alive(-1)
-    assert not procs.pid_alive(2 ** 31 - 1)
+    assert not procs.pid_alive(2**31 - 1)
 
 
 def test_scan_reads_cmdline_only_when_asked(run_marker, tmp_path):
@@ -287,6 +309,7 @@ def test_scan_reads_cmdline_only_when_asked(run_marker, tmp_path):
 
 
 # --- free_port ----------------------------------------------------------------------------------
+
 
 def test_free_port_returns_the_preferred_port_when_it_is_free():
     port = procs.free_port()

@@ -71,8 +71,13 @@ class Holder:
         if singleton_target is not None:
             args.append(singleton_target)
         self.proc = subprocess.Popen(
-            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env=_env(), cwd=REPO,
+            args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            cwd=REPO,
         )
         assert _read_line(self.proc) == "ready"
 
@@ -97,7 +102,12 @@ def probe(root: Path, *sites: str) -> dict[str, str]:
     """Which of `sites` another process can lock right now ("held") or not ("busy")."""
     out = subprocess.run(
         [sys.executable, "-c", PROBE, str(root), *sites],
-        capture_output=True, text=True, env=_env(), cwd=REPO, timeout=30, check=True,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        timeout=30,
+        check=True,
     ).stdout
     return dict(line.split(":") for line in out.split())
 
@@ -139,6 +149,7 @@ class FakeClock:
 
 # -- layout and site ids -----------------------------------------------------
 
+
 def test_layout(tmp_path: Path):
     store = ProfileStore(str(tmp_path))
     assert store.root == tmp_path
@@ -163,6 +174,7 @@ def test_valid_site_ids(store: ProfileStore, site: str):
 
 
 # -- one process -------------------------------------------------------------
+
 
 def test_acquire_creates_private_profile_dir_and_releases_on_exit(store: ProfileStore):
     with store.acquire("a", 0) as held:
@@ -212,6 +224,7 @@ def test_releasing_one_site_keeps_the_others(store: ProfileStore, tmp_path: Path
 
 # -- across processes --------------------------------------------------------
 
+
 def test_lock_held_by_another_process(store: ProfileStore, tmp_path: Path, holders):
     holder = holders(tmp_path, "a")
     with pytest.raises(ProfileBusy) as err:
@@ -241,8 +254,9 @@ def test_timeout_with_injected_clock(store: ProfileStore, tmp_path: Path, holder
     clock = FakeClock()
     waits = []
     with pytest.raises(ProfileBusy):
-        store.acquire("a", 1.0, poll_s=0.25, on_wait=lambda: waits.append(clock.now),
-                      monotonic=clock.monotonic, sleep=clock.sleep)
+        store.acquire(
+            "a", 1.0, poll_s=0.25, on_wait=lambda: waits.append(clock.now), monotonic=clock.monotonic, sleep=clock.sleep
+        )
     assert clock.sleeps == [0.25, 0.25, 0.25, 0.25]
     assert waits == [100.0, 100.25, 100.5, 100.75]
     assert clock.now == 101.0
@@ -261,8 +275,9 @@ def test_timeout_zero_is_a_single_try(store: ProfileStore, tmp_path: Path, holde
     holders(tmp_path, "a")
     clock = FakeClock()
     with pytest.raises(ProfileBusy):
-        store.acquire("a", 0, on_wait=lambda: pytest.fail("no wait expected"),
-                      monotonic=clock.monotonic, sleep=clock.sleep)
+        store.acquire(
+            "a", 0, on_wait=lambda: pytest.fail("no wait expected"), monotonic=clock.monotonic, sleep=clock.sleep
+        )
     assert clock.sleeps == []
 
 
@@ -270,8 +285,9 @@ def test_waits_until_the_other_process_releases(store: ProfileStore, tmp_path: P
     holder = holders(tmp_path, "a")
     clock = FakeClock(on_sleep=lambda n: holder.release() if n == 2 else None)
     waits = []
-    with store.acquire("a", 60, poll_s=1, on_wait=lambda: waits.append(1),
-                       monotonic=clock.monotonic, sleep=clock.sleep) as held:
+    with store.acquire(
+        "a", 60, poll_s=1, on_wait=lambda: waits.append(1), monotonic=clock.monotonic, sleep=clock.sleep
+    ) as held:
         assert held.site == "a"
     assert clock.sleeps == [1, 1]
     assert len(waits) == 2
@@ -288,6 +304,7 @@ def test_failed_wait_leaves_nothing_behind(store: ProfileStore, tmp_path: Path, 
 
 
 # -- Chrome's Singleton* entries ---------------------------------------------
+
 
 def test_singleton_entries_are_removed_after_locking(store: ProfileStore, tmp_path: Path):
     profile = store.profile_dir("a")
@@ -314,8 +331,7 @@ def test_singleton_entries_are_removed_after_locking(store: ProfileStore, tmp_pa
         assert outside.read_text() == "target of a symlink"
 
 
-def test_singleton_entries_stay_while_another_process_holds_the_lock(
-        store: ProfileStore, tmp_path: Path, holders):
+def test_singleton_entries_stay_while_another_process_holds_the_lock(store: ProfileStore, tmp_path: Path, holders):
     holder = holders(tmp_path, "a", singleton_target="thishost-999")
     link = store.profile_dir("a") / "SingletonLock"
     with pytest.raises(ProfileBusy):
@@ -351,8 +367,13 @@ def test_a_profile_left_by_another_user_is_given_to_the_owner_whole(tmp_path):
     (profile / "Default" / "link").symlink_to("/etc/passwd")  # a symlink is given itself, never followed
     with ProfileStore(tmp_path, owner=CRAWL).acquire("site-a", 0) as held:
         assert held.removed == ("SingletonLock",)
-    for path in (profile, profile / "Default", profile / "Default" / "Cache", profile / "Default" / "Cookies",
-                 profile / "Default" / "link"):
+    for path in (
+        profile,
+        profile / "Default",
+        profile / "Default" / "Cache",
+        profile / "Default" / "Cookies",
+        profile / "Default" / "link",
+    ):
         st = os.lstat(path)
         assert (st.st_uid, st.st_gid) == CRAWL, path
     assert os.stat("/etc/passwd").st_uid == 0

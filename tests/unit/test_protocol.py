@@ -27,8 +27,14 @@ from fleet.protocol import (
 from fleet.state import NodeState, Reason, RunStatus, SiteSpec, SiteStatus
 
 RUN = "2026-11-21"
-RULES = NodeRules(hang_after_s=10, heartbeat_interval_s=5, visibility_s=90, browser_start_timeout_s=20,
-                  idle_exit_s=3, sites_per_node=0)
+RULES = NodeRules(
+    hang_after_s=10,
+    heartbeat_interval_s=5,
+    visibility_s=90,
+    browser_start_timeout_s=20,
+    idle_exit_s=3,
+    sites_per_node=0,
+)
 
 
 def msg(attempt=1, run_id=RUN, site="s1"):
@@ -46,6 +52,7 @@ def claimed(table, node="i-1", site="s1"):
 
 
 # --- messages --------------------------------------------------------------------------------------------------------
+
 
 def test_a_message_that_is_not_a_site_message_is_released_to_reach_the_dlq():
     bad = BadMessage("not json", "r-1", "m-1", 1, "not JSON")
@@ -91,6 +98,7 @@ def test_a_lost_claim_race_drops_the_message_only_once_its_attempt_is_over():
 
 # --- the watchdog, the heartbeat, the message's visibility ------------------------------------------------------------
 
+
 def test_a_browser_that_does_not_start_in_time_ends_the_attempt_as_an_error():
     w = Watch.start(RULES, 100.0)
     assert w.watchdog_at == 120.0 and w.timed_out(119.9) is None
@@ -111,7 +119,7 @@ def test_a_page_without_progress_for_hang_after_s_is_a_hang():
 def test_only_a_navigation_under_way_is_watched_and_only_with_node_watchdogs():
     w = Watch.start(RULES, 100.0)
     done = w.stepped(SiteStatus.CALL_DONE, "http://x.test/", 1, 1_000.0, 101.0)
-    assert done.watchdog_at is None and done.timed_out(10 ** 6) is None
+    assert done.watchdog_at is None and done.timed_out(10**6) is None
     hub_times = Watch.start(NodeRules(node_watchdog=False, hang_after_s=10), 100.0)
     call = hub_times.stepped(SiteStatus.URL_CALL, "http://x.test/", 0, 1_000.0, 101.0)
     assert call.watchdog_at is None and call.writes_each_step and not w.writes_each_step
@@ -145,6 +153,7 @@ def test_the_claimed_message_is_hidden_at_once_then_only_when_it_could_show_befo
 
 # --- how an attempt ends and what follows -----------------------------------------------------------------------------
 
+
 def test_a_crawler_that_died_is_an_error_that_says_how():
     assert protocol.exited_end(-9).error == "crawler process ended without a result (killed by signal 9)"
     assert protocol.exited_end(3).error == "crawler process ended without a result (exit code 3)"
@@ -153,11 +162,22 @@ def test_a_crawler_that_died_is_an_error_that_says_how():
 
 def test_only_ends_the_node_settles_itself_name_a_reason():
     assert {k: k.reason for k in CrawlEndKind} == {
-        CrawlEndKind.RESULT: None, CrawlEndKind.HANG: Reason.HANG, CrawlEndKind.ERROR: Reason.ERROR,
-        CrawlEndKind.FENCED: None, CrawlEndKind.SPOT: Reason.SPOT, CrawlEndKind.BUSY: Reason.BUSY}
+        CrawlEndKind.RESULT: None,
+        CrawlEndKind.HANG: Reason.HANG,
+        CrawlEndKind.ERROR: Reason.ERROR,
+        CrawlEndKind.FENCED: None,
+        CrawlEndKind.SPOT: Reason.SPOT,
+        CrawlEndKind.BUSY: Reason.BUSY,
+    }
     args = protocol.end_attempt_args(protocol.spot_end({"action": "terminate"}), RULES, 500.0)
-    assert args == dict(reason=Reason.SPOT, now=500.0, max_attempts=3, spot_cap=3, kill_path=None,
-                        error="spot interruption notice: {'action': 'terminate'}")
+    assert args == dict(
+        reason=Reason.SPOT,
+        now=500.0,
+        max_attempts=3,
+        spot_cap=3,
+        kill_path=None,
+        error="spot interruption notice: {'action': 'terminate'}",
+    )
     for kind in (CrawlEndKind.RESULT, CrawlEndKind.FENCED):
         with pytest.raises(ValueError):
             protocol.end_attempt_args(CrawlEnd(kind), RULES, 500.0)
@@ -207,6 +227,7 @@ def test_a_give_back_over_the_spot_cap_is_an_ordinary_requeue():
 
 # --- declared lost ---------------------------------------------------------------------------------------------------
 
+
 def test_a_node_is_declared_lost_by_the_kill_mark_on_its_instance_or_by_its_attempts_outcome():
     table = MemoryStateTable()
     rec = claimed(table, node="i-1")
@@ -230,6 +251,7 @@ def test_a_hang_kill_is_not_a_loss():
 
 # --- when to stop taking work -----------------------------------------------------------------------------------------
 
+
 def test_a_node_that_cannot_crawl_or_reach_aws_is_sick():
     assert protocol.sick(None, MAX_AWS_FAILURES - 1) is None
     stop = protocol.sick(None, MAX_AWS_FAILURES)
@@ -247,7 +269,7 @@ def test_before_each_receive_a_spot_notice_comes_first_then_a_pending_stop_then_
     assert protocol.before_receive(None, None, 0, one) is None
     done = protocol.before_receive(None, None, 1, one)
     assert done is not None and done.why is StopWhy.SITES_DONE
-    assert protocol.before_receive(None, None, 10 ** 6, RULES) is None  # 0: no limit
+    assert protocol.before_receive(None, None, 10**6, RULES) is None  # 0: no limit
 
 
 def test_an_empty_receive_stops_an_idle_node_or_one_whose_run_is_over():
@@ -279,6 +301,7 @@ def test_a_spot_end_stops_the_node_whatever_its_settling_does():
 
 # --- the node item and the rules --------------------------------------------------------------------------------------
 
+
 def test_the_node_item_is_written_at_once_on_a_change_of_state_then_once_per_heartbeat_interval():
     card = NodeCard()
     assert card.due(-1e9) and card.due_at == -math.inf
@@ -288,17 +311,30 @@ def test_the_node_item_is_written_at_once_on_a_change_of_state_then_once_per_hea
     assert busy.due(100.0) and (busy.state, busy.site, busy.attempt) == (NodeState.BUSY, "s1", 0)
     item = busy.item(RUN, "i-1", 1_000.0, 900.0, 4, expire_at=123)
     assert (item.state, item.site, item.heartbeat, item.started_at, item.sites_done, item.expire_at) == (
-        "busy", "s1", 1_000.0, 900.0, 4, 123)
+        "busy",
+        "s1",
+        1_000.0,
+        900.0,
+        4,
+        123,
+    )
     assert busy.moved(NodeState.IDLE).site is None
 
 
 def test_the_rules_of_a_config():
-    c = Config.model_validate({"run": {"heartbeat_timeout_s": 60, "max_attempts": 5},
-                               "fleet": {"idle_exit_s": 2, "sites_per_node": 7},
-                               "sites": [{"id": "x", "start_url": "https://x.test/"}]})
+    c = Config.model_validate(
+        {
+            "run": {"heartbeat_timeout_s": 60, "max_attempts": 5},
+            "fleet": {"idle_exit_s": 2, "sites_per_node": 7},
+            "sites": [{"id": "x", "start_url": "https://x.test/"}],
+        }
+    )
     r = protocol.rules_from_config(c)
     assert (r.heartbeat_interval_s, r.visibility_s, r.receive_wait_s, r.idle_exit_s) == (20.0, 60.0, 2.0, 2)
     assert (r.max_attempts, r.sites_per_node, r.claimed_visibility_s) == (5, 7, CLAIMED_VISIBILITY_S)
-    tiny = protocol.rules_from_config(Config.model_validate({
-        "run": {"heartbeat_timeout_s": 1}, "sites": [{"id": "x", "start_url": "https://x.test/"}]}))
+    tiny = protocol.rules_from_config(
+        Config.model_validate(
+            {"run": {"heartbeat_timeout_s": 1}, "sites": [{"id": "x", "start_url": "https://x.test/"}]}
+        )
+    )
     assert (tiny.heartbeat_interval_s, tiny.visibility_s, tiny.receive_wait_s) == (0.5, 30.0, 5.0)

@@ -115,6 +115,7 @@ def test_slow_requests_are_not_delayed():
 
 # --- config -----------------------------------------------------------------------------------------------------------
 
+
 def problems(text: str) -> list[str]:
     with pytest.raises(ConfigError) as e:
         parse_config(textwrap.dedent(text), "fleet.yaml")
@@ -122,7 +123,8 @@ def problems(text: str) -> list[str]:
 
 
 def test_rate_limits_config_loads():
-    c = parse_config(textwrap.dedent("""\
+    c = parse_config(
+        textwrap.dedent("""\
         rate_limits:
           news: {per_s: 5}
           shop.kr: {per_s: 0.5}
@@ -130,7 +132,9 @@ def test_rate_limits_config_loads():
           - {id: a, start_url: 'http://a.test', rate_limit: news}
           - {id: b, start_url: 'http://b.test', rate_limit: news}
           - {id: c, start_url: 'http://c.test'}
-        """), "fleet.yaml")
+        """),
+        "fleet.yaml",
+    )
     assert c.rate_limits["news"].per_s == 5 and c.rate_limits["shop.kr"].per_s == 0.5
     assert [s.rate_limit for s in c.sites] == ["news", "news", None]
     assert parse_config(dump_config(c)) == c

@@ -24,25 +24,47 @@ def attempt(node: str, start: float, end: float | None, outcome: str | None, kil
 
 
 def site(status: str, attempts: list[dict], reason: str | None = None, error: str | None = None) -> dict:
-    return {"run_status": status, "site_status": status, "attemptCount": len(attempts), "failure_reason": reason,
-            "result_key": None, "error": error, "instance_id": attempts[-1]["instance_id"] if attempts else None,
-            "lastUpdateEpoch": 0, "attempts": attempts}
+    return {
+        "run_status": status,
+        "site_status": status,
+        "attemptCount": len(attempts),
+        "failure_reason": reason,
+        "result_key": None,
+        "error": error,
+        "instance_id": attempts[-1]["instance_id"] if attempts else None,
+        "lastUpdateEpoch": 0,
+        "attempts": attempts,
+    }
 
 
 def make_summary() -> dict[str, Any]:
     """Four sites on two nodes, eight attempts: a hang killed via ssm, a lost one terminated, an unfinished one."""
     return {
-        "run_id": "2026-11-21", "started_at": T, "finished_at": T + 1000, "finish_reason": "done",
+        "run_id": "2026-11-21",
+        "started_at": T,
+        "finished_at": T + 1000,
+        "finish_reason": "done",
         "counts": {"QUEUED": 0, "RUN": 1, "COMPLETED": 2, "FAILED": 1},
         "nodes": {"launched": 2, "left_running": 0},
-        "instances": {"i-a": {"type": "t3.medium", "market": "spot", "started_at": T + 10, "ended_at": T + 910},
-                      "i-b": {"type": "t3.micro", "market": "on-demand", "started_at": T + 15, "ended_at": T + 615}},
+        "instances": {
+            "i-a": {"type": "t3.medium", "market": "spot", "started_at": T + 10, "ended_at": T + 910},
+            "i-b": {"type": "t3.micro", "market": "on-demand", "started_at": T + 15, "ended_at": T + 615},
+        },
         "sites": {
             "alpha": site("COMPLETED", [attempt("i-a", 20, 80, "hang", "ssm"), attempt("i-b", 90, 150, "completed")]),
-            "beta": site("FAILED", [attempt("i-a", 100, 130, "error"), attempt("i-b", 160, 200, "error"),
-                                    attempt("i-a", 210, 260, "error")], reason="error", error=EVIL),
-            "delta": site("COMPLETED", [attempt("i-a", 300, 400, "lost", "terminate"),
-                                        attempt("i-a", 410, 500, "completed")]),
+            "beta": site(
+                "FAILED",
+                [
+                    attempt("i-a", 100, 130, "error"),
+                    attempt("i-b", 160, 200, "error"),
+                    attempt("i-a", 210, 260, "error"),
+                ],
+                reason="error",
+                error=EVIL,
+            ),
+            "delta": site(
+                "COMPLETED", [attempt("i-a", 300, 400, "lost", "terminate"), attempt("i-a", 410, 500, "completed")]
+            ),
             "gamma": site("RUN", [attempt("i-b", 300, None, None)]),
         },
     }
@@ -96,8 +118,15 @@ def render(summary: dict, **kw: Any) -> str:
 
 
 def test_human_formats():
-    assert [fmt_duration(s) for s in (0, 42, 60, 119, 185, 3720, None)] == \
-           ["0 s", "42 s", "60 s", "119 s", "3 m 05 s", "1 h 02 m", "-"]
+    assert [fmt_duration(s) for s in (0, 42, 60, 119, 185, 3720, None)] == [
+        "0 s",
+        "42 s",
+        "60 s",
+        "119 s",
+        "3 m 05 s",
+        "1 h 02 m",
+        "-",
+    ]
     assert (fmt_usd(0.0123), fmt_usd(0.25), fmt_usd(12.345)) == ("$0.0123", "$0.2500", "$12.35")
 
 
@@ -144,8 +173,10 @@ def test_one_bar_per_attempt_positioned_by_time_with_a_title(summary):
 
 def test_one_row_per_node_labelled_with_id_and_type(summary):
     doc = parse(render(summary))
-    assert node_labels(doc) == [("i-a t3.medium", "node i-a (t3.medium, spot): 5 attempts, up 15 m 00 s"),
-                                ("i-b t3.micro", "node i-b (t3.micro, on-demand): 3 attempts, up 10 m 00 s")]
+    assert node_labels(doc) == [
+        ("i-a t3.medium", "node i-a (t3.medium, spot): 5 attempts, up 15 m 00 s"),
+        ("i-b t3.micro", "node i-b (t3.micro, on-demand): 3 attempts, up 10 m 00 s"),
+    ]
     ticks = [text(t) for t in doc.iter(f"{SVG}text") if t.get("class") == "tick"]
     assert len(ticks) >= 3 and all(len(t) == 5 and t[2] == ":" for t in ticks)  # HH:MM
 
@@ -283,8 +314,11 @@ def test_find_previous_takes_the_latest_earlier_run_and_skips_broken_ones(tmp_pa
     for run_id, offset in [("two-days-ago", -2 * 86400), ("yesterday", -86400), ("tomorrow", 86400)]:
         write_summary(tmp_path, {**summary, "run_id": run_id, "started_at": T + offset})
     write_summary(tmp_path, summary)  # this run itself
-    for name, body in [("broken", b'{"run_id": "broken", "started_at": '), ("binary", b"\xff\xfe\x00"),
-                       ("not-a-summary", b'{"run_id": "x", "started_at": 1.0}')]:
+    for name, body in [
+        ("broken", b'{"run_id": "broken", "started_at": '),
+        ("binary", b"\xff\xfe\x00"),
+        ("not-a-summary", b'{"run_id": "x", "started_at": 1.0}'),
+    ]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_bytes(body)
     (tmp_path / "empty").mkdir()

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from cli.rerun import choose, reopen
 from fleet.errors import UsageError
 from fleet.state import RunStatus
-from cli.rerun import choose, reopen
 from tests.helpers.fleet_sim import RUN, SimCloud, sim_config
 
 SITES = {"a": "ok", "e": "hang-always", "f": "error-always"}
@@ -26,8 +26,17 @@ def rerun(cloud: SimCloud, names=(), *, failed=False, force=False) -> list[str]:
     rows = cloud.table.read_run(RUN)
     records = {r.site: r for r in rows.sites}
     choice = choose(records, names, failed=failed, force=force)
-    done = reopen(run_id=RUN, run=rows.run, records=records, choice=choice, table=cloud.table, queue=cloud.queue,
-                  results=cloud.results, config=cloud.config, now=cloud.clock.now())
+    done = reopen(
+        run_id=RUN,
+        run=rows.run,
+        records=records,
+        choice=choice,
+        table=cloud.table,
+        queue=cloud.queue,
+        results=cloud.results,
+        config=cloud.config,
+        now=cloud.clock.now(),
+    )
     cloud.start_hub()
     cloud.run()
     return done

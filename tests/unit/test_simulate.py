@@ -17,8 +17,20 @@ from fleet.state import NodeState, Reason, RunStatus, SiteSpec
 from hub.history import durations_from_file, previous_durations
 
 CALM = SimParams(sites=40, nodes=8, seed=3, hang_rate=0.0, spot_per_hour=0.0, capacity_error_rate=0.0)
-FIGURES = ("makespan_s", "lower_bound_s", "ratio", "hang_lag_max_s", "hang_lag_p95_s", "utilization", "node_hours",
-           "cost_usd", "api_calls_per_site", "tick_cpu_ms_p95", "tick_cpu_ms_max", "wall_s")
+FIGURES = (
+    "makespan_s",
+    "lower_bound_s",
+    "ratio",
+    "hang_lag_max_s",
+    "hang_lag_p95_s",
+    "utilization",
+    "node_hours",
+    "cost_usd",
+    "api_calls_per_site",
+    "tick_cpu_ms_p95",
+    "tick_cpu_ms_max",
+    "wall_s",
+)
 
 
 def test_the_simulator_runs_the_hubs_own_plan(monkeypatch):
@@ -34,8 +46,9 @@ def test_a_calm_run_completes_every_site_and_leaves_nothing_running():
     assert (r.completed, r.failed, r.left_running) == (40, 0, 0)
     assert r.makespan_s >= r.lower_bound_s and 0 < r.utilization <= 1
     assert r.attempts == {"completed": 40}
-    assert r.api_calls_per_site["total"] == pytest.approx(sum(v for k, v in r.api_calls_per_site.items()
-                                                              if k != "total"), abs=0.05)
+    assert r.api_calls_per_site["total"] == pytest.approx(
+        sum(v for k, v in r.api_calls_per_site.items() if k != "total"), abs=0.05
+    )
 
 
 def test_the_same_seed_is_the_same_run():
@@ -66,13 +79,22 @@ def test_longest_first_beats_first_in_first_out_on_spread_out_sites():
 
 def _config_order(order):
     from fleet.config import Config
+
     return Config.model_validate({"run": {"order": order}, "sites": [{"id": "x", "start_url": "https://x.test/"}]})
 
 
 def test_history_files_summaries_and_plain_objects(tmp_path):
-    summary = {"sites": {"a": {"attempts": [{"start": 10, "end": 20, "outcome": "hang"},
-                                            {"start": 30, "end": 130, "outcome": "completed"}]},
-                         "b": {"attempts": [{"start": 0, "end": 5, "outcome": "error"}]}}}
+    summary = {
+        "sites": {
+            "a": {
+                "attempts": [
+                    {"start": 10, "end": 20, "outcome": "hang"},
+                    {"start": 30, "end": 130, "outcome": "completed"},
+                ]
+            },
+            "b": {"attempts": [{"start": 0, "end": 5, "outcome": "error"}]},
+        }
+    }
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     assert durations_from_file(tmp_path / "summary.json") == {"a": 100.0}
     (tmp_path / "plain.json").write_text('{"x": 12, "y": 7.5}')
@@ -97,8 +119,11 @@ def test_the_hub_reads_expected_durations_from_the_previous_run():
         table.create_site(rec)
         rec = ops.claim(table, rec, "i-1", 1000.0)
         ops.complete(table, rec, f"{name}/r.json", 1000.0 + took)
-    rec = ops.claim(table, ops.new_site("day1", "c", SiteSpec("https://x.test/"), None), "i-1", 1000.0) \
-        if table.create_site(ops.new_site("day1", "c", SiteSpec("https://x.test/"), None)) else None
+    rec = (
+        ops.claim(table, ops.new_site("day1", "c", SiteSpec("https://x.test/"), None), "i-1", 1000.0)
+        if table.create_site(ops.new_site("day1", "c", SiteSpec("https://x.test/"), None))
+        else None
+    )
     ops.fail_now(table, rec, Reason.DEADLINE, 1200.0)
     table.create_run(RunInfo("day2", "RUNNING", 90000.0, 99000.0, "20270115"))
     assert previous_durations(table, "day2") == {"a": 50.0, "b": 500.0}  # a failed site has no duration
@@ -140,6 +165,7 @@ def test_a_simulated_retry_resumes_after_its_last_checkpointed_page():
     w = Workload(SimParams(sites=1, nodes=1, seed=3, sigma=0, site_s=300, page_s=30, hang_rate=0), random.Random(3))
     (site,) = w.site_ids
     fresh = ops.new_site("r", site, SiteSpec("http://x.test/"), None)
+
     def pages(crawl):
         return [p[2] for t, kind, p in crawl.events if kind == "status" and p[0].value == "URL_CALL"]
 
@@ -153,8 +179,9 @@ def test_a_simulated_retry_resumes_after_its_last_checkpointed_page():
 def test_a_simulated_node_the_hub_declared_lost_takes_no_more_work():
     """As the agent does: a fenced write showing that the hub ended this node's attempt as lost (its kill mark gone
     already, the attempt's outcome `lost`) stops the node; it takes no other site."""
-    sim = Sim(SimParams(sites=2, nodes=1, seed=1, sigma=0, drift=0, hang_rate=0, spot_per_hour=0,
-                        capacity_error_rate=0))
+    sim = Sim(
+        SimParams(sites=2, nodes=1, seed=1, sigma=0, drift=0, hang_rate=0, spot_per_hour=0, capacity_error_rate=0)
+    )
     table, now = sim.table, sim.clock.now()
     table.create_run(RunInfo(sim.run_id, "RUNNING", now, now + 86400, sim.run_date))
     for site in sim.workload.site_ids:

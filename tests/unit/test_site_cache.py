@@ -22,6 +22,7 @@ class Reads:
         def fetch(names):
             self.fetched.extend(names)
             return self.table.get_sites(RUN, names)
+
         cache.refresh(self.table.open_stamps(RUN), fetch)
 
 
@@ -105,8 +106,7 @@ def test_random_histories_agree_with_a_full_read_every_tick():
                 elif step == 2:
                     ops.complete(table, rec, f"{rec.site}/r.json", now)
                 elif step == 3:
-                    ops.end_attempt(table, rec, reason=Reason.HANG, now=now, max_attempts=3,
-                                    spot_cap=3)
+                    ops.end_attempt(table, rec, reason=Reason.HANG, now=now, max_attempts=3, spot_cap=3)
                 else:
                     ops.request_kill(table, rec, Reason.HANG, now)
             elif rnd.random() < 0.1:

@@ -14,19 +14,20 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from cli.views import print_sites
+from embedded.fakes import MemoryResults, MemoryStateTable
 from fleet import ops
 from fleet.clock import FakeClock
 from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, RunInfo
-from embedded.fakes import MemoryResults, MemoryStateTable
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from fleet.summary import build_summary, export
-from cli.views import print_sites
 
 RUN = "2026-11-21"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # --- export: ids from the table become paths only inside the run's directory -----------------------------------
+
 
 def completed_run(tmp_path: Path, sites: list[str]) -> tuple[MemoryStateTable, MemoryResults]:
     """A run whose sites all COMPLETED with a result in the (in-memory) bucket, written as a node writes them:
@@ -89,6 +90,7 @@ def test_a_results_directory_that_links_elsewhere_receives_nothing(tmp_path):
 
 # --- caps on what a node writes -----------------------------------------------------------------------------------
 
+
 def test_every_error_a_node_or_the_hub_writes_is_cut_to_one_size(tmp_path):
     clock = FakeClock()
     table = MemoryStateTable()
@@ -97,8 +99,7 @@ def test_every_error_a_node_or_the_hub_writes_is_cut_to_one_size(tmp_path):
     a = ops.claim(table, table.get_site(RUN, "a"), "i-1", clock.now())
     a = ops.report(table, a, SiteStatus.URL_CALL, clock.now(), url="http://x.test/" + "p" * 9_000)
     assert len(a.url) == URL_MAX_CHARS
-    a = ops.end_attempt(table, a, reason=Reason.ERROR, now=clock.now(), max_attempts=1,
-                        spot_cap=0, error="e" * 50_000)
+    a = ops.end_attempt(table, a, reason=Reason.ERROR, now=clock.now(), max_attempts=1, spot_cap=0, error="e" * 50_000)
     b = ops.fail_now(table, table.get_site(RUN, "b"), Reason.KILLED, clock.now(), error={"not": "text" * 9_000})
     assert a.run_status is RunStatus.FAILED and len(a.error) == len(b.error) == ERROR_MAX_CHARS
 
@@ -106,9 +107,16 @@ def test_every_error_a_node_or_the_hub_writes_is_cut_to_one_size(tmp_path):
 # --- status shows text from the table as text ---------------------------------------------------------------------
 
 HOSTILE = {
-    "[bold]s-1": {"run_status": "FAILED", "site_status": "FAILED", "attemptCount": 3, "failure_reason": "error",
-                  "error": "[/x] closing [red]boom[/red] \x1b[31mansi\x1b]0;title\x07", "instance_id": "[blink]i-1",
-                  "attempts": [], "result_key": None},
+    "[bold]s-1": {
+        "run_status": "FAILED",
+        "site_status": "FAILED",
+        "attemptCount": 3,
+        "failure_reason": "error",
+        "error": "[/x] closing [red]boom[/red] \x1b[31mansi\x1b]0;title\x07",
+        "instance_id": "[blink]i-1",
+        "attempts": [],
+        "result_key": None,
+    },
     "s-2": {"run_status": "[red]ODD", "site_status": "[/]", "attemptCount": 1, "error": None, "attempts": []},
 }
 
@@ -128,11 +136,18 @@ def test_markup_in_a_site_error_id_or_node_is_shown_as_typed(tmp_path):
 def test_gridfleet_status_prints_a_hostile_summary_without_failing(tmp_path):
     run = tmp_path / "runs" / RUN
     run.mkdir(parents=True)
-    (run / "summary.json").write_text(json.dumps({"run_id": RUN, "started_at": 0, "finished_at": 1,
-                                                  "sites": HOSTILE, "nodes": {}}))
+    (run / "summary.json").write_text(
+        json.dumps({"run_id": RUN, "started_at": 0, "finished_at": 1, "sites": HOSTILE, "nodes": {}})
+    )
     env = {**os.environ, "GRIDFLEET_HOME": str(tmp_path / "home"), "FORCE_COLOR": "1", "COLUMNS": "300"}
-    p = subprocess.run([sys.executable, "-m", "cli.main", "status", "--run-id", RUN], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "cli.main", "status", "--run-id", RUN],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert "[/x] closing [red]boom[/red]" in ANSI.sub("", p.stdout)
     assert not re.search(r"\x1b\[[0-9;]*m(boom|s-1)", p.stdout)

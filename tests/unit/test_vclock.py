@@ -12,6 +12,7 @@ def test_actors_interleave_by_wake_time_and_time_jumps():
             for _ in range(n):
                 log.append((clock.now(), name))
                 clock.sleep(period)
+
         return run
 
     clock.spawn("a", ticker("a", 3, 3))
