@@ -488,21 +488,21 @@ resource "aws_iam_role_policy" "node" {
 # its own.
 
 data "aws_iam_policy_document" "starter" {
-  # lambdas.handlers.start_hub: the run item (is the run FINISHED? note the hub start).
+  # lambdas.starter.start_hub: the run item (is the run FINISHED? note the hub start).
   statement {
     sid       = "StateTable"
     actions   = ["dynamodb:GetItem", "dynamodb:UpdateItem"]
     resources = [aws_dynamodb_table.status.arn]
   }
 
-  # lambdas.handlers: live hubs of the run. Describe* has no resource-level permissions.
+  # lambdas.ec2: live hubs of the run. Describe* has no resource-level permissions.
   statement {
     sid       = "DescribeInstances"
     actions   = ["ec2:DescribeInstances"]
     resources = ["*"]
   }
 
-  # lambdas.handlers.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub and
+  # lambdas.starter.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub and
   # this stack's gridfleet:stack.
   statement {
     sid       = "RunHubInstance"
@@ -522,7 +522,7 @@ data "aws_iam_policy_document" "starter" {
     }
   }
 
-  # lambdas.handlers.start_hub: what the hub launch uses besides the instance.
+  # lambdas.starter.start_hub: what the hub launch uses besides the instance.
   statement {
     sid     = "RunHubResources"
     actions = ["ec2:RunInstances"]
@@ -538,7 +538,7 @@ data "aws_iam_policy_document" "starter" {
     )
   }
 
-  # lambdas.handlers.start_hub: the tags of the launch (TagSpecifications).
+  # lambdas.starter.start_hub: the tags of the launch (TagSpecifications).
   statement {
     sid       = "TagHubAtLaunch"
     actions   = ["ec2:CreateTags"]
@@ -551,7 +551,7 @@ data "aws_iam_policy_document" "starter" {
     }
   }
 
-  # lambdas.handlers.start_hub: the run id on a stopped, reusable hub of this stack before starting it
+  # lambdas.starter.start_hub: the run id on a stopped, reusable hub of this stack before starting it
   # (the operator tags that instance gridfleet:stack; the Lambda may not change the tag).
   statement {
     sid       = "TagReusableHub"
@@ -577,7 +577,7 @@ data "aws_iam_policy_document" "starter" {
     }
   }
 
-  # lambdas.handlers.start_hub: starting the stopped, reusable hub of this stack.
+  # lambdas.starter.start_hub: starting the stopped, reusable hub of this stack.
   statement {
     sid       = "StartHub"
     actions   = ["ec2:StartInstances"]
@@ -651,9 +651,9 @@ resource "aws_iam_role_policy" "starter" {
 }
 
 data "aws_iam_policy_document" "watchdog" {
-  # lambdas.handlers.watch: recent runs (Query), the heartbeat it watches and the
+  # lambdas.watchdog.watch: recent runs (Query), the heartbeat it watches and the
   # restart it claims (GetItem, UpdateItem), as the starter for a restart.
-  # lambdas.handlers.end_abandoned, ending a run whose hub is gone past deadline +
+  # lambdas.watchdog.end_abandoned, ending a run whose hub is gone past deadline +
   # grace: its items read (Query, GetItem), its open sites marked FAILED
   # (conditional UpdateItem) and their history lines written (BatchWriteItem,
   # fleet.aws.table.add_history). The table only: no index.
@@ -668,7 +668,7 @@ data "aws_iam_policy_document" "watchdog" {
     resources = [aws_dynamodb_table.status.arn]
   }
 
-  # lambdas.handlers.end_abandoned (fleet.aws.archive.S3RunArchive.put_summary): the ended
+  # lambdas.watchdog.end_abandoned (fleet.aws.archive.S3RunArchive.put_summary): the ended
   # run's record, runs/<run id>/summary.json, and nothing else in the bucket.
   statement {
     sid       = "RunSummaryWrite"
@@ -676,14 +676,14 @@ data "aws_iam_policy_document" "watchdog" {
     resources = ["${aws_s3_bucket.results.arn}/runs/*/summary.json"]
   }
 
-  # lambdas.handlers: live hubs of the run. Describe* has no resource-level permissions.
+  # lambdas.ec2: live hubs of the run. Describe* has no resource-level permissions.
   statement {
     sid       = "DescribeInstances"
     actions   = ["ec2:DescribeInstances"]
     resources = ["*"]
   }
 
-  # lambdas.handlers.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub and
+  # lambdas.starter.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub and
   # this stack's gridfleet:stack.
   statement {
     sid       = "RunHubInstance"
@@ -703,7 +703,7 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # lambdas.handlers.start_hub: what the hub launch uses besides the instance.
+  # lambdas.starter.start_hub: what the hub launch uses besides the instance.
   statement {
     sid     = "RunHubResources"
     actions = ["ec2:RunInstances"]
@@ -719,7 +719,7 @@ data "aws_iam_policy_document" "watchdog" {
     )
   }
 
-  # lambdas.handlers.start_hub: the tags of the launch (TagSpecifications).
+  # lambdas.starter.start_hub: the tags of the launch (TagSpecifications).
   statement {
     sid       = "TagHubAtLaunch"
     actions   = ["ec2:CreateTags"]
@@ -732,7 +732,7 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # lambdas.handlers.start_hub: the run id on a stopped, reusable hub of this stack before starting it
+  # lambdas.starter.start_hub: the run id on a stopped, reusable hub of this stack before starting it
   # (the operator tags that instance gridfleet:stack; the Lambda may not change the tag).
   statement {
     sid       = "TagReusableHub"
@@ -758,7 +758,7 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # lambdas.handlers.start_hub: starting the stopped, reusable hub of this stack.
+  # lambdas.starter.start_hub: starting the stopped, reusable hub of this stack.
   statement {
     sid       = "StartHub"
     actions   = ["ec2:StartInstances"]
@@ -777,7 +777,7 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # lambdas.handlers._clean_orphans: instances of a finished, abandoned or unknown run, and stopped
+  # lambdas.watchdog.apply (lambdas.orphans.retire): instances of a finished, abandoned or unknown run, and stopped
   # instances of the stack that no configuration keeps. Only this stack's hubs and nodes: the
   # role tag leaves out untagged instances and the stack's NAT instance, which carries
   # gridfleet:stack (default_tags) but no role.
@@ -799,7 +799,7 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # lambdas.handlers._clean_orphans: the reusable hub is stopped, not terminated.
+  # lambdas.watchdog.apply (lambdas.orphans.retire): the reusable hub is stopped, not terminated.
   statement {
     sid       = "StopHub"
     actions   = ["ec2:StopInstances"]
