@@ -116,6 +116,7 @@ def test_local_nodes_start_their_grid_node_as_the_crawl_user_said_once(open_dir,
     jar = make_jar(open_dir / "vendor")
     stack = LocalStack(open_dir / "home", grid_jar=jar)
     env = local_env(stack, USER)
+    caplog.clear()  # what the environment said of the config (the node cap) is not the crawl user's business
     with caplog.at_level(logging.INFO, logger="gridfleet"):
         provider = env.provider("r1", clock=None)
         assert not caplog.records  # nothing is decided before a node is launched
@@ -131,6 +132,7 @@ def test_without_the_crawl_user_local_nodes_run_as_before_said_once(open_dir, ca
     jar = make_jar(open_dir / "vendor")
     stack = LocalStack(open_dir / "home", grid_jar=jar)
     env = local_env(stack, "no-such-gf")
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger="gridfleet"):
         provider = env.provider("r1", clock=None)
         cmds = [provider.node_command("r1", f"i-{n}", stack.instances_dir / "r1" / f"i-{n}") for n in (1, 2)]
