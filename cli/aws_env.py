@@ -22,17 +22,12 @@ from botocore.exceptions import ClientError
 from rich.console import Console
 
 from cli.check import CheckReport
-from cli.env import RunHold
+from cli.env import RunHold, StoresOf
 from cloud_init import NodeUserData, RenderError, render_node
 from fleet import procs
-from fleet.aws.archive import S3RunArchive
 from fleet.aws.clients import AwsClients, error_code
 from fleet.aws.errors import CREATE_ADVICE
 from fleet.aws.imds import Imds, ImdsError
-from fleet.aws.queue import SqsSiteQueue
-from fleet.aws.results import S3ResultStore
-from fleet.aws.stores import Stores, open_stores
-from fleet.aws.table import DynamoStateTable
 from fleet.clock import Clock, SystemClock
 from fleet.codec import RunInfo
 from fleet.config import Config
@@ -46,7 +41,7 @@ log = logging.getLogger("gridfleet.hub")
 
 
 @dataclass
-class AwsEnv:
+class AwsEnv(StoresOf):
     """A run on AWS. Each client is made when first used, so a command that ends before it needs AWS
     (`run --dry-run` without credentials, `render node`) makes none. Only an environment made for a run
     (`launch`) resolves the AMI and the hub's address, which its provider needs to launch nodes."""
@@ -62,26 +57,6 @@ class AwsEnv:
     @property
     def where(self) -> str:
         return f"in the table {self.config.aws.table}"
-
-    @cached_property
-    def stores(self) -> Stores:
-        return open_stores(self.clients, self.config.aws)
-
-    @property
-    def table(self) -> DynamoStateTable:
-        return self.stores.table
-
-    @property
-    def queue(self) -> SqsSiteQueue:
-        return self.stores.queue
-
-    @property
-    def results(self) -> S3ResultStore:
-        return self.stores.results
-
-    @property
-    def archive(self) -> S3RunArchive:
-        return S3RunArchive(self.clients.client("s3"), self.config.aws.bucket)
 
     @property
     def ec2(self) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,10 +23,10 @@ from rich.console import Console
 from cli.check import CheckReport
 from fleet.aws.archive import S3RunArchive
 from fleet.aws.clients import AwsClients
-from fleet.aws.queue import SiteQueue
-from fleet.aws.results import ResultStore
-from fleet.aws.stores import Stores
-from fleet.aws.table import StateTable
+from fleet.aws.queue import SiteQueue, SqsSiteQueue
+from fleet.aws.results import ResultStore, S3ResultStore
+from fleet.aws.stores import Stores, open_stores
+from fleet.aws.table import DynamoStateTable, StateTable
 from fleet.clock import Clock
 from fleet.codec import RunInfo
 from fleet.config import Config
@@ -34,6 +35,33 @@ from hub.loop import RunOutcome
 from hub.providers.base import ComputeProvider
 
 Load = Callable[[str], Config]
+
+
+class StoresOf:
+    """The run's stores, opened once from an environment's `clients` and `config` (both backends share them)."""
+
+    config: Config
+    clients: AwsClients
+
+    @cached_property
+    def stores(self) -> Stores:
+        return open_stores(self.clients, self.config.aws)
+
+    @property
+    def table(self) -> DynamoStateTable:
+        return self.stores.table
+
+    @property
+    def queue(self) -> SqsSiteQueue:
+        return self.stores.queue
+
+    @property
+    def results(self) -> S3ResultStore:
+        return self.stores.results
+
+    @property
+    def archive(self) -> S3RunArchive:
+        return S3RunArchive(self.clients.client("s3"), self.config.aws.bucket)
 
 
 class RunHold:

@@ -26,14 +26,9 @@ from rich.console import Console
 
 from cli.check import CheckReport
 from cli.crawl_user import CrawlUser, reach_crawl_user
-from cli.env import RunHold
-from fleet.aws.archive import S3RunArchive
+from cli.env import RunHold, StoresOf
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.aws.queue import SqsSiteQueue
-from fleet.aws.results import S3ResultStore
-from fleet.aws.stores import Stores, open_stores
-from fleet.aws.table import DynamoStateTable
 from fleet.clock import Clock, SystemClock
 from fleet.codec import RunInfo
 from fleet.config import Config
@@ -126,7 +121,7 @@ def stack_stops(started_here: bool, adopted: bool, ended: bool) -> bool:
     return started_here or (adopted and ended)
 
 
-class LocalEnv:
+class LocalEnv(StoresOf):
     """The embedded default. Made before its stack runs (a run starts it in `hold`), or from a running stack
     (the commands that read a run); its stores exist while the stack runs."""
 
@@ -171,26 +166,6 @@ class LocalEnv:
     def clients(self) -> AwsClients:
         self._up()
         return AwsClients(self.config.aws, credentials=LOCAL_CREDENTIALS)
-
-    @functools.cached_property
-    def stores(self) -> Stores:
-        return open_stores(self.clients, self.config.aws)
-
-    @property
-    def table(self) -> DynamoStateTable:
-        return self.stores.table
-
-    @property
-    def queue(self) -> SqsSiteQueue:
-        return self.stores.queue
-
-    @property
-    def results(self) -> S3ResultStore:
-        return self.stores.results
-
-    @property
-    def archive(self) -> S3RunArchive:
-        return S3RunArchive(self.clients.client("s3"), self.config.aws.bucket)
 
     @property
     def demo_url(self) -> str | None:
