@@ -97,6 +97,39 @@ def print_sites(
     console.print(counts_line(counts))
 
 
+class WatchView:
+    """What `watch` draws on a terminal: a progress bar of finished sites, then the sites still open or retried."""
+
+    def __init__(self, console: Console, data: dict[str, Any]):
+        self.bar = Progress(
+            TextColumn("[bold]run {task.fields[run_id]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[counts]}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        total = max(1, len(data["sites"]))
+        self.task = self.bar.add_task("sites", total=total, run_id=_markup(data["run_id"]), counts="")
+
+    def render(self, d: dict[str, Any]) -> Group:
+        c = d["counts"]
+        self.bar.update(
+            self.task,
+            total=max(1, len(d["sites"])),
+            completed=c.get("COMPLETED", 0) + c.get("FAILED", 0),
+            counts=counts_line(c).split(": ", 1)[-1],
+        )
+        open_sites = {
+            k: v
+            for k, v in d["sites"].items()
+            if v["run_status"] in ("RUN", "QUEUED") or v["attemptCount"] > 1 or v["run_status"] == "FAILED"
+        }
+        table = sites_table(d["run_id"], dict(list(sorted(open_sites.items()))[:40]))
+        table.title = _text(f"run {d['run_id']}: sites running, retried or failed")
+        return Group(self.bar.get_renderable(), table)
+
+
 def watch(
     fetch: Callable[[], dict[str, Any]],
     console: Console,
@@ -112,35 +145,10 @@ def watch(
     0 when every site COMPLETED, 3 when the run finished with FAILED sites.
     """
     data = fetch()
-    total = max(1, len(data["sites"]))
-    bar = Progress(
-        TextColumn("[bold]run {task.fields[run_id]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[counts]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
-    task = bar.add_task("sites", total=total, run_id=_markup(data["run_id"]), counts="")
+    view = WatchView(console, data)
+    render = view.render
     last_line = None
     polls = 0
-
-    def render(d: dict[str, Any]) -> Group:
-        c = d["counts"]
-        bar.update(
-            task,
-            total=max(1, len(d["sites"])),
-            completed=c.get("COMPLETED", 0) + c.get("FAILED", 0),
-            counts=counts_line(c).split(": ", 1)[-1],
-        )
-        open_sites = {
-            k: v
-            for k, v in d["sites"].items()
-            if v["run_status"] in ("RUN", "QUEUED") or v["attemptCount"] > 1 or v["run_status"] == "FAILED"
-        }
-        table = sites_table(d["run_id"], dict(list(sorted(open_sites.items()))[:40]))
-        table.title = _text(f"run {d['run_id']}: sites running, retried or failed")
-        return Group(bar.get_renderable(), table)
 
     live = console.is_terminal
     ctx = Live(render(data), console=console, refresh_per_second=4, transient=False) if live else None

@@ -29,10 +29,8 @@ from fleet.codec import (
     HistoryEvent,
     NodeInfo,
     RunInfo,
-    Stamp,
     diff_items,
     history_to_item,
-    item_stamp,
     item_to_node,
     item_to_run,
     item_to_site,
@@ -43,6 +41,7 @@ from fleet.codec import (
     split_partition,
 )
 from fleet.errors import StaleWrite
+from fleet.stamp import Stamp, item_stamp
 from fleet.state import RunState, SiteRecord
 
 

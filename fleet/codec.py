@@ -9,7 +9,6 @@ exact update to send.
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import zlib
 from collections.abc import Mapping
@@ -347,78 +346,6 @@ def item_to_history(item: Mapping[str, Any]) -> HistoryEvent:
     i = unnum(dict(item))
     seq = int(str(i["Site"]).rsplit("#", 1)[-1] or 0)
     return HistoryEvent(i["run_id"], i["at"], i["kind"], i.get("fields") or {}, seq)
-
-
-#: What the hub watches of an open site, read each tick through the sparse index (its projection). The first
-#: four change only with a transition (claim, end of an attempt, kill mark, completion, rerun): the hub then
-#: reads the whole record. The rest change with a node's progress, heartbeat or the enqueued mark (and the
-#: version with them): the hub patches its copy from the stamp without reading the record.
-STAMP_ATTRS = (
-    "attemptCount",
-    "instance_id",
-    "run_status",
-    "kill_reason",
-    "version",
-    "site_status",
-    "lastUpdateEpoch",
-    "heartbeatEpoch",
-    "enqueued",
-    "pages",
-    "url",
-)
-TRANSITION_FIELDS = 4
-
-Stamp = tuple  # the values of STAMP_ATTRS
-
-
-def item_stamp(item: Mapping[str, Any]) -> Stamp:
-    """The stamp of a site item (as stored or as read back): equal stamps mean an unchanged record."""
-    g = item.get
-    return (
-        int(g("attemptCount", 0)),
-        g("instance_id"),
-        g("run_status"),
-        g("kill_reason"),
-        int(g("version", 0)),
-        g("site_status"),
-        _num_or_none(g("lastUpdateEpoch")),
-        _num_or_none(g("heartbeatEpoch")),
-        bool(g("enqueued", False)),
-        int(g("pages", 0)),
-        g("url"),
-    )
-
-
-def _num_or_none(v: Any) -> float | None:
-    return float(v) if v is not None else None
-
-
-def record_stamp(r: SiteRecord) -> Stamp:
-    return (
-        r.attempt,
-        r.instance_id,
-        str(r.run_status),
-        r.kill_reason,
-        r.version,
-        str(r.site_status),
-        _num_or_none(r.last_update),
-        _num_or_none(r.heartbeat),
-        r.enqueued,
-        r.pages,
-        r.url,
-    )
-
-
-def patch_from_stamp(r: SiteRecord, st: Stamp) -> SiteRecord:
-    """`r` with the progress fields of a newer stamp whose transition fields are the same as `r`'s (a copy
-    with those fields set: many per tick, and the fields need no validation, they were read back as written)."""
-    new = copy.copy(r)
-    for name, value in zip(_PATCHED, (st[4], SiteStatus(st[5]), st[6], st[7], st[8], st[9], st[10]), strict=True):
-        object.__setattr__(new, name, value)
-    return new
-
-
-_PATCHED = ("version", "site_status", "last_update", "heartbeat", "enqueued", "pages", "url")
 
 
 def split_partition(items) -> tuple[RunInfo | None, list[SiteRecord], list[NodeInfo], list[HistoryEvent]]:

@@ -28,9 +28,10 @@ from fleet.aws.table import StateTable
 from fleet.clock import Clock
 from fleet.codec import ERROR_MAX_CHARS, capped
 from fleet.config import Config
+from fleet.crawl_end import CrawlEndKind
 from fleet.errors import StaleWrite
 from fleet.logs import event
-from fleet.protocol import CrawlEndKind, MessageAction, NodeRules, Stop, StopWhy
+from fleet.protocol import MessageAction, NodeRules, Stop, StopWhy
 from fleet.state import NodeState, SiteRecord
 from node.attempt import Attempt, Cleanup, StartCrawl
 from profiles import ProfileStore

@@ -14,7 +14,6 @@ written, or after the next attempt's message is sent.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,15 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from fleet import crawlerfile, ops, protocol
+from fleet import crawl_end, crawlerfile, ops, protocol
 from fleet.aws.clients import error_code
 from fleet.aws.queue import SiteMessage
 from fleet.aws.results import result_key
-from fleet.codec import ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, capped
+from fleet.codec import ERROR_MAX_CHARS, capped
+from fleet.crawl_end import CrawlEnd, CrawlEndKind, FollowUp
 from fleet.errors import StaleWrite
 from fleet.logs import event
-from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, Stop, Watch
+from fleet.protocol import Stop, Watch
 from fleet.state import NodeState, SiteRecord, SiteStatus
+from node.result import merged_items, phase_timings, result_body
 from node.runner import CrawlProcess, Exited
 from profiles import ProfileBusy
 
@@ -58,26 +59,6 @@ class Refused(Exception):
     retry of that write can succeed: the attempt ends as an error, and the node goes on to its next site."""
 
 
-def merged_items(before: list[dict[str, Any]], now: list[Any]) -> list[dict[str, Any]]:
-    """The checkpoint's items (earlier attempts and this one), then the crawler's result, each item once (by id,
-    else by content): a resumed crawl's result has no duplicates.
-
-    Ids are compared as the checkpoint stores them (cut to ITEM_ID_MAX_CHARS), so an item with a longer id that
-    a resumed crawl finds again is still one item; it keeps its whole id when the crawler reported it whole."""
-    out: dict[str, dict[str, Any]] = {}
-    for item in [*before, *now]:
-        if not isinstance(item, dict):
-            item = {"value": item}
-        if item.get("id") is None:
-            key = json.dumps(item, sort_keys=True, default=str)
-        else:
-            key = capped(item["id"], ITEM_ID_MAX_CHARS)
-        held = out.get(key)
-        if held is None or len(str(held.get("id"))) < len(str(item.get("id"))):
-            out[key] = item
-    return list(out.values())
-
-
 class Attempt:
     """The attempt a claim just started, from the claim to its settling; `run()` returns a stop its end asks for."""
 
@@ -99,7 +80,7 @@ class Attempt:
         try:
             end = self._run()
         except Refused as r:  # the crawler (if any) is stopped and its browser ended by now
-            end = protocol.refused_end(r)
+            end = crawl_end.refused_end(r)
         except Fenced as f:
             end = CrawlEnd(CrawlEndKind.FENCED, current=f.current)
         return self._settle(end) if end is not None else None
@@ -126,7 +107,7 @@ class Attempt:
                 sleep=a.clock.sleep,
             )
         except ProfileBusy:  # a node cut off mid-crawl may still hold it: not the site's fault, try again later
-            return protocol.busy_end(rec.site, self.s.lock_timeout_s)
+            return crawl_end.busy_end(rec.site, self.s.lock_timeout_s)
         if held.removed:
             event(log, "stale-profile", run_id=rec.run_id, site=rec.site, removed=",".join(held.removed))
         session: list[str | None] = [None]
@@ -203,14 +184,14 @@ class Attempt:
             if self.watch.beat_due(mono):
                 self.beat()
             notice = self.agent.spot_notice()
-            end = protocol.spot_end(notice) if notice else self.watch.timed_out(mono)
+            end = crawl_end.spot_end(notice) if notice else self.watch.timed_out(mono)
             if end is not None:
                 proc.kill()
                 return end
 
     def _on_event(self, ev: object, session: list[str | None], mono: float) -> CrawlEnd | None:
         if isinstance(ev, Exited):
-            return protocol.exited_end(ev.code)
+            return crawl_end.exited_end(ev.code)
         if not isinstance(ev, dict):
             return None
         kind = ev.get("event")
@@ -245,11 +226,11 @@ class Attempt:
                     self._save_result(end)
                     return stop
                 except Refused as r:
-                    end = protocol.refused_end(r)
+                    end = crawl_end.refused_end(r)
             self.agent.job_ended(claimed_at, end.kind, end.error)
             if end.kind is CrawlEndKind.FENCED:
                 raise Fenced(end.current)
-            new = self._write(ops.end_attempt, **protocol.end_attempt_args(end, self.s, self.agent.clock.now()))
+            new = self._write(ops.end_attempt, **crawl_end.end_attempt_args(end, self.s, self.agent.clock.now()))
             self._follow_up(end, new)
         except Fenced as f:
             if end.kind is CrawlEndKind.RESULT:  # a zombie's result, never written
@@ -261,7 +242,7 @@ class Attempt:
         return stop
 
     def _follow_up(self, end: CrawlEnd, new: SiteRecord) -> None:
-        step = protocol.settle(end, self.n, new)
+        step = crawl_end.settle(end, self.n, new)
         reason, queue = end.kind.reason, self.agent.queue
         if step.follow is FollowUp.RELEASE:
             self._write(ops.mark_enqueued)  # the released message is the next attempt's message
@@ -301,7 +282,7 @@ class Attempt:
         self.beat()  # still ours? (a zombie must not write a result)
         key = result_key(rec.site, a.run_date, rec.run_id)
         items = merged_items(self.items, (end.result or {}).get("items", []))
-        body = self._result_body({**(end.result or {}), "items": items})
+        body = result_body(rec, self.s.instance_id, a.clock.now(), {**(end.result or {}), "items": items})
         wrote = a.results.put_new(key, body)
         self._write(ops.complete, key, a.clock.now())
         a.job_ended(self.marks["claim"], None)
@@ -313,43 +294,13 @@ class Attempt:
             "pages": (end.result or {}).get("pages"),
             "items": len(items),
             "key": key,
-            **self._timings(),
+            **phase_timings(self.marks, self.agent.clock.monotonic()),
         }
         if self.resume:
             fields["resumed_at_page"] = self.resume.get("pages")
         if not wrote:
             fields["note"] = "result existed; kept"
         event(log, "completed", **fields)
-
-    def _timings(self) -> dict[str, str]:
-        """Seconds per phase: setup (claim to crawler start), browser (to session), crawl, close, save."""
-        m, now = self.marks, self.agent.clock.monotonic()
-        spans = {
-            "setup_s": ("claim", "spawn"),
-            "browser_s": ("spawn", "session"),
-            "crawl_s": ("session", "result"),
-            "close_s": ("result", "closed"),
-            "save_s": ("closed", None),
-        }
-        return {
-            k: f"{(m[b] if b else now) - m[a]:.2f}" for k, (a, b) in spans.items() if a in m and (b is None or b in m)
-        }
-
-    def _result_body(self, result: dict[str, Any]) -> bytes:
-        rec = self.rec
-        attempt = rec.current_attempt
-        body = {
-            "run_id": rec.run_id,
-            "site": rec.site,
-            "attempt": rec.attempt,
-            "instance_id": self.s.instance_id,
-            "start_url": rec.spec.start_url,
-            "started_at": attempt.start if attempt else None,
-            "finished_at": self.agent.clock.now(),
-            "pages": result.get("pages", 0),
-            "items": result.get("items", []),
-        }
-        return json.dumps(body, indent=1).encode()
 
     def _new_mark(self, items: list[dict[str, Any]]) -> None:
         """An incremental site's high-water mark moves to the newest items this crawl found (none: unchanged)."""

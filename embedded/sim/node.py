@@ -16,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleet import ops, protocol
+from fleet import crawl_end, ops, protocol
 from fleet.aws.messages import BadMessage, SiteMessage
 from fleet.aws.results import result_key
+from fleet.crawl_end import CrawlEnd, CrawlEndKind, FollowUp
 from fleet.errors import StaleWrite
-from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, MessageAction, NodeCard, NodeRules, Stop, Watch
+from fleet.protocol import MessageAction, NodeCard, NodeRules, Stop, Watch
 from fleet.state import NodeState, SiteRecord
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ class SimNode:
         assert c is not None and self.watch is not None
         try:
             if c.killed:
-                return self._settle(protocol.exited_end(-9))
+                return self._settle(crawl_end.exited_end(-9))
             while c.events and c.events[0][0] <= now:
                 _, kind, payload = c.events.popleft()
                 if kind == "result":
@@ -195,7 +196,7 @@ class SimNode:
                 self._crawler_said(kind, payload, now)
             if self.watch.beat_due(now):
                 self._beat()
-            end = protocol.spot_end(self.notice) if self.notice else self.watch.timed_out(now)
+            end = crawl_end.spot_end(self.notice) if self.notice else self.watch.timed_out(now)
             if end is not None:
                 return self._settle(end)
         except StaleWrite as f:
@@ -255,11 +256,11 @@ class SimNode:
             self._write(ops.complete, key, self.sim.clock.now())
             self.sim.node_queue.delete(msg)
             return
-        claimed, args = rec.attempt, protocol.end_attempt_args(end, self.rules, self.sim.clock.now())
+        claimed, args = rec.attempt, crawl_end.end_attempt_args(end, self.rules, self.sim.clock.now())
         self._follow_up(end, claimed, self._write(ops.end_attempt, **args), msg)
 
     def _follow_up(self, end: CrawlEnd, attempt: int, new: SiteRecord, msg: SiteMessage) -> None:
-        step = protocol.settle(end, attempt, new)
+        step = crawl_end.settle(end, attempt, new)
         if step.follow is FollowUp.RELEASE:
             self._write(ops.mark_enqueued)
             self.sim.node_queue.set_visibility(msg, step.release_after_s or 0.0)

@@ -22,8 +22,9 @@ from fleet.aws.queue import BadMessage, QueueDepth, SiteMessage
 from fleet.aws.results import result_key
 from fleet.aws.run_item import RunWatch
 from fleet.aws.table import DynamoStateTable, RunIndexEntry, wait_table_active
-from fleet.codec import OPEN_ATTR, HistoryEvent, NodeInfo, RunInfo, record_stamp
+from fleet.codec import OPEN_ATTR, HistoryEvent, NodeInfo, RunInfo
 from fleet.errors import GridfleetError, StaleWrite
+from fleet.stamp import record_stamp
 from fleet.state import Attempt, Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 
 NOW = 1_800_000_000.0

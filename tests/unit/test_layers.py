@@ -1,4 +1,4 @@
-"""Layer rules that import-linter cannot see: how an import is made, and what loads at run time.
+"""Layer rules that import-linter cannot see: how an import is made, what loads at run time, and how big a room is.
 
 import-linter (`make lint`) checks which package may import which. Two rules need more than the import graph:
 the commands reach the local stack (`embedded`) only from inside the functions that need it, so that a command
@@ -89,3 +89,32 @@ def test_the_hubs_planning_imports_without_boto3_or_botocore():
     code = "import sys; sys.modules['boto3'] = sys.modules['botocore'] = None; import hub.plan"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+#: The size of a room: a module a newcomer reads in one sitting, a function one screen.
+MODULE_MAX_LINES = 400
+FUNCTION_MAX_LINES = 60
+PACKAGES = ("fleet", "hub", "node", "lambdas", "cli", "embedded", "cloud_init", "profiles", "bench")
+
+
+def oversized(path: Path, root: Path = ROOT) -> list[str]:
+    """What in one source file is over the house's sizes: the module, or a function (its decorators excluded)."""
+    source = path.read_text()
+    found = []
+    lines = source.count("\n")
+    if lines > MODULE_MAX_LINES:
+        found.append(f"{path.relative_to(root)}: {lines} lines")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > FUNCTION_MAX_LINES:
+                found.append(f"{path.relative_to(root)}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_no_module_is_over_400_lines_and_no_function_over_60(tmp_path):
+    big = tmp_path / "big.py"
+    big.write_text("def f():\n" + "    x = 1\n" * 60 + "\n" * 400)
+    assert len(oversized(big, tmp_path)) == 2  # the check sees both kinds
+    found = [f for pkg in PACKAGES for path in sorted((ROOT / pkg).rglob("*.py")) for f in oversized(path)]
+    assert found == []
