@@ -18,13 +18,14 @@ from rich.console import Console
 
 from cli import aws_env
 from cli.bundle import build_bundle, build_lambda_zip
+from cli.crawler_ship import installed_config, shipment_of
 from cli.local_env import PROJECT_ROOT, grid_jar_candidates, gridfleet_home
 from cloud_init import HubUserData, RenderError, render_hub
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.errors import CREDENTIALS_ADVICE, Kind, aws_failure
 from fleet.aws.results import result_key
 from fleet.config import Config
-from fleet.config_load import load_config
+from fleet.config_load import dump_config, load_config
 from fleet.errors import GridfleetError, MissingResource, UsageError
 from fleet.ids import default_run_id
 from hub.plan import run_date_for
@@ -99,8 +100,12 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
             raise MissingResource(aws_env.missing_line([str(e)])) from None
         s3 = env.clients.client("s3")
     jar = find_grid_jar(grid_jar_candidates(gridfleet_home()))
+    crawlers = shipment_of(config)
     console.print("building the code bundle (wheels of gridfleet and its dependencies, the Selenium server jar)")
-    bundle = build_bundle(PROJECT_ROOT, args.out, jar)
+    if crawlers is not None:
+        b = crawlers.project.build
+        console.print(f"  with the crawler project {b.name} {b.version} ({b.hash})")
+    bundle = build_bundle(PROJECT_ROOT, args.out, jar, crawlers=crawlers)
     console.print(f"  {bundle} ({bundle.stat().st_size // 1024} KiB)")
     console.print("building the Lambda package")
     zipped = build_lambda_zip(PROJECT_ROOT, args.out)
@@ -114,6 +119,10 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
         (zipped, f"{folder}/gridfleet-lambda.zip"),
         (Path(args.config), aws.hub_config_key),
     ]
+    if crawlers is not None:  # the hub's config names what the bundle installed, not a directory of this machine
+        hub_config = args.out / "fleet.yaml"
+        hub_config.write_text(dump_config(installed_config(config, crawlers.project)))
+        uploads[2] = (hub_config, aws.hub_config_key)
     if args.efs_utils_deb:
         uploads.append((Path(args.efs_utils_deb), f"{folder}/amazon-efs-utils.deb"))
     for path, key in uploads:

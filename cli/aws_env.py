@@ -22,6 +22,7 @@ from botocore.exceptions import ClientError
 from rich.console import Console
 
 from cli.check import CheckReport
+from cli.crawler_ship import installed_config, project_of
 from cli.env import RunHold, StoresOf
 from cloud_init import NodeUserData, RenderError, render_node
 from fleet import procs
@@ -153,10 +154,16 @@ class AwsEnv(StoresOf):
         self.clients.client("s3").put_object(
             Bucket=self.config.aws.bucket,
             Key=key,
-            Body=dump_config(self.config).encode(),
+            Body=dump_config(self.node_config()).encode(),
             ContentType="application/yaml",
         )
         return key
+
+    def node_config(self) -> Config:
+        """The config the nodes get: a crawler project by its identity (the bundle installed it), not by a
+        directory of this machine."""
+        project = project_of(self.config)
+        return installed_config(self.config, project) if project is not None else self.config
 
     def save_run_config(self, run_id: str) -> str:
         self.node_user_data(run_id, self.hub_address)  # renders (and checks) the nodes' user-data before any start

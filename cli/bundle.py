@@ -9,6 +9,7 @@ the pure-Python dependencies the handlers import, built for the Lambda runtime
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from cli.crawler_ship import CrawlerShipment, build_wheels
 from fleet.errors import GridfleetError
 
 PACKAGES = ("fleet", "hub", "node", "lambdas", "cli", "embedded", "cloud_init", "profiles")
@@ -32,16 +34,29 @@ def _pip(args: list[str]) -> None:
         raise GridfleetError(f"pip failed ({' '.join(args[:2])}): {tail}")
 
 
-def build_bundle(project: Path, out_dir: Path, jar: Path, *, deps: bool = True) -> Path:
+def build_bundle(
+    project: Path, out_dir: Path, jar: Path, *, deps: bool = True, crawlers: CrawlerShipment | None = None
+) -> Path:
+    """The bundle: gridfleet's wheels and the jar; with a crawler project, its wheels too, `crawlers.txt` (what
+    the instances install from them, one per line) and `crawlers.json` (its name, version and content hash)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "gridfleet-bundle.tar.gz"
     with tempfile.TemporaryDirectory() as tmp:
         wheels = Path(tmp) / "wheels"
         pins = ["-c", str(project / "constraints.txt")] if deps else ["--no-deps"]
         _pip(["wheel", "-q", *pins, "--wheel-dir", str(wheels), str(project)])
+        extra: list[tuple[Path, str]] = []
+        if crawlers is not None:
+            names = build_wheels(crawlers.project, crawlers.requirements, wheels)
+            listing, manifest = Path(tmp) / "crawlers.txt", Path(tmp) / "crawlers.json"
+            listing.write_text("".join(f"{n}\n" for n in names))
+            manifest.write_text(json.dumps(crawlers.project.build.as_dict(), indent=1) + "\n")
+            extra = [(listing, "crawlers.txt"), (manifest, "crawlers.json")]
         with tarfile.open(out, "w:gz") as tar:
             tar.add(wheels, arcname="wheels")
             tar.add(jar, arcname="selenium-server.jar")
+            for path, name in extra:
+                tar.add(path, arcname=name)
     return out
 
 

@@ -8,6 +8,7 @@ import argparse
 from rich.console import Console
 
 from cli import tf_config
+from cli.crawler_ship import project_of
 from fleet.config_load import load_config
 from hub.loop import EXIT_OK
 
@@ -20,6 +21,10 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
         f"max_nodes {config.fleet.max_nodes}, max_attempts {config.run.max_attempts}, "
         f"hang_after_s {config.run.hang_after_s:g}, deadline_s {config.run.deadline_s:g}"
     )
+    section = config.crawlers
+    build = project_of(config).build if section and section.project else section.installed if section else None
+    if build is not None:
+        console.print(f"  crawler project {build.name} {build.version} ({build.hash})", highlight=False)
     return EXIT_OK
 
 

@@ -26,6 +26,7 @@ from rich.console import Console
 
 from cli.check import CheckReport
 from cli.crawl_user import CrawlUser, reach_crawl_user
+from cli.crawler_ship import install_local, installed_config, project_of
 from cli.env import RunHold, StoresOf
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
@@ -208,11 +209,29 @@ class LocalEnv(StoresOf):
         hold = RunHold()
         try:
             self._attach(state)
+            self._ship_crawlers()
             ensure_resources(self.clients, visibility_timeout_s=int(max(30, self.config.run.heartbeat_timeout_s)))
             yield hold
         finally:
             if stack_stops(started_here, adopted, hold.ended):
                 self.stack.down(quiet=True)
+
+    #: Where the local nodes import the crawler project from (None: the config names none).
+    crawler_path: Path | None = None
+
+    def _ship_crawlers(self) -> None:
+        """Install the crawler project for the local nodes (once per content hash), and give the hub and the
+        nodes the config that names it by its identity."""
+        project = project_of(self.config)
+        if project is None:
+            return
+        assert self.config.crawlers is not None
+        self.crawler_path = install_local(project, self.config.crawlers.requirements, self.stack.dir / "crawlers")
+        self.config = installed_config(self.config, project)
+        b = project.build
+        log.info(
+            "crawler project %s %s (%s): local nodes import it from %s", b.name, b.version, b.hash, self.crawler_path
+        )
 
     def config_path(self, run_id: str) -> Path:
         return self.stack.dir / "runs" / run_id / "fleet.yaml"
@@ -277,7 +296,8 @@ class LocalEnv(StoresOf):
                 cmd += ["--grid-user", user.name]
             return cmd
 
-        return LocalProvider(stack.instances_dir, stack.stack_id, node_command, clock)
+        env = {"PYTHONPATH": str(self.crawler_path)} if self.crawler_path is not None else None
+        return LocalProvider(stack.instances_dir, stack.stack_id, node_command, clock, extra_env=env)
 
     def control(self, run_id: str, clock: Clock) -> LocalNodeControl:
         return LocalNodeControl(self.stack.instances_dir, self.stack.stack_id, run_id)

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from fleet.config_crawlers import PROJECT_PROBLEM, CrawlersConfig, crawler_roots
 from fleet.crawlers import BUILTIN_CRAWLERS, BUILTIN_OPTIONS, crawler_problem
 from fleet.ids import SITE_ID_RULE, is_site_id
 
@@ -230,8 +231,10 @@ class SiteConfig(_Model):
 
     @field_validator("crawler")
     @classmethod
-    def _crawler(cls, v: str) -> str:
-        problem = crawler_problem(v)
+    def _crawler(cls, v: str, info: ValidationInfo) -> str:
+        if (info.context or {}).get(PROJECT_PROBLEM):
+            return v  # the project cannot be read: that is said once, at crawlers.project
+        problem = crawler_problem(v, crawler_roots(info.context))
         if problem:
             raise ValueError(problem)
         return v
@@ -268,6 +271,7 @@ class Config(_Model):
     rate_limits: dict[str, RateLimitConfig] = Field(
         default_factory=dict, description="fleet-wide rate limits by group name; a site joins one by `rate_limit`"
     )
+    crawlers: CrawlersConfig | None = Field(None, description="the crawler project the sites' crawlers come from")
     sites: tuple[SiteConfig, ...] = Field(min_length=1)
 
     @field_validator("rate_limits")

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from fleet.config import Config, DuplicateSiteError
+from fleet.config_crawlers import project_context
 from fleet.config_guard import BOOL, MAX_FILE_BYTES, Composer, Loc, Problem, Refused, compose, field_name
 from fleet.crawlers import OptionsError, error_text
 from fleet.errors import ConfigError
@@ -60,8 +61,9 @@ def _message(err: ErrorDetails, allowed: list[str] | None) -> str:
     return error_text(err)
 
 
-def parse_config(text: str, file: str = "<config>") -> Config:
-    """Validate YAML text as a Config; raise ConfigError naming file, line and field."""
+def parse_config(text: str, file: str = "<config>", base_dir: Path | None = None) -> Config:
+    """Validate YAML text as a Config; raise ConfigError naming file, line and field. Paths in the config
+    (`crawlers.project`) are found relative to `base_dir` and made absolute; without it they are not checked."""
     if len(text) > MAX_FILE_BYTES:
         raise ConfigError([Problem(file, None, "", f"larger than {MAX_FILE_BYTES // 2**20} MB: not a config")])
     loader, root = compose(text, file)
@@ -78,7 +80,7 @@ def parse_config(text: str, file: str = "<config>") -> Config:
     if not isinstance(data, dict):
         raise ConfigError([Problem(file, 1, "", "the top level must be a mapping with run, fleet, aws and sites")])
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(data, context=project_context(data, base_dir))
     except ValidationError as e:
         problems = []
         for err in e.errors(include_url=False):
@@ -107,7 +109,7 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(
             [Problem(str(p), line, "", f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})")]
         ) from None
-    return parse_config(text, str(p))
+    return parse_config(text, str(p), p.resolve().parent)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -118,8 +118,14 @@ def resolve_name(name: str) -> str:
     return BUILTIN_CRAWLERS.get(name, name)
 
 
-def crawler_problem(name: str) -> str | None:
-    """Why `name` cannot be a crawler, or None if it can (checked without importing it)."""
+#: gridfleet's own top-level packages: a dotted crawler name may point into them whatever the crawler project.
+OWN_PACKAGES = frozenset({"fleet", "hub", "node", "lambdas", "cli", "embedded", "cloud_init", "profiles"})
+
+
+def crawler_problem(name: str, roots: list[str] | None = None) -> str | None:
+    """Why `name` cannot be a crawler, or None if it can (checked without importing it). With `roots` (the
+    crawler project's source roots) a dotted name must be found there or in gridfleet itself, and nothing else
+    on the import path is looked at."""
     if name in BUILTIN_CRAWLERS:
         return None
     if not _DOTTED.fullmatch(name) or ("." not in name and ":" not in name):
@@ -129,14 +135,20 @@ def crawler_problem(name: str) -> str | None:
     top = module.partition(".")[0]
     if top in sys.stdlib_module_names:
         return f"unknown crawler {name!r}: {top!r} is a module of Python's standard library, not a crawler package"
+    if roots is not None and top not in OWN_PACKAGES:
+        spec = _find_module(module, roots)
+        if spec is None:
+            return f"unknown crawler {name!r}: module {module!r} is not in the crawler project ({', '.join(roots)})"
+        return _class_problem(name, spec, attr)
     spec = _find_module(module)
     if spec is None:
         return f"unknown crawler {name!r}: module {module!r} cannot be imported"
     return _class_problem(name, spec, attr)
 
 
-def _find_module(module: str) -> importlib.machinery.ModuleSpec | None:
-    """The spec of `module`, found package by package without importing any of them (no `__init__` runs)."""
+def _find_module(module: str, roots: list[str] | None = None) -> importlib.machinery.ModuleSpec | None:
+    """The spec of `module`, found package by package without importing any of them (no `__init__` runs); with
+    `roots`, its top-level package only there."""
     spec: importlib.machinery.ModuleSpec | None = None
     parts = module.split(".")
     for depth in range(1, len(parts) + 1):
@@ -145,8 +157,10 @@ def _find_module(module: str) -> importlib.machinery.ModuleSpec | None:
         if spec is not None and search is None:
             return None  # the parent is a module, not a package
         try:
+            if depth == 1 and roots is not None:
+                search = roots
             found = importlib.machinery.PathFinder.find_spec(name, None if search is None else list(search))
-            if found is None and depth == 1:
+            if found is None and depth == 1 and roots is None:
                 # installed packages may be located by a finder of their own (editable installs); finding a
                 # top-level module runs none of its code
                 found = importlib.util.find_spec(name)

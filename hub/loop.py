@@ -262,6 +262,8 @@ class Hub:
             log.warning("instance-types-unavailable error=%s", e)
             types = {}
         summary["instances"] = instances_section(rows.nodes, types)
+        if self.config.crawlers is not None and self.config.crawlers.installed is not None:
+            summary["crawlers"] = self.config.crawlers.installed.model_dump()  # which code produced the results
         try:
             depth = self.queue.depth()
             summary["queue"] = {"visible": depth.visible, "in_flight": depth.in_flight, "dlq": depth.dlq}

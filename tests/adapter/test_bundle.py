@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tarfile
 import zipfile
 
 from cli.bundle import build_bundle, build_lambda_zip
+from cli.crawler_ship import installed_config, shipment_of
 from cli.local_env import PROJECT_ROOT
+from fleet.config_load import dump_config, load_config
+from tests.helpers.crawler_project import CRAWLER, make_project
 
 
 def test_the_bundle_installs_with_no_index_and_runs(tmp_path):
+    """With a crawler project: installed as the boot script installs it (gridfleet, then what crawlers.txt names),
+    `gridfleet validate` passes on the config the hub and nodes get, which names the project by its identity."""
     jar = tmp_path / "selenium-server-4.48.0.jar"
     jar.write_bytes(b"PK fake jar")
-    bundle = build_bundle(PROJECT_ROOT, tmp_path / "dist", jar)
+    make_project(tmp_path / "conf" / "team", version="2.1.0")
+    (tmp_path / "conf" / "fleet.yaml").write_text(
+        f"crawlers: {{project: team}}\nsites:\n  - {{id: shop, start_url: 'https://a.example/', crawler: {CRAWLER}}}\n"
+    )
+    config = load_config(tmp_path / "conf" / "fleet.yaml")
+    crawlers = shipment_of(config)
+    assert crawlers is not None
+    bundle = build_bundle(PROJECT_ROOT, tmp_path / "dist", jar, crawlers=crawlers)
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
         tar.extractall(tmp_path / "opt", filter="data")
     assert "selenium-server.jar" in names
+    assert (tmp_path / "opt" / "crawlers.txt").read_text() == "teamcrawlers\n"
+    manifest = json.loads((tmp_path / "opt" / "crawlers.json").read_text())
+    assert manifest == {"name": "teamcrawlers", "version": "2.1.0", "hash": crawlers.project.build.hash}
     wheels = [n for n in names if n.startswith("wheels/") and n.endswith(".whl")]
     assert any(n.startswith("wheels/gridfleet-") for n in wheels)
     assert not any("moto" in n for n in wheels)  # the embedded default's moto is not shipped to instances
@@ -38,6 +54,17 @@ def test_the_bundle_installs_with_no_index_and_runs(tmp_path):
         text=True,
     )
     assert install.returncode == 0, install.stderr
+    dists = (tmp_path / "opt" / "crawlers.txt").read_text().split()
+    pip = [str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(tmp_path / "opt" / "wheels")]
+    install = subprocess.run([*pip, *dists], capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr
+    given = tmp_path / "run" / "fleet.yaml"  # on the instance: no project directory, the project installed
+    given.parent.mkdir()
+    given.write_text(dump_config(installed_config(config, crawlers.project)))
+    validate = subprocess.run(
+        [str(venv / "bin" / "gridfleet"), "validate", "--config", str(given)], capture_output=True, text=True
+    )
+    assert validate.returncode == 0 and "teamcrawlers.shop:ShopCrawler" in validate.stdout, validate.stderr
     help_ = subprocess.run([str(venv / "bin" / "gridfleet"), "node", "--help"], capture_output=True, text=True)
     assert help_.returncode == 0 and "node agent" in help_.stdout
     probe = subprocess.run(

@@ -1,0 +1,190 @@
+"""The crawler project, made importable where the crawlers run.
+
+On the embedded default it is installed once per content hash into a directory of the local stack
+(`<home>/local/crawlers/<hash>/`), which the local nodes get on their `PYTHONPATH`: a changed project is a new
+hash, so the next run picks up the new version and a run in progress keeps the one it started with. For AWS,
+`gridfleet bundle` builds its wheel (and the wheels of its pinned requirements) into the bundle, and the
+instances install it beside gridfleet with `pip --no-index`.
+
+What the project needs beyond gridfleet's own dependencies must be pinned in `crawlers.requirements`; anything
+its metadata requires that neither gridfleet's environment nor those requirements provide is refused here, before
+a node could fail on it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from fleet.config import Config
+from fleet.config_crawlers import InstalledCrawlers
+from fleet.crawler_project import CrawlerProject, ProjectError
+from fleet.errors import UsageError
+
+log = logging.getLogger("gridfleet")
+
+#: A file in the bundle naming the crawler project (name, version, hash): what the instances install.
+MANIFEST = "crawlers.json"
+
+
+@dataclass(frozen=True)
+class CrawlerShipment:
+    """A crawler project and the pinned requirements that go with it."""
+
+    project: CrawlerProject
+    requirements: str | None = None
+
+
+def shipment_of(config: Config) -> CrawlerShipment | None:
+    project = project_of(config)
+    if project is None:
+        return None
+    assert config.crawlers is not None
+    return CrawlerShipment(project, config.crawlers.requirements)
+
+
+def project_of(config: Config) -> CrawlerProject | None:
+    """The crawler project a loaded config names (its path already made absolute by the loader)."""
+    section = config.crawlers
+    if section is None or section.project is None:
+        return None
+    try:
+        return CrawlerProject.at(Path(section.project))
+    except ProjectError as e:
+        raise UsageError(f"crawlers.project: {e}") from None
+
+
+def installed_config(config: Config, project: CrawlerProject) -> Config:
+    """The config the hub and nodes get: the project's identity instead of its directory."""
+    installed = InstalledCrawlers(**project.build.as_dict())
+    assert config.crawlers is not None
+    section = config.crawlers.model_copy(update={"project": None, "requirements": None, "installed": installed})
+    return config.model_copy(update={"crawlers": section})
+
+
+def _pip(args: list[str], what: str) -> None:
+    p = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+    if p.returncode != 0:
+        tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-5:])
+        raise UsageError(f"crawler project: pip could not {what}: {tail}")
+
+
+def _plain_package_project(project: CrawlerProject, into: Path) -> Path:
+    """A Python project wrapping a plain package directory, so that it builds into a wheel like any other."""
+    name = project.build.name
+    shutil.copytree(project.root, into / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (into / "pyproject.toml").write_text(
+        "[build-system]\nrequires = ['setuptools>=68']\nbuild-backend = 'setuptools.build_meta'\n\n"
+        f"[project]\nname = '{name}'\nversion = '{project.build.version}'\n\n"
+        f"[tool.setuptools]\npackages = {{find = {{include = ['{name}', '{name}.*']}}}}\n"
+    )
+    return into
+
+
+def install_local(project: CrawlerProject, requirements: str | None, root: Path) -> Path:
+    """The directory local nodes import the project from, installed there once per content hash."""
+    target = root / project.build.short
+    if (target / ".complete").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    log.info(
+        "crawler project %s %s (%s): installing for the local nodes",
+        project.build.name,
+        project.build.version,
+        project.build.short,
+    )
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        staging = Path(tmp) / "site"
+        if project.kind == "package":
+            shutil.copytree(
+                project.root, staging / project.build.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
+        else:
+            _pip(["install", "-q", "--no-deps", "--target", str(staging), str(project.root)], "install it")
+        pins = pinned(requirements)
+        if pins:
+            _pip(["install", "-q", "--no-deps", "--target", str(staging), *pins], "install its requirements")
+        unmet = unmet_requirements(staging)
+        if unmet:
+            raise UsageError(
+                f"crawler project {project.build.name}: needs {', '.join(unmet)}, which neither gridfleet nor "
+                "crawlers.requirements provides: add them, pinned, to crawlers.requirements"
+            )
+        (staging / ".complete").write_text(project.build.hash + "\n")
+        if target.exists():
+            shutil.rmtree(target)  # an interrupted install of the same hash
+        staging.rename(target)
+    return target
+
+
+def unmet_requirements(site: Path) -> list[str]:
+    """Requirements of the distributions in `site` that neither `site` nor this environment satisfies."""
+    here = {_key(d.metadata["Name"]): d.version for d in importlib.metadata.distributions(path=[str(site)])}
+    unmet: list[str] = []
+    for dist in importlib.metadata.distributions(path=[str(site)]):
+        for text in dist.requires or []:
+            try:
+                req = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            version = here.get(_key(req.name)) or _installed_version(req.name)
+            if version is None or (req.specifier and not req.specifier.contains(version, prereleases=True)):
+                unmet.append(str(req))
+    return sorted(set(unmet))
+
+
+def _key(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _installed_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def pinned(requirements: str | None) -> list[str]:
+    """The lines of a requirements file, each `name==version` (comments and blank lines skipped); anything
+    else is refused, so that every instance installs exactly what was tried here."""
+    if not requirements:
+        return []
+    out: list[str] = []
+    lines = Path(requirements).read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines[:1000], 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            req = None
+        spec = list(req.specifier) if req else []
+        if req is None or req.url or req.marker or len(spec) != 1 or spec[0].operator != "==" or "*" in spec[0].version:
+            raise UsageError(f"{requirements}:{n}: {text!r} is not pinned: write it as name==version")
+        out.append(f"{req.name}=={spec[0].version}")
+    if len(lines) > 1000:
+        raise UsageError(f"{requirements}: more than 1000 lines: not a requirements file of a crawler project")
+    return out
+
+
+def build_wheels(project: CrawlerProject, requirements: str | None, wheels: Path) -> list[str]:
+    """The project's wheel and its pinned requirements' wheels into `wheels`; returns what the instances
+    install from them (the project's name, then each pinned requirement)."""
+    pins = pinned(requirements)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = _plain_package_project(project, Path(tmp)) if project.kind == "package" else project.root
+        _pip(["wheel", "-q", "--no-deps", "--wheel-dir", str(wheels), str(source)], "build its wheel")
+    if pins:
+        _pip(["wheel", "-q", "--no-deps", "--wheel-dir", str(wheels), *pins], "build its requirements")
+    return [project.build.name, *pins]

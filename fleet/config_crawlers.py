@@ -1,0 +1,100 @@
+"""The `crawlers:` section of fleet.yaml: which crawler project the sites' crawlers come from.
+
+On the operator's machine the section names the project's directory (`project`, relative to the config file)
+and optionally a pinned requirements file. The configs gridfleet writes for the hub and the nodes carry
+`installed` instead: the project's identity (name, version, content hash), its code installed beside gridfleet
+(the bundle on AWS, a directory of the local stack on the embedded default), where its crawlers are found.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from fleet.crawler_project import CrawlerProject, ProjectError
+
+#: Keys of the validation context `fleet.config_load` passes: the config file's directory, and the project
+#: found there (or why not).
+BASE_DIR = "base_dir"
+PROJECT = "crawler_project"
+PROJECT_PROBLEM = "crawler_project_problem"
+
+
+class InstalledCrawlers(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=200)
+    version: str = Field(min_length=1, max_length=200)
+    hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+
+
+class CrawlersConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    project: str | None = Field(
+        None,
+        max_length=1024,
+        description="the crawler project's directory (a pyproject.toml project or a package directory), "
+        "relative to this file",
+    )
+    requirements: str | None = Field(
+        None,
+        max_length=1024,
+        description="a pinned requirements file (name==version per line) of what the project needs beyond "
+        "gridfleet's own dependencies, relative to this file",
+    )
+    installed: InstalledCrawlers | None = Field(
+        None, description="written by gridfleet in the configs it gives the hub and nodes; not set by hand"
+    )
+
+    @field_validator("project")
+    @classmethod
+    def _project(cls, v: str | None, info: ValidationInfo) -> str | None:
+        context: dict[str, Any] = info.context or {}
+        if v is None or context.get(BASE_DIR) is None:
+            return v
+        if context.get(PROJECT_PROBLEM):
+            raise ValueError(context[PROJECT_PROBLEM])
+        return str(context[PROJECT].root)
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements(cls, v: str | None, info: ValidationInfo) -> str | None:
+        base = (info.context or {}).get(BASE_DIR)
+        if v is None or base is None:
+            return v
+        path = (Path(base) / v).resolve()
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file")
+        return str(path)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CrawlersConfig:
+        if self.project is None and self.installed is None:
+            raise ValueError("crawlers: name the crawler project's directory in `project`")
+        if self.requirements is not None and self.project is None:
+            raise ValueError("crawlers.requirements needs crawlers.project")
+        return self
+
+
+def project_context(data: Any, base_dir: Path | None) -> dict[str, Any]:
+    """The validation context for raw config data: the crawler project its `crawlers.project` names, found
+    relative to `base_dir` (the config file's directory), or why it cannot be used."""
+    context: dict[str, Any] = {BASE_DIR: base_dir}
+    section = data.get("crawlers") if isinstance(data, dict) else None
+    project = section.get("project") if isinstance(section, dict) else None
+    if base_dir is None or not isinstance(project, str) or not project or len(project) > 1024:
+        return context
+    try:
+        context[PROJECT] = CrawlerProject.at((base_dir / project).resolve())
+    except ProjectError as e:
+        context[PROJECT_PROBLEM] = str(e)
+    return context
+
+
+def crawler_roots(context: dict[str, Any] | None) -> list[str] | None:
+    """Where dotted crawler names must be found: the project's source roots; None: on the import path."""
+    project = (context or {}).get(PROJECT)
+    return project.source_roots if project is not None else None

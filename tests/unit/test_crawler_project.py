@@ -1,0 +1,134 @@
+"""The crawler project fleet.yaml names: found relative to the config, identified by name, version and content
+hash, its crawlers checked inside it (and nowhere else on the import path), its requirements pinned."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.crawler_ship import installed_config, pinned, project_of, unmet_requirements
+from fleet.config_load import dump_config, load_config, parse_config
+from fleet.crawler_project import MAX_FILES, CrawlerProject, ProjectError, content_hash
+from fleet.errors import ConfigError, UsageError
+from tests.helpers.crawler_project import CRAWLER, make_project
+
+SITES = """\
+sites:
+  - {id: shop, start_url: "https://shop.example/", crawler: "%s"}
+"""
+
+
+def config_file(tmp_path, crawler=CRAWLER, crawlers="crawlers: {project: ./team}\n"):
+    path = tmp_path / "conf" / "fleet.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(crawlers + SITES % crawler)
+    return path
+
+
+def test_a_project_beside_the_config_is_found_and_its_crawler_resolves_inside_it(tmp_path):
+    make_project(tmp_path / "conf" / "team")
+    config = load_config(config_file(tmp_path))
+    assert config.crawlers is not None and config.crawlers.project == str((tmp_path / "conf" / "team").resolve())
+    project = project_of(config)
+    assert project is not None and (project.build.name, project.build.version) == ("teamcrawlers", "1.0.0")
+    assert project.build.hash.startswith("sha256:") and len(project.build.hash) == 71
+
+
+def test_a_crawler_outside_the_project_is_refused_even_when_it_is_importable(tmp_path):
+    make_project(tmp_path / "conf" / "team")
+    with pytest.raises(ConfigError) as e:
+        load_config(config_file(tmp_path, crawler="yaml.loader:SafeLoader"))  # installed, not the team's
+    assert "sites[0].crawler" in str(e.value) and "is not in the crawler project" in str(e.value)
+    # gridfleet's own crawlers still resolve by their dotted path
+    assert load_config(config_file(tmp_path, crawler="node.crawlers.links:LinksCrawler")).sites[0].crawler
+
+
+def test_a_missing_project_is_one_error_at_its_line_not_one_per_site(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(config_file(tmp_path))
+    text = str(e.value)
+    assert "crawlers.project" in text and "no such directory" in text and ":1" in text
+    assert "sites[0]" not in text
+
+
+def test_a_directory_that_is_no_project_says_so(tmp_path):
+    (tmp_path / "conf" / "team").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="neither a pyproject.toml nor an __init__.py"):
+        load_config(config_file(tmp_path))
+
+
+def test_a_plain_package_directory_is_a_project_named_by_the_directory(tmp_path):
+    pkg = tmp_path / "conf" / "mycrawlers"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "shop.py").write_text("class Shop:\n    pass\n")
+    config = load_config(config_file(tmp_path, "mycrawlers.shop:Shop", "crawlers: {project: mycrawlers}\n"))
+    project = project_of(config)
+    assert project is not None and (project.kind, project.build.name, project.build.version) == (
+        "package",
+        "mycrawlers",
+        "0",
+    )
+    with pytest.raises(ConfigError, match="defines no 'Nope'"):
+        load_config(config_file(tmp_path, "mycrawlers.shop:Nope", "crawlers: {project: mycrawlers}\n"))
+
+
+def test_the_hash_follows_the_content_not_caches_or_the_place(tmp_path):
+    a, b = make_project(tmp_path / "a"), make_project(tmp_path / "b")
+    assert content_hash(a) == content_hash(b)
+    (a / "teamcrawlers" / "__pycache__").mkdir()
+    (a / "teamcrawlers" / "__pycache__" / "shop.cpython-311.pyc").write_bytes(b"\0cache")
+    assert content_hash(a) == content_hash(b)
+    make_project(b, release="r2")
+    assert content_hash(a) != content_hash(b)
+
+
+def test_the_walk_of_a_huge_directory_is_bounded(tmp_path):
+    root = make_project(tmp_path / "big")
+    for i in range(MAX_FILES + 1):
+        (root / f"f{i}.txt").write_text("")
+    with pytest.raises(ProjectError, match="not a crawler project"):
+        CrawlerProject.at(root)
+
+
+def test_a_project_without_a_static_version_is_refused(tmp_path):
+    root = make_project(tmp_path / "p")
+    (root / "pyproject.toml").write_text('[project]\nname = "teamcrawlers"\ndynamic = ["version"]\n')
+    with pytest.raises(ProjectError, match="version must be a string"):
+        CrawlerProject.at(root)
+
+
+def test_the_config_the_hub_and_nodes_get_names_the_project_by_its_identity(tmp_path, monkeypatch):
+    make_project(tmp_path / "conf" / "team")
+    config = load_config(config_file(tmp_path))
+    project = project_of(config)
+    assert project is not None
+    given = installed_config(config, project)
+    assert given.crawlers is not None and given.crawlers.project is None
+    assert given.crawlers.installed is not None and given.crawlers.installed.hash == project.build.hash
+    # read back where the project's directory does not exist (an instance): the crawler must be installed
+    with pytest.raises(ConfigError, match="'teamcrawlers.shop' cannot be imported"):
+        parse_config(dump_config(given), "run.yaml", tmp_path / "elsewhere")
+    monkeypatch.syspath_prepend(str(tmp_path / "conf" / "team"))  # as the bundle or the local stack installs it
+    again = parse_config(dump_config(given), "run.yaml", tmp_path / "elsewhere")
+    assert again.crawlers == given.crawlers
+
+
+def test_requirements_must_be_pinned(tmp_path):
+    req = tmp_path / "requirements.txt"
+    req.write_text("# what the crawlers need\nlxml==6.0.2\n\nparsel==1.10.0  # selectors\n")
+    assert pinned(str(req)) == ["lxml==6.0.2", "parsel==1.10.0"]
+    req.write_text("lxml>=5\n")
+    with pytest.raises(UsageError, match=r"requirements.txt:1: 'lxml>=5' is not pinned"):
+        pinned(str(req))
+
+
+def test_a_requirement_neither_gridfleet_nor_the_pins_provide_is_named(tmp_path):
+    site = tmp_path / "site"
+    info = site / "teamcrawlers-1.0.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: teamcrawlers\nVersion: 1.0.0\n"
+        "Requires-Dist: selenium>=4\nRequires-Dist: no-such-dist-gf==1.0\n"
+        'Requires-Dist: other-gf; extra == "dev"\n'
+    )
+    assert unmet_requirements(site) == ["no-such-dist-gf==1.0"]  # selenium comes with gridfleet
