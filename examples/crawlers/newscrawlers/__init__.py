@@ -1,0 +1,1 @@
+"""A news team's site crawlers: one `BaseCrawler` subclass per kind of site."""
