@@ -31,6 +31,7 @@ from fleet.aws.table import DynamoStateTable
 from fleet.clock import SystemClock
 from fleet.codec import NodeInfo
 from fleet.config import Config
+from fleet.config_crawlers import bundle_mismatch
 from fleet.config_load import load_config
 from fleet.errors import ConfigError, GridfleetError
 from fleet.logs import event, setup
@@ -209,6 +210,9 @@ def _config_and_identity(args: argparse.Namespace) -> tuple[Config, Imds]:
         config = load_config(args.config)
     except ConfigError as e:
         raise _Usage(str(e)) from None
+    mismatch = bundle_mismatch(config, Path(config.aws.install_dir))
+    if mismatch is not None and not args.local:
+        raise _Usage(mismatch)
     imds = Imds(args.imds_url or config.aws.imds_url)
     if not args.instance_id:
         try:

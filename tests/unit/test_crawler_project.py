@@ -3,9 +3,12 @@ hash, its crawlers checked inside it (and nowhere else on the import path), its 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cli.crawler_ship import installed_config, pinned, project_of, unmet_requirements
+from fleet.config_crawlers import bundle_mismatch
 from fleet.config_load import dump_config, load_config, parse_config
 from fleet.crawler_project import MAX_FILES, CrawlerProject, ProjectError, content_hash
 from fleet.errors import ConfigError, UsageError
@@ -132,3 +135,20 @@ def test_a_requirement_neither_gridfleet_nor_the_pins_provide_is_named(tmp_path)
         'Requires-Dist: other-gf; extra == "dev"\n'
     )
     assert unmet_requirements(site) == ["no-such-dist-gf==1.0"]  # selenium comes with gridfleet
+
+
+def test_a_node_refuses_a_bundle_whose_crawler_project_is_not_the_runs(tmp_path):
+    make_project(tmp_path / "conf" / "team")
+    config = load_config(config_file(tmp_path))
+    project = project_of(config)
+    assert project is not None
+    given = installed_config(config, project)
+    install = tmp_path / "opt"
+    assert bundle_mismatch(given, install) is None  # no bundle here: the embedded default
+    (install / "wheels").mkdir(parents=True)
+    assert "has no crawler project" in (bundle_mismatch(given, install) or "")
+    (install / "crawlers.json").write_text(json.dumps(project.build.as_dict()))
+    assert bundle_mismatch(given, install) is None
+    (install / "crawlers.json").write_text(json.dumps({**project.build.as_dict(), "hash": "sha256:" + "0" * 64}))
+    assert "build and upload the bundle again" in (bundle_mismatch(given, install) or "")
+    assert bundle_mismatch(config.model_copy(update={"crawlers": None}), install) is None
