@@ -287,6 +287,8 @@ def crawl_site(
         log.debug("crawl failed site=%s", site.id, exc_info=True)
         raise CrawlFailed(f"{site.id}: {type(e).__name__}: {one_line(getattr(e, 'msg', None) or e)}") from None
     finally:
+        # After a Ctrl-C at a terminal chromedriver is gone too: quitting the session then needs no retry chatter.
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         try:
             if crawler is not None:
                 crawler.close()

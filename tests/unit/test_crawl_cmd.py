@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +46,16 @@ class SavedAtTheEndCrawler(BaseCrawler):
             items += new
             self.save(f"{self.ctx.start_url}?page={page + 1}" if page < 3 else None, new)
         return items
+
+
+class ProfileWriterCrawler(BaseCrawler):
+    """Leaves a file in its profile, as Chromium does."""
+
+    needs_browser = False
+
+    def crawl(self):
+        (Path(self.ctx.profile_dir) / "Cookies").write_text("made by this crawl")
+        return [{"id": "1"}]
 
 
 class BrokenCrawler(BaseCrawler):
@@ -250,3 +262,21 @@ def test_help_explains_with_an_example(cli):
     code, out, _ = cli("crawl", "--help")
     assert code == 0
     assert "example:" in out and "gridfleet crawl site-01 --config" in out and "--max-pages N" in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another user needs root")
+def test_a_root_crawl_gives_back_what_it_made_in_the_crawl_users_profile_and_the_lock_file(tmp_path, cli):
+    crawler = f"{__name__}:ProfileWriterCrawler"
+    config = write_config(tmp_path, f'- {{id: own, start_url: "http://a.test/", crawler: "{crawler}"}}\n')
+    root = tmp_path / "efs"
+    for d in (root / "profiles" / "own", root / "locks"):
+        d.mkdir(parents=True)
+        os.chown(d, 2000, 2000)  # as a node's store leaves them for its crawl user
+
+    code, _, err = cli("crawl", "own", "--config", config, "--profile", "--profiles-root", str(root))
+
+    assert code == 0, err
+    made = root / "profiles" / "own" / "Cookies"
+    assert made.read_text() == "made by this crawl"
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in (made, made.parent, root / "locks" / "own.lock")}
+    assert owners == {(2000, 2000)}
