@@ -109,12 +109,12 @@ def cmd_crawl(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config)
     site = _site(config, args.site, args.config)
     start_url = _start_url(site, args.demo_url, args.config)
+    profiles_root = _profiles_root(args)
     shots = _screenshot_dir(args.screenshot) if args.screenshot is not None else None
     crawler_class = _crawler_class(site, args.config)
     per_s = config.rate_limits[site.rate_limit].per_s if site.rate_limit else None
     out = CrawlOutput(sys.stdout, sys.stderr, SystemClock(), shots=shots, max_pages=args.max_pages, per_s=per_s)
-    root = args.profiles_root if args.profiles_root is not None else _default_profiles_root()
-    with _profile(site.id, root if args.profile else None, out.note) as profile_dir:
+    with _profile(site.id, profiles_root, out.note) as profile_dir:
         needs_browser = bool(getattr(crawler_class, "needs_browser", True))
         with _chromedriver(config.browser, needs_browser) as grid_url:
             return crawl_site(site, start_url, crawler_class, out, config.browser, grid_url, profile_dir)
@@ -150,7 +150,14 @@ def _local_demo_url() -> str | None:
     return state.demo_url if state is not None else None
 
 
-def _default_profiles_root() -> Path:
+def _profiles_root(args: argparse.Namespace) -> Path | None:
+    """Where the site's own profile is, with --profile (None: a scratch profile)."""
+    if not args.profile:
+        if args.profiles_root is not None:
+            raise UsageError(f"--profiles-root {args.profiles_root}: only with --profile")
+        return None
+    if args.profiles_root is not None:
+        return Path(args.profiles_root)
     from cli.local_env import gridfleet_home
 
     return gridfleet_home() / "efs"

@@ -28,7 +28,7 @@ from node.browser import capabilities, chrome_args
 
 Emit = Callable[..., None]
 #: Called after each page has answered: (the WebDriver, or None for `get_json`; the URL; its HTTP status or None).
-OnPage = Callable[[Any, str, "int | None"], None]
+OnPage = Callable[[Any, str, int | None], None]
 
 #: The HTTP status of the last navigation, from the Navigation Timing API.
 _STATUS_JS = (

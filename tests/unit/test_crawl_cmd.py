@@ -111,6 +111,7 @@ def page_lines(err: str) -> list[str]:
         (["crawl", "demo"], "{F}: site demo: start_url '{demo}/s/x/' uses {demo}: pass --demo-url URL or start"),
         (["crawl", "demo", "--demo-url", "ftp://x"], "argument --demo-url: 'ftp://x' is not an http(s) URL"),
         (["crawl", "shop", "--screenshot", "{F}/shots"], "--screenshot {F}/shots: not a writable directory"),
+        (["crawl", "shop", "--profiles-root", "/tmp"], "--profiles-root /tmp: only with --profile"),
     ],
 )
 def test_bad_input_is_one_line_naming_what_and_where_exit_2(tmp_path, cli, argv, expected):
