@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cli import aws as aws_cmd
-from cli import config_cmd, inspect_cmd, local_cmd
+from cli import config_cmd, crawl_cmd, inspect_cmd, local_cmd
 from cli import run as run_cmd
 from cli import simulate as sim_cli
 from fleet.aws.errors import aws_failure
@@ -239,6 +239,7 @@ PARSERS = (
     _teardown,
     _local,
     sim_cli.add_parser,
+    crawl_cmd.add_parser,
     _node,
 )
 
@@ -257,6 +258,7 @@ COMMANDS: dict[str, Command] = {
     "teardown": inspect_cmd.cmd_teardown,
     "local": local_cmd.cmd_local,
     "simulate": sim_cli.cmd_simulate,
+    "crawl": crawl_cmd.cmd_crawl,
 }
 
 

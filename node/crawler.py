@@ -27,6 +27,8 @@ from typing import Any
 from node.browser import capabilities, chrome_args
 
 Emit = Callable[..., None]
+#: Called after each page has answered: (the WebDriver, or None for `get_json`; the URL; its HTTP status or None).
+OnPage = Callable[[Any, str, int | None], None]
 
 #: The HTTP status of the last navigation, from the Navigation Timing API.
 _STATUS_JS = (
@@ -54,6 +56,7 @@ class CrawlContext:
     checkpoint: Mapping[str, Any] | None = None  # resume from here: {next, pages, items}
     mark: tuple[str, ...] = ()  # incremental: item ids seen by the last successful crawl
     pace: Callable[[], None] = field(default=lambda: None, repr=False)  # wait for a rate-limit slot
+    on_page: OnPage | None = field(default=None, repr=False)  # `gridfleet crawl`'s page lines and screenshots
 
 
 class BaseCrawler(abc.ABC):
@@ -136,9 +139,14 @@ class BaseCrawler(abc.ABC):
         self.driver.get(url)
         self.pages += 1
         code = self.driver.execute_script(_STATUS_JS)
+        self._page_seen(self.driver, url, code)
         if isinstance(code, int) and code >= 400:
             raise CrawlError(f"HTTP {code} from {url}")
         self.status("CALL_DONE", url)
+
+    def _page_seen(self, driver: Any, url: str, code: Any) -> None:
+        if self.ctx.on_page is not None:
+            self.ctx.on_page(driver, url, code if isinstance(code, int) else None)
 
     def get_json(self, url: str, headers: Mapping[str, str] | None = None) -> Any:
         """GET `url` without a browser and parse its JSON, reported and paced like `open`."""
@@ -148,11 +156,14 @@ class BaseCrawler(abc.ABC):
         try:
             with urllib.request.urlopen(req, timeout=self.ctx.page_load_timeout_s) as resp:  # noqa: S310 - http(s)
                 body = resp.read()
+                code = resp.status
         except urllib.error.HTTPError as e:
+            self._page_seen(None, url, e.code)
             raise CrawlError(f"HTTP {e.code} from {url}") from None
         except (urllib.error.URLError, TimeoutError, OSError) as e:
             raise CrawlError(f"{url}: {getattr(e, 'reason', e)}") from None
         self.pages += 1
+        self._page_seen(None, url, code)
         try:
             data = json.loads(body)
         except ValueError:
