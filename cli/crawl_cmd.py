@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from rich.console import Console
 
 from cli.crawl_view import CrawlOutput, one_line
+from cli.crawler_ship import project_of
 from fleet.clock import SystemClock
 from fleet.config import BrowserConfig, Config, SiteConfig
 from fleet.config_load import load_config
@@ -111,6 +112,9 @@ def cmd_crawl(args: argparse.Namespace, console: Console) -> int:
     start_url = _start_url(site, args.demo_url, args.config)
     profiles_root = _profiles_root(args)
     shots = _screenshot_dir(args.screenshot) if args.screenshot is not None else None
+    project = project_of(config)
+    if project is not None:  # the team's crawlers straight from their directory: an edit shows at the next crawl
+        sys.path[:0] = project.source_roots
     crawler_class = _crawler_class(site, args.config)
     per_s = config.rate_limits[site.rate_limit].per_s if site.rate_limit else None
     out = CrawlOutput(sys.stdout, sys.stderr, SystemClock(), shots=shots, max_pages=args.max_pages, per_s=per_s)
