@@ -48,7 +48,7 @@ _ITEMS_JS = (
     + """
 const [itemSel, specs] = arguments;
 const wrong = bad([['item', itemSel, null], ...specs]);
-if (wrong !== undefined) return {bad: wrong};
+if (wrong !== undefined) return {'!bad': wrong};
 return Array.from(document.querySelectorAll(itemSel)).map(e => {
   const href = e.getAttribute('href');
   return {
@@ -66,7 +66,7 @@ _DETAIL_JS = (
     _FIELDS_JS
     + """
 const wrong = bad(arguments[0]);
-return wrong !== undefined ? {bad: wrong} : read(document.documentElement, arguments[0]);
+return wrong !== undefined ? {'!bad': wrong} : read(document.documentElement, arguments[0]);
 """
 )
 
@@ -132,6 +132,9 @@ def read_token(next_ref: Any, pages: int) -> tuple[int, int, str | None]:
 
 
 class LinksCrawler(BaseCrawler):
+    #: detail pages opened by this crawl, earlier attempts' included (`detail.max_pages` bounds them)
+    _details = 0
+
     def crawl(self) -> Iterator[dict[str, Any]]:
         try:
             opts = LinksOptions.read(self.options)
@@ -189,6 +192,6 @@ class LinksCrawler(BaseCrawler):
     def _script(self, script: str, *args: Any) -> Any:
         """Run a page script; a selector the browser cannot parse is a CrawlError naming it."""
         out = self.driver.execute_script(script, *args)
-        if isinstance(out, Mapping) and "bad" in out:
-            raise CrawlError(f"options: not a CSS selector: {out['bad']!r}")
+        if isinstance(out, Mapping) and "!bad" in out:  # no field is named so: names are identifiers
+            raise CrawlError(f"options: not a CSS selector: {out['!bad']!r}")
         return out if out is not None else []

@@ -21,7 +21,7 @@ from embedded.demo_pages import news_time
 from embedded.demo_server import DemoServer
 from fleet.codec import decode_checkpoint, encode_checkpoint
 from node.browser import NO_SANDBOX, sandbox_problem
-from node.crawler import CrawlContext
+from node.crawler import CrawlContext, CrawlError
 from node.crawlers.links import LinksCrawler
 from node.result import merged_items
 
@@ -111,6 +111,11 @@ def test_details_are_read_items_are_kept_by_absolute_url_and_a_resumed_attempt_o
         # without fields an item keeps its shape {id, text, href}; its id is the absolute URL here too
         plain = f"{demo.base_url}/news/plain/p1/index.html?pages=2&per_page=1"
         links, _ = crawl(plain, webdriver_url, tmp_path / "p3", {"item": "a.title"}, page_load_timeout_s=30)
+
+        # a selector the browser cannot parse names itself (the config checks that a selector is there, not CSS)
+        bad = {**NEWS, "detail": {"link": "link", "fields": {"bad": "h1.title", "body": "div.body["}}}
+        with pytest.raises(CrawlError, match=r"not a CSS selector: 'div\.body\['"):
+            crawl(plain, webdriver_url, tmp_path / "p4", bad, page_load_timeout_s=30)
 
     articles = {k: n for k, n in hits.items() if "/a" in k}
     assert articles == {"p1/a1": 1, "p1/a2": 1, "p1/a3": 1, "p2/a1": 1, "p2/a2": 2, "p2/a3": 1}, hits
