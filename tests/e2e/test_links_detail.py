@@ -30,6 +30,7 @@ pytestmark = pytest.mark.e2e
 NEWS = {
     "item": "article.item",
     "next": "a.next",
+    "max_pages": 2,  # listing pages
     "fields": {"title": "a.title", "when": "time@datetime", "link": "a.title@href"},
     "detail": {"link": "link", "fields": {"headline": "h1.title", "body": "div.body"}},
 }
@@ -107,21 +108,14 @@ def test_details_are_read_items_are_kept_by_absolute_url_and_a_resumed_attempt_o
         assert second is not None
         items = merged_items(ckpt["items"], second["items"])
         hits = demo.stats()["sites"]["wire"]["hits"]
-
-        # without fields an item keeps its shape {id, text, href}; its id is the absolute URL here too
-        plain = f"{demo.base_url}/news/plain/p1/index.html?pages=2&per_page=1"
-        links, _ = crawl(plain, webdriver_url, tmp_path / "p3", {"item": "a.title"}, page_load_timeout_s=30)
-
-        # a selector the browser cannot parse names itself (the config checks that a selector is there, not CSS)
-        bad = {**NEWS, "detail": {"link": "link", "fields": {"bad": "h1.title", "body": "div.body["}}}
-        with pytest.raises(CrawlError, match=r"not a CSS selector: 'div\.body\['"):
-            crawl(plain, webdriver_url, tmp_path / "p4", bad, page_load_timeout_s=30)
+        other_options(demo, webdriver_url, tmp_path)
 
     articles = {k: n for k, n in hits.items() if "/a" in k}
     assert articles == {"p1/a1": 1, "p1/a2": 1, "p1/a3": 1, "p2/a1": 1, "p2/a2": 2, "p2/a3": 1}, hits
     assert hits["p1"] == 1  # the resumed attempt reopened listing page 2 only
 
-    # listing pages 1 and 2 both link "a1/index.html?...": two items, by absolute URL
+    # listing pages 1 and 2 both link "a1/index.html?...": two items, by absolute URL; and max_pages 2 counted
+    # listing pages only (each attempt opened more pages than that)
     want = {f"{demo.base_url}/news/wire/p{n}/a{k}/index.html?{query}": (n, k) for n in (1, 2) for k in (1, 2, 3)}
     assert sorted(i["id"] for i in items) == sorted(want)
     for item in items:
@@ -132,8 +126,27 @@ def test_details_are_read_items_are_kept_by_absolute_url_and_a_resumed_attempt_o
         assert len(item["body"].split()) == 24  # the article's two paragraphs
         assert set(item) == {"id", "title", "when", "link", "headline", "body"}
 
-    urls = [f"{demo.base_url}/news/plain/p{n}/a1/index.html?pages=2&per_page=1" for n in (1, 2)]
-    assert links is not None
-    assert links["items"] == [
-        {"id": u, "text": f"Story plain-{n}-1", "href": u} for n, u in ((1, urls[0]), (2, urls[1]))
+
+def other_options(demo: DemoServer, webdriver: str, tmp_path: Path) -> None:
+    """Without fields, with a bound on detail pages, with a selector the browser refuses (one small site each)."""
+    url = f"{demo.base_url}/news/%s/p1/index.html?pages=2&per_page=1"
+    article = f"{demo.base_url}/news/%s/p%d/a1/index.html?pages=2&per_page=1"
+
+    # without fields an item keeps its shape {id, text, href}; its id is the absolute URL here too
+    plain, _ = crawl(url % "plain", webdriver, tmp_path / "p3", {"item": "a.title"}, page_load_timeout_s=30)
+    assert plain is not None
+    want = [
+        {"id": article % ("plain", n), "text": f"Story plain-{n}-1", "href": article % ("plain", n)} for n in (1, 2)
     ]
+    assert plain["items"] == want
+
+    capped = {**NEWS, "detail": {**NEWS["detail"], "max_pages": 1}}
+    few, _ = crawl(url % "few", webdriver, tmp_path / "p4", capped, page_load_timeout_s=30)
+    assert few is not None
+    assert [sorted(set(i) - set(NEWS["fields"])) for i in few["items"]] == [["body", "headline", "id"], ["id"]]
+    assert demo.stats()["sites"]["few"]["hits"] == {"p1": 1, "p1/a1": 1, "p2": 1}
+
+    # the config checks that a selector is there, not that it is CSS: the browser's refusal names it
+    bad = {**NEWS, "detail": {"link": "link", "fields": {"bad": "h1.title", "body": "div.body["}}}
+    with pytest.raises(CrawlError, match=r"not a CSS selector: 'div\.body\['"):
+        crawl(url % "bad", webdriver, tmp_path / "p5", bad, page_load_timeout_s=30)
