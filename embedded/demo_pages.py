@@ -39,6 +39,19 @@ def int_param(params: dict[str, str], key: str, minimum: int | None = None, maxi
     return int(raw)
 
 
+def delay_param(params: dict[str, str]) -> float:
+    """`delay_s`: seconds to wait before answering (0 when absent)."""
+    if "delay_s" not in params:
+        return 0.0
+    try:
+        delay_s = float(params["delay_s"])
+    except ValueError:
+        raise BadParam("delay_s") from None
+    if not math.isfinite(delay_s) or delay_s < 0:
+        raise BadParam("delay_s")
+    return delay_s
+
+
 @dataclass(frozen=True)
 class PageRequest:
     page: int
@@ -50,20 +63,12 @@ class PageRequest:
 
     @classmethod
     def parse(cls, params: dict[str, str]) -> PageRequest:
-        delay_s = 0.0
-        if "delay_s" in params:
-            try:
-                delay_s = float(params["delay_s"])
-            except ValueError:
-                raise BadParam("delay_s") from None
-            if not math.isfinite(delay_s) or delay_s < 0:
-                raise BadParam("delay_s")
         page = int_param(params, "page")  # out of range is a 404, not a 400
         pages = int_param(params, "pages", minimum=1)
         return cls(
             page=1 if page is None else page,
             pages=1 if pages is None else pages,
-            delay_s=delay_s,
+            delay_s=delay_param(params),
             hang_page=int_param(params, "hang_page", minimum=1),
             hang_attempts=int_param(params, "hang_attempts", minimum=0),
             fail_attempts=int_param(params, "fail_attempts", minimum=0) or 0,
@@ -143,3 +148,101 @@ def page_html(name: str, page: int, next_href: str | None) -> bytes:
 
 def message_html(message: str) -> bytes:
     return document(message, f"<p>{html.escape(message)}</p>")
+
+
+# --- the "news" sites: listing pages of articles, each article a page of its own ------------------------------
+
+NEWS_PER_PAGE = 5
+NEWS_MAX_PER_PAGE = 50
+_ARTICLE = re.compile(r"([1-9][0-9]{0,8})-([1-9][0-9]{0,8})")
+_WORDS = (
+    "harbour council budget rail storm festival market river school bridge museum election "
+    "library harvest tunnel airport orchestra stadium ferry garden"
+).split()
+
+
+@dataclass(frozen=True)
+class NewsRequest:
+    """The parameters of a news site's URL, the same on its listing and article pages (links carry them on)."""
+
+    pages: int
+    per_page: int
+    delay_s: float
+    hang_article: tuple[int, int] | None  # (listing page, article) that hangs
+    hang_attempts: int | None  # None: every request for hang_article hangs
+    fail_attempts: int  # listing page 1 answers 500 to its first fail_attempts requests
+
+    @classmethod
+    def parse(cls, params: dict[str, str]) -> NewsRequest:
+        pages = int_param(params, "pages", minimum=1)
+        per_page = int_param(params, "per_page", minimum=1, maximum=NEWS_MAX_PER_PAGE)
+        hang_article = None
+        if "hang_article" in params:
+            match = _ARTICLE.fullmatch(params["hang_article"].strip())
+            if not match:
+                raise BadParam("hang_article")
+            hang_article = (int(match.group(1)), int(match.group(2)))
+        return cls(
+            pages=1 if pages is None else pages,
+            per_page=NEWS_PER_PAGE if per_page is None else per_page,
+            delay_s=delay_param(params),
+            hang_article=hang_article,
+            hang_attempts=int_param(params, "hang_attempts", minimum=0),
+            fail_attempts=int_param(params, "fail_attempts", minimum=0) or 0,
+        )
+
+
+def _digest(*parts: object) -> bytes:
+    return hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+
+
+def news_title(site: str, page: int, article: int) -> str:
+    return f"Story {site}-{page}-{article}"
+
+
+def news_time(site: str, page: int, article: int) -> tuple[str, str]:
+    """An article's (ISO datetime, human text): page 1 the newest day, earlier articles of a page later."""
+    day = max(1, 10 - page)
+    hour = max(0, 23 - article)
+    minute = _digest(site, page, article)[0] % 60
+    return f"2026-01-0{day}T{hour:02d}:{minute:02d}:00Z", f"{day} January 2026, {hour:02d}:{minute:02d}"
+
+
+def news_words(site: str, page: int, article: int, part: str, count: int) -> str:
+    """`count` words, the same for the same (site, page, article, part)."""
+    digest = _digest(site, page, article, part)
+    return " ".join(_WORDS[b % len(_WORDS)] for b in digest[:count])
+
+
+def _with_query(href: str, query: str) -> str:
+    return html.escape(f"{href}?{query}" if query else href)
+
+
+def news_listing_html(site: str, page: int, pages: int, per_page: int, query: str) -> bytes:
+    """Listing page `page` of a news site. Article links are relative (`a<K>/index.html`, the same text on every
+    listing page) and carry the request's `query` on, as the link to the next (older) listing page does."""
+    lines = [f"<h1>{html.escape(site)} news, page {page}</h1>"]
+    for k in range(1, per_page + 1):
+        iso, text = news_time(site, page, k)
+        lines += [
+            '<article class="item">',
+            f'<h2><a class="title" href="{_with_query(f"a{k}/index.html", query)}">'
+            f"{html.escape(news_title(site, page, k))}</a></h2>",
+            f'<time datetime="{iso}">{text}</time>',
+            f'<p class="summary">{html.escape(news_words(site, page, k, "summary", 6))}</p>',
+            "</article>",
+        ]
+    if page < pages:
+        lines.append(f'<a class="next" rel="next" href="{_with_query(f"../p{page + 1}/index.html", query)}">Older</a>')
+    return document(f"{site} news page {page}", "\n".join(lines))
+
+
+def news_article_html(site: str, page: int, article: int) -> bytes:
+    """Article `article` of listing page `page`: its title, time and a body of two paragraphs."""
+    iso, text = news_time(site, page, article)
+    body = "\n".join(f"<p>{html.escape(news_words(site, page, article, part, 12))}</p>" for part in ("lead", "rest"))
+    return document(
+        news_title(site, page, article),
+        f'<h1 class="title">{html.escape(news_title(site, page, article))}</h1>\n'
+        f'<time datetime="{iso}">{text}</time>\n<div class="body">\n{body}\n</div>',
+    )

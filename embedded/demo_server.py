@@ -17,9 +17,20 @@ issued for another site is a 400. The behaviour parameters (``delay_s``,
 for the page the token designates (page 1 without a token); ``page`` itself is
 not accepted by the API. Errors are JSON: ``{"error": "..."}``.
 
-``GET /_stats`` tells what was fetched, per site: ``hits`` (requests per page),
-``times`` (arrival times) and ``requests`` (``[epoch_s, page]`` per request in
-arrival order, the last 10,000). ``POST /_reset`` forgets all of it; it needs
+A site can also be a two-level "news" site: listing pages of articles, each
+article a page of its own. ``/news/shop/p1/index.html?pages=2&per_page=5`` is
+listing page 1; its articles link to ``a<K>/index.html`` (relative, so every
+listing page has the same hrefs) and page N < ``pages`` links to
+``../p<N+1>/index.html``, each link carrying the request's own query string. An
+article is ``/news/shop/p<N>/a<K>/index.html``. ``per_page`` is 1-50 (default 5);
+``delay_s`` and ``fail_attempts`` (listing page 1) work as for ``/s/`` pages, and
+``hang_article=N-K`` with ``hang_attempts`` makes article K of listing page N
+hang as ``hang_page`` does.
+
+``GET /_stats`` tells what was fetched, per site: ``hits`` (requests per page:
+``"1"``, ``"2"``... for ``/s/`` and API pages, ``"p1"`` and ``"p1/a3"`` for a news
+site's listing pages and articles), ``times`` (arrival times) and ``requests``
+(``[epoch_s, page]`` per request in arrival order, the last 10,000). ``POST /_reset`` forgets all of it; it needs
 the server's token in an ``X-Gridfleet-Token`` header (the local stack makes one
 per stack and keeps it in its state file), so that no page a browser of the
 machine opens can reset a checker's counts.
@@ -47,11 +58,14 @@ from embedded.demo_pages import (
     MAX_PER_PAGE,
     BadParam,
     BadToken,
+    NewsRequest,
     PageRequest,
     PageTokens,
     int_param,
     item_ids,
     message_html,
+    news_article_html,
+    news_listing_html,
     page_html,
 )
 from fleet.httpd import TOKEN_ENV, TOKEN_HEADER, QuietHandler, token_ok
@@ -63,6 +77,12 @@ _NAME = r"[A-Za-z0-9._-]+"
 _SITE_PATH = re.compile(rf"/s/({_NAME})/?")
 _API_PATH = re.compile(rf"/api/({_NAME})")
 _ITEM_PATH = re.compile(rf"/item/({_NAME})")
+_NEWS_PATH = re.compile(rf"/news/({_NAME})/p([1-9][0-9]{{0,8}})/(?:a([1-9][0-9]{{0,8}})/)?index\.html")
+
+
+def _page_order(key: str) -> tuple[int, ...]:
+    """Pages in their natural order: "2" before "10", "p1" before "p1/a2" before "p2"."""
+    return tuple(int(n) for n in re.findall(r"[0-9]+", key)) or (0,)
 
 
 class _State:
@@ -74,7 +94,7 @@ class _State:
         self._lock = threading.Lock()
         self._sites: dict[str, dict[str, Any]] = {}
 
-    def record(self, name: str, page: int) -> int:
+    def record(self, name: str, page: int | str) -> int:
         """Count one request for a page; returns how many there have been so far."""
         with self._lock:
             site = self._sites.setdefault(name, {"hits": {}, "times": [], "requests": deque(maxlen=MAX_REQUESTS_KEPT)})
@@ -90,7 +110,7 @@ class _State:
             return {
                 "sites": {
                     name: {
-                        "hits": dict(sorted(site["hits"].items(), key=lambda kv: int(kv[0]))),
+                        "hits": dict(sorted(site["hits"].items(), key=lambda kv: _page_order(kv[0]))),
                         "times": list(site["times"]),
                         "requests": [[at, page] for at, page in site["requests"]],
                     }
@@ -134,6 +154,9 @@ class _Handler(QuietHandler):
             self._site_page(match.group(1), url.path, url.query)
         elif method == "GET" and (match := _API_PATH.fullmatch(url.path)):
             self._api_page(match.group(1), url.query)
+        elif method == "GET" and (match := _NEWS_PATH.fullmatch(url.path)):
+            article = int(match.group(3)) if match.group(3) else None
+            self._news_page(match.group(1), int(match.group(2)), article, url.query)
         elif method == "GET" and (match := _ITEM_PATH.fullmatch(url.path)):
             self._send_html(200, message_html(f"item {match.group(1)}"))
         else:
@@ -149,7 +172,7 @@ class _Handler(QuietHandler):
         if not 1 <= req.page <= req.pages:
             self._send_html(404, message_html(f"{name} has no page {req.page}"))
             return
-        attempt = self._await_turn(name, req)
+        attempt = self._await_turn(name, req.page, req.page == req.hang_page, req.hang_attempts, req.delay_s)
         if attempt is None:
             return
         if req.page == 1 and attempt <= req.fail_attempts:
@@ -181,7 +204,7 @@ class _Handler(QuietHandler):
         if req.page > req.pages:
             self._send_json({"error": f"{name} has no page {req.page}"}, 404)
             return
-        attempt = self._await_turn(name, req)
+        attempt = self._await_turn(name, req.page, req.page == req.hang_page, req.hang_attempts, req.delay_s)
         if attempt is None:
             return
         if req.page == 1 and attempt <= req.fail_attempts:
@@ -197,18 +220,43 @@ class _Handler(QuietHandler):
             }
         )
 
-    def _await_turn(self, name: str, req: PageRequest) -> int | None:
-        """Counts the request and plays its hang and delay.
+    def _news_page(self, name: str, page: int, article: int | None, query: str) -> None:
+        try:
+            req = NewsRequest.parse(dict(parse_qsl(query, keep_blank_values=True)))
+        except BadParam as exc:
+            self._send_html(400, message_html(f"bad value for {exc.args[0]}"))
+            return
+        if page > req.pages or (article is not None and article > req.per_page):
+            what = f"page {page}" if article is None else f"article {page}-{article}"
+            self._send_html(404, message_html(f"{name} has no {what}"))
+            return
+        key = f"p{page}" if article is None else f"p{page}/a{article}"
+        hangs = article is not None and req.hang_article == (page, article)
+        attempt = self._await_turn(name, key, hangs, req.hang_attempts, req.delay_s)
+        if attempt is None:
+            return
+        if article is not None:
+            self._send_html(200, news_article_html(name, page, article))
+        elif page == 1 and attempt <= req.fail_attempts:
+            self._send_html(500, message_html(f"{name} failed on purpose (attempt {attempt})"))
+        else:
+            self._send_html(200, news_listing_html(name, page, req.pages, req.per_page, query))
+
+    def _await_turn(
+        self, name: str, page: int | str, hangs: bool, hang_attempts: int | None, delay_s: float
+    ) -> int | None:
+        """Counts the request and plays its hang (`hangs`: this is the page that hangs, for its first
+        `hang_attempts` requests; None: all of them) and delay.
 
         Returns which request for this page it is, or None if the server
         stopped meanwhile (the connection then closes without a response).
         """
         state = self.server.state
-        attempt = state.record(name, req.page)
-        if req.page == req.hang_page and (req.hang_attempts is None or attempt <= req.hang_attempts):
+        attempt = state.record(name, page)
+        if hangs and (hang_attempts is None or attempt <= hang_attempts):
             state.stopping.wait()  # hold the connection, send nothing, until stop()
             return None
-        if req.delay_s and state.stopping.wait(req.delay_s):
+        if delay_s and state.stopping.wait(delay_s):
             return None
         return attempt
 

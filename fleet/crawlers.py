@@ -26,7 +26,16 @@ import sys
 from collections.abc import Mapping
 from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 BUILTIN_CRAWLERS: dict[str, str] = {
@@ -81,12 +90,95 @@ class CrawlerOptions(BaseModel):
             raise OptionsError(cls, e.errors(include_url=False)) from None
 
 
+#: `links` fields: at most this many per item (and per detail page), each selector at most this long.
+MAX_FIELDS = 50
+MAX_SELECTOR_CHARS = 500
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_ATTRIBUTE = re.compile(r"[A-Za-z_:][-A-Za-z0-9_:.]*")
+#: What an item with fields always has; a field may not take its name.
+RESERVED_FIELDS = frozenset({"id"})
+
+
+def _field_name(v: str) -> str:
+    if not _FIELD_NAME.fullmatch(v):
+        raise ValueError(f"field name {v[:80]!r} is not an identifier (letters, digits, _; at most 64)")
+    if v in RESERVED_FIELDS:
+        raise ValueError(f"field name {v!r} is reserved")
+    return v
+
+
+def split_field(spec: str) -> tuple[str, str | None]:
+    """A field's selector as written ("h2", "time@datetime", "@href") -> (CSS selector, attribute or None for
+    the text). An empty selector is the item element itself. An "@" inside the selector (an attribute value in
+    quotes) is not the attribute suffix: only a last "@" followed by an attribute name is."""
+    selector, at, attribute = spec.rpartition("@")
+    if not at or not _ATTRIBUTE.fullmatch(attribute):
+        return spec.strip(), None
+    return selector.strip(), attribute
+
+
+def _field_spec(v: str) -> str:
+    if len(v) > MAX_SELECTOR_CHARS:
+        raise ValueError(f"selector longer than {MAX_SELECTOR_CHARS} characters")
+    selector, attribute = split_field(v)
+    if not selector and attribute is None:
+        raise ValueError("must be a CSS selector, optionally with @attribute")
+    return v
+
+
+def _field_names(v: dict[str, str]) -> dict[str, str]:
+    for name in v:
+        _field_name(name)  # said of the mapping: pydantic would locate a bad key as "fields.<key>.[key]"
+    return v
+
+
+FieldName = Annotated[StrictStr, AfterValidator(_field_name)]
+FieldSpec = Annotated[StrictStr, AfterValidator(_field_spec)]
+Fields = Annotated[dict[StrictStr, FieldSpec], Field(max_length=MAX_FIELDS), AfterValidator(_field_names)]
+
+
+class DetailOptions(BaseModel):
+    """`links` `detail`: open each new item's link and read more fields there."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    link: FieldName | None = Field(
+        None, description="the field holding the item's URL; null: the item element's own (absolute) href"
+    )
+    fields: Fields = Field(description="name -> CSS selector[@attribute] on the detail page")
+    max_pages: StrictInt | None = Field(None, ge=1, description="open at most this many detail pages in all")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        # said here rather than by extra="forbid", whose message would list the keys of the enclosing options
+        unknown = sorted(set(data) - set(cls.model_fields)) if isinstance(data, Mapping) else []
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r} (allowed: {', '.join(cls.model_fields)})")
+        return data
+
+
 class LinksOptions(CrawlerOptions):
-    """`links`: items by CSS selector, pages by a "next" link."""
+    """`links`: items by CSS selector, pages by a "next" link; optionally fields per item and a detail page each."""
 
     item: Name = Field("a.item", description="CSS selector of the items on a page")
     next: Name | None = Field("a.next", description="CSS selector of the link to the next page; null: one page only")
-    max_pages: StrictInt = Field(10, ge=1, description="stop after this many pages")
+    max_pages: StrictInt = Field(10, ge=1, description="stop after this many listing pages")
+    fields: Fields = Field(
+        default_factory=dict, description="name -> CSS selector[@attribute] within the item; none: id, text, href"
+    )
+    detail: DetailOptions | None = Field(None, description="open each new item's link and read fields there")
+
+    @model_validator(mode="after")
+    def _detail_fits(self) -> Self:
+        if self.detail is None:
+            return self
+        if self.detail.link is not None and self.detail.link not in self.fields:
+            raise ValueError(f"detail.link: {self.detail.link!r} is not one of the item's fields")
+        clash = sorted(set(self.detail.fields) & set(self.fields))
+        if clash:
+            raise ValueError(f"detail.fields.{clash[0]}: already an item field")
+        return self
 
 
 class ApiOptions(CrawlerOptions):
