@@ -299,3 +299,50 @@ def test_channels_are_those_configured():
     both = channels(NotifyConfig(sns_topic_arn=ARN, webhook_url="https://h.example/x"), object())
     assert [c.name for c in both] == [f"sns:{ARN}", "webhook:https://h.example/..."]
     assert previous_summary(NoRuns(), None, "r1") is None  # type: ignore[arg-type]
+
+
+# --- the hub's finish path ----------------------------------------------------------------------------------------
+
+
+def finished_run(tmp_path, webhook_url: str, caplog) -> Any:
+    """A whole run of the hub loop's fakes (memory table, queue and provider) whose config has a webhook; s1
+    fails with an error. What `Hub._finish` returned."""
+    from fleet import ops
+    from fleet.state import Reason
+    from tests.unit.test_hub_loop import Rig, config
+
+    cfg = config().model_copy(update={"notify": NotifyConfig(webhook_url=webhook_url, timeout_s=2)})
+    rig = Rig(tmp_path, cfg)
+    hub = rig.hub()
+    hub.tick()
+    for _ in range(3):
+        rec, msg = rig.node_takes()
+        if rec.site == "s1":
+            ops.fail_now(rig.table, rec, Reason.ERROR, rig.clock.now(), error="HTTP 500 on page 2")
+            rig.queue.delete(msg)
+        else:
+            rig.node_completes(rec, msg)
+    with caplog.at_level(logging.INFO):
+        while hub.executor.finished is None:
+            hub.tick()
+    return hub._finish(hub.executor.finished)
+
+
+def test_the_hub_posts_the_end_message_as_the_run_finishes(tmp_path, receiver, caplog):
+    url, got = receiver(200)
+    out = finished_run(tmp_path, url, caplog)
+    assert out.exit_code == 3  # some sites FAILED: as without a message
+    ((_, _, body),) = got.bodies
+    text = json.loads(body)["text"]
+    assert text.startswith("gridfleet run 2026-11-21 finished: 1 FAILED (2/3 COMPLETED)")
+    assert "- s1: error: HTTP 500 on page 2" in text
+    assert text.endswith("report: s3://trendlyze-results/runs/2026-11-21/report.html")  # on AWS: the bucket
+
+
+def test_a_webhook_failure_does_not_fail_the_run(tmp_path, receiver, caplog):
+    url, got = receiver(500)
+    out = finished_run(tmp_path, url, caplog)
+    assert out.exit_code == 3 and len(got.bodies) == 1
+    assert json.loads(out.summary_path.read_text())["counts"]["FAILED"] == 1
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("notify-failed")]
+    assert len(logged) == 1 and "HTTP 500" in logged[0] and SECRET_PATH not in "\n".join(logged)
