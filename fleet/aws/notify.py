@@ -21,6 +21,7 @@ from fleet.aws.archive import RunArchive, S3RunArchive, report_key
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.table import StateTable
 from fleet.config import Config, NotifyConfig
+from fleet.ids import is_run_id
 from fleet.logs import event
 from fleet.notify import Channel, Message, overdue_message, redact_url, run_message, send_all
 from fleet.summary import build_summary
@@ -116,7 +117,7 @@ def previous_summary(table: StateTable, archive: RunArchive | None, run_id: str)
     runs = table.list_runs()  # oldest first
     mine = next((e for e in runs if e.run_id == run_id), None)
     earlier = [e.run_id for e in runs if e.run_id != run_id and (mine is None or e.started_at <= mine.started_at)]
-    if not earlier:
+    if not earlier or not is_run_id(earlier[-1]):  # read back from the table: checked again before it names a key
         return None
     prev = earlier[-1]
     found = archive.get_summary(prev) if archive is not None else None
@@ -170,10 +171,10 @@ def notify_finished(
         if rows.run is None:
             raise LookupError(f"run {run_id} has no run item")
         summary = build_summary(rows.run, rows.sites, left_running=left_running, finished_at=now, finish_reason=reason)
+        return notify_run_end(config, summary, table=table, out_dir=out_dir)
     except Exception as e:  # noqa: BLE001 - a lost message must never fail the run
         event(log, "notify-failed", logging.WARNING, run_id=run_id, channel="all", error=f"{type(e).__name__}: {e}")
         return []
-    return notify_run_end(config, summary, table=table, out_dir=out_dir)
 
 
 def notify_overdue(sns_client: Any, topic_arn: str | None, ended: Mapping[str, Any], grace_s: float) -> list[str]:

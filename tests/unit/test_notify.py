@@ -346,3 +346,20 @@ def test_a_webhook_failure_does_not_fail_the_run(tmp_path, receiver, caplog):
     assert json.loads(out.summary_path.read_text())["counts"]["FAILED"] == 1
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("notify-failed")]
     assert len(logged) == 1 and "HTTP 500" in logged[0] and SECRET_PATH not in "\n".join(logged)
+
+
+class BrokenTable:
+    """A table that cannot be read (a seam: a DynamoDB outage at the run's end)."""
+
+    def read_run(self, run_id: str) -> Any:
+        raise ConnectionError("the table is unreachable")
+
+
+def test_a_run_that_cannot_be_read_back_is_logged_not_raised(caplog):
+    from fleet.aws.notify import notify_finished
+
+    cfg = Config(sites=[{"id": "a", "start_url": "https://a.example/"}], notify={"sns_topic_arn": ARN})
+    with caplog.at_level(logging.INFO):
+        assert notify_finished(cfg, BrokenTable(), "r1", "done", 0, 5.0, Path("runs")) == []  # type: ignore[arg-type]
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("notify-failed")]
+    assert "channel=all" in line and "the table is unreachable" in line
