@@ -7,10 +7,11 @@ Loading from a file, with line numbers in errors, is in `fleet.config_load`.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from fleet.config_crawlers import PROJECT_PROBLEM, CrawlersConfig, crawler_roots
 from fleet.crawlers import BUILTIN_CRAWLERS, BUILTIN_OPTIONS, crawler_problem
@@ -201,6 +202,45 @@ class RateLimitConfig(_Model):
     )
 
 
+#: An SNS topic's ARN (partition, region, 12-digit account, topic name; `.fifo` topics too).
+SNS_TOPIC_ARN_RE = r"arn:aws(-[a-z]+)*:sns:[a-z]{2}(-[a-z]+)+-\d:\d{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?"
+
+
+class NotifyConfig(_Model):
+    """Where the message that a run ended (or was ended overdue by the watchdog) goes (fleet.yaml's `notify`).
+
+    The webhook URL is a secret (whoever has it can post to the channel): it is kept as a `SecretStr`, so reprs,
+    errors and logs show it masked, and it is never written back out (the config the nodes read has no webhook)."""
+
+    sns_topic_arn: str | None = Field(None, description="publish the message to this SNS topic (arn:aws:sns:...)")
+    webhook_url: SecretStr | None = Field(
+        None,
+        exclude=True,  # never dumped: the config nodes read (fleet.config_load.dump_config) carries no webhook
+        description="POST the message as Slack-compatible JSON ({text, blocks}) to this http(s) URL",
+    )
+    timeout_s: float = Field(10, gt=0, le=60, description="longest wait for one channel's send")
+
+    @field_validator("sns_topic_arn")
+    @classmethod
+    def _arn(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(SNS_TOPIC_ARN_RE, v):
+            raise ValueError(f"must be an SNS topic ARN (arn:aws:sns:<region>:<12-digit account>:<topic>), got {v!r}")
+        return v
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            parts = urlsplit(v.get_secret_value())
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError("must be an http(s) URL")  # the value itself is not repeated: it is a secret
+        return v
+
+    @property
+    def enabled(self) -> bool:
+        return self.sns_topic_arn is not None or self.webhook_url is not None
+
+
 class SiteConfig(_Model):
     id: str
     start_url: str
@@ -268,6 +308,7 @@ class Config(_Model):
     local: LocalConfig = Field(default_factory=LocalConfig)
     hub: HubConfig = Field(default_factory=HubConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    notify: NotifyConfig = Field(default_factory=NotifyConfig)
     rate_limits: dict[str, RateLimitConfig] = Field(
         default_factory=dict, description="fleet-wide rate limits by group name; a site joins one by `rate_limit`"
     )

@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fleet import ops
 from fleet.aws.messages import BadMessage, SiteMessage
+from fleet.aws.notify import notify_finished
 from fleet.aws.queue import SiteQueue
 from fleet.aws.table import StateTable
 from fleet.clock import Clock
@@ -157,6 +159,13 @@ class Executor(EndExecutor):
     expire_at: Callable[[float], int]
     teardown_timeout_s: float = 60.0
     full: bool = False  # `run --full`: seed incremental sites without their high-water marks
+    out_dir: Path = Path("runs")  # where the run's files go on the embedded default (named in the end message)
+
+    def _Finish(self, a: Finish, snap: Snapshot) -> Done:
+        done = super()._Finish(a, snap)
+        # fleet.yaml's `notify`: one message as the run ends; a failure is logged, never raised
+        notify_finished(self.config, self.table, self.run_id, a.reason, a.left_running, self.clock.now(), self.out_dir)
+        return done
 
     # --- run and seeding --------------------------------------------------------
     def _StartRun(self, a: StartRun, snap: Snapshot) -> Done:

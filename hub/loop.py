@@ -99,6 +99,7 @@ class Hub:
             hub_id=hub_id,
             expire_at=self._expire_at,
             full=full,
+            out_dir=out_dir,
         )
         self._last_progress: tuple | None = None
         self._last_beat = float("-inf")

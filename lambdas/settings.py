@@ -4,7 +4,8 @@ Terraform sets these variables (infra/terraform/lambda.tf); they are read only b
 function takes a `LambdaSettings` and tests build one directly. An empty value counts as unset:
 GRIDFLEET_REGION (required), GRIDFLEET_TABLE, GRIDFLEET_STACK, GRIDFLEET_BUCKET, GRIDFLEET_ENDPOINT_URL,
 GRIDFLEET_HUB_LAUNCH_TEMPLATE and/or GRIDFLEET_HUB_INSTANCE_ID (at least one), GRIDFLEET_HUB_STALE_S,
-GRIDFLEET_RUN_GRACE_S, GRIDFLEET_LOOKBACK_RUNS.
+GRIDFLEET_RUN_GRACE_S, GRIDFLEET_LOOKBACK_RUNS, GRIDFLEET_NOTIFY_TOPIC_ARN (the SNS topic told of a run the
+watchdog ends).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from fleet.config import SNS_TOPIC_ARN_RE
 
 ENV_REGION = "GRIDFLEET_REGION"
 ENV_TABLE = "GRIDFLEET_TABLE"
@@ -24,6 +27,7 @@ ENV_HUB_INSTANCE_ID = "GRIDFLEET_HUB_INSTANCE_ID"
 ENV_HUB_STALE_S = "GRIDFLEET_HUB_STALE_S"
 ENV_RUN_GRACE_S = "GRIDFLEET_RUN_GRACE_S"
 ENV_LOOKBACK_RUNS = "GRIDFLEET_LOOKBACK_RUNS"
+ENV_NOTIFY_TOPIC_ARN = "GRIDFLEET_NOTIFY_TOPIC_ARN"
 
 DEFAULT_TABLE = "TrendlyzeStatus"
 DEFAULT_STACK = "gridfleet"
@@ -46,6 +50,7 @@ class LambdaSettings:
     hub_stale_s: float = DEFAULT_HUB_STALE_S
     run_grace_s: float = DEFAULT_RUN_GRACE_S
     lookback_runs: int = DEFAULT_LOOKBACK_RUNS
+    notify_topic_arn: str | None = None  # the SNS topic the watchdog tells of each overdue run it ends
 
     def __post_init__(self) -> None:
         if not self.region:
@@ -67,6 +72,8 @@ class LambdaSettings:
             raise ValueError(f"{ENV_RUN_GRACE_S} must be >= 0, got {self.run_grace_s}")
         if self.lookback_runs < 1:
             raise ValueError(f"{ENV_LOOKBACK_RUNS} must be >= 1, got {self.lookback_runs}")
+        if self.notify_topic_arn is not None and not re.fullmatch(SNS_TOPIC_ARN_RE, self.notify_topic_arn):
+            raise ValueError(f"{ENV_NOTIFY_TOPIC_ARN} must be an SNS topic ARN, got {self.notify_topic_arn!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LambdaSettings:
@@ -85,6 +92,7 @@ class LambdaSettings:
             hub_stale_s=_env_num(env, ENV_HUB_STALE_S, DEFAULT_HUB_STALE_S, float),
             run_grace_s=_env_num(env, ENV_RUN_GRACE_S, DEFAULT_RUN_GRACE_S, float),
             lookback_runs=_env_num(env, ENV_LOOKBACK_RUNS, DEFAULT_LOOKBACK_RUNS, int),
+            notify_topic_arn=_env_str(env, ENV_NOTIFY_TOPIC_ARN),
         )
 
 

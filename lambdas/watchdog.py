@@ -9,7 +9,8 @@ One pass, for each recent RUNNING run (the last `lookback_runs` of the run index
    observation start at most one hub.
 2. A run abandoned (still RUNNING `run_grace_s` after its deadline: its hub is gone or stuck) is ended: its open
    sites FAILED with reason `deadline`, the run FINISHED, its summary put in the bucket
-   (`runs/<run_id>/summary.json`), so how it ended outlives the table.
+   (`runs/<run_id>/summary.json`), so how it ended outlives the table, and one message to the SNS topic
+   (`GRIDFLEET_NOTIFY_TOPIC_ARN`) says so; a pass that cannot send it logs why and goes on.
 3. Then the stack's orphaned and stopped instances go (`lambdas.orphans`).
 
 `read` gathers the runs and the stack's instances, `decide` (pure) turns them into actions, `apply` writes.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.aws.archive import RunArchive, S3RunArchive
+from fleet.aws.notify import notify_overdue
 from fleet.aws.run_item import RunExpect, RunWatch
 from fleet.aws.table import WatchTable
 from fleet.aws.tags import LIVE_STATES, ROLE_HUB
@@ -190,6 +192,7 @@ class Pass:
     clock: Clock
     archive: RunArchive | None
     now: float
+    sns: Any = None  # the SNS client, when the overdue runs are told to GRIDFLEET_NOTIFY_TOPIC_ARN
     result: dict[str, Any] = dataclasses.field(
         default_factory=lambda: {"restarted": [], "terminated": [], "stopped": [], "observed": [], "ended": []}
     )
@@ -232,7 +235,9 @@ def apply_run(a: End | Observe | Healthy | StaleButAlive | Restart, p: Pass) -> 
                 run_id=a.run_id,
                 reason=f"RUNNING more than {p.settings.run_grace_s:.0f}s past its deadline; ending it",
             )
-            p.result["ended"].append(end_abandoned(p.settings, p.table, p.clock, a.run_id, p.archive))
+            ended = end_abandoned(p.settings, p.table, p.clock, a.run_id, p.archive)
+            ended["notified"] = notify_overdue(p.sns, p.settings.notify_topic_arn, ended, p.settings.run_grace_s)
+            p.result["ended"].append(ended)
             return {"run_id": a.run_id, "state": "abandoned"}
         case Observe():
             won = p.table.update_watch(a.run_id, {"seen_hb": a.prev_seen}, seen_hb=a.seen, seen_since=p.now)
@@ -359,13 +364,18 @@ def end_abandoned(
 
 
 def watch(
-    settings: LambdaSettings, ec2: Any, table: WatchTable, clock: Clock, archive: RunArchive | None = None
+    settings: LambdaSettings,
+    ec2: Any,
+    table: WatchTable,
+    clock: Clock,
+    archive: RunArchive | None = None,
+    sns: Any = None,
 ) -> dict[str, Any]:
     """One watchdog pass: restart the hubs of stale runs, end abandoned ones (their summary to `archive`), then
-    clean up orphaned and stopped instances."""
+    clean up orphaned and stopped instances. An ended run is told to the SNS topic through `sns`."""
     now = clock.now()
     actions = decide(read(settings, ec2, table), now, settings)
-    return apply(actions, Pass(settings, ec2, table, clock, archive, now))
+    return apply(actions, Pass(settings, ec2, table, clock, archive, now, sns=sns))
 
 
 def run_watchdog(
@@ -379,7 +389,8 @@ def run_watchdog(
     settings = LambdaSettings.from_env(env)
     clients = clients_factory(settings)
     archive = S3RunArchive(clients.client("s3"), settings.bucket) if settings.bucket else None
-    return watch(settings, clients.client("ec2"), state_table(clients, settings), clock or SystemClock(), archive)
+    sns = clients.client("sns") if settings.notify_topic_arn else None
+    return watch(settings, clients.client("ec2"), state_table(clients, settings), clock or SystemClock(), archive, sns)
 
 
 def handler(event_in: Any, context: Any) -> dict[str, Any]:

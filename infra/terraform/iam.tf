@@ -335,6 +335,14 @@ data "aws_iam_policy_document" "hub" {
     }
   }
 
+  # fleet.aws.notify.notify_finished, from the executor's Finish: the run's end
+  # message to the stack's topic (notify.tf), and to no other topic.
+  statement {
+    sid       = "NotifyRunEnd"
+    actions   = ["sns:Publish"]
+    resources = [local.notify_topic_arn]
+  }
+
   # The key behind the table, the queues and the bucket, used through them only.
   statement {
     sid       = "KeyThroughFleetServices"
@@ -863,6 +871,14 @@ data "aws_iam_policy_document" "watchdog" {
       variable = "kms:ViaService"
       values   = [local.via_lambda, local.via_dynamodb]
     }
+  }
+
+  # lambdas.watchdog.end_abandoned (fleet.aws.notify.notify_overdue): the message that
+  # it ended an overdue run, to the stack's topic only.
+  statement {
+    sid       = "NotifyOverdueRun"
+    actions   = ["sns:Publish"]
+    resources = [local.notify_topic_arn]
   }
 
   # The bucket's SSE-KMS, for the summary of an abandoned run (RunSummaryWrite), through S3 only.

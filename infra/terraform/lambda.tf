@@ -19,6 +19,7 @@ locals {
 
   # GRIDFLEET_STACK: the Lambdas act only on instances tagged gridfleet:stack with it.
   # GRIDFLEET_BUCKET: where the watchdog puts the summary of a run it closes.
+  # GRIDFLEET_NOTIFY_TOPIC_ARN: where the watchdog says it closed one (notify.tf).
   lambda_environment = {
     GRIDFLEET_REGION              = var.region
     GRIDFLEET_STACK               = var.name_prefix
@@ -28,6 +29,7 @@ locals {
     GRIDFLEET_HUB_STALE_S         = tostring(var.hub_stale_s)
     GRIDFLEET_RUN_GRACE_S         = tostring(var.run_grace_s)
     GRIDFLEET_LOOKBACK_RUNS       = tostring(var.lookback_runs)
+    GRIDFLEET_NOTIFY_TOPIC_ARN    = local.notify_topic_arn
   }
 
   # A reusable hub (var.hub_instance_id), started instead of a hub from the template.

@@ -78,6 +78,11 @@ output "alarms_topic_arn" {
   value       = aws_sns_topic.alarms.arn
 }
 
+output "notify_topic_arn" {
+  description = "SNS topic of the end-of-run messages: fleet.yaml's notify.sns_topic_arn."
+  value       = local.notify_topic_arn
+}
+
 # Exactly the keys of fleet.yaml's aws: section this stack decides.
 # `terraform output -json | gridfleet config from-terraform > aws.yaml` reads it.
 output "gridfleet_aws" {

@@ -130,6 +130,22 @@ variable "hub_instance_id" {
   }
 }
 
+variable "notify_topic_arn" {
+  description = <<-EOT
+    An existing SNS topic for the end-of-run messages (fleet.yaml's notify.sns_topic_arn, the
+    watchdog's GRIDFLEET_NOTIFY_TOPIC_ARN). null (the default): the stack creates <name_prefix>-runs,
+    encrypted with the AWS-managed key. A topic encrypted with a customer-managed key also needs
+    kms:GenerateDataKey and kms:Decrypt on that key for the hub and watchdog roles.
+  EOT
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.notify_topic_arn == null || can(regex("^arn:aws(-[a-z]+)*:sns:[a-z]{2}(-[a-z]+)+-[0-9]:[0-9]{12}:[A-Za-z0-9_-]{1,256}(\\.fifo)?$", var.notify_topic_arn))
+    error_message = "notify_topic_arn: an SNS topic ARN (arn:aws:sns:<region>:<account>:<name>), or null."
+  }
+}
+
 variable "hub_user_data_file" {
   description = <<-EOT
     The hub's cloud-init user-data. null (the default): hub-user-data.yaml next to

@@ -10,6 +10,7 @@ watchdog's clock agree until a test moves the clock.
 from __future__ import annotations
 
 import itertools
+import json
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -510,6 +511,38 @@ def test_an_abandoned_run_is_not_restarted(rig):
     assert rig.instances(run_id) == {}
 
 
+def test_an_overdue_run_is_told_to_the_topic_once(rig, clients):
+    sns, sqs = clients.client("sns"), clients.client("sqs")
+    topic = sns.create_topic(Name=f"runs-{uuid.uuid4().hex[:12]}")["TopicArn"]
+    url = sqs.create_queue(QueueName=f"notes-{uuid.uuid4().hex[:12]}")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)
+    settings = replace(rig.settings, notify_topic_arn=topic)
+    archive = S3RunArchive(clients.client("s3"), settings.bucket)
+    run_id = rig.run_id()
+    rig.create_run(run_id, deadline_in_s=60)
+    spec = SiteSpec("https://a.example/")
+    assert rig.table.create_site(ops.new_site(run_id, "a", spec, rig.clock.now() + 86400))
+    rig.clock.advance(60 + GRACE_S + 1)
+
+    def notes() -> list[dict[str, Any]]:
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0).get("Messages", [])
+        for m in got:
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        return [json.loads(m["Body"]) for m in got]
+
+    out = watch(settings, rig.ec2, rig.table, rig.clock, archive, sns)
+    (ended,) = mine(out["ended"], run_id)
+    assert ended["notified"] == [f"sns:{topic}"]
+    (note,) = notes()
+    assert note["Subject"] == f"gridfleet run {run_id} overdue: ended by the watchdog, 1 site(s) FAILED (deadline)"
+    assert "- a: deadline" in note["Message"]
+    assert note["Message"].endswith(f"summary: s3://{settings.bucket}/runs/{run_id}/summary.json")
+
+    again = watch(settings, rig.ec2, rig.table, rig.clock, archive, sns)  # the run is FINISHED now
+    assert mine(again["ended"], run_id) == [] and notes() == []
+
+
 def test_only_the_last_lookback_runs_are_watched(rig):
     old, new = rig.run_id(), rig.run_id()
     rig.create_run(old)
@@ -658,6 +691,10 @@ def test_settings_from_env_defaults_and_values():
         (
             {"GRIDFLEET_REGION": "eu-west-1", "GRIDFLEET_HUB_LAUNCH_TEMPLATE": "lt", "GRIDFLEET_LOOKBACK_RUNS": "0"},
             ["GRIDFLEET_LOOKBACK_RUNS"],
+        ),
+        (
+            {"GRIDFLEET_REGION": "eu-west-1", "GRIDFLEET_HUB_LAUNCH_TEMPLATE": "lt", "GRIDFLEET_NOTIFY_TOPIC_ARN": "t"},
+            ["GRIDFLEET_NOTIFY_TOPIC_ARN"],
         ),
     ],
 )

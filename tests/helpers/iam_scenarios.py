@@ -25,10 +25,10 @@ from rich.console import Console
 
 from fleet import ops
 from fleet.aws.bootstrap import ensure_resources
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.clients import CLIENT_HOOKS, LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import FakeClock, SystemClock
 from fleet.codec import NodeInfo, RunInfo
-from fleet.config import Config
+from fleet.config import Config, NotifyConfig
 from fleet.config_load import parse_config
 from fleet.state import SiteSpec
 
@@ -95,7 +95,9 @@ aws: {{endpoint_url: '{endpoint}', table: t-{tag}, queue: q-{tag}, bucket: b-{ta
 sites: [{{id: s1, start_url: 'https://s1.test/'}}, {{id: s2, start_url: 'https://s2.test/'}}]
 """)
     ensure_resources(AwsClients(config.aws, credentials=LOCAL_CREDENTIALS), 30)
-    return config
+    # The stack's end-of-run topic (infra/terraform/notify.tf), as fleet.yaml's notify names it.
+    topic = setup.client("sns").create_topic(Name=f"runs-{tag}")["TopicArn"]
+    return config.model_copy(update={"notify": NotifyConfig(sns_topic_arn=topic)})
 
 
 def published(config: Config) -> set[tuple[str, tuple[str, ...]]]:
@@ -151,7 +153,11 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     env.table.read_nodes("iam-hub")
     node = provider.list("iam-hub")[0].id
     _act_as_a_node(config, node)  # s1 completed with its result, s2 hung in URL_CALL and marked for a kill
-    outcome = hub.run()  # kills s2 through SSM, requeues it; the deadline: export (reads s1's result), teardown
+    CLIENT_HOOKS.append(rec.hook)  # the end-of-run message goes through clients of its own (fleet.aws.notify)
+    try:
+        outcome = hub.run()  # kills s2 through SSM, requeues it; the deadline: the end message, export, teardown
+    finally:
+        CLIENT_HOOKS.remove(rec.hook)
     from cli.check import check_run
     from cli.report import publish
     from fleet.aws.archive import S3RunArchive
@@ -368,6 +374,7 @@ def lambda_calls(endpoint: str, tmp: Path) -> dict[str, set[str]]:
         "GRIDFLEET_ENDPOINT_URL": endpoint,
         "GRIDFLEET_HUB_LAUNCH_TEMPLATE": template,
         "GRIDFLEET_HUB_STALE_S": "60",
+        "GRIDFLEET_NOTIFY_TOPIC_ARN": config.notify.sns_topic_arn or "",
     }
     recs = {"starter": Recorder(), "watchdog": Recorder()}
 

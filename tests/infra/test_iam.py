@@ -240,6 +240,7 @@ def test_the_scenarios_exercise_each_roles_code(recorded):
         "dynamodb.Query",
         "dynamodb.BatchGetItem",
         "dynamodb.BatchWriteItem",
+        "sns.Publish",
     } <= operations(recorded["hub"])
     assert "dynamodb.Query on index/open" in recorded["hub"]
     assert {
@@ -259,6 +260,7 @@ def test_the_scenarios_exercise_each_roles_code(recorded):
         "ec2.StopInstances",
         "ec2.TerminateInstances",
         "s3.PutObject",
+        "sns.Publish",
     } <= operations(recorded["watchdog"])
     # The objects are recorded with their keys, which the policies' key patterns must cover.
     assert {

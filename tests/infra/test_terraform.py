@@ -129,6 +129,7 @@ EXPECTED_ACTIONS = {
         "kms:Decrypt",
         "kms:GenerateDataKey",
         "cloudwatch:PutMetricData",
+        "sns:Publish",
     },
     "node": {
         "dynamodb:GetItem",
@@ -172,6 +173,7 @@ EXPECTED_ACTIONS = {
         "kms:GenerateDataKey",
         "ec2:TerminateInstances",
         "ec2:StopInstances",
+        "sns:Publish",
     },
 }
 
@@ -1193,6 +1195,7 @@ def test_lambdas(tf):
         "GRIDFLEET_HUB_STALE_S",
         "GRIDFLEET_RUN_GRACE_S",
         "GRIDFLEET_LOOKBACK_RUNS",
+        "GRIDFLEET_NOTIFY_TOPIC_ARN",
     }
     env = tf.locals["lambda_environment"]
     assert set(env) == env_keys
@@ -1219,6 +1222,24 @@ def test_lambdas(tf):
         assert fn["reserved_concurrent_executions"] == 1
         assert one(fn, "tracing_config")["mode"] == "Active"
         assert f'aws_sqs_queue.lambda_dlq["{name}"]' in one(fn, "dead_letter_config")["target_arn"]
+
+
+def test_the_end_of_run_topic(tf):
+    """The stack's topic (or var.notify_topic_arn's), encrypted with the AWS-managed key; the hub and the
+    watchdog may publish to it and to no other topic; the watchdog is told it, the operator reads it."""
+    topic = tf.resource("aws_sns_topic", "runs")
+    assert topic["count"] == "${var.notify_topic_arn == null ? 1 : 0}"
+    assert topic["kms_master_key_id"] == "alias/aws/sns"
+    assert tf.default("notify_topic_arn") is None
+    assert tf.locals["notify_topic_arn"] == "${coalesce(var.notify_topic_arn, one(aws_sns_topic.runs[*].arn))}"
+    assert "var.notify_topic_arn == null" in one(tf.variables["notify_topic_arn"], "validation")["condition"]
+    for role in ("hub", "watchdog"):
+        (publish,) = with_action(statements_of(tf, role), "sns:Publish")
+        assert publish["actions"] == ["sns:Publish"] and publish["resources"] == ["${local.notify_topic_arn}"]
+    for role in ("node", "starter"):
+        assert not with_action(statements_of(tf, role), "sns:Publish")
+    assert tf.locals["lambda_environment"]["GRIDFLEET_NOTIFY_TOPIC_ARN"] == "${local.notify_topic_arn}"
+    assert tf.outputs["notify_topic_arn"]["value"] == "${local.notify_topic_arn}"
 
 
 def test_a_reusable_hub_is_configured_by_a_variable(tf):
@@ -1472,6 +1493,7 @@ def test_outputs(tf):
         "hub_launch_template",
         "nat_public_ip",
         "alarms_topic_arn",
+        "notify_topic_arn",
     ):
         assert name in tf.outputs, f"missing output {name}"
     value = tf.outputs["gridfleet_aws"]["value"]
