@@ -121,7 +121,7 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     ]
     if crawlers is not None:  # the hub's config names what the bundle installed, not a directory of this machine
         hub_config = args.out / "fleet.yaml"
-        hub_config.write_text(dump_config(installed_config(config, crawlers.project)))
+        hub_config.write_text(dump_config(installed_config(config, crawlers.project), secrets=True))
         uploads[2] = (hub_config, aws.hub_config_key)
     if args.efs_utils_deb:
         uploads.append((Path(args.efs_utils_deb), f"{folder}/amazon-efs-utils.deb"))

@@ -246,7 +246,7 @@ def demo_hits(site_stats: Mapping[str, Any], r: SiteRecord) -> dict[int, int]:
     request log gives its all-time counts."""
     requests = site_stats.get("requests")
     if requests is None:
-        return {int(p): n for p, n in site_stats.get("hits", {}).items()}
+        return {int(p): n for p, n in site_stats.get("hits", {}).items() if str(p).isdigit()}
     windows = [
         (a.start - WINDOW_SLACK_S, (a.end if a.end is not None else float("inf")) + WINDOW_SLACK_S)
         for a in r.attempts
@@ -254,6 +254,8 @@ def demo_hits(site_stats: Mapping[str, Any], r: SiteRecord) -> dict[int, int]:
     ]
     hits: dict[int, int] = {}
     for at, page in requests:
+        if not str(page).isdigit():  # a news site's pages (`p1`, `p1/a2`) of the same name: not this site's
+            continue
         if any(lo <= at <= hi for lo, hi in windows):
             hits[int(page)] = hits.get(int(page), 0) + 1
     return hits

@@ -119,7 +119,10 @@ class _Dumper(yaml.SafeDumper):
 _Dumper.add_implicit_resolver(BOOL, re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
 
 
-def dump_config(config: Config) -> str:
-    """YAML text that `parse_config` reads back as the same Config."""
+def dump_config(config: Config, *, secrets: bool = False) -> str:
+    """YAML text that `parse_config` reads back as the same Config; without `secrets` (the nodes' copy) the
+    notification webhook is left out."""
     data = config.model_dump(mode="json", exclude_none=True)
+    if secrets and config.notify is not None and config.notify.webhook_url is not None:
+        data.setdefault("notify", {})["webhook_url"] = config.notify.webhook_url.get_secret_value()
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False)

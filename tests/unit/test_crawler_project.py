@@ -152,3 +152,15 @@ def test_a_node_refuses_a_bundle_whose_crawler_project_is_not_the_runs(tmp_path)
     (install / "crawlers.json").write_text(json.dumps({**project.build.as_dict(), "hash": "sha256:" + "0" * 64}))
     assert "build and upload the bundle again" in (bundle_mismatch(given, install) or "")
     assert bundle_mismatch(config.model_copy(update={"crawlers": None}), install) is None
+
+
+def test_the_hubs_config_keeps_the_webhook_the_nodes_copy_does_not(tmp_path):
+    make_project(tmp_path / "conf" / "team")
+    hook = "https://hooks.example/services/T0/B0/secret"
+    config = load_config(
+        config_file(tmp_path, crawlers=f"crawlers: {{project: ./team}}\nnotify: {{webhook_url: '{hook}'}}\n")
+    )
+    project = project_of(config)
+    assert project is not None
+    given = installed_config(config, project)
+    assert hook in dump_config(given, secrets=True) and hook not in dump_config(given)
