@@ -1,7 +1,8 @@
 """The news crawler against saved pages: the way a crawler author tests a crawler before any run.
 
-The saved pages (`pages/`: two listing pages of two articles each, the articles linked relatively, so both
-listings link `a1/index.html`) are served on 127.0.0.1, and `gridfleet crawl` runs the crawler with a local
+The saved pages (`pages/`, saved from the demo server's news site `news` with `pages=2&per_page=2`: two
+listing pages of two articles each, the articles linked relatively, so both listings link `a1/index.html`) are
+served on 127.0.0.1, and `gridfleet crawl` runs the crawler with a local
 Chromium, as it does for its author: its items come out as JSON lines.
 """
 
@@ -49,7 +50,8 @@ def test_the_news_crawler_reads_every_article_of_every_listing(saved_pages, tmp_
     )
     assert p.returncode == 0, p.stderr
     items = [json.loads(line) for line in p.stdout.splitlines()]
-    assert [i["title"] for i in items] == ["Story 1-1", "Story 1-2", "Story 2-1", "Story 2-2"]
+    assert [i["title"] for i in items] == ["Story news-1-1", "Story news-1-2", "Story news-2-1", "Story news-2-2"]
     assert items[2]["id"] == f"{saved_pages}/p2/a1/index.html"  # not the p1 article both listings call a1
-    assert items[0]["date"] == "2026-01-01T01:00:00Z" and items[0]["summary"] == "What happened, 1-1."
-    assert items[3]["body"].startswith("First paragraph of story 2-2.")
+    assert items[0]["date"] == "2026-01-09T22:25:00Z"
+    assert items[0]["summary"] == "airport library ferry tunnel harbour budget"
+    assert items[3]["body"].startswith("election ferry harvest budget")
