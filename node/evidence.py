@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -39,6 +40,8 @@ HTML_MAX_CHARS = 1_000_000
 CONSOLE_MAX_ENTRIES = 200
 CONSOLE_MESSAGE_MAX_CHARS = 2_000
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+#: A WebDriver session id as the Grid makes them (a UUID, or chromedriver's hex): nothing that reshapes a URL.
+SESSION_ID_RE = re.compile(r"[A-Za-z0-9-]{1,128}")
 
 #: The files of an evidence record, with their content types (fleet.aws.results.EVIDENCE_FILES names the same).
 SCREENSHOT, HTML, CONSOLE, RECORD = "screenshot.png", "page.html", "console.json", "evidence.json"
@@ -165,6 +168,8 @@ def capture(
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Evidence:
     """What the session's browser shows now, within `budget_s` in all; never raises for what the browser does."""
+    if not SESSION_ID_RE.fullmatch(session_id):
+        return Evidence(answered=False, why=f"{session_id[:80]!r} is not a WebDriver session id")
     s = _Session(grid_url, session_id, budget_s, monotonic)
     ev = Evidence(answered=False)
     try:

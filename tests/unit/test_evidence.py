@@ -50,6 +50,12 @@ def test_a_spent_budget_asks_nothing():
     assert ev.answered is False and ev.why == "the capture's time budget is spent"
 
 
+@pytest.mark.parametrize("session_id", ["../status", "a/b", "x?y", "", "s" * 129])
+def test_a_session_id_that_would_reshape_the_url_is_not_asked_for(session_id):
+    ev = capture("http://127.0.0.1:9", session_id, budget_s=5, monotonic=lambda: 0.0)
+    assert ev.answered is False and "is not a WebDriver session id" in ev.why
+
+
 def test_a_grid_that_is_gone_is_recorded_at_once():
     with socket.create_server(("127.0.0.1", 0)) as s:
         port = s.getsockname()[1]  # closed when the block ends: nothing listens there
