@@ -4,7 +4,9 @@ summary.json is written for programs. The person who looks at a night's crawl in
 the morning wants to see what failed and why, where the time went, what the
 fleet cost, how the nodes were used and what changed since the run before. The
 page is a single file (inline CSS and SVG, no scripts, no external assets), so it
-can be mailed, archived beside the summary and printed.
+can be mailed, archived beside the summary and printed. The one exception: a
+failed attempt's evidence (`runs/<run_id>/evidence/`) is linked, with a
+thumbnail of its screenshot, by a path relative to the report.
 
 `render_report` is pure: the time of generation is passed in. `find_previous`,
 `write_report` and `publish` (which also puts the summary and the report in the
@@ -33,6 +35,7 @@ from cli.report_data import (
     Node,
     as_dict,
     attempts_of,
+    evidence_links,
     final_seconds,
     fmt_duration,
     fmt_usd,
@@ -136,7 +139,9 @@ def _cost(nodes: list[Node], prices: Mapping[str, float] | None) -> dict[str, An
     }
 
 
-def _site_rows(summary: Mapping[str, Any], attempts: list[Attempt]) -> list[dict[str, Any]]:
+def _site_rows(
+    summary: Mapping[str, Any], attempts: list[Attempt], evidence: Mapping[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
     by_site: dict[str, list[Attempt]] = {}
     for a in attempts:
         by_site.setdefault(a.site, []).append(a)
@@ -157,6 +162,7 @@ def _site_rows(summary: Mapping[str, Any], attempts: list[Attempt]) -> list[dict
                 "total": fmt_duration(sum(a.seconds for a in mine)) if mine else "-",
                 "reason": ": ".join(str(p) for p in (reason, error) if p),
                 "node": str(e.get("instance_id") or (mine[-1].instance_id if mine else "-")),
+                "evidence": list(evidence.get(name, [])),
             }
         )
     return sorted(rows, key=lambda r: (not r["failed"], r["site"]))
@@ -214,11 +220,13 @@ def render_report(
     previous: Mapping[str, Any] | None = None,
     prices: Mapping[str, float] | None = None,
     generated_at: float | None = None,
+    evidence: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> str:
     """The whole HTML document of a run's report.
 
     `prices` are USD per hour by instance type; `previous` is the summary to
-    compare with; `generated_at` (epoch seconds) defaults to now.
+    compare with; `generated_at` (epoch seconds) defaults to now; `evidence` is
+    each site's evidence links (`report_data.evidence_links`).
     """
     attempts = attempts_of(summary)
     nodes = nodes_of(summary, attempts)
@@ -227,7 +235,7 @@ def render_report(
         "fleet": _fleet(attempts),
         "cost": _cost(nodes, prices),
         "timeline": timeline(nodes, attempts, run_bounds(summary)),
-        "sites": _site_rows(summary, attempts),
+        "sites": _site_rows(summary, attempts, evidence or {}),
         "diff": _diff(summary, previous),
         "generated": fmt_utc(time.time() if generated_at is None else generated_at),
     }
@@ -287,7 +295,8 @@ def write_report(
         raise ValueError(f"{summary_path}: not a run summary")
     if previous is None:
         previous = find_previous(summary_path.parent.parent, summary)
-    html = render_report(summary, previous=previous or None, prices=prices)
+    links = evidence_links(summary_path.parent / "evidence", out.parent)
+    html = render_report(summary, previous=previous or None, prices=prices, evidence=links)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(html, encoding="utf-8")

@@ -6,11 +6,17 @@ A summary is written for programs and may be old, partial or hand-edited: every 
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+from fleet.ids import is_site_id
 
 #: Outcomes with a colour of their own in the template's stylesheet; any other is drawn as "other".
 OUTCOMES = ("completed", "skipped", "hang", "lost", "error", "deadline", "spot", "killed", "no-nodes", "busy")
@@ -179,3 +185,38 @@ def nodes_of(summary: Mapping[str, Any], attempts: Iterable[Attempt]) -> list[No
 def final_seconds(summary: Mapping[str, Any]) -> dict[str, float]:
     """Each attempted site's duration of its last attempt."""
     return {a.site: a.seconds for a in attempts_of(summary)}  # attempts come in history order
+
+
+# --- evidence of failed attempts ------------------------------------------------------------------
+
+
+def evidence_links(evidence_dir: Path, page_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each site's evidence records under `evidence_dir/<site>/<attempt>/` (as the run's export writes them), by
+    attempt: the links to its screenshot and its record, relative to the report's directory `page_dir`. A name
+    that is not a site id or an attempt number is passed over."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    if not evidence_dir.is_dir():
+        return out
+    for site_dir in sorted(p for p in evidence_dir.iterdir() if p.is_dir() and is_site_id(p.name)):
+        numbered = [p for p in site_dir.iterdir() if p.is_dir() and p.name.isdigit() and p.name.isascii()]
+        for attempt_dir in sorted(numbered, key=lambda p: int(p.name)):
+            shot, record = attempt_dir / "screenshot.png", attempt_dir / "evidence.json"
+            if not (shot.is_file() or record.is_file()):
+                continue
+            try:
+                answered = json.loads(record.read_text(encoding="utf-8")).get("answered") is True
+            except (OSError, ValueError, AttributeError):
+                answered = shot.is_file()
+            out.setdefault(site_dir.name, []).append(
+                {
+                    "attempt": int(attempt_dir.name),
+                    "shot": _href(shot, page_dir) if shot.is_file() else None,
+                    "href": _href(shot if shot.is_file() else record, page_dir),
+                    "note": "screenshot" if shot.is_file() else ("no screenshot" if answered else "no answer"),
+                }
+            )
+    return out
+
+
+def _href(path: Path, page_dir: Path) -> str:
+    return quote(Path(os.path.relpath(path.resolve(), page_dir.resolve())).as_posix())

@@ -320,6 +320,9 @@ class MemoryResults:
     def get(self, key: str) -> bytes:
         return self.objects[key]
 
+    def put_evidence(self, key: str, body: bytes, content_type: str) -> None:
+        self.objects[key] = body
+
     def keys(self, prefix: str) -> list[str]:
         return sorted(k for k in self.objects if k.startswith(prefix))
 

@@ -1,4 +1,4 @@
-"""The run summary (`runs/<run_id>/summary.json`) and the export of results.
+"""The run summary (`runs/<run_id>/summary.json`) and the export of results and of failed attempts' evidence.
 
 `site_entry` is shared with `gridfleet status --json`, so both print sites in
 the same shape. The ids that name the exported files are read back from the
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fleet.aws.results import ResultStore
+from fleet.aws.results import ResultStore, evidence_prefix, parse_evidence_key
 from fleet.codec import RunInfo
 from fleet.ids import check_run_id, is_site_id
 from fleet.state import RunStatus, SiteRecord
@@ -121,5 +121,43 @@ def export(out_dir: Path, summary: dict[str, Any], sites: list[SiteRecord], resu
             continue
         results_dir.mkdir(parents=True, exist_ok=True)
         target.write_bytes(body)
+    export_evidence(run_dir, str(summary.get("run_date") or ""), run_id, sites, results)
     write_json(run_dir / "summary.json", summary)
     return out_dir / run_id / "summary.json"
+
+
+#: Attempt outcomes that leave no evidence (the others may: errors, hangs, kills).
+CLEAN_OUTCOMES = frozenset({"completed", "skipped", "spot", "busy"})
+
+
+def export_evidence(run_dir: Path, run_date: str, run_id: str, sites: list[SiteRecord], results: ResultStore) -> None:
+    """`<run_dir>/evidence/<site>/<attempt>/<file>` for every site with an attempt that did not end cleanly: one
+    listing per such site. Keys are parsed back to (attempt, one of EVIDENCE_FILES) and the ids checked again, so
+    nothing lands outside `evidence/`."""
+    out = run_dir / "evidence"
+    shutil.rmtree(out, ignore_errors=True)  # an earlier export of this run id is replaced whole
+    for r in sites:
+        if all(a.outcome in CLEAN_OUTCOMES for a in r.attempts):
+            continue
+        try:
+            prefix = evidence_prefix(r.site, run_date, run_id)
+            keys = results.keys(prefix)
+        except ValueError as e:
+            log.error("evidence-skipped site=%r why=%s", r.site, e)
+            continue
+        except Exception as e:  # evidence is a help: one unreadable listing must not lose the summary
+            log.error("evidence-failed site=%s error=%s", r.site, e)
+            continue
+        for key in keys:
+            parsed = parse_evidence_key(prefix, key)
+            if parsed is None:
+                continue
+            attempt, name = parsed
+            try:
+                body = results.get(key)
+            except Exception as e:
+                log.error("evidence-failed site=%s key=%s error=%s", r.site, key, e)
+                continue
+            target = out / r.site / str(attempt) / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(body)

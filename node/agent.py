@@ -34,6 +34,7 @@ from fleet.logs import event
 from fleet.protocol import MessageAction, NodeRules, Stop, StopWhy
 from fleet.state import NodeState, SiteRecord
 from node.attempt import Attempt, Cleanup, StartCrawl
+from node.evidence import Capture
 from profiles import ProfileStore
 
 log = logging.getLogger("gridfleet.node")
@@ -104,6 +105,7 @@ class Agent:
         spot_notice: Callable[[], object] = lambda: None,
         healthy: Callable[[], str | None] = lambda: None,
         metrics: CloudWatchSink | None = None,
+        capture: Capture | None = None,
     ):
         self.s = s
         self.table = table
@@ -115,6 +117,7 @@ class Agent:
         self.clock = clock
         self.state_dir = state_dir
         self.spot_notice = spot_notice  # a truthy value once EC2 announced this spot instance's interruption
+        self.capture = capture  # reads a Grid session's evidence before the cleanup ends it (None: none kept)
         self.healthy = healthy  # None when the node can crawl, else why not (e.g. its Grid node died)
         self.started_at = clock.now()
         self.sites_done = 0

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from fleet import crawl_end, crawlerfile, ops, protocol
 from fleet.aws.clients import error_code
@@ -31,6 +31,7 @@ from fleet.errors import StaleWrite
 from fleet.logs import event
 from fleet.protocol import Stop, Watch
 from fleet.state import NodeState, SiteRecord, SiteStatus
+from node import evidence
 from node.result import merged_items, phase_timings, result_body
 from node.runner import CrawlProcess, Exited
 from profiles import ProfileBusy
@@ -132,7 +133,23 @@ class Attempt:
         finally:
             # A crawler that reported its end closes its own browser; any other is killed now.
             proc.close(QUIT_GRACE_S if not end.forced else 0)
+        self._evidence(end, session[0])  # the crawler is gone (its kill never waits), its browser not yet
         return end
+
+    def _evidence(self, end: CrawlEnd, session_id: str | None) -> None:
+        """What the browser shows after an error, a hang or a kill, kept beside the result (bounded in time)."""
+        a, p = self.agent, self.watch.progress
+        if a.capture is None or not session_id or end.kind not in evidence.EVIDENCE_ENDS:
+            return
+        meta = {**self.fields, "end": str(end.kind), "error": end.error, "captured_at": a.clock.now()}
+        meta["last_reported_url"] = p.url if p else None
+        where = (self.rec.site, a.run_date, self.rec.run_id, self.n)
+        try:
+            ev, prefix = evidence.keep(a.capture, a.results, where, meta, session_id)
+        except (ClientError, BotoCoreError, ValueError) as e:  # evidence is a help: the attempt settles without it
+            event(log, "evidence-missed", logging.WARNING, **self.fields, error=capped(e, ERROR_MAX_CHARS))
+            return
+        event(log, "evidence", **self.fields, end=str(end.kind), answered=ev.answered, why=ev.why, key=prefix)
 
     def _spawn(self, profile: Path) -> CrawlProcess:
         rec, s = self.rec, self.s

@@ -42,6 +42,7 @@ BASE_ARGS = (
 )
 
 NODE_CAPABILITY = "gridfleet:node"
+LOGGING_PREFS = "goog:loggingPrefs"
 
 #: Open a blank tab at start. A fresh profile otherwise opens the new-tab page, which waits on the
 #: network, and chromedriver holds the first navigation until it settles (5-10 s seen with a few
@@ -117,6 +118,7 @@ def capabilities(chromium: str, args: list[str], node_id: str, page_load_timeout
         "goog:chromeOptions": {"binary": chromium, "args": args, "prefs": STARTUP_PREFS},
         NODE_CAPABILITY: node_id,  # only this node's Grid slot matches: the browser runs where the profile is
         "timeouts": {"pageLoad": int(page_load_timeout_s * 1000)},
+        LOGGING_PREFS: {"browser": "ALL"},  # the console, read as evidence when the attempt fails (node.evidence)
     }
 
 

@@ -3,7 +3,8 @@
 `python -m node.child --event-fd N` reads the job (JSON) on stdin and writes one
 JSON event per line to fd N: `status`, `session`, then `result` or `error`. It
 runs in its own process group, so the agent, the hub or an SSM/SSH command can
-end a hung crawl with one signal.
+end a hung crawl with one signal. After an error it leaves its browser open: the
+agent reads the browser's evidence (`node.evidence`), then closes it.
 """
 
 from __future__ import annotations
@@ -73,15 +74,18 @@ def main(argv: list[str] | None = None) -> int:
         pace=pacer(job.get("rate_limit")),
     )
     crawler = None
+    failed = False  # a failed crawl's browser stays open for the agent to read, then close
     try:
         crawler = load_crawler(job["crawler"])(ctx)
         result = crawler.run()
         emit(event="result", **result)
         return 0
     except CrawlError as e:
+        failed = True
         emit(event="error", kind="crawl", message=str(e))
         return 1
     except Exception as e:  # the outermost frame of the crawler process: report, never hide
+        failed = True
         emit(
             event="error",
             kind=type(e).__name__,
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     finally:
-        if crawler is not None:
+        if crawler is not None and not failed:
             try:
                 crawler.close()
             except Exception:

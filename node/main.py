@@ -35,7 +35,7 @@ from fleet.config_crawlers import bundle_mismatch
 from fleet.config_load import load_config
 from fleet.errors import ConfigError, GridfleetError
 from fleet.logs import event, setup
-from node import browser
+from node import browser, evidence
 from node.agent import Agent, AgentSettings
 from node.grid_node import GridNode, GridNodeSpec, RunAs
 from node.runner import ChildProcess
@@ -261,6 +261,7 @@ def _agent(args: argparse.Namespace, config: Config, imds: Imds, grid: GridNode 
         profiles=ProfileStore(args.profiles_root, owner=(run_as.uid, run_as.gid) if run_as else None),
         start_crawl=lambda job, log_path: ChildProcess(job, log_path),
         cleanup=cleanup,
+        capture=lambda session_id: evidence.capture(args.grid_url, session_id),
         clock=clock,
         state_dir=args.state_dir,
         healthy=grid.problem if grid is not None else (lambda: None),

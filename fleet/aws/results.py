@@ -6,6 +6,10 @@ its result beside it, `<site>/<YYYYMMDD>/<run_id>/result.json`, never over it
 and never instead of it. Within a run, a result already stored means the site
 is done (a retry skips it).
 
+Evidence of an attempt that ended badly (a screenshot, the page's HTML, its
+console, a record) goes beside the run's result:
+`<site>/<YYYYMMDD>[/<run_id>]/evidence/<attempt>/<file>`, one of `EVIDENCE_FILES`.
+
 `put_new` writes with `IfNoneMatch="*"`: of two writers (a zombie node and the
 attempt that replaced it) exactly one result lands and nothing is overwritten.
 """
@@ -18,6 +22,7 @@ from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
 from fleet.errors import MissingResource
+from fleet.ids import check_run_id, check_site_id
 
 #: Every result carries this tag: the bucket's expiry rule selects results by it (results share no key prefix,
 #: and the bundle and configs live in the same bucket).
@@ -37,6 +42,40 @@ def result_key(site: str, run_date: str, run_id: str | None = None) -> str:
     return f"{site}/{run_date}/{run_id}/result.json"
 
 
+#: The files an evidence record may hold: every key written or read back under `evidence/` names one of them.
+EVIDENCE_FILES = ("evidence.json", "screenshot.png", "page.html", "console.json")
+
+
+def evidence_prefix(site: str, run_date: str, run_id: str | None = None) -> str:
+    """Where the evidence of a run's attempts of a site goes: beside its result, `.../evidence/`. The ids are
+    checked again (they may come back from AWS): ValueError when one is not what it claims."""
+    check_site_id(site)
+    if run_id is not None:
+        check_run_id(run_id)
+    if not (len(run_date) == 8 and run_date.isdigit()):
+        raise ValueError(f"run date {run_date!r} is not YYYYMMDD")
+    return result_key(site, run_date, run_id).rpartition("/")[0] + "/evidence/"
+
+
+def evidence_key(site: str, run_date: str, run_id: str | None, attempt: int, name: str) -> str:
+    """`<site>/<YYYYMMDD>[/<run_id>]/evidence/<attempt>/<name>`; ValueError for a bad id, attempt or name."""
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise ValueError(f"attempt {attempt!r} is not a positive integer")
+    if name not in EVIDENCE_FILES:
+        raise ValueError(f"{name!r} is not an evidence file ({', '.join(EVIDENCE_FILES)})")
+    return f"{evidence_prefix(site, run_date, run_id)}{attempt}/{name}"
+
+
+def parse_evidence_key(prefix: str, key: str) -> tuple[int, str] | None:
+    """(attempt, file) of a key listed under `prefix`, or None when it is not one `evidence_key` makes."""
+    if not key.startswith(prefix):
+        return None
+    attempt, _, name = key[len(prefix) :].partition("/")
+    if not (attempt.isdigit() and attempt.isascii() and len(attempt) <= 6) or int(attempt) < 1:
+        return None
+    return (int(attempt), name) if name in EVIDENCE_FILES else None
+
+
 def aside_key(key: str, suffix: str) -> str:
     """`site/20261121/result.json` -> `site/20261121/result.replaced-<suffix>.json` (kept, no longer the result)."""
     stem, dot, ext = key.rpartition(".")
@@ -47,6 +86,9 @@ class ResultStore(Protocol):
     def exists(self, key: str) -> bool: ...
     def put_new(self, key: str, body: bytes) -> bool: ...
     def get(self, key: str) -> bytes: ...
+    def put_evidence(self, key: str, body: bytes, content_type: str) -> None:
+        """Write one file of an attempt's evidence (a later capture of the same attempt replaces it)."""
+
     def keys(self, prefix: str) -> list[str]: ...
     def set_aside(self, key: str, suffix: str) -> str | None:
         """Move a result out of the way (a forced rerun); returns where it went, None if there was none."""
@@ -90,6 +132,10 @@ class S3ResultStore:
             if error_code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
                 return False
             raise
+
+    def put_evidence(self, key: str, body: bytes, content_type: str) -> None:
+        # Tagged as a result: the bucket's expiry rule takes evidence with the results it explains.
+        self._c.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type, Tagging=RESULT_TAG)
 
     def get(self, key: str) -> bytes:
         return self._c.get_object(Bucket=self.bucket, Key=key)["Body"].read()

@@ -409,12 +409,13 @@ data "aws_iam_policy_document" "node" {
     resources = ["${aws_s3_bucket.results.arn}/*"]
   }
 
-  # fleet.aws.results.put_new: results only (<site>/<date>/result.json), so a node
-  # can never overwrite the bundle or a config.
+  # fleet.aws.results.put_new and put_evidence: results (<site>/<date>/result.json) and
+  # failed attempts' evidence beside them (<site>/<date>/evidence/<attempt>/<file>) only,
+  # so a node can never overwrite the bundle or a config.
   statement {
     sid       = "ResultWrite"
     actions   = ["s3:PutObject", "s3:PutObjectTagging"]
-    resources = ["${aws_s3_bucket.results.arn}/*/result.json"]
+    resources = ["${aws_s3_bucket.results.arn}/*/result.json", "${aws_s3_bucket.results.arn}/*/evidence/*"]
   }
 
   # node bootstrap: mounting the shared file system through the access point.

@@ -890,6 +890,18 @@ def test_an_empty_body_is_a_result(results):
     assert results.put_new(key, b"{}") is False
 
 
+def test_evidence_is_written_beside_the_result_replaced_by_a_later_capture_and_listed(results):
+    from fleet.aws.results import evidence_key, evidence_prefix, parse_evidence_key
+
+    key = evidence_key("s-ev", "20270115", None, 2, "evidence.json")
+    results.put_evidence(key, b'{"answered": false}', "application/json")
+    results.put_evidence(key, b'{"answered": true}', "application/json")  # the same attempt captured again
+    assert results.get(key) == b'{"answered": true}'
+    assert results.exists(result_key("s-ev", "20270115")) is False  # evidence is not a result
+    prefix = evidence_prefix("s-ev", "20270115")
+    assert [parse_evidence_key(prefix, k) for k in results.keys(prefix)] == [(2, "evidence.json")]
+
+
 def test_results_carry_the_tag_the_expiry_rule_selects(moto_endpoint):
     """moto only: the tag is what infra/terraform's lifecycle rule filters on (results share no prefix)."""
     from fleet.aws.bootstrap import ensure_resources
@@ -905,4 +917,8 @@ def test_results_carry_the_tag_the_expiry_rule_selects(moto_endpoint):
     ensure_resources(clients, 30)
     S3ResultStore(clients.client("s3"), f"b-{hx}").put_new("s1/20261121/result.json", b"{}")
     tags = clients.client("s3").get_object_tagging(Bucket=f"b-{hx}", Key="s1/20261121/result.json")["TagSet"]
+    assert [f"{t['Key']}={t['Value']}" for t in tags] == [RESULT_TAG]
+    evidence = "s1/20261121/evidence/1/page.html"  # evidence expires with the results it explains
+    S3ResultStore(clients.client("s3"), f"b-{hx}").put_evidence(evidence, b"<p>x</p>", "text/html; charset=utf-8")
+    tags = clients.client("s3").get_object_tagging(Bucket=f"b-{hx}", Key=evidence)["TagSet"]
     assert [f"{t['Key']}={t['Value']}" for t in tags] == [RESULT_TAG]

@@ -45,3 +45,12 @@ class FailingCrawler(BaseCrawler):
 
         self.status("URL_CALL", self.ctx.start_url)
         raise CrawlError(f"HTTP 500 from {self.ctx.start_url}")
+
+
+class FailingInSessionCrawler(FailingCrawler):
+    """An error page as a browser crawl sees it: a Grid session was reported first, so the agent asks for evidence
+    (the agent's capture is the test's; no browser runs)."""
+
+    def crawl(self):
+        self.ctx.emit(event="session", id="no-browser-session")
+        return super().crawl()

@@ -211,6 +211,7 @@ def node_calls(endpoint: str, tmp: Path) -> set[str]:
     from fleet.aws.results import S3ResultStore
     from fleet.aws.table import DynamoStateTable
     from node.agent import Agent, AgentSettings
+    from node.evidence import Evidence
     from node.main import BOOT_FAILED
     from node.runner import ChildProcess
     from profiles import ProfileStore
@@ -224,8 +225,8 @@ def node_calls(endpoint: str, tmp: Path) -> set[str]:
     table.create_site(rec_site)
     ops.send_next(table, SqsSiteQueue(seed.client("sqs"), aws.queue, aws.dlq_name), rec_site)
     failing = ops.new_site(
-        "iam-node", "s2", SiteSpec("http://y.test/", "tests.helpers.crawlers:FailingCrawler"), None
-    )  # an error: the node requeues it itself (a new message), then fails it
+        "iam-node", "s2", SiteSpec("http://y.test/", "tests.helpers.crawlers:FailingInSessionCrawler"), None
+    )  # an error: the node keeps its evidence, requeues it itself (a new message), then fails it
     table.create_site(failing)
     ops.send_next(table, SqsSiteQueue(seed.client("sqs"), aws.queue, aws.dlq_name), failing)
 
@@ -249,6 +250,7 @@ def node_calls(endpoint: str, tmp: Path) -> set[str]:
         profiles=ProfileStore(tmp / "efs"),
         start_crawl=lambda job, log: ChildProcess(job, log),
         cleanup=lambda *a: None,
+        capture=lambda session_id: Evidence(answered=False, why="no browser in this scenario"),
         clock=clock,
         state_dir=state,
         metrics=CloudWatchSink(

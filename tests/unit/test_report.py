@@ -211,9 +211,18 @@ def test_text_from_the_summary_is_escaped(summary):
 
 def test_site_table_lists_failed_sites_first_then_by_name(summary):
     table = rows(parse(render(summary)), "sites")
-    assert table[0] == ["site", "status", "attempts", "final attempt", "all attempts", "failure reason / error", "node"]
+    assert table[0] == [
+        "site",
+        "status",
+        "attempts",
+        "final attempt",
+        "all attempts",
+        "failure reason / error",
+        "node",
+        "evidence",
+    ]
     assert [r[0] for r in table[1:]] == ["beta", "alpha", "delta", "gamma"]
-    assert table[2] == ["alpha", "COMPLETED", "2", "60 s", "2 m 00 s", "", "i-b"]
+    assert table[2] == ["alpha", "COMPLETED", "2", "60 s", "2 m 00 s", "", "i-b", ""]
     assert table[3][3:5] == ["90 s", "3 m 10 s"]
 
 
