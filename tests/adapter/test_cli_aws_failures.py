@@ -311,7 +311,7 @@ def test_access_denied_past_the_preflight_checks_names_the_call_it_hit(
     from cli import aws as aws_cmd
 
     def build(name: str) -> Callable[..., Path]:
-        def make(root: Path, out: Path, *_: Any) -> Path:
+        def make(root: Path, out: Path, *_: Any, **__: Any) -> Path:
             out.mkdir(parents=True, exist_ok=True)
             (out / name).write_bytes(b"bundle")
             return out / name
