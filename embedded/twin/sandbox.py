@@ -64,6 +64,7 @@ class InstanceSandbox:
         root: Path,
         *,
         tags: dict[str, str] | None = None,
+        role: str | None = None,
         env: dict[str, str] | None = None,
         boot_timeout_s: float = 900.0,
         install_dir: str = "/opt/gridfleet",
@@ -78,6 +79,7 @@ class InstanceSandbox:
         self.efs_dir = Path(root) / "efs"
         self.netns = network.NETNS_PREFIX + instance_id
         self.tags = tags
+        self.role = role
         self.env = dict(env or {})
         self.boot_timeout_s = boot_timeout_s
         self.places = {"install": install_dir, "state": state_dir, "efs": efs_mount}
@@ -160,7 +162,7 @@ class InstanceSandbox:
         self._index = network.free_index()
         try:
             self.address = network.add_instance(self.netns, self._index)
-            self.imds = InstanceImds(self.netns, self.instance_id, self.address, self.tags)
+            self.imds = InstanceImds(self.netns, self.instance_id, self.address, self.tags, self.role)
             self._spawn(plan)
         except BaseException:
             self.stop()

@@ -9,6 +9,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import boto3
+
 from embedded.twin import TwinError, cleanup_leftovers, network
 from tests.helpers.wait import wait_for
 
@@ -16,6 +18,7 @@ IMDS_GET = (
     "t=$(curl -fsS -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token)"
     ' && curl -fsS -H "X-aws-ec2-metadata-token: $t" http://169.254.169.254/latest/meta-data/{}'
 )
+SITE_PACKAGES = str(Path(boto3.__file__).parent.parent)
 PROBE = "/etc/gridfleet/twin-probe.env"
 PROBE_TEXT = json.dumps("PROBE=1\n")  # JSON is YAML
 
@@ -113,3 +116,36 @@ def test_an_instance_id_that_is_not_one_is_refused(twin_root):
         assert "is not i-<8 to 17 hex digits>" in str(e)
     else:
         raise AssertionError("a path-like instance id was accepted")
+
+
+def test_an_instance_reaches_the_twins_aws_with_its_instance_profile(sandboxes):
+    """The path the wiring will use: a moto server on the bridge, credentials from the instance's IMDS (the
+    instance has none in its environment or files), the endpoint from the environment the twin gives."""
+    from moto.server import ThreadedMotoServer
+
+    network.ensure_bridge()
+    server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=0, verbose=False)
+    server.start()
+    try:
+        endpoint = "http://{}:{}".format(*server.get_host_and_port())
+        s3 = boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t"
+        )
+        s3.create_bucket(Bucket="gridfleet-artifacts")
+        s3.put_object(Bucket="gridfleet-artifacts", Key="runs/twin/fleet.yaml", Body=b"from moto")
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+        box = sandboxes("i-0000000000000a201", cloud_config("true"), role="gridfleet-node", env=env)
+        assert box.wait_boot(30).exit_code == 0
+        assert sh(box, IMDS_GET.format("iam/security-credentials/")).stdout == "gridfleet-node"
+        # the instance's own python3 with this project's boto3 (this interpreter may live under the masked /root)
+        get = (
+            f"import sys; sys.path.insert(0, {SITE_PACKAGES!r}); import boto3; s3 = boto3.client('s3');"
+            "print(s3.get_object(Bucket='gridfleet-artifacts', Key='runs/twin/fleet.yaml')['Body'].read().decode())"
+        )
+        got = box.run(["python3", "-I", "-c", get])
+        assert got.stdout == "from moto\n", got.stderr
+        bare = sandboxes("i-0000000000000a202", cloud_config("true"), env=env)  # no instance profile
+        assert bare.wait_boot(30).exit_code == 0
+        assert "Unable to locate credentials" in bare.run(["python3", "-I", "-c", get]).stderr
+    finally:
+        server.stop()
