@@ -114,12 +114,15 @@ def remove_instance(netns: str, index: int | None) -> None:
 def cleanup_leftovers(*, bridge: bool = True) -> list[str]:
     """Remove every namespace and veth of the twin (a crashed run's), and the bridge; returns their names."""
     gone = []
+    for link in _links():  # before the namespaces: deleting one takes its veth away, at some later moment
+        if link.startswith(VETH_PREFIX):
+            ip("link", "del", link, check=False)
+            gone.append(link)
     for ns in _namespaces():
         if ns.startswith(NETNS_PREFIX):
             remove_instance(ns, None)
             gone.append(ns)
-    for link in _links():
-        if link.startswith(VETH_PREFIX) or (bridge and link == BRIDGE):
-            ip("link", "del", link, check=False)
-            gone.append(link)
+    if bridge and BRIDGE in _links():
+        ip("link", "del", BRIDGE, check=False)
+        gone.append(BRIDGE)
     return gone

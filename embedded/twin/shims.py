@@ -5,7 +5,9 @@ already (so a boot script's install of what the image has is a no-op, as on a ba
 apt for any other. `shutdown`, `poweroff`, `halt` and `reboot` only write the marker `SHUTDOWN_MARKER`,
 which the twin reads to apply the instance's shutdown behaviour. `systemctl` knows `daemon-reload` and
 `enable`/`start` of a unit file in /etc/systemd/system, whose ExecStart it runs (in the background with
-`--no-block`), enough for the hub's template; there is no systemd in the instance.
+`--no-block`), enough for the hub's template; there is no systemd in the instance. `mount.efs` stands for
+amazon-efs-utils: the twin has bound the shared EFS directory over the mount point already, so it succeeds
+when its target is a mount point (the node's script then finds EFS mounted and mounts nothing).
 """
 
 from __future__ import annotations
@@ -76,6 +78,13 @@ case $cmd in
 esac
 """
 
+MOUNT_EFS = r"""#!/bin/sh
+# mount.efs of the twin: EFS is bound at boot; see embedded/twin/shims.py.
+mountpoint -q "$2" && exit 0
+echo "mount.efs of the twin: $2 is not where the twin bound EFS" >&2
+exit 32
+"""
+
 SHIMS = {
     "apt-get": APT_GET,
     "shutdown": SHUTDOWN,
@@ -83,4 +92,5 @@ SHIMS = {
     "halt": SHUTDOWN,
     "reboot": SHUTDOWN,
     "systemctl": SYSTEMCTL,
+    "mount.efs": MOUNT_EFS,
 }

@@ -86,11 +86,14 @@ def test_shims_install_nothing_and_make_shutdown_observable(sandboxes):
         cloud_config(
             "apt-get -o DPkg::Lock::Timeout=60 install -y --no-install-recommends curl",
             "apt-get install -y gridfleet-no-such-package || echo missing-refused > /var/lib/gridfleet/apt",
+            "mount.efs fs-0123456789abcdef0:/ /efs -o tls,iam && echo efs-bound > /var/lib/gridfleet/efs",
+            "mount.efs fs-0123456789abcdef0:/ /mnt -o tls,iam || echo elsewhere-refused >> /var/lib/gridfleet/efs",
             "shutdown -h now",
         ),
     )
     assert box.wait_boot(30).exit_code == 0
     assert box.host_path("/var/lib/gridfleet/apt").read_text() == "missing-refused\n"
+    assert box.host_path("/var/lib/gridfleet/efs").read_text() == "efs-bound\nelsewhere-refused\n"
     assert box.shutdown_requested.split()[1:] == ["shutdown", "-h", "now"]
 
 
@@ -105,6 +108,7 @@ def test_leftovers_of_a_crashed_run_are_removed(twin_ok):
     gone = cleanup_leftovers()
     assert network.NETNS_PREFIX + "i-0000000000000f001" in gone and f"{network.VETH_PREFIX}250" in gone
     assert network.NETNS_PREFIX not in network.ip("netns", "list") and network.BRIDGE not in network.ip("link")
+    assert f"{network.VETH_PREFIX}250" not in network.ip("link")
 
 
 def test_an_instance_id_that_is_not_one_is_refused(twin_root):
