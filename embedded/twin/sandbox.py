@@ -1,0 +1,249 @@
+"""One instance of the twin: its user-data booted for real on this machine, in namespaces of its own (root).
+
+`InstanceSandbox.start()` gives the instance a network namespace on the twin's bridge (`network`), its
+IMDSv2 inside it (`imds`), and runs the guest (`guest`) with ``ip netns exec ... unshare --pid --fork
+--mount-proc``: the guest is PID 1 of the instance and bind-mounts its private directories over the
+paths the boot scripts use, so those paths work unchanged and nothing the boot writes reaches the host's:
+
+  /etc, /usr/local/sbin   a copy of the host's, made at start (the shims of `shims` in the latter)
+  /var/log, /var/lib/cloud, /root, /tmp, /dev/console   empty per-instance directories (a file for the console)
+  install_dir, state_dir   per-instance directories (default /opt/gridfleet, /var/lib/gridfleet)
+  efs_mount               the one directory all instances of the twin share (default /efs)
+
+A mount point missing on the host (e.g. /efs) is created there, empty, as bind mounts need one. Every
+process of the instance is in its PID namespace, so `stop()` ends them all by killing its init; what
+entered the network namespace otherwise is killed by pid. The host side of the boot's output is
+`boot_log` (the guest and the scripts' stdout), the script's own logs are under `var_log`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from embedded.twin import network
+from embedded.twin.cloud_config import TwinError, plan_user_data
+from embedded.twin.imds import InstanceImds
+from embedded.twin.shims import SHIMS, SHUTDOWN_MARKER
+
+INSTANCE_ID_RE = re.compile(r"^i-[0-9a-f]{8,17}$")
+GUEST = Path(__file__).with_name("guest.py")
+GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_PRIVATE = (("etc", "/etc"), ("usr-local-sbin", "/usr/local/sbin"), ("var-log", "/var/log"))
+_LAST = (("root-home", "/root"), ("tmp", "/tmp"))  # last: the twin's own paths may lie under them
+
+
+@dataclass(frozen=True)
+class BootResult:
+    """How the boot (the runcmd script, after write_files and packages) ended."""
+
+    exit_code: int  # 124: killed at boot_timeout_s
+    seconds: float
+
+
+def cleanup_leftovers() -> list[str]:
+    """Remove the namespaces, veths and bridge a crashed earlier run of the twin left; their names."""
+    return network.cleanup_leftovers()
+
+
+class InstanceSandbox:
+    """One instance: `start()` boots `user_data`, `wait_boot()` waits for its runcmd, `stop()` ends it."""
+
+    def __init__(
+        self,
+        instance_id: str,
+        user_data: str,
+        root: Path,
+        *,
+        tags: dict[str, str] | None = None,
+        role: str | None = None,
+        env: dict[str, str] | None = None,
+        boot_timeout_s: float = 900.0,
+        install_dir: str = "/opt/gridfleet",
+        state_dir: str = "/var/lib/gridfleet",
+        efs_mount: str = "/efs",
+    ) -> None:
+        if not isinstance(instance_id, str) or not INSTANCE_ID_RE.match(instance_id):
+            raise TwinError(f"instance id {instance_id!r} is not i-<8 to 17 hex digits>")
+        self.instance_id = instance_id
+        self.plan = plan_user_data(user_data)
+        self.dir = Path(root) / "instances" / instance_id
+        self.efs_dir = Path(root) / "efs"
+        self.netns = network.NETNS_PREFIX + instance_id
+        self.tags = tags
+        self.role = role
+        self.env = dict(env or {})
+        self.boot_timeout_s = boot_timeout_s
+        self.places = {"install": install_dir, "state": state_dir, "efs": efs_mount}
+        self.address: str | None = None
+        self.imds: InstanceImds | None = None
+        self._index: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._status_fd: int | None = None
+        self._result: BootResult | None = None
+
+    # --- paths on the host ----------------------------------------------------------------------
+    @property
+    def boot_log(self) -> Path:
+        return self.dir / "boot.log"
+
+    @property
+    def var_log(self) -> Path:
+        return self.dir / "var-log"
+
+    @property
+    def console(self) -> Path:
+        return self.dir / "console"
+
+    def host_path(self, guest_path: str) -> Path | None:
+        """Where a path of the instance lies on the host, when it is in one of its private directories."""
+        for name, target in self._mounts():
+            if guest_path == target or guest_path.startswith(target.rstrip("/") + "/"):
+                return Path(name) / guest_path[len(target) :].lstrip("/")
+        return None
+
+    @property
+    def shutdown_requested(self) -> str | None:
+        """What the instance's `shutdown`/`poweroff` said (time, command, arguments), or None."""
+        marker = self.host_path(SHUTDOWN_MARKER)
+        return marker.read_text() if marker and marker.exists() else None
+
+    def _mounts(self) -> list[tuple[str, str]]:
+        d = self.dir
+        pairs = [(str(d / name), target) for name, target in _PRIVATE]
+        pairs += [(str(d / "var-lib-cloud"), "/var/lib/cloud"), (str(d / "console"), "/dev/console")]
+        pairs += [(str(d / "install"), self.places["install"]), (str(d / "state"), self.places["state"])]
+        pairs += [(str(self.efs_dir), self.places["efs"])]
+        return pairs + [(str(d / name), target) for name, target in _LAST]
+
+    # --- life -----------------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        if self.dir.exists():
+            raise TwinError(f"{self.dir} exists: an instance id boots once")
+        self.dir.mkdir(parents=True, mode=0o700)
+        subprocess.run(["cp", "-a", "/etc", str(self.dir / "etc")], check=True, timeout=120)
+        shutil.copytree("/usr/local/sbin", self.dir / "usr-local-sbin", symlinks=True)
+        for name, text in SHIMS.items():
+            shim = self.dir / "usr-local-sbin" / name
+            shim.write_text(text)
+            shim.chmod(0o755)
+        for name in ("var-log", "var-lib-cloud", "install", "state", "root-home", "tmp"):
+            (self.dir / name).mkdir(mode=0o755)
+        (self.dir / "root-home").chmod(0o700)
+        (self.dir / "tmp").chmod(0o1777)
+        self.console.touch(mode=0o600)
+        self.efs_dir.mkdir(mode=0o755, exist_ok=True)
+        for source, target in self._mounts():
+            if Path(source).is_dir():
+                Path(target).mkdir(parents=True, exist_ok=True)  # a bind mount needs a mount point
+
+    def _guest_plan(self) -> Path:
+        env = {"PATH": GUEST_PATH, "HOME": "/root", "LANG": "C.UTF-8", **self.env}
+        mounts = [{"source": s, "target": t} for s, t in self._mounts()]
+        doc = {**self.plan, "env": env, "mounts": mounts, "timeout_s": self.boot_timeout_s}
+        path = self.dir / "plan.json"
+        path.write_text(json.dumps(doc))
+        return path
+
+    def start(self) -> InstanceSandbox:
+        """Prepare the instance's directories and network, start its IMDS, and start the boot."""
+        if os.geteuid() != 0:
+            raise TwinError("the EC2 twin needs root (network and mount namespaces)")
+        self._prepare()
+        plan = self._guest_plan()
+        self._index = network.free_index()
+        try:
+            self.address = network.add_instance(self.netns, self._index)
+            self.imds = InstanceImds(self.netns, self.instance_id, self.address, self.tags, self.role)
+            self._spawn(plan)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, plan: Path) -> None:
+        python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+        read_fd, write_fd = os.pipe()
+        cmd = ["ip", "netns", "exec", self.netns, "unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+        cmd += [python, "-I", str(GUEST), str(plan), str(write_fd)]
+        with self.boot_log.open("ab") as out:
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+                env={"PATH": GUEST_PATH, "LANG": "C.UTF-8"},
+            )
+        os.close(write_fd)
+        self._status_fd = read_fd
+
+    def wait_boot(self, timeout_s: float) -> BootResult | None:
+        """The boot's result, waiting at most `timeout_s`; None while it runs."""
+        if self._result is not None or self._status_fd is None:
+            return self._result
+        ready, _, _ = select.select([self._status_fd], [], [], timeout_s)
+        if not ready:
+            return None
+        line = os.read(self._status_fd, 4096).decode()
+        os.close(self._status_fd)
+        self._status_fd = None
+        if not line.strip():  # the guest died before it could say
+            self._result = BootResult(exit_code=-1, seconds=0.0)
+        else:
+            status = json.loads(line)
+            self._result = BootResult(exit_code=int(status["exit_code"]), seconds=float(status["seconds"]))
+        return self._result
+
+    def init_pid(self) -> int:
+        """The host pid of the instance's init (the guest)."""
+        if self._proc is None:
+            raise TwinError(f"{self.instance_id} is not running")
+        children = Path(f"/proc/{self._proc.pid}/task/{self._proc.pid}/children").read_text().split()
+        if not children:
+            raise TwinError(f"{self.instance_id} has no init process")
+        return int(children[0])
+
+    def run(self, argv: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run a command inside the instance (its network, mounts and processes), as root."""
+        env = {"PATH": GUEST_PATH, "HOME": "/root", "LANG": "C.UTF-8", **self.env}
+        cmd = ["nsenter", "--target", str(self.init_pid()), "--mount", "--net", "--pid", "--", *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd="/")
+
+    def processes(self) -> list[int]:
+        """The pids (on the host) of every process of the instance."""
+        return network.pids(self.netns)
+
+    def stop(self) -> None:
+        """Kill every process of the instance, stop its IMDS, delete its veth and namespace; idempotent."""
+        if self._proc is not None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)  # unshare; its child, the init, follows it
+            except ProcessLookupError:
+                pass
+            self._proc.wait(timeout=30)
+        if self._status_fd is not None:
+            os.close(self._status_fd)
+            self._status_fd = None
+        if self.imds is not None:
+            self.imds.stop()
+            self.imds = None
+        left = network.kill_all(self.netns)
+        network.remove_instance(self.netns, self._index)
+        if left:
+            raise TwinError(f"{self.instance_id}: processes {left} survived SIGKILL")
+
+    def __enter__(self) -> InstanceSandbox:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

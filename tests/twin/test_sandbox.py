@@ -1,0 +1,155 @@
+"""One instance of the EC2 twin, booted for real: its own network namespace on the twin's bridge, its own
+mounts over /etc and the install, state and EFS paths, its IMDSv2 inside it, and nothing left after stop().
+Root only (see conftest). Nothing is faked but `apt-get`, `shutdown` and `systemctl` inside the instance,
+which the twin replaces on purpose (an instance here installs nothing and powers nothing off)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import boto3
+
+from embedded.twin import TwinError, cleanup_leftovers, network
+from tests.helpers.wait import wait_for
+
+IMDS_GET = (
+    "t=$(curl -fsS -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token)"
+    ' && curl -fsS -H "X-aws-ec2-metadata-token: $t" http://169.254.169.254/latest/meta-data/{}'
+)
+SITE_PACKAGES = str(Path(boto3.__file__).parent.parent)
+PROBE = "/etc/gridfleet/twin-probe.env"
+PROBE_TEXT = json.dumps("PROBE=1\n")  # JSON is YAML
+
+
+def cloud_config(*runcmd: str, files: str = "") -> str:
+    lines = "".join(f"  - {json.dumps(c)}\n" for c in runcmd)
+    return f"#cloud-config\n{files}runcmd:\n{lines}"
+
+
+def sh(box, script: str) -> subprocess.CompletedProcess[str]:
+    return box.run(["sh", "-c", script])
+
+
+def test_write_files_and_runcmd_land_in_the_instance_only(sandboxes):
+    files = (
+        "write_files:\n"
+        f"  - {{path: {PROBE}, content: {PROBE_TEXT}, permissions: '0640', owner: 'root:root'}}\n"
+        "  - {path: /opt/gridfleet/marker, content: installed}\n"
+        "  - {path: /efs/shared, content: efs}\n"
+    )
+    box = sandboxes("i-0000000000000a001", cloud_config(f"cp {PROBE} /var/lib/gridfleet/copied", files=files))
+    assert box.wait_boot(30).exit_code == 0
+    assert sh(box, f"stat -c '%a %U' {PROBE}").stdout == "640 root\n"
+    assert not Path(PROBE).exists()  # the host's /etc is untouched
+    assert box.host_path(PROBE).read_text() == "PROBE=1\n"
+    assert box.host_path("/var/lib/gridfleet/copied").read_text() == "PROBE=1\n"
+    assert not Path("/opt/gridfleet/marker").exists()
+    assert (box.efs_dir / "shared").read_text() == "efs"
+    assert "runcmd exited with status 0" in box.boot_log.read_text()
+
+
+def test_each_instance_has_its_own_imds_and_they_reach_each_other(sandboxes):
+    serve = "setsid python3 -m http.server --bind 0.0.0.0 8080 --directory /var/lib/gridfleet >/dev/null 2>&1 &"
+    a = sandboxes("i-0000000000000b001", cloud_config("echo from-a > /var/lib/gridfleet/hello", serve))
+    b = sandboxes("i-0000000000000b002", cloud_config("true"), tags={"gridfleet:run_id": "twin-run-1"})
+    assert a.wait_boot(30).exit_code == 0 and b.wait_boot(30).exit_code == 0
+    assert a.address != b.address and {a.address, b.address} <= {network.address_of(i) for i in range(2, 9)}
+    for box in (a, b):
+        assert sh(box, IMDS_GET.format("instance-id")).stdout == box.instance_id
+        assert sh(box, IMDS_GET.format("local-ipv4")).stdout == box.address
+        assert sh(box, "ip route show default").stdout == ""  # nothing routes off the bridge's subnet
+    assert sh(b, IMDS_GET.format("tags/instance/gridfleet:run_id")).stdout == "twin-run-1"
+    assert sh(a, IMDS_GET.format("tags/instance/gridfleet:run_id")).returncode != 0  # no tags given: none served
+    assert sh(b, IMDS_GET.format("spot/instance-action")).returncode != 0
+    b.imds.spot_notice()
+    assert json.loads(sh(b, IMDS_GET.format("spot/instance-action")).stdout)["action"] == "terminate"
+    got = wait_for(lambda: sh(b, f"curl -fsS --max-time 2 http://{a.address}:8080/hello").stdout, timeout=10)
+    assert got == "from-a\n"
+
+
+def test_stop_leaves_no_process_no_namespace_and_no_veth(sandboxes):
+    box = sandboxes("i-0000000000000c001", cloud_config("setsid sleep 600 >/dev/null 2>&1 &", "nohup sleep 601 &"))
+    assert box.wait_boot(30).exit_code == 0
+    assert len(box.processes()) >= 3  # init, two sleeps
+    box.stop()
+    assert box.processes() == []
+    assert box.netns not in network.ip("netns", "list")
+    assert not any(line.startswith(network.VETH_PREFIX) for line in network.ip("-br", "link").splitlines())
+    box.stop()  # again: nothing to do
+
+
+def test_shims_install_nothing_and_make_shutdown_observable(sandboxes):
+    box = sandboxes(
+        "i-0000000000000d001",
+        cloud_config(
+            "apt-get -o DPkg::Lock::Timeout=60 install -y --no-install-recommends curl",
+            "apt-get install -y gridfleet-no-such-package || echo missing-refused > /var/lib/gridfleet/apt",
+            "mount.efs fs-0123456789abcdef0:/ /efs -o tls,iam && echo efs-bound > /var/lib/gridfleet/efs",
+            "mount.efs fs-0123456789abcdef0:/ /mnt -o tls,iam || echo elsewhere-refused >> /var/lib/gridfleet/efs",
+            "shutdown -h now",
+        ),
+    )
+    assert box.wait_boot(30).exit_code == 0
+    assert box.host_path("/var/lib/gridfleet/apt").read_text() == "missing-refused\n"
+    assert box.host_path("/var/lib/gridfleet/efs").read_text() == "efs-bound\nelsewhere-refused\n"
+    assert box.shutdown_requested.split()[1:] == ["shutdown", "-h", "now"]
+
+
+def test_a_boot_that_overruns_its_timeout_is_killed(sandboxes):
+    box = sandboxes("i-0000000000000e001", cloud_config("sleep 120"), boot_timeout_s=1)
+    result = box.wait_boot(30)
+    assert result.exit_code == 124 and result.seconds < 30
+
+
+def test_leftovers_of_a_crashed_run_are_removed(twin_ok):
+    network.add_instance(network.NETNS_PREFIX + "i-0000000000000f001", 250)
+    gone = cleanup_leftovers()
+    assert network.NETNS_PREFIX + "i-0000000000000f001" in gone and f"{network.VETH_PREFIX}250" in gone
+    assert network.NETNS_PREFIX not in network.ip("netns", "list") and network.BRIDGE not in network.ip("link")
+    assert f"{network.VETH_PREFIX}250" not in network.ip("link")
+
+
+def test_an_instance_id_that_is_not_one_is_refused(twin_root):
+    try:
+        from embedded.twin import InstanceSandbox
+
+        InstanceSandbox("i-../../etc", "#cloud-config\n", twin_root)
+    except TwinError as e:
+        assert "is not i-<8 to 17 hex digits>" in str(e)
+    else:
+        raise AssertionError("a path-like instance id was accepted")
+
+
+def test_an_instance_reaches_the_twins_aws_with_its_instance_profile(sandboxes):
+    """The path the wiring will use: a moto server on the bridge, credentials from the instance's IMDS (the
+    instance has none in its environment or files), the endpoint from the environment the twin gives."""
+    from moto.server import ThreadedMotoServer
+
+    network.ensure_bridge()
+    server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=0, verbose=False)
+    server.start()
+    try:
+        endpoint = "http://{}:{}".format(*server.get_host_and_port())
+        s3 = boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t"
+        )
+        s3.create_bucket(Bucket="gridfleet-artifacts")
+        s3.put_object(Bucket="gridfleet-artifacts", Key="runs/twin/fleet.yaml", Body=b"from moto")
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+        box = sandboxes("i-0000000000000a201", cloud_config("true"), role="gridfleet-node", env=env)
+        assert box.wait_boot(30).exit_code == 0
+        assert sh(box, IMDS_GET.format("iam/security-credentials/")).stdout == "gridfleet-node"
+        # the instance's own python3 with this project's boto3 (this interpreter may live under the masked /root)
+        get = (
+            f"import sys; sys.path.insert(0, {SITE_PACKAGES!r}); import boto3; s3 = boto3.client('s3');"
+            "print(s3.get_object(Bucket='gridfleet-artifacts', Key='runs/twin/fleet.yaml')['Body'].read().decode())"
+        )
+        got = box.run(["python3", "-I", "-c", get])
+        assert got.stdout == "from moto\n", got.stderr
+        bare = sandboxes("i-0000000000000a202", cloud_config("true"), env=env)  # no instance profile
+        assert bare.wait_boot(30).exit_code == 0
+        assert "Unable to locate credentials" in bare.run(["python3", "-I", "-c", get]).stderr
+    finally:
+        server.stop()
