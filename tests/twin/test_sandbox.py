@@ -6,6 +6,7 @@ which the twin replaces on purpose (an instance here installs nothing and powers
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -122,6 +123,23 @@ def test_an_instance_id_that_is_not_one_is_refused(twin_root):
         raise AssertionError("a path-like instance id was accepted")
 
 
+#: Where the test puts boto3 and what it needs inside an instance (its own install directory).
+SDK = "/opt/gridfleet/sdk"
+SDK_PARTS = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3", "six.py")
+
+
+def give_sdk(box) -> None:
+    target = box.host_path(SDK)
+    assert target is not None
+    for part in SDK_PARTS:
+        source = Path(SITE_PACKAGES) / part
+        if source.is_dir():
+            shutil.copytree(source, target / part, dirs_exist_ok=True)
+        elif source.is_file():
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / part)
+
+
 def test_an_instance_reaches_the_twins_aws_with_its_instance_profile(sandboxes):
     """The path the wiring will use: a moto server on the bridge, credentials from the instance's IMDS (the
     instance has none in its environment or files), the endpoint from the environment the twin gives."""
@@ -141,15 +159,18 @@ def test_an_instance_reaches_the_twins_aws_with_its_instance_profile(sandboxes):
         box = sandboxes("i-0000000000000a201", cloud_config("true"), role="gridfleet-node", env=env)
         assert box.wait_boot(30).exit_code == 0
         assert sh(box, IMDS_GET.format("iam/security-credentials/")).stdout == "gridfleet-node"
-        # the instance's own python3 with this project's boto3 (this interpreter may live under the masked /root)
+        # the instance's own python3 with this project's boto3, copied into the instance's install directory (the
+        # project's environment may live under a path the instance masks: /tmp, /root)
         get = (
-            f"import sys; sys.path.insert(0, {SITE_PACKAGES!r}); import boto3; s3 = boto3.client('s3');"
+            f"import sys; sys.path.insert(0, {SDK!r}); import boto3; s3 = boto3.client('s3');"
             "print(s3.get_object(Bucket='gridfleet-artifacts', Key='runs/twin/fleet.yaml')['Body'].read().decode())"
         )
+        give_sdk(box)
         got = box.run(["python3", "-I", "-c", get])
         assert got.stdout == "from moto\n", got.stderr
         bare = sandboxes("i-0000000000000a202", cloud_config("true"), env=env)  # no instance profile
         assert bare.wait_boot(30).exit_code == 0
+        give_sdk(bare)
         assert "Unable to locate credentials" in bare.run(["python3", "-I", "-c", get]).stderr
     finally:
         server.stop()
