@@ -26,7 +26,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from fleet.config import Config
 from fleet.config_crawlers import InstalledCrawlers
-from fleet.crawler_project import CrawlerProject, ProjectError
+from fleet.crawler_project import CrawlerProject, ProjectError, pinned_requirements
 from fleet.errors import UsageError
 
 log = logging.getLogger("gridfleet")
@@ -155,27 +155,13 @@ def _installed_version(name: str) -> str | None:
 
 
 def pinned(requirements: str | None) -> list[str]:
-    """The lines of a requirements file, each `name==version` (comments and blank lines skipped); anything
-    else is refused, so that every instance installs exactly what was tried here."""
+    """The pinned lines of the requirements file (checked when the config loaded; read again here)."""
     if not requirements:
         return []
-    out: list[str] = []
-    lines = Path(requirements).read_text(encoding="utf-8").splitlines()
-    for n, line in enumerate(lines[:1000], 1):
-        text = line.split("#", 1)[0].strip()
-        if not text:
-            continue
-        try:
-            req = Requirement(text)
-        except InvalidRequirement:
-            req = None
-        spec = list(req.specifier) if req else []
-        if req is None or req.url or req.marker or len(spec) != 1 or spec[0].operator != "==" or "*" in spec[0].version:
-            raise UsageError(f"{requirements}:{n}: {text!r} is not pinned: write it as name==version")
-        out.append(f"{req.name}=={spec[0].version}")
-    if len(lines) > 1000:
-        raise UsageError(f"{requirements}: more than 1000 lines: not a requirements file of a crawler project")
-    return out
+    try:
+        return pinned_requirements(Path(requirements))
+    except ProjectError as e:
+        raise UsageError(str(e)) from None
 
 
 def build_wheels(project: CrawlerProject, requirements: str | None, wheels: Path) -> list[str]:

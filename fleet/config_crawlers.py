@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from fleet.crawler_project import CrawlerProject, ProjectError
+from fleet.crawler_project import CrawlerProject, ProjectError, pinned_requirements
 
 #: Keys of the validation context `fleet.config_load` passes: the config file's directory, and the project
 #: found there (or why not).
@@ -68,14 +68,18 @@ class CrawlersConfig(BaseModel):
         path = (Path(base) / v).resolve()
         if not path.is_file():
             raise ValueError(f"{path}: no such file")
+        try:
+            pinned_requirements(path)
+        except ProjectError as e:
+            raise ValueError(str(e)) from None
         return str(path)
 
     @model_validator(mode="after")
     def _one_source(self) -> CrawlersConfig:
         if self.project is None and self.installed is None:
-            raise ValueError("crawlers: name the crawler project's directory in `project`")
+            raise ValueError("name the crawler project's directory in `project`")
         if self.requirements is not None and self.project is None:
-            raise ValueError("crawlers.requirements needs crawlers.project")
+            raise ValueError("`requirements` needs `project`")
         return self
 
 

@@ -18,6 +18,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 #: Directories and files that are not the project's content (build output, caches, version control, venvs).
 SKIPPED_DIRS = frozenset(
     {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "build", "dist", ".mypy_cache", ".ruff_cache",
@@ -132,3 +134,38 @@ def content_hash(root: Path) -> str:
         digest.update(rel.as_posix().encode() + b"\0" + str(len(data)).encode() + b"\0")
         digest.update(data)
     return "sha256:" + digest.hexdigest()
+
+
+#: Bounds of a requirements file: a short list of pins, not data.
+MAX_REQUIREMENT_LINES = 1000
+MAX_REQUIREMENTS_BYTES = 256 * 2**10
+
+
+def pinned_requirements(path: Path) -> list[str]:
+    """The lines of a requirements file, each `name==version` (comments and blank lines skipped); anything
+    else is refused, so that every instance installs exactly what was tried here."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_REQUIREMENTS_BYTES + 1)
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProjectError(f"{path}: cannot be read: {e}") from None
+    lines = text.splitlines()
+    if len(raw) > MAX_REQUIREMENTS_BYTES or len(lines) > MAX_REQUIREMENT_LINES:
+        raise ProjectError(
+            f"{path}: more than {MAX_REQUIREMENT_LINES} lines: not a requirements file of a crawler project"
+        )
+    out: list[str] = []
+    for n, line in enumerate(lines, 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        try:
+            req: Requirement | None = Requirement(entry)
+        except InvalidRequirement:
+            req = None
+        spec = list(req.specifier) if req else []
+        if req is None or req.url or req.marker or len(spec) != 1 or spec[0].operator != "==" or "*" in spec[0].version:
+            raise ProjectError(f"{path}:{n}: {entry!r} is not pinned: write it as name==version")
+        out.append(f"{req.name}=={spec[0].version}")
+    return out

@@ -164,3 +164,15 @@ def test_the_hubs_config_keeps_the_webhook_the_nodes_copy_does_not(tmp_path):
     assert project is not None
     given = installed_config(config, project)
     assert hook in dump_config(given, secrets=True) and hook not in dump_config(given)
+
+
+def test_unpinned_requirements_are_refused_when_the_config_loads_before_anything_starts(tmp_path):
+    make_project(tmp_path / "conf" / "team")
+    (tmp_path / "conf" / "requirements.txt").write_text("lxml>=5\n")
+    crawlers = "crawlers: {project: ./team, requirements: requirements.txt}\n"
+    with pytest.raises(ConfigError) as e:
+        load_config(config_file(tmp_path, crawlers=crawlers))
+    assert "crawlers.requirements" in str(e.value) and "'lxml>=5' is not pinned" in str(e.value)
+    (tmp_path / "conf" / "requirements.txt").write_text("x==1\n" * 1001)
+    with pytest.raises(ConfigError, match="more than 1000 lines"):
+        load_config(config_file(tmp_path, crawlers=crawlers))
