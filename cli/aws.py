@@ -114,15 +114,15 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
         console.print("not uploaded (pass --upload to put them in the bucket)")
         return 0
     folder = str(Path(aws.bundle_key).parent)
-    uploads = [
-        (bundle, aws.bundle_key),
-        (zipped, f"{folder}/gridfleet-lambda.zip"),
-        (Path(args.config), aws.hub_config_key),
-    ]
+    hub_config = Path(args.config)
     if crawlers is not None:  # the hub's config names what the bundle installed, not a directory of this machine
         hub_config = args.out / "fleet.yaml"
         hub_config.write_text(dump_config(installed_config(config, crawlers.project), secrets=True))
-        uploads[2] = (hub_config, aws.hub_config_key)
+    uploads = [
+        (bundle, aws.bundle_key),
+        (zipped, f"{folder}/gridfleet-lambda.zip"),
+        (hub_config, aws.hub_config_key),
+    ]
     if args.efs_utils_deb:
         uploads.append((Path(args.efs_utils_deb), f"{folder}/amazon-efs-utils.deb"))
     for path, key in uploads:

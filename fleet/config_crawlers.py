@@ -9,11 +9,14 @@ and optionally a pinned requirements file. The configs gridfleet writes for the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from fleet.crawler_project import CrawlerProject, ProjectError, pinned_requirements
+
+if TYPE_CHECKING:
+    from fleet.config import Config  # the config imports this module
 
 #: Keys of the validation context `fleet.config_load` passes: the config file's directory, and the project
 #: found there (or why not).
@@ -108,7 +111,7 @@ def crawler_roots(context: dict[str, Any] | None) -> list[str] | None:
 BUNDLE_MANIFEST = "crawlers.json"
 
 
-def bundle_mismatch(config: Any, install_dir: Path) -> str | None:
+def bundle_mismatch(config: Config, install_dir: Path) -> str | None:
     """Why the crawler project the bundle installed is not the one the config names (None: it is, or neither
     names one). A run started after the project changed, without a new bundle, would crawl with old code."""
     section = config.crawlers
