@@ -18,8 +18,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 #: Directories and files that are not the project's content (build output, caches, version control, venvs).
 SKIPPED_DIRS = frozenset(
     {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "build", "dist", ".mypy_cache", ".ruff_cache",
@@ -144,6 +142,9 @@ MAX_REQUIREMENTS_BYTES = 256 * 2**10
 def pinned_requirements(path: Path) -> list[str]:
     """The lines of a requirements file, each `name==version` (comments and blank lines skipped); anything
     else is refused, so that every instance installs exactly what was tried here."""
+    # imported here: the Lambdas import the config, and their package carries no `packaging`
+    from packaging.requirements import InvalidRequirement, Requirement
+
     try:
         with path.open("rb") as f:
             raw = f.read(MAX_REQUIREMENTS_BYTES + 1)
@@ -161,7 +162,7 @@ def pinned_requirements(path: Path) -> list[str]:
         if not entry:
             continue
         try:
-            req: Requirement | None = Requirement(entry)
+            req = Requirement(entry)
         except InvalidRequirement:
             req = None
         spec = list(req.specifier) if req else []
