@@ -28,8 +28,9 @@ ENDING = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
 class Sandbox(Protocol):
     """An instance's processes on this machine."""
 
-    def shutdown_requested(self) -> bool:
-        """Whether the instance ran `shutdown -h` / `poweroff` since it booted."""
+    @property
+    def shutdown_requested(self) -> str | bool | None:
+        """Whether (truthy) the instance ran `shutdown -h` / `poweroff` since it booted."""
 
     def stop(self) -> None:
         """End every process of the instance (idempotent)."""
@@ -46,10 +47,19 @@ class InstanceSpec:
     instance_type: str | None
     metadata_tags: bool  # instance metadata tags enabled: IMDS serves tags/instance/<key>
     shutdown_behavior: str  # "stop" or "terminate"
+    instance_profile: str | None = None  # its name
 
     @property
     def role(self) -> str | None:
         return self.tags.get(TAG_ROLE)
+
+
+def _profile_name(profile: dict[str, Any]) -> str | None:
+    """The name of an instance profile given by name or ARN (`arn:aws:iam::<account>:instance-profile/<name>`)."""
+    if profile.get("Name"):
+        return str(profile["Name"])
+    arn = str(profile.get("Arn") or "")
+    return arn.rsplit("/", 1)[1] if "/" in arn else None
 
 
 Boot = Callable[[InstanceSpec], Sandbox]
@@ -92,6 +102,7 @@ class Ec2Twin:
         # shows moto's default, the template's value is the instance's
         if shutdown == "stop":
             shutdown = template.get("InstanceInitiatedShutdownBehavior") or shutdown
+        profile = _profile_name(instance.get("IamInstanceProfile") or template.get("IamInstanceProfile") or {})
         if metadata_tags == "disabled":
             metadata_tags = (template.get("MetadataOptions") or {}).get("InstanceMetadataTags") or metadata_tags
         return InstanceSpec(
@@ -102,6 +113,7 @@ class Ec2Twin:
             instance_type=instance.get("InstanceType"),
             metadata_tags=metadata_tags == "enabled",
             shutdown_behavior=shutdown,
+            instance_profile=profile,
         )
 
     def _template_data(self, tags: dict[str, str]) -> dict[str, Any]:
@@ -120,7 +132,7 @@ class Ec2Twin:
         instances = self._instances()
         ended: set[str] = set()
         for iid, run in list(self.running.items()):
-            if run.sandbox.shutdown_requested():
+            if run.sandbox.shutdown_requested:
                 behavior = run.spec.shutdown_behavior
                 if behavior == "terminate":
                     self.ec2.terminate_instances(InstanceIds=[iid])

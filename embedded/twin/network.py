@@ -4,7 +4,8 @@ The bridge `BRIDGE` holds `HOST_ADDRESS` (10.77.0.1/16); instance N gets 10.77.N
 `eth0`, and `METADATA_ADDRESS` on its own loopback, where its metadata service listens. No namespace has a
 default route and nothing forwards or NATs: an instance reaches the bridge's subnet, its own loopback
 and nothing else. Names carry fixed prefixes so that what a crashed run left behind is found and removed
-(`cleanup_leftovers`).
+(`cleanup_leftovers`). `GRIDFLEET_TWIN_NET` (0-9, default 0) picks one of ten such networks, so twins on one
+machine (e.g. two test runs) never take each other's down: network N is 10.(77+N).0.0/16 on bridge gftwin<N>.
 """
 
 from __future__ import annotations
@@ -17,11 +18,21 @@ import time
 
 from embedded.twin.cloud_config import TwinError
 
-BRIDGE = "gftwin0"
-NETNS_PREFIX = "gftwin-"
-VETH_PREFIX = "gftv"
-SUBNET = ipaddress.IPv4Network("10.77.0.0/16")
-HOST_ADDRESS = "10.77.0.1"
+
+
+def _net_number() -> int:
+    text = os.environ.get("GRIDFLEET_TWIN_NET", "0").strip() or "0"
+    if not (text.isdigit() and 0 <= int(text) <= 9):
+        raise TwinError(f"GRIDFLEET_TWIN_NET={text!r} is not a number from 0 to 9")
+    return int(text)
+
+
+NET = _net_number()
+BRIDGE = f"gftwin{NET}"
+NETNS_PREFIX = f"gftwin{NET}-"
+VETH_PREFIX = f"gft{NET}v"
+SUBNET = ipaddress.IPv4Network(f"10.{77 + NET}.0.0/16")
+HOST_ADDRESS = str(SUBNET.network_address + 1)
 METADATA_ADDRESS = "169.254.169.254"
 _IP_TIMEOUT_S = 20
 

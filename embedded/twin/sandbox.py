@@ -32,7 +32,7 @@ from pathlib import Path
 from embedded.twin import network
 from embedded.twin.cloud_config import TwinError, plan_user_data
 from embedded.twin.imds import InstanceImds
-from embedded.twin.shims import SHIMS, SHUTDOWN_MARKER
+from embedded.twin.shims import SHIMS, SHUTDOWN_MARKER, aws_shim
 
 INSTANCE_ID_RE = re.compile(r"^i-[0-9a-f]{8,17}$")
 GUEST = Path(__file__).with_name("guest.py")
@@ -70,6 +70,8 @@ class InstanceSandbox:
         install_dir: str = "/opt/gridfleet",
         state_dir: str = "/var/lib/gridfleet",
         efs_mount: str = "/efs",
+        aws_endpoint: str | None = None,
+        stock_users: tuple[str, ...] = (),
     ) -> None:
         if not isinstance(instance_id, str) or not INSTANCE_ID_RE.match(instance_id):
             raise TwinError(f"instance id {instance_id!r} is not i-<8 to 17 hex digits>")
@@ -83,6 +85,8 @@ class InstanceSandbox:
         self.env = dict(env or {})
         self.boot_timeout_s = boot_timeout_s
         self.places = {"install": install_dir, "state": state_dir, "efs": efs_mount}
+        self.aws_endpoint = aws_endpoint
+        self.stock_users = stock_users
         self.address: str | None = None
         self.imds: InstanceImds | None = None
         self._index: int | None = None
@@ -131,10 +135,16 @@ class InstanceSandbox:
         self.dir.mkdir(parents=True, mode=0o700)
         subprocess.run(["cp", "-a", "/etc", str(self.dir / "etc")], check=True, timeout=120)
         shutil.copytree("/usr/local/sbin", self.dir / "usr-local-sbin", symlinks=True)
-        for name, text in SHIMS.items():
+        shims = dict(SHIMS)
+        if self.aws_endpoint:
+            shims["aws"] = aws_shim(self.aws_endpoint)
+        for name, text in shims.items():
             shim = self.dir / "usr-local-sbin" / name
             shim.write_text(text)
             shim.chmod(0o755)
+        for user in self.stock_users:  # the host's own users of that name are not on a stock image
+            if subprocess.run(["getent", "passwd", user], capture_output=True).returncode == 0:
+                subprocess.run(["userdel", "--prefix", str(self.dir), user], check=True, timeout=30)
         for name in ("var-log", "var-lib-cloud", "install", "state", "root-home", "tmp"):
             (self.dir / name).mkdir(mode=0o755)
         (self.dir / "root-home").chmod(0o700)

@@ -7,10 +7,13 @@ which the twin reads to apply the instance's shutdown behaviour. `systemctl` kno
 `enable`/`start` of a unit file in /etc/systemd/system, whose ExecStart it runs (in the background with
 `--no-block`), enough for the hub's template; there is no systemd in the instance. `mount.efs` stands for
 amazon-efs-utils: the twin has bound the shared EFS directory over the mount point already, so it succeeds
-when its target is a mount point (the node's script then finds EFS mounted and mounts nothing).
+when its target is a mount point (the node's script then finds EFS mounted and mounts nothing). `aws` (made per
+instance, `aws_shim`) is the real AWS CLI on the twin's endpoint.
 """
 
 from __future__ import annotations
+
+import shlex
 
 SHUTDOWN_MARKER = "/var/lib/cloud/twin/shutdown"
 
@@ -84,6 +87,18 @@ mountpoint -q "$2" && exit 0
 echo "mount.efs of the twin: $2 is not where the twin bound EFS" >&2
 exit 32
 """
+
+
+
+def aws_shim(endpoint: str) -> str:
+    """The AWS CLI of an instance, pointed at the twin's AWS: Debian's awscli 2.9 reads no endpoint from the
+    environment, so every call gets `--endpoint-url`; the rest (credentials from the instance's IMDS, the
+    region, the command) is the real CLI's."""
+    return f"""#!/bin/sh
+# aws of the twin: the real CLI, on the twin's endpoint; see embedded/twin/shims.py.
+exec /usr/bin/aws --endpoint-url {shlex.quote(endpoint)} "$@"
+"""
+
 
 SHIMS = {
     "apt-get": APT_GET,

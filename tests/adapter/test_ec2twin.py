@@ -29,6 +29,7 @@ class Recorded:
     stopped: int = 0
     log: list[str] = field(default_factory=list)
 
+    @property
     def shutdown_requested(self) -> bool:
         return self.shutdown
 

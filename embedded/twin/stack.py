@@ -1,0 +1,232 @@
+"""The EC2 twin as one thing that starts and stops: its AWS (a moto server on the bridge), the instances moto
+starts booted for real, and the stack's schedules firing (root only).
+
+`TwinStack.start()` brings up the bridge and a moto server in this process on the bridge's host address, so
+instances reach it and the twin can read and change moto's state. A loop thread then, every `tick_s`:
+
+- keeps moto's instances and the sandboxes in step (`Ec2Twin.sync`): each instance moto starts boots its
+  user-data in an `InstanceSandbox` whose AWS CLI and SDKs reach this moto with the credentials its IMDS gives
+  for its instance profile's role; moto is told the instance's address on the bridge and its launch time on
+  the twin's clock, so what the code reads back from EC2 is where and when the instance really is;
+- runs the SSM commands sent to running instances inside them (`embedded.twin.ssm`, when present);
+- fires the stack's EventBridge schedules on the twin's clock (`embedded.schedules`), the Lambda handlers
+  called in this process.
+
+The twin's clock is this machine's, moved ahead by `TwinClock.jump`: a week of daily runs takes minutes. An
+instance booted while the clock is ahead runs with its own clock as far ahead (libfaketime, preloaded into
+every process of the instance), so the times it writes agree with the Lambdas'; Chromium does not run under
+libfaketime, so browser crawls run on a twin whose clock has not jumped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, timedelta
+from pathlib import Path
+from typing import Any
+
+from embedded.ec2twin import Ec2Twin, InstanceSpec
+from embedded.twin import network
+from embedded.twin.sandbox import InstanceSandbox
+
+log = logging.getLogger("gridfleet.twin")
+
+ACCOUNT = "123456789012"  # moto's default account
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+CREDENTIALS = {"aws_access_key_id": "twin", "aws_secret_access_key": "twin"}  # moto takes any
+
+
+class TwinClock:
+    """This machine's clock moved `offset` seconds ahead; `jump()` moves it further (never back)."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = float(offset)
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
+    def jump(self, to: float) -> None:
+        """Move the clock ahead to the epoch `to` (a no-op when it is there already)."""
+        self.offset = max(self.offset, to - time.time())
+
+
+@dataclass
+class Boot:
+    """How one instance booted: when moto started it and when the twin did, on the twin's clock."""
+
+    instance_id: str
+    role: str | None
+    launched_at: float
+    booted_at: float
+    sandbox: InstanceSandbox
+
+
+@dataclass
+class TwinStack:
+    root: Path
+    region: str = "ap-northeast-2"
+    stack: str | None = None  # only this stack's instances (gridfleet:stack)
+    clock: TwinClock = field(default_factory=TwinClock)
+    tick_s: float = 0.5
+    moto_port: int = 0
+    stock_users: tuple[str, ...] = ("gridfleet",)  # the host's crawl user is not on a stock image
+    boots: list[Boot] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    on_tick: list[Callable[[], Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.RLock()
+        self.ec2twin: Ec2Twin | None = None
+        self.schedules: Any = None
+
+    # --- AWS --------------------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the twin is not started")
+        host, port = self._server.get_host_and_port()
+        return f"http://{host}:{port}"
+
+    def client(self, service: str) -> Any:
+        import boto3
+
+        return boto3.client(service, region_name=self.region, endpoint_url=self.endpoint, **CREDENTIALS)
+
+    def ec2_backend(self) -> Any:
+        from moto.ec2.models import ec2_backends
+
+        return ec2_backends[ACCOUNT][self.region]
+
+    # --- life -------------------------------------------------------------------------------------
+    def start(self) -> TwinStack:
+        from moto.server import ThreadedMotoServer
+
+        if os.geteuid() != 0:
+            raise RuntimeError("the EC2 twin needs root (network and mount namespaces)")
+        network.cleanup_leftovers()
+        network.ensure_bridge()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=self.moto_port, verbose=False)
+        self._server.start()
+        self.ec2twin = Ec2Twin(self.client("ec2"), self._boot, stack=self.stack)
+        return self
+
+    def load_schedules(self, handlers: dict[str, Any], prefix: str = "") -> list[Any]:
+        """The stack's EventBridge rules, from now on fired by the loop on the twin's clock."""
+        from embedded.schedules import Schedules
+
+        with self._lock:
+            self.schedules = Schedules(self.client("events"), self.client("lambda"), handlers)
+            return self.schedules.load(self.clock.now(), prefix)
+
+    def run(self) -> TwinStack:
+        """Start the loop thread."""
+        self._thread = threading.Thread(target=self._loop, name="twin", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            self._stop.wait(self.tick_s)
+
+    def tick(self) -> None:
+        """One pass: instances, then the extra work (SSM), then the schedules."""
+        with self._lock:
+            for step in (self._sync, *self.on_tick, self._fire):
+                try:
+                    step()
+                except Exception as e:  # noqa: BLE001 - a pass that fails is logged and the next one tries again
+                    self.errors.append(f"{type(e).__name__}: {e}")
+                    log.warning("twin-tick-failed step=%s error=%s\n%s", step, e, traceback.format_exc())
+
+    def _sync(self) -> None:
+        if self.ec2twin is not None:
+            self.ec2twin.sync()
+
+    def _fire(self) -> None:
+        if self.schedules is not None:
+            for fired in self.schedules.fire_due(self.clock.now()):
+                log.info("twin-fired rule=%s at=%s error=%s", fired.rule, fired.at, fired.error)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        with self._lock:
+            if self.ec2twin is not None:
+                self.ec2twin.stop_all()
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        network.cleanup_leftovers()
+
+    def __enter__(self) -> TwinStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- instances --------------------------------------------------------------------------------
+    def running(self, instance_id: str) -> InstanceSandbox | None:
+        """The sandbox of a running instance of the twin, or None."""
+        run = self.ec2twin.running.get(instance_id) if self.ec2twin else None
+        return run.sandbox if run is not None else None  # type: ignore[return-value]
+
+    def _role_of(self, profile: str | None) -> str | None:
+        if not profile:
+            return None
+        try:
+            roles = self.client("iam").get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]["Roles"]
+        except Exception:  # noqa: BLE001 - no such profile: the instance gets no credentials, as on EC2
+            return None
+        return roles[0]["RoleName"] if roles else None
+
+    def _env(self) -> dict[str, str]:
+        env = {"AWS_DEFAULT_REGION": self.region}
+        if self.clock.offset >= 1.0:
+            env |= {
+                "LD_PRELOAD": FAKETIME_LIB,
+                "FAKETIME": f"+{int(self.clock.offset)}s",
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            }
+        return env
+
+    def _boot(self, spec: InstanceSpec) -> InstanceSandbox:
+        box = InstanceSandbox(
+            spec.instance_id,
+            spec.user_data,
+            self.root,
+            tags=spec.tags if spec.metadata_tags else None,
+            role=self._role_of(spec.instance_profile),
+            env=self._env(),
+            aws_endpoint=self.endpoint,
+            stock_users=self.stock_users,
+        )
+        box.start()
+        booted = self.clock.now()
+        inst = self.ec2_backend().get_instance(spec.instance_id)
+        inst.nics[0].private_ip_address = box.address  # where the instance is: the code reads it back from EC2
+        launched = inst.launch_time.replace(tzinfo=UTC).timestamp()  # moto's: this machine's clock, UTC
+        inst.launch_time += timedelta(seconds=self.clock.offset)  # the twin's clock, as the instance's is
+        self.boots.append(Boot(spec.instance_id, spec.role, launched + self.clock.offset, booted, box))
+        return box
+
+    def remove_root(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
