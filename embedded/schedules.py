@@ -190,8 +190,10 @@ class Schedules:
         event = json.loads(target["Input"]) if target.get("Input") else {"source": "aws.events", "resources": [rule]}
         return Timer(rule, name, schedule, handler, env, event)
 
-    def fire_due(self, now: float) -> list[Fired]:
-        """Call every handler whose time has come by `now`, in time order, each once per time it was due."""
+    def fire_due(self, now: float, *, catch_up: bool = True) -> list[Fired]:
+        """Call every handler whose time has come by `now`, in time order: each once per time it was due, or,
+        without `catch_up`, once for all its times due by `now` (at the last of them), as when the clock jumped
+        over a stretch in which nothing ran."""
         fired: list[Fired] = []
         while True:
             due = [t for t in self.timers if t.next_at <= now]
@@ -199,6 +201,8 @@ class Schedules:
                 return fired
             timer = min(due, key=lambda t: (t.next_at, t.rule))
             at = timer.next_at
+            while not catch_up and (later := timer.schedule.next_after(at)) <= now:
+                at = later
             timer.next_at = timer.schedule.next_after(at)
             try:
                 fired.append(Fired(timer.rule, timer.function, at, timer.handler(timer.event, timer.env)))

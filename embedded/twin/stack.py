@@ -10,12 +10,14 @@ instances reach it and the twin can read and change moto's state. A loop thread 
   the twin's clock, so what the code reads back from EC2 is where and when the instance really is;
 - runs the SSM commands sent to running instances inside them (`embedded.twin.ssm`, when present);
 - fires the stack's EventBridge schedules on the twin's clock (`embedded.schedules`), the Lambda handlers
-  called in this process.
+  called in this process; a schedule's times that a jump of the clock passed over fire once.
 
-The twin's clock is this machine's, moved ahead by `TwinClock.jump`: a week of daily runs takes minutes. An
-instance booted while the clock is ahead runs with its own clock as far ahead (libfaketime, preloaded into
-every process of the instance), so the times it writes agree with the Lambdas'; Chromium does not run under
-libfaketime, so browser crawls run on a twin whose clock has not jumped.
+The twin's clock is this machine's, moved ahead by `TwinClock.jump`: a week of daily runs takes minutes. After
+a jump to another day, an instance runs with its own clock as far ahead (libfaketime, preloaded into every
+process of the instance, its monotonic clock too, since libfaketime's sleeps fail otherwise), so the times it
+writes agree with the Lambdas'; an instance's offset is fixed at its boot, so the twin jumps a day only while
+nothing runs. Chromium does not run under libfaketime: browser crawls run on a twin whose clock has not jumped
+a day.
 """
 
 from __future__ import annotations
@@ -40,14 +42,22 @@ log = logging.getLogger("gridfleet.twin")
 
 ACCOUNT = "123456789012"  # moto's default account
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+#: An offset smaller than this is left as clock skew (the code's time thresholds are minutes), so instances
+#: keep this machine's clock; a larger one (a jump to another day) is the instances' clock too.
+FAKE_CLOCK_FROM_S = 300.0
 CREDENTIALS = {"aws_access_key_id": "twin", "aws_secret_access_key": "twin"}  # moto takes any
 
 
 class TwinClock:
-    """This machine's clock moved `offset` seconds ahead; `jump()` moves it further (never back)."""
+    """This machine's clock moved `offset` seconds ahead; `jump()` moves it further (never back).
+
+    `instance_offset` is how far ahead the clock of an instance booted now runs: the offset as of the last jump
+    of `FAKE_CLOCK_FROM_S` or more (a jump to another day); smaller jumps (e.g. to a watchdog pass) are clock
+    skew between the Lambdas and the instances, of the kind the code's minute-sized thresholds tolerate."""
 
     def __init__(self, offset: float = 0.0) -> None:
         self.offset = float(offset)
+        self.instance_offset = self.offset if self.offset >= FAKE_CLOCK_FROM_S else 0.0
 
     def now(self) -> float:
         return time.time() + self.offset
@@ -60,7 +70,12 @@ class TwinClock:
 
     def jump(self, to: float) -> None:
         """Move the clock ahead to the epoch `to` (a no-op when it is there already)."""
-        self.offset = max(self.offset, to - time.time())
+        step = to - self.now()
+        if step <= 0:
+            return
+        self.offset += step
+        if step >= FAKE_CLOCK_FROM_S:
+            self.instance_offset = self.offset
 
 
 @dataclass
@@ -86,6 +101,8 @@ class TwinStack:
     boots: list[Boot] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     on_tick: list[Callable[[], Any]] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)  # what `Ec2Twin.sync` did, one line each
+    fired: list[Any] = field(default_factory=list)  # every schedule that fired (`embedded.schedules.Fired`)
 
     def __post_init__(self) -> None:
         self._server: Any = None
@@ -158,11 +175,12 @@ class TwinStack:
 
     def _sync(self) -> None:
         if self.ec2twin is not None:
-            self.ec2twin.sync()
+            self.log.extend(self.ec2twin.sync())
 
     def _fire(self) -> None:
         if self.schedules is not None:
-            for fired in self.schedules.fire_due(self.clock.now()):
+            for fired in self.schedules.fire_due(self.clock.now(), catch_up=False):
+                self.fired.append(fired)
                 log.info("twin-fired rule=%s at=%s error=%s", fired.rule, fired.at, fired.error)
 
     def stop(self) -> None:
@@ -200,12 +218,8 @@ class TwinStack:
 
     def _env(self) -> dict[str, str]:
         env = {"AWS_DEFAULT_REGION": self.region}
-        if self.clock.offset >= 1.0:
-            env |= {
-                "LD_PRELOAD": FAKETIME_LIB,
-                "FAKETIME": f"+{int(self.clock.offset)}s",
-                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-            }
+        if self.clock.instance_offset:
+            env |= {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": f"+{int(self.clock.instance_offset)}s"}
         return env
 
     def _boot(self, spec: InstanceSpec) -> InstanceSandbox:
@@ -224,7 +238,7 @@ class TwinStack:
         inst = self.ec2_backend().get_instance(spec.instance_id)
         inst.nics[0].private_ip_address = box.address  # where the instance is: the code reads it back from EC2
         launched = inst.launch_time.replace(tzinfo=UTC).timestamp()  # moto's: this machine's clock, UTC
-        inst.launch_time += timedelta(seconds=self.clock.offset)  # the twin's clock, as the instance's is
+        inst.launch_time += timedelta(seconds=self.clock.offset)  # when, on the twin's clock
         self.boots.append(Boot(spec.instance_id, spec.role, launched + self.clock.offset, booted, box))
         return box
 

@@ -153,6 +153,21 @@ def test_a_clock_that_jumps_fires_each_missed_time_once_in_order_and_a_failure_i
     assert schedules.fire_due(at("2026-11-24T01:05:00")) == []
 
 
+def test_without_catch_up_a_jump_over_a_day_fires_each_schedule_once_at_its_last_time(stack):
+    events, lambdas, prefix = stack
+    seen: list[str] = []
+    handlers = {name: (lambda e, env, n=name: seen.append(n)) for name in ("lambdas.starter.handler",
+                                                                            "lambdas.watchdog.handler")}  # fmt: skip
+    schedules = Schedules(events, lambdas, handlers)
+    schedules.load(at("2026-11-24T00:00:00"), prefix)
+    fired = schedules.fire_due(at("2026-11-25T01:05:00"), catch_up=False)
+    assert sorted((f.rule.rsplit("-", 1)[1], iso(f.at)) for f in fired) == [
+        ("start", "2026-11-25 01:00 Wed"),  # one start for the two days passed over, at the last
+        ("watchdog", "2026-11-25 01:04 Wed"),  # one pass, not 750
+    ]
+    assert len(seen) == 2 and schedules.fire_due(at("2026-11-25T01:05:00"), catch_up=False) == []
+
+
 def test_the_stacks_handler_names_are_the_lambdas_terraform_deploys():
     tf = terraform()
     named = {tf.locals["lambdas"][k]["handler"] for k in ("starter", "watchdog")}

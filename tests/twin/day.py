@@ -1,0 +1,170 @@
+"""A stack deployed on the EC2 twin, with the demo sites on the bridge: what the day and week tests share."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from embedded.demo_server import DemoServer
+from embedded.schedules import stack_handlers
+from embedded.twin import network
+from embedded.twin.deploy import Deployed, deploy
+from embedded.twin.stack import TwinStack
+
+T = TypeVar("T")
+REGION = "ap-northeast-2"
+
+
+def wait_until(check: Callable[[], T], timeout_s: float, what: str, every_s: float = 1.0) -> T:
+    """The first truthy value of `check()`; AssertionError naming `what` after `timeout_s`. The loop only polls
+    a real run on real instances (nothing here stands for a hang)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} after {timeout_s:g} s")
+        time.sleep(every_s)
+
+
+def cron_at(epoch: float) -> str:
+    """An EventBridge cron expression that fires daily at the minute of `epoch` (UTC)."""
+    t = datetime.fromtimestamp(epoch, UTC)
+    return f"cron({t.minute} {t.hour} * * ? *)"
+
+
+class TwinDay:
+    """`with TwinDay(root, stack, fleet, sites):` the twin up, the stack deployed, its schedules loaded."""
+
+    def __init__(
+        self,
+        root: Path,
+        stack: str,
+        fleet: dict[str, Any],
+        sites: dict[str, str],
+        *,
+        browser: bool,
+        variables: dict[str, Any] | None = None,
+    ) -> None:
+        self.root, self.stack, self.fleet, self.sites, self.browser = root, stack, fleet, sites, browser
+        self.variables = dict(variables or {})
+        self.twin = TwinStack(root / "twin", region=REGION, stack=stack)
+        self.demo = DemoServer(host=network.HOST_ADDRESS)
+        self.deployed: Deployed | None = None
+
+    def site_specs(self) -> list[dict[str, Any]]:
+        base = self.demo.base_url
+        if self.browser:
+            opts = {"item": "a.item", "next": "a.next", "max_pages": 10}
+            return [{"id": n, "start_url": base + p, "crawler": "links", "options": opts} for n, p in self.sites.items()]
+        return [{"id": n, "start_url": base + p, "crawler": "api"} for n, p in self.sites.items()]
+
+    def __enter__(self) -> TwinDay:
+        self.twin.start()
+        try:
+            self.demo.start()
+            start = cron_at(time.time() + 120)
+            variables = {"name_prefix": self.stack, "bucket_name": f"{self.stack}-results", "start_schedule": start}
+            fleet = {**self.fleet, "sites": self.site_specs()}
+            self.deployed = deploy(self.twin, self.root / "operator", fleet, {**variables, **self.variables})
+            self.twin.load_schedules(stack_handlers(self._clients, self.twin.clock), prefix=self.stack)
+            self.twin.run()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.twin.stop()
+        self.demo.stop()
+        shutil.rmtree(self.root / "twin", ignore_errors=True)
+
+    def _clients(self, settings: Any) -> Any:
+        from lambdas.runtime import default_clients
+
+        return default_clients(dataclasses.replace(settings, endpoint_url=self.twin.endpoint))
+
+    # --- driving ----------------------------------------------------------------------------------
+    def start_rule(self) -> Any:
+        return next(t for t in self.twin.schedules.timers if t.rule == f"{self.stack}-start")
+
+    def start_by_schedule(self) -> str:
+        """Move the twin's clock to the starter's next time; the run id of the hub it started."""
+        n = len(self.twin.fired)
+        self.twin.clock.jump(self.start_rule().next_at)
+        fired = wait_until(
+            lambda: [f for f in self.twin.fired[n:] if f.rule == f"{self.stack}-start"], 30, "starter firing"
+        )
+        assert fired[0].error is None and fired[0].result["action"] == "started", fired[0]
+        return str(fired[0].result["run_id"])
+
+    # --- reading ----------------------------------------------------------------------------------
+    @property
+    def config(self) -> dict[str, Any]:
+        assert self.deployed is not None
+        return self.deployed.config
+
+    def site_item(self, site: str, run_id: str) -> dict[str, Any] | None:
+        ddb = self.twin.client("dynamodb")
+        out = ddb.get_item(
+            TableName=self.config["aws"]["table"],
+            Key={"run_id": {"S": run_id}, "Site": {"S": site}},
+            ConsistentRead=True,
+        )
+        item = out.get("Item")
+        return {k: next(iter(v.values())) for k, v in item.items()} if item else None
+
+    def node_of(self, site: str, run_id: str, status: str) -> str | None:
+        item = self.site_item(site, run_id) or {}
+        return item.get("instance_id") if item.get("site_status") == status or item.get("run_status") == status else None
+
+    def instances(self) -> list[dict[str, Any]]:
+        ec2 = self.twin.client("ec2")
+        f = [{"Name": "tag:gridfleet:stack", "Values": [self.stack]}]
+        return [i for r in ec2.describe_instances(Filters=f)["Reservations"] for i in r["Instances"]]
+
+    def instance_states(self) -> dict[str, str]:
+        return {i["InstanceId"]: i["State"]["Name"] for i in self.instances()}
+
+    def stack_idle(self) -> bool:
+        states = self.instance_states()
+        return bool(states) and set(states.values()) == {"terminated"} and not self.twin.ec2twin.running
+
+    def summary(self, run_id: str) -> dict[str, Any] | None:
+        s3 = self.twin.client("s3")
+        try:
+            body = s3.get_object(Bucket=self.config["aws"]["bucket"], Key=f"runs/{run_id}/summary.json")["Body"]
+        except s3.exceptions.NoSuchKey:
+            return None
+        return dict(json.loads(body.read()))
+
+    def report(self, run_id: str) -> str | None:
+        s3 = self.twin.client("s3")
+        try:
+            body = s3.get_object(Bucket=self.config["aws"]["bucket"], Key=f"runs/{run_id}/report.html")["Body"]
+        except s3.exceptions.NoSuchKey:
+            return None
+        return str(body.read().decode())
+
+    def figures(self, run_id: str) -> dict[str, float]:
+        """The starter's firing to the hub's first node launch, and each node's launch to its first claim."""
+        fired = next(f for f in self.twin.fired if f.rule == f"{self.stack}-start" and f.result["run_id"] == run_id)
+        nodes = [b for b in self.twin.boots if b.role == "node"]
+        claims = {}
+        for s in (self.summary(run_id) or {}).get("sites", {}).values():
+            for a in s["attempts"]:
+                claims[a["instance_id"]] = min(claims.get(a["instance_id"], a["start"]), a["start"])
+        first_node = min(b.launched_at for b in nodes)
+        to_claim = [claims[b.instance_id] - b.launched_at for b in nodes if b.instance_id in claims]
+        return {
+            "schedule_to_first_launch_s": round(first_node - fired.at, 1),
+            "node_launch_to_first_claim_s": round(min(to_claim), 1),
+            "node_launch_to_first_claim_max_s": round(max(to_claim), 1),
+        }

@@ -1,0 +1,85 @@
+"""A day of the AWS path on the EC2 twin, whole: nothing is called directly that AWS would call.
+
+The stack is made as infra/terraform defines it and deployed as the README says (`embedded.twin.deploy`).
+The starter Lambda is fired by its EventBridge schedule, launches the hub from the hub template; the hub boots
+its rendered user-data, launches nodes through `Ec2Provider`, the nodes boot theirs and crawl with Chromium
+through the hub's Selenium Grid. Three sites: one plain; one that hangs on its first attempt, with the nodes'
+own watchdog off, so only the hub can end it and its first rung, SSM, does (the command runs inside the node);
+one interrupted by a spot notice raised through its node's IMDS (the one fault injected, at the twin's seam
+for what EC2 decides). Root only (see conftest)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.twin.day import TwinDay, wait_until
+
+SITES = {
+    "plain": "/s/plain/?pages=2",
+    "hang": "/s/hang/?pages=2&hang_page=1&hang_attempts=1",
+    "spot": "/s/spot/?pages=8&delay_s=1.5",
+}
+
+
+@pytest.fixture(scope="module")
+def day(twin_ok, tmp_path_factory):
+    fleet = {
+        "run": {"deadline_s": 600, "watch_interval_s": 2, "hang_after_s": 10, "max_attempts": 3},
+        "fleet": {"max_nodes": 2, "min_nodes": 2, "node_watchdog": False, "idle_exit_s": 15, "boot_timeout_s": 300},
+        "aws": {"ssm_timeout_s": 30},
+    }
+    with TwinDay(tmp_path_factory.mktemp("twin-day"), "gfday", fleet, SITES, browser=True) as d:
+        run_id = d.start_by_schedule()
+        spot_node = wait_until(lambda: d.node_of("spot", run_id, status="RUNNING"), 240, "the spot site running")
+        d.twin.running(spot_node).imds.spot_notice()  # EC2's two-minute notice
+        wait_until(lambda: d.stack_idle() and d.summary(run_id), 420, "the run archived and the stack idle")
+        d.run_id, d.spot_node = run_id, spot_node
+        yield d
+
+
+def test_each_site_ends_as_its_behaviour_implies(day):
+    sites = day.summary(day.run_id)["sites"]
+    assert {name: s["run_status"] for name, s in sites.items()} == dict.fromkeys(SITES, "COMPLETED")
+    assert [a["outcome"] for a in sites["plain"]["attempts"]] == ["completed"]
+    hang = sites["hang"]["attempts"]
+    assert [a["outcome"] for a in hang] == ["hang", "completed"] and hang[0]["kill_path"] == "ssm", hang
+    spot = sites["spot"]["attempts"]
+    assert [a["outcome"] for a in spot] == ["spot", "completed"] and spot[0]["instance_id"] == day.spot_node
+    outcomes = [a["outcome"] for s in sites.values() for a in s["attempts"]]
+    assert "lost" not in outcomes and outcomes.count("spot") == 1  # the one fault injected, nothing else
+
+
+def test_the_hang_was_killed_by_a_command_that_ran_inside_its_node(day):
+    ssm = day.twin.client("ssm")
+    invocations = ssm.list_command_invocations(Details=True)["CommandInvocations"]
+    assert invocations and {i["Status"] for i in invocations} == {"Success"}, invocations
+    killed = day.summary(day.run_id)["sites"]["hang"]["attempts"][0]["instance_id"]
+    assert killed in {i["InstanceId"] for i in invocations}
+
+
+def test_the_summary_and_report_are_in_the_bucket(day):
+    s3, bucket = day.twin.client("s3"), day.deployed.config["aws"]["bucket"]
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"runs/{day.run_id}/")["Contents"]}
+    assert {f"runs/{day.run_id}/summary.json", f"runs/{day.run_id}/report.html"} <= keys
+    summary = json.loads(s3.get_object(Bucket=bucket, Key=f"runs/{day.run_id}/summary.json")["Body"].read())
+    assert summary["check"]["ok"] and summary["check"]["false_losses"] == 0
+
+
+def test_nothing_of_the_stack_is_left_and_the_hub_ended_itself(day):
+    states = day.instance_states()
+    assert states and set(states.values()) == {"terminated"}, states
+    hubs = [b for b in day.twin.boots if b.role == "hub"]
+    assert len(hubs) == 1
+    assert f"shutdown {hubs[0].instance_id} -> terminate" in day.twin.log  # its own shutdown -h, not the API
+    assert not day.twin.errors, day.twin.errors
+
+
+def test_the_starter_fired_on_its_schedule_and_the_nodes_boot_and_claim(day):
+    fired = [f for f in day.twin.fired if f.rule.endswith("-start")]
+    assert len(fired) == 1 and fired[0].result["action"] == "started", fired
+    figures = day.figures(day.run_id)
+    assert figures["schedule_to_first_launch_s"] < 120 and figures["node_launch_to_first_claim_s"] < 120, figures
+    print(json.dumps(figures), time.time())

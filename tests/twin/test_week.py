@@ -1,0 +1,121 @@
+"""A week of daily runs on the EC2 twin: seven runs started by the starter's schedule, the watchdog on its own.
+
+The sites are the demo server's JSON API (the `api` crawler: no browser, so each day is short and the
+instances' clocks can follow the twin's to the next day). The operator changes the config twice, as one
+does between days: day 3 adds a site that fails, day 4 fixes it, so the reports' comparisons with the day
+before have something to show. On day 5 the hub instance is terminated mid-run (the fault injected, as EC2
+would lose it); the watchdog sees its heartbeat stop and starts another hub, which resumes and finishes the
+run. After each day: its summary and report in the bucket, nothing of the stack running or stopped, and one
+hub (two on day 5, never two at once). Root only (see conftest)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from tests.twin.day import TwinDay, wait_until
+
+SITES = {"news": "/api/news?pages=2", "shop": "/api/shop?pages=3"}
+FLAKY_DOWN = "/api/flaky?pages=1&fail_attempts=99"
+FLAKY_UP = "/api/flaky?pages=1"
+KILL_DAY = 5
+
+
+def put_config(day: TwinDay, sites: dict[str, str]) -> None:
+    """The operator's change: fleet.yaml with these sites, uploaded as the hub's config."""
+    doc = day.config
+    doc["sites"] = [{"id": n, "start_url": day.demo.base_url + p, "crawler": "api"} for n, p in sites.items()]
+    day.twin.client("s3").put_object(
+        Bucket=doc["aws"]["bucket"], Key=doc["aws"].get("hub_config_key", "config/fleet.yaml"), Body=yaml.safe_dump(doc).encode()
+    )
+
+
+def kill_the_hub_mid_run(day: TwinDay, run_id: str) -> str:
+    """Terminate the day's hub once a site has been claimed; returns its id. Then move the twin's clock to
+    the watchdog's passes (two: one that sees the heartbeat, one `hub_stale_s` later that sees it unchanged)."""
+    hub = wait_until(lambda: [b.instance_id for b in day.twin.boots if b.role == "hub"][-1:], 120, "a hub")[0]
+    wait_until(lambda: any(day.node_of(s, run_id, "RUNNING") or day.node_of(s, run_id, "COMPLETED")
+                           for s in SITES), 180, "a claimed site")  # fmt: skip
+    day.twin.client("ec2").terminate_instances(InstanceIds=[hub])
+    wait_until(lambda: hub not in day.twin.ec2twin.running, 30, "the hub's processes ended")
+    for _ in range(3):
+        rule = next(t for t in day.twin.schedules.timers if t.rule == f"{day.stack}-watchdog")
+        day.twin.clock.jump(rule.next_at)
+        wait_until(lambda r=rule: r.next_at > day.twin.clock.now(), 30, "a watchdog pass")
+        if len([b for b in day.twin.boots if b.role == "hub"]) > 1:
+            break
+    return hub
+
+
+@pytest.fixture(scope="module")
+def week(twin_ok, tmp_path_factory):
+    fleet = {
+        "run": {"deadline_s": 900, "watch_interval_s": 2, "max_attempts": 2, "heartbeat_timeout_s": 600},
+        "fleet": {"max_nodes": 1, "idle_exit_s": 10, "boot_timeout_s": 300},
+    }
+    variables = {"hub_stale_s": 30, "watchdog_schedule": "rate(2 minutes)"}
+    days = []
+    with TwinDay(tmp_path_factory.mktemp("twin-week"), "gfweek", fleet, SITES, browser=False,
+                 variables=variables) as d:  # fmt: skip
+        for n in range(1, 8):
+            if n == 3:
+                put_config(d, {**SITES, "flaky": FLAKY_DOWN})
+            if n == 4:
+                put_config(d, {**SITES, "flaky": FLAKY_UP})
+            hubs_before = len([b for b in d.twin.boots if b.role == "hub"])
+            run_id = d.start_by_schedule()
+            killed = kill_the_hub_mid_run(d, run_id) if n == KILL_DAY else None
+            wait_until(lambda r=run_id: d.stack_idle() and d.summary(r), 300, f"day {n} archived and the stack idle")
+            hubs = [b for b in d.twin.boots if b.role == "hub"][hubs_before:]
+            days.append({"run_id": run_id, "summary": d.summary(run_id), "hubs": hubs, "killed": killed,
+                         "states": d.instance_states(), "report": d.report(run_id)})  # fmt: skip
+        d.days = days
+        yield d
+
+
+def test_seven_daily_runs_each_archived(week):
+    run_ids = [day["run_id"] for day in week.days]
+    assert len(set(run_ids)) == 7 and run_ids == sorted(run_ids), run_ids
+    for day in week.days:
+        assert day["summary"]["run_id"] == day["run_id"] and day["report"], day["run_id"]
+        sites = day["summary"]["sites"]
+        assert all(sites[s]["run_status"] == "COMPLETED" for s in SITES), (day["run_id"], sites)
+        outcomes = [a["outcome"] for s in sites.values() for a in s["attempts"]]
+        assert "lost" not in outcomes and "spot" not in outcomes, (day["run_id"], outcomes)
+
+
+def test_nothing_of_the_stack_is_left_running_or_stopped_after_each_day(week):
+    for day in week.days:
+        assert set(day["states"].values()) == {"terminated"}, (day["run_id"], day["states"])
+
+
+def test_one_hub_a_day_and_the_watchdog_replaced_the_lost_one(week):
+    for n, day in enumerate(week.days, 1):
+        assert len(day["hubs"]) == (2 if n == KILL_DAY else 1), (n, day["hubs"])
+    lost, replacement = week.days[KILL_DAY - 1]["hubs"]
+    assert lost.instance_id == week.days[KILL_DAY - 1]["killed"]
+    restarts = [f for f in week.twin.fired if f.rule.endswith("-watchdog") and "restart" in str(f.result)]
+    assert restarts, [f.result for f in week.twin.fired if f.rule.endswith("-watchdog")]
+    assert replacement.booted_at > lost.booted_at
+
+
+def test_each_report_compares_with_the_day_before(week):
+    for n, day in enumerate(week.days, 1):
+        report = day["report"]
+        if n == 1:
+            assert "There is no earlier run to compare with." in report
+            continue
+        assert f"Compared with run {week.days[n - 2]['run_id']}" in report, n
+        listed = {key: re.findall(r"<li>(\S+)</li>", section) for key, section in sections(report).items()}
+        assert listed["added"] == (["flaky"] if n == 3 else []), (n, listed)
+        assert listed["newly-fixed"] == (["flaky"] if n == 4 else []), (n, listed)
+    assert week.days[2]["summary"]["sites"]["flaky"]["run_status"] == "FAILED"
+    assert week.days[3]["summary"]["sites"]["flaky"]["run_status"] == "COMPLETED"
+
+
+def sections(report: str) -> dict[str, str]:
+    """The report's "since the previous run" lists, by id (an absent list is empty)."""
+    ids = ("newly-failing", "newly-fixed", "added", "removed")
+    return {i: (m.group(1) if (m := re.search(rf'<ul id="{i}">(.*?)</ul>', report, re.S)) else "") for i in ids}
