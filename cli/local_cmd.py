@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.local_env import gridfleet_home, make_stack
+from fleet.errors import UsageError
 from hub.loop import EXIT_OK
 
 if TYPE_CHECKING:
@@ -19,6 +20,12 @@ if TYPE_CHECKING:
 
 
 def cmd_local(args: argparse.Namespace, console: Console) -> int:
+    if getattr(args, "twin", False):
+        from cli.twin_cmd import cmd_twin
+
+        return cmd_twin(args, console)
+    if getattr(args, "config", None):
+        raise UsageError("--config goes with --twin (the local stack takes its sites from `run --config`)")
     stack = make_stack(gridfleet_home(), need_jar=args.action == "up", progress=lambda m: console.print(m))
     if args.action == "up":
         st = stack.up()

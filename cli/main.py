@@ -218,6 +218,14 @@ def _local(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=("up", "down", "status"),
         help="up: start and leave running; down: stop it and every node; status: components and URLs",
     )
+    p.add_argument(
+        "--twin",
+        action="store_true",
+        help="the EC2 twin instead (root only): moto as AWS, the stack deployed as infra/terraform defines it, "
+        "and every instance it starts booted for real from its user-data; the day's run starts by its schedule",
+    )
+    p.add_argument("--config", help="with --twin up: fleet.yaml whose sites the twin's stack runs "
+                   "(default examples/twin.yaml; {demo} is the twin's demo server)")  # fmt: skip
 
 
 def _node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

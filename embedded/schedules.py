@@ -214,6 +214,12 @@ class Schedules:
         return min((t.next_at for t in self.timers), default=math.inf)
 
 
+def cron_at(epoch: float) -> str:
+    """A cron expression that fires daily at the minute of `epoch` (UTC)."""
+    t = dt.datetime.fromtimestamp(epoch, dt.UTC)
+    return f"cron({t.minute} {t.hour} * * ? *)"
+
+
 def stack_handlers(clients_factory: Callable[..., Any], clock: Any) -> dict[str, Handler]:
     """The handlers of the stack's Lambdas (as infra/terraform names them), on the twin's clients and clock."""
     from lambdas.starter import run_starter

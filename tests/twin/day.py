@@ -7,12 +7,11 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from embedded.demo_server import DemoServer
-from embedded.schedules import stack_handlers
+from embedded.schedules import cron_at, stack_handlers
 from embedded.twin import network
 from embedded.twin.deploy import Deployed, deploy
 from embedded.twin.stack import TwinStack
@@ -32,12 +31,6 @@ def wait_until(check: Callable[[], T], timeout_s: float, what: str, every_s: flo
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} after {timeout_s:g} s")
         time.sleep(every_s)
-
-
-def cron_at(epoch: float) -> str:
-    """An EventBridge cron expression that fires daily at the minute of `epoch` (UTC)."""
-    t = datetime.fromtimestamp(epoch, UTC)
-    return f"cron({t.minute} {t.hour} * * ? *)"
 
 
 class TwinDay:
