@@ -334,3 +334,87 @@ def test_bad_variables_fail_with_one_line(clients, ami):
 def test_without_the_ami_parameter_or_an_ami_id_the_apply_says_which_parameter(clients):
     with pytest.raises(TfError, match=r"data\.aws_ssm_parameter\.ami: parameter /aws/service/debian/.* is not on"):
         apply_stack(clients, TF_DIR, names(), hub_user_data=HUB_USER_DATA)
+
+
+# --- the evaluator alone, on small modules of its own (no endpoint) -------------------------------------------
+
+EXPRESSIONS = """
+variable "azs" { default = ["za", "zb", "zc"] }
+variable "fifo" { default = false }
+variable "missing" { default = null }
+locals {
+  index   = { for i, az in var.azs : az => i if az != "zb" }
+  names   = [for az in var.azs : upper_free("${az}-x")]
+  picked  = var.fifo ? "${trimsuffix("q.fifo", ".fifo")}.fifo" : format("%s-%d", "q", 2 + 3 * 4)
+  merged  = merge({ a = 1, (var.azs[0]) = 2 }, { a = 3 })
+  list    = concat(var.azs, ["zd"])
+  attr    = { a = 1 }.b
+  json    = jsonencode({ b = [1, true, null], a = "x" })
+  nothing = coalesce(var.missing, "fallback")
+  doc     = <<-EOT
+    first ${var.azs[1]}
+      $${kept}
+  EOT
+  net     = cidrsubnet("10.42.0.0/16", 4, length(var.azs))
+  splat   = [for o in [{ id = "a" }, { id = "b" }] : o][*].id
+  sure    = !var.fifo && length(var.azs) >= 3
+  directive = "%{ if true }x%{ endif }"
+}
+"""
+
+
+@pytest.fixture
+def evaluate(tmp_path):
+    from embedded.twin.hcl_eval import Evaluator, TfModule, Where
+
+    (tmp_path / "main.tf").write_text(EXPRESSIONS)
+    module = TfModule(tmp_path)
+    variables = {"azs": ["za", "zb", "zc"], "fifo": False, "missing": None}
+    ev = Evaluator(module, {"var": variables})
+
+    def value(name: str):
+        file, tree = module.locals[name]
+        return ev.evaluate(tree, Where(file, f"local.{name}"))
+
+    return value
+
+
+def test_the_evaluator_computes_what_terraform_would(evaluate):
+    assert evaluate("index") == {"za": 0, "zc": 2}
+    assert evaluate("picked") == "q-14"
+    assert evaluate("merged") == {"a": 3, "za": 2}
+    assert evaluate("json") == '{"a":"x","b":[1,true,null]}'  # object keys sorted, as Terraform writes them
+    assert evaluate("nothing") == "fallback"
+    assert evaluate("doc") == "first zb\n  ${kept}\n"
+    assert evaluate("net") == "10.42.48.0/20"
+    assert evaluate("splat") == ["a", "b"]
+    assert evaluate("sure") is True
+    assert evaluate("list") == ["za", "zb", "zc", "zd"]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "names",
+            r"^main\.tf:\d+: local\.names: the twin does not evaluate the function upper_free\(\) \(in upper_free",
+        ),
+        ("attr", r"^main\.tf:\d+: local\.attr: no attribute 'b' here \(has: a\) \(in \.b\)$"),
+        ("directive", r"^main\.tf:\d+: local\.directive: template directives .* are not evaluated by the twin"),
+    ],
+)
+def test_what_the_evaluator_cannot_do_fails_naming_the_place(evaluate, name, message):
+    with pytest.raises(TfError, match=message):
+        evaluate(name)
+
+
+def test_locals_that_refer_to_each_other_fail_naming_the_cycle(clients, tmp_path):
+    prefix = names()["name_prefix"]
+    (tmp_path / "main.tf").write_text(
+        f'variable "region" {{ default = "{REGION}" }}\n'
+        f'variable "name_prefix" {{ default = "{prefix}" }}\n'
+        'locals {\n  tag_stack = "gridfleet:stack"\n  a = "${local.b}-x"\n  b = local.a\n}\n'
+        'resource "aws_vpc" "main" { cidr_block = local.a }\n'
+    )
+    with pytest.raises(TfError, match=r"^local\.a: refers to itself: local\.a -> local\.b -> local\.a$"):
+        apply_stack(clients, tmp_path, {})
