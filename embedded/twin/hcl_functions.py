@@ -1,0 +1,74 @@
+"""The Terraform functions infra/terraform calls, as Terraform defines them, for `hcl_eval`.
+
+File functions (`file`, `filebase64`) are the evaluator's own: they read through the contents the caller
+supplies before the disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def as_text(value: Any) -> str:
+    """A value as Terraform interpolates it into a string."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise TypeError(f"cannot put {type(value).__name__} into a string")
+
+
+def _cidrsubnet(prefix: str, newbits: int, netnum: int) -> str:
+    net = ipaddress.ip_network(prefix)
+    return str(list(net.subnets(prefixlen_diff=newbits))[netnum])
+
+
+def _one(values: list[Any]) -> Any:
+    if len(values) > 1:
+        raise ValueError("one() of more than one value")
+    return values[0] if values else None
+
+
+def _coalesce(*values: Any) -> Any:
+    for v in values:
+        if v is not None and v != "":
+            return v
+    raise ValueError("coalesce: no non-null argument")
+
+
+def _merge(*maps: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in maps:
+        out.update(m)
+    return out
+
+
+def _format(spec: str, *args: Any) -> str:
+    if re.search(r"%[^sd%]", spec):
+        raise ValueError(f"format verb in {spec!r} is not supported (only %s, %d, %%)")
+    return re.sub(r"%[sd]", "{}", spec.replace("{", "{{").replace("}", "}}")).replace("%%", "%").format(*args)
+
+
+#: The functions the files call, as Terraform defines them (file reads go through `Evaluator.read_file`).
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "cidrsubnet": _cidrsubnet,
+    "coalesce": _coalesce,
+    "concat": lambda *lists: [v for lst in lists for v in lst],
+    "format": _format,
+    "jsonencode": lambda v: json.dumps(v, separators=(",", ":"), sort_keys=True),
+    "length": len,
+    "lookup": lambda m, k, *default: m[k] if k in m or not default else default[0],
+    "merge": _merge,
+    "one": _one,
+    "tostring": as_text,
+    "tonumber": lambda v: v if isinstance(v, (int, float)) else json.loads(v),
+    "trimsuffix": lambda s, suffix: s[: -len(suffix)] if suffix and s.endswith(suffix) else s,
+    "base64encode": lambda s: base64.b64encode(s.encode()).decode(),
+}
