@@ -3,13 +3,13 @@
 `start_sshd(box, authorized_key, user=...)` does inside the instance what an AMI and cloud-init do at first
 boot: it deletes the host keys the instance's copy of /etc brought along and generates fresh ones
 (`ssh-keygen -A`), lets `authorized_key` log in as `user` (created when missing, with a passwordless sudoers
-line as an AMI's default user has; it counts where sudo is installed), and starts `sshd` on the instance's address, port 22, with password login off.
-Then it prints the host public keys to the instance's console between the lines cloud-init prints them
-between, `<type> <base64>` each. Differences from an instance: the authorized keys live in
-/etc/ssh/authorized_keys/<user> (the instance's private /etc) rather than in a home directory, since /home is
-the host's; a created user has no home directory; sshd logs to /var/log/sshd.log; it needs /run/sshd, its
-privilege-separation directory, which is the host's /run (created there when missing, as openssh-server
-itself would).
+line as an AMI's default user has; it counts where sudo is installed), and starts `sshd` on the instance's
+address, port 22, with password login off. Then it prints the host public keys to the instance's console
+between the lines cloud-init prints them between, `<type> <base64>` each. Differences from an instance: the
+authorized keys live in /etc/ssh/authorized_keys/<user> (the instance's private /etc) rather than in a home
+directory, since /home is the host's; a created user has no home directory; sshd logs to /var/log/sshd.log;
+it needs /run/sshd, its privilege-separation directory, which is the host's /run (created there when
+missing, as openssh-server itself would).
 
 moto answers GetConsoleOutput with one fixed text for every instance. `publish_console(ec2_backend,
 instance_id, text)` makes it answer with the twin's console text for that instance (base64 of the last 64 KB,
