@@ -7,10 +7,10 @@ ListCommands each command's `response_object()` (its `status`, `status_details`,
 `error_count`). moto has no ListCommandInvocations and no CancelCommand.
 
 What the twin changes, all in `_MotoCommands`: the backend object's `send_command` is wrapped (that object
-only, not moto's class) so that an `AWS-RunShellScript` command starts Pending, as on AWS, instead of
-Success; an invocation is replaced by a new dict, never changed in place, so that moto's server threads read
-either the old or the new outcome; and the command's own status fields follow its invocations. Other
-documents keep moto's behaviour.
+only, not moto's class; wrapped again on the next pass after a reset of moto) so that an
+`AWS-RunShellScript` command starts Pending, as on AWS, instead of Success; an invocation is replaced by a
+new dict, never changed in place, so that moto's server threads read either the old or the new outcome; and
+the command's own status fields follow its invocations. Other documents keep moto's behaviour.
 
 `TwinSsmAgent.poll()` hands every Pending invocation to the instance it targets: the parameter `commands`,
 joined into one bash script, runs inside the instance as root (in `workingDirectory` when given), bounded
@@ -66,27 +66,38 @@ def _iso(t: float) -> str:
 class _MotoCommands:
     """The one place that reads and changes moto's SSM command objects (see the module docstring)."""
 
-    def __init__(self, backend: Any):
-        self.backend = backend
-        self._original = backend.send_command
+    def __init__(self, backend_of: Callable[[], Any]):
+        self.backend_of = backend_of
+        self.backend: Any = None
         self._lock = threading.Lock()  # one writer at a time: a command's status is computed from all its invocations
+        self.attach()
+
+    def attach(self) -> None:
+        """Wrap the backend's `send_command`; again after a reset of moto (which clears or replaces the backend)."""
+        backend = self.backend_of()
+        if getattr(backend.__dict__.get("send_command"), "_twin_agent", None) is self:
+            return
+        original = backend.send_command
 
         def send_command(*args: Any, **kwargs: Any) -> Any:
-            command = self._original(*args, **kwargs)
+            command = original(*args, **kwargs)
             if command.document_name == RUN_SHELL_SCRIPT:
                 for inv in list(command.invocations):
                     self.set(command, inv["InstanceId"], Status="Pending", StatusDetails="Pending", ResponseCode=-1)
             return command
 
+        send_command._twin_agent = self  # type: ignore[attr-defined]
         backend.send_command = send_command  # an attribute of this backend object only
+        self.backend = backend
 
     def detach(self) -> None:
         """Give the backend moto's own `send_command` back."""
-        if self.backend.__dict__.get("send_command") is not None:
+        if self.backend is not None and "send_command" in self.backend.__dict__:
             del self.backend.send_command
 
     def pending(self) -> list[tuple[Any, dict[str, Any]]]:
         """(command, invocation) of every Pending run-shell-script invocation, oldest command first."""
+        self.attach()
         found = []
         for command in list(self.backend.list_commands(None, None)):
             if command.document_name != RUN_SHELL_SCRIPT:
@@ -147,9 +158,14 @@ class TwinSsmAgent:
     """Runs the twin's SSM commands: `poll()` once, or `start(interval_s)` ... `stop()` in the background."""
 
     def __init__(
-        self, backend: Any, find_instance: Callable[[str], Runner | None], *, now: Callable[[], float] = time.time
+        self,
+        backend_of: Callable[[], Any],
+        find_instance: Callable[[str], Runner | None],
+        *,
+        now: Callable[[], float] = time.time,
     ):
-        self.moto = _MotoCommands(backend)
+        """`backend_of()` is moto's SSM backend object of the twin's account and region (looked up on each pass)."""
+        self.moto = _MotoCommands(backend_of)
         self.find_instance = find_instance
         self.now = now
         self._handled: set[tuple[str, str]] = set()
@@ -162,7 +178,7 @@ class TwinSsmAgent:
         """The agent of moto's in-process SSM backend of this account and region."""
         from moto.ssm.models import ssm_backends
 
-        return cls(ssm_backends[account_id][region], find_instance)
+        return cls(lambda: ssm_backends[account_id][region], find_instance)
 
     def poll(self) -> int:
         """Start every command invocation not handled yet; how many were started (or found undeliverable)."""
