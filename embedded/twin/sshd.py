@@ -1,0 +1,167 @@
+"""A real OpenSSH server in a twin instance, its host keys on the instance's console, and that console in moto.
+
+`start_sshd(box, authorized_key, user=...)` does inside the instance what an AMI and cloud-init do at first
+boot: it deletes the host keys the instance's copy of /etc brought along and generates fresh ones
+(`ssh-keygen -A`), lets `authorized_key` log in as `user` (created when missing, with a passwordless sudoers
+line as an AMI's default user has; it counts where sudo is installed), and starts `sshd` on the instance's
+address, port 22, with password login off. Then it prints the host public keys to the instance's console
+between the lines cloud-init prints them between, `<type> <base64>` each. Differences from an instance: the
+authorized keys live in /etc/ssh/authorized_keys/<user> (the instance's private /etc) rather than in a home
+directory, since /home is the host's; a created user has no home directory; sshd logs to /var/log/sshd.log;
+it needs /run/sshd, its privilege-separation directory, which is the host's /run (created there when
+missing, as openssh-server itself would).
+
+moto answers GetConsoleOutput with one fixed text for every instance. `publish_console(ec2_backend,
+instance_id, text)` makes it answer with the twin's console text for that instance (base64 of the last 64 KB,
+as EC2 does); `_install_console_output` is the one patch of moto this needs, installed once on moto's response class,
+and any other instance keeps moto's text.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from embedded.twin.cloud_config import TwinError
+
+HOST_KEYS_BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"
+HOST_KEYS_END = "-----END SSH HOST KEY KEYS-----"
+SSHD = "/usr/sbin/sshd"
+CONFIG = "/etc/ssh/sshd_config.twin"
+AUTHORIZED_DIR = "/etc/ssh/authorized_keys"
+LOG = "/var/log/sshd.log"
+CONSOLE_LIMIT = 64 * 1024  # GetConsoleOutput returns at most the last 64 KB
+_USER_RE = r"^[a-z_][a-z0-9_-]{0,31}$"
+
+
+class Instance(Protocol):
+    """What `start_sshd` needs of an `InstanceSandbox`."""
+
+    address: str | None
+    console: Path
+
+    def run(self, argv: list[str], timeout_s: float = ...) -> subprocess.CompletedProcess[str]: ...
+
+    def host_path(self, guest_path: str) -> Path | None: ...
+
+
+def _config(address: str, key_files: list[str]) -> str:
+    lines = [f"ListenAddress {address}", "Port 22"] + [f"HostKey {k}" for k in key_files]
+    lines += [
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PubkeyAuthentication yes",
+        "PermitRootLogin prohibit-password",
+        f"AuthorizedKeysFile {AUTHORIZED_DIR}/%u",
+        "UsePAM no",
+        "PidFile none",
+        "X11Forwarding no",
+        "AllowTcpForwarding no",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _run(box: Instance, script: str, what: str, timeout_s: float = 60.0) -> str:
+    out = box.run(["sh", "-ec", script], timeout_s=timeout_s)
+    if out.returncode != 0:
+        raise TwinError(f"{what}: {(out.stderr or out.stdout).strip() or out.returncode}")
+    return out.stdout
+
+
+def authorize(box: Instance, user: str, authorized_key: str) -> None:
+    """Let `authorized_key` (one OpenSSH public key line) log in to the instance as `user`, created when missing."""
+    key_line = authorized_key.strip()
+    if len(key_line.split()) < 2 or "\n" in key_line:
+        raise TwinError("authorized_key is not one OpenSSH public key line")
+    if not re.match(_USER_RE, user):
+        raise TwinError(f"ssh user {user!r} is not a user name")
+    if user != "root":
+        script = (
+            f"id -u {user} >/dev/null 2>&1 || useradd -M -s /bin/bash {user}\n"
+            f"usermod -p '*' {user}\n"  # '!' would lock the account for key logins too
+            f"mkdir -p /etc/sudoers.d && echo '{user} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/90-{user}\n"
+            f"chmod 0440 /etc/sudoers.d/90-{user}\n"
+        )
+        _run(box, script, f"user {user}")
+    keys = box.host_path(f"{AUTHORIZED_DIR}/{user}")
+    if keys is None:
+        raise TwinError(f"{AUTHORIZED_DIR} is not in the instance's private /etc")
+    keys.parent.mkdir(mode=0o755, exist_ok=True)
+    keys.write_text(key_line.strip() + "\n")
+    keys.chmod(0o644)
+
+
+def start_sshd(box: Instance, authorized_key: str, *, user: str = "root", timeout_s: float = 30.0) -> list[str]:
+    """Start sshd in the instance as described in the module docstring; the host keys, `<type> <base64>` each."""
+    if not box.address:
+        raise TwinError("the instance has no address: start it first")
+    authorize(box, user, authorized_key)
+    _run(box, "rm -f /etc/ssh/ssh_host_*_key /etc/ssh/ssh_host_*_key.pub && ssh-keygen -A", "ssh-keygen")
+    etc_ssh = box.host_path("/etc/ssh")
+    if etc_ssh is None:
+        raise TwinError("/etc/ssh is not in the instance's private /etc")
+    pubs = sorted(etc_ssh.glob("ssh_host_*_key.pub"))
+    host_keys = [" ".join(p.read_text().split()[:2]) for p in pubs]
+    (etc_ssh / Path(CONFIG).name).write_text(_config(box.address, [f"/etc/ssh/{p.name[:-4]}" for p in pubs]))
+    _run(box, f"install -d -m 0755 /run/sshd && {SSHD} -t -f {CONFIG}", "sshd -t")
+    _run(box, f"{SSHD} -f {CONFIG} -E {LOG}", "sshd")
+    _wait_listening(box.address, 22, timeout_s)
+    with box.console.open("a") as console:
+        console.write("\n".join([HOST_KEYS_BEGIN, *host_keys, HOST_KEYS_END]) + "\n")
+    return host_keys
+
+
+def _wait_listening(address: str, port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=1):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise TwinError(f"sshd does not answer on {address}:{port} after {timeout_s:g}s: {e}") from None
+        time.sleep(0.05)  # sshd binds its socket a moment after it daemonizes
+
+
+# --- GetConsoleOutput ------------------------------------------------------------------------------
+_CONSOLE_ATTR = "twin_console_output"
+
+
+def publish_console(ec2_backend: Any, instance_id: str, text: str) -> None:
+    """Make moto's GetConsoleOutput of `instance_id` return `text` (its last 64 KB) from now on."""
+    _install_console_output()
+    instance = ec2_backend.get_instance(instance_id)
+    data = text.encode("utf-8", errors="replace")[-CONSOLE_LIMIT:]
+    setattr(instance, _CONSOLE_ATTR, data.decode("utf-8", errors="ignore"))
+
+
+def publish_instance_console(ec2_backend: Any, instance_id: str, box: Instance) -> None:
+    """`publish_console` with the instance's console as the twin has it now."""
+    publish_console(ec2_backend, instance_id, box.console.read_text(errors="replace"))
+
+
+def _install_console_output() -> None:
+    from moto.ec2.responses.general import General
+
+    if getattr(General.get_console_output, "_twin", False):
+        return
+    moto_own = General.get_console_output
+
+    def get_console_output(self: Any) -> Any:
+        from moto.core.responses import ActionResult
+        from moto.core.types import Base64EncodedString
+        from moto.core.utils import utcnow
+
+        instance = self.ec2_backend.get_instance(self._get_param("InstanceId"))
+        text = getattr(instance, _CONSOLE_ATTR, None)
+        if text is None:
+            return moto_own(self)
+        output = Base64EncodedString.from_raw_string(text)
+        return ActionResult({"InstanceId": instance.id, "Timestamp": utcnow(), "Output": output})
+
+    get_console_output._twin = True  # type: ignore[attr-defined]
+    General.get_console_output = get_console_output  # type: ignore[method-assign]

@@ -1,0 +1,50 @@
+"""The twin's SSM agent without an instance (no root): how it changes moto's SendCommand, and its pure parts.
+moto runs in-process (`mock_aws`), in a module of its own: its reset would clear the moto server that
+test_ssm.py's instances are launched in."""
+
+from __future__ import annotations
+
+import boto3
+
+from embedded.twin.ssm import TwinSsmAgent, outcome, shell_argv
+
+ACCOUNT, REGION = "123456789012", "us-east-1"
+
+
+def test_only_run_shell_script_starts_pending_across_a_reset_and_close_gives_moto_its_send_command_back():
+    """No root: moto in-process; no instance is running, so the one command is undeliverable."""
+    from moto import mock_aws
+    from moto.ssm.models import ssm_backends
+
+    with mock_aws():
+        ssm = boto3.client("ssm", region_name=REGION)
+        agent = TwinSsmAgent.for_region(ACCOUNT, REGION, lambda instance_id: None)
+        iid = "i-0123456789abcdef0"
+
+        def send(document: str) -> dict:
+            return ssm.send_command(InstanceIds=[iid], DocumentName=document, Parameters={"commands": ["true"]})
+
+        sent = send("AWS-RunShellScript")["Command"]
+        assert (sent["Status"], send("AWS-RunPowerShellScript")["Command"]["Status"]) == ("Pending", "Success")
+        assert agent.poll() == 1 and agent.poll() == 0
+        inv = ssm.get_command_invocation(CommandId=sent["CommandId"], InstanceId=iid)
+        assert (inv["Status"], inv["StatusDetails"], inv["ResponseCode"]) == ("Failed", "Undeliverable", -1)
+        ssm_backends.reset()  # moto reset (clears the backend, wrapper and all): the next pass wraps it again
+        assert send("AWS-RunShellScript")["Command"]["Status"] == "Success"
+        agent.poll()
+        assert send("AWS-RunShellScript")["Command"]["Status"] == "Pending"
+        agent.close()
+        assert send("AWS-RunShellScript")["Command"]["Status"] == "Success"  # moto's own answer again
+
+
+def test_shell_argv_joins_the_commands_and_bounds_them():
+    argv, timeout_s = shell_argv({"commands": ["a", "b"], "executionTimeout": ["7"]})
+    assert argv[:3] == ["timeout", "--kill-after=5", "7"] and argv[3:6] == ["bash", "-c", "a\nb"]
+    argv, timeout_s = shell_argv({"commands": ["a"], "workingDirectory": ["/srv/x y"]})
+    assert timeout_s == 3600 and argv[-1] == "/srv/x y" and argv[5].startswith('cd -- "$1" || exit 1\n')
+
+
+def test_outcome_tells_a_timeout_from_a_script_that_exits_124():
+    assert outcome(124, 10.0, 5.0)["Status"] == "TimedOut"
+    assert outcome(124, 1.0, 5.0) == {"Status": "Failed", "StatusDetails": "Failed", "ResponseCode": 124}
+    assert outcome(0, 1.0, 5.0)["Status"] == "Success"
