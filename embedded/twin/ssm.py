@@ -7,10 +7,11 @@ ListCommands each command's `response_object()` (its `status`, `status_details`,
 `error_count`). moto has no ListCommandInvocations and no CancelCommand.
 
 What the twin changes, all in `_MotoCommands`: the backend object's `send_command` is wrapped (that object
-only, not moto's class; wrapped again on the next pass after a reset of moto) so that an
+only, not moto's class; wrapped again on the next pass after a reset of moto) so that a command goes to
+the instances it names only (moto adds every instance of the region when no Targets are given), and an
 `AWS-RunShellScript` command starts Pending, as on AWS, instead of Success; an invocation is replaced by a
 new dict, never changed in place, so that moto's server threads read either the old or the new outcome; and
-the command's own status fields follow its invocations. Other documents keep moto's behaviour.
+the command's own status fields follow its invocations. Other documents keep moto's Success.
 
 `TwinSsmAgent.poll()` hands every Pending invocation to the instance it targets: the parameter `commands`,
 joined into one bash script, runs inside the instance as root (in `workingDirectory` when given), bounded
@@ -80,7 +81,12 @@ class _MotoCommands:
         original = backend.send_command
 
         def send_command(*args: Any, **kwargs: Any) -> Any:
+            asked = list(kwargs.get("instance_ids") or [])  # moto extends the caller's list in place
             command = original(*args, **kwargs)
+            if not command.targets:  # moto adds every instance of the region when no Targets are given
+                command.instance_ids = [i for i in command.instance_ids if i in asked]
+                command.invocations = [inv for inv in command.invocations if inv["InstanceId"] in asked]
+                command.target_count = len(command.invocations)
             if command.document_name == RUN_SHELL_SCRIPT:
                 for inv in list(command.invocations):
                     self.set(command, inv["InstanceId"], Status="Pending", StatusDetails="Pending", ResponseCode=-1)
