@@ -12,6 +12,7 @@ from moto import mock_aws
 from embedded.twin.ssm import TwinSsmAgent, outcome, shell_argv
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
+IID = "i-0123456789abcdef0"
 
 
 def test_only_run_shell_script_starts_pending_across_a_reset_and_close_gives_moto_its_send_command_back():
@@ -21,7 +22,7 @@ def test_only_run_shell_script_starts_pending_across_a_reset_and_close_gives_mot
     with mock_aws():
         ssm = boto3.client("ssm", region_name=REGION)
         agent = TwinSsmAgent.for_region(ACCOUNT, REGION, lambda instance_id: None)
-        iid = "i-0123456789abcdef0"
+        iid = IID
 
         def send(document: str) -> dict:
             return ssm.send_command(InstanceIds=[iid], DocumentName=document, Parameters={"commands": ["true"]})
@@ -52,6 +53,17 @@ def test_a_command_goes_only_to_the_instances_it_names():
         with pytest.raises(ClientError, match="InvocationDoesNotExist"):
             ssm.get_command_invocation(CommandId=command_id, InstanceId=other)
         assert agent.poll() == 1
+        agent.close()
+
+
+def test_send_command_refuses_parameters_the_document_refuses():
+    with mock_aws():
+        ssm = boto3.client("ssm", region_name=REGION)
+        agent = TwinSsmAgent.for_region(ACCOUNT, REGION, lambda instance_id: None)
+        for parameters in ({"commands": ["true"], "executionTimeout": ["soon"]}, {"commands": []}):
+            with pytest.raises(ClientError, match="InvalidParameters"):
+                ssm.send_command(InstanceIds=[IID], DocumentName="AWS-RunShellScript", Parameters=parameters)
+        assert ssm.list_commands()["Commands"] == [] and agent.poll() == 0
         agent.close()
 
 
