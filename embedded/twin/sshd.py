@@ -1,20 +1,22 @@
 """A real OpenSSH server in a twin instance, its host keys on the instance's console, and that console in moto.
 
 `start_sshd(box, authorized_key, user=...)` does inside the instance what an AMI and cloud-init do at first
-boot: it deletes the host keys the instance's copy of /etc brought along and generates fresh ones
-(`ssh-keygen -A`), lets `authorized_key` log in as `user` (created when missing, with a passwordless sudoers
-line as an AMI's default user has; it counts where sudo is installed), and starts `sshd` on the instance's
-address, port 22, with password login off. Then it prints the host public keys to the instance's console
-between the lines cloud-init prints them between, `<type> <base64>` each. Differences from an instance: the
-authorized keys live in /etc/ssh/authorized_keys/<user> (the instance's private /etc) rather than in a home
-directory, since /home is the host's; a created user has no home directory; sshd logs to /var/log/sshd.log;
-it needs /run/sshd, its privilege-separation directory, which is the host's /run (created there when
-missing, as openssh-server itself would).
+boot: it deletes the host keys the instance's copy of /etc brought along and generates fresh ones (rsa,
+ecdsa and ed25519 with `ssh-keygen`, as cloud-init does by default), lets `authorized_key` log in as `user`
+(created when missing, with a passwordless sudoers line as an AMI's default user has; it counts where sudo
+is installed), and starts `sshd` on the instance's address, port 22, with password login off. Then it
+prints, from inside the instance, the host public keys to the instance's console between the lines
+cloud-init prints them between, `<type> <base64>` each. Everything it writes it writes from inside the
+instance (never through a path on the host's side). Differences from an instance: the authorized keys live
+in /etc/ssh/authorized_keys/<user> (the instance's private /etc) rather than in a home directory, since
+/home is the host's; a created user has no home directory; sshd logs to /var/log/sshd.log; it needs
+/run/sshd, its privilege-separation directory, which is the host's /run (created there when missing, as
+openssh-server itself would).
 
 moto answers GetConsoleOutput with one fixed text for every instance. `publish_console(ec2_backend,
-instance_id, text)` makes it answer with the twin's console text for that instance (base64 of the last 64 KB,
-as EC2 does); `_install_console_output` is the one patch of moto this needs, installed once on moto's response class,
-and any other instance keeps moto's text.
+instance_id, text)` makes it answer with the twin's console text for that instance (base64 of the last 64
+KB, as EC2 does); `_install_console_output` is the one patch of moto this needs, installed once on moto's
+response class, and any other instance keeps moto's text.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ AUTHORIZED_DIR = "/etc/ssh/authorized_keys"
 LOG = "/var/log/sshd.log"
 CONSOLE_LIMIT = 64 * 1024  # GetConsoleOutput returns at most the last 64 KB
 _USER_RE = r"^[a-z_][a-z0-9_-]{0,31}$"
+KEY_TYPES = ("rsa", "ecdsa", "ed25519")  # the host keys cloud-init generates by default
 
 
 class Instance(Protocol):
@@ -65,11 +68,21 @@ def _config(address: str, key_files: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run(box: Instance, script: str, what: str, timeout_s: float = 60.0) -> str:
-    out = box.run(["sh", "-ec", script], timeout_s=timeout_s)
+def _run(box: Instance, script: str, what: str, *args: str, timeout_s: float = 60.0) -> str:
+    """`sh -ec script` inside the instance with `args` as $1...: what it writes, it writes as the instance (never
+    through a link the instance could have set on the host's side)."""
+    out = box.run(["sh", "-ec", script, "sh", *args], timeout_s=timeout_s)
     if out.returncode != 0:
         raise TwinError(f"{what}: {(out.stderr or out.stdout).strip() or out.returncode}")
     return out.stdout
+
+
+_NEW_USER = """id -u "$1" >/dev/null 2>&1 || useradd -M -s /bin/bash "$1"
+usermod -p '*' "$1"
+mkdir -p /etc/sudoers.d
+printf '%s ALL=(ALL) NOPASSWD:ALL\\n' "$1" > "/etc/sudoers.d/90-$1"
+chmod 0440 "/etc/sudoers.d/90-$1"
+"""  # '*', not '!': a locked password ('!') locks the account for key logins too
 
 
 def authorize(box: Instance, user: str, authorized_key: str) -> None:
@@ -80,19 +93,10 @@ def authorize(box: Instance, user: str, authorized_key: str) -> None:
     if not re.match(_USER_RE, user):
         raise TwinError(f"ssh user {user!r} is not a user name")
     if user != "root":
-        script = (
-            f"id -u {user} >/dev/null 2>&1 || useradd -M -s /bin/bash {user}\n"
-            f"usermod -p '*' {user}\n"  # '!' would lock the account for key logins too
-            f"mkdir -p /etc/sudoers.d && echo '{user} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/90-{user}\n"
-            f"chmod 0440 /etc/sudoers.d/90-{user}\n"
-        )
-        _run(box, script, f"user {user}")
-    keys = box.host_path(f"{AUTHORIZED_DIR}/{user}")
-    if keys is None:
-        raise TwinError(f"{AUTHORIZED_DIR} is not in the instance's private /etc")
-    keys.parent.mkdir(mode=0o755, exist_ok=True)
-    keys.write_text(key_line.strip() + "\n")
-    keys.chmod(0o644)
+        _run(box, _NEW_USER, f"user {user}", user)
+    target = f'"{AUTHORIZED_DIR}/$1"'
+    script = f"install -d -m 0755 {AUTHORIZED_DIR}\nprintf '%s\\n' \"$2\" > {target}\nchmod 0644 {target}"
+    _run(box, script, f"authorized key of {user}", user, key_line)
 
 
 def start_sshd(box: Instance, authorized_key: str, *, user: str = "root", timeout_s: float = 30.0) -> list[str]:
@@ -100,18 +104,18 @@ def start_sshd(box: Instance, authorized_key: str, *, user: str = "root", timeou
     if not box.address:
         raise TwinError("the instance has no address: start it first")
     authorize(box, user, authorized_key)
-    _run(box, "rm -f /etc/ssh/ssh_host_*_key /etc/ssh/ssh_host_*_key.pub && ssh-keygen -A", "ssh-keygen")
-    etc_ssh = box.host_path("/etc/ssh")
-    if etc_ssh is None:
-        raise TwinError("/etc/ssh is not in the instance's private /etc")
-    pubs = sorted(etc_ssh.glob("ssh_host_*_key.pub"))
-    host_keys = [" ".join(p.read_text().split()[:2]) for p in pubs]
-    (etc_ssh / Path(CONFIG).name).write_text(_config(box.address, [f"/etc/ssh/{p.name[:-4]}" for p in pubs]))
-    _run(box, f"install -d -m 0755 /run/sshd && {SSHD} -t -f {CONFIG}", "sshd -t")
+    keygen = "rm -f /etc/ssh/ssh_host_*_key /etc/ssh/ssh_host_*_key.pub\n"
+    keygen += "".join(f"ssh-keygen -q -t {t} -N '' -f /etc/ssh/ssh_host_{t}_key\n" for t in KEY_TYPES)
+    _run(box, keygen, "ssh-keygen")
+    pubs = _run(box, " ".join(["cat"] + [f"/etc/ssh/ssh_host_{t}_key.pub" for t in KEY_TYPES]), "host keys")
+    host_keys = [" ".join(line.split()[:2]) for line in pubs.splitlines() if line.strip()]
+    config = _config(box.address, [f"/etc/ssh/ssh_host_{t}_key" for t in KEY_TYPES])
+    _run(box, 'printf %s "$2" > "$1"', "sshd config", CONFIG, config)
+    _run(box, f"install -d -m 0755 /run/sshd\n{SSHD} -t -f {CONFIG}", "sshd -t")
     _run(box, f"{SSHD} -f {CONFIG} -E {LOG}", "sshd")
     _wait_listening(box.address, 22, timeout_s)
-    with box.console.open("a") as console:
-        console.write("\n".join([HOST_KEYS_BEGIN, *host_keys, HOST_KEYS_END]) + "\n")
+    block = [HOST_KEYS_BEGIN, *host_keys, HOST_KEYS_END]
+    _run(box, "printf '%s\\n' \"$@\" >> /dev/console", "console", *block)  # as cloud-init prints them
     return host_keys
 
 

@@ -7,10 +7,11 @@ ListCommands each command's `response_object()` (its `status`, `status_details`,
 `error_count`). moto has no ListCommandInvocations and no CancelCommand.
 
 What the twin changes, all in `_MotoCommands`: the backend object's `send_command` is wrapped (that object
-only, not moto's class; wrapped again on the next pass after a reset of moto) so that an
+only, not moto's class; wrapped again on the next pass after a reset of moto) so that a command goes to
+the instances it names only (moto adds every instance of the region when no Targets are given), and an
 `AWS-RunShellScript` command starts Pending, as on AWS, instead of Success; an invocation is replaced by a
 new dict, never changed in place, so that moto's server threads read either the old or the new outcome; and
-the command's own status fields follow its invocations. Other documents keep moto's behaviour.
+the command's own status fields follow its invocations. Other documents keep moto's Success.
 
 `TwinSsmAgent.poll()` hands every Pending invocation to the instance it targets: the parameter `commands`,
 joined into one bash script, runs inside the instance as root (in `workingDirectory` when given), bounded
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 RUN_SHELL_SCRIPT = "AWS-RunShellScript"
 DEFAULT_EXECUTION_TIMEOUT_S = 3600
+MAX_EXECUTION_TIMEOUT_S = 172_800  # the document's own limit (48 hours)
 MAX_STDOUT_CHARS = 24_000
 MAX_STDERR_CHARS = 8_000
 #: After executionTimeout, GNU timeout sends SIGTERM; this much later, SIGKILL.
@@ -80,7 +82,18 @@ class _MotoCommands:
         original = backend.send_command
 
         def send_command(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("document_name") == RUN_SHELL_SCRIPT:
+                problem = parameters_problem(kwargs.get("parameters") or {})
+                if problem:
+                    from moto.ssm.exceptions import SSMException
+
+                    raise SSMException("InvalidParameters", problem)  # SendCommand answers with this error
+            asked = list(kwargs.get("instance_ids") or [])  # moto extends the caller's list in place
             command = original(*args, **kwargs)
+            if not command.targets:  # moto adds every instance of the region when no Targets are given
+                command.instance_ids = [i for i in command.instance_ids if i in asked]
+                command.invocations = [inv for inv in command.invocations if inv["InstanceId"] in asked]
+                command.target_count = len(command.invocations)
             if command.document_name == RUN_SHELL_SCRIPT:
                 for inv in list(command.invocations):
                     self.set(command, inv["InstanceId"], Status="Pending", StatusDetails="Pending", ResponseCode=-1)
@@ -129,18 +142,26 @@ class _MotoCommands:
             command.status, command.status_details = "Failed", "Incomplete"
 
 
+def parameters_problem(parameters: dict[str, list[str]]) -> str | None:
+    """What is wrong with an AWS-RunShellScript's parameters (as SendCommand refuses them), or None."""
+    if not parameters.get("commands"):
+        return "AWS-RunShellScript needs the parameter commands"
+    raw = (parameters.get("executionTimeout") or [str(DEFAULT_EXECUTION_TIMEOUT_S)])[0]
+    if not (isinstance(raw, str) and raw.isdigit() and 1 <= int(raw) <= MAX_EXECUTION_TIMEOUT_S):
+        return f"executionTimeout {raw!r} is not a whole number of seconds from 1 to {MAX_EXECUTION_TIMEOUT_S}"
+    return None
+
+
 def shell_argv(parameters: dict[str, list[str]]) -> tuple[list[str], float]:
-    """The command line that runs an AWS-RunShellScript's parameters in the instance, and its timeout (s)."""
+    """The command line that runs an AWS-RunShellScript's parameters in the instance, and its timeout (s).
+
+    The parameters are as `parameters_problem` lets through."""
     commands = parameters.get("commands") or []
     script = "\n".join(commands)
     workdir = (parameters.get("workingDirectory") or [""])[0]
     if workdir:
         script = f'cd -- "$1" || exit 1\n{script}'
-    raw = (parameters.get("executionTimeout") or [str(DEFAULT_EXECUTION_TIMEOUT_S)])[0]
-    try:
-        timeout_s = float(raw)
-    except ValueError:
-        timeout_s = float(DEFAULT_EXECUTION_TIMEOUT_S)
+    timeout_s = float((parameters.get("executionTimeout") or [str(DEFAULT_EXECUTION_TIMEOUT_S)])[0])
     argv = ["timeout", f"--kill-after={KILL_AFTER_S}", f"{timeout_s:g}", "bash", "-c", script, "ssm-script"]
     return (argv + [workdir] if workdir else argv), timeout_s
 

@@ -1,6 +1,7 @@
 """The hub's SSH rung (paramiko) against a real OpenSSH sshd inside a booted twin instance, trusting only the
 host keys the instance printed to its console, read back through a real moto server's GetConsoleOutput.
-Root only (see conftest); one instance for the module. Nothing is faked."""
+Root only (see conftest); one instance for the module. Nothing is faked (the node's kill command in the
+instance is this checkout's, through a launcher at the node's path: node_kill.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from embedded.twin.sshd import (
     start_sshd,
 )
 from hub.control.ssh import SshControl, host_key_policy, host_keys_from_console
-from tests.helpers.wait import wait_for
+from tests.twin.node_kill import install_gridfleet, running, start_crawl
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 STAY_UP = '#cloud-config\nruncmd:\n  - "true"\n'
@@ -35,12 +36,6 @@ def keygen(directory: Path, name: str) -> Path:
     path = directory / name
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True, timeout=30)
     return path
-
-
-def running(box, pid: str) -> bool:
-    """The process runs in the instance (a zombie does not: its parent, the instance's init, has yet to reap it)."""
-    state = box.run(["ps", "-o", "stat=", "-p", pid]).stdout.strip()
-    return bool(state) and not state.startswith("Z")
 
 
 @pytest.fixture(scope="module")
@@ -95,15 +90,17 @@ def test_host_keys_reach_the_console_and_get_console_output(twin):
     assert host_keys_from_console(other) == []  # an instance the twin has no console for keeps moto's text
 
 
-def test_the_kill_runs_over_ssh_when_the_host_key_is_on_the_console(twin):
+def test_the_nodes_kill_command_runs_over_ssh_when_the_host_key_is_on_the_console(twin):
     box = twin["box"]
-    box.run(["sh", "-c", f"setsid sleep 600 >/dev/null 2>&1 & echo $! > {STATE}/crawler.pid"])
-    pid = box.host_path(f"{STATE}/crawler.pid").read_text().strip()
+    install_gridfleet(box)
+    pid = start_crawl(box, "example.org", 1)
     assert running(box, pid)
-    script = f"kill -9 {pid} && echo killed pid {pid}"
-    result = ssh(twin, script).kill(box.instance_id, "example.org", 1)
-    assert (result.ok, result.path, result.detail) == (True, "ssh", f"killed pid {pid}")
-    assert wait_for(lambda: not running(box, pid), timeout=5)
+    ladder = SshControl(
+        lambda i: box.address, user="root", key_path=twin["key"], host_keys=host_key_policy("console", twin["ec2"])
+    )  # the hub's own kill command
+    result = ladder.kill(box.instance_id, "example.org", 1)
+    assert (result.ok, result.path, result.detail) == (True, "ssh", f"ok: killed process group {pid}")
+    assert not running(box, pid)
 
 
 def test_a_host_key_not_on_the_console_is_refused(twin):

@@ -1,6 +1,7 @@
 """The twin's SSM agent against the hub's SSM rung: commands sent through a real moto server run for real
 inside a booted instance, and GetCommandInvocation tells what happened there. Root only (see conftest); one
-instance for the module. Nothing is faked: the outcome is what the script did in the instance."""
+instance for the module. Nothing is faked: the outcome is what the script did in the instance (the node's
+kill command there is this checkout's, through a launcher at the node's path: node_kill.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from embedded.twin.ssm import MAX_STDERR_CHARS, MAX_STDOUT_CHARS, TwinSsmAgent
 from fleet.clock import SystemClock
 from hub.control.ssm import SsmControl
 from tests.helpers.wait import wait_for
+from tests.twin.node_kill import install_gridfleet, running, start_crawl
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 STAY_UP = '#cloud-config\nruncmd:\n  - "true"\n'
@@ -57,12 +59,6 @@ def control(ssm, script: str, timeout_s: float = 20.0) -> SsmControl:
     return SsmControl(ssm, SystemClock(), timeout_s=timeout_s, poll_s=0.1, command=lambda site, attempt: script)
 
 
-def alive(box, pid: str) -> bool:
-    """The process runs in the instance (a zombie does not: its parent, the instance's init, has yet to reap it)."""
-    state = box.run(["ps", "-o", "stat=", "-p", pid]).stdout.strip()
-    return bool(state) and not state.startswith("Z")
-
-
 def invocation(ssm, command_id: str, instance_id: str, *statuses: str) -> dict:
     def get():
         inv = ssm.get_command_invocation(CommandId=command_id, InstanceId=instance_id)
@@ -71,19 +67,17 @@ def invocation(ssm, command_id: str, instance_id: str, *statuses: str) -> dict:
     return wait_for(get, timeout=20, interval=0.05)
 
 
-def test_the_kill_command_runs_inside_the_instance_and_reports_success(twin):
+def test_the_nodes_kill_command_runs_inside_the_instance_and_reports_success(twin):
     box, ssm, _ = twin
-    started = box.run(["sh", "-c", f"setsid sleep 600 >/dev/null 2>&1 & echo $! > {STATE}/crawler.pid"])
-    pid = box.host_path(f"{STATE}/crawler.pid").read_text().strip()
-    assert started.returncode == 0 and alive(box, pid)
-    script = f"kill -9 $(cat {STATE}/crawler.pid) && echo killed > {STATE}/killed && echo killed pid {pid}"
-    result = control(ssm, script).kill(box.instance_id, "example.org", 2)
-    assert (result.ok, result.path, result.detail) == (True, "ssm", f"killed pid {pid}")
-    assert box.host_path(f"{STATE}/killed").read_text() == "killed\n"
-    assert not Path(f"{STATE}/killed").exists()  # the instance's state directory, not the host's
-    assert wait_for(lambda: not alive(box, pid), timeout=5)
+    install_gridfleet(box)
+    pid = start_crawl(box, "example.org", 2)
+    assert running(box, pid)
+    ladder = SsmControl(ssm, SystemClock(), timeout_s=20, poll_s=0.1)  # the hub's own kill command
+    result = ladder.kill(box.instance_id, "example.org", 2)
+    assert (result.ok, result.path, result.detail) == (True, "ssm", f"ok: killed process group {pid}")
+    assert not running(box, pid)
     listed = ssm.list_commands(InstanceId=box.instance_id)["Commands"]
-    assert listed[0]["Status"] == "Success" and listed[0]["CompletedCount"] == 1
+    assert listed[-1]["Status"] == "Success" and listed[-1]["CompletedCount"] == 1
 
 
 def test_a_failing_command_reports_its_exit_status_and_stderr(twin):
@@ -104,10 +98,10 @@ def test_a_command_that_outlives_its_execution_timeout_is_killed_with_its_childr
     assert sent["Command"]["Status"] == "Pending"  # moto alone would say Success before anything ran
     invocation(ssm, command_id, box.instance_id, "InProgress")
     pid = wait_for(lambda: (p := box.host_path(f"{STATE}/child.pid")).exists() and p.read_text().strip())
-    assert alive(box, pid)
+    assert running(box, pid)
     inv = invocation(ssm, command_id, box.instance_id, "TimedOut", "Success", "Failed")
     assert (inv["Status"], inv["StatusDetails"], inv["ResponseCode"]) == ("TimedOut", "ExecutionTimedOut", -1)
-    assert not alive(box, pid)
+    assert not running(box, pid)
     assert ssm.list_commands(CommandId=command_id)["Commands"][0]["StatusDetails"] == "ExecutionTimedOut"
 
 
@@ -127,7 +121,12 @@ def test_a_slow_command_does_not_hold_up_the_next(twin):
 
 def test_working_directory_and_output_truncated_as_ssm_does(twin):
     box, ssm, _ = twin
-    script = ["pwd", "head -c 30000 /dev/zero | tr '\\0' o", "head -c 9000 /dev/zero | tr '\\0' e >&2"]
+    script = [
+        "pwd",
+        "echo here > ssm-wrote",
+        "head -c 30000 /dev/zero | tr '\\0' o",
+        "head -c 9000 /dev/zero | tr '\\0' e >&2",
+    ]
     sent = ssm.send_command(
         InstanceIds=[box.instance_id],
         DocumentName="AWS-RunShellScript",
@@ -138,6 +137,7 @@ def test_working_directory_and_output_truncated_as_ssm_does(twin):
     out, err = inv["StandardOutputContent"], inv["StandardErrorContent"]
     assert out.startswith(f"{STATE}\nooo") and len(out) == MAX_STDOUT_CHARS
     assert set(err) == {"e"} and len(err) == MAX_STDERR_CHARS
+    assert box.host_path(f"{STATE}/ssm-wrote").read_text() == "here\n"
 
 
 def test_an_instance_that_is_not_in_the_twin_gets_no_agent(twin):

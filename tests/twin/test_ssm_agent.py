@@ -5,21 +5,24 @@ test_ssm.py's instances are launched in."""
 from __future__ import annotations
 
 import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
 
 from embedded.twin.ssm import TwinSsmAgent, outcome, shell_argv
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
+IID = "i-0123456789abcdef0"
 
 
 def test_only_run_shell_script_starts_pending_across_a_reset_and_close_gives_moto_its_send_command_back():
     """No root: moto in-process; no instance is running, so the one command is undeliverable."""
-    from moto import mock_aws
     from moto.ssm.models import ssm_backends
 
     with mock_aws():
         ssm = boto3.client("ssm", region_name=REGION)
         agent = TwinSsmAgent.for_region(ACCOUNT, REGION, lambda instance_id: None)
-        iid = "i-0123456789abcdef0"
+        iid = IID
 
         def send(document: str) -> dict:
             return ssm.send_command(InstanceIds=[iid], DocumentName=document, Parameters={"commands": ["true"]})
@@ -35,6 +38,33 @@ def test_only_run_shell_script_starts_pending_across_a_reset_and_close_gives_mot
         assert send("AWS-RunShellScript")["Command"]["Status"] == "Pending"
         agent.close()
         assert send("AWS-RunShellScript")["Command"]["Status"] == "Success"  # moto's own answer again
+
+
+def test_a_command_goes_only_to_the_instances_it_names():
+    """moto alone adds every instance of the region to a command sent without Targets."""
+    with mock_aws():
+        ec2, ssm = boto3.client("ec2", region_name=REGION), boto3.client("ssm", region_name=REGION)
+        launched = ec2.run_instances(ImageId="ami-12c6146b", MinCount=2, MaxCount=2)["Instances"]
+        one, other = (i["InstanceId"] for i in launched)
+        agent = TwinSsmAgent.for_region(ACCOUNT, REGION, lambda instance_id: None)
+        sent = ssm.send_command(InstanceIds=[one], DocumentName="AWS-RunShellScript", Parameters={"commands": ["true"]})
+        command_id = sent["Command"]["CommandId"]
+        assert sent["Command"]["InstanceIds"] == [one] and sent["Command"]["TargetCount"] == 1
+        with pytest.raises(ClientError, match="InvocationDoesNotExist"):
+            ssm.get_command_invocation(CommandId=command_id, InstanceId=other)
+        assert agent.poll() == 1
+        agent.close()
+
+
+def test_send_command_refuses_parameters_the_document_refuses():
+    with mock_aws():
+        ssm = boto3.client("ssm", region_name=REGION)
+        agent = TwinSsmAgent.for_region(ACCOUNT, REGION, lambda instance_id: None)
+        for parameters in ({"commands": ["true"], "executionTimeout": ["soon"]}, {"commands": []}):
+            with pytest.raises(ClientError, match="InvalidParameters"):
+                ssm.send_command(InstanceIds=[IID], DocumentName="AWS-RunShellScript", Parameters=parameters)
+        assert ssm.list_commands()["Commands"] == [] and agent.poll() == 0
+        agent.close()
 
 
 def test_shell_argv_joins_the_commands_and_bounds_them():
