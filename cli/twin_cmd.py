@@ -61,7 +61,9 @@ def _up(home: Path, state: dict[str, object], config: Path, console: Console) ->
     if not config.is_file():
         raise UsageError(f"--config {config}: no such file")
     if _alive(state.get("pid")) and state.get("state") in ("starting", "ready"):
-        console.print(f"the twin is already {state['state']} (pid {state['pid']}); `gridfleet local down --twin` ends it")
+        console.print(
+            f"the twin is already {state['state']} (pid {state['pid']}); `gridfleet local down --twin` ends it"
+        )
         return 0
     home.mkdir(parents=True, exist_ok=True)
     (home / "state.json").unlink(missing_ok=True)
@@ -89,7 +91,9 @@ def _up(home: Path, state: dict[str, object], config: Path, console: Console) ->
 
 
 def _print_ready(state: dict[str, object], console: Console) -> None:
-    console.print(f"twin ready: AWS at {state['endpoint']} (moto), stack {state['stack']}, demo sites at {state['demo']}")
+    console.print(
+        f"twin ready: AWS at {state['endpoint']} (moto), stack {state['stack']}, demo sites at {state['demo']}"
+    )
     console.print(f"the day's run starts by the starter's schedule, {state['start_schedule']} (UTC)")
     console.print(f"the operator's fleet.yaml: {state['config']}")
     console.print(

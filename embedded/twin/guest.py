@@ -110,6 +110,7 @@ def boot(plan: dict) -> int:
 def idle() -> None:
     """PID 1 of the instance: reap whatever the boot left behind until SIGTERM or SIGKILL."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a child orphaned later wakes the pause below
     while True:
         try:
             os.wait()

@@ -19,7 +19,6 @@ import time
 from embedded.twin.cloud_config import TwinError
 
 
-
 def _net_number() -> int:
     text = os.environ.get("GRIDFLEET_TWIN_NET", "0").strip() or "0"
     if not (text.isdigit() and 0 <= int(text) <= 9):

@@ -11,7 +11,6 @@ with its pid, its AWS endpoint, the stack and the operator's fleet.yaml; its log
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -58,7 +57,6 @@ def serve(home: Path, config: Path, stack: str, stop: threading.Event) -> None:
     from embedded.twin import network
     from embedded.twin.deploy import deploy
     from embedded.twin.stack import TwinStack
-    from lambdas.runtime import default_clients
 
     twin = TwinStack(home / "root", stack=stack)
     demo = DemoServer(host=network.HOST_ADDRESS)
@@ -69,11 +67,7 @@ def serve(home: Path, config: Path, stack: str, stop: threading.Event) -> None:
         start = cron_at(time.time() + 60)
         variables = {"name_prefix": stack, "bucket_name": f"{stack}-results", "start_schedule": start}
         deployed = deploy(twin, home / "operator", fleet_of(config, demo.base_url), variables)
-
-        def clients(settings: Any) -> Any:
-            return default_clients(dataclasses.replace(settings, endpoint_url=twin.endpoint))
-
-        twin.load_schedules(stack_handlers(clients, twin.clock), prefix=stack)
+        twin.load_schedules(stack_handlers(twin.lambda_clients, twin.clock), prefix=stack)
         twin.run()
         write_state(home, state="ready", endpoint=twin.endpoint, stack=stack, region=twin.region, start_schedule=start,
                     config=str(deployed.config_path), demo=demo.base_url)  # fmt: skip

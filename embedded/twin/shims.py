@@ -89,7 +89,6 @@ exit 32
 """
 
 
-
 def aws_shim(endpoint: str) -> str:
     """The AWS CLI of an instance, pointed at the twin's AWS: Debian's awscli 2.9 reads no endpoint from the
     environment, so every call gets `--endpoint-url`; the rest (credentials from the instance's IMDS, the

@@ -8,7 +8,8 @@ instances reach it and the twin can read and change moto's state. A loop thread 
   user-data in an `InstanceSandbox` whose AWS CLI and SDKs reach this moto with the credentials its IMDS gives
   for its instance profile's role; moto is told the instance's address on the bridge and its launch time on
   the twin's clock, so what the code reads back from EC2 is where and when the instance really is;
-- runs the SSM commands sent to running instances inside them (`embedded.twin.ssm`, when present);
+- runs the SSM commands sent to running instances inside them (`embedded.twin.ssm`); with `ssh_key`, every
+  instance also runs a real sshd that admits that key, its host keys on its console (`embedded.twin.sshd`);
 - fires the stack's EventBridge schedules on the twin's clock (`embedded.schedules`), the Lambda handlers
   called in this process; a schedule's times that a jump of the clock passed over fire once.
 
@@ -37,6 +38,8 @@ from typing import Any
 from embedded.ec2twin import Ec2Twin, InstanceSpec
 from embedded.twin import network
 from embedded.twin.sandbox import InstanceSandbox
+from embedded.twin.sshd import publish_instance_console, start_sshd
+from embedded.twin.ssm import TwinSsmAgent
 
 log = logging.getLogger("gridfleet.twin")
 
@@ -80,12 +83,15 @@ class TwinClock:
 
 @dataclass
 class Boot:
-    """How one instance booted: when moto started it and when the twin did, on the twin's clock."""
+    """How one instance booted: when moto started it and when the twin did (this machine's clock), and how
+    far ahead of this machine's clock the twin's and the instance's ran then."""
 
     instance_id: str
     role: str | None
     launched_at: float
     booted_at: float
+    clock_offset: float
+    instance_offset: float
     sandbox: InstanceSandbox
 
 
@@ -98,6 +104,7 @@ class TwinStack:
     tick_s: float = 0.5
     moto_port: int = 0
     stock_users: tuple[str, ...] = ("gridfleet",)  # the host's crawl user is not on a stock image
+    ssh_key: tuple[str, str] | None = None  # (user, public key): every instance runs sshd and admits that key
     boots: list[Boot] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     on_tick: list[Callable[[], Any]] = field(default_factory=list)
@@ -110,6 +117,7 @@ class TwinStack:
         self._stop = threading.Event()
         self._lock = threading.RLock()
         self.ec2twin: Ec2Twin | None = None
+        self.ssm: TwinSsmAgent | None = None
         self.schedules: Any = None
 
     # --- AWS --------------------------------------------------------------------------------------
@@ -124,6 +132,15 @@ class TwinStack:
         import boto3
 
         return boto3.client(service, region_name=self.region, endpoint_url=self.endpoint, **CREDENTIALS)
+
+    def lambda_clients(self, settings: Any) -> Any:
+        """The clients a Lambda handler of the stack gets (`lambdas.runtime`'s, on the twin's AWS): the role's
+        credentials a Lambda has are, here, any that moto takes."""
+        from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+        from fleet.config import AwsConfig
+
+        aws = AwsConfig(region=settings.region, endpoint_url=self.endpoint, table=settings.table)
+        return AwsClients(aws, credentials=LOCAL_CREDENTIALS)
 
     def ec2_backend(self) -> Any:
         from moto.ec2.models import ec2_backends
@@ -142,6 +159,7 @@ class TwinStack:
         self._server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=self.moto_port, verbose=False)
         self._server.start()
         self.ec2twin = Ec2Twin(self.client("ec2"), self._boot, stack=self.stack)
+        self.ssm = TwinSsmAgent.for_region(ACCOUNT, self.region, self.running)
         return self
 
     def load_schedules(self, handlers: dict[str, Any], prefix: str = "") -> list[Any]:
@@ -166,7 +184,7 @@ class TwinStack:
     def tick(self) -> None:
         """One pass: instances, then the extra work (SSM), then the schedules."""
         with self._lock:
-            for step in (self._sync, *self.on_tick, self._fire):
+            for step in (self._sync, self._ssm, *self.on_tick, self._fire):
                 try:
                     step()
                 except Exception as e:  # noqa: BLE001 - a pass that fails is logged and the next one tries again
@@ -176,6 +194,10 @@ class TwinStack:
     def _sync(self) -> None:
         if self.ec2twin is not None:
             self.log.extend(self.ec2twin.sync())
+
+    def _ssm(self) -> None:
+        if self.ssm is not None:
+            self.ssm.poll()
 
     def _fire(self) -> None:
         if self.schedules is not None:
@@ -188,6 +210,8 @@ class TwinStack:
         if self._thread is not None:
             self._thread.join(timeout=60)
         with self._lock:
+            if self.ssm is not None:
+                self.ssm.close()
             if self.ec2twin is not None:
                 self.ec2twin.stop_all()
         if self._server is not None:
@@ -234,12 +258,16 @@ class TwinStack:
             stock_users=self.stock_users,
         )
         box.start()
-        booted = self.clock.now()
+        booted = time.time()
         inst = self.ec2_backend().get_instance(spec.instance_id)
         inst.nics[0].private_ip_address = box.address  # where the instance is: the code reads it back from EC2
+        if self.ssh_key is not None:
+            start_sshd(box, self.ssh_key[1], user=self.ssh_key[0])  # its host keys to the console, as cloud-init
+            publish_instance_console(self.ec2_backend(), spec.instance_id, box)
         launched = inst.launch_time.replace(tzinfo=UTC).timestamp()  # moto's: this machine's clock, UTC
         inst.launch_time += timedelta(seconds=self.clock.offset)  # when, on the twin's clock
-        self.boots.append(Boot(spec.instance_id, spec.role, launched + self.clock.offset, booted, box))
+        offsets = (self.clock.offset, self.clock.instance_offset)
+        self.boots.append(Boot(spec.instance_id, spec.role, launched, booted, *offsets, box))
         return box
 
     def remove_root(self) -> None:

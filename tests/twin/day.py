@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import time
@@ -56,7 +55,9 @@ class TwinDay:
         base = self.demo.base_url
         if self.browser:
             opts = {"item": "a.item", "next": "a.next", "max_pages": 10}
-            return [{"id": n, "start_url": base + p, "crawler": "links", "options": opts} for n, p in self.sites.items()]
+            return [
+                {"id": n, "start_url": base + p, "crawler": "links", "options": opts} for n, p in self.sites.items()
+            ]
         return [{"id": n, "start_url": base + p, "crawler": "api"} for n, p in self.sites.items()]
 
     def __enter__(self) -> TwinDay:
@@ -67,7 +68,7 @@ class TwinDay:
             variables = {"name_prefix": self.stack, "bucket_name": f"{self.stack}-results", "start_schedule": start}
             fleet = {**self.fleet, "sites": self.site_specs()}
             self.deployed = deploy(self.twin, self.root / "operator", fleet, {**variables, **self.variables})
-            self.twin.load_schedules(stack_handlers(self._clients, self.twin.clock), prefix=self.stack)
+            self.twin.load_schedules(stack_handlers(self.twin.lambda_clients, self.twin.clock), prefix=self.stack)
             self.twin.run()
         except BaseException:
             self.__exit__()
@@ -77,12 +78,12 @@ class TwinDay:
     def __exit__(self, *exc: object) -> None:
         self.twin.stop()
         self.demo.stop()
+        for box in (self.root / "twin" / "instances").glob("i-*"):  # what each instance logged, kept for a reader
+            keep = self.root / "instance-logs" / box.name
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(box / "boot.log", keep / "boot.log")
+            shutil.copytree(box / "var-log", keep / "var-log", dirs_exist_ok=True, ignore_dangling_symlinks=True)
         shutil.rmtree(self.root / "twin", ignore_errors=True)
-
-    def _clients(self, settings: Any) -> Any:
-        from lambdas.runtime import default_clients
-
-        return default_clients(dataclasses.replace(settings, endpoint_url=self.twin.endpoint))
 
     # --- driving ----------------------------------------------------------------------------------
     def start_rule(self) -> Any:
@@ -114,9 +115,12 @@ class TwinDay:
         item = out.get("Item")
         return {k: next(iter(v.values())) for k, v in item.items()} if item else None
 
-    def node_of(self, site: str, run_id: str, status: str) -> str | None:
+    def node_of(self, site: str, run_id: str, run_status: str, min_pages: int = 0) -> str | None:
+        """The node of the site's attempt, once its run_status is `run_status` with `min_pages` crawled."""
         item = self.site_item(site, run_id) or {}
-        return item.get("instance_id") if item.get("site_status") == status or item.get("run_status") == status else None
+        if item.get("run_status") == run_status and int(item.get("pages") or 0) >= min_pages:
+            return str(item["instance_id"])
+        return None
 
     def instances(self) -> list[dict[str, Any]]:
         ec2 = self.twin.client("ec2")
@@ -147,17 +151,19 @@ class TwinDay:
         return str(body.read().decode())
 
     def figures(self, run_id: str) -> dict[str, float]:
-        """The starter's firing to the hub's first node launch, and each node's launch to its first claim."""
+        """The starter's firing to the hub's first node launch, and each node's launch to its first claim (as
+        this machine's clock measures them)."""
         fired = next(f for f in self.twin.fired if f.rule == f"{self.stack}-start" and f.result["run_id"] == run_id)
+        hub = next(b for b in self.twin.boots if b.role == "hub")
         nodes = [b for b in self.twin.boots if b.role == "node"]
-        claims = {}
+        claims: dict[str, float] = {}
         for s in (self.summary(run_id) or {}).get("sites", {}).values():
             for a in s["attempts"]:
                 claims[a["instance_id"]] = min(claims.get(a["instance_id"], a["start"]), a["start"])
         first_node = min(b.launched_at for b in nodes)
-        to_claim = [claims[b.instance_id] - b.launched_at for b in nodes if b.instance_id in claims]
+        to_claim = [claims[b.instance_id] - b.instance_offset - b.launched_at for b in nodes if b.instance_id in claims]
         return {
-            "schedule_to_first_launch_s": round(first_node - fired.at, 1),
+            "schedule_to_first_launch_s": round(first_node - (fired.at - hub.clock_offset), 1),
             "node_launch_to_first_claim_s": round(min(to_claim), 1),
             "node_launch_to_first_claim_max_s": round(max(to_claim), 1),
         }

@@ -33,7 +33,7 @@ def day(twin_ok, tmp_path_factory):
     }
     with TwinDay(tmp_path_factory.mktemp("twin-day"), "gfday", fleet, SITES, browser=True) as d:
         run_id = d.start_by_schedule()
-        spot_node = wait_until(lambda: d.node_of("spot", run_id, status="RUNNING"), 240, "the spot site running")
+        spot_node = wait_until(lambda: d.node_of("spot", run_id, "RUN", min_pages=2), 240, "the spot site running")
         d.twin.running(spot_node).imds.spot_notice()  # EC2's two-minute notice
         wait_until(lambda: d.stack_idle() and d.summary(run_id), 420, "the run archived and the stack idle")
         d.run_id, d.spot_node = run_id, spot_node
@@ -54,10 +54,11 @@ def test_each_site_ends_as_its_behaviour_implies(day):
 
 def test_the_hang_was_killed_by_a_command_that_ran_inside_its_node(day):
     ssm = day.twin.client("ssm")
-    invocations = ssm.list_command_invocations(Details=True)["CommandInvocations"]
-    assert invocations and {i["Status"] for i in invocations} == {"Success"}, invocations
     killed = day.summary(day.run_id)["sites"]["hang"]["attempts"][0]["instance_id"]
-    assert killed in {i["InstanceId"] for i in invocations}
+    commands = ssm.list_commands()["Commands"]
+    assert commands and all(c["DocumentName"] == "AWS-RunShellScript" for c in commands), commands
+    outcomes = [ssm.get_command_invocation(CommandId=c["CommandId"], InstanceId=killed) for c in commands]
+    assert [o["Status"] for o in outcomes] == ["Success"] * len(outcomes), outcomes
 
 
 def test_the_summary_and_report_are_in_the_bucket(day):
@@ -65,7 +66,7 @@ def test_the_summary_and_report_are_in_the_bucket(day):
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"runs/{day.run_id}/")["Contents"]}
     assert {f"runs/{day.run_id}/summary.json", f"runs/{day.run_id}/report.html"} <= keys
     summary = json.loads(s3.get_object(Bucket=bucket, Key=f"runs/{day.run_id}/summary.json")["Body"].read())
-    assert summary["check"]["ok"] and summary["check"]["false_losses"] == 0
+    assert summary["check"]["ok"] and summary["check"]["false_losses"] == 1  # the spot notice raised, nothing else
 
 
 def test_nothing_of_the_stack_is_left_and_the_hub_ended_itself(day):

@@ -28,7 +28,9 @@ def put_config(day: TwinDay, sites: dict[str, str]) -> None:
     doc = day.config
     doc["sites"] = [{"id": n, "start_url": day.demo.base_url + p, "crawler": "api"} for n, p in sites.items()]
     day.twin.client("s3").put_object(
-        Bucket=doc["aws"]["bucket"], Key=doc["aws"].get("hub_config_key", "config/fleet.yaml"), Body=yaml.safe_dump(doc).encode()
+        Bucket=doc["aws"]["bucket"],
+        Key=doc["aws"].get("hub_config_key", "config/fleet.yaml"),
+        Body=yaml.safe_dump(doc).encode(),
     )
 
 
@@ -36,7 +38,7 @@ def kill_the_hub_mid_run(day: TwinDay, run_id: str) -> str:
     """Terminate the day's hub once a site has been claimed; returns its id. Then move the twin's clock to
     the watchdog's passes (two: one that sees the heartbeat, one `hub_stale_s` later that sees it unchanged)."""
     hub = wait_until(lambda: [b.instance_id for b in day.twin.boots if b.role == "hub"][-1:], 120, "a hub")[0]
-    wait_until(lambda: any(day.node_of(s, run_id, "RUNNING") or day.node_of(s, run_id, "COMPLETED")
+    wait_until(lambda: any(day.node_of(s, run_id, "RUN") or day.node_of(s, run_id, "COMPLETED")
                            for s in SITES), 180, "a claimed site")  # fmt: skip
     day.twin.client("ec2").terminate_instances(InstanceIds=[hub])
     wait_until(lambda: hub not in day.twin.ec2twin.running, 30, "the hub's processes ended")
