@@ -11,8 +11,9 @@ JAR="vendor/selenium-server-${JAR_VERSION}.jar"
 JAR_SHA256=c3119218bcd07b221622ffd57874519891718029358c85a2dccf506e17815cd7
 # Chromium, ChromeDriver and a JRE for the embedded default; cloud-init, shellcheck and an SSH server for the
 # tests that check rendered user-data and the SSH kill path against the real tools; the AWS CLI, nfs-common and
-# libfaketime for the EC2 twin's instances (what the boot scripts install is already there, as on a baked image).
-DEB_PACKAGES=(chromium chromium-driver default-jre-headless cloud-init shellcheck openssh-server awscli nfs-common faketime)
+# a C compiler for the EC2 twin's instances (what the boot scripts install is already there, as on a baked image;
+# the compiler builds the twin's clock for instances, embedded/twin/native/clockshift.c).
+DEB_PACKAGES=(chromium chromium-driver default-jre-headless cloud-init shellcheck openssh-server awscli nfs-common gcc libc6-dev)
 PYTHON=${PYTHON:-python3}
 
 say() { printf 'setup: %s\n' "$*"; }
@@ -89,6 +90,18 @@ else
     [ -x "$tools/bin/python" ] || "$PYTHON" -m venv "$tools"
     "$tools/bin/python" -m pip install -q -c constraints-checkov.txt checkov
     touch "$tools/.installed"
+fi
+
+# --- the EC2 twin's instance clock (a preload library of ours) -------------------------
+clock_src=embedded/twin/native/clockshift.c
+clock_lib=.tools/twin/libclockshift.so
+if [ -f "$clock_lib" ] && [ "$clock_lib" -nt "$clock_src" ]; then
+    say "twin clock library present"
+else
+    say "building $clock_lib"
+    mkdir -p "$(dirname "$clock_lib")"
+    cc -shared -fPIC -O2 -Wall -Werror -o "$clock_lib.part" "$clock_src" -ldl
+    mv "$clock_lib.part" "$clock_lib"
 fi
 
 stamp=.venv/.installed

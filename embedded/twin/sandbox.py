@@ -10,6 +10,9 @@ paths the boot scripts use, so those paths work unchanged and nothing the boot w
   install_dir, state_dir   per-instance directories (default /opt/gridfleet, /var/lib/gridfleet)
   efs_mount               the one directory all instances of the twin share (default /efs)
 
+With `clock_offset_s`, every process of the boot runs with its wall clock that far ahead of this machine's
+(`CLOCK_LIB` preloaded; its monotonic clock is this machine's), as an instance of a twin whose clock jumped.
+
 A mount point missing on the host (e.g. /efs) is created there, empty, as bind mounts need one. Every
 process of the instance is in its PID namespace, so `stop()` ends them all by killing its init; what
 entered the network namespace otherwise is killed by pid. The host side of the boot's output is
@@ -34,6 +37,10 @@ from embedded.twin.cloud_config import TwinError, plan_user_data
 from embedded.twin.imds import InstanceImds
 from embedded.twin.shims import SHIMS, SHUTDOWN_MARKER, aws_shim
 
+#: The instance clock's preload library (embedded/twin/native/clockshift.c, built by `make setup`), and where an
+#: instance whose clock runs ahead of this machine's has its copy (readable by every user of the instance).
+CLOCK_LIB = Path(__file__).resolve().parents[2] / ".tools" / "twin" / "libclockshift.so"
+CLOCK_GUEST_PATH = "/var/lib/cloud/twin/clockshift.so"
 INSTANCE_ID_RE = re.compile(r"^i-[0-9a-f]{8,17}$")
 GUEST = Path(__file__).with_name("guest.py")
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -72,6 +79,7 @@ class InstanceSandbox:
         efs_mount: str = "/efs",
         aws_endpoint: str | None = None,
         stock_users: tuple[str, ...] = (),
+        clock_offset_s: float = 0.0,
     ) -> None:
         if not isinstance(instance_id, str) or not INSTANCE_ID_RE.match(instance_id):
             raise TwinError(f"instance id {instance_id!r} is not i-<8 to 17 hex digits>")
@@ -87,6 +95,9 @@ class InstanceSandbox:
         self.places = {"install": install_dir, "state": state_dir, "efs": efs_mount}
         self.aws_endpoint = aws_endpoint
         self.stock_users = stock_users
+        self.clock_offset_s = clock_offset_s
+        if clock_offset_s:
+            self.env |= {"LD_PRELOAD": CLOCK_GUEST_PATH, "GRIDFLEET_TWIN_CLOCK_OFFSET": f"{clock_offset_s:.3f}"}
         self.address: str | None = None
         self.imds: InstanceImds | None = None
         self._index: int | None = None
@@ -150,6 +161,14 @@ class InstanceSandbox:
         (self.dir / "root-home").chmod(0o700)
         (self.dir / "tmp").chmod(0o1777)
         self.console.touch(mode=0o600)
+        if self.clock_offset_s:
+            if not CLOCK_LIB.is_file():
+                raise TwinError(f"{CLOCK_LIB} is missing (`make setup` builds it): the instance's clock cannot move")
+            lib = self.host_path(CLOCK_GUEST_PATH)
+            assert lib is not None
+            lib.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            shutil.copyfile(CLOCK_LIB, lib)
+            lib.chmod(0o644)
         self.efs_dir.mkdir(mode=0o755, exist_ok=True)
         for source, target in self._mounts():
             if Path(source).is_dir():

@@ -43,11 +43,15 @@ def read_state(home: Path) -> dict[str, Any] | None:
 
 
 def fleet_of(config: Path, demo_url: str) -> dict[str, Any]:
-    """The operator's fleet.yaml for the twin: FILE's, `{demo}` replaced, its `aws:` keys left to the stack."""
+    """The operator's fleet.yaml for the twin: FILE's, `{demo}` replaced, the crawler project's paths made
+    absolute (the deployed fleet.yaml lies elsewhere), its `aws:` keys left to the stack."""
     doc = yaml.safe_load(config.read_text()) or {}
     for site in doc.get("sites", []):
         site["start_url"] = str(site.get("start_url", "")).replace(DEMO_PLACEHOLDER, demo_url)
-    doc.pop("crawlers", None)  # a crawler project is shipped by the bundle of the operator's own config
+    crawlers = doc.get("crawlers") or {}
+    for key in ("project", "requirements"):
+        if crawlers.get(key):
+            crawlers[key] = str((config.parent / str(crawlers[key])).resolve())
     return dict(doc)
 
 

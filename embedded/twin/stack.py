@@ -14,11 +14,10 @@ instances reach it and the twin can read and change moto's state. A loop thread 
   called in this process; a schedule's times that a jump of the clock passed over fire once.
 
 The twin's clock is this machine's, moved ahead by `TwinClock.jump`: a week of daily runs takes minutes. After
-a jump to another day, an instance runs with its own clock as far ahead (libfaketime, preloaded into every
-process of the instance, its monotonic clock too, since libfaketime's sleeps fail otherwise), so the times it
-writes agree with the Lambdas'; an instance's offset is fixed at its boot, so the twin jumps a day only while
-nothing runs. Chromium does not run under libfaketime: browser crawls run on a twin whose clock has not jumped
-a day.
+a jump to another day, an instance runs with its wall clock as far ahead (`InstanceSandbox(clock_offset_s=)`:
+a preload library of ours moves the wall clock of every process of the instance, not its monotonic clock), so
+the times it writes agree with the Lambdas'; an instance's offset is fixed at its boot, so the twin jumps a day
+only while nothing runs.
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ from embedded.twin.ssm import TwinSsmAgent
 log = logging.getLogger("gridfleet.twin")
 
 ACCOUNT = "123456789012"  # moto's default account
-FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 #: An offset smaller than this is left as clock skew (the code's time thresholds are minutes), so instances
 #: keep this machine's clock; a larger one (a jump to another day) is the instances' clock too.
 FAKE_CLOCK_FROM_S = 300.0
@@ -241,10 +239,7 @@ class TwinStack:
         return roles[0]["RoleName"] if roles else None
 
     def _env(self) -> dict[str, str]:
-        env = {"AWS_DEFAULT_REGION": self.region}
-        if self.clock.instance_offset:
-            env |= {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": f"+{int(self.clock.instance_offset)}s"}
-        return env
+        return {"AWS_DEFAULT_REGION": self.region}
 
     def _boot(self, spec: InstanceSpec) -> InstanceSandbox:
         box = InstanceSandbox(
@@ -256,6 +251,7 @@ class TwinStack:
             env=self._env(),
             aws_endpoint=self.endpoint,
             stock_users=self.stock_users,
+            clock_offset_s=self.clock.instance_offset,
         )
         box.start()
         booted = time.time()

@@ -34,21 +34,24 @@ def put_config(day: TwinDay, sites: dict[str, str]) -> None:
     )
 
 
-def kill_the_hub_mid_run(day: TwinDay, run_id: str) -> str:
+def kill_the_hub_mid_run(day: TwinDay, run_id: str, hubs_before: int) -> str:
     """Terminate the day's hub once a site has been claimed; returns its id. Then move the twin's clock to
-    the watchdog's passes (two: one that sees the heartbeat, one `hub_stale_s` later that sees it unchanged)."""
-    hub = wait_until(lambda: [b.instance_id for b in day.twin.boots if b.role == "hub"][-1:], 120, "a hub")[0]
+    the watchdog's passes (two: one that sees the heartbeat, one `hub_stale_s` later that sees it unchanged)
+    until one restarts the hub."""
+    hub = wait_until(lambda: [b.instance_id for b in day.twin.boots if b.role == "hub"][hubs_before:], 120, "a hub")[0]
     wait_until(lambda: any(day.node_of(s, run_id, "RUN") or day.node_of(s, run_id, "COMPLETED")
                            for s in SITES), 180, "a claimed site")  # fmt: skip
     day.twin.client("ec2").terminate_instances(InstanceIds=[hub])
     wait_until(lambda: hub not in day.twin.ec2twin.running, 30, "the hub's processes ended")
-    for _ in range(3):
+    passes = []
+    for _ in range(4):
         rule = next(t for t in day.twin.schedules.timers if t.rule == f"{day.stack}-watchdog")
         day.twin.clock.jump(rule.next_at)
         wait_until(lambda r=rule: r.next_at > day.twin.clock.now(), 30, "a watchdog pass")
-        if len([b for b in day.twin.boots if b.role == "hub"]) > 1:
-            break
-    return hub
+        passes.append(next(f for f in reversed(day.twin.fired) if f.rule == rule.rule))
+        if passes[-1].result and passes[-1].result.get("restarted"):
+            return hub
+    raise AssertionError(f"no hub started after the watchdog's passes: {[(f.result, f.error) for f in passes]}")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +71,7 @@ def week(twin_ok, tmp_path_factory):
                 put_config(d, {**SITES, "flaky": FLAKY_UP})
             hubs_before = len([b for b in d.twin.boots if b.role == "hub"])
             run_id = d.start_by_schedule()
-            killed = kill_the_hub_mid_run(d, run_id) if n == KILL_DAY else None
+            killed = kill_the_hub_mid_run(d, run_id, hubs_before) if n == KILL_DAY else None
             wait_until(lambda r=run_id: d.stack_idle() and d.summary(r), 300, f"day {n} archived and the stack idle")
             hubs = [b for b in d.twin.boots if b.role == "hub"][hubs_before:]
             days.append({"run_id": run_id, "summary": d.summary(run_id), "hubs": hubs, "killed": killed,
@@ -98,8 +101,8 @@ def test_one_hub_a_day_and_the_watchdog_replaced_the_lost_one(week):
         assert len(day["hubs"]) == (2 if n == KILL_DAY else 1), (n, day["hubs"])
     lost, replacement = week.days[KILL_DAY - 1]["hubs"]
     assert lost.instance_id == week.days[KILL_DAY - 1]["killed"]
-    restarts = [f for f in week.twin.fired if f.rule.endswith("-watchdog") and "restart" in str(f.result)]
-    assert restarts, [f.result for f in week.twin.fired if f.rule.endswith("-watchdog")]
+    restarts = [f for f in week.twin.fired if f.rule.endswith("-watchdog") and (f.result or {}).get("restarted")]
+    assert [r["instance_id"] for f in restarts for r in f.result["restarted"]] == [replacement.instance_id]
     assert replacement.booted_at > lost.booted_at
 
 

@@ -1,0 +1,47 @@
+"""`gridfleet local ... --twin`: bad input and the wrong user get one line and exit 2, and nothing starts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cli.main import main
+from embedded.twin.serve import fleet_of
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def test_config_without_twin_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRIDFLEET_HOME", str(tmp_path))
+    rc, text = run(capsys, "local", "status", "--config", "x.yaml")
+    assert rc == 2 and "--config goes with --twin" in text and "Traceback" not in text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root the check that comes first is the file's")
+def test_a_missing_config_is_refused_before_anything_starts(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRIDFLEET_HOME", str(tmp_path))
+    rc, text = run(capsys, "local", "up", "--twin", "--config", str(tmp_path / "none.yaml"))
+    assert rc == 2 and "none.yaml: no such file" in text
+    assert not (tmp_path / "twin").exists()
+
+
+def test_status_and_down_of_a_twin_never_started(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRIDFLEET_HOME", str(tmp_path))
+    assert run(capsys, "local", "status", "--twin") == (1, "the twin is not running (never started)\n")
+    assert run(capsys, "local", "down", "--twin") == (0, "the twin was not running\n")
+
+
+def test_the_twins_sites_get_its_demo_server_and_the_crawler_project_where_it_is(tmp_path):
+    config = tmp_path / "sites.yaml"
+    config.write_text(
+        "crawlers: {project: ./c}\n"
+        "sites: [{id: a, start_url: '{demo}/s/a/?pages=2', crawler: links}]\n"
+    )
+    doc = fleet_of(config, "http://10.77.0.1:8000")
+    assert doc["sites"][0]["start_url"] == "http://10.77.0.1:8000/s/a/?pages=2"
+    assert doc["crawlers"] == {"project": str(tmp_path / "c")}
