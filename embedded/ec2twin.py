@@ -48,6 +48,7 @@ class InstanceSpec:
     metadata_tags: bool  # instance metadata tags enabled: IMDS serves tags/instance/<key>
     shutdown_behavior: str  # "stop" or "terminate"
     instance_profile: str | None = None  # its name
+    availability_zone: str | None = None
 
     @property
     def role(self) -> str | None:
@@ -114,6 +115,7 @@ class Ec2Twin:
             metadata_tags=metadata_tags == "enabled",
             shutdown_behavior=shutdown,
             instance_profile=profile,
+            availability_zone=(instance.get("Placement") or {}).get("AvailabilityZone"),
         )
 
     def _template_data(self, tags: dict[str, str]) -> dict[str, Any]:

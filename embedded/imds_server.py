@@ -118,6 +118,8 @@ class _Handler(BaseHTTPRequestHandler):
             value = inst["tags"].get(rest[3])
         elif rest == ["meta-data", "spot", "instance-action"] and inst["spot"]:
             value = json.dumps(inst["spot"])
+        elif rest[0] == "meta-data" and "/".join(rest[1:]) in inst.get("meta", {}):
+            value = inst["meta"]["/".join(rest[1:])]  # e.g. placement/region, instance-type
         if value is None:
             self._send(404, "not found")
         else:

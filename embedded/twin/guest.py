@@ -21,6 +21,7 @@ import time
 
 CLOUD_DIR = "/var/lib/cloud"
 STATUS_FILE = CLOUD_DIR + "/twin/boot-status.json"
+MOUNTED_FILE = CLOUD_DIR + "/twin/mounted"  # written once the instance's own directories are bound
 
 
 def log(text: str) -> None:
@@ -123,6 +124,9 @@ def main(argv: list[str]) -> int:
         plan = json.load(f)
     status_fd = int(argv[2])
     mount_all(plan["mounts"])
+    os.makedirs(os.path.dirname(MOUNTED_FILE), exist_ok=True)
+    with open(MOUNTED_FILE, "w") as f:
+        f.write("mounted\n")
     started = time.monotonic()
     try:
         rc = boot(plan)

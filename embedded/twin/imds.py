@@ -110,12 +110,14 @@ class InstanceImds:
         tags: dict[str, str] | None = None,
         role: str | None = None,
         port: int = 80,
+        meta: dict[str, str] | None = None,
     ) -> None:
         self.instance_id = instance_id
         self.state = _State(token=secrets.token_urlsafe(32))  # no spot notice over HTTP
         inst = self.state.instance(instance_id)
         inst["local-ipv4"] = local_ipv4
         inst["tags"] = dict(tags or {})
+        inst["meta"] = dict(meta or {})  # more of meta-data/, by path: placement/region, instance-type, ...
         self._httpd: _Server = _in_netns(
             netns, lambda: _Server((METADATA_ADDRESS, port), self.state, instance_id, role)
         )

@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,7 @@ class InstanceSandbox:
         aws_endpoint: str | None = None,
         stock_users: tuple[str, ...] = (),
         clock_offset_s: float = 0.0,
+        metadata: dict[str, str] | None = None,
     ) -> None:
         if not isinstance(instance_id, str) or not INSTANCE_ID_RE.match(instance_id):
             raise TwinError(f"instance id {instance_id!r} is not i-<8 to 17 hex digits>")
@@ -96,6 +98,7 @@ class InstanceSandbox:
         self.aws_endpoint = aws_endpoint
         self.stock_users = stock_users
         self.clock_offset_s = clock_offset_s
+        self.metadata = dict(metadata or {})
         if clock_offset_s:
             self.env |= {"LD_PRELOAD": CLOCK_GUEST_PATH, "GRIDFLEET_TWIN_CLOCK_OFFSET": f"{clock_offset_s:.3f}"}
         self.address: str | None = None
@@ -191,7 +194,9 @@ class InstanceSandbox:
         self._index = network.free_index()
         try:
             self.address = network.add_instance(self.netns, self._index)
-            self.imds = InstanceImds(self.netns, self.instance_id, self.address, self.tags, self.role)
+            self.imds = InstanceImds(
+                self.netns, self.instance_id, self.address, self.tags, self.role, meta=self.metadata
+            )
             self._spawn(plan)
         except BaseException:
             self.stop()
@@ -232,6 +237,16 @@ class InstanceSandbox:
             status = json.loads(line)
             self._result = BootResult(exit_code=int(status["exit_code"]), seconds=float(status["seconds"]))
         return self._result
+
+    def wait_mounted(self, timeout_s: float) -> None:
+        """Return once the guest has bound the instance's own directories (before that, a command entering the
+        instance would see the host's); TwinError after `timeout_s`."""
+        marker = self.dir / "var-lib-cloud" / "twin" / "mounted"
+        deadline = time.monotonic() + timeout_s
+        while not marker.exists():
+            if time.monotonic() > deadline or (self._proc is not None and self._proc.poll() is not None):
+                raise TwinError(f"{self.instance_id}: its directories are not bound after {timeout_s:g} s")
+            time.sleep(0.05)  # the guest binds a dozen directories: a few milliseconds
 
     def init_pid(self) -> int:
         """The host pid of the instance's init (the guest)."""

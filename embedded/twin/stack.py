@@ -252,12 +252,18 @@ class TwinStack:
             aws_endpoint=self.endpoint,
             stock_users=self.stock_users,
             clock_offset_s=self.clock.instance_offset,
+            metadata={
+                "placement/region": self.region,
+                "placement/availability-zone": spec.availability_zone or f"{self.region}a",
+                "instance-type": spec.instance_type or "",
+            },
         )
         box.start()
         booted = time.time()
         inst = self.ec2_backend().get_instance(spec.instance_id)
         inst.nics[0].private_ip_address = box.address  # where the instance is: the code reads it back from EC2
         if self.ssh_key is not None:
+            box.wait_mounted(30)
             start_sshd(box, self.ssh_key[1], user=self.ssh_key[0])  # its host keys to the console, as cloud-init
             publish_instance_console(self.ec2_backend(), spec.instance_id, box)
         launched = inst.launch_time.replace(tzinfo=UTC).timestamp()  # moto's: this machine's clock, UTC

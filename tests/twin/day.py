@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,12 +45,22 @@ class TwinDay:
         *,
         browser: bool,
         variables: dict[str, Any] | None = None,
+        ssh_user: str | None = None,
     ) -> None:
         self.root, self.stack, self.fleet, self.sites, self.browser = root, stack, fleet, sites, browser
         self.variables = dict(variables or {})
-        self.twin = TwinStack(root / "twin", region=REGION, stack=stack)
+        self.twin = TwinStack(root / "twin", region=REGION, stack=stack, ssh_key=self._ssh_key(ssh_user))
         self.demo = DemoServer(host=network.HOST_ADDRESS)
         self.deployed: Deployed | None = None
+
+    def _ssh_key(self, user: str | None) -> tuple[str, str] | None:
+        """A key pair for SSH to the instances (`self.ssh_private_key`), or None."""
+        if user is None:
+            return None
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.ssh_private_key = self.root / "ssh-key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.ssh_private_key)], check=True)
+        return user, self.ssh_private_key.with_suffix(".pub").read_text().strip()
 
     def site_specs(self) -> list[dict[str, Any]]:
         base = self.demo.base_url

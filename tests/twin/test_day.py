@@ -10,6 +10,7 @@ for what EC2 decides). Root only (see conftest)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -31,7 +32,7 @@ def day(twin_ok, tmp_path_factory):
         "fleet": {"max_nodes": 2, "min_nodes": 2, "node_watchdog": False, "idle_exit_s": 15, "boot_timeout_s": 300},
         "aws": {"ssm_timeout_s": 30},
     }
-    with TwinDay(tmp_path_factory.mktemp("twin-day"), "gfday", fleet, SITES, browser=True) as d:
+    with TwinDay(tmp_path_factory.mktemp("twin-day"), "gfday", fleet, SITES, browser=True, ssh_user="admin") as d:
         run_id = d.start_by_schedule()
         spot_node = wait_until(lambda: d.node_of("spot", run_id, "RUN", min_pages=2), 240, "the spot site running")
         d.twin.running(spot_node).imds.spot_notice()  # EC2's two-minute notice
@@ -59,6 +60,15 @@ def test_the_hang_was_killed_by_a_command_that_ran_inside_its_node(day):
     assert commands and all(c["DocumentName"] == "AWS-RunShellScript" for c in commands), commands
     outcomes = [ssm.get_command_invocation(CommandId=c["CommandId"], InstanceId=killed) for c in commands]
     assert [o["Status"] for o in outcomes] == ["Success"] * len(outcomes), outcomes
+
+
+def test_each_node_ran_sshd_and_its_host_keys_are_its_console_output(day):
+    ec2 = day.twin.client("ec2")
+    for boot in day.twin.boots:
+        console = base64.b64decode(ec2.get_console_output(InstanceId=boot.instance_id)["Output"]).decode()
+        keys = console.split("-----BEGIN SSH HOST KEY KEYS-----\n")[1].split("-----END")[0].split()
+        etc_ssh = boot.sandbox.dir / "etc" / "ssh"
+        assert keys[:2] == (etc_ssh / "ssh_host_ecdsa_key.pub").read_text().split()[:2], boot.instance_id
 
 
 def test_the_summary_and_report_are_in_the_bucket(day):

@@ -38,10 +38,7 @@ def test_status_and_down_of_a_twin_never_started(capsys, tmp_path, monkeypatch):
 
 def test_the_twins_sites_get_its_demo_server_and_the_crawler_project_where_it_is(tmp_path):
     config = tmp_path / "sites.yaml"
-    config.write_text(
-        "crawlers: {project: ./c}\n"
-        "sites: [{id: a, start_url: '{demo}/s/a/?pages=2', crawler: links}]\n"
-    )
+    config.write_text("crawlers: {project: ./c}\nsites: [{id: a, start_url: '{demo}/s/a/?pages=2', crawler: links}]\n")
     doc = fleet_of(config, "http://10.77.0.1:8000")
     assert doc["sites"][0]["start_url"] == "http://10.77.0.1:8000/s/a/?pages=2"
     assert doc["crawlers"] == {"project": str(tmp_path / "c")}
