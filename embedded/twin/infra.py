@@ -15,9 +15,9 @@ groups, both launch templates, both Lambdas, their permissions, and the EventBri
 Skipped (`SKIPPED`; an expression that needs one of these fails, naming it): what routes and translates
 traffic (internet gateway, route tables and routes, VPC endpoints, the NAT instance and its Elastic IP), flow
 logs, EFS backups, the Spot service-linked role, the buckets' settings other than versioning (ownership,
-public access block, encryption, lifecycle, notifications, access logging, policies: moto enforces none),
-alarms, their e-mail subscription and the dashboard. Table point-in-time recovery and the key's deletion
-window are not applied either.
+public access block, encryption, lifecycle, notifications, access logging, policies: moto enforces none), the
+DLQ's redrive-allow policy (moto keeps none), alarms, their e-mail subscription and the dashboard. Table
+point-in-time recovery and the key's deletion window are not applied either.
 
 Data sources are read as `infra_data` says (moto's identity, the AMI, policy documents, the Lambda package).
 

@@ -418,3 +418,32 @@ def test_locals_that_refer_to_each_other_fail_naming_the_cycle(clients, tmp_path
     )
     with pytest.raises(TfError, match=r"^local\.a: refers to itself: local\.a -> local\.b -> local\.a$"):
         apply_stack(clients, tmp_path, {})
+
+
+def test_a_fifo_stack_with_the_user_data_in_a_file(moto_endpoint, tmp_path):
+    # In a region of its own: monitoring.tf names the hub's, nodes' and flow logs' log groups without the stack's
+    # prefix, so a second stack in one account and region collides with the first, on moto as on AWS.
+    clients = AwsClients(AwsConfig(endpoint_url=moto_endpoint, region="us-west-2"), credentials=LOCAL_CREDENTIALS)
+    ami = clients.client("ec2").describe_images()["Images"][0]["ImageId"]
+    tf = terraform()
+    user_data = tmp_path / "hub-user-data.yaml"
+    user_data.write_text(HUB_USER_DATA + "# from a file\n")
+    variables = {**names(), "queue_fifo": True, "region": "us-west-2", "azs": ["us-west-2a", "us-west-2b"]}
+    out = apply_stack(clients, TF_DIR, variables, hub_user_data=user_data, ami_id=ami)
+
+    assert base64.b64decode(template_data(clients, out.hub_launch_template)["UserData"]) == user_data.read_bytes()
+    assert (out.queue, out.dlq) == (f"{variables['queue_name']}.fifo", f"{variables['queue_name']}-dlq.fifo")
+    assert out.gridfleet_aws["queue_fifo"] is True
+    sqs = clients.client("sqs")
+    queue = sqs.get_queue_attributes(
+        QueueUrl=sqs.get_queue_url(QueueName=out.queue)["QueueUrl"], AttributeNames=["All"]
+    )
+    dlq_url = sqs.get_queue_url(QueueName=out.dlq)["QueueUrl"]
+    dlq = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["All"])["Attributes"]
+    attributes = queue["Attributes"]
+    assert attributes["FifoQueue"] == dlq["FifoQueue"] == "true"
+    assert json.loads(attributes["RedrivePolicy"]) == {
+        "deadLetterTargetArn": dlq["QueueArn"],
+        "maxReceiveCount": tf.default("max_receive_count"),
+    }
+    assert attributes["VisibilityTimeout"] == str(tf.resource("aws_sqs_queue", "sites")["visibility_timeout_seconds"])
