@@ -1,9 +1,10 @@
 """infra/terraform applied to a moto server by `embedded.twin.infra`, read back through the AWS APIs.
 
-The expectations come from the .tf files as tests/infra reads them (python-hcl2, literals unquoted), from the
-variables the test passes, and from what moto answers for the resources they refer to, never from the module
-under test. One stack (with overrides of several variables) is applied once for the module; the tests that
-break the configuration apply copies of infra/terraform with one change, under names of their own.
+The server is this module's own (ThreadedMotoServer on 127.0.0.1, any free port). The expectations come from
+the .tf files as tests/infra reads them (python-hcl2, literals unquoted), from the variables the test passes,
+and from what moto answers for the resources they refer to, never from the module under test. One stack (with
+overrides of several variables) is applied once for the module; the tests that break the configuration apply
+copies of infra/terraform with one change, under names of their own. Nothing is faked.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from moto.server import ThreadedMotoServer
 
 from embedded.schedules import Schedules
 from embedded.twin.infra import SKIPPED, StackOutputs, TfError, apply_stack
@@ -40,8 +42,20 @@ def names() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def clients(moto_endpoint) -> AwsClients:
-    return AwsClients(AwsConfig(endpoint_url=moto_endpoint, region=REGION), credentials=LOCAL_CREDENTIALS)
+def endpoint():
+    """A moto server of this module's own: the stack's log groups have fixed names (monitoring.tf), so a stack
+    applied by another module's tests in the same region of a shared server would collide with this one."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server.get_host_and_port()[1]}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def clients(endpoint) -> AwsClients:
+    return AwsClients(AwsConfig(endpoint_url=endpoint, region=REGION), credentials=LOCAL_CREDENTIALS)
 
 
 @pytest.fixture(scope="module")
@@ -420,10 +434,10 @@ def test_locals_that_refer_to_each_other_fail_naming_the_cycle(clients, tmp_path
         apply_stack(clients, tmp_path, {})
 
 
-def test_a_fifo_stack_with_the_user_data_in_a_file(moto_endpoint, tmp_path):
+def test_a_fifo_stack_with_the_user_data_in_a_file(endpoint, tmp_path):
     # In a region of its own: monitoring.tf names the hub's, nodes' and flow logs' log groups without the stack's
     # prefix, so a second stack in one account and region collides with the first, on moto as on AWS.
-    clients = AwsClients(AwsConfig(endpoint_url=moto_endpoint, region="us-west-2"), credentials=LOCAL_CREDENTIALS)
+    clients = AwsClients(AwsConfig(endpoint_url=endpoint, region="us-west-2"), credentials=LOCAL_CREDENTIALS)
     ami = clients.client("ec2").describe_images()["Images"][0]["ImageId"]
     tf = terraform()
     user_data = tmp_path / "hub-user-data.yaml"
