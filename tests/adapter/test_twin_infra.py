@@ -352,7 +352,7 @@ def test_without_the_ami_parameter_or_an_ami_id_the_apply_says_which_parameter(c
 
 # --- the evaluator alone, on small modules of its own (no endpoint) -------------------------------------------
 
-EXPRESSIONS = """
+EXPRESSIONS = r"""
 variable "azs" { default = ["za", "zb", "zc"] }
 variable "fifo" { default = false }
 variable "missing" { default = null }
@@ -373,6 +373,9 @@ locals {
   splat   = [for o in [{ id = "a" }, { id = "b" }] : o][*].id
   sure    = !var.fifo && length(var.azs) >= 3
   directive = "%{ if true }x%{ endif }"
+  escaped = "tab\there \"q\" \\n"
+  unicode = "caf\u00e9"
+  plus    = "a" + "b"
 }
 """
 
@@ -404,6 +407,7 @@ def test_the_evaluator_computes_what_terraform_would(evaluate):
     assert evaluate("splat") == ["a", "b"]
     assert evaluate("sure") is True
     assert evaluate("list") == ["za", "zb", "zc", "zd"]
+    assert evaluate("escaped") == 'tab\there "q" \\n'
 
 
 @pytest.mark.parametrize(
@@ -415,6 +419,8 @@ def test_the_evaluator_computes_what_terraform_would(evaluate):
         ),
         ("attr", r"^main\.tf:\d+: local\.attr: no attribute 'b' here \(has: a\) \(in \.b\)$"),
         ("directive", r"^main\.tf:\d+: local\.directive: template directives .* are not evaluated by the twin"),
+        ("unicode", r"^main\.tf:\d+: local\.unicode: the escape \\u is not evaluated by the twin"),
+        ("plus", r"^main\.tf:\d+: local\.plus: \+ takes numbers \(Terraform joins strings only by interpolation\)"),
     ],
 )
 def test_what_the_evaluator_cannot_do_fails_naming_the_place(evaluate, name, message):
