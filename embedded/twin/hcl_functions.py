@@ -51,9 +51,17 @@ def _merge(*maps: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _format(spec: str, *args: Any) -> str:
-    if re.search(r"%[^sd%]", spec):
-        raise ValueError(f"format verb in {spec!r} is not supported (only %s, %d, %%)")
-    return re.sub(r"%[sd]", "{}", spec.replace("{", "{{").replace("}", "}}")).replace("%%", "%").format(*args)
+    """Terraform's format() with the verbs %s, %d and %%; any other is refused."""
+    values = list(args)
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(1) == "%":
+            return "%"
+        if m.group(1) not in "sd" or not values:
+            raise ValueError(f"format {spec!r}: %{m.group(1)} is not evaluated by the twin, or lacks an argument")
+        return as_text(values.pop(0))
+
+    return re.sub(r"%(.)", one, spec)
 
 
 #: The functions the files call, as Terraform defines them (file reads go through `Evaluator.read_file`).

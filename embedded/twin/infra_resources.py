@@ -150,7 +150,7 @@ def _security_group(ctx: Ctx, a: dict[str, Any]) -> dict[str, Any]:
     ec2 = ctx.clients.client("ec2")
     gid = ec2.create_security_group(
         GroupName=a["name"],
-        Description=a["description"],
+        Description=a.get("description") or "Managed by Terraform",  # the provider's default
         VpcId=a["vpc_id"],
         TagSpecifications=[{"ResourceType": "security-group", "Tags": ctx.tag_list(a)}],
     )["GroupId"]
