@@ -10,6 +10,7 @@ copies of infra/terraform with one change, under names of their own. Nothing is 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import shutil
 import uuid
@@ -18,10 +19,11 @@ from pathlib import Path
 import pytest
 from moto.server import ThreadedMotoServer
 
-from embedded.schedules import Schedules
+from embedded.schedules import Schedules, stack_handlers
 from embedded.twin.infra import SKIPPED, StackOutputs, TfError, apply_stack
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.aws.tags import TAG_ROLE, TAG_STACK
+from fleet.aws.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
+from fleet.clock import FakeClock
 from fleet.config import AwsConfig
 from tests.infra.test_terraform import TF_DIR, blocks, one
 from tests.infra.test_terraform import config as terraform
@@ -440,19 +442,28 @@ def test_locals_that_refer_to_each_other_fail_naming_the_cycle(clients, tmp_path
         apply_stack(clients, tmp_path, {})
 
 
-def test_a_fifo_stack_with_the_user_data_in_a_file(endpoint, tmp_path):
-    # In a region of its own: monitoring.tf names the hub's, nodes' and flow logs' log groups without the stack's
-    # prefix, so a second stack in one account and region collides with the first, on moto as on AWS.
-    clients = AwsClients(AwsConfig(endpoint_url=endpoint, region="us-west-2"), credentials=LOCAL_CREDENTIALS)
-    ami = clients.client("ec2").describe_images()["Images"][0]["ImageId"]
-    tf = terraform()
-    user_data = tmp_path / "hub-user-data.yaml"
-    user_data.write_text(HUB_USER_DATA + "# from a file\n")
-    variables = {**names(), "queue_fifo": True, "region": "us-west-2", "azs": ["us-west-2a", "us-west-2b"]}
-    out = apply_stack(clients, TF_DIR, variables, hub_user_data=user_data, ami_id=ami)
+WEST = "us-west-2"
 
+
+@pytest.fixture(scope="module")
+def west(endpoint, tmp_path_factory) -> tuple[AwsClients, StackOutputs, Path]:
+    """A FIFO stack with the hub's user-data in a file and no reusable hub, in a region of its own: monitoring.tf
+    names the hub's, nodes' and flow logs' log groups without the stack's prefix, so a second stack in one
+    account and region collides with the first, on moto as on AWS."""
+    clients = AwsClients(AwsConfig(endpoint_url=endpoint, region=WEST), credentials=LOCAL_CREDENTIALS)
+    ami = clients.client("ec2").describe_images()["Images"][0]["ImageId"]
+    user_data = tmp_path_factory.mktemp("west") / "hub-user-data.yaml"
+    user_data.write_text(HUB_USER_DATA + "# from a file\n")
+    variables = {**names(), "queue_fifo": True, "region": WEST, "azs": [f"{WEST}a", f"{WEST}b"]}
+    return clients, apply_stack(clients, TF_DIR, variables, hub_user_data=user_data, ami_id=ami), user_data
+
+
+def test_a_fifo_stack_with_the_user_data_in_a_file(west):
+    clients, out, user_data = west
+    tf = terraform()
+    queue_name = out.queue.removesuffix(".fifo")
     assert base64.b64decode(template_data(clients, out.hub_launch_template)["UserData"]) == user_data.read_bytes()
-    assert (out.queue, out.dlq) == (f"{variables['queue_name']}.fifo", f"{variables['queue_name']}-dlq.fifo")
+    assert (out.queue, out.dlq) == (f"{queue_name}.fifo", f"{queue_name}-dlq.fifo")
     assert out.gridfleet_aws["queue_fifo"] is True
     sqs = clients.client("sqs")
     queue = sqs.get_queue_attributes(
@@ -467,3 +478,32 @@ def test_a_fifo_stack_with_the_user_data_in_a_file(endpoint, tmp_path):
         "maxReceiveCount": tf.default("max_receive_count"),
     }
     assert attributes["VisibilityTimeout"] == str(tf.resource("aws_sqs_queue", "sites")["visibility_timeout_seconds"])
+
+
+def test_the_starter_on_its_schedule_launches_the_hub_from_the_stacks_template(endpoint, west):
+    """The real starter, called by the schedule the stack's rule holds, with the environment its function holds,
+    on the stack's table and template."""
+    clients, out, _ = west
+    start = dt.datetime(2026, 11, 24, 0, 59, tzinfo=dt.UTC).timestamp()  # the default schedule: 01:00 UTC
+
+    def factory(settings):
+        aws = AwsConfig(endpoint_url=endpoint, region=settings.region, table=settings.table)
+        return AwsClients(aws, credentials=LOCAL_CREDENTIALS)
+
+    handlers = stack_handlers(factory, FakeClock(start + 60))
+    handlers["lambdas.watchdog.handler"] = lambda event, env: None  # the watchdog's passes are not this test's
+    schedules = Schedules(clients.client("events"), clients.client("lambda"), handlers)
+    schedules.load(start, prefix=out.name_prefix)
+    fired = [f for f in schedules.fire_due(start + 60) if f.function == out.starter_function]
+    assert [f.error for f in fired] == [None]
+
+    filters = [
+        {"Name": f"tag:{TAG_STACK}", "Values": [out.name_prefix]},
+        {"Name": f"tag:{TAG_ROLE}", "Values": ["hub"]},
+    ]
+    reservations = clients.client("ec2").describe_instances(Filters=filters)["Reservations"]
+    [hub] = [i for r in reservations for i in r["Instances"]]
+    assert tags(hub["Tags"])["aws:ec2launchtemplate:id"] == out.hub_launch_template_id
+    assert tags(hub["Tags"])[TAG_RUN_ID] == "2026-11-24"  # the day's run, by the clock the schedule fired on
+    # moto does not merge the template into the instance (its subnet, groups, profile, metadata options): the
+    # EC2 twin reads the template the instance's tags name, as checked above.
