@@ -13,7 +13,6 @@ one line naming the file, the line, the block and what could not be evaluated: n
 from __future__ import annotations
 
 import base64
-import re
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any
 import hcl2
 from lark import Token, Tree
 
-from embedded.twin.hcl_functions import FUNCTIONS, as_text
+from embedded.twin.hcl_functions import BINARY, FUNCTIONS, as_text, unescape
 
 
 class TfError(ValueError):
@@ -130,25 +129,6 @@ class Where:
     block: str
 
 
-_BINARY: dict[str, Callable[[Any, Any], Any]] = {
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-    "<": lambda a, b: a < b,
-    ">": lambda a, b: a > b,
-    "<=": lambda a, b: a <= b,
-    ">=": lambda a, b: a >= b,
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "*": lambda a, b: a * b,
-    "/": lambda a, b: a / b,
-    "%": lambda a, b: a % b,
-    "&&": lambda a, b: a and b,
-    "||": lambda a, b: a or b,
-}
-
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}
-
-
 class Evaluator:
     """Evaluates expression trees of one module. `roots` maps the first name of a reference (`var`, `local`,
     `data`, `path`, a resource type) to a `Namespace` or a value; `files` are contents that stand in for paths."""
@@ -189,10 +169,10 @@ class Evaluator:
         return self.evaluate(inner[0], where, scope)
 
     def _x_int_lit(self, tree: Tree, where: Where, scope: dict[str, Any]) -> Any:
-        return int(str(tree.children[0]))
+        text = str(tree.children[0])
+        return float(text) if tree.data == "float_lit" else int(text)
 
-    def _x_float_lit(self, tree: Tree, where: Where, scope: dict[str, Any]) -> Any:
-        return float(str(tree.children[0]))
+    _x_float_lit = _x_int_lit
 
     def _x_literal_value(self, tree: Tree, where: Where, scope: dict[str, Any]) -> Any:
         return {"true": True, "false": False, "null": None}[str(tree.children[0])]
@@ -234,21 +214,15 @@ class Evaluator:
             elif child.type in ("ESCAPED_INTERPOLATION", "ESCAPED_DIRECTIVE"):  # $${ and %%{ are literal
                 pieces.append(str(child)[1:])
             else:
-                pieces.append(re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(0)), str(child)))
+                pieces.append(unescape(str(child)))
         if len(pieces) == 1 and isinstance(pieces[0], tuple):
             return pieces[0][0]  # "${x}" is x itself, not its text
         return "".join(as_text(p[0]) if isinstance(p, tuple) else p for p in pieces)
 
-    def _heredoc(self, tree: Tree, where: Where, scope: dict[str, Any], trim: bool) -> Any:
-        raw = str(tree.children[0])
-        lines = raw.split("\n")[1:-2]  # drop the <<MARK line and the MARK line
-        body = "\n".join(lines) + "\n"
-        if trim:
-            body = textwrap.dedent(body)
-        return self._template(body, tree, where, scope)
-
     def _x_heredoc_template(self, tree: Tree, where: Where, scope: dict[str, Any]) -> Any:
-        return self._heredoc(tree, where, scope, trim=tree.data == "heredoc_template_trim")
+        body = "\n".join(str(tree.children[0]).split("\n")[1:-2]) + "\n"  # without the <<MARK and MARK lines
+        body = textwrap.dedent(body) if tree.data == "heredoc_template_trim" else body
+        return self._template(body, tree, where, scope)
 
     _x_heredoc_template_trim = _x_heredoc_template
 
@@ -293,7 +267,10 @@ class Evaluator:
         a = self.evaluate(left, where, scope)
         if op == "&&" and a is False or op == "||" and a is True:
             return a
-        return _BINARY[op](a, self.evaluate(right, where, scope))
+        b = self.evaluate(right, where, scope)
+        if op in "+-*/%" and not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+            raise self.fail(where, tree, f"{op} takes numbers (Terraform joins strings only by interpolation)")
+        return BINARY[op](a, b)
 
     def _x_unary_op(self, tree: Tree, where: Where, scope: dict[str, Any]) -> Any:
         op = str(tree.children[0])

@@ -1,4 +1,4 @@
-"""The Terraform functions infra/terraform calls, as Terraform defines them, for `hcl_eval`.
+"""The Terraform functions, operators and string escapes infra/terraform uses, as Terraform defines them.
 
 File functions (`file`, `filebase64`) are the evaluator's own: they read through the contents the caller
 supplies before the disk.
@@ -51,9 +51,17 @@ def _merge(*maps: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _format(spec: str, *args: Any) -> str:
-    if re.search(r"%[^sd%]", spec):
-        raise ValueError(f"format verb in {spec!r} is not supported (only %s, %d, %%)")
-    return re.sub(r"%[sd]", "{}", spec.replace("{", "{{").replace("}", "}}")).replace("%%", "%").format(*args)
+    """Terraform's format() with the verbs %s, %d and %%; any other is refused."""
+    values = list(args)
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(1) == "%":
+            return "%"
+        if m.group(1) not in "sd" or not values:
+            raise ValueError(f"format {spec!r}: %{m.group(1)} is not evaluated by the twin, or lacks an argument")
+        return as_text(values.pop(0))
+
+    return re.sub(r"%(.)", one, spec)
 
 
 #: The functions the files call, as Terraform defines them (file reads go through `Evaluator.read_file`).
@@ -72,3 +80,34 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "trimsuffix": lambda s, suffix: s[: -len(suffix)] if suffix and s.endswith(suffix) else s,
     "base64encode": lambda s: base64.b64encode(s.encode()).decode(),
 }
+
+
+#: Terraform's binary operators (`&&` and `||` short-circuit in the evaluator).
+BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    ">": lambda a, b: a > b,
+    "<=": lambda a, b: a <= b,
+    ">=": lambda a, b: a >= b,
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
+    "%": lambda a, b: a % b,
+    "&&": lambda a, b: a and b,
+    "||": lambda a, b: a or b,
+}
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """A quoted string's escapes (\\n, \\t, \\r, \\", \\\\); any other is refused, not guessed."""
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(1) not in _ESCAPES:
+            raise ValueError(f"the escape \\{m.group(1)} is not evaluated by the twin")
+        return _ESCAPES[m.group(1)]
+
+    return re.sub(r"\\(.)", one, text)

@@ -15,15 +15,11 @@ groups, both launch templates, both Lambdas, their permissions, and the EventBri
 Skipped (`SKIPPED`; an expression that needs one of these fails, naming it): what routes and translates
 traffic (internet gateway, route tables and routes, VPC endpoints, the NAT instance and its Elastic IP), flow
 logs, EFS backups, the Spot service-linked role, the buckets' settings other than versioning (ownership,
-public access block, encryption, lifecycle, notifications, access logging, policies: moto enforces none),
-alarms, their e-mail subscription and the dashboard. Table point-in-time recovery and the key's deletion
-window are not applied either.
+public access block, encryption, lifecycle, notifications, access logging, policies: moto enforces none), the
+DLQ's redrive-allow policy (moto keeps none), alarms, their e-mail subscription and the dashboard. Table
+point-in-time recovery and the key's deletion window are not applied either.
 
-Data sources: the caller identity and partition are moto's; the AMI parameter is read from moto's SSM, and
-since AWS publishes it and moto does not, the caller's `ami_id` stands in when it is absent; the AMI is looked
-up in moto's images; policy documents are rendered as the AWS provider renders them; the Lambda package
-object is read from the bucket and, when the bucket has none, a placeholder zip is put there first: the twin
-calls the handlers in this process (`embedded.schedules`), so the package is never run.
+Data sources are read as `infra_data` says (moto's identity, the AMI, policy documents, the Lambda package).
 
 The variables' validation blocks are not evaluated. Applying a stack whose VPC (tagged with the stack's
 name) is already on the endpoint is refused: an apply makes, it never updates.
@@ -31,7 +27,6 @@ name) is already on the endpoint is refused: an apply makes, it never updates.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,8 +36,9 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from embedded.twin import infra_launch  # noqa: F401  (its creators register themselves in KINDS)
 from embedded.twin.hcl_eval import Body, Evaluator, Namespace, TfError, TfModule, Where
-from embedded.twin.infra_launch import placeholder_package
+from embedded.twin.infra_data import DataReader
 from embedded.twin.infra_resources import KINDS, SKIPPED, ClientSource, Ctx, Kind
 
 __all__ = ["SKIPPED", "StackOutputs", "TfError", "apply_stack"]
@@ -86,40 +82,6 @@ class StackOutputs:
     gridfleet_aws: Mapping[str, Any]
 
 
-def _one_or_list(values: list[Any]) -> Any:
-    return values[0] if len(values) == 1 else values
-
-
-_STATEMENT_KEYS = frozenset({"sid", "effect", "actions", "not_actions", "resources", "not_resources"})
-
-
-def policy_document(args: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """An aws_iam_policy_document's JSON, as the AWS provider writes it (one value alone, not in a list)."""
-    statements = []
-    for st in args.get("statement", []):
-        unknown = set(st) - _STATEMENT_KEYS - {"principals", "condition"}
-        if unknown:
-            raise TfError(f"{where}: statement arguments the twin does not render: {', '.join(sorted(unknown))}")
-        out: dict[str, Any] = {"Sid": st["sid"]} if st.get("sid") else {}
-        out["Effect"] = st.get("effect") or "Allow"
-        for key, member in (("actions", "Action"), ("not_actions", "NotAction")):
-            if st.get(key):
-                out[member] = _one_or_list(st[key])
-        for key, member in (("resources", "Resource"), ("not_resources", "NotResource")):
-            if st.get(key):
-                out[member] = _one_or_list(st[key])
-        for p in st.get("principals", []):
-            if p["type"] == "*" and p["identifiers"] == ["*"]:
-                out["Principal"] = "*"
-            else:
-                out.setdefault("Principal", {})[p["type"]] = _one_or_list(p["identifiers"])
-        for c in st.get("condition", []):
-            out.setdefault("Condition", {}).setdefault(c["test"], {})[c["variable"]] = _one_or_list(c["values"])
-        statements.append(out)
-    doc = {"Version": args.get("version") or "2012-10-17", "Statement": statements}
-    return {"json": json.dumps(doc, indent=2), "minified_json": json.dumps(doc, separators=(",", ":"))}
-
-
 def _variables(module: TfModule, given: Mapping[str, Any]) -> dict[str, Any]:
     """Each variable's value: the caller's, else its default in variables.tf (a literal)."""
     unknown = sorted(set(given) - set(module.variables))
@@ -143,8 +105,6 @@ class _Stack:
     def __init__(self, module: TfModule, clients: ClientSource, variables: Mapping[str, Any], **extra: Any) -> None:
         self.module = module
         self.clients = clients
-        self.ami_id: str | None = extra.get("ami_id")
-        self.package: bytes = extra.get("lambda_package") or placeholder_package()
         self.values: dict[tuple[str, ...], Any] = {}
         self._busy: list[tuple[str, ...]] = []
         roots: dict[str, Any] = {
@@ -159,6 +119,7 @@ class _Stack:
         identity = clients.client("sts").get_caller_identity()
         region = clients.client("ec2").meta.region_name
         self.ctx = Ctx(clients, region, identity["Account"], "aws", self._default_tags())
+        self.reader = DataReader(clients, self.ctx, extra.get("ami_id"), extra.get("lambda_package"))
         if region != roots["var"]["region"]:
             raise TfError(f"variables.tf: region is {roots['var']['region']} but the clients are in {region}")
 
@@ -212,7 +173,7 @@ class _Stack:
             where = Where(body.file, f"data.{dtype}.{name}")
             with self._making(key, where.block):
                 args = self.arguments(body, where, {})
-                read = getattr(self, f"_read_{dtype}", None)
+                read = getattr(self.reader, f"read_{dtype}", None)
                 if read is None:
                     raise TfError(f"{body.file}:{body.line}: {where.block}: the twin does not read {dtype}")
                 try:
@@ -220,45 +181,6 @@ class _Stack:
                 except (ClientError, BotoCoreError) as e:
                     raise TfError(f"{body.file}:{body.line}: {where.block}: {e}") from None
         return self.values[key]
-
-    def _read_aws_caller_identity(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
-        return {"account_id": self.ctx.account_id, "id": self.ctx.account_id}
-
-    def _read_aws_partition(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
-        return {"partition": self.ctx.partition, "dns_suffix": "amazonaws.com", "id": self.ctx.partition}
-
-    def _read_aws_iam_policy_document(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
-        return policy_document(args, f"{where.file}: {where.block}")
-
-    def _read_aws_ssm_parameter(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
-        try:
-            value = self.clients.client("ssm").get_parameter(Name=args["name"])["Parameter"]["Value"]
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") != "ParameterNotFound" or not self.ami_id:
-                raise TfError(
-                    f"{where.file}: {where.block}: parameter {args['name']} is not on the endpoint; give ami_id"
-                ) from None
-            value = self.ami_id
-        return {"value": value, "insecure_value": value, "id": args["name"]}
-
-    def _read_aws_ami(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
-        filters = [{"Name": f["name"], "Values": f["values"]} for f in args.get("filter", [])]
-        images = self.clients.client("ec2").describe_images(Filters=filters)["Images"]
-        if not images:
-            raise TfError(f"{where.file}: {where.block}: no image matches {filters}")
-        image = max(images, key=lambda i: i.get("CreationDate", ""))
-        return {"id": image["ImageId"], "image_id": image["ImageId"], "root_device_name": image["RootDeviceName"]}
-
-    def _read_aws_s3_object(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
-        s3 = self.clients.client("s3")
-        try:
-            head = s3.head_object(Bucket=args["bucket"], Key=args["key"])
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey"):
-                raise
-            s3.put_object(Bucket=args["bucket"], Key=args["key"], Body=self.package)
-            head = s3.head_object(Bucket=args["bucket"], Key=args["key"])
-        return {"version_id": head.get("VersionId"), "etag": head["ETag"], "content_length": head["ContentLength"]}
 
     # --- resources --------------------------------------------------------------------------------------
 

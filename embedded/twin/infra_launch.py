@@ -3,6 +3,7 @@
 Registered with `infra_resources.creates` like the rest. A launch template's data is the .tf's blocks in EC2's
 names, field for field. A function's code is the object the .tf names (`s3_bucket`, `s3_key`,
 `s3_object_version`); the twin calls the handlers in this process, so what that object holds is never run.
+moto keeps no dead-letter configuration of a function; the call still carries the .tf's.
 """
 
 from __future__ import annotations

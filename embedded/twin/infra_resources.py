@@ -55,6 +55,7 @@ SKIPPED: dict[str, str] = {
     "aws_s3_bucket_notification": "no downstream consumers on the twin",
     "aws_s3_bucket_logging": "no access logs on the twin",
     "aws_s3_bucket_policy": "bucket settings moto does not enforce",
+    "aws_sqs_queue_redrive_allow_policy": "moto accepts RedriveAllowPolicy and keeps nothing of it",
     "aws_sns_topic_subscription": "no e-mail on the twin",
     "aws_cloudwatch_metric_alarm": "no alarms on the twin",
     "aws_cloudwatch_dashboard": "no dashboard on the twin",
@@ -149,7 +150,7 @@ def _security_group(ctx: Ctx, a: dict[str, Any]) -> dict[str, Any]:
     ec2 = ctx.clients.client("ec2")
     gid = ec2.create_security_group(
         GroupName=a["name"],
-        Description=a["description"],
+        Description=a.get("description") or "Managed by Terraform",  # the provider's default
         VpcId=a["vpc_id"],
         TagSpecifications=[{"ResourceType": "security-group", "Tags": ctx.tag_list(a)}],
     )["GroupId"]
@@ -346,13 +347,6 @@ def _queue(ctx: Ctx, a: dict[str, Any]) -> dict[str, Any]:
     url = sqs.create_queue(QueueName=a["name"], Attributes=attributes, tags=ctx.tags(a))["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     return {"id": url, "url": url, "arn": arn, "fifo_queue": bool(a.get("fifo_queue"))}
-
-
-@creates("aws_sqs_queue_redrive_allow_policy", "queue_url redrive_allow_policy")
-def _redrive_allow(ctx: Ctx, a: dict[str, Any]) -> dict[str, Any]:
-    attributes = {"RedriveAllowPolicy": a["redrive_allow_policy"]}
-    ctx.clients.client("sqs").set_queue_attributes(QueueUrl=a["queue_url"], Attributes=attributes)
-    return {"id": a["queue_url"]}
 
 
 @creates("aws_s3_bucket", "bucket tags")

@@ -1,25 +1,29 @@
 """infra/terraform applied to a moto server by `embedded.twin.infra`, read back through the AWS APIs.
 
-The expectations come from the .tf files as tests/infra reads them (python-hcl2, literals unquoted), from the
-variables the test passes, and from what moto answers for the resources they refer to, never from the module
-under test. One stack (with overrides of several variables) is applied once for the module; the tests that
-break the configuration apply copies of infra/terraform with one change, under names of their own.
+The server is this module's own (ThreadedMotoServer on 127.0.0.1, any free port). The expectations come from
+the .tf files as tests/infra reads them (python-hcl2, literals unquoted), from the variables the test passes,
+and from what moto answers for the resources they refer to, never from the module under test. One stack (with
+overrides of several variables) is applied once for the module; the tests that break the configuration apply
+copies of infra/terraform with one change, under names of their own. Nothing is faked.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import shutil
 import uuid
 from pathlib import Path
 
 import pytest
+from moto.server import ThreadedMotoServer
 
-from embedded.schedules import Schedules
+from embedded.schedules import Schedules, stack_handlers
 from embedded.twin.infra import SKIPPED, StackOutputs, TfError, apply_stack
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.aws.tags import TAG_ROLE, TAG_STACK
+from fleet.aws.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
+from fleet.clock import FakeClock
 from fleet.config import AwsConfig
 from tests.infra.test_terraform import TF_DIR, blocks, one
 from tests.infra.test_terraform import config as terraform
@@ -40,8 +44,20 @@ def names() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def clients(moto_endpoint) -> AwsClients:
-    return AwsClients(AwsConfig(endpoint_url=moto_endpoint, region=REGION), credentials=LOCAL_CREDENTIALS)
+def endpoint():
+    """A moto server of this module's own: the stack's log groups have fixed names (monitoring.tf), so a stack
+    applied by another module's tests in the same region of a shared server would collide with this one."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server.get_host_and_port()[1]}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def clients(endpoint) -> AwsClients:
+    return AwsClients(AwsConfig(endpoint_url=endpoint, region=REGION), credentials=LOCAL_CREDENTIALS)
 
 
 @pytest.fixture(scope="module")
@@ -338,7 +354,7 @@ def test_without_the_ami_parameter_or_an_ami_id_the_apply_says_which_parameter(c
 
 # --- the evaluator alone, on small modules of its own (no endpoint) -------------------------------------------
 
-EXPRESSIONS = """
+EXPRESSIONS = r"""
 variable "azs" { default = ["za", "zb", "zc"] }
 variable "fifo" { default = false }
 variable "missing" { default = null }
@@ -359,6 +375,9 @@ locals {
   splat   = [for o in [{ id = "a" }, { id = "b" }] : o][*].id
   sure    = !var.fifo && length(var.azs) >= 3
   directive = "%{ if true }x%{ endif }"
+  escaped = "tab\there \"q\" \\n"
+  unicode = "caf\u00e9"
+  plus    = "a" + "b"
 }
 """
 
@@ -390,6 +409,7 @@ def test_the_evaluator_computes_what_terraform_would(evaluate):
     assert evaluate("splat") == ["a", "b"]
     assert evaluate("sure") is True
     assert evaluate("list") == ["za", "zb", "zc", "zd"]
+    assert evaluate("escaped") == 'tab\there "q" \\n'
 
 
 @pytest.mark.parametrize(
@@ -401,6 +421,8 @@ def test_the_evaluator_computes_what_terraform_would(evaluate):
         ),
         ("attr", r"^main\.tf:\d+: local\.attr: no attribute 'b' here \(has: a\) \(in \.b\)$"),
         ("directive", r"^main\.tf:\d+: local\.directive: template directives .* are not evaluated by the twin"),
+        ("unicode", r"^main\.tf:\d+: local\.unicode: the escape \\u is not evaluated by the twin"),
+        ("plus", r"^main\.tf:\d+: local\.plus: \+ takes numbers \(Terraform joins strings only by interpolation\)"),
     ],
 )
 def test_what_the_evaluator_cannot_do_fails_naming_the_place(evaluate, name, message):
@@ -418,3 +440,70 @@ def test_locals_that_refer_to_each_other_fail_naming_the_cycle(clients, tmp_path
     )
     with pytest.raises(TfError, match=r"^local\.a: refers to itself: local\.a -> local\.b -> local\.a$"):
         apply_stack(clients, tmp_path, {})
+
+
+WEST = "us-west-2"
+
+
+@pytest.fixture(scope="module")
+def west(endpoint, tmp_path_factory) -> tuple[AwsClients, StackOutputs, Path]:
+    """A FIFO stack with the hub's user-data in a file and no reusable hub, in a region of its own: monitoring.tf
+    names the hub's, nodes' and flow logs' log groups without the stack's prefix, so a second stack in one
+    account and region collides with the first, on moto as on AWS."""
+    clients = AwsClients(AwsConfig(endpoint_url=endpoint, region=WEST), credentials=LOCAL_CREDENTIALS)
+    ami = clients.client("ec2").describe_images()["Images"][0]["ImageId"]
+    user_data = tmp_path_factory.mktemp("west") / "hub-user-data.yaml"
+    user_data.write_text(HUB_USER_DATA + "# from a file\n")
+    variables = {**names(), "queue_fifo": True, "region": WEST, "azs": [f"{WEST}a", f"{WEST}b"]}
+    return clients, apply_stack(clients, TF_DIR, variables, hub_user_data=user_data, ami_id=ami), user_data
+
+
+def test_a_fifo_stack_with_the_user_data_in_a_file(west):
+    clients, out, user_data = west
+    tf = terraform()
+    queue_name = out.queue.removesuffix(".fifo")
+    assert base64.b64decode(template_data(clients, out.hub_launch_template)["UserData"]) == user_data.read_bytes()
+    assert (out.queue, out.dlq) == (f"{queue_name}.fifo", f"{queue_name}-dlq.fifo")
+    assert out.gridfleet_aws["queue_fifo"] is True
+    sqs = clients.client("sqs")
+    queue = sqs.get_queue_attributes(
+        QueueUrl=sqs.get_queue_url(QueueName=out.queue)["QueueUrl"], AttributeNames=["All"]
+    )
+    dlq_url = sqs.get_queue_url(QueueName=out.dlq)["QueueUrl"]
+    dlq = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["All"])["Attributes"]
+    attributes = queue["Attributes"]
+    assert attributes["FifoQueue"] == dlq["FifoQueue"] == "true"
+    assert json.loads(attributes["RedrivePolicy"]) == {
+        "deadLetterTargetArn": dlq["QueueArn"],
+        "maxReceiveCount": tf.default("max_receive_count"),
+    }
+    assert attributes["VisibilityTimeout"] == str(tf.resource("aws_sqs_queue", "sites")["visibility_timeout_seconds"])
+
+
+def test_the_starter_on_its_schedule_launches_the_hub_from_the_stacks_template(endpoint, west):
+    """The real starter, called by the schedule the stack's rule holds, with the environment its function holds,
+    on the stack's table and template."""
+    clients, out, _ = west
+    start = dt.datetime(2026, 11, 24, 0, 59, tzinfo=dt.UTC).timestamp()  # the default schedule: 01:00 UTC
+
+    def factory(settings):
+        aws = AwsConfig(endpoint_url=endpoint, region=settings.region, table=settings.table)
+        return AwsClients(aws, credentials=LOCAL_CREDENTIALS)
+
+    handlers = stack_handlers(factory, FakeClock(start + 60))
+    handlers["lambdas.watchdog.handler"] = lambda event, env: None  # the watchdog's passes are not this test's
+    schedules = Schedules(clients.client("events"), clients.client("lambda"), handlers)
+    schedules.load(start, prefix=out.name_prefix)
+    fired = [f for f in schedules.fire_due(start + 60) if f.function == out.starter_function]
+    assert [f.error for f in fired] == [None]
+
+    filters = [
+        {"Name": f"tag:{TAG_STACK}", "Values": [out.name_prefix]},
+        {"Name": f"tag:{TAG_ROLE}", "Values": ["hub"]},
+    ]
+    reservations = clients.client("ec2").describe_instances(Filters=filters)["Reservations"]
+    [hub] = [i for r in reservations for i in r["Instances"]]
+    assert tags(hub["Tags"])["aws:ec2launchtemplate:id"] == out.hub_launch_template_id
+    assert tags(hub["Tags"])[TAG_RUN_ID] == "2026-11-24"  # the day's run, by the clock the schedule fired on
+    # moto does not merge the template into the instance (its subnet, groups, profile, metadata options): the
+    # EC2 twin reads the template the instance's tags name, as checked above.

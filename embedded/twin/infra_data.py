@@ -1,0 +1,110 @@
+"""The data sources infra/terraform reads, as the twin reads them on moto.
+
+The caller identity and partition are moto's. The AMI parameter is read from moto's SSM; AWS publishes it and
+moto does not, so the caller's `ami_id` stands in when it is absent. The AMI is looked up among moto's images.
+A policy document is rendered as the AWS provider renders it. The Lambda package object is read from the
+bucket, and when the bucket has none the given package (a placeholder by default) is put there first: the twin
+calls the handlers in this process, so the package is never run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from embedded.twin.hcl_eval import TfError, Where
+from embedded.twin.infra_launch import placeholder_package
+from embedded.twin.infra_resources import ClientSource, Ctx
+
+
+def _one_or_list(values: list[Any]) -> Any:
+    return values[0] if len(values) == 1 else values
+
+
+_STATEMENT_KEYS = frozenset(
+    {"sid", "effect", "actions", "not_actions", "resources", "not_resources", "principals", "condition"}
+)
+
+
+def policy_document(args: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """An aws_iam_policy_document's JSON, as the AWS provider writes it (one value alone, not in a list)."""
+    if set(args) - {"statement", "version"}:
+        raise TfError(
+            f"{where}: arguments the twin does not render: {', '.join(sorted(set(args) - {'statement', 'version'}))}"
+        )
+    statements = []
+    for st in args.get("statement", []):
+        unknown = set(st) - _STATEMENT_KEYS
+        if unknown:
+            raise TfError(f"{where}: statement arguments the twin does not render: {', '.join(sorted(unknown))}")
+        out: dict[str, Any] = {"Sid": st["sid"]} if st.get("sid") else {}
+        out["Effect"] = st.get("effect") or "Allow"
+        for key, member in (("actions", "Action"), ("not_actions", "NotAction")):
+            if st.get(key):
+                out[member] = _one_or_list(st[key])
+        for key, member in (("resources", "Resource"), ("not_resources", "NotResource")):
+            if st.get(key):
+                out[member] = _one_or_list(st[key])
+        for p in st.get("principals", []):
+            if p["type"] == "*" and p["identifiers"] == ["*"]:
+                out["Principal"] = "*"
+            else:
+                out.setdefault("Principal", {})[p["type"]] = _one_or_list(p["identifiers"])
+        for c in st.get("condition", []):
+            out.setdefault("Condition", {}).setdefault(c["test"], {})[c["variable"]] = _one_or_list(c["values"])
+        statements.append(out)
+    doc = {"Version": args.get("version") or "2012-10-17", "Statement": statements}
+    return {"json": json.dumps(doc, indent=2), "minified_json": json.dumps(doc, separators=(",", ":"))}
+
+
+@dataclass
+class DataReader:
+    """`read_<type>(args, where)` gives the attributes of one data source of that type."""
+
+    clients: ClientSource
+    ctx: Ctx
+    ami_id: str | None = None
+    package: bytes | None = None
+
+    def read_aws_caller_identity(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
+        return {"account_id": self.ctx.account_id, "id": self.ctx.account_id}
+
+    def read_aws_partition(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
+        return {"partition": self.ctx.partition, "dns_suffix": "amazonaws.com", "id": self.ctx.partition}
+
+    def read_aws_iam_policy_document(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
+        return policy_document(args, f"{where.file}: {where.block}")
+
+    def read_aws_ssm_parameter(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
+        try:
+            value = self.clients.client("ssm").get_parameter(Name=args["name"])["Parameter"]["Value"]
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "ParameterNotFound" or not self.ami_id:
+                raise TfError(
+                    f"{where.file}: {where.block}: parameter {args['name']} is not on the endpoint; give ami_id"
+                ) from None
+            value = self.ami_id
+        return {"value": value, "insecure_value": value, "id": args["name"]}
+
+    def read_aws_ami(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
+        filters = [{"Name": f["name"], "Values": f["values"]} for f in args.get("filter", [])]
+        images = self.clients.client("ec2").describe_images(Filters=filters)["Images"]
+        if not images:
+            raise TfError(f"{where.file}: {where.block}: no image matches {filters}")
+        image = max(images, key=lambda i: i.get("CreationDate", ""))
+        return {"id": image["ImageId"], "image_id": image["ImageId"], "root_device_name": image["RootDeviceName"]}
+
+    def read_aws_s3_object(self, args: dict[str, Any], where: Where) -> dict[str, Any]:
+        s3 = self.clients.client("s3")
+        try:
+            head = s3.head_object(Bucket=args["bucket"], Key=args["key"])
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey"):
+                raise
+            s3.put_object(Bucket=args["bucket"], Key=args["key"], Body=self.package or placeholder_package())
+            head = s3.head_object(Bucket=args["bucket"], Key=args["key"])
+        return {"version_id": head.get("VersionId"), "etag": head["ETag"], "content_length": head["ContentLength"]}
