@@ -115,7 +115,8 @@ def start_sshd(box: Instance, authorized_key: str, *, user: str = "root", timeou
     _run(box, f"{SSHD} -f {CONFIG} -E {LOG}", "sshd")
     _wait_listening(box.address, 22, timeout_s)
     block = [HOST_KEYS_BEGIN, *host_keys, HOST_KEYS_END]
-    _run(box, "printf '%s\\n' \"$@\" >> /dev/console", "console", *block)  # as cloud-init prints them
+    text = "\n".join(block) + "\n"  # one write, so that the boot's own console output cannot cut into it
+    _run(box, 'printf %s "$1" >> /dev/console', "console", text)  # as cloud-init prints them
     return host_keys
 
 

@@ -28,6 +28,7 @@ import shutil
 import threading
 import time
 import traceback
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
@@ -156,6 +157,8 @@ class TwinStack:
         self.root.mkdir(parents=True, exist_ok=True)
         self._server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=self.moto_port, verbose=False)
         self._server.start()
+        # moto's state is this process's, shared by every moto server it runs: the twin's AWS starts empty
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=30)
         self.ec2twin = Ec2Twin(self.client("ec2"), self._boot, stack=self.stack)
         self.ssm = TwinSsmAgent.for_region(ACCOUNT, self.region, self.running)
         return self

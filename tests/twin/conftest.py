@@ -59,3 +59,27 @@ def sandboxes(twin_root):
     yield make
     for box in made:
         box.stop()
+
+
+#: The stack the day and the week share (one deployment: the Terraform apply and the bundle are made once).
+DAY_FLEET = {
+    "run": {"deadline_s": 600, "watch_interval_s": 2, "hang_after_s": 8, "max_attempts": 3, "heartbeat_timeout_s": 600},
+    "fleet": {"max_nodes": 2, "min_nodes": 2, "node_watchdog": False, "idle_exit_s": 15, "boot_timeout_s": 300},
+    "aws": {"ssm_timeout_s": 30},
+}
+DAY_SITES = {
+    "plain": "/s/plain/?pages=2",
+    "hang": "/s/hang/?pages=2&hang_page=1&hang_attempts=1",
+    "spot": "/s/spot/?pages=6&delay_s=1.5",
+}
+
+
+@pytest.fixture(scope="session")
+def twin_stack(twin_ok, tmp_path_factory):
+    """A stack deployed on the twin (stack `gftwin`, the day's sites), its schedules firing, the watchdog's
+    `hub_stale_s` 30 s; every instance runs sshd for the key `ssh_private_key`."""
+    from tests.twin.day import TwinDay
+
+    root = tmp_path_factory.mktemp("twin-stack")
+    with TwinDay(root, "gftwin", DAY_FLEET, DAY_SITES, variables={"hub_stale_s": 30}, ssh_user="admin") as d:
+        yield d

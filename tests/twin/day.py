@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from embedded.demo_server import DemoServer
 from embedded.schedules import cron_at, stack_handlers
 from embedded.twin import network
@@ -43,11 +45,11 @@ class TwinDay:
         fleet: dict[str, Any],
         sites: dict[str, str],
         *,
-        browser: bool,
         variables: dict[str, Any] | None = None,
         ssh_user: str | None = None,
     ) -> None:
-        self.root, self.stack, self.fleet, self.sites, self.browser = root, stack, fleet, sites, browser
+        self.root, self.stack, self.fleet, self.sites = root, stack, fleet, sites
+        self.run_ids: list[str] = []  # every run the starter started, in order
         self.variables = dict(variables or {})
         self.twin = TwinStack(root / "twin", region=REGION, stack=stack, ssh_key=self._ssh_key(ssh_user))
         self.demo = DemoServer(host=network.HOST_ADDRESS)
@@ -62,14 +64,25 @@ class TwinDay:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.ssh_private_key)], check=True)
         return user, self.ssh_private_key.with_suffix(".pub").read_text().strip()
 
-    def site_specs(self) -> list[dict[str, Any]]:
-        base = self.demo.base_url
-        if self.browser:
-            opts = {"item": "a.item", "next": "a.next", "max_pages": 10}
-            return [
-                {"id": n, "start_url": base + p, "crawler": "links", "options": opts} for n, p in self.sites.items()
-            ]
-        return [{"id": n, "start_url": base + p, "crawler": "api"} for n, p in self.sites.items()]
+    def site_specs(self, sites: dict[str, str]) -> list[dict[str, Any]]:
+        """fleet.yaml's sites: name -> path on the demo server (`/api/...`: the api crawler, else `links`)."""
+        base, opts = self.demo.base_url, {"item": "a.item", "next": "a.next", "max_pages": 10}
+        return [
+            {"id": n, "start_url": base + p, "crawler": "api"}
+            if p.startswith("/api/")
+            else {"id": n, "start_url": base + p, "crawler": "links", "options": opts}
+            for n, p in sites.items()
+        ]
+
+    def put_config(self, sites: dict[str, str], **sections: dict[str, Any]) -> None:
+        """The operator's change between days: fleet.yaml with these sites (and sections merged over its own),
+        uploaded as the hub's config."""
+        doc = self.config
+        for name, values in sections.items():
+            doc[name] = {**doc.get(name, {}), **values}
+        doc["sites"] = self.site_specs(sites)
+        key = doc["aws"].get("hub_config_key", "config/fleet.yaml")
+        self.twin.client("s3").put_object(Bucket=doc["aws"]["bucket"], Key=key, Body=yaml.safe_dump(doc).encode())
 
     def __enter__(self) -> TwinDay:
         self.twin.start()
@@ -77,7 +90,7 @@ class TwinDay:
             self.demo.start()
             start = cron_at(time.time() + 120)
             variables = {"name_prefix": self.stack, "bucket_name": f"{self.stack}-results", "start_schedule": start}
-            fleet = {**self.fleet, "sites": self.site_specs()}
+            fleet = {**self.fleet, "sites": self.site_specs(self.sites)}
             self.deployed = deploy(self.twin, self.root / "operator", fleet, {**variables, **self.variables})
             self.twin.load_schedules(stack_handlers(self.twin.lambda_clients, self.twin.clock), prefix=self.stack)
             self.twin.run()
@@ -108,7 +121,8 @@ class TwinDay:
             lambda: [f for f in self.twin.fired[n:] if f.rule == f"{self.stack}-start"], 30, "starter firing"
         )
         assert fired[0].error is None and fired[0].result["action"] == "started", fired[0]
-        return str(fired[0].result["run_id"])
+        self.run_ids.append(str(fired[0].result["run_id"]))
+        return self.run_ids[-1]
 
     # --- reading ----------------------------------------------------------------------------------
     @property
@@ -161,12 +175,12 @@ class TwinDay:
             return None
         return str(body.read().decode())
 
-    def figures(self, run_id: str) -> dict[str, float]:
+    def figures(self, run_id: str, boots: list[Any]) -> dict[str, float]:
         """The starter's firing to the hub's first node launch, and each node's launch to its first claim (as
         this machine's clock measures them)."""
         fired = next(f for f in self.twin.fired if f.rule == f"{self.stack}-start" and f.result["run_id"] == run_id)
-        hub = next(b for b in self.twin.boots if b.role == "hub")
-        nodes = [b for b in self.twin.boots if b.role == "node"]
+        hub = next(b for b in boots if b.role == "hub")
+        nodes = [b for b in boots if b.role == "node"]
         claims: dict[str, float] = {}
         for s in (self.summary(run_id) or {}).get("sites", {}).values():
             for a in s["attempts"]:

@@ -10,35 +10,30 @@ for what EC2 decides). Root only (see conftest)."""
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 
 import pytest
 
-from tests.twin.day import TwinDay, wait_until
+from hub.control.ssh import console_text, host_keys_from_console
+from tests.twin.conftest import DAY_SITES
+from tests.twin.day import wait_until
 
-SITES = {
-    "plain": "/s/plain/?pages=2",
-    "hang": "/s/hang/?pages=2&hang_page=1&hang_attempts=1",
-    "spot": "/s/spot/?pages=8&delay_s=1.5",
-}
+SITES = DAY_SITES
 
 
 @pytest.fixture(scope="module")
-def day(twin_ok, tmp_path_factory):
-    fleet = {
-        "run": {"deadline_s": 600, "watch_interval_s": 2, "hang_after_s": 10, "max_attempts": 3},
-        "fleet": {"max_nodes": 2, "min_nodes": 2, "node_watchdog": False, "idle_exit_s": 15, "boot_timeout_s": 300},
-        "aws": {"ssm_timeout_s": 30},
-    }
-    with TwinDay(tmp_path_factory.mktemp("twin-day"), "gfday", fleet, SITES, browser=True, ssh_user="admin") as d:
-        run_id = d.start_by_schedule()
-        spot_node = wait_until(lambda: d.node_of("spot", run_id, "RUN", min_pages=2), 240, "the spot site running")
-        d.twin.running(spot_node).imds.spot_notice()  # EC2's two-minute notice
-        wait_until(lambda: d.stack_idle() and d.summary(run_id), 420, "the run archived and the stack idle")
-        d.run_id, d.spot_node = run_id, spot_node
-        yield d
+def day(twin_stack):
+    d = twin_stack
+    d.put_config(SITES)  # the deployment's own sites, whatever ran before
+    first_boot, first_fired = len(d.twin.boots), len(d.twin.fired)
+    run_id = d.start_by_schedule()
+    spot_node = wait_until(lambda: d.node_of("spot", run_id, "RUN", min_pages=2), 240, "the spot site running")
+    d.twin.running(spot_node).imds.spot_notice()  # EC2's two-minute notice
+    wait_until(lambda: d.stack_idle() and d.summary(run_id), 420, "the run archived and the stack idle")
+    d.run_id, d.spot_node = run_id, spot_node
+    d.day_boots, d.day_fired = d.twin.boots[first_boot:], d.twin.fired[first_fired:]
+    return d
 
 
 def test_each_site_ends_as_its_behaviour_implies(day):
@@ -62,13 +57,13 @@ def test_the_hang_was_killed_by_a_command_that_ran_inside_its_node(day):
     assert [o["Status"] for o in outcomes] == ["Success"] * len(outcomes), outcomes
 
 
-def test_each_node_ran_sshd_and_its_host_keys_are_its_console_output(day):
+def test_each_instance_ran_sshd_and_the_hub_would_trust_exactly_its_host_keys(day):
     ec2 = day.twin.client("ec2")
-    for boot in day.twin.boots:
-        console = base64.b64decode(ec2.get_console_output(InstanceId=boot.instance_id)["Output"]).decode()
-        keys = console.split("-----BEGIN SSH HOST KEY KEYS-----\n")[1].split("-----END")[0].split()
-        etc_ssh = boot.sandbox.dir / "etc" / "ssh"
-        assert keys[:2] == (etc_ssh / "ssh_host_ecdsa_key.pub").read_text().split()[:2], boot.instance_id
+    for boot in day.day_boots:
+        out = ec2.get_console_output(InstanceId=boot.instance_id)
+        keys = host_keys_from_console(console_text(out.get("Output")))  # what the hub's SSH rung trusts
+        pubs = sorted((boot.sandbox.dir / "etc" / "ssh").glob("ssh_host_*_key.pub"))
+        assert sorted(keys) == sorted(tuple(p.read_text().split()[:2]) for p in pubs), (boot.instance_id, keys)
 
 
 def test_the_summary_and_report_are_in_the_bucket(day):
@@ -82,15 +77,15 @@ def test_the_summary_and_report_are_in_the_bucket(day):
 def test_nothing_of_the_stack_is_left_and_the_hub_ended_itself(day):
     states = day.instance_states()
     assert states and set(states.values()) == {"terminated"}, states
-    hubs = [b for b in day.twin.boots if b.role == "hub"]
+    hubs = [b for b in day.day_boots if b.role == "hub"]
     assert len(hubs) == 1
     assert f"shutdown {hubs[0].instance_id} -> terminate" in day.twin.log  # its own shutdown -h, not the API
     assert not day.twin.errors, day.twin.errors
 
 
 def test_the_starter_fired_on_its_schedule_and_the_nodes_boot_and_claim(day):
-    fired = [f for f in day.twin.fired if f.rule.endswith("-start")]
+    fired = [f for f in day.day_fired if f.rule.endswith("-start")]
     assert len(fired) == 1 and fired[0].result["action"] == "started", fired
-    figures = day.figures(day.run_id)
+    figures = day.figures(day.run_id, day.day_boots)
     assert figures["schedule_to_first_launch_s"] < 120 and figures["node_launch_to_first_claim_s"] < 120, figures
     print(json.dumps(figures), time.time())
