@@ -42,3 +42,13 @@ def test_the_twins_sites_get_its_demo_server_and_the_crawler_project_where_it_is
     doc = fleet_of(config, "http://10.77.0.1:8000")
     assert doc["sites"][0]["start_url"] == "http://10.77.0.1:8000/s/a/?pages=2"
     assert doc["crawlers"] == {"project": str(tmp_path / "c")}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root the check that comes first is the file's")
+def test_a_bad_config_is_refused_with_its_place_before_anything_starts(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRIDFLEET_HOME", str(tmp_path))
+    bad = tmp_path / "sites.yaml"
+    bad.write_text('sites: [{id: a, start_url: "{demo}/x", crawler: nope}]\n')
+    rc, text = run(capsys, "local", "up", "--twin", "--config", str(bad))
+    assert rc == 2 and "sites[0].crawler: unknown crawler 'nope'" in text and "Traceback" not in text
+    assert not (tmp_path / "twin").exists()
