@@ -22,6 +22,7 @@ only while nothing runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -29,7 +30,7 @@ import threading
 import time
 import traceback
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
 from pathlib import Path
@@ -176,6 +177,12 @@ class TwinStack:
         self._thread = threading.Thread(target=self._loop, name="twin", daemon=True)
         self._thread.start()
         return self
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No pass of the loop runs inside this block (e.g. while the stack is deployed again)."""
+        with self._lock:
+            yield
 
     def _loop(self) -> None:
         while not self._stop.is_set():

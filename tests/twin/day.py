@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from botocore.exceptions import ClientError
 
 from embedded.demo_server import DemoServer
 from embedded.schedules import cron_at, stack_handlers
@@ -88,16 +89,29 @@ class TwinDay:
         self.twin.start()
         try:
             self.demo.start()
-            start = cron_at(time.time() + 120)
-            variables = {"name_prefix": self.stack, "bucket_name": f"{self.stack}-results", "start_schedule": start}
-            fleet = {**self.fleet, "sites": self.site_specs(self.sites)}
-            self.deployed = deploy(self.twin, self.root / "operator", fleet, {**variables, **self.variables})
-            self.twin.load_schedules(stack_handlers(self.twin.lambda_clients, self.twin.clock), prefix=self.stack)
+            self._deploy()
             self.twin.run()
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def _deploy(self) -> None:
+        start = cron_at(self.twin.clock.now() + 120)
+        variables = {"name_prefix": self.stack, "bucket_name": f"{self.stack}-results", "start_schedule": start}
+        fleet = {**self.fleet, "sites": self.site_specs(self.sites)}
+        self.deployed = deploy(self.twin, self.root / "operator", fleet, {**variables, **self.variables})
+        self.twin.load_schedules(stack_handlers(self.twin.lambda_clients, self.twin.clock), prefix=self.stack)
+
+    def ensure_deployed(self) -> None:
+        """Deploy the stack again when it is gone: moto's state is this process's, and a test that resets it
+        (moto's `mock_aws` does) takes the stack with it."""
+        try:
+            self.twin.client("s3").head_bucket(Bucket=self.config["aws"]["bucket"])
+        except ClientError:
+            with self.twin.paused():
+                self._deploy()
+            self.run_ids.clear()  # their records and summaries went with moto's state
 
     def __exit__(self, *exc: object) -> None:
         self.twin.stop()

@@ -25,6 +25,7 @@ SITES = DAY_SITES
 @pytest.fixture(scope="module")
 def day(twin_stack):
     d = twin_stack
+    d.ensure_deployed()
     d.put_config(SITES)  # the deployment's own sites, whatever ran before
     first_boot, first_fired = len(d.twin.boots), len(d.twin.fired)
     run_id = d.start_by_schedule()

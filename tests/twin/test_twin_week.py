@@ -49,6 +49,7 @@ WEEK = {"fleet": {"max_nodes": 1, "min_nodes": 1, "idle_exit_s": 10}, "run": {"m
 @pytest.fixture(scope="module")
 def week(twin_stack):
     d = twin_stack
+    d.ensure_deployed()
     d.before_week = d.run_ids[-1] if d.run_ids else None  # the day's run, when it ran before on this stack
     days = []
     for n in range(1, 8):
