@@ -82,7 +82,7 @@ def twin_stack(twin_ok, tmp_path_factory):
     from tests.twin.day import TwinDay
 
     root = tmp_path_factory.mktemp("twin-stack")
-    # the twin's thread logs all session long, also after the capture of the test that made a log handler closed
+    # the twin's thread logs as long as the tests run, also after the capture of the test that made a log handler closed
     logging.raiseExceptions = False
     with TwinDay(root, "gftwin", DAY_FLEET, DAY_SITES, variables={"hub_stale_s": 30}, ssh_user="admin") as d:
         yield d
