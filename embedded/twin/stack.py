@@ -25,12 +25,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import threading
 import time
 import traceback
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
 from pathlib import Path
@@ -107,7 +106,6 @@ class TwinStack:
     ssh_key: tuple[str, str] | None = None  # (user, public key): every instance runs sshd and admits that key
     boots: list[Boot] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    on_tick: list[Callable[[], Any]] = field(default_factory=list)
     log: list[str] = field(default_factory=list)  # what `Ec2Twin.sync` did, one line each
     fired: list[Any] = field(default_factory=list)  # every schedule that fired (`embedded.schedules.Fired`)
 
@@ -190,9 +188,9 @@ class TwinStack:
             self._stop.wait(self.tick_s)
 
     def tick(self) -> None:
-        """One pass: instances, then the extra work (SSM), then the schedules."""
+        """One pass: instances, then SSM commands, then the schedules."""
         with self._lock:
-            for step in (self._sync, self._ssm, *self.on_tick, self._fire):
+            for step in (self._sync, self._ssm, self._fire):
                 try:
                     step()
                 except Exception as e:  # noqa: BLE001 - a pass that fails is logged and the next one tries again
@@ -281,6 +279,3 @@ class TwinStack:
         offsets = (self.clock.offset, self.clock.instance_offset)
         self.boots.append(Boot(spec.instance_id, spec.role, launched, booted, *offsets, box))
         return box
-
-    def remove_root(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)

@@ -173,21 +173,21 @@ class TwinDay:
         states = self.instance_states()
         return bool(states) and set(states.values()) == {"terminated"} and not self.twin.ec2twin.running
 
-    def summary(self, run_id: str) -> dict[str, Any] | None:
+    def _run_object(self, run_id: str, name: str) -> bytes | None:
+        """runs/<run_id>/<name> in the stack's bucket, or None while it is not there."""
         s3 = self.twin.client("s3")
         try:
-            body = s3.get_object(Bucket=self.config["aws"]["bucket"], Key=f"runs/{run_id}/summary.json")["Body"]
+            return bytes(s3.get_object(Bucket=self.config["aws"]["bucket"], Key=f"runs/{run_id}/{name}")["Body"].read())
         except s3.exceptions.NoSuchKey:
             return None
-        return dict(json.loads(body.read()))
+
+    def summary(self, run_id: str) -> dict[str, Any] | None:
+        body = self._run_object(run_id, "summary.json")
+        return dict(json.loads(body)) if body is not None else None
 
     def report(self, run_id: str) -> str | None:
-        s3 = self.twin.client("s3")
-        try:
-            body = s3.get_object(Bucket=self.config["aws"]["bucket"], Key=f"runs/{run_id}/report.html")["Body"]
-        except s3.exceptions.NoSuchKey:
-            return None
-        return str(body.read().decode())
+        body = self._run_object(run_id, "report.html")
+        return body.decode() if body is not None else None
 
     def figures(self, run_id: str, boots: list[Any]) -> dict[str, float]:
         """The starter's firing to the hub's first node launch, and each node's launch to its first claim (as
