@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
+from botocore.exceptions import ClientError
+
 from fleet.aws.queue import DEDUP_WINDOW_S, BadMessage, QueueDepth, SiteMessage, decode, dedup_id, encode, group_id
 from fleet.aws.results import aside_key
 from fleet.aws.run_item import HUB_STARTS, RunExpect, RunFields, RunWatch, WatchFields, assign, holds, item_to_watch
@@ -318,9 +320,14 @@ class MemoryResults:
         return True
 
     def get(self, key: str) -> bytes:
+        if key not in self.objects:  # as S3 answers GetObject of a missing key
+            raise ClientError({"Error": {"Code": "NoSuchKey", "Message": "The specified key does not exist."}}, "Get")
         return self.objects[key]
 
     def put_evidence(self, key: str, body: bytes, content_type: str) -> None:
+        self.objects[key] = body
+
+    def put_part(self, key: str, body: bytes) -> None:
         self.objects[key] = body
 
     def keys(self, prefix: str) -> list[str]:

@@ -144,9 +144,13 @@ def beat(table: StateTable, rec: SiteRecord, now: float, progress: Progress | No
 def save_checkpoint(
     table: StateTable, rec: SiteRecord, now: float, progress: Progress | None, checkpoint: Mapping[str, Any]
 ) -> SiteRecord:
-    """Where the crawl got to (next page or token, pages, items so far), with the heartbeat and progress: a retry
-    of the site resumes from it. One too large for an item keeps no items and is not resumed from."""
-    ckpt = {**checkpoint, "items": _cut_item_ids(checkpoint.get("items"))}
+    """Where the crawl got to, with the heartbeat and progress: a retry of the site resumes from it. A node
+    writes the cursor and counts (`fleet.checkpoint`: the items are in parts beside the result). A checkpoint of
+    the older form, holding the items themselves, has its item ids cut and, when too large for an item, keeps
+    no items and is not resumed from."""
+    ckpt = dict(checkpoint)
+    if isinstance(ckpt.get("items"), list):
+        ckpt["items"] = _cut_item_ids(ckpt["items"])
     if len(encode_checkpoint(ckpt)) > CHECKPOINT_MAX_CHARS:
         ckpt = {"next": ckpt.get("next"), "pages": ckpt.get("pages"), "items": [], "partial": True}
     return beat(table, rec, now, progress, checkpoint=ckpt)

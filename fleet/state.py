@@ -205,7 +205,7 @@ class SiteRecord:
     attempt_base: int = 0  # attemptCount when an operator last reran the site: max_attempts counts from here
     attempts: tuple[Attempt, ...] = ()
     expire_at: int | None = None
-    checkpoint: Mapping[str, Any] | None = None  # where the crawl got to: {next, pages, items}; a retry resumes
+    checkpoint: Mapping[str, Any] | None = None  # where the crawl got to (`fleet.checkpoint`); a retry resumes
     mark: tuple[str, ...] | None = None  # incremental: the newest item ids of the last successful crawl
 
     @property

@@ -15,7 +15,7 @@ written, or after the next attempt's message is sent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ from fleet.errors import StaleWrite
 from fleet.logs import event
 from fleet.protocol import Stop, Watch
 from fleet.state import NodeState, SiteRecord, SiteStatus
-from node import evidence
+from node import evidence, parts
 from node.result import merged_items, phase_timings, result_body
 from node.runner import CrawlProcess, Exited
 from profiles import ProfileBusy
@@ -70,7 +70,8 @@ class Attempt:
         mono = agent.clock.monotonic()
         self.marks: dict[str, float] = {"claim": mono}  # phase -> monotonic time, for the timings on the log line
         self.watch = Watch.start(agent.s, mono)
-        self.resume: Mapping[str, Any] | None = ops.resumable(rec)  # the checkpoint this attempt starts from
+        # the checkpoint this attempt starts from, its items read from the parts it names
+        self.parts, self.resume = parts.load(agent.results, rec, agent.run_date)
         self.items: list[dict[str, Any]] = list(self.resume.get("items") or []) if self.resume else []
         self.fields: dict[str, Any] = dict(
             run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=agent.s.instance_id
@@ -342,11 +343,20 @@ class Attempt:
         return self.agent.missable(what, self.rec.site, fn, *args, **kwargs)
 
     def _checkpoint(self, ev: dict[str, Any]) -> None:
-        """Keep the page's items and write where the crawl got to (a heartbeat, too)."""
-        self.items.extend(i for i in ev.get("items") or [] if isinstance(i, dict))
-        ckpt = {"next": ev.get("next"), "pages": ev.get("pages"), "items": self.items}
+        """Keep the page's items, store them as a part, then write where the crawl got to (a heartbeat, too)."""
+        new = [i for i in ev.get("items") or [] if isinstance(i, dict)]
+        self.items.extend(new)
+        self.parts.stage(new)
+        part = self.parts.next_part()
+        # if missed, the items stay staged and the next checkpoint's part carries them; the record is not written,
+        # so it never names a part that is not there
+        if part is not None:
+            if not self._missable("part-missed", self.agent.results.put_part, *part):
+                return
+            self.parts.stored()
+        ckpt = self.parts.checkpoint(ev.get("next"), ev.get("pages"))
         self.watch = self.watch.beaten(self.agent.clock.monotonic())
-        # if missed, the next checkpoint carries everything this one had
+        # if missed, the next checkpoint names every part this one did
         self._missable(
             "checkpoint-missed", self._write, ops.save_checkpoint, self.agent.clock.now(), self.watch.progress, ckpt
         )

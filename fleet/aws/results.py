@@ -10,6 +10,9 @@ Evidence of an attempt that ended badly (a screenshot, the page's HTML, its
 console, a record) goes beside the run's result:
 `<site>/<YYYYMMDD>[/<run_id>]/evidence/<attempt>/<file>`, one of `EVIDENCE_FILES`.
 
+The items each checkpoint saved go beside it too, one part object per checkpoint
+(`fleet.checkpoint`): `<site>/<YYYYMMDD>[/<run_id>]/parts/<attempt>-<claim>/<seq>.json`.
+
 `put_new` writes with `IfNoneMatch="*"`: of two writers (a zombie node and the
 attempt that replaced it) exactly one result lands and nothing is overwritten.
 """
@@ -27,6 +30,8 @@ from fleet.ids import check_run_id, check_site_id
 #: Every result carries this tag: the bucket's expiry rule selects results by it (results share no key prefix,
 #: and the bundle and configs live in the same bucket).
 RESULT_TAG = "gridfleet=result"
+#: Every checkpoint part carries this tag: parts are needed only while their run lasts, and expire sooner.
+PART_TAG = "gridfleet=part"
 
 
 def is_daily_run(run_id: str, run_date: str) -> bool:
@@ -46,15 +51,36 @@ def result_key(site: str, run_date: str, run_id: str | None = None) -> str:
 EVIDENCE_FILES = ("evidence.json", "screenshot.png", "page.html", "console.json")
 
 
-def evidence_prefix(site: str, run_date: str, run_id: str | None = None) -> str:
-    """Where the evidence of a run's attempts of a site goes: beside its result, `.../evidence/`. The ids are
-    checked again (they may come back from AWS): ValueError when one is not what it claims."""
+def _beside_result(site: str, run_date: str, run_id: str | None, folder: str) -> str:
+    """`<site>/<YYYYMMDD>[/<run_id>]/<folder>/`, the ids checked again: ValueError when one is not what it claims."""
     check_site_id(site)
     if run_id is not None:
         check_run_id(run_id)
     if not (len(run_date) == 8 and run_date.isdigit()):
         raise ValueError(f"run date {run_date!r} is not YYYYMMDD")
-    return result_key(site, run_date, run_id).rpartition("/")[0] + "/evidence/"
+    return result_key(site, run_date, run_id).rpartition("/")[0] + f"/{folder}/"
+
+
+def evidence_prefix(site: str, run_date: str, run_id: str | None = None) -> str:
+    """Where the evidence of a run's attempts of a site goes: beside its result, `.../evidence/`. The ids are
+    checked again (they may come back from AWS): ValueError when one is not what it claims."""
+    return _beside_result(site, run_date, run_id, "evidence")
+
+
+def _count(value: object, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{what} {value!r} is not an integer from {low} to {high}")
+    return value
+
+
+def part_key(site: str, run_date: str, run_id: str | None, attempt: int, claim: int, seq: int) -> str:
+    """`<site>/<YYYYMMDD>[/<run_id>]/parts/<attempt>-<claim>/<seq>.json`: the `seq`-th checkpoint part of the
+    attempt whose claim made the record's version `claim`. Every part is checked (the numbers come back from the
+    table): ValueError for a bad id or number."""
+    _count(attempt, "attempt", 1, 999_999)
+    _count(claim, "claim version", 1, 10**12)
+    _count(seq, "part number", 1, 999_999)
+    return f"{_beside_result(site, run_date, run_id, 'parts')}{attempt}-{claim}/{seq:06d}.json"
 
 
 def evidence_key(site: str, run_date: str, run_id: str | None, attempt: int, name: str) -> str:
@@ -88,6 +114,9 @@ class ResultStore(Protocol):
     def get(self, key: str) -> bytes: ...
     def put_evidence(self, key: str, body: bytes, content_type: str) -> None:
         """Write one file of an attempt's evidence (a later capture of the same attempt replaces it)."""
+
+    def put_part(self, key: str, body: bytes) -> None:
+        """Write one checkpoint part (a later write of the same part, with more items, replaces it)."""
 
     def keys(self, prefix: str) -> list[str]: ...
     def set_aside(self, key: str, suffix: str) -> str | None:
@@ -136,6 +165,9 @@ class S3ResultStore:
     def put_evidence(self, key: str, body: bytes, content_type: str) -> None:
         # Tagged as a result: the bucket's expiry rule takes evidence with the results it explains.
         self._c.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type, Tagging=RESULT_TAG)
+
+    def put_part(self, key: str, body: bytes) -> None:
+        self._c.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json", Tagging=PART_TAG)
 
     def get(self, key: str) -> bytes:
         return self._c.get_object(Bucket=self.bucket, Key=key)["Body"].read()

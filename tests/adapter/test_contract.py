@@ -16,6 +16,7 @@ import uuid
 from decimal import Decimal
 
 import pytest
+from botocore.exceptions import ClientError
 
 from fleet import ops
 from fleet.aws.queue import BadMessage, QueueDepth, SiteMessage
@@ -922,3 +923,37 @@ def test_results_carry_the_tag_the_expiry_rule_selects(moto_endpoint):
     S3ResultStore(clients.client("s3"), f"b-{hx}").put_evidence(evidence, b"<p>x</p>", "text/html; charset=utf-8")
     tags = clients.client("s3").get_object_tagging(Bucket=f"b-{hx}", Key=evidence)["TagSet"]
     assert [f"{t['Key']}={t['Value']}" for t in tags] == [RESULT_TAG]
+
+
+def test_a_checkpoint_part_is_written_beside_the_result_replaced_by_a_fuller_one_and_a_missing_one_is_no_such_key(
+    results,
+):
+    from fleet.aws.results import part_key
+
+    key = part_key("s-pt", "20270115", None, 1, 4, 1)
+    results.put_part(key, b'[{"id":"a"}]')
+    results.put_part(key, b'[{"id":"a"},{"id":"b"}]')  # a retried part carries what the first held, and more
+    assert results.get(key) == b'[{"id":"a"},{"id":"b"}]'
+    assert results.exists(result_key("s-pt", "20270115")) is False  # a part is not a result
+    with pytest.raises(ClientError) as missing:
+        results.get(part_key("s-pt", "20270115", None, 1, 4, 2))
+    assert missing.value.response["Error"]["Code"] == "NoSuchKey"
+
+
+def test_checkpoint_parts_carry_the_tag_of_their_own_expiry_rule(moto_endpoint):
+    """moto only: parts are needed while their run lasts; infra/terraform expires objects with this tag sooner."""
+    from fleet.aws.bootstrap import ensure_resources
+    from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+    from fleet.aws.results import PART_TAG, S3ResultStore, part_key
+    from fleet.config import AwsConfig
+
+    hx = uuid.uuid4().hex[:10]
+    clients = AwsClients(
+        AwsConfig(endpoint_url=moto_endpoint, table=f"t-{hx}", queue=f"q-{hx}", bucket=f"b-{hx}"),
+        credentials=LOCAL_CREDENTIALS,
+    )
+    ensure_resources(clients, 30)
+    key = part_key("s1", "20261121", None, 1, 3, 1)
+    S3ResultStore(clients.client("s3"), f"b-{hx}").put_part(key, b"[]")
+    tags = clients.client("s3").get_object_tagging(Bucket=f"b-{hx}", Key=key)["TagSet"]
+    assert [f"{t['Key']}={t['Value']}" for t in tags] == [PART_TAG]

@@ -178,11 +178,13 @@ def test_what_a_crawler_sends_is_cut_to_size_before_it_is_written(tmp_path):
     written = [new for _, new in rig.table_spy.named("write")]
     assert max(len(r.url or "") for r in written) == URL_MAX_CHARS
     ckpt = rig.site().checkpoint
-    assert [i["id"] for i in ckpt["items"]] == [long_id[:ITEM_ID_MAX_CHARS], "short"]  # kept, its id cut
+    assert ckpt["items"] == 2 and long_id not in json.dumps(ckpt)  # the record counts the items, its size bounded
+    (part,) = [k for k in rig.results.keys("s1/20261121/parts/")]
+    assert [i["id"] for i in json.loads(rig.results.get(part))] == [long_id, "short"]  # kept whole in its part
     assert rig.site().error == "E" * ERROR_MAX_CHARS
 
 
-def test_a_resumed_crawl_meeting_an_item_with_a_cut_id_again_keeps_it_once_with_its_whole_id(tmp_path):
+def test_a_resumed_crawl_meeting_an_item_with_a_long_id_again_keeps_it_once_with_its_whole_id(tmp_path):
     long_id = "L" * 2_000
     start = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
     first = start + [
@@ -194,7 +196,7 @@ def test_a_resumed_crawl_meeting_an_item_with_a_cut_id_again_keeps_it_once_with_
     rig = Rig(tmp_path, [first, second])
     rig.seed()
     rig.agent.run()
-    assert len(rig.crawls[1].job["checkpoint"]["items"][0]["id"]) == ITEM_ID_MAX_CHARS
+    assert rig.crawls[1].job["checkpoint"]["items"][0]["id"] == long_id  # parts keep ids whole
     body = json.loads(rig.results.get("s1/20261121/result.json"))
     assert [i["id"] for i in body["items"]] == [long_id, "b"]
 

@@ -1,0 +1,94 @@
+"""A site's checkpoint: where its crawl got to, and where the items found so far are kept.
+
+DynamoDB bills a write by the kilobyte of the item (the larger of the item before
+and after an update), so a checkpoint that carried every item so far made each
+write of the site record cost more than the one before: the bytes of a site's
+state grew with the square of its pages. The record now holds the cursor and
+counts only, a few dozen bytes whatever the crawl's length:
+
+    {"next": <URL or token>, "pages": 12, "items": 240, "parts": [[<attempt>, <claim>, <n>], ...]}
+
+and each checkpoint's new items go first, as one part object, to the results
+store beside the run's result (`fleet.aws.results.part_key`):
+`<site>/<YYYYMMDD>[/<run_id>]/parts/<attempt>-<claim>/<seq>.json`, seq 1..n. An
+entry of `parts` names the parts one claim of the site saved (`claim`: the
+record's version its claim wrote, unique per claim), so `parts` grows with the
+attempts, never with the pages. A retry reads the parts its checkpoint names and
+continues; the parts of an attempt that was fenced off past its last accepted
+checkpoint (a zombie) are named by no checkpoint and never read.
+
+A checkpoint written by an older node holds the items themselves (`items` a
+list): it is still resumed from (`is_legacy`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleet.aws.results import part_key
+
+#: Claims of one site a checkpoint may name (attempts, given-back attempts and reruns together): far beyond
+#: any max_attempts; a longer list read back is refused rather than read.
+MAX_SEGMENTS = 1000
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The parts one claim saved: `<attempt>-<claim>/000001.json` .. `<n>`."""
+
+    attempt: int
+    claim: int
+    parts: int
+
+    def to_plain(self) -> list[int]:
+        return [self.attempt, self.claim, self.parts]
+
+
+def is_legacy(ckpt: Mapping[str, Any]) -> bool:
+    """A checkpoint of the older form, holding its items (a list) rather than their count and parts."""
+    return isinstance(ckpt.get("items"), list)
+
+
+def _whole(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"checkpoint {what} {value!r} is not a whole number")
+    return value
+
+
+def segments(ckpt: Mapping[str, Any]) -> list[Segment]:
+    """The claims a checkpoint names, checked (they come back from the table): ValueError when one is not
+    `[attempt, claim, n]` of whole numbers, or there are more than MAX_SEGMENTS."""
+    raw = ckpt.get("parts") or []
+    if not isinstance(raw, list) or len(raw) > MAX_SEGMENTS:
+        raise ValueError(f"checkpoint parts is not a list of at most {MAX_SEGMENTS} claims")
+    out = []
+    for entry in raw:
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise ValueError(f"checkpoint part entry {entry!r} is not [attempt, claim, parts]")
+        out.append(Segment(*(_whole(v, "number") for v in entry)))
+    return out
+
+
+def part_keys(site: str, run_date: str, run_id: str | None, segs: Iterable[Segment]) -> list[str]:
+    """The keys of every part the segments name, in the order they were saved (ValueError for a bad one)."""
+    return [part_key(site, run_date, run_id, s.attempt, s.claim, i) for s in segs for i in range(1, s.parts + 1)]
+
+
+def make(next_ref: Any, pages: Any, items: int, segs: Iterable[Segment]) -> dict[str, Any]:
+    """The record's checkpoint: the cursor, the count of items saved in parts, and the claims that saved them."""
+    return {"next": next_ref, "pages": pages, "items": items, "parts": [s.to_plain() for s in segs if s.parts]}
+
+
+def part_body(items: list[Mapping[str, Any]]) -> bytes:
+    return json.dumps(list(items), separators=(",", ":"), default=str).encode()
+
+
+def part_items(body: bytes) -> list[dict[str, Any]]:
+    """The items of a part read back: a JSON list of objects, else ValueError."""
+    items = json.loads(body)
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ValueError("a checkpoint part is not a JSON list of items")
+    return items

@@ -1,0 +1,205 @@
+"""A site's state costs in proportion to its crawl: the record's checkpoint holds a cursor and counts, each
+checkpoint's new items go to one part object beside the result, and a retry reads the parts its checkpoint names
+(on the in-memory table and result store; the crawler is scripted, see tests/helpers/fake_node.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from botocore.exceptions import ClientError
+
+from fleet import checkpoint as ck
+from fleet import ops, units
+from fleet.aws.results import part_key
+from fleet.codec import ITEM_ID_MAX_CHARS, encode_checkpoint, site_to_item
+from fleet.state import Reason, RunStatus
+from tests.helpers.fake_node import HANG, RUN, Rig, status
+
+START = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
+PARTS = "s1/20261121/parts/"
+
+
+def page(p: int, t: float, nxt: str | None, per_page: int = 2, size: int = 0) -> list:
+    """Page `p` as a crawler reports it: URL_CALL, CALL_DONE, then its checkpoint with `per_page` new items."""
+    url = f"http://x.test/?page={p}"
+    items = [{"id": f"i{p}-{k}", "text": "x" * size} for k in range(per_page)]
+    return [
+        (t, status("URL_CALL", url, p - 1)),
+        (t + 0.5, status("CALL_DONE", url, p)),
+        (t + 0.6, {"event": "checkpoint", "next": nxt, "pages": p, "items": items}),
+    ]
+
+
+def pages(first: int, last: int, **kw) -> list:
+    return sum((page(p, float(p - first + 1), f"p{p + 1}", **kw) for p in range(first, last + 1)), [])
+
+
+def ids(p_from: int, p_to: int, per_page: int = 2) -> list[str]:
+    return [f"i{p}-{k}" for p in range(p_from, p_to + 1) for k in range(per_page)]
+
+
+def result_ids(rig: Rig) -> list[str]:
+    return [i["id"] for i in json.loads(rig.results.get("s1/20261121/result.json"))["items"]]
+
+
+def test_the_checkpoint_stays_the_same_size_as_the_pages_grow(tmp_path):
+    # 40 pages of 20 items of 500 bytes: the old checkpoint grew to ~400 KB of items; this one must not grow.
+    script = START + pages(1, 40, per_page=20, size=500) + [(45.0, {"event": "result", "items": [], "pages": 40})]
+    rig = Rig(tmp_path, [script], heartbeat_interval_s=1000)
+    sizes: list[tuple[int, int]] = []
+    write = rig.table.write
+
+    def measured(old, new):  # the fake's own write, with the sizes DynamoDB would bill
+        if new.checkpoint is not None and new.checkpoint != old.checkpoint:
+            sizes.append((len(encode_checkpoint(new.checkpoint)), units.item_size(site_to_item(new))))
+        return write(old, new)
+
+    rig.table.write = measured
+    rig.seed()
+    rig.agent.run()
+    assert len(sizes) == 40
+    assert max(c for c, _ in sizes) - min(c for c, _ in sizes) <= 8  # a few digits of the counts move, no more
+    assert max(units.write_units(i) for _, i in sizes) == 1  # every checkpoint write is one write unit
+    assert len(rig.results.keys(PARTS)) == 40  # one part per checkpoint, each with only that page's items
+    assert all(len(json.loads(rig.results.get(k))) == 20 for k in rig.results.keys(PARTS))
+    assert result_ids(rig) == ids(1, 40, 20)
+
+
+def test_a_retry_after_a_crash_mid_crawl_gives_every_item_exactly_once(tmp_path):
+    # attempt 1: pages 1-3 saved, then the crawler process dies; attempt 2 resumes at page 4, reports page 3's
+    # items again (a crawler may overlap pages), crashes after page 5; attempt 3 finishes pages 6-7.
+    first = START + pages(1, 3) + [(4.0, status("URL_CALL", "http://x.test/?page=4", 3))]
+    second = START + pages(3, 5) + [(4.0, status("URL_CALL", "http://x.test/?page=6", 5))]
+    third = START + pages(6, 7) + [(3.0, {"event": "result", "items": [{"id": "i7-1"}, {"id": "tail"}], "pages": 7})]
+    rig = Rig(tmp_path, [first, second, third])
+    rig.seed()
+    rig.agent.run()
+    rec = rig.site()
+    assert rec.run_status is RunStatus.COMPLETED and rec.attempt == 3 and rec.checkpoint is None
+    assert [a.outcome for a in rec.attempts] == ["error", "error", "completed"]
+    assert [i["id"] for i in rig.crawls[1].job["checkpoint"]["items"]] == ids(1, 3)
+    resumed = rig.crawls[2].job["checkpoint"]
+    assert (resumed["next"], resumed["pages"], resumed["items"][-1]["id"]) == ("p6", 5, "i5-1")
+    assert [i["id"] for i in resumed["items"]] == ids(1, 3) + ids(3, 5)  # as stored: the result dedups
+    assert result_ids(rig) == ids(1, 7) + ["tail"]
+
+
+def test_a_checkpoint_names_its_parts_by_claim_and_a_retry_continues_them(tmp_path):
+    first = START + pages(1, 2) + [(3.0, status("URL_CALL", "http://x.test/?page=3", 2)), HANG]
+    second = START + pages(3, 3) + [(2.0, status("URL_CALL", "http://x.test/?page=4", 3)), HANG]
+    rig = Rig(tmp_path, [first, second], max_attempts=2)
+    rig.seed()
+    seen = []
+    write = rig.table.write
+    rig.table.write = lambda old, new: seen.append(new.checkpoint) or write(old, new)
+    rig.agent.run()
+    saved = [c for c in seen if c and "parts" in c]
+    claim1, claim2 = saved[0]["parts"][0][1], saved[-1]["parts"][1][1]
+    assert saved[-1] == {"next": "p4", "pages": 3, "items": 6, "parts": [[1, claim1, 2], [2, claim2, 1]]}
+    assert claim2 > claim1  # each claim moved the record's version
+    assert rig.results.keys(PARTS) == [
+        f"{PARTS}1-{claim1}/000001.json",
+        f"{PARTS}1-{claim1}/000002.json",
+        f"{PARTS}2-{claim2}/000001.json",
+    ]
+
+
+def test_a_checkpoint_written_by_an_older_node_is_resumed_from(tmp_path):
+    # An older node's record: the items themselves in the checkpoint, one with its id cut to fit the item limit.
+    long_id = "L" * 2_000
+    old = {"next": "p3", "pages": 2, "items": [{"id": "i1-0"}, {"id": long_id[:ITEM_ID_MAX_CHARS]}, {"id": "i2-0"}]}
+    resume = START + pages(3, 3) + [(2.0, {"event": "result", "items": [{"id": long_id}], "pages": 3})]
+    rig = Rig(tmp_path, [resume])
+    rig.seed()
+    rec = rig.site()
+    saved = []
+    write = rig.table.write
+    rig.table.write = lambda o, n: saved.append(n.checkpoint) or write(o, n)
+    write(rec, ops.transition(rec, bump=False, checkpoint=old))
+    rig.agent.run()
+    assert rig.crawls[0].job["checkpoint"] == old  # the crawler starts at page 3, knowing those items
+    new = next(c for c in saved if c and "parts" in c)
+    assert new["items"] == 5 and new["pages"] == 3  # the old items moved into this claim's first part
+    (part,) = rig.results.keys(PARTS)
+    assert [i["id"] for i in json.loads(rig.results.get(part))] == [i["id"] for i in old["items"]] + ids(3, 3)
+    assert result_ids(rig) == ["i1-0", long_id, "i2-0", *ids(3, 3)]  # the cut id matched: one item, whole
+
+
+def test_parts_of_a_fenced_attempt_do_not_reach_the_result(tmp_path):
+    # Attempt 1's node is taken for lost after page 2 (the hub ends its attempt and sends the next): its part for
+    # page 3 is stored before its checkpoint write fails. Attempt 2 (another node) reads only the named parts.
+    zombie = START + pages(1, 3) + [HANG]
+    rig = Rig(tmp_path, [zombie])
+    rig.seed()
+    write, ckpts = rig.table.write, []
+
+    def hub_moves_on_at_page_3(old, new):
+        if new.checkpoint and new.checkpoint != old.checkpoint:
+            ckpts.append(new.checkpoint)
+            if new.checkpoint["pages"] == 3:  # the hub's own ops, as its executor performs them
+                cur = ops.end_attempt(rig.table, old, reason=Reason.LOST, now=1.0, max_attempts=3, spot_cap=2)
+                ops.send_next(rig.table, rig.queue, cur)
+        return write(old, new)
+
+    rig.table.write = hub_moves_on_at_page_3
+    rig.agent.run()
+    assert rig.site().run_status is RunStatus.QUEUED and rig.site().checkpoint["pages"] == 2
+    assert len(rig.results.keys(PARTS)) == 3  # the zombie's third part is there, named by no checkpoint
+    rest = START + pages(3, 4) + [(3.0, {"event": "result", "items": [], "pages": 4})]
+    (tmp_path / "n2").mkdir()
+    other = Rig(tmp_path / "n2", [rest], instance_id="i-2")
+    other.agent.table, other.agent.queue, other.agent.results = rig.table, rig.queue, rig.results
+    other.clock = other.agent.clock = rig.clock  # one store, one time: the second node of the same fleet
+    rig.table.write = write
+    other.agent.run()
+    assert [i["id"] for i in other.crawls[0].job["checkpoint"]["items"]] == ids(1, 2)
+    assert rig.site().run_status is RunStatus.COMPLETED and result_ids(rig) == ids(1, 4)
+
+
+def test_a_part_that_could_not_be_stored_stays_staged_and_its_checkpoint_is_not_written(tmp_path):
+    script = START + pages(1, 3) + [(4.0, {"event": "result", "items": [], "pages": 3})]
+    rig = Rig(tmp_path, [script], heartbeat_interval_s=1000)
+    put, calls = rig.results.put_part, []
+
+    def throttled_once(key, body):  # S3's answer to a request rate it will not take, at the store's seam
+        calls.append(key)
+        if len(calls) == 2:
+            slow = {"Error": {"Code": "SlowDown", "Message": "Reduce your request rate."}}
+            raise ClientError({**slow, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
+        return put(key, body)
+
+    rig.results.put_part = throttled_once
+    saved = []
+    write = rig.table.write
+    rig.table.write = lambda o, n: saved.append(n.checkpoint if n.checkpoint != o.checkpoint else None) or write(o, n)
+    rig.seed()
+    rig.agent.run()
+    written = [c for c in saved if c and "parts" in c]
+    assert [(c["pages"], c["items"], c["parts"][0][2]) for c in written] == [(1, 2, 1), (3, 6, 2)]
+    keys = rig.results.keys(PARTS)
+    assert [len(json.loads(rig.results.get(k))) for k in keys] == [2, 4]  # page 2's items went with page 3's
+    assert result_ids(rig) == ids(1, 3)
+
+
+def test_parts_named_by_a_checkpoint_are_checked_before_they_become_keys():
+    assert ck.segments({"parts": [[2, 17, 3]]}) == [ck.Segment(2, 17, 3)]
+    for bad in ([[1, 2]], [["1", 2, 3]], [[True, 2, 3]], [[1, -2, 3]], "1-2/3", [[1, 2, 3]] * (ck.MAX_SEGMENTS + 1)):
+        with pytest.raises(ValueError):
+            ck.segments({"parts": bad})
+    with pytest.raises(ValueError):
+        part_key("../etc", "20261121", RUN, 1, 2, 1)
+    with pytest.raises(ValueError):
+        part_key("s1", "20261121", RUN, 0, 2, 1)
+    assert part_key("s1", "20261121", RUN, 1, 2, 3) == "s1/20261121/parts/1-2/000003.json"
+    assert part_key("s1", "20261121", "demo-1", 1, 2, 3) == "s1/20261121/demo-1/parts/1-2/000003.json"
+
+
+def test_a_checkpoint_whose_parts_cannot_be_read_is_not_resumed_from(tmp_path):
+    rest = START + pages(1, 2) + [(3.0, {"event": "result", "items": [], "pages": 2})]
+    rig = Rig(tmp_path, [rest])
+    rig.seed()
+    rec = rig.site()
+    rig.table.write(rec, ops.transition(rec, bump=False, checkpoint=ck.make("p9", 8, 16, [ck.Segment(1, 5, 8)])))
+    rig.agent.run()  # no such parts in the store: the crawl starts over, nothing is lost
+    assert rig.crawls[0].job["checkpoint"] is None and result_ids(rig) == ids(1, 2)
