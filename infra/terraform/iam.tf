@@ -409,13 +409,19 @@ data "aws_iam_policy_document" "node" {
     resources = ["${aws_s3_bucket.results.arn}/*"]
   }
 
-  # fleet.aws.results.put_new and put_evidence: results (<site>/<date>/result.json) and
-  # failed attempts' evidence beside them (<site>/<date>/evidence/<attempt>/<file>) only,
-  # so a node can never overwrite the bundle or a config.
+  # fleet.aws.results.put_new, put_evidence and put_part: results (<site>/<date>/result.json),
+  # failed attempts' evidence beside them (<site>/<date>/evidence/<attempt>/<file>) and the
+  # checkpoints' item parts (<site>/<date>/parts/<attempt>-<claim>/<seq>.json) only, so a node
+  # can never overwrite the bundle or a config. Parts are read back by key (BucketRead) and
+  # expire by their tag (s3.tf): a node deletes nothing.
   statement {
-    sid       = "ResultWrite"
-    actions   = ["s3:PutObject", "s3:PutObjectTagging"]
-    resources = ["${aws_s3_bucket.results.arn}/*/result.json", "${aws_s3_bucket.results.arn}/*/evidence/*"]
+    sid     = "ResultWrite"
+    actions = ["s3:PutObject", "s3:PutObjectTagging"]
+    resources = [
+      "${aws_s3_bucket.results.arn}/*/result.json",
+      "${aws_s3_bucket.results.arn}/*/evidence/*",
+      "${aws_s3_bucket.results.arn}/*/parts/*",
+    ]
   }
 
   # node bootstrap: mounting the shared file system through the access point.

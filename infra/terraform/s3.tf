@@ -1,4 +1,5 @@
-# The results bucket. Besides the results (<site>/<run date>/result.json) it
+# The results bucket. Besides the results (<site>/<run date>/result.json), with
+# the evidence and checkpoint parts beside them, it
 # holds the code bundle and the Lambda package (bundle/), the hub's config
 # (config/fleet.yaml) and each run's config (runs/<run id>/fleet.yaml).
 
@@ -76,6 +77,24 @@ resource "aws_s3_bucket_lifecycle_configuration" "results" {
 
     expiration {
       days = var.result_retention_days
+    }
+  }
+
+  # Checkpoint parts (<site>/<date>/parts/..., tagged gridfleet=part by
+  # fleet.aws.results.put_part): a retry within the run reads them, nothing after it.
+  rule {
+    id     = "expire-checkpoint-parts"
+    status = "Enabled"
+
+    filter {
+      tag {
+        key   = "gridfleet"
+        value = "part"
+      }
+    }
+
+    expiration {
+      days = var.checkpoint_part_retention_days
     }
   }
 

@@ -203,6 +203,17 @@ variable "result_retention_days" {
   }
 }
 
+variable "checkpoint_part_retention_days" {
+  description = "Days after which a checkpoint part (an object tagged gridfleet=part: the items a crawl saved before its result) expires. A retry within the run reads them; nothing reads them after it."
+  type        = number
+  default     = 3
+
+  validation {
+    condition     = var.checkpoint_part_retention_days >= 1
+    error_message = "checkpoint_part_retention_days must be at least 1."
+  }
+}
+
 # --- schedules ------------------------------------------------------------------
 
 variable "start_schedule" {

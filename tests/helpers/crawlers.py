@@ -22,6 +22,20 @@ class QuickCrawler(BaseCrawler):
         return [{"id": f"{self.ctx.site}-{i}"} for i in range(3)]
 
 
+class SavingCrawler(BaseCrawler):
+    """Two pages, a checkpoint after each (its items go to a part beside the result)."""
+
+    needs_browser = False
+
+    def crawl(self):
+        for page in (1, 2):
+            self.status("URL_CALL", f"{self.ctx.start_url}?page={page}")
+            self.pages += 1
+            self.status("CALL_DONE", f"{self.ctx.start_url}?page={page}")
+            self.save(f"{self.ctx.start_url}?page={page + 1}" if page < 2 else None, [{"id": f"{self.ctx.site}-{page}"}])
+        return []
+
+
 class HangCrawler(BaseCrawler):
     """Starts a helper process (as a browser would), then hangs in URL_CALL."""
 

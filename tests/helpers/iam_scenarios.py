@@ -221,7 +221,7 @@ def node_calls(endpoint: str, tmp: Path) -> set[str]:
     seed = AwsClients(aws, credentials=LOCAL_CREDENTIALS)
     table = DynamoStateTable(seed.client("dynamodb"), aws.table)
     table.create_run(RunInfo("iam-node", "RUNNING", time.time(), time.time() + 600, "20261121"))
-    rec_site = ops.new_site("iam-node", "s1", SiteSpec("http://x.test/", "tests.helpers.crawlers:QuickCrawler"), None)
+    rec_site = ops.new_site("iam-node", "s1", SiteSpec("http://x.test/", "tests.helpers.crawlers:SavingCrawler"), None)
     table.create_site(rec_site)
     ops.send_next(table, SqsSiteQueue(seed.client("sqs"), aws.queue, aws.dlq_name), rec_site)
     failing = ops.new_site(

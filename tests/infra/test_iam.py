@@ -271,6 +271,7 @@ def test_the_scenarios_exercise_each_roles_code(recorded):
     assert any(re.fullmatch(r"s3\.PutObject on object/runs/[^/]+/summary\.json", c) for c in recorded["watchdog"])
     assert any(re.fullmatch(r"s3\.PutObject on object/.+/result\.json", c) for c in recorded["node"])
     assert any(re.fullmatch(r"s3\.PutObject on object/.+/evidence/\d+/evidence\.json", c) for c in recorded["node"])
+    assert any(re.fullmatch(r"s3\.PutObject on object/.+/parts/\d+-\d+/\d+\.json", c) for c in recorded["node"])
 
 
 @pytest.mark.parametrize("role", ROLES)

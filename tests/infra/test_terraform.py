@@ -680,11 +680,17 @@ def test_results_bucket(tf):
 
     lifecycle = tf.resource("aws_s3_bucket_lifecycle_configuration", "results")
     rules = {unquote(r["id"]): r for r in blocks(lifecycle, "rule")}
-    assert set(rules) == {"expire-results", "housekeeping"} and all(r["status"] == "Enabled" for r in rules.values())
-    expire = rules["expire-results"]  # only results expire: the bundle and configs share the bucket
-    tag = one(one(expire, "filter"), "tag")
-    assert (unquote(tag["key"]), unquote(tag["value"])) == ("gridfleet", "result")
-    assert one(expire, "expiration")["days"] == "${var.result_retention_days}"
+    assert set(rules) == {"expire-results", "expire-checkpoint-parts", "housekeeping"}
+    assert all(r["status"] == "Enabled" for r in rules.values())
+    # only results (with their evidence) and checkpoint parts expire: the bundle and configs share the bucket
+    for rule_id, value, days in (
+        ("expire-results", "result", "${var.result_retention_days}"),
+        ("expire-checkpoint-parts", "part", "${var.checkpoint_part_retention_days}"),
+    ):
+        expire = rules[rule_id]
+        tag = one(one(expire, "filter"), "tag")
+        assert (unquote(tag["key"]), unquote(tag["value"])) == ("gridfleet", value)
+        assert one(expire, "expiration")["days"] == days
     house = rules["housekeeping"]
     assert one(house, "noncurrent_version_expiration")["noncurrent_days"] == 30
     assert one(house, "abort_incomplete_multipart_upload")["days_after_initiation"] == 7
@@ -709,18 +715,19 @@ def test_results_bucket(tf):
 
 
 def test_only_results_expire_and_runs_records_are_kept(tf):
-    """runs/<run_id>/summary.json and report.html outlive the table's items: the only rule that expires a
-    current object selects the result tag, which nothing under runs/ carries."""
+    """runs/<run_id>/summary.json and report.html outlive the table's items: the only rules that expire a
+    current object select the result tag and the checkpoint part tag, which nothing under runs/ carries."""
     rules = blocks(tf.resource("aws_s3_bucket_lifecycle_configuration", "results"), "rule")
     expiring = [r for r in rules if blocks(r, "expiration") or blocks(r, "transition")]
-    assert [unquote(r["id"]) for r in expiring] == ["expire-results"]
-    (rule,) = expiring
-    (flt,) = blocks(rule, "filter")
-    assert set(flt) == {"tag"}, f"the expiry rule selects more than the result tag: {flt}"
-    assert "prefix" not in rule
-    # The variable says what it keeps.
+    assert [unquote(r["id"]) for r in expiring] == ["expire-results", "expire-checkpoint-parts"]
+    for rule in expiring:
+        (flt,) = blocks(rule, "filter")
+        assert set(flt) == {"tag"}, f"an expiry rule selects more than its tag: {flt}"
+        assert "prefix" not in rule
+    # The variables say what they keep.
     description = tf.variables["result_retention_days"]["description"]
     assert "gridfleet=result" in description and "runs/" in description
+    assert "gridfleet=part" in tf.variables["checkpoint_part_retention_days"]["description"]
 
 
 # --- IAM --------------------------------------------------------------------------------------------------------------
