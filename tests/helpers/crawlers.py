@@ -32,7 +32,8 @@ class SavingCrawler(BaseCrawler):
             self.status("URL_CALL", f"{self.ctx.start_url}?page={page}")
             self.pages += 1
             self.status("CALL_DONE", f"{self.ctx.start_url}?page={page}")
-            self.save(f"{self.ctx.start_url}?page={page + 1}" if page < 2 else None, [{"id": f"{self.ctx.site}-{page}"}])
+            nxt = f"{self.ctx.start_url}?page={page + 1}" if page < 2 else None
+            self.save(nxt, [{"id": f"{self.ctx.site}-{page}"}])
         return []
 
 
