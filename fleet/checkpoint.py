@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.aws.results import part_key
@@ -80,6 +80,36 @@ def part_keys(site: str, run_date: str, run_id: str | None, segs: Iterable[Segme
 def make(next_ref: Any, pages: Any, items: int, segs: Iterable[Segment]) -> dict[str, Any]:
     """The record's checkpoint: the cursor, the count of items saved in parts, and the claims that saved them."""
     return {"next": next_ref, "pages": pages, "items": items, "parts": [s.to_plain() for s in segs if s.parts]}
+
+
+@dataclass
+class ClaimParts:
+    """The parts one claim of a site writes after those of earlier claims: the key of its next part, and the
+    checkpoint naming them all. The agent and the simulator's node both keep their parts with it."""
+
+    where: tuple[str, str, str]  # (site, run date, run id)
+    attempt: int
+    claim: int  # the record's version the claim wrote
+    earlier: list[Segment] = field(default_factory=list)
+    saved_items: int = 0  # items in the parts the checkpoint names (earlier claims' and this one's)
+    written: int = 0  # parts this claim has stored
+
+    def next_key(self) -> str:
+        site, run_date, run_id = self.where
+        return part_key(site, run_date, run_id, self.attempt, self.claim, self.written + 1)
+
+    def stored(self, items: int) -> None:
+        """The part `next_key` names is in the store, holding `items` items."""
+        self.written += 1
+        self.saved_items += items
+
+    def checkpoint(self, next_ref: Any, pages: Any) -> dict[str, Any]:
+        return make(next_ref, pages, self.saved_items, [*self.earlier, Segment(self.attempt, self.claim, self.written)])
+
+    def earlier_keys(self) -> list[str]:
+        """The keys of the parts earlier claims saved, which a resumed claim reads."""
+        site, run_date, run_id = self.where
+        return part_keys(site, run_date, run_id, self.earlier)
 
 
 def part_body(items: list[Mapping[str, Any]]) -> bytes:

@@ -19,7 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from fleet import checkpoint as ck
 from fleet import ops
-from fleet.aws.results import ResultStore, part_key
+from fleet.aws.results import ResultStore
 from fleet.codec import ERROR_MAX_CHARS, capped
 from fleet.logs import event
 from fleet.state import SiteRecord
@@ -29,14 +29,9 @@ log = logging.getLogger("gridfleet.node")
 
 @dataclass
 class Parts:
-    """The parts of one claim of a site: where they go, what earlier claims saved, what waits for a part."""
+    """This claim's parts (`fleet.checkpoint.ClaimParts`) and the items waiting for the next one."""
 
-    where: tuple[str, str, str]  # (site, run date, run id)
-    attempt: int
-    claim: int  # the record's version the claim wrote
-    earlier: list[ck.Segment] = field(default_factory=list)
-    saved_items: int = 0  # items in the parts the checkpoint names (earlier claims' and this one's)
-    written: int = 0  # parts this claim has stored
+    claim: ck.ClaimParts
     staged: list[dict[str, Any]] = field(default_factory=list)  # items no stored part holds yet
 
     def stage(self, items: list[dict[str, Any]]) -> None:
@@ -44,28 +39,23 @@ class Parts:
 
     def next_part(self) -> tuple[str, bytes] | None:
         """(key, body) of the part holding every staged item; None when nothing is staged."""
-        if not self.staged:
-            return None
-        site, run_date, run_id = self.where
-        key = part_key(site, run_date, run_id, self.attempt, self.claim, self.written + 1)
-        return key, ck.part_body(self.staged)
+        return (self.claim.next_key(), ck.part_body(self.staged)) if self.staged else None
 
     def stored(self) -> None:
         """The part `next_part` gave is in the store."""
-        self.written += 1
-        self.saved_items += len(self.staged)
+        self.claim.stored(len(self.staged))
         self.staged = []
 
     def checkpoint(self, next_ref: Any, pages: Any) -> dict[str, Any]:
-        mine = ck.Segment(self.attempt, self.claim, self.written)
-        return ck.make(next_ref, pages, self.saved_items, [*self.earlier, mine])
+        return self.claim.checkpoint(next_ref, pages)
 
 
 def load(results: ResultStore, rec: SiteRecord, run_date: str) -> tuple[Parts, Mapping[str, Any] | None]:
     """This claim's parts and the checkpoint it resumes from (for the crawler: its items listed), read from the
     parts its record's checkpoint names. A checkpoint whose parts cannot be read is not resumed from: the crawl
     starts over (its items are found again), which costs pages, never items."""
-    parts = Parts((rec.site, run_date, rec.run_id), rec.attempt, rec.version)
+    claim = ck.ClaimParts((rec.site, run_date, rec.run_id), rec.attempt, rec.version)
+    parts = Parts(claim)
     ckpt = ops.resumable(rec)
     if not ckpt:
         return parts, None
@@ -74,9 +64,9 @@ def load(results: ResultStore, rec: SiteRecord, run_date: str) -> tuple[Parts, M
         parts.stage(items)
         return parts, {**ckpt, "items": items}
     try:
-        segs = ck.segments(ckpt)
+        claim.earlier = ck.segments(ckpt)
         items = []
-        for key in ck.part_keys(rec.site, run_date, rec.run_id, segs):
+        for key in claim.earlier_keys():
             items.extend(ck.part_items(results.get(key)))
     except (ClientError, BotoCoreError, ValueError) as e:
         event(
@@ -88,6 +78,6 @@ def load(results: ResultStore, rec: SiteRecord, run_date: str) -> tuple[Parts, M
             attempt=rec.attempt,
             error=capped(e, ERROR_MAX_CHARS),
         )
-        return parts, None
-    parts.earlier, parts.saved_items = segs, len(items)
+        return Parts(ck.ClaimParts(claim.where, claim.attempt, claim.claim)), None
+    claim.saved_items = len(items)
     return parts, {**ckpt, "items": items}
