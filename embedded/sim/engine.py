@@ -214,6 +214,7 @@ QUEUE_CALLS: dict[str, tuple[str, Cost]] = {
 RESULT_CALLS: dict[str, tuple[str, Cost]] = {
     "exists": _one("HeadObject"),
     "put_new": _one("PutObject"),
+    "put_part": _one("PutObject"),
     "get": _one("GetObject"),
 }
 EC2_CALLS: dict[str, tuple[str, Cost]] = {
@@ -223,14 +224,26 @@ EC2_CALLS: dict[str, tuple[str, Cost]] = {
 }
 
 
-class Counted:
-    """A proxy that counts, per AWS operation, the calls its methods stand for."""
+#: Called after each counted call with (method, args, kwargs, result): what it cost beyond a call (`cost.Meter`).
+MeterFn = Callable[[str, tuple, dict, Any], None]
 
-    def __init__(self, inner: Any, service: str, calls: dict[str, tuple[str, Cost]], counter: Counter):
+
+class Counted:
+    """A proxy that counts, per AWS operation, the calls its methods stand for (and meters them, given a meter)."""
+
+    def __init__(
+        self,
+        inner: Any,
+        service: str,
+        calls: dict[str, tuple[str, Cost]],
+        counter: Counter,
+        meter: MeterFn | None = None,
+    ):
         self._inner = inner
         self._service = service
         self._calls = calls
         self._counter = counter
+        self._meter = meter
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
@@ -239,11 +252,13 @@ class Counted:
             return attr
         op, cost = spec
         key = (self._service, op)
-        counter = self._counter
+        counter, meter = self._counter, self._meter
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             result = attr(*args, **kwargs)
             counter[key] += cost(args, kwargs, result)
+            if meter is not None:
+                meter(name, args, kwargs, result)
             return result
 
         return counted

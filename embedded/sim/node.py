@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleet import checkpoint as ck
 from fleet import crawl_end, ops, protocol
 from fleet.aws.messages import BadMessage, SiteMessage
 from fleet.aws.results import result_key
@@ -31,6 +32,12 @@ if TYPE_CHECKING:
 
 #: What EC2's instance metadata shows once a spot instance is to be reclaimed.
 SPOT_NOTICE = {"action": "terminate"}
+RESULT_HEAD_BYTES = 300  # a result document's fields besides its items (`node.result.result_body`)
+
+
+def _json_list_bytes(items: int, item_bytes: int) -> int:
+    """The bytes of a JSON list of `items` items of `item_bytes` each."""
+    return 2 + items * (item_bytes + 1)
 
 
 @dataclass
@@ -59,6 +66,7 @@ class SimNode:
     watch: Watch | None = None  # the running attempt's timers
     msg: SiteMessage | None = None  # the running attempt's message
     rec: SiteRecord | None = None  # the record as this node last wrote it
+    parts: ck.ClaimParts | None = None  # the running attempt's checkpoint parts
     gen: int = 0  # wake-ups scheduled under an older generation are void
     waiting: bool = False
 
@@ -173,8 +181,20 @@ class SimNode:
             self._after_attempt()
             return
         self._node_item(self.card.moved(NodeState.BUSY, rec))
+        self.parts = self._claim_parts(rec)
         self.crawl = self.sim.workload.attempt(self, rec, now)
         self._schedule()
+
+    def _claim_parts(self, rec: SiteRecord) -> ck.ClaimParts:
+        """This claim's parts; a resumed claim first reads the parts its checkpoint names, as the agent does."""
+        claim = ck.ClaimParts((rec.site, self.sim.run_date, rec.run_id), rec.attempt, rec.version)
+        resume = ops.resumable(rec)
+        if resume and not ck.is_legacy(resume):
+            claim.earlier = ck.segments(resume)
+            for key in claim.earlier_keys():
+                self.sim.node_results.get(key)
+            claim.saved_items = int(resume.get("items") or 0)
+        return claim
 
     # --- the crawl ------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -212,12 +232,14 @@ class SimNode:
             self.watch = self.watch.stepped(status, url, pages, at, now)
             if self.watch.writes_each_step:
                 self._write(ops.report, status, at, url=url, pages=pages)
-        elif kind == "checkpoint":
+        elif kind == "checkpoint":  # the page's items to a part, then the checkpoint naming it
             self.sim.stats.checkpoints += 1
+            parts, p = self.parts, self.sim.params
+            assert parts is not None
+            self.sim.node_results.put_part(parts.next_key(), bytes(_json_list_bytes(p.items_per_page, p.item_bytes)))
+            parts.stored(p.items_per_page)
             self.watch = self.watch.beaten(now)
-            self._write(
-                ops.save_checkpoint, at, self.watch.progress, {"next": f"p{payload + 1}", "pages": payload, "items": []}
-            )
+            self._write(ops.save_checkpoint, at, self.watch.progress, parts.checkpoint(f"p{payload + 1}", payload))
 
     def crawler_killed(self, site: str, attempt: int) -> None:
         c = self.crawl
@@ -252,7 +274,9 @@ class SimNode:
         if end.kind is CrawlEndKind.RESULT:
             self._beat()
             key = result_key(rec.site, self.sim.run_date, rec.run_id)
-            self.sim.node_results.put_new(key, b"{}")
+            items = self.parts.saved_items if self.parts else 0  # every page was checkpointed
+            body = bytes(RESULT_HEAD_BYTES + _json_list_bytes(items, self.sim.params.item_bytes))
+            self.sim.node_results.put_new(key, body)
             self._write(ops.complete, key, self.sim.clock.now())
             self.sim.node_queue.delete(msg)
             return
@@ -270,7 +294,7 @@ class SimNode:
         self.sim.node_queue.delete(msg)
 
     def _after_attempt(self) -> None:
-        self.crawl, self.rec, self.msg, self.watch = None, None, None, None
+        self.crawl, self.rec, self.msg, self.watch, self.parts = None, None, None, None, None
         self._node_item(self.card.moved(NodeState.IDLE))
         self.sites_done += 1
         self.idle_since = self.engine.now

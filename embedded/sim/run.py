@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embedded.fakes import MemoryResults, MemoryStateTable
+from embedded.fakes import MemoryStateTable
 from embedded.sim.cloud import SimControl, VirtualCloud
+from embedded.sim.cost import Meter, SimResults
 from embedded.sim.engine import (
     EC2_CALLS,
     QUEUE_CALLS,
@@ -57,6 +58,8 @@ class SimParams:
     hang_rate: float = 0.01  # chance that an attempt hangs on one of its pages
     spot_per_hour: float = 0.05  # spot interruptions per instance-hour
     capacity_error_rate: float = 0.02  # chance a RunInstances for one instance type finds no capacity
+    items_per_page: int = 20  # items a page gives (each checkpoint's part holds a page's)
+    item_bytes: int = 500  # bytes of one item as stored (JSON)
     history: dict[str, float] | None = None  # site -> seconds, from a past run (replaces the drawn times)
     config: Config | None = None  # run and fleet settings (its sites are not used)
 
@@ -109,21 +112,22 @@ class Sim:
         self.waiters: deque[SimNode] = deque()
         self.hub_calls: Counter = Counter()
         self.node_calls: Counter = Counter()
-        table, results = MemoryStateTable(), MemoryResults()
+        table, results = MemoryStateTable(), SimResults()
+        self.meter = Meter(results)
         queue = SimQueue(self.clock, self.config.aws.max_receive_count, on_send=self._message_sent)
         self.queue = queue
         self.cloud = VirtualCloud(self, self.rng)
-        self.node_table = Counted(table, "dynamodb", TABLE_CALLS, self.node_calls)
+        self.node_table = Counted(table, "dynamodb", TABLE_CALLS, self.node_calls, self.meter.table)
         self.node_queue = Counted(queue, "sqs", QUEUE_CALLS, self.node_calls)
-        self.node_results = Counted(results, "s3", RESULT_CALLS, self.node_calls)
+        self.node_results = Counted(results, "s3", RESULT_CALLS, self.node_calls, self.meter.s3)
         self.table = table
         self._out = tempfile.TemporaryDirectory(prefix="gridfleet-sim-")
         self.hub = Hub(
             run_id=self.run_id,
             config=self.config,
-            table=Counted(table, "dynamodb", TABLE_CALLS, self.hub_calls),
+            table=Counted(table, "dynamodb", TABLE_CALLS, self.hub_calls, self.meter.table),
             queue=Counted(queue, "sqs", QUEUE_CALLS, self.hub_calls),
-            results=Counted(results, "s3", RESULT_CALLS, self.hub_calls),
+            results=Counted(results, "s3", RESULT_CALLS, self.hub_calls, self.meter.s3),
             provider=Counted(self.cloud, "ec2", EC2_CALLS, self.hub_calls),
             control=_CountedControl(self),
             clock=self.clock,
@@ -219,6 +223,16 @@ class SimResult:
     sim_events: int
     wall_s: float
     cpu_s: float
+    # What the sites' state and the run's DynamoDB and S3 requests cost (embedded/sim/cost.py, fleet/units.py):
+    state_bytes_per_site: float = 0.0  # bytes the checkpoints wrote: the record's checkpoint and the parts
+    state_write_units_per_site: float = 0.0  # DynamoDB write units of the checkpoint writes
+    state_usd_per_site: float = 0.0  # those units, the parts' PUTs and a retry's GETs, in USD
+    write_units_per_site: float = 0.0  # every DynamoDB write unit (hub and nodes)
+    read_units_per_site: float = 0.0  # every DynamoDB read unit
+    s3_requests_per_site: dict[str, float] = field(default_factory=dict)  # put, get (HEAD counts as a get)
+    s3_bytes_per_site: dict[str, float] = field(default_factory=dict)  # put, get
+    requests_usd_per_site: float = 0.0  # DynamoDB units and S3 requests, in USD
+    requests_usd: float = 0.0  # the same for the whole run
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -275,6 +289,7 @@ class SimResult:
             sim_events=sim.engine.events,
             wall_s=round(wall, 2),
             cpu_s=round(cpu, 2),
+            **sim.meter.figures(n),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,131 @@
+"""What a simulated run's state and requests cost: bytes, DynamoDB request units and S3 requests, in dollars.
+
+`Meter` is called after each adapter call the hub and nodes make (beside the
+call counting of `engine.Counted`) and prices it as AWS would bill it
+(`fleet.units`): a site record write by the size of its item as `fleet.codec`
+encodes it (an update by the larger of the item before and after), a read by
+the size of what it returned, an S3 request by its kind. Items that are not
+site records (the run item, node items, history lines, marks) are each under a
+kilobyte and count one unit. The state of a site is what its checkpoints wrote:
+the record's `checkpoint` attribute at each checkpoint write, and the part
+objects beside the result (`fleet.checkpoint`).
+
+`SimResults` is the result store of the simulation: it keeps each object's size
+and not its bytes (the results and parts of 10,000 sites would not fit), and
+gives the hub a small body when it exports a result.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from embedded.fakes import MemoryResults
+from fleet import units
+from fleet.codec import encode_checkpoint, site_to_item
+from fleet.state import SiteRecord
+
+STAMP_BYTES = 150  # a stamp of the open index (its projection: a dozen small attributes)
+NODE_ITEM_BYTES = 400  # a node item with its counters
+OTHER_ITEM_BYTES = 300  # the run item, a history line
+
+
+class SimResults(MemoryResults):
+    """Object sizes, not bytes: a result reads back as `{}` (the hub's export), a part as `[]`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: dict[str, int] = {}
+
+    def put_new(self, key: str, body: bytes) -> bool:
+        if not super().put_new(key, b"{}"):
+            return False
+        self.sizes[key] = len(body)
+        return True
+
+    def put_part(self, key: str, body: bytes) -> None:
+        super().put_part(key, b"[]")
+        self.sizes[key] = len(body)
+
+
+class Meter:
+    """Bytes, units and requests of the calls made through `engine.Counted(..., meter=...)`."""
+
+    def __init__(self, results: SimResults):
+        self.results = results
+        self.n = Counter()  # write_units, read_units, s3_put, s3_get, s3_put_bytes, s3_get_bytes, state_*
+        self._size: dict[tuple[str, str], int] = {}  # the last size of each site record written or read
+
+    def size(self, rec: SiteRecord) -> int:
+        s = units.item_size(site_to_item(rec))
+        self._size[(rec.run_id, rec.site)] = s
+        return s
+
+    def _read(self, size: int) -> None:
+        self.n["read_units"] += units.read_units(size)
+
+    def table(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
+        n = self.n
+        if name == "write":
+            old, new = args[0], args[1]
+            before = self._size.get((old.run_id, old.site)) or self.size(old)
+            wu = units.write_units(max(before, self.size(new)))
+            n["write_units"] += wu
+            if new.checkpoint is not None and new.checkpoint != old.checkpoint:
+                n["state_write_units"] += wu
+                n["state_bytes"] += len("checkpoint") + len(encode_checkpoint(new.checkpoint))
+        elif name == "create_site":
+            n["write_units"] += units.write_units(self.size(args[0]))
+        elif name == "get_site":
+            self._read(self.size(result) if result is not None else 1)
+        elif name == "get_sites":
+            for rec in result:
+                self._read(self.size(rec))
+        elif name == "read_run":
+            sizes = sum(self.size(r) for r in result.sites)
+            self._read(sizes + NODE_ITEM_BYTES * len(result.nodes) + OTHER_ITEM_BYTES * (len(result.history) + 1))
+        elif name == "open_stamps":
+            self._read(STAMP_BYTES * len(result))
+        elif name == "read_nodes":
+            self._read(NODE_ITEM_BYTES * len(result))
+        elif name == "add_history":
+            n["write_units"] += len(args[0])
+        elif name == "create_run":
+            n["write_units"] += 2
+        elif name in ("put_node", "update_run", "add_launched", "put_mark"):
+            n["write_units"] += 1
+        elif name in ("get_run", "list_runs", "get_marks"):
+            n["read_units"] += 1
+
+    def s3(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
+        n, key = self.n, args[0]
+        state = "/parts/" in key
+        if name in ("put_new", "put_part"):
+            n["s3_put"] += 1
+            n["s3_put_bytes"] += len(args[1])
+            if state:
+                n["state_s3_put"] += 1
+                n["state_bytes"] += len(args[1])
+        elif name in ("get", "exists"):
+            n["s3_get"] += 1  # HEAD is billed as a GET
+            n["s3_get_bytes"] += self.results.sizes.get(key, 0) if name == "get" else 0
+            n["state_s3_get"] += 1 if state else 0
+
+    def usd(self, state_only: bool = False) -> float:
+        n, p = self.n, "state_" if state_only else ""
+        return units.usd(n[f"{p}write_units"], 0 if state_only else n["read_units"], n[f"{p}s3_put"], n[f"{p}s3_get"])
+
+    def figures(self, sites: int) -> dict[str, Any]:
+        """SimResult's cost figures (per site unless named otherwise)."""
+        n = self.n
+        return {
+            "state_bytes_per_site": round(n["state_bytes"] / sites, 1),
+            "state_write_units_per_site": round(n["state_write_units"] / sites, 2),
+            "state_usd_per_site": round(self.usd(state_only=True) / sites, 8),
+            "write_units_per_site": round(n["write_units"] / sites, 2),
+            "read_units_per_site": round(n["read_units"] / sites, 2),
+            "s3_requests_per_site": {"put": round(n["s3_put"] / sites, 2), "get": round(n["s3_get"] / sites, 2)},
+            "s3_bytes_per_site": {"put": round(n["s3_put_bytes"] / sites), "get": round(n["s3_get_bytes"] / sites)},
+            "requests_usd_per_site": round(self.usd() / sites, 8),
+            "requests_usd": round(self.usd(), 4),
+        }
