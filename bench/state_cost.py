@@ -70,9 +70,9 @@ def make_items(pages: int, per_page: int, item_bytes: int, seed: int = 7) -> lis
 def one_attempt(pages: list[Items], save: Save) -> tuple[Meter, int | None]:
     """A claim, a checkpoint per page (`save`), then a retry's reads, the last beat and the completion: the meter,
     and the first page whose checkpoint was too large to keep its items (None: none was)."""
-    results = SimResults()
-    meter = Meter(results)
-    table = Counted(MemoryStateTable(), "dynamodb", TABLE_CALLS, Counter(), meter.table)
+    results, records = SimResults(), MemoryStateTable()
+    meter = Meter(results, records.items)
+    table = Counted(records, "dynamodb", TABLE_CALLS, Counter(), meter.table)
     store = Counted(results, "s3", RESULT_CALLS, Counter(), meter.s3)
     rec = ops.new_site(RUN, SITE, SiteSpec(f"https://{SITE}.example/"), None)
     table.create_site(rec)

@@ -172,8 +172,9 @@ def capped(text: object, max_chars: int) -> str:
     return s[:max_chars]
 
 
-#: A checkpoint is stored compressed (zlib, base64) in one string attribute: item lists compress well, and a
-#: DynamoDB item holds 400 KB at most. Past this size the items are dropped from it (a retry starts over).
+#: A checkpoint is stored compressed (zlib, base64) in one string attribute. Nodes write a cursor and counts
+#: (`fleet.checkpoint`: the items are in parts beside the result); a checkpoint of the older form, holding its
+#: items, has them dropped past this size (a DynamoDB item holds 400 KB at most), and is then not resumed from.
 CHECKPOINT_MAX_CHARS = 300_000
 
 

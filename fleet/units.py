@@ -57,9 +57,13 @@ def _value_size(v: Any) -> int:
     raise TypeError(f"cannot size {type(v).__name__} as a DynamoDB value")
 
 
+def attribute_size(name: str, value: Any) -> int:
+    return len(name.encode()) + _value_size(value)
+
+
 def item_size(item: Mapping[str, Any]) -> int:
     """The bytes DynamoDB counts for an item (as `fleet.codec` encodes it): names and values."""
-    return sum(len(k.encode()) + _value_size(v) for k, v in item.items())
+    return sum(attribute_size(k, v) for k, v in item.items())
 
 
 def write_units(size: int) -> int:

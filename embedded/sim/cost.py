@@ -51,14 +51,30 @@ class SimResults(MemoryResults):
 class Meter:
     """Bytes, units and requests of the calls made through `engine.Counted(..., meter=...)`."""
 
-    def __init__(self, results: SimResults):
+    def __init__(self, results: SimResults, stored: dict[tuple[str, str], dict[str, Any]] | None = None):
         self.results = results
+        self.stored = stored  # the in-memory table's items (`MemoryStateTable.items`): sized without encoding again
         self.n = Counter()  # write_units, read_units, s3_put, s3_get, s3_put_bytes, s3_get_bytes, state_*
         self._size: dict[tuple[str, str], int] = {}  # the last size of each site record written or read
+        # per stored item, each attribute's value and size: the table replaces only the attributes a write
+        # changes, so an attribute whose value is the same object is not sized again
+        self._attrs: dict[tuple[str, str], dict[str, tuple[Any, int]]] = {}
 
-    def size(self, rec: SiteRecord) -> int:
-        s = units.item_size(site_to_item(rec))
-        self._size[(rec.run_id, rec.site)] = s
+    def size(self, rec: SiteRecord, stored: bool = True) -> int:
+        """The item size of `rec` as the table holds it (`stored`: the table's item is `rec`'s, just written or
+        read), else as `fleet.codec` encodes it."""
+        key = (rec.run_id, rec.site)
+        item = self.stored.get(key) if stored and self.stored is not None else None
+        if item is None:
+            s = units.item_size(site_to_item(rec))
+        else:
+            sized, s = self._attrs.setdefault(key, {}), 0
+            for name, value in item.items():
+                hit = sized.get(name)
+                if hit is None or hit[0] is not value:
+                    hit = sized[name] = (value, units.attribute_size(name, value))
+                s += hit[1]
+        self._size[key] = s
         return s
 
     def _read(self, size: int) -> None:
@@ -68,7 +84,7 @@ class Meter:
         n = self.n
         if name == "write":
             old, new = args[0], args[1]
-            before = self._size.get((old.run_id, old.site)) or self.size(old)
+            before = self._size.get((old.run_id, old.site)) or self.size(old, stored=False)
             wu = units.write_units(max(before, self.size(new)))
             n["write_units"] += wu
             if new.checkpoint is not None and new.checkpoint != old.checkpoint:

@@ -113,7 +113,7 @@ class Sim:
         self.hub_calls: Counter = Counter()
         self.node_calls: Counter = Counter()
         table, results = MemoryStateTable(), SimResults()
-        self.meter = Meter(results)
+        self.meter = Meter(results, table.items)
         queue = SimQueue(self.clock, self.config.aws.max_receive_count, on_send=self._message_sent)
         self.queue = queue
         self.cloud = VirtualCloud(self, self.rng)
