@@ -39,7 +39,9 @@ from hub.control.base import KillResult
 from hub.loop import Hub
 from hub.plan import run_date_for
 
-POLICIES = ("gridfleet", "seed")
+#: gridfleet: today's defaults; unmetered: the same with every first message sent at seeding (`run.feed: all`, as
+#: before the queue was metered); seed: the original design.
+POLICIES = ("gridfleet", "unmetered", "seed")
 SEED_POLL_S = 30.0  # the original design's hub polled on a fixed period
 
 
@@ -66,8 +68,10 @@ def sim_config(p: SimParams, site_ids: list[str]) -> Config:
     run = {"deadline_s": 7 * 86400, **base.get("run", {})}
     fleet = {**base.get("fleet", {}), "max_nodes": p.nodes}
     if p.policy == "seed":  # FIFO, one site per node, no node watchdog (the hub polls and kills)
-        run["order"] = "config"
+        run.update(order="config", feed="all")
         fleet.update(sites_per_node=1, node_watchdog=False)
+    elif p.policy == "unmetered":
+        run["feed"] = "all"
     fleet.setdefault("max_launches", 3 * p.nodes + 3 * len(site_ids))
     sites = [{"id": s, "start_url": f"https://{s}.example.test/"} for s in site_ids]
     return Config.model_validate({**base, "run": run, "fleet": fleet, "sites": sites})
