@@ -179,6 +179,11 @@ def result_table(r: SimResult) -> Table:
             f"{r.hang_lag_max_s:.1f} / {r.hang_lag_p95_s:.1f} s",
             f"{r.hangs} hangs; " + _mark("hang_lag_max_s", r.hang_lag_max_s),
         ),
+        (
+            "retries: wait p95 / max",
+            f"{r.retry_wait_p95_s:,.0f} / {r.retry_wait_max_s:,.0f} s",
+            f"{r.late_sites:,} sites ended past the lower bound, {r.late_retried:,} of them retried",
+        ),
         ("utilization", f"{r.utilization:.3f}", _mark("utilization", r.utilization)),
         ("node-hours / cost", f"{r.node_hours:,.1f} h / ${r.cost_usd:,.2f}", f"{r.instances_launched:,} instances"),
         (

@@ -23,6 +23,7 @@ from embedded.fakes import MemoryResults, MemoryStateTable
 from embedded.sim.cloud import SimControl, VirtualCloud
 from embedded.sim.engine import (
     EC2_CALLS,
+    EPOCH0,
     QUEUE_CALLS,
     RESULT_CALLS,
     TABLE_CALLS,
@@ -182,6 +183,24 @@ class _CountedControl:
         return self.inner.kill(instance_id, site, attempt)
 
 
+def _tail(sites: list[Any], lower_bound_s: float) -> dict[str, Any]:
+    """`SimResult`'s figures of the run's tail, from the sites' attempt histories (times on the virtual clock)."""
+    waits: list[float] = []
+    late = late_retried = 0
+    for r in sites:
+        at = r.attempts
+        waits.extend(b.start - a.end for a, b in zip(at, at[1:], strict=False) if a.end is not None)
+        if at and at[-1].end is not None and at[-1].end - EPOCH0 > lower_bound_s:
+            late += 1
+            late_retried += len(at) > 1
+    return {
+        "retry_wait_p95_s": round(_pct(waits, 0.95), 1),
+        "retry_wait_max_s": round(max(waits, default=0.0), 1),
+        "late_sites": late,
+        "late_retried": late_retried,
+    }
+
+
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return 0.0
@@ -223,6 +242,12 @@ class SimResult:
     sim_events: int
     wall_s: float
     cpu_s: float
+    # Where the time above the lower bound goes: how long retried sites waited for their next attempt, and the
+    # sites that ended after the lower bound (with how many of them had been retried).
+    retry_wait_p95_s: float = 0.0
+    retry_wait_max_s: float = 0.0
+    late_sites: int = 0
+    late_retried: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -279,6 +304,7 @@ class SimResult:
             sim_events=sim.engine.events,
             wall_s=round(wall, 2),
             cpu_s=round(cpu, 2),
+            **_tail(sites, lb),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -14,9 +14,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from fleet.state import RunStatus
-from hub.snapshot import held
 from hub.control.aws import LadderControl, SshControl, SsmControl
 from hub.providers.base import LaunchResult
+from hub.snapshot import held
 from tests.helpers.fleet_sim import RUN, SimCloud, SimProvider, sim_config
 
 MIX = {"a": "ok", "b": "hang-once", "c": "error-once", "d": "slow", "e": "hang-always", "f": "error-always"}
