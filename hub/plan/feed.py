@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 
 from fleet.config import Config
 from fleet.state import RunStatus
@@ -32,13 +32,29 @@ def metering(config: Config, expected: Mapping[str, float]) -> bool:
     return config.run.feed == "metered" and config.run.order == "longest_first" and bool(expected)
 
 
-def _ranking(expected: Mapping[str, float], config: Config) -> tuple[float, Callable[[str], tuple]]:
-    """The median expected duration, and the sort key of `feed_order`."""
+class _Rank(dict[str, int]):
+    """Site -> its place in the feed's order; a site the config no longer names comes after all of them."""
+
+    def __missing__(self, key: str) -> int:
+        return len(self)
+
+
+#: The last ranking made, with the two objects it was made from: the hub reads the durations once and keeps its
+#: config, so each tick finds both the same and ranks ten thousand held sites by a dict lookup, not a sort.
+_last: list[tuple[Mapping[str, float], Config, float, _Rank]] = []
+
+
+def _ranking(expected: Mapping[str, float], config: Config) -> tuple[float, _Rank]:
+    """The median expected duration, and every configured site's place in the feed's order."""
+    if _last and _last[0][0] is expected and _last[0][1] is config:
+        return _last[0][2], _last[0][3]
     known = sorted(expected.values())
     median = known[len(known) // 2] if known else 0.0
-    index = {site.id: i for i, site in enumerate(config.sites)}
-    last = len(index)
-    return median, lambda n: (-expected.get(n, median), index.get(n, last), n)
+    ids = [site.id for site in config.sites]
+    order = sorted(range(len(ids)), key=lambda i: (-expected.get(ids[i], median), i))
+    rank = _Rank({ids[i]: place for place, i in enumerate(order)})
+    _last[:] = [(expected, config, median, rank)]
+    return median, rank
 
 
 def feed_order(held: Collection[str], expected: Mapping[str, float], config: Config, count: int) -> list[str]:
@@ -46,7 +62,7 @@ def feed_order(held: Collection[str], expected: Mapping[str, float], config: Con
     in the config's order (as `seeding_order`)."""
     if count <= 0 or not held:
         return []
-    return heapq.nsmallest(count, held, key=_ranking(expected, config)[1])
+    return heapq.nsmallest(count, held, key=_ranking(expected, config)[1].__getitem__)
 
 
 def wanted_depth(nodes: int, running: int, next_expected_s: float, horizon_s: float) -> int:
@@ -69,7 +85,8 @@ def feed_rule(s: Snapshot, now: float, config: Config, nodes: int) -> tuple[list
     launched). The hub looks again within `run.watch_interval_s`, the horizon the depth is reckoned for."""
     if not s.held or not metering(config, s.expected):
         return [], math.inf
-    median, key = _ranking(s.expected, config)
+    median, rank = _ranking(s.expected, config)
+    key = rank.__getitem__
     next_s = s.expected.get(min(s.held, key=key), median)
     horizon = config.run.watch_interval_s
     missing = wanted_depth(nodes, s.counts()[RunStatus.RUN.value], next_s, horizon) - sent_waiting(s)

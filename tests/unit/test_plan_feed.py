@@ -65,9 +65,10 @@ def test_messages_already_sent_count_against_the_depth_and_the_hub_looks_again_w
 
 def test_busy_nodes_get_the_claims_they_will_make_before_the_next_look():
     # Both nodes busy; the next site in line is expected to take 10 s: each node takes 3 in the 30 s to come.
-    sites = [running("s3", node="i-1"), running("s1", node="i-2")] + [held_site(f"h{i}") for i in range(9)]
-    w = World(config(1), sites, instances=("i-1", "i-2"), expected={f"h{i}": 10.0 for i in range(9)})
-    assert feeds(w.plan(T0)) == [Feed(("h0", "h1", "h2", "h3", "h4", "h5"))]
+    sites = [running("s0", node="i-1"), running("s1", node="i-2")] + [held_site(f"s{i}") for i in range(2, 11)]
+    expected = {"s0": 50.0, "s1": 50.0} | {f"s{i}": 10.0 for i in range(2, 11)}
+    w = World(config(11), sites, instances=("i-1", "i-2"), expected=expected)
+    assert feeds(w.plan(T0)) == [Feed(("s2", "s3", "s4", "s5", "s6", "s7"))]  # ties in the config's order
 
 
 @pytest.mark.parametrize(
