@@ -152,3 +152,11 @@ def test_a_hub_meters_from_the_previous_run_and_a_restarted_one_feeds_on_in_the_
     second.tick()
     # Both nodes busy, the next in line expected to take 40 s: one claim in the 5 s to the next look.
     assert [r.site for r in rig.table.read_run(RUN).sites if r.enqueued] == ["s2"] and rig.queue.sent == 3
+
+
+def test_run_feed_is_metered_unless_set_to_all_and_refuses_anything_else():
+    sites = [{"id": "a", "start_url": "https://a.test/"}]
+    assert Config.model_validate({"sites": sites}).run.feed == "metered"
+    assert Config.model_validate({"run": {"feed": "all"}, "sites": sites}).run.feed == "all"
+    with pytest.raises(ValueError, match="feed"):
+        Config.model_validate({"run": {"feed": "fifo"}, "sites": sites})
