@@ -1,11 +1,14 @@
-"""Benchmark: gridfleet's scheduling against the original design's policy, in the simulator, side by side.
+"""Benchmark: gridfleet's scheduling against its baselines, in the simulator, side by side.
 
 Each scenario simulates the same sites (same seed, same crawl times, same
-faults drawn) twice: `--policy gridfleet` (longest expected first, nodes reused
-until the queue is empty, node watchdogs, deadline-driven hub) and `--policy
-seed` (FIFO, a fixed 30 s poll, one site per node then shutdown). Prints both
-rows and the ratios seed / gridfleet (above 1: gridfleet is better), for
-makespan, node-hours, cost and API calls per site.
+faults drawn) three times: `--policy gridfleet` (longest expected first on a
+metered queue, nodes reused until the queue is empty, node watchdogs,
+deadline-driven hub), `--policy unmetered` (the same, with every first message
+sent at seeding: `run.feed: all`, the policy before the queue was metered) and
+`--policy seed` (the original design: FIFO, a fixed 30 s poll, one site per node
+then shutdown). Prints the rows, then each baseline over gridfleet (above 1:
+gridfleet is better) for makespan, ratio to the lower bound, node-hours, cost
+and API calls per site.
 
     .venv/bin/python bench/simulate.py                  # 80/20 and 10,000/500
     .venv/bin/python bench/simulate.py --quick          # 80/20 and 1,000/50
@@ -21,13 +24,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from embedded.sim.run import SimParams, simulate  # noqa: E402
+from embedded.sim.run import POLICIES, SimParams, SimResult, simulate  # noqa: E402
 
 SCENARIOS = {"full": [(80, 20), (10_000, 500)], "quick": [(80, 20), (1_000, 50)]}
 KEYS = (
     "makespan_s",
     "lower_bound_s",
     "ratio",
+    "retry_wait_max_s",
     "utilization",
     "node_hours",
     "cost_usd",
@@ -35,6 +39,25 @@ KEYS = (
     "tick_cpu_ms_p95",
     "wall_s",
 )
+
+
+def row(label: str, policy: str, r: SimResult) -> str:
+    return (
+        f"{label:>14} {policy:>10} "
+        + " ".join(f"{getattr(r, k):>16,}" for k in KEYS)
+        + f" {r.api_calls_per_site['total']:>11,}"
+    )
+
+
+def against(name: str, base: SimResult, ours: SimResult) -> str:
+    return (
+        f"{'':>14} {name + '/ours':>10} makespan {base.makespan_s / ours.makespan_s:.2f}x "
+        f"(ratio {base.ratio:.3f} vs {ours.ratio:.3f}), "
+        f"node-hours {base.node_hours / ours.node_hours:.2f}x, "
+        f"cost {base.cost_usd / max(ours.cost_usd, 1e-9):.2f}x, "
+        f"calls/site {base.api_calls_per_site['total'] / ours.api_calls_per_site['total']:.2f}x, "
+        f"retry wait max {base.retry_wait_max_s:,.0f} s vs {ours.retry_wait_max_s:,.0f} s"
+    )
 
 
 def main() -> int:
@@ -45,27 +68,15 @@ def main() -> int:
     ap.add_argument("--spot-per-hour", type=float, default=0.05)
     args = ap.parse_args()
     base = SimParams(seed=args.seed, hang_rate=args.hang_rate, spot_per_hour=args.spot_per_hour)
-    print(f"{'scenario':>14} {'policy':>9} " + " ".join(f"{k:>15}" for k in KEYS) + f" {'calls/site':>11}")
+    print(f"{'scenario':>14} {'policy':>10} " + " ".join(f"{k:>16}" for k in KEYS) + f" {'calls/site':>11}")
     for sites, nodes in SCENARIOS["quick" if args.quick else "full"]:
         rows = {}
-        for policy in ("gridfleet", "seed"):
-            r = simulate(dataclasses.replace(base, sites=sites, nodes=nodes, policy=policy))
-            rows[policy] = r
-            print(
-                f"{f'{sites}/{nodes}':>14} {policy:>9} "
-                + " ".join(f"{getattr(r, k):>15,}" for k in KEYS)
-                + f" {r.api_calls_per_site['total']:>11,}",
-                flush=True,
-            )
-        ours, seed = rows["gridfleet"], rows["seed"]
-        print(
-            f"{'':>14} {'seed/ours':>9} makespan {seed.makespan_s / ours.makespan_s:.2f}x, "
-            f"node-hours {seed.node_hours / ours.node_hours:.2f}x, "
-            f"cost {seed.cost_usd / max(ours.cost_usd, 1e-9):.2f}x, "
-            f"calls/site {seed.api_calls_per_site['total'] / ours.api_calls_per_site['total']:.2f}x, "
-            f"hang lag {seed.hang_lag_max_s:.1f} s vs {ours.hang_lag_max_s:.1f} s",
-            flush=True,
-        )
+        for policy in POLICIES:
+            rows[policy] = simulate(dataclasses.replace(base, sites=sites, nodes=nodes, policy=policy))
+            print(row(f"{sites}/{nodes}", policy, rows[policy]), flush=True)
+        ours = rows["gridfleet"]
+        for name in POLICIES[1:]:
+            print(against(name, rows[name], ours), flush=True)
     return 0
 
 

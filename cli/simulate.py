@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from embedded.sim.run import SimParams, SimResult
 
 #: The simulator's policies (embedded.sim.run.POLICIES).
-POLICIES = ("gridfleet", "seed")
+POLICIES = ("gridfleet", "unmetered", "seed")
 
 #: The figures we aim for (reported next to what a run reaches; see docs/ARCHITECTURE.md).
 TARGETS = {
@@ -74,8 +74,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="A discrete-event simulation of a run: the real hub (plan, executor, site cache) on an "
         "in-memory table, nodes making the agent's decisions, a simulated EC2 (boot times, spot "
         "interruptions, capacity errors) and simulated crawls (heavy-tailed times, hangs). Nothing "
-        "is launched. --policy seed runs the original design's policy for comparison: FIFO order, "
-        "a fixed 30 s poll, one site per node then shutdown.",
+        "is launched. --policy unmetered sends every first message at seeding (run.feed: all); --policy seed "
+        "runs the original design's policy for comparison: FIFO order, a fixed 30 s poll, one site per node "
+        "then shutdown.",
         epilog="Figures: makespan_s (start to the last site done), lower_bound_s = max(boot + longest site, "
         "boot + total work / nodes), ratio, hang_lag_*_s (a hang's end beyond hang_after_s), utilization "
         "(busy / billed node-seconds), node_hours, cost_usd (fleet.hourly_price), api_calls_per_site, "
@@ -177,6 +178,11 @@ def result_table(r: SimResult) -> Table:
             "hang lag max / p95",
             f"{r.hang_lag_max_s:.1f} / {r.hang_lag_p95_s:.1f} s",
             f"{r.hangs} hangs; " + _mark("hang_lag_max_s", r.hang_lag_max_s),
+        ),
+        (
+            "retries: wait p95 / max",
+            f"{r.retry_wait_p95_s:,.0f} / {r.retry_wait_max_s:,.0f} s",
+            f"{r.late_sites:,} sites ended past the lower bound, {r.late_retried:,} of them retried",
         ),
         ("utilization", f"{r.utilization:.3f}", _mark("utilization", r.utilization)),
         ("node-hours / cost", f"{r.node_hours:,.1f} h / ${r.cost_usd:,.2f}", f"{r.instances_launched:,} instances"),

@@ -44,6 +44,7 @@ class RunConfig(_Model):
         "longest_first",
         description="seeding order: longest expected crawl first (from the previous run), or the order of `sites`",
     )
+    feed: Literal["metered", "all"] = Field("metered", description="first messages: as the nodes need them, or all")
 
 
 class FleetConfig(_Model):

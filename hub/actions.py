@@ -18,9 +18,18 @@ class StartRun:
 
 @dataclass(frozen=True)
 class SeedSites:
-    """Create the records of sites not yet in the table, then send their first messages."""
+    """Create the records of sites not yet in the table, then send their first messages (unless `send` is false:
+    a metered queue sends them later, by `Feed`)."""
 
     sites: tuple[tuple[str, SiteSpec], ...]
+    send: bool = True
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Send the first messages of these held sites (QUEUED, never sent, never attempted), in this order."""
+
+    sites: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,9 @@ class Finish:
     left_running: int = 0
 
 
-Action = StartRun | SeedSites | Enqueue | KillAttempt | EndAttempt | FailSites | Launch | Terminate | Drain | Finish
+Action = (
+    StartRun | SeedSites | Feed | Enqueue | KillAttempt | EndAttempt | FailSites | Launch | Terminate | Drain | Finish
+)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from hub.actions import (
     EndAttempt,
     Enqueue,
     FailSites,
+    Feed,
     Finish,
     KillAttempt,
     KillLadder,
@@ -45,7 +46,7 @@ from hub.actions import (
 )
 from hub.control.base import KillResult, NodeControl
 from hub.providers.base import ComputeProvider
-from hub.snapshot import Snapshot
+from hub.snapshot import Snapshot, held
 
 log = logging.getLogger("gridfleet.hub")
 
@@ -197,13 +198,8 @@ class Executor(EndExecutor):
         marks = self.table.get_marks(incremental) if incremental and not full else {}
         created = [ops.new_site(self.run_id, name, spec, expire, marks.get(name)) for name, spec in a.sites]
         fresh = [r for r in created if self.table.create_site(r)]
-        # First messages in batches, then mark them sent (a crash in between is repaired by Enqueue).
-        self.queue.send_many((r.run_id, r.site, 1) for r in fresh)
-        for r in fresh:
-            try:
-                ops.mark_enqueued(self.table, r)
-            except StaleWrite:
-                pass  # a node claimed it already: the mark no longer matters
+        if a.send:  # else a metered queue sends them later (`Feed`)
+            self._send_first(fresh)
         event(
             log,
             "seed",
@@ -212,6 +208,21 @@ class Executor(EndExecutor):
             **({"incremental": len(incremental), "marks": len(marks), "full": full} if incremental else {}),
         )
         return Done(a, tuple(r.site for r in fresh))
+
+    def _Feed(self, a: Feed, snap: Snapshot) -> Done:
+        recs = [r for n in a.sites if (r := snap.sites.get(n)) is not None and held(r)]
+        self._send_first(recs)
+        event(log, "feed", logging.DEBUG, run_id=self.run_id, sites=len(recs), first=recs[0].site if recs else None)
+        return Done(a, tuple(r.site for r in recs))
+
+    def _send_first(self, recs: list[SiteRecord]) -> None:
+        """First messages in batches, in order, then marked sent (a crash in between: sent again, harmless)."""
+        self.queue.send_many((r.run_id, r.site, r.attempt + 1) for r in recs)
+        for r in recs:
+            try:
+                ops.mark_enqueued(self.table, r)
+            except StaleWrite:
+                pass  # a node claimed it already: the mark no longer matters
 
     def _Enqueue(self, a: Enqueue, snap: Snapshot) -> Done:
         rec = snap.sites[a.site]

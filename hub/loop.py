@@ -29,7 +29,7 @@ from hub.actions import Ending, Plan
 from hub.control.base import NodeControl
 from hub.executor import Executor, Finished
 from hub.history import previous_durations
-from hub.plan import plan
+from hub.plan import metering, plan
 from hub.providers.base import ComputeProvider
 from hub.snapshot import Observations, SiteCache, Snapshot, observe
 
@@ -127,7 +127,9 @@ class Hub:
         instances = {i.id: i for i in io(self.provider.list, self.run_id)}
         sites = dict(cache.sites)
         nodes = {n.instance_id: n for n in node_rows}
-        self.obs = observe(self.obs, sites, nodes, instances, now, watch=cache.watch, beats=cache.beats)
+        expected = self._expected(sites)
+        held = cache.held if not metering(self.config, expected) else ()  # unsent ones to repair, unless fed
+        self.obs = observe(self.obs, sites, nodes, instances, now, watch=cache.watch, beats=cache.beats, held=held)
         depth = io(self.queue.depth) if self.ending is not None else None
         return Snapshot(
             self.run_id,
@@ -138,8 +140,9 @@ class Hub:
             self.obs,
             queue=depth,
             watch=frozenset(cache.watch),
+            hold=frozenset(cache.held),
             tally=dict(cache.tally),
-            expected=self._expected(sites),
+            expected=expected,
             ending=self.ending,
         )
 
@@ -152,9 +155,12 @@ class Hub:
             self.io_s += time.perf_counter() - t0
 
     def _expected(self, sites: Mapping[str, object]) -> Mapping[str, float]:
-        """Previous durations, for the order of seeding: read once, and only while sites remain to be seeded."""
+        """Previous durations, for the order of seeding and of the metered queue: read once, and only while sites
+        remain to be seeded or held (a restarted hub reads them again to feed the queue in the same order)."""
         if self.expected is None:
-            if self.config.run.order != "longest_first" or len(sites) >= len(self.config.sites):
+            if self.config.run.order != "longest_first" or (
+                len(sites) >= len(self.config.sites) and not self.cache.held
+            ):
                 return {}
             try:
                 self.expected = previous_durations(self.table, self.run_id)

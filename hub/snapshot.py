@@ -69,9 +69,16 @@ class Observations:
     node_beat: Mapping[str, Seen] = field(default_factory=dict)  # instance -> its NodeSigns (NO_SIGN: none yet)
 
 
+def held(r: SiteRecord) -> bool:
+    """A site whose first message the hub has not sent yet: QUEUED, never sent, never attempted (a metered queue
+    holds most sites so until it feeds them; otherwise only a seeding the hub did not finish leaves one)."""
+    return r.run_status is RunStatus.QUEUED and not r.enqueued and not r.attempts
+
+
 def watched(r: SiteRecord) -> bool:
-    """The sites the hub looks at one by one each tick: running ones, and QUEUED ones whose message is not sent."""
-    return r.run_status is RunStatus.RUN or (r.run_status is RunStatus.QUEUED and not r.enqueued)
+    """The sites the hub looks at one by one each tick: running ones, and QUEUED ones whose message for a next
+    attempt is not sent (held sites apart: see `held`)."""
+    return r.run_status is RunStatus.RUN or (r.run_status is RunStatus.QUEUED and not r.enqueued and bool(r.attempts))
 
 
 def site_beats(records: Iterable[SiteRecord]) -> dict[str, float]:
@@ -92,6 +99,7 @@ def observe(
     now: float,
     watch: Iterable[str] | None = None,
     beats: Mapping[str, float] | None = None,
+    held: Iterable[str] = (),
 ) -> Observations:
     """What changed since `prev`, timed by the hub's clock. A node is seen alive whenever any of its signs moves:
     its node item, or a heartbeat it wrote on a site record (`beats`, else found in `sites`), so a node that was
@@ -107,6 +115,8 @@ def observe(
             heartbeat[name] = _seen(prev.heartbeat, name, (r.attempt, r.heartbeat), now)
         elif r.run_status is RunStatus.QUEUED and not r.enqueued:
             unsent[name] = _seen(prev.unsent, name, r.version, now)
+    for name in held:  # how long each has waited unsent: only a hub that does not meter its queue asks
+        unsent[name] = _seen(prev.unsent, name, sites[name].version, now)
     for iid, inst in instances.items():
         if inst.live:
             n = nodes.get(iid)
@@ -124,6 +134,7 @@ class Snapshot:
     obs: Observations
     queue: QueueDepth | None = None  # read while the run is ending (None: not read)
     watch: Collection[str] | None = None  # the watched sites (see `watched`); None: found from `sites`
+    hold: Collection[str] | None = None  # the held sites (see `held`); None: found from `sites`
     tally: Mapping[str, int] | None = None  # sites per run status; None: counted from `sites`
     expected: Mapping[str, float] = field(default_factory=dict)  # site -> seconds its last successful crawl took
     ending: Ending | None = None  # the run is being ended (decided by an earlier plan, or a teardown request)
@@ -138,6 +149,13 @@ class Snapshot:
         if self.watch is not None:
             return sorted(self.watch)
         return sorted(n for n, r in self.sites.items() if watched(r))
+
+    @cached_property
+    def held(self) -> frozenset[str]:
+        """The held sites (see `held`)."""
+        if self.hold is not None:
+            return frozenset(self.hold)
+        return frozenset(n for n, r in self.sites.items() if held(r))
 
     def counts(self) -> dict[str, int]:
         out = {s.value: 0 for s in RunStatus}
@@ -161,6 +179,7 @@ class SiteCache:
     def __init__(self) -> None:
         self.sites: dict[str, SiteRecord] = {}
         self.watch: set[str] = set()
+        self.held: set[str] = set()  # see `held`
         self.open: set[str] = set()  # not terminal
         self.stamps: dict[str, Stamp] = {}  # the stamp of each cached open record
         self.tally: dict[str, int] = {s.value: 0 for s in RunStatus}
@@ -181,6 +200,10 @@ class SiteCache:
             self.watch.add(r.site)
         else:
             self.watch.discard(r.site)
+        if held(r):
+            self.held.add(r.site)
+        else:
+            self.held.discard(r.site)
         if r.is_terminal:
             self.open.discard(r.site)
             self.stamps.pop(r.site, None)
@@ -195,7 +218,7 @@ class SiteCache:
 
     def load(self, records: Iterable[SiteRecord]) -> None:
         """A full read (the first tick, or a restarted hub)."""
-        self.sites, self.watch, self.open, self.stamps, self.beats = {}, set(), set(), {}, {}
+        self.sites, self.watch, self.held, self.open, self.stamps, self.beats = {}, set(), set(), set(), {}, {}
         self.tally = {s.value: 0 for s in RunStatus}
         n = 0
         for r in records:

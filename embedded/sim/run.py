@@ -24,6 +24,7 @@ from embedded.sim.cloud import SimControl, VirtualCloud
 from embedded.sim.cost import Meter, SimResults
 from embedded.sim.engine import (
     EC2_CALLS,
+    EPOCH0,
     QUEUE_CALLS,
     RESULT_CALLS,
     TABLE_CALLS,
@@ -40,7 +41,9 @@ from hub.control.base import KillResult
 from hub.loop import Hub
 from hub.plan import run_date_for
 
-POLICIES = ("gridfleet", "seed")
+#: gridfleet: today's defaults; unmetered: the same with every first message sent at seeding (`run.feed: all`, as
+#: before the queue was metered); seed: the original design.
+POLICIES = ("gridfleet", "unmetered", "seed")
 SEED_POLL_S = 30.0  # the original design's hub polled on a fixed period
 
 
@@ -69,8 +72,10 @@ def sim_config(p: SimParams, site_ids: list[str]) -> Config:
     run = {"deadline_s": 7 * 86400, **base.get("run", {})}
     fleet = {**base.get("fleet", {}), "max_nodes": p.nodes}
     if p.policy == "seed":  # FIFO, one site per node, no node watchdog (the hub polls and kills)
-        run["order"] = "config"
+        run.update(order="config", feed="all")
         fleet.update(sites_per_node=1, node_watchdog=False)
+    elif p.policy == "unmetered":
+        run["feed"] = "all"
     fleet.setdefault("max_launches", 3 * p.nodes + 3 * len(site_ids))
     sites = [{"id": s, "start_url": f"https://{s}.example.test/"} for s in site_ids]
     return Config.model_validate({**base, "run": run, "fleet": fleet, "sites": sites})
@@ -182,6 +187,24 @@ class _CountedControl:
         return self.inner.kill(instance_id, site, attempt)
 
 
+def _tail(sites: list[Any], lower_bound_s: float) -> dict[str, Any]:
+    """`SimResult`'s figures of the run's tail, from the sites' attempt histories (times on the virtual clock)."""
+    waits: list[float] = []
+    late = late_retried = 0
+    for r in sites:
+        at = r.attempts
+        waits.extend(b.start - a.end for a, b in zip(at, at[1:], strict=False) if a.end is not None)
+        if at and at[-1].end is not None and at[-1].end - EPOCH0 > lower_bound_s:
+            late += 1
+            late_retried += len(at) > 1
+    return {
+        "retry_wait_p95_s": round(_pct(waits, 0.95), 1),
+        "retry_wait_max_s": round(max(waits, default=0.0), 1),
+        "late_sites": late,
+        "late_retried": late_retried,
+    }
+
+
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return 0.0
@@ -233,6 +256,12 @@ class SimResult:
     s3_bytes_per_site: dict[str, float] = field(default_factory=dict)  # put, get
     requests_usd_per_site: float = 0.0  # DynamoDB units and S3 requests, in USD
     requests_usd: float = 0.0  # the same for the whole run
+    # Where the time above the lower bound goes: how long retried sites waited for their next attempt, and the
+    # sites that ended after the lower bound (with how many of them had been retried).
+    retry_wait_p95_s: float = 0.0
+    retry_wait_max_s: float = 0.0
+    late_sites: int = 0
+    late_retried: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -290,6 +319,7 @@ class SimResult:
             wall_s=round(wall, 2),
             cpu_s=round(cpu, 2),
             **sim.meter.figures(n),
+            **_tail(sites, lb),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -7,8 +7,9 @@ boto3. The executor performs the actions it returns and the loop sleeps until
 possible hang, heartbeat expiry, boot timeout, launch backoff, run deadline),
 never longer than `run.watch_interval_s`. The simulator drives this same
 function. Each family of rules lives in its own module: `start` (the run item
-and seeding), `attempts` (hangs, lost nodes, unsent messages), `fleet` (silent
-nodes, the fleet's size, launches) and `end` (the one way a run ends).
+and seeding), `attempts` (hangs, lost nodes, unsent messages), `feed` (the
+metered queue's first messages), `fleet` (silent nodes, the fleet's size,
+launches) and `end` (the one way a run ends).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from hub.plan.end import (
     ending_of,
     teardown_request,
 )
-from hub.plan.fleet import BOOT_FAILED, LAUNCH_BACKOFF_MAX_S, launch_backoff_s, node_rules, sizing
+from hub.plan.feed import feed_order, feed_rule, metering, wanted_depth
+from hub.plan.fleet import BOOT_FAILED, LAUNCH_BACKOFF_MAX_S, launch_backoff_s, node_rules, nodes_wanted, sizing
 from hub.plan.start import missing_sites, run_date_for, seeding_order, spec_of, start_rules
 from hub.snapshot import Snapshot
 
@@ -39,14 +41,17 @@ __all__ = [
     "NO_NODES_AFTER",
     "drain_wait_s",
     "end_plan",
+    "feed_order",
     "hang_after_s",
     "kill_ladder",
     "launch_backoff_s",
+    "metering",
     "plan",
     "run_date_for",
     "seeding_order",
     "spec_of",
     "teardown_request",
+    "wanted_depth",
 ]
 
 
@@ -66,5 +71,7 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
     site_actions, site_wake = attempt_rules(s, now, config)
     node_actions, doomed, node_wake = node_rules(s, now, config)
     fleet_actions, fleet_wake = sizing(s, now, config, doomed, open_count)
-    wake = min(wake, site_wake, node_wake, fleet_wake)
-    return Plan(tuple(actions + site_actions + node_actions + fleet_actions), max(now, wake))
+    nodes = max(len(s.live_instances) - len(doomed), nodes_wanted(config, open_count))
+    feed_actions, feed_wake = feed_rule(s, now, config, nodes)
+    wake = min(wake, site_wake, node_wake, fleet_wake, feed_wake)
+    return Plan(tuple(actions + site_actions + feed_actions + node_actions + fleet_actions), max(now, wake))

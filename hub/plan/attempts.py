@@ -11,6 +11,7 @@ import math
 from fleet.config import Config
 from fleet.state import Reason, RunStatus, SiteRecord, SiteStatus
 from hub.actions import Action, EndAttempt, Enqueue, KillAttempt, KillLadder
+from hub.plan.feed import metering
 from hub.snapshot import Snapshot
 
 #: With node watchdogs on, the hub is the backup for a hang: it waits this much longer, so the node's own
@@ -41,10 +42,12 @@ def kill(r: SiteRecord, reason: Reason) -> KillAttempt:
 
 
 def attempt_rules(s: Snapshot, now: float, config: Config) -> tuple[list[Action], float]:
-    """What the watched sites need, in name order, and when the next of them could need something."""
+    """What the watched sites need, in name order, and when the next of them could need something. Held sites are
+    the feed's while it meters the queue; otherwise one is a seeding a hub did not finish: unsent, as any."""
     actions: list[Action] = []
     wake = math.inf
-    for name in s.watched:
+    names = s.watched if not s.held or metering(config, s.expected) else sorted([*s.watched, *s.held])
+    for name in names:
         action, at = watch_site(s, s.sites[name], now, config)
         if action is not None:
             actions.append(action)

@@ -70,11 +70,16 @@ def node_rules(s: Snapshot, now: float, config: Config) -> tuple[list[Action], l
     return actions, doomed + list(failed_boot), wake
 
 
+def nodes_wanted(config: Config, open_count: int) -> int:
+    """The fleet's size for `open_count` open sites: one node each, between min_nodes and max_nodes."""
+    return min(config.fleet.max_nodes, max(config.fleet.min_nodes, open_count))
+
+
 def sizing(s: Snapshot, now: float, config: Config, doomed: list[str], open_count: int) -> tuple[list[Action], float]:
     """One node per open site (queued or running), between min_nodes and max_nodes. Nodes leave by themselves
     when the queue runs dry; nodes still booting beyond what the open sites need are not waited for."""
     live = len(s.live_instances) - len(doomed)
-    wanted = min(config.fleet.max_nodes, max(config.fleet.min_nodes, open_count))
+    wanted = nodes_wanted(config, open_count)
     actions: list[Action] = []
     surplus = live - wanted
     if surplus > 0:

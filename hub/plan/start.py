@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from fleet.config import Config, SiteConfig
 from fleet.state import SiteSpec
 from hub.actions import Action, SeedSites, StartRun
+from hub.plan.feed import metering
 from hub.snapshot import Snapshot
 
 _DATE_ID = re.compile(r"^(\d{4})-?(\d{2})-?(\d{2})")
@@ -61,10 +62,12 @@ def missing_sites(s: Snapshot, config: Config) -> Seeds:
 
 
 def start_rules(s: Snapshot, now: float, config: Config, missing: Seeds) -> list[Action]:
-    """Create the run item if there is none, and seed the `missing` sites."""
+    """Create the run item if there is none, and seed the `missing` sites (their messages too, unless the queue is
+    metered)."""
     actions: list[Action] = []
     if s.run is None:
         actions.append(StartRun(now, now + config.run.deadline_s, run_date_for(s.run_id, now)))
     if missing:
-        actions.append(SeedSites(seeding_order(missing, s.expected, config.run.order)))
+        order = seeding_order(missing, s.expected, config.run.order)
+        actions.append(SeedSites(order, send=not metering(config, s.expected)))  # metered: `Feed` sends them
     return actions

@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 from fleet.state import RunStatus
 from hub.control.aws import LadderControl, SshControl, SsmControl
 from hub.providers.base import LaunchResult
+from hub.snapshot import held
 from tests.helpers.fleet_sim import RUN, SimCloud, SimProvider, sim_config
 
 MIX = {"a": "ok", "b": "hang-once", "c": "error-once", "d": "slow", "e": "hang-always", "f": "error-always"}
@@ -85,6 +86,47 @@ def test_hub_sigkilled_between_any_two_of_its_writes_then_resumed(tmp_path, cras
     assert_sound(cloud, no_losses=True)
     sent = cloud.queue.sent
     assert sent <= len(MIX) + 2 * 6 + 3  # first messages, requeues, at most a few repaired sends
+
+
+#: A previous run's durations for MIX, far longer than the hub's watch interval: the hub meters its queue and holds
+#: most sites back (three nodes: three messages, then one more for the next look).
+MIX_EXPECTED = {"a": 400.0, "b": 900.0, "c": 300.0, "d": 1200.0, "e": 600.0, "f": 100.0}
+
+
+def test_a_metered_queue_sends_longest_first_and_only_what_the_nodes_take(tmp_path):
+    cloud = SimCloud(tmp_path, sim_config(MIX), MIX, expected=MIX_EXPECTED)
+    held_when_all_busy: list[set[str]] = []
+
+    def records():
+        return cloud.table.read_run(RUN).sites
+
+    when(
+        cloud,
+        lambda: sum(r.run_status is RunStatus.RUN for r in records()) == 3,
+        lambda: held_when_all_busy.append({r.site for r in records() if held(r)}),
+        poll_s=0.5,
+    )
+    cloud.start_hub()
+    cloud.run()
+    assert outcomes(cloud) == EXPECTED
+    assert_sound(cloud, no_losses=True)
+    firsts = sorted(records(), key=lambda r: (r.attempts[0].start, r.site))
+    assert {r.site for r in firsts[:3]} == {"d", "b", "e"}  # the three longest expected, on the three nodes
+    assert [r.site for r in firsts[3:]] == ["a", "c", "f"]  # then the rest, longest first
+    assert len(held_when_all_busy) == 1 and held_when_all_busy[0] >= {"c", "f"}  # the shortest held back
+
+
+@pytest.mark.parametrize("crash_at", list(range(1, 80, 3)))
+def test_a_hub_metering_its_queue_sigkilled_between_any_two_of_its_writes_then_resumed(tmp_path, crash_at):
+    """As above, with the queue metered: a hub that dies between sending a held site's message and marking it
+    sent is replaced by one that sends it again (a duplicate the claim makes harmless). Same outcomes."""
+    cloud = SimCloud(tmp_path, sim_config(MIX), MIX, expected=MIX_EXPECTED)
+    first = cloud.start_hub(crash_after_writes=crash_at)
+    when(cloud, lambda: first.done, lambda: cloud.start_hub(at=cloud.clock.now() + 30), name="restarter")
+    cloud.run()
+    assert outcomes(cloud) == EXPECTED
+    assert_sound(cloud, no_losses=True)
+    assert cloud.queue.sent <= len(MIX) + 2 * 6 + 3  # first messages, requeues, at most a few repaired sends
 
 
 def test_node_agent_killed_mid_crawl_is_lost_and_the_site_retried_elsewhere(tmp_path):

@@ -5,6 +5,8 @@ hangs, and a schedule of faults: the hub SIGKILLed at any of its writes or betwe
 starts a new one, as the external watchdog does), nodes killed, spot notices and spot reclaims,
 duplicate deliveries switched on, nodes cut off for a while. Each example is a whole run of the real
 hub and agents in virtual time (tests/helpers/fleet_sim.py). Derandomized, so CI sees the same examples.
+The same schedules run twice: with every first message sent at seeding, and on a metered queue (the hub
+knows a previous run's durations and holds sites back until nodes need them).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ FAILURE_REASONS = {"hang-always": {"hang"}, "error-always": {"error"}}
 DISTURBED = {"lost", "deadline", "no-nodes", "busy", "spot"}
 
 
-def play(tmp: Path, s: dict) -> SimCloud:
+def play(tmp: Path, s: dict, metered: bool = False) -> SimCloud:
     sites = {f"s{i}": b for i, b in enumerate(s["sites"])}
     config = sim_config(sites)
     config = config.model_copy(
@@ -50,7 +52,9 @@ def play(tmp: Path, s: dict) -> SimCloud:
             "fleet": config.fleet.model_copy(update={"max_nodes": s["max_nodes"], "node_watchdog": s["node_watchdog"]})
         }
     )
-    cloud = SimCloud(tmp, config, sites)
+    # Metered: the hub holds sites back (expected far longer than its watch interval), the last sites first.
+    expected = {name: 300.0 * (i + 1) for i, name in enumerate(sites)} if metered else None
+    cloud = SimCloud(tmp, config, sites, expected=expected)
     cloud.start_hub(crash_after_writes=s["first_hub_crash_at_write"])
 
     def supervisor():  # the external watchdog: a hub that died is replaced after a while
@@ -88,17 +92,30 @@ def play(tmp: Path, s: dict) -> SimCloud:
     return cloud
 
 
-@settings(
+EXAMPLES = settings(
     max_examples=40,
     deadline=None,
     derandomize=True,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+
+
+@EXAMPLES
 @given(schedule)
 def test_the_invariants_hold_for_every_schedule_of_faults(s):
+    assert_invariants(s, metered=False)
+
+
+@EXAMPLES
+@given(schedule)
+def test_the_invariants_hold_for_every_schedule_of_faults_on_a_metered_queue(s):
+    assert_invariants(s, metered=True)
+
+
+def assert_invariants(s: dict, metered: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        cloud = play(Path(tmp), s)
+        cloud = play(Path(tmp), s, metered)
         assert cloud.finished(), "the run did not end by itself"
         sites = {r.site: r for r in cloud.table.read_run(RUN).sites}
         behaviour = {f"s{i}": b for i, b in enumerate(s["sites"])}

@@ -96,8 +96,12 @@ class SimCloud:
         *,
         boot_s: float = 5.0,
         node_clock_skew_s: float = 0.0,
+        expected: dict[str, float] | None = None,
     ):
         self.tmp = tmp
+        # Each hub's expected durations (a previous run's, site -> seconds): with them the hub meters its queue
+        # (`run.feed`); without (None: the table holds no earlier run) it sends every first message at seeding.
+        self.expected = expected
         self.config = config
         self.behaviours = behaviours
         self.clock = VirtualClock()
@@ -140,6 +144,7 @@ class SimCloud:
             clock=self.clock,
             out_dir=self.tmp / "runs",
             hub_id=f"sim:hub{len(self.hubs)}",
+            expected=self.expected,
         )
 
         def run() -> RunOutcome:
