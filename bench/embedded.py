@@ -156,6 +156,12 @@ def report(args, summary, wall_fleet, wall_seq, items, durations, rows, bare, to
         f"attempt time - server delay (claim to COMPLETED): gridfleet mean {statistics.mean(over_fleet):.2f} s, "
         f"p95 {p95(over_fleet):.2f} s; sequential loop {over_seq:.2f} s"
     )
+    own = [r["busy_s"] - r["crawl_s"] - r["request_s"] for r in rows if {"busy_s", "crawl_s", "request_s"} <= set(r)]
+    if own:
+        print(
+            f"the node's own work per site (node busy - pages - Grid session request): mean "
+            f"{statistics.mean(own):.2f} s, p95 {p95(own):.2f} s"
+        )
     for label, start in (("one at a time", bare_mean), (f"{args.nodes} at once", together_mean)):
         beyond = [r["busy_s"] - r["crawl_s"] - start for r in rows if "busy_s" in r and "crawl_s" in r]
         if beyond:
