@@ -115,6 +115,12 @@ class StackState:
         return StackState(**d)
 
 
+#: How often the Grid tries again a queued session request whose node's one slot is busy, in milliseconds (the
+#: option's unit). A node's next session request can wait for the slot its last crawl's browser is freeing; 1 ms
+#: made the hub busy-loop meanwhile, on the cores the browsers need.
+SESSION_RETRY_INTERVAL_MS = 20
+
+
 class LocalStack:
     def __init__(
         self,
@@ -225,7 +231,7 @@ class LocalStack:
                     "--session-request-timeout",
                     str(int(self.session_request_timeout_s)),
                     "--session-retry-interval",
-                    "1",
+                    str(SESSION_RETRY_INTERVAL_MS),
                 ],
                 f"http://127.0.0.1:{ports['grid']}",
                 {"publish": ports["grid_publish"], "subscribe": ports["grid_subscribe"]},

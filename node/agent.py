@@ -34,6 +34,7 @@ from fleet.logs import event
 from fleet.protocol import MessageAction, NodeRules, Stop, StopWhy
 from fleet.state import NodeState, SiteRecord
 from node.attempt import Attempt, Cleanup, StartCrawl
+from node.closing import Closer
 from node.evidence import Capture
 from profiles import ProfileStore
 
@@ -106,6 +107,8 @@ class Agent:
         healthy: Callable[[], str | None] = lambda: None,
         metrics: CloudWatchSink | None = None,
         capture: Capture | None = None,
+        prepare_crawl: Callable[[], None] = lambda: None,
+        closer: Closer | None = None,
     ):
         self.s = s
         self.table = table
@@ -114,6 +117,8 @@ class Agent:
         self.profiles = profiles
         self.start_crawl = start_crawl
         self.cleanup = cleanup
+        self.prepare_crawl = prepare_crawl  # readies the next crawler process while this one's pages load
+        self.closer = closer or Closer()  # closes a saved crawl's browser (in the background on a real node)
         self.clock = clock
         self.state_dir = state_dir
         self.spot_notice = spot_notice  # a truthy value once EC2 announced this spot instance's interruption
@@ -186,6 +191,7 @@ class Agent:
 
     def _exit(self, stop: Stop) -> int:
         """Log why the node stops (a stop an attempt asked for was logged then), mark it exiting; the exit status."""
+        self.closer.wait()  # the last crawl's browser closed and its lock released before the node says it leaves
         if stop is not self._stop_after:
             level = {StopWhy.SICK: logging.ERROR, StopWhy.SPOT: logging.WARNING}.get(stop.why, logging.INFO)
             event(log, "node-exit", level, run_id=self.s.run_id, node=self.s.instance_id, why=stop.detail)

@@ -9,13 +9,13 @@ recovers claimed sites. Every write is fenced by the record the node last wrote:
 if the hub moved the record on (a kill, a requeue), the next write fails, the
 node stops its crawler and drops the attempt, and the hub owns what happens
 next. The message is deleted only after the result is in S3 and COMPLETED is
-written, or after the next attempt's message is sent.
-"""
+written, or after the next attempt's message is sent."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +32,10 @@ from fleet.logs import event
 from fleet.protocol import Stop, Watch
 from fleet.state import NodeState, SiteRecord, SiteStatus
 from node import evidence, parts
-from node.result import merged_items, phase_timings, result_body
+from node.phases import phase_timings
+from node.result import merged_items, result_body
 from node.runner import CrawlProcess, Exited
-from profiles import ProfileBusy
+from profiles import HeldProfile, ProfileBusy
 
 if TYPE_CHECKING:
     from node.agent import Agent
@@ -56,8 +57,7 @@ class Fenced(Exception):
 
 
 class Refused(Exception):
-    """DynamoDB refused a write of the attempt as invalid (ValidationException, e.g. an item over 400 KB). No
-    retry of that write can succeed: the attempt ends as an error, and the node goes on to its next site."""
+    """DynamoDB refused a write as invalid (e.g. an item over 400 KB): no retry can succeed, the attempt errs."""
 
 
 class Attempt:
@@ -73,9 +73,12 @@ class Attempt:
         # the checkpoint this attempt starts from, its items read from the parts it names
         self.parts, self.resume = parts.load(agent.results, rec, agent.run_date)
         self.items: list[dict[str, Any]] = list(self.resume.get("items") or []) if self.resume else []
-        self.fields: dict[str, Any] = dict(
-            run_id=rec.run_id, site=rec.site, attempt=rec.attempt, node=agent.s.instance_id
-        )
+        self.fields: dict[str, Any] = {"run_id": rec.run_id, "site": rec.site, "attempt": rec.attempt}
+        self.fields["node"] = self.s.instance_id
+        self.timed: dict[str, float] = {"ckpt_s": 0.0}  # seconds measured apart from the marks
+        self.settled, self.stop = False, None  # a result is settled while its crawler still closes the browser
+        self.completed: dict[str, Any] | None = None  # the `completed` line's fields once the result is saved
+        self.proc: CrawlProcess | None = None
 
     def run(self) -> Stop | None:
         self._extend_visibility()
@@ -85,7 +88,9 @@ class Attempt:
             end = crawl_end.refused_end(r)
         except Fenced as f:
             end = CrawlEnd(CrawlEndKind.FENCED, current=f.current)
-        return self._settle(end) if end is not None else None
+        if end is not None and not self.settled:
+            self.settled, self.stop = True, self._settle(end)
+        return self.stop
 
     def _run(self) -> CrawlEnd | None:
         """Skip check, profile lock, crawl; how the attempt ended, or None when it is settled already."""
@@ -95,21 +100,16 @@ class Attempt:
             self._write(ops.complete, key, a.clock.now(), skipped=True)
             a.job_ended(self.marks["claim"], None)
             a.queue.delete(self.msg)
-            event(
-                log, "skip", run_id=rec.run_id, site=rec.site, attempt=rec.attempt, why="result already in S3", key=key
-            )
+            event(log, "skip", **self.fields, why="result already in S3", key=key)
             return None
         a.set_node(NodeState.BUSY, rec)
+        self.marks["checked"] = a.clock.monotonic()
         try:
-            held = a.profiles.acquire(
-                rec.site,
-                self.s.lock_timeout_s,
-                on_wait=self._beat_quietly,
-                monotonic=a.clock.monotonic,
-                sleep=a.clock.sleep,
-            )
+            on_wait, mono, sleep = self._beat_quietly, a.clock.monotonic, a.clock.sleep
+            held = a.profiles.acquire(rec.site, self.s.lock_timeout_s, on_wait=on_wait, monotonic=mono, sleep=sleep)
         except ProfileBusy:  # a node cut off mid-crawl may still hold it: not the site's fault, try again later
             return crawl_end.busy_end(rec.site, self.s.lock_timeout_s)
+        self.marks["locked"] = a.clock.monotonic()
         if held.removed:
             event(log, "stale-profile", run_id=rec.run_id, site=rec.site, removed=",".join(held.removed))
         session: list[str | None] = [None]
@@ -117,24 +117,47 @@ class Attempt:
         try:
             end = self._crawl(held.path, session)
         finally:
-            self.marks["closed"] = a.clock.monotonic()
-            a.cleanup(held.path, session[0], end.forced if end else True)
-            held.release()
+            close = partial(self._close, held, session[0], end or CrawlEnd(CrawlEndKind.FENCED, forced=True))
+            if self.completed is not None:  # the result is saved and COMPLETED: nothing of the site is left to kill
+                crawlerfile.remove(a.state_dir)
+                if a.closer.background:  # the crawler quits its browser while the node may take its next site
+                    self._handed()
+                a.closer.run(close)
+            else:
+                close()
+        return None if self.settled else end
+
+    def _close(self, held: HeldProfile, session_id: str | None, end: CrawlEnd) -> None:
+        """The crawler gone (killed unless it reported its end), evidence read, the browser ended, the lock released."""
+        a = self.agent
+        if self.proc is not None:
+            self.proc.close(QUIT_GRACE_S if not end.forced else 0)
+            self._evidence(end, session_id)  # the crawler is gone (its kill never waits), its browser not yet
+        self.marks["closed"] = a.clock.monotonic()
+        a.cleanup(held.path, session_id, end.forced)
+        held.release()
+        if self.completed is None:
             crawlerfile.remove(a.state_dir)
-        return end
+        self.marks["free"] = a.clock.monotonic()
+        if "handed" in self.marks:  # closed in the background: its own line
+            event(log, "closed", **self.fields, **phase_timings(self.marks, None, ("close_s", "release_s")))
+        elif self.completed is not None:
+            self._handed()
+
+    def _handed(self) -> None:
+        """The node could take its next site now: the `completed` line, with the phases so far."""
+        self.marks["handed"] = self.agent.clock.monotonic()
+        event(log, "completed", **(self.completed or {}), **phase_timings(self.marks, self.timed))
 
     # --- the crawl ----------------------------------------------------------------------------
     def _crawl(self, profile: Path, session: list[str | None]) -> CrawlEnd:
-        proc = self._spawn(profile)
-        end = CrawlEnd(CrawlEndKind.FENCED, forced=True)
+        self.proc = self._spawn(profile)
         try:
-            end = self._follow(proc, session)
+            end = self._follow(self.proc, session)
+            if end.kind is CrawlEndKind.RESULT:  # saved while the crawler quits its browser (it does so by itself)
+                self.settled, self.stop = True, self._settle(end)
         except Fenced as f:
             end = CrawlEnd(CrawlEndKind.FENCED, forced=True, current=f.current)
-        finally:
-            # A crawler that reported its end closes its own browser; any other is killed now.
-            proc.close(QUIT_GRACE_S if not end.forced else 0)
-        self._evidence(end, session[0])  # the crawler is gone (its kill never waits), its browser not yet
         return end
 
     def _evidence(self, end: CrawlEnd, session_id: str | None) -> None:
@@ -175,14 +198,8 @@ class Attempt:
             ),
         }
         if self.resume:
-            event(
-                log,
-                "resume",
-                **self.fields,
-                pages=self.resume.get("pages"),
-                items=len(self.items),
-                next=self.resume.get("next"),
-            )
+            r = self.resume
+            event(log, "resume", **self.fields, pages=r.get("pages"), items=len(self.items), next=r.get("next"))
         self.marks["spawn"] = self.agent.clock.monotonic()
         proc = self.agent.start_crawl(job, self.agent.state_dir / "crawler.log")
         crawlerfile.write(self.agent.state_dir, rec.site, rec.attempt, proc.pid)
@@ -221,9 +238,13 @@ class Attempt:
                 self._report()
         elif kind == "checkpoint":
             self._checkpoint(ev)
+            self.timed["ckpt_s"] += self.agent.clock.monotonic() - mono
         elif kind == "session":
             session[0] = ev.get("id")
             self.marks["session"] = mono
+            if isinstance(ev.get("request_s"), (int, float)):
+                self.timed["request_s"] = float(ev["request_s"])
+            self.agent.prepare_crawl()
         elif kind == "result":
             self.marks["result"] = mono
             return CrawlEnd(CrawlEndKind.RESULT, result=ev)
@@ -271,15 +292,8 @@ class Attempt:
             return
         if step.follow is FollowUp.REQUEUE:
             ops.send_next(self.agent.table, queue, new)
-            event(
-                log,
-                "requeue",
-                logging.WARNING,
-                **self.fields,
-                reason=reason,
-                error=end.error,
-                next_attempt=new.attempt + 1,
-            )
+            nxt = new.attempt + 1
+            event(log, "requeue", logging.WARNING, **self.fields, reason=reason, error=end.error, next_attempt=nxt)
         else:
             event(log, "failed", logging.WARNING, **self.fields, reason=reason, error=end.error)
         queue.delete(self.msg)
@@ -297,6 +311,7 @@ class Attempt:
     def _save_result(self, end: CrawlEnd) -> None:
         """The result to S3, then COMPLETED, then the message deleted (and an incremental site's mark moved)."""
         a, rec = self.agent, self.rec
+        self.marks["save"] = a.clock.monotonic()
         self.beat()  # still ours? (a zombie must not write a result)
         key = result_key(rec.site, a.run_date, rec.run_id)
         items = merged_items(self.items, (end.result or {}).get("items", []))
@@ -305,20 +320,16 @@ class Attempt:
         self._write(ops.complete, key, a.clock.now())
         a.job_ended(self.marks["claim"], None)
         a.queue.delete(self.msg)
+        self.marks["saved"] = a.clock.monotonic()
         if rec.spec.incremental and wrote:
             self._new_mark(items)
-        fields: dict[str, Any] = {
-            **self.fields,
-            "pages": (end.result or {}).get("pages"),
-            "items": len(items),
-            "key": key,
-            **phase_timings(self.marks, self.agent.clock.monotonic()),
-        }
+        fields: dict[str, Any] = {**self.fields, "pages": (end.result or {}).get("pages"), "items": len(items)}
+        fields["key"] = key
         if self.resume:
             fields["resumed_at_page"] = self.resume.get("pages")
         if not wrote:
             fields["note"] = "result existed; kept"
-        event(log, "completed", **fields)
+        self.completed = fields
 
     def _new_mark(self, items: list[dict[str, Any]]) -> None:
         """An incremental site's high-water mark moves to the newest items this crawl found (none: unchanged)."""
@@ -347,13 +358,11 @@ class Attempt:
         new = [i for i in ev.get("items") or [] if isinstance(i, dict)]
         self.items.extend(new)
         self.parts.stage(new)
-        part = self.parts.next_part()
-        # if missed, the items stay staged and the next checkpoint's part carries them; the record is not written,
-        # so it never names a part that is not there
-        if part is not None:
-            if not self._missable("part-missed", self.agent.results.put_part, *part):
-                return
-            self.parts.stored()
+        # if missed, the items stay staged for the next checkpoint's part, and the record is not written
+        if not self.parts.store(
+            lambda key, body: self._missable("part-missed", self.agent.results.put_part, key, body)
+        ):
+            return
         ckpt = self.parts.checkpoint(ev.get("next"), ev.get("pages"))
         self.watch = self.watch.beaten(self.agent.clock.monotonic())
         # if missed, the next checkpoint names every part this one did

@@ -57,6 +57,10 @@ STARTUP_PREFS = {
 
 NO_SANDBOX = "--no-sandbox"
 
+#: The WebDriver browserName of Chrome's headless shell. chromedriver opens the shell's first page itself only when
+#: asked for it by this name (the shell opens none by itself), and the Grid node's stereotype must say the same.
+HEADLESS_SHELL = "chrome-headless-shell"
+
 #: Switches of the kernel that deny unprivileged user namespaces, with the value that denies them. Debian's
 #: kernels have the second, Ubuntu's the third; a file that is absent switches nothing.
 USERNS_SWITCHES = (
@@ -112,9 +116,15 @@ def sandbox_problem(
     return None
 
 
+def browser_name(chromium: str) -> str:
+    """The browserName of the binary `chromium`: the headless shell (Chrome for Testing's `chrome-headless-shell`,
+    Debian's `chromium-headless-shell`) is a browser of its own to chromedriver; any other Chromium is `chrome`."""
+    return HEADLESS_SHELL if Path(chromium).name.endswith("headless-shell") else "chrome"
+
+
 def capabilities(chromium: str, args: list[str], node_id: str, page_load_timeout_s: float) -> dict[str, Any]:
     return {
-        "browserName": "chrome",
+        "browserName": browser_name(chromium),
         "goog:chromeOptions": {"binary": chromium, "args": args, "prefs": STARTUP_PREFS},
         NODE_CAPABILITY: node_id,  # only this node's Grid slot matches: the browser runs where the profile is
         "timeouts": {"pageLoad": int(page_load_timeout_s * 1000)},

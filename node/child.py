@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -43,21 +44,17 @@ def pacer(spec: dict[str, Any] | None) -> Callable[[], None]:
     return pace
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="gridfleet-crawler")
-    ap.add_argument("--event-fd", type=int, required=True)
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s crawler %(levelname)s %(message)s")
-    out = os.fdopen(args.event_fd, "w", buffering=1, encoding="utf-8")
-    lock = threading.Lock()
+def preload() -> None:
+    """Import what every browser crawl needs before the job arrives, so a spare process has it done."""
+    import selenium.webdriver  # noqa: F401
+    import selenium.webdriver.chrome.options  # noqa: F401
 
-    def emit(**event: Any) -> None:
-        with lock:
-            out.write(json.dumps(event, default=str) + "\n")
-            out.flush()
+    import node.crawlers.links  # noqa: F401
 
-    job = json.load(sys.stdin)
-    ctx = CrawlContext(
+
+def context(job: dict[str, Any], emit: Callable[..., None]) -> CrawlContext:
+    """The crawl's context from its job."""
+    return CrawlContext(
         site=job["site"],
         start_url=job["start_url"],
         options=job.get("options") or {},
@@ -73,6 +70,30 @@ def main(argv: list[str] | None = None) -> int:
         mark=tuple(job.get("mark") or ()),
         pace=pacer(job.get("rate_limit")),
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gridfleet-crawler")
+    ap.add_argument("--event-fd", type=int, required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s crawler %(levelname)s %(message)s")
+    out = os.fdopen(args.event_fd, "w", buffering=1, encoding="utf-8")
+    lock = threading.Lock()
+
+    def emit(**event: Any) -> None:
+        if event.get("event") == "session":  # how long the Grid took to start the browser, for the node's log
+            event.setdefault("request_s", round(time.monotonic() - got_job, 3))
+        with lock:
+            out.write(json.dumps(event, default=str) + "\n")
+            out.flush()
+
+    preload()
+    raw = sys.stdin.read()  # a spare crawler process waits here, its imports done, until the node needs it
+    got_job = time.monotonic()
+    if not raw.strip():  # a spare the node did not need: it left, or ended the spare
+        return 0
+    job = json.loads(raw)
+    ctx = context(job, emit)
     crawler = None
     failed = False  # a failed crawl's browser stays open for the agent to read, then close
     try:

@@ -94,7 +94,7 @@ class BaseCrawler(abc.ABC):
             for arg in chrome["args"]:
                 opts.add_argument(arg)
             opts.add_experimental_option("prefs", chrome["prefs"])
-            for key in ("gridfleet:node", "timeouts", "goog:loggingPrefs"):
+            for key in ("browserName", "gridfleet:node", "timeouts", "goog:loggingPrefs"):
                 opts.set_capability(key, caps[key])
             self._driver = webdriver.Remote(command_executor=self.ctx.grid_url, options=opts)
             self.ctx.emit(event="session", id=self._driver.session_id)

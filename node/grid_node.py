@@ -51,6 +51,7 @@ class GridNodeSpec:
     publish: str  # the hub's event bus, e.g. tcp://10.0.1.5:4442
     subscribe: str  # e.g. tcp://10.0.1.5:4443
     chromedriver: str = "/usr/bin/chromedriver"
+    browser_name: str = "chrome"  # `node.browser.browser_name` of the crawls' binary: the stereotype matches them
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
     java: str = "java"
@@ -58,7 +59,7 @@ class GridNodeSpec:
 
 
 def render_toml(spec: GridNodeSpec, node_id: str, port: int) -> str:
-    stereotype = json.dumps({"browserName": "chrome", "platformName": "linux", NODE_CAPABILITY: node_id})
+    stereotype = json.dumps({"browserName": spec.browser_name, "platformName": "linux", NODE_CAPABILITY: node_id})
     q = json.dumps  # TOML basic strings accept JSON string escapes
     return "\n".join(
         [

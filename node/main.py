@@ -37,8 +37,9 @@ from fleet.errors import ConfigError, GridfleetError
 from fleet.logs import event, setup
 from node import browser, evidence
 from node.agent import Agent, AgentSettings
+from node.closing import Closer
 from node.grid_node import GridNode, GridNodeSpec, RunAs
-from node.runner import ChildProcess
+from node.runner import SpareCrawlers
 from node.spot import SpotWatcher
 from profiles import ProfileStore
 
@@ -186,13 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     args.state_dir.mkdir(parents=True, exist_ok=True)
     grid = None
     run_as = grid_user(args.grid_user) if args.grid_jar else None
+    spares = SpareCrawlers(args.state_dir / "crawler.log")
+    closer = Closer(background=True)
     try:
+        spares.prepare()  # its imports overlap the Grid node's start
         if args.grid_jar:
             if not (args.grid_publish and args.grid_subscribe):
                 print("gridfleet node: --grid-jar needs --grid-publish and --grid-subscribe", file=sys.stderr)
                 return 2
             grid = _start_grid(args, config, run_as)
-        return _agent(args, config, imds, grid, run_as).run()
+        return _agent(args, config, imds, grid, run_as, spares, closer).run()
     except GridfleetError as e:
         event(log, "node-error", logging.ERROR, run_id=args.run_id, node=args.instance_id, error=str(e))
         return e.exit_code
@@ -200,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("node agent failed run_id=%s node=%s", args.run_id, args.instance_id)
         return 1
     finally:
+        closer.wait()
+        spares.close()
         if grid is not None:
             grid.stop()
 
@@ -229,6 +235,7 @@ def _start_grid(args: argparse.Namespace, config: Config, run_as: RunAs | None) 
         publish=args.grid_publish,
         subscribe=args.grid_subscribe,
         chromedriver=config.browser.chromedriver,
+        browser_name=browser.browser_name(config.browser.chromium),
         host=args.grid_host,
         port=args.grid_port,
         java=args.java,
@@ -239,7 +246,15 @@ def _start_grid(args: argparse.Namespace, config: Config, run_as: RunAs | None) 
     return grid
 
 
-def _agent(args: argparse.Namespace, config: Config, imds: Imds, grid: GridNode | None, run_as: RunAs | None) -> Agent:
+def _agent(
+    args: argparse.Namespace,
+    config: Config,
+    imds: Imds,
+    grid: GridNode | None,
+    run_as: RunAs | None,
+    spares: SpareCrawlers,
+    closer: Closer,
+) -> Agent:
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS if args.local else None)
     stores = open_stores(clients, config.aws)
     clock = SystemClock()
@@ -259,7 +274,9 @@ def _agent(args: argparse.Namespace, config: Config, imds: Imds, grid: GridNode 
         queue=stores.queue,
         results=stores.results,
         profiles=ProfileStore(args.profiles_root, owner=(run_as.uid, run_as.gid) if run_as else None),
-        start_crawl=lambda job, log_path: ChildProcess(job, log_path),
+        start_crawl=spares.start,
+        prepare_crawl=spares.prepare,
+        closer=closer,
         cleanup=cleanup,
         capture=lambda session_id: evidence.capture(args.grid_url, session_id),
         clock=clock,

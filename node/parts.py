@@ -11,7 +11,7 @@ the next checkpoint, and a checkpoint never names a part that is not there.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,17 @@ class Parts:
         """The part `next_part` gave is in the store."""
         self.claim.stored(len(self.staged))
         self.staged = []
+
+    def store(self, save: Callable[[str, bytes], bool]) -> bool:
+        """Store the staged items as the next part with `save(key, body)`; False when it was not stored (they stay
+        staged, so the checkpoint never names a part that is not there). Nothing staged: True."""
+        part = self.next_part()
+        if part is None:
+            return True
+        if not save(*part):
+            return False
+        self.stored()
+        return True
 
     def checkpoint(self, next_ref: Any, pages: Any) -> dict[str, Any]:
         return self.claim.checkpoint(next_ref, pages)

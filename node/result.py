@@ -1,5 +1,5 @@
-"""What a completed attempt writes to the bucket: the crawler's items merged with its checkpoint's, the result
-document, and the seconds each phase of the attempt took (for the node's log line)."""
+"""What a completed attempt writes to the bucket: the crawler's items merged with its checkpoint's, and the result
+document."""
 
 from __future__ import annotations
 
@@ -9,15 +9,6 @@ from typing import Any
 
 from fleet.codec import ITEM_ID_MAX_CHARS, capped
 from fleet.state import SiteRecord
-
-#: The phases of an attempt on the log line: name -> (the mark it starts at, the mark it ends at; None: now).
-PHASES = {
-    "setup_s": ("claim", "spawn"),
-    "browser_s": ("spawn", "session"),
-    "crawl_s": ("session", "result"),
-    "close_s": ("result", "closed"),
-    "save_s": ("closed", None),
-}
 
 
 def merged_items(before: list[dict[str, Any]], now: list[Any]) -> list[dict[str, Any]]:
@@ -38,15 +29,6 @@ def merged_items(before: list[dict[str, Any]], now: list[Any]) -> list[dict[str,
         if held is None or len(str(held.get("id"))) < len(str(item.get("id"))):
             out[key] = item
     return list(out.values())
-
-
-def phase_timings(marks: Mapping[str, float], now: float) -> dict[str, str]:
-    """Seconds per phase: setup (claim to crawler start), browser (to session), crawl, close, save."""
-    return {
-        k: f"{(marks[b] if b else now) - marks[a]:.2f}"
-        for k, (a, b) in PHASES.items()
-        if a in marks and (b is None or b in marks)
-    }
 
 
 def result_body(rec: SiteRecord, instance_id: str, finished_at: float, result: Mapping[str, Any]) -> bytes:

@@ -9,11 +9,12 @@ cd "$(dirname "$0")/.."
 JAR_VERSION=4.48.0
 JAR="vendor/selenium-server-${JAR_VERSION}.jar"
 JAR_SHA256=c3119218bcd07b221622ffd57874519891718029358c85a2dccf506e17815cd7
-# Chromium, ChromeDriver and a JRE for the embedded default; cloud-init, shellcheck and an SSH server for the
+# Chromium (and its headless shell, which `browser.chromium` may name), ChromeDriver and a JRE for the embedded
+# default; cloud-init, shellcheck and an SSH server for the
 # tests that check rendered user-data and the SSH kill path against the real tools; the AWS CLI, nfs-common and
 # a C compiler for the EC2 twin's instances (what the boot scripts install is already there, as on a baked image;
 # the compiler builds the twin's clock for instances, embedded/twin/native/clockshift.c).
-DEB_PACKAGES=(chromium chromium-driver default-jre-headless cloud-init shellcheck openssh-server awscli nfs-common gcc libc6-dev)
+DEB_PACKAGES=(chromium chromium-headless-shell chromium-driver default-jre-headless cloud-init shellcheck openssh-server awscli nfs-common gcc libc6-dev)
 PYTHON=${PYTHON:-python3}
 
 say() { printf 'setup: %s\n' "$*"; }
