@@ -44,11 +44,15 @@ class BakedImage:
 
     def apply(self, instance_dir: Path) -> None:
         """Lay the image into an instance sandbox's directories (before its boot): the baked install and state
-        directories, and the baked accounts appended to its copy of /etc."""
+        directories, and the baked accounts appended to its copy of /etc. The install directory (the venv: most
+        of the image) is linked file by file rather than copied, as an instance's disk starts from its AMI's
+        snapshot without a copy: what the boot writes there (pip, Python's caches) makes new files and replaces
+        files by renaming, so the image is never written through a link."""
         for name in _LAYERS:
             src = self.dir / name
             if src.is_dir():
-                subprocess.run(["cp", "-a", f"{src}/.", str(instance_dir / name)], check=True, timeout=300)
+                mode = "-al" if name == "install" else "-a"
+                subprocess.run(["cp", mode, f"{src}/.", str(instance_dir / name)], check=True, timeout=300)
         for name, lines in self.accounts.items():
             path = instance_dir / "etc" / name
             if lines and path.exists():
