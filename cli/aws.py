@@ -261,15 +261,16 @@ def _print_user_data(env: aws_env.AwsEnv, run_id: str, console: Console, problem
 def _print_answers(env: aws_env.AwsEnv, run_id: str, console: Console, asked: _Questions, problems: list[str]) -> None:
     """What only AWS knows: the AMI, the instance profile, the table, queue and bucket, the run."""
     aws = env.config.aws
+    node_ami = aws.node_ami or aws.ami
     if aws.node_launch_template:
-        ami = f"from launch template {aws.node_launch_template}" + (f" (overridden: {aws.ami})" if aws.ami else "")
-    elif not aws.ami:
+        ami = f"from launch template {aws.node_launch_template}" + (f" (overridden: {node_ami})" if node_ami else "")
+    elif not node_ami:
         ami = "MISSING: aws.ami is not set (an AMI id, or an SSM parameter name)"
         problems.append("aws.ami is not set")
-    elif aws.ami.startswith("/"):
-        ami = f"{aws.ami} (SSM parameter) -> " + asked.ask(f"the AMI behind {aws.ami}", env.resolve_ami)
+    elif node_ami.startswith("/"):
+        ami = f"{node_ami} (SSM parameter) -> " + asked.ask(f"the AMI behind {node_ami}", env.resolve_ami)
     else:
-        ami = aws.ami
+        ami = node_ami
     console.print(f"  AMI:        {ami}")
     if aws.instance_profile and not aws.node_launch_template:
         profile = asked.ask("the instance profile", _answer(env.check_instance_profile, "exists"))

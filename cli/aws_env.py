@@ -98,8 +98,10 @@ class AwsEnv(StoresOf):
         yield RunHold()  # nothing to start or stop: the table, queue and bucket outlive the command
 
     def resolve_ami(self) -> str:
-        ami = self.config.aws.ami
-        if self.config.aws.node_launch_template:
+        """The nodes' AMI id: aws.node_ami, else aws.ami (an SSM parameter is read)."""
+        aws = self.config.aws
+        ami, key = (aws.node_ami, "aws.node_ami") if aws.node_ami else (aws.ami, "aws.ami")
+        if aws.node_launch_template:
             return ami or ""
         if not ami:
             raise MissingResource(
@@ -113,7 +115,7 @@ class AwsEnv(StoresOf):
         except ClientError as e:
             if error_code(e) in ("ParameterNotFound", "ValidationException"):
                 raise MissingResource(
-                    f"aws.ami: there is no SSM parameter {ami!r} in {self.config.aws.region}: {error_code(e)}"
+                    f"{key}: there is no SSM parameter {ami!r} in {self.config.aws.region}: {error_code(e)}"
                 ) from None
             raise
 

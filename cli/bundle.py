@@ -1,10 +1,12 @@
 """The code bundle hub and nodes install at boot, and the Lambdas' package.
 
 `gridfleet-bundle.tar.gz` holds `wheels/` (gridfleet and every dependency, pinned
-by constraints.txt, so instances install with `pip --no-index`) and
-`selenium-server.jar`. `gridfleet-lambda.zip` holds the project's packages and
-the pure-Python dependencies the handlers import, built for the Lambda runtime
-(Linux x86_64, CPython 3.11); boto3 comes with the runtime.
+by constraints.txt, so instances install with `pip --no-index`),
+`selenium-server.jar` and `deps.txt` (the file names of the dependencies' wheels,
+sorted: the pinned dependency set, whose hash a baked node image records).
+`gridfleet-lambda.zip` holds the project's packages and the pure-Python
+dependencies the handlers import, built for the Lambda runtime (Linux x86_64,
+CPython 3.11); boto3 comes with the runtime.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ def _pip(args: list[str]) -> None:
         raise GridfleetError(f"pip failed ({' '.join(args[:2])}): {tail}")
 
 
+def dependency_set(wheels: Path) -> str:
+    """deps.txt: the wheel file names of gridfleet's dependencies in `wheels`, one a line, sorted."""
+    names = sorted(p.name for p in wheels.glob("*.whl") if not p.name.startswith("gridfleet-"))
+    return "".join(f"{n}\n" for n in names)
+
+
 def build_bundle(
     project: Path, out_dir: Path, jar: Path, *, deps: bool = True, crawlers: CrawlerShipment | None = None
 ) -> Path:
@@ -45,13 +53,15 @@ def build_bundle(
         wheels = Path(tmp) / "wheels"
         pins = ["-c", str(project / "constraints.txt")] if deps else ["--no-deps"]
         _pip(["wheel", "-q", *pins, "--wheel-dir", str(wheels), str(project)])
-        extra: list[tuple[Path, str]] = []
+        deps_txt = Path(tmp) / "deps.txt"
+        deps_txt.write_text(dependency_set(wheels))
+        extra: list[tuple[Path, str]] = [(deps_txt, "deps.txt")]
         if crawlers is not None:
             names = build_wheels(crawlers.project, crawlers.requirements, wheels)
             listing, manifest = Path(tmp) / "crawlers.txt", Path(tmp) / "crawlers.json"
             listing.write_text("".join(f"{n}\n" for n in names))
             manifest.write_text(json.dumps(crawlers.project.build.as_dict(), indent=1) + "\n")
-            extra = [(listing, "crawlers.txt"), (manifest, "crawlers.json")]
+            extra += [(listing, "crawlers.txt"), (manifest, "crawlers.json")]
         with tarfile.open(out, "w:gz") as tar:
             tar.add(wheels, arcname="wheels")
             tar.add(jar, arcname="selenium-server.jar")

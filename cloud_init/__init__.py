@@ -6,6 +6,7 @@ from cloud_init.render import (
     NodeUserData,
     RenderError,
     environment,
+    render_bake,
     render_hub,
     render_node,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "NodeUserData",
     "RenderError",
     "environment",
+    "render_bake",
     "render_hub",
     "render_node",
 ]

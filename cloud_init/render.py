@@ -277,3 +277,16 @@ def render_hub(p: HubUserData) -> str:
     return _cloud_config(
         "hub.yaml.j2", HUB_BOOT_SCRIPT, _render("hub-boot.sh.j2", ctx), HUB_ENV_FILE, _render("hub.env.j2", ctx)
     )
+
+
+def render_bake(
+    install_dir: str = "/opt/gridfleet", state_dir: str = "/var/lib/gridfleet", crawl_user: str = "gridfleet"
+) -> str:
+    """The node image's bake script (infra/packer/bake.sh): the node boot script's own install steps, run once
+    into an image. Its crawl user and uid default to `crawl_user` and 2000 (fleet.crawl_user, fleet.crawl_uid);
+    GRIDFLEET_CRAWL_USER and GRIDFLEET_CRAWL_UID choose others when it runs."""
+    _path("install_dir", install_dir)
+    _path("state_dir", state_dir)
+    _crawl_user(crawl_user, NodeUserData.crawl_uid)
+    ctx = {"install_dir": install_dir, "state_dir": state_dir, "crawl_user": crawl_user}
+    return _render("bake.sh.j2", {**ctx, "crawl_uid": NodeUserData.crawl_uid})

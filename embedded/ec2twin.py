@@ -49,6 +49,7 @@ class InstanceSpec:
     shutdown_behavior: str  # "stop" or "terminate"
     instance_profile: str | None = None  # its name
     availability_zone: str | None = None
+    image_id: str | None = None
 
     @property
     def role(self) -> str | None:
@@ -116,6 +117,7 @@ class Ec2Twin:
             shutdown_behavior=shutdown,
             instance_profile=profile,
             availability_zone=(instance.get("Placement") or {}).get("AvailabilityZone"),
+            image_id=instance.get("ImageId"),
         )
 
     def _template_data(self, tags: dict[str, str]) -> dict[str, Any]:

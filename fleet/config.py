@@ -102,6 +102,7 @@ class AwsConfig(_Model):
     security_group_ids: tuple[str, ...] = ()
     instance_profile: str | None = None
     ami: str | None = None
+    node_ami: str | None = Field(None, description="nodes' AMI, id or SSM parameter (a baked image); default aws.ami")
     key_name: str | None = None
     node_launch_template: str | None = Field(
         None, description="launch nodes from this template (type, subnet, market and user-data overridden)"

@@ -2,6 +2,8 @@
 
 `deploy()` follows the README's AWS path, each step through the same code an operator runs:
 
+0. with `node_image`, a node image baked as infra/packer bakes it, from the bundle of `gridfleet bundle`
+   (`TwinStack.bake_node_image`), its AMI id in the SSM parameter the stack's `node_ami_parameter` names;
 1. the stack's resources as infra/terraform defines them (`embedded.twin.infra`, in place of `terraform apply`),
    with the hub's user-data rendered by `gridfleet render hub` from the operator's fleet.yaml;
 2. the `aws:` section of fleet.yaml from the stack's `gridfleet_aws` output (`gridfleet config from-terraform`);
@@ -65,8 +67,11 @@ def gridfleet(env: dict[str, str], cwd: Path, *args: str, timeout_s: float = 300
     return p
 
 
-def deploy(twin: Any, work: Path, fleet: dict[str, Any], variables: dict[str, Any]) -> Deployed:
-    """The stack `variables` names (Terraform's, `name_prefix` first) on `twin`, running `fleet`'s sites.
+def deploy(
+    twin: Any, work: Path, fleet: dict[str, Any], variables: dict[str, Any], *, node_image: bool = False
+) -> Deployed:
+    """The stack `variables` names (Terraform's, `name_prefix` first) on `twin`, running `fleet`'s sites; with
+    `node_image`, its nodes launched from a node image baked for it (the hub stays on the stock image).
 
     `fleet` is fleet.yaml without its `aws:` keys that come from the stack (any it has win); `aws.endpoint_url`
     is set to the twin's AWS."""
@@ -78,6 +83,11 @@ def deploy(twin: Any, work: Path, fleet: dict[str, Any], variables: dict[str, An
     config_path.write_text(yaml.safe_dump({**fleet, "aws": {**aws, **fleet.get("aws", {})}}, sort_keys=False))
     hub_user_data = gridfleet(env, work, "render", "hub", "--config", str(config_path)).stdout
     ami = twin.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]  # AWS's AMI parameter's
+    if node_image:  # as an operator bakes one: `gridfleet bundle`, then infra/packer on that bundle
+        gridfleet(env, work, "bundle", "--out", str(work / "image"), "--config", str(config_path))
+        parameter = f"/{stack}/node-ami"
+        twin.bake_node_image(work / "image" / "gridfleet-bundle.tar.gz", parameter)
+        variables = {**variables, "node_ami_parameter": parameter}
     outputs = apply_stack(
         twin, TERRAFORM_DIR, {**variables, "region": twin.region}, hub_user_data=hub_user_data, ami_id=ami
     )

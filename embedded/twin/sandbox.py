@@ -10,6 +10,10 @@ paths the boot scripts use, so those paths work unchanged and nothing the boot w
   install_dir, state_dir   per-instance directories (default /opt/gridfleet, /var/lib/gridfleet)
   efs_mount               the one directory all instances of the twin share (default /efs)
 
+An instance launched from a baked node image (`image`, `embedded.twin.images`) starts with the image's
+install and state directories and its accounts in /etc; `layers` copies other host directories into private
+ones before the boot (the bake's bundle into /root).
+
 With `clock_offset_s`, every process of the boot runs with its wall clock that far ahead of this machine's
 (`CLOCK_LIB` preloaded; its monotonic clock is this machine's), as an instance of a twin whose clock jumped.
 
@@ -32,11 +36,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from embedded.twin import network
 from embedded.twin.cloud_config import TwinError, plan_user_data
 from embedded.twin.imds import InstanceImds
 from embedded.twin.shims import SHIMS, SHUTDOWN_MARKER, aws_shim
+
+if TYPE_CHECKING:
+    from embedded.twin.images import BakedImage
 
 #: The instance clock's preload library (embedded/twin/native/clockshift.c, built by `make setup`), and where an
 #: instance whose clock runs ahead of this machine's has its copy (readable by every user of the instance).
@@ -82,6 +90,8 @@ class InstanceSandbox:
         stock_users: tuple[str, ...] = (),
         clock_offset_s: float = 0.0,
         metadata: dict[str, str] | None = None,
+        image: BakedImage | None = None,
+        layers: dict[str, Path] | None = None,
     ) -> None:
         if not isinstance(instance_id, str) or not INSTANCE_ID_RE.match(instance_id):
             raise TwinError(f"instance id {instance_id!r} is not i-<8 to 17 hex digits>")
@@ -99,6 +109,8 @@ class InstanceSandbox:
         self.stock_users = stock_users
         self.clock_offset_s = clock_offset_s
         self.metadata = dict(metadata or {})
+        self.image = image
+        self.layers = dict(layers or {})
         if clock_offset_s:
             self.env |= {"LD_PRELOAD": CLOCK_GUEST_PATH, "GRIDFLEET_TWIN_CLOCK_OFFSET": f"{clock_offset_s:.3f}"}
         self.address: str | None = None
@@ -163,6 +175,10 @@ class InstanceSandbox:
             (self.dir / name).mkdir(mode=0o755)
         (self.dir / "root-home").chmod(0o700)
         (self.dir / "tmp").chmod(0o1777)
+        if self.image is not None:
+            self.image.apply(self.dir)
+        for name, source in self.layers.items():
+            subprocess.run(["cp", "-a", f"{source}/.", str(self.dir / name)], check=True, timeout=300)
         self.console.touch(mode=0o600)
         if self.clock_offset_s:
             if not CLOCK_LIB.is_file():

@@ -7,7 +7,9 @@ instances reach it and the twin can read and change moto's state. A loop thread 
 - keeps moto's instances and the sandboxes in step (`Ec2Twin.sync`): each instance moto starts boots its
   user-data in an `InstanceSandbox` whose AWS CLI and SDKs reach this moto with the credentials its IMDS gives
   for its instance profile's role; moto is told the instance's address on the bridge and its launch time on
-  the twin's clock, so what the code reads back from EC2 is where and when the instance really is;
+  the twin's clock, so what the code reads back from EC2 is where and when the instance really is; an
+  instance of a baked node image (`bake_node_image`: infra/packer's bake script run once, an AMI id in moto)
+  starts with what the bake left (`embedded.twin.images`);
 - runs the SSM commands sent to running instances inside them (`embedded.twin.ssm`); with `ssh_key`, every
   instance also runs a real sshd that admits that key, its host keys on its console (`embedded.twin.sshd`);
 - fires the stack's EventBridge schedules on the twin's clock (`embedded.schedules`), the Lambda handlers
@@ -92,6 +94,7 @@ class Boot:
     clock_offset: float
     instance_offset: float
     sandbox: InstanceSandbox
+    baked: bool = False  # launched from a baked node image
 
 
 @dataclass
@@ -108,6 +111,7 @@ class TwinStack:
     errors: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)  # what `Ec2Twin.sync` did, one line each
     fired: list[Any] = field(default_factory=list)  # every schedule that fired (`embedded.schedules.Fired`)
+    images: dict[str, Any] = field(default_factory=dict)  # AMI id -> its `BakedImage`
 
     def __post_init__(self) -> None:
         self._server: Any = None
@@ -246,6 +250,18 @@ class TwinStack:
             return None
         return roles[0]["RoleName"] if roles else None
 
+    def bake_node_image(self, bundle: Path, parameter: str) -> str:
+        """Bake a node image from `bundle` (infra/packer's bake script, in a sandbox), register it in moto and
+        put its AMI id in the SSM parameter `parameter`; the AMI id. Instances launched from it boot on it."""
+        from embedded.twin.images import bake, register
+
+        image = bake(self.root, bundle, stock_users=self.stock_users)
+        ami = register(self.client("ec2"), self.client("ssm"), f"gridfleet-node-{image.dir.name}", parameter)
+        with self._lock:
+            self.images[ami] = image
+        log.info("twin-image ami=%s bake_s=%.1f deps=%s", ami, image.bake_s, image.marker.get("deps_sha256"))
+        return ami
+
     def _env(self) -> dict[str, str]:
         return {"AWS_DEFAULT_REGION": self.region}
 
@@ -260,6 +276,7 @@ class TwinStack:
             aws_endpoint=self.endpoint,
             stock_users=self.stock_users,
             clock_offset_s=self.clock.instance_offset,
+            image=self.images.get(spec.image_id or ""),
             metadata={
                 "placement/region": self.region,
                 "placement/availability-zone": spec.availability_zone or f"{self.region}a",
@@ -277,5 +294,6 @@ class TwinStack:
         launched = inst.launch_time.replace(tzinfo=UTC).timestamp()  # moto's: this machine's clock, UTC
         inst.launch_time += timedelta(seconds=self.clock.offset)  # when, on the twin's clock
         offsets = (self.clock.offset, self.clock.instance_offset)
-        self.boots.append(Boot(spec.instance_id, spec.role, launched, booted, *offsets, box))
+        baked = box.image is not None
+        self.boots.append(Boot(spec.instance_id, spec.role, launched, booted, *offsets, box, baked))
         return box

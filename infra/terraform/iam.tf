@@ -294,11 +294,14 @@ data "aws_iam_policy_document" "hub" {
     resources = ["*"]
   }
 
-  # cli.aws_env.AwsEnv.resolve_ami: the AMI id behind aws.ami.
+  # cli.aws_env.AwsEnv.resolve_ami: the AMI id behind aws.node_ami, else aws.ami.
   statement {
-    sid       = "AmiParameter"
-    actions   = ["ssm:GetParameter"]
-    resources = ["arn:${local.partition}:ssm:${local.region}::parameter${var.ami_parameter}"]
+    sid     = "AmiParameter"
+    actions = ["ssm:GetParameter"]
+    resources = [
+      "arn:${local.partition}:ssm:${local.region}::parameter${var.ami_parameter}",
+      "arn:${local.partition}:ssm:${local.region}::parameter${local.node_ami_parameter}",
+    ]
   }
 
   # hub.monitor (metrics.cloudwatch: true): the run's gauges and kills. PutMetricData has no

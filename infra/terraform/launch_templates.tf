@@ -75,7 +75,7 @@ resource "aws_launch_template" "hub" {
 resource "aws_launch_template" "node" {
   name                   = local.node_template_name
   description            = "gridfleet node: Selenium Grid node and Chromium"
-  image_id               = local.ami_id
+  image_id               = local.node_ami_id # a baked node image (node_ami_parameter), else the stack's
   instance_type          = var.node_instance_type
   key_name               = var.key_name
   update_default_version = true
@@ -99,7 +99,7 @@ resource "aws_launch_template" "node" {
   }
 
   block_device_mappings {
-    device_name = local.root_device_name
+    device_name = local.node_root_device_name
 
     ebs {
       volume_type           = "gp3"

@@ -131,9 +131,24 @@ data "aws_ami" "base" {
   }
 }
 
+# The nodes' image: a baked node image (infra/packer) when node_ami_parameter names one, else the same.
+data "aws_ssm_parameter" "node_ami" {
+  name = local.node_ami_parameter
+}
+
+data "aws_ami" "node" {
+  filter {
+    name   = "image-id"
+    values = [data.aws_ssm_parameter.node_ami.insecure_value]
+  }
+}
+
 locals {
-  ami_id           = data.aws_ami.base.id
-  root_device_name = data.aws_ami.base.root_device_name
+  ami_id                = data.aws_ami.base.id
+  root_device_name      = data.aws_ami.base.root_device_name
+  node_ami_parameter    = coalesce(var.node_ami_parameter, var.ami_parameter)
+  node_ami_id           = data.aws_ami.node.id
+  node_root_device_name = data.aws_ami.node.root_device_name
 
   # Runs at every boot (a systemd unit), not only the first: forwarding and the
   # masquerade rule survive a stop and start of the instance.

@@ -58,6 +58,11 @@ output "ami_parameter" {
   value       = var.ami_parameter
 }
 
+output "node_ami_parameter" {
+  description = "SSM parameter of the nodes' AMI (a baked node image, or ami_parameter)."
+  value       = local.node_ami_parameter
+}
+
 output "node_launch_template" {
   description = "Name of the node launch template."
   value       = aws_launch_template.node.name
@@ -101,6 +106,7 @@ output "gridfleet_aws" {
     security_group_ids   = [aws_security_group.node.id]
     instance_profile     = aws_iam_instance_profile.node.name
     ami                  = var.ami_parameter
+    node_ami             = local.node_ami_parameter
     key_name             = var.key_name
     node_launch_template = aws_launch_template.node.name
     hub_launch_template  = aws_launch_template.hub.name

@@ -90,6 +90,17 @@ variable "ami_parameter" {
   }
 }
 
+variable "node_ami_parameter" {
+  description = "SSM parameter holding the AMI id of the nodes (fleet.yaml aws.node_ami): a node image baked by infra/packer. null: ami_parameter's."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.node_ami_parameter == null || startswith(coalesce(var.node_ami_parameter, "/"), "/")
+    error_message = "node_ami_parameter is an SSM parameter name starting with '/'."
+  }
+}
+
 variable "key_name" {
   description = "EC2 key pair the nodes are launched with, for the hub's SSH kill path (fleet.yaml aws.key_name). null: no key pair, the hub kills through SSM only."
   type        = string

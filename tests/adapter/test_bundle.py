@@ -38,6 +38,11 @@ def test_the_bundle_installs_with_no_index_and_runs(tmp_path):
     wheels = [n for n in names if n.startswith("wheels/") and n.endswith(".whl")]
     assert any(n.startswith("wheels/gridfleet-") for n in wheels)
     assert not any("moto" in n for n in wheels)  # the embedded default's moto is not shipped to instances
+    # deps.txt: gridfleet's pinned dependency set (what a baked image's venv holds), not gridfleet or the crawlers
+    deps = (tmp_path / "opt" / "deps.txt").read_text().splitlines()
+    assert deps == sorted(deps) and {f"wheels/{d}" for d in deps} <= set(wheels)
+    assert any(d.startswith("pydantic-") for d in deps)
+    assert not any(d.startswith(("gridfleet-", "teamcrawlers-")) for d in deps)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     install = subprocess.run(

@@ -350,6 +350,27 @@ def test_the_dry_run_on_a_complete_account_resolves_everything_and_only_reads(cl
     } <= set(calls.started)
 
 
+def test_the_nodes_ami_is_aws_node_ami_when_it_is_given(cli, names, moto_endpoint, tmp_path):
+    """aws.node_ami (a baked node image) is the nodes' AMI: the dry run resolves its parameter, not aws.ami's, and
+    the provider launches it; a parameter that is missing is named with its key."""
+    from cli import aws_env
+    from fleet.config_load import load_config
+
+    aws = parse_config(f"aws: {{endpoint_url: '{moto_endpoint}'}}\nsites: [{{id: a, start_url: 'http://a.test'}}]").aws
+    clients = AwsClients(aws, credentials=LOCAL_CREDENTIALS)
+    baked = clients.client("ec2").register_image(Name=f"gridfleet-node-{names['table']}")["ImageId"]
+    parameter = f"/gridfleet/{names['table']}/node-ami"
+    clients.client("ssm").put_parameter(Name=parameter, Type="String", Value=baked)
+    write_config(tmp_path / "fleet.yaml", moto_endpoint, names, node_ami=parameter)
+    code, out, err, _ = cli(COMMANDS["run --dry-run"])
+    assert code == 0, out + err
+    assert f"AMI:        {parameter} (SSM parameter) -> {baked}" in out
+    assert aws_env.connect(load_config(tmp_path / "fleet.yaml")).resolve_ami() == baked
+    write_config(tmp_path / "fleet.yaml", moto_endpoint, names, node_ami=parameter + "-gone")
+    code, out, err, _ = cli(COMMANDS["run --dry-run"])
+    assert code == 1 and f"aws.node_ami: there is no SSM parameter '{parameter}-gone'" in out + err
+
+
 def test_the_dry_run_of_a_missing_account_only_reads_and_names_what_is_missing(cli, names, moto_endpoint, tmp_path):
     cfg = write_config(tmp_path / "fleet.yaml", moto_endpoint, names, fresh=True)
     aws = yaml.safe_load(cfg.read_text())["aws"]

@@ -38,6 +38,7 @@ ANYWHERE = {"0.0.0.0/0", "::/0"}
 
 # The keys of fleet.yaml's aws: section that the stack decides.
 GRIDFLEET_AWS_KEYS = {
+    "node_ami",
     "region",
     "stack",
     "table",
@@ -858,7 +859,10 @@ def test_hub_ec2_and_ssm_are_tag_scoped(tf):
     assert profile["actions"] == ["iam:GetInstanceProfile"]
     assert profile["resources"] == ["${aws_iam_instance_profile.node.arn}"]
     (param,) = with_action(hub, "ssm:GetParameter")
-    assert param["resources"][0].endswith("::parameter${var.ami_parameter}")
+    assert [r.rsplit("::", 1)[1] for r in param["resources"]] == [
+        "parameter${var.ami_parameter}",
+        "parameter${local.node_ami_parameter}",  # the nodes' AMI (aws.node_ami), a baked image's or the same
+    ]
     for s in with_action(hub, "kms:Decrypt"):
         assert ("StringEquals", "kms:ViaService") in conditions(tf, s)
 
@@ -1134,10 +1138,19 @@ def test_launch_templates(tf):
     assert tf.default("ami_parameter") == "/aws/service/debian/release/12/latest/amd64"
     assert "data.aws_ami.base.id" in tf.locals["ami_id"]
     assert "data.aws_ssm_parameter.ami" in str(tf.datum("aws_ami", "base"))
+    # the nodes' image: node_ami_parameter (a baked node image, infra/packer), by default the stack's own
+    assert tf.default("node_ami_parameter") is None
+    assert tf.locals["node_ami_parameter"] == "${coalesce(var.node_ami_parameter, var.ami_parameter)}"
+    assert tf.datum("aws_ssm_parameter", "node_ami")["name"] == "${local.node_ami_parameter}"
+    assert "data.aws_ssm_parameter.node_ami" in str(tf.datum("aws_ami", "node"))
+    assert "data.aws_ami.node.id" in tf.locals["node_ami_id"]
+    images = {"hub": "${local.ami_id}", "node": "${local.node_ami_id}"}
+    disks = {"hub": "${local.root_device_name}", "node": "${local.node_root_device_name}"}
     profiles = {"hub": "aws_iam_instance_profile.hub", "node": "aws_iam_instance_profile.node"}
     for role in ("hub", "node"):
         lt = tf.resource("aws_launch_template", role)
-        assert lt["image_id"] == "${local.ami_id}"
+        assert lt["image_id"] == images[role]
+        assert one(lt, "block_device_mappings")["device_name"] == disks[role]
         md = one(lt, "metadata_options")
         assert md["http_tokens"] == "required"
         assert md["http_put_response_hop_limit"] == 1
@@ -1510,6 +1523,7 @@ def test_outputs(tf):
     assert value["security_group_ids"] == ["${aws_security_group.node.id}"]
     assert value["instance_profile"] == "${aws_iam_instance_profile.node.name}"
     assert value["ami"] == "${var.ami_parameter}"
+    assert value["node_ami"] == "${local.node_ami_parameter}"
     assert value["key_name"] == "${var.key_name}"
     assert value["node_launch_template"] == "${aws_launch_template.node.name}"
     assert value["efs_access_point_id"] == "${aws_efs_access_point.main.id}"  # nodes mount through it

@@ -78,11 +78,13 @@ DAY_SITES = {
 @pytest.fixture(scope="session")
 def twin_stack(twin_ok, tmp_path_factory):
     """A stack deployed on the twin (stack `gftwin`, the day's sites), its schedules firing, the watchdog's
-    `hub_stale_s` 30 s; every instance runs sshd for the key `ssh_private_key`."""
+    `hub_stale_s` 30 s; every instance runs sshd for the key `ssh_private_key`. Its nodes boot a node image baked
+    for it (infra/packer's bake script), its hubs the stock image, so both boot paths run every day."""
     from tests.twin.day import TwinDay
 
     root = tmp_path_factory.mktemp("twin-stack")
     # the twin's thread logs as long as the tests run, also after the capture of the test that made a log handler closed
     logging.raiseExceptions = False
-    with TwinDay(root, "gftwin", DAY_FLEET, DAY_SITES, variables={"hub_stale_s": 30}, ssh_user="admin") as d:
+    variables = {"hub_stale_s": 30}
+    with TwinDay(root, "gftwin", DAY_FLEET, DAY_SITES, variables=variables, ssh_user="admin", node_image=True) as d:
         yield d

@@ -48,8 +48,10 @@ class TwinDay:
         *,
         variables: dict[str, Any] | None = None,
         ssh_user: str | None = None,
+        node_image: bool = False,
     ) -> None:
         self.root, self.stack, self.fleet, self.sites = root, stack, fleet, sites
+        self.node_image = node_image  # the nodes boot a node image baked for the stack; the hub a stock one
         self.run_ids: list[str] = []  # every run the starter started, in order
         self.variables = dict(variables or {})
         self.twin = TwinStack(root / "twin", region=REGION, stack=stack, ssh_key=self._ssh_key(ssh_user))
@@ -100,7 +102,8 @@ class TwinDay:
         start = cron_at(self.twin.clock.now() + 120)
         variables = {"name_prefix": self.stack, "bucket_name": f"{self.stack}-results", "start_schedule": start}
         fleet = {**self.fleet, "sites": self.site_specs(self.sites)}
-        self.deployed = deploy(self.twin, self.root / "operator", fleet, {**variables, **self.variables})
+        variables = {**variables, **self.variables}
+        self.deployed = deploy(self.twin, self.root / "operator", fleet, variables, node_image=self.node_image)
         self.twin.load_schedules(stack_handlers(self.twin.lambda_clients, self.twin.clock), prefix=self.stack)
 
     def ensure_deployed(self) -> None:

@@ -6,7 +6,8 @@ its rendered user-data, launches nodes through `Ec2Provider`, the nodes boot the
 through the hub's Selenium Grid. Three sites: one plain; one that hangs on its first attempt, with the nodes'
 own watchdog off, so only the hub can end it and its first rung, SSM, does (the command runs inside the node);
 one interrupted by a spot notice raised through its node's IMDS (the one fault injected, at the twin's seam
-for what EC2 decides). Root only (see conftest)."""
+for what EC2 decides). The nodes boot the node image baked for the stack, the hub the stock image. Root only
+(see conftest)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,18 @@ def test_the_starter_fired_on_its_schedule_and_the_nodes_boot_and_claim(day):
     figures = day.figures(day.run_id, day.day_boots)
     assert figures["schedule_to_first_launch_s"] < 120 and figures["node_launch_to_first_claim_s"] < 120, figures
     print(json.dumps(figures), time.time())
+
+
+def test_the_nodes_booted_the_baked_image_and_the_hub_the_stock_one(day):
+    """The stack's nodes are launched from the node image baked for it (infra/packer's bake script, run once on
+    the twin), its hub from the stock image: both boot paths run, each as its boot log says."""
+    image = list(day.twin.images.values())[-1]  # the one the deployment made (again, if moto was reset)
+    assert image.marker["crawl_uid"] == 2000 and len(image.marker["deps_sha256"]) == 64
+    assert any(line.startswith("gridfleet:x:2000:2000:") for line in image.accounts["passwd"])
+    for boot in day.day_boots:
+        log = (boot.sandbox.var_log / "gridfleet-boot.log").read_text()
+        if boot.role == "node":
+            assert boot.baked and "baked image: its venv has the bundle's dependencies" in log, boot.instance_id
+            assert "step: install-gridfleet" in log and "already installed:" in log
+        else:
+            assert not boot.baked and "baked image" not in log, boot.instance_id

@@ -1,0 +1,121 @@
+"""Baked node images on the EC2 twin: infra/packer's bake script run once, kept as a layer, like an AMI.
+
+`bake()` runs the real bake script (`cloud_init.render_bake`, the file infra/packer/bake.sh) as the runcmd of
+an instance sandbox of its own, from a stock image (the host's crawl user removed from its /etc, as
+`TwinStack.stock_users` says), with a code bundle staged in its /root. What the bake left is the image
+(`BakedImage`): its install and state directories, copied whole, and the accounts it added to /etc
+(the crawl user). An instance launched from the image (`InstanceSandbox(image=...)`) starts with those
+directories and accounts, so its boot script finds the marker, the venv and the crawl user as on a node
+booted from the AMI infra/packer makes. `register()` gives the image an AMI id in moto (RegisterImage) and
+an SSM parameter holding it, which the stack's `node_ami_parameter` names.
+
+Not AWS: no snapshot is taken of a disk; packages are this machine's (the twin's `apt-get` installs nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from embedded.twin.cloud_config import TwinError
+
+BAKE_SCRIPT = "/usr/local/sbin/gridfleet-bake"
+STAGED_BUNDLE = "/root/gridfleet-bundle.tar.gz"
+_ACCOUNT_FILES = ("passwd", "group", "shadow", "gshadow")
+_LAYERS = ("install", "state")  # the sandbox's private directories an image carries
+
+
+@dataclass(frozen=True)
+class BakedImage:
+    """What a bake left: `dir/install`, `dir/state`, and the lines it added to /etc's account files."""
+
+    dir: Path
+    accounts: dict[str, list[str]]  # /etc file name -> the lines of the accounts the bake added
+    marker: dict[str, Any]  # the image's image.json
+    bake_s: float
+
+    def apply(self, instance_dir: Path) -> None:
+        """Lay the image into an instance sandbox's directories (before its boot): the baked install and state
+        directories, and the baked accounts appended to its copy of /etc. The install directory (the venv: most
+        of the image) is linked file by file rather than copied, as an instance's disk starts from its AMI's
+        snapshot without a copy: what the boot writes there (pip, Python's caches) makes new files and replaces
+        files by renaming, so the image is never written through a link."""
+        for name in _LAYERS:
+            src = self.dir / name
+            if src.is_dir():
+                mode = "-al" if name == "install" else "-a"
+                subprocess.run(["cp", mode, f"{src}/.", str(instance_dir / name)], check=True, timeout=300)
+        for name, lines in self.accounts.items():
+            path = instance_dir / "etc" / name
+            if lines and path.exists():
+                with path.open("a") as f:
+                    f.write("".join(f"{line}\n" for line in lines))
+
+
+def _bake_user_data(script: str) -> str:
+    doc = {
+        "write_files": [{"path": BAKE_SCRIPT, "owner": "root:root", "permissions": "0755", "content": script}],
+        "runcmd": [[BAKE_SCRIPT, STAGED_BUNDLE]],
+    }
+    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+def _names(path: Path) -> set[str]:
+    return {line.split(":", 1)[0] for line in path.read_text().splitlines() if line} if path.exists() else set()
+
+
+def bake(root: Path, bundle: Path, *, stock_users: tuple[str, ...] = (), timeout_s: float = 900.0) -> BakedImage:
+    """Run the bake script on `bundle` in a sandbox under `root`; the image it left (in `root/images/<id>`).
+    TwinError with the bake's log when it fails."""
+    from cloud_init import render_bake
+    from embedded.twin.sandbox import InstanceSandbox
+
+    box_id = "i-0ba4e" + secrets.token_hex(6)
+    image_dir = root / "images" / box_id
+    stage = image_dir / "stage"
+    stage.mkdir(parents=True)
+    shutil.copyfile(bundle, stage / Path(STAGED_BUNDLE).name)
+    box = InstanceSandbox(
+        box_id,
+        _bake_user_data(render_bake()),
+        root,
+        stock_users=stock_users,
+        boot_timeout_s=timeout_s,
+        layers={"root-home": stage},
+    )
+    started = time.monotonic()
+    try:
+        box.start()
+        before = {name: _names(box.dir / "etc" / name) for name in _ACCOUNT_FILES}
+        result = box.wait_boot(timeout_s + 30)
+        if result is None or result.exit_code != 0:
+            log = box.boot_log.read_text(errors="replace")[-4000:]
+            raise TwinError(f"the bake failed ({result}):\n{log}")
+    finally:
+        box.stop()
+    bake_s = time.monotonic() - started
+    for name in _LAYERS:
+        shutil.copytree(box.dir / name, image_dir / name, symlinks=True)
+    accounts = {}
+    for name in _ACCOUNT_FILES:
+        path = box.dir / "etc" / name
+        lines = path.read_text().splitlines() if path.exists() else []
+        accounts[name] = [line for line in lines if line and line.split(":", 1)[0] not in before[name]]
+    shutil.rmtree(stage)
+    marker = json.loads((image_dir / "install" / "image.json").read_text())
+    return BakedImage(image_dir, accounts, marker, round(bake_s, 1))
+
+
+def register(ec2: Any, ssm: Any, name: str, parameter: str) -> str:
+    """An AMI id for a baked image in moto (RegisterImage), and the SSM parameter `parameter` holding it."""
+    ami = str(ec2.register_image(Name=name, Description="gridfleet node image (twin)")["ImageId"])
+    ssm.put_parameter(Name=parameter, Value=ami, Type="String", Overwrite=True)
+    return ami
