@@ -3,8 +3,8 @@
 Once a crawl's result is saved (in S3, `COMPLETED`, its message deleted), what is left of the attempt is local:
 the crawler quits its browser and exits, a browser left behind is killed, and the site's profile lock is released.
 None of it writes to AWS. A `Closer` made with `background=True` runs that in a thread, so the node receives and
-claims its next site meanwhile; that site's Grid session request waits in the Grid's queue until the closing
-session has freed the node's one slot. One closing at a time: the next waits for the one before, and so does
+claims its next site meanwhile; that site's browser starts in the Grid node's second slot while this one closes
+(`node.grid_node`). One closing at a time: the next waits for the one before, and so does
 the node before it exits. By default (the tests' agents, the fault suite's) it runs inline.
 """
 

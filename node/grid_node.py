@@ -1,8 +1,9 @@
-"""This node's Selenium Grid node: one slot whose stereotype names the node.
+"""This node's Selenium Grid node: two slots whose stereotype names the node.
 
 The stereotype carries `gridfleet:node=<instance id>`, so the Grid routes a
 session to this node only when the crawler asks for it: the browser runs on the
-machine that holds the site's profile lock. One session at a time.
+machine that holds the site's profile lock. The agent crawls one site at a time; the
+second slot lets the next site's browser start while the last one closes.
 
 The Grid node, and so chromedriver and Chromium, may run as another user than
 the agent (`RunAs`): on the embedded default a root hub's nodes start it as the
@@ -73,13 +74,16 @@ def render_toml(spec: GridNodeSpec, node_id: str, port: int) -> str:
             "",
             "[node]",
             "detect-drivers = false",
-            "max-sessions = 1",
+            # two slots: the next site's browser starts while the last one still closes (the agent runs one
+            # crawl at a time; only its own requests carry this node's id)
+            "max-sessions = 2",
+            "override-max-sessions = true",
             "selenium-manager = false",
             f"session-timeout = {int(spec.session_timeout_s)}",
             "",
             "[[node.driver-configuration]]",
             'display-name = "chromium"',
-            "max-sessions = 1",
+            "max-sessions = 2",
             f"webdriver-executable = {q(spec.chromedriver)}",
             f"stereotype = {q(stereotype)}",
             "",

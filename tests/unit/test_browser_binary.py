@@ -38,3 +38,15 @@ def test_the_grid_nodes_stereotype_matches_what_the_crawler_asks_for(binary):
     assert caps["goog:chromeOptions"]["binary"] == binary
     for key in ("browserName", "gridfleet:node"):
         assert stereotype[key] == caps[key]
+
+
+def test_the_grid_node_has_a_second_slot_for_the_next_sites_browser_while_the_last_one_closes():
+    spec = GridNodeSpec(
+        jar=Path("/x.jar"), grid_url="http://127.0.0.1:4444", publish="tcp://a:1", subscribe="tcp://a:2"
+    )
+    node = tomllib.loads(render_toml(spec, "i-1", 5555))["node"]
+    # the Grid caps max-sessions at the machine's cores unless told otherwise: a 1-vCPU node would get one slot
+    assert node["max-sessions"] == 2 and node["override-max-sessions"] is True
+    [driver] = node["driver-configuration"]
+    assert driver["max-sessions"] == 2
+    assert json.loads(driver["stereotype"])["gridfleet:node"] == "i-1"  # the slots are this node's agent's only
