@@ -156,7 +156,7 @@ write_marker() {
   deps=$(sha256_of "$WORK_DIR/deps.txt")
   jar=$(sha256_of "$INSTALL_DIR/selenium-server.jar")
   python3 - "$IMAGE_MARKER.part" "$deps" "$jar" "$WORK_DIR/deps.txt" "$CRAWL_USER" "$CRAWL_UID" \
-    "$INSTALL_DIR/venv" "${APT_PACKAGES[@]}" amazon-efs-utils <<'PY'
+    "$INSTALL_DIR/venv" "${APT_PACKAGES[@]}" "${IMAGE_ONLY_PACKAGES[@]}" amazon-efs-utils <<'PY'
 import datetime, json, platform, sys
 
 out, deps, jar, deps_txt, user, uid, venv, *packages = sys.argv[1:]
@@ -181,9 +181,13 @@ PY
   mv -f -- "$IMAGE_MARKER.part" "$IMAGE_MARKER"
 }
 
+# the image also holds Chrome's headless shell, a lighter browser `browser.chromium` may name (a stock boot
+# does not install it)
+IMAGE_ONLY_PACKAGES=(chromium-headless-shell)
 WORK_DIR=$(mktemp -d)
 step install-packages
-install_missing "${APT_PACKAGES[@]}" || fail "cannot install ${APT_PACKAGES[*]}"
+install_missing "${APT_PACKAGES[@]}" "${IMAGE_ONLY_PACKAGES[@]}" ||
+  fail "cannot install ${APT_PACKAGES[*]} ${IMAGE_ONLY_PACKAGES[*]}"
 step install-efs-utils
 install_efs_utils
 step crawl-user
