@@ -33,12 +33,8 @@ class RunConfig(_Model):
     watch_interval_s: float = Field(30, gt=0, description="longest sleep of the hub between ticks")
     deadline_s: float = Field(21600, gt=0, description="the run ends, unfinished sites FAILED/deadline")
     spot_requeue_cap: int = Field(3, ge=0, description="spot interruptions requeued without spending an attempt")
-    enqueue_grace_s: float = Field(
-        15, gt=0, description="a QUEUED site without its message for this long gets one (crash repair)"
-    )
-    browser_start_timeout_s: float = Field(
-        120, gt=0, description="a crawl whose browser session has not started by then fails"
-    )
+    enqueue_grace_s: float = Field(15, gt=0, description="a QUEUED site without its message this long gets one")
+    browser_start_timeout_s: float = Field(120, gt=0, description="a crawl whose browser has not started by then fails")
     lock_timeout_s: float = Field(60, ge=0, description="longest wait for a site's profile lock")
     order: Literal["longest_first", "config"] = Field(
         "longest_first",
@@ -77,6 +73,9 @@ class FleetConfig(_Model):
     )
 
 
+AMI_PATTERN = r"^(ami-[0-9a-f]{8,17}|/[A-Za-z0-9_./-]{1,2047})$"  # an AMI id, or an SSM parameter name
+
+
 class AwsConfig(_Model):
     region: str = "ap-northeast-2"
     stack: str = Field(
@@ -101,8 +100,8 @@ class AwsConfig(_Model):
     subnet_ids: tuple[str, ...] = ()
     security_group_ids: tuple[str, ...] = ()
     instance_profile: str | None = None
-    ami: str | None = None
-    node_ami: str | None = Field(None, description="nodes' AMI, id or SSM parameter (a baked image); default aws.ami")
+    ami: str | None = Field(None, pattern=AMI_PATTERN, description="an AMI id, or an SSM parameter holding one")
+    node_ami: str | None = Field(None, pattern=AMI_PATTERN, description="nodes' AMI (a baked image); default aws.ami")
     key_name: str | None = None
     node_launch_template: str | None = Field(
         None, description="launch nodes from this template (type, subnet, market and user-data overridden)"

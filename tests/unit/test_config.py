@@ -81,6 +81,11 @@ def test_a_full_example_is_valid_and_round_trips():
             "aws: {endpoint_url: 'localhost:4566'}\nsites: [{id: a, start_url: 'http://a.test'}]",
             "fleet.yaml:1: aws.endpoint_url: must be an http(s) URL",
         ),
+        (
+            "aws: {node_ami: 'ami-0; reboot'}\nsites: [{id: a, start_url: 'http://a.test'}]",
+            "fleet.yaml:1: aws.node_ami: String should match pattern",
+        ),
+        ("aws: {ami: debian-12}\nsites: [{id: a, start_url: 'http://a.test'}]", "fleet.yaml:1: aws.ami: String should"),
     ],
 )
 def test_bad_input_is_named_by_file_line_and_field(text, expected):
