@@ -1541,6 +1541,8 @@ def test_the_output_is_a_valid_aws_section():
             value[key] = tf.default(ref(expr).removeprefix("var."))
         elif key == "queue_fifo":
             value[key] = False
+        elif key == "node_ami":  # local.node_ami_parameter: an SSM parameter's name, by default ami_parameter's
+            value[key] = tf.default("ami_parameter")
         elif key in ("subnet_ids", "security_group_ids"):  # lists of ids
             value[key] = [f"{key[:-4]}-0123456789abcdef0"]
         else:  # a resource's name or id
