@@ -8,7 +8,7 @@ from itertools import pairwise
 
 import pytest
 
-from fleet.aws.ratelimit import PACE_MARGIN, MemoryRateLimiter, spacing
+from fleet.aws.ratelimit import MAX_LATE, PACE_MARGIN, MemoryRateLimiter, spacing
 from fleet.clock import FakeClock
 from fleet.config_load import dump_config, parse_config
 from fleet.errors import ConfigError
@@ -101,6 +101,40 @@ def test_no_burst_after_idleness():
     assert max_in_window(sends) <= 5
     gaps = [b - a for a, b in pairwise(sorted(sends))]
     assert min(gaps) >= spacing(5) - 1e-9
+
+
+class SlowTable(MemoryRateLimiter):
+    """Slots as the table gives them, each answer `latency` seconds late (a loaded node or table)."""
+
+    def __init__(self, clock: FakeClock, latency: list[float]):
+        super().__init__(clock)
+        self.latency = latency
+
+    def take(self, group: str, per_s: float, now: float) -> float:
+        slot = super().take(group, per_s, now)
+        self.clock.advance(self.latency.pop(0) if self.latency else 0.0)
+        return slot
+
+
+def test_a_request_late_for_its_slot_takes_another():
+    """The first answer comes 0.15 s after its slot (now, the group idle): leaving then, and the sixth
+    request at its own slot 1.1 s later, would put six requests into one second. It takes the next slot."""
+    clock = FakeClock()
+    rl = SlowTable(clock, [0.15])
+    t0 = clock.now()
+    sends = []
+    for _ in range(6):
+        rl.wait("news", 5)
+        sends.append(clock.now())
+    assert sends[0] == pytest.approx(t0 + spacing(5))  # the slot at t0 went unused
+    assert max_in_window(sends) <= 5 and all(b - a >= spacing(5) - 1e-9 for a, b in pairwise(sends))
+
+
+def test_a_request_late_again_and_again_goes_after_max_late_tries():
+    clock = FakeClock()
+    rl = SlowTable(clock, [1.0] * 10)
+    rl.wait("news", 5)
+    assert len(rl.latency) == 10 - MAX_LATE  # bounded: it took MAX_LATE slots, then went
 
 
 def test_slow_requests_are_not_delayed():
