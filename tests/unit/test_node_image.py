@@ -89,24 +89,20 @@ def functions(script: str) -> dict[str, str]:
 
 def test_the_bake_script_is_the_rendered_one_and_shares_the_boot_scripts_install_steps():
     assert (PACKER / "bake.sh").read_text() == render_bake(), "infra/packer/bake.sh: python -m cloud_init bake"
-    bake_fns, boot_fns = (
-        functions(render_bake()),
-        functions(
-            node_script(
-                render_node(
-                    NodeUserData(
-                        run_id="r",
-                        region="ap-northeast-2",
-                        bucket="gridfleet-artifacts",
-                        bundle_key="b/b.tgz",
-                        config_key="runs/r/fleet.yaml",
-                        efs_id="fs-0123456789abcdef0",
-                        hub_address="10.0.1.10",
-                    )
-                )
+    boot = node_script(
+        render_node(
+            NodeUserData(
+                run_id="r",
+                region="ap-northeast-2",
+                bucket="gridfleet-artifacts",
+                bundle_key="b/b.tgz",
+                config_key="runs/r/fleet.yaml",
+                efs_id="fs-0123456789abcdef0",
+                hub_address="10.0.1.10",
             )
-        ),
+        )
     )
+    bake_fns, boot_fns = functions(render_bake()), functions(boot)
     shared = (
         "install_missing",
         "apt_get",
@@ -121,19 +117,7 @@ def test_the_bake_script_is_the_rendered_one_and_shares_the_boot_scripts_install
     for name in shared:
         assert bake_fns[name] == boot_fns[name], name
     packages = re.search(r"^APT_PACKAGES=\((.*)\)$", render_bake(), re.M)
-    assert packages and f"APT_PACKAGES=({packages.group(1)})" in node_script(
-        render_node(
-            NodeUserData(
-                run_id="r",
-                region="ap-northeast-2",
-                bucket="gridfleet-artifacts",
-                bundle_key="b/b.tgz",
-                config_key="runs/r/fleet.yaml",
-                efs_id="fs-0123456789abcdef0",
-                hub_address="10.0.1.10",
-            )
-        )
-    )
+    assert packages and f"APT_PACKAGES=({packages.group(1)})" in boot
 
 
 @needs_shellcheck
