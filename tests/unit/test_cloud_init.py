@@ -370,9 +370,11 @@ REAL_TOOLS = [
     "timeout",
     "touch",
 ]
+# Each stub records its call as one line, written at once: the Grid hub's stub runs in the background beside the
+# script's next stubs, and a line written in parts could be cut by theirs.
 RECORD = (
-    '#!{bash}\n{{ printf "%s" "${{0##*/}}"; for a in "$@"; do printf "\\x1f%s" "$a"; done; printf "\\n"; }} '
-    '>>"$STUB_LOG"\n'
+    '#!{bash}\n_call=${{0##*/}}; for a in "$@"; do _call+=$\'\\x1f\'"$a"; done\n'
+    'printf "%s\\n" "$_call" >>"$STUB_LOG"; unset _call\n'
 )
 
 STUBS = {
