@@ -28,6 +28,7 @@ from tests.unit.test_cloud_init import (
     Sandbox,
     agent_argv,
     needs_shellcheck,
+    node_params,
     node_script,
     sandbox_node,
 )
@@ -89,19 +90,7 @@ def functions(script: str) -> dict[str, str]:
 
 def test_the_bake_script_is_the_rendered_one_and_shares_the_boot_scripts_install_steps():
     assert (PACKER / "bake.sh").read_text() == render_bake(), "infra/packer/bake.sh: python -m cloud_init bake"
-    boot = node_script(
-        render_node(
-            NodeUserData(
-                run_id="r",
-                region="ap-northeast-2",
-                bucket="gridfleet-artifacts",
-                bundle_key="b/b.tgz",
-                config_key="runs/r/fleet.yaml",
-                efs_id="fs-0123456789abcdef0",
-                hub_address="10.0.1.10",
-            )
-        )
-    )
+    boot = node_script(render_node(node_params()))
     bake_fns, boot_fns = functions(render_bake()), functions(boot)
     shared = (
         "install_missing",
