@@ -94,7 +94,11 @@ class Boot:
     clock_offset: float
     instance_offset: float
     sandbox: InstanceSandbox
-    baked: bool = False  # launched from a baked node image
+
+    @property
+    def baked(self) -> bool:
+        """Launched from a baked node image."""
+        return self.sandbox.image is not None
 
 
 @dataclass
@@ -294,6 +298,5 @@ class TwinStack:
         launched = inst.launch_time.replace(tzinfo=UTC).timestamp()  # moto's: this machine's clock, UTC
         inst.launch_time += timedelta(seconds=self.clock.offset)  # when, on the twin's clock
         offsets = (self.clock.offset, self.clock.instance_offset)
-        baked = box.image is not None
-        self.boots.append(Boot(spec.instance_id, spec.role, launched, booted, *offsets, box, baked))
+        self.boots.append(Boot(spec.instance_id, spec.role, launched, booted, *offsets, box))
         return box
