@@ -13,9 +13,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
+from fleet.config_aws import AwsConfig, image_problem
 from fleet.config_crawlers import PROJECT_PROBLEM, CrawlersConfig, crawler_roots
 from fleet.crawlers import BUILTIN_CRAWLERS, BUILTIN_OPTIONS, crawler_problem
 from fleet.ids import SITE_ID_RULE, is_site_id
+from fleet.platform import fleet_arch
 
 #: Replaced by the demo site server's base URL on the embedded default.
 DEMO_PLACEHOLDER = "{demo}"
@@ -72,89 +74,10 @@ class FleetConfig(_Model):
         description="USD per node-hour by instance type, for the report's cost estimate (spot prices vary: set yours)",
     )
 
-
-AMI_PATTERN = r"^(ami-[0-9a-f]{8,17}|/[A-Za-z0-9_./-]{1,2047})$"  # an AMI id, or an SSM parameter name
-
-
-class AwsConfig(_Model):
-    region: str = "ap-northeast-2"
-    stack: str = Field(
-        "gridfleet",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,31}$",
-        description="the stack's name (Terraform's name_prefix): every instance is tagged gridfleet:stack=<stack>, "
-        "and nothing of another stack in the account is listed, adopted or terminated",
-    )
-    endpoint_url: str | None = None
-    table: str = "TrendlyzeStatus"
-    queue: str = "trendlyze-sites"
-    queue_fifo: bool = Field(
-        False,
-        description="a FIFO queue: each (run, site, attempt) message is sent at most once within SQS's "
-        "5-minute deduplication window, even if a restarted hub sends it again",
-    )
-    dlq: str | None = Field(None, description="dead-letter queue name; default <queue>-dlq")
-    max_receive_count: int = Field(10, ge=2, description="receives before a message goes to the DLQ")
-    bucket: str = "trendlyze-results"
-    efs_id: str | None = None
-    efs_access_point_id: str | None = Field(None, description="nodes mount EFS through this access point")
-    subnet_ids: tuple[str, ...] = ()
-    security_group_ids: tuple[str, ...] = ()
-    instance_profile: str | None = None
-    ami: str | None = Field(None, pattern=AMI_PATTERN, description="an AMI id, or an SSM parameter holding one")
-    node_ami: str | None = Field(None, pattern=AMI_PATTERN, description="nodes' AMI (a baked image); default aws.ami")
-    key_name: str | None = None
-    node_launch_template: str | None = Field(
-        None, description="launch nodes from this template (type, subnet, market and user-data overridden)"
-    )
-    hub_launch_template: str | None = Field(
-        None, description="`gridfleet rerun` on AWS starts a hub from this template when none runs"
-    )
-    result_ttl_days: int = Field(1, ge=1, description="expireAt = run end + this many days")
-    max_retries: int = Field(8, ge=0, description="botocore 'standard' retry attempts per call")
-    # Where nodes find the hub, the code and the run's config.
-    hub_address: str | None = Field(
-        None, description="address nodes reach the hub's Grid on; default the hub's private IPv4 from IMDS"
-    )
-    grid_port: int = Field(4444, ge=1, le=65535)
-    grid_publish_port: int = Field(4442, ge=1, le=65535)
-    grid_subscribe_port: int = Field(4443, ge=1, le=65535)
-    node_port: int = Field(5555, ge=1, le=65535)
-    bundle_key: str = Field("bundle/gridfleet-bundle.tar.gz", description="S3 key of the code bundle")
-    hub_config_key: str = Field("config/fleet.yaml", description="S3 key of the config the hub instance runs")
-    run_config_key: str = Field("runs/{run_id}/fleet.yaml", description="S3 key of a run's config, for its nodes")
-    install_dir: str = "/opt/gridfleet"
-    state_dir: str = "/var/lib/gridfleet"
-    efs_mount: str = "/efs"
-    # How the hub kills a crawl on a node (SSM, then SSH, then TerminateInstances).
-    ssm_timeout_s: float = Field(60, gt=0)
-    ssh_user: str = "admin"
-    ssh_key_path: str | None = Field(None, description="private key the hub uses for SSH to nodes; none: no SSH")
-    ssh_host_keys: Literal["console", "accept-new"] = Field(
-        "console", description="console: trust only the host keys the node printed to its EC2 console output"
-    )
-    hub_self_stop: Literal["shutdown", "terminate", "none"] = Field(
-        "shutdown", description="what the hub instance does to itself once the run is over and the fleet is gone"
-    )
-    imds_url: str = Field("http://169.254.169.254", description="instance metadata service (IMDSv2)")
-
-    @property
-    def queue_name(self) -> str:
-        """The site queue's name: `queue`, plus the `.fifo` a FIFO queue's name must end with."""
-        return self.queue if not self.queue_fifo or self.queue.endswith(".fifo") else f"{self.queue}.fifo"
-
-    @property
-    def dlq_name(self) -> str:
-        """`dlq`, default <queue>-dlq; a FIFO queue's DLQ is a FIFO queue too (queue x.fifo: DLQ x-dlq.fifo)."""
-        if not self.queue_fifo:
-            return self.dlq or f"{self.queue}-dlq"
-        name = self.dlq or f"{self.queue.removesuffix('.fifo')}-dlq"
-        return name if name.endswith(".fifo") else f"{name}.fifo"
-
-    @field_validator("endpoint_url")
+    @field_validator("instance_types")
     @classmethod
-    def _endpoint(cls, v: str | None) -> str | None:
-        if v is not None and urlsplit(v).scheme not in ("http", "https"):
-            raise ValueError("must be an http(s) URL")
+    def _one_architecture(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        fleet_arch(v)  # the bundle is built for the nodes' one architecture (fleet.platform)
         return v
 
 
@@ -323,6 +246,18 @@ class Config(_Model):
             if not is_site_id(name):
                 raise ValueError(f"group name {name!r} is not valid: {SITE_ID_RULE}")
         return groups
+
+    @field_validator("aws")
+    @classmethod
+    def _image_architecture(cls, aws: AwsConfig, info: ValidationInfo) -> AwsConfig:
+        """An image whose SSM parameter names another architecture than the instance types' would boot nodes
+        that cannot install the bundle (built for the instance types): refused before anything launches."""
+        fleet = info.data.get("fleet")  # validated before aws; absent when invalid, which is said at fleet
+        arch = fleet_arch(fleet.instance_types) if isinstance(fleet, FleetConfig) else None
+        problems = [p for key in ("ami", "node_ami") if arch and (p := image_problem(key, getattr(aws, key), arch))]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return aws
 
     @field_validator("sites", mode="after")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import textwrap
 
 import pytest
@@ -145,3 +146,73 @@ def test_a_dump_quotes_the_keys_the_loader_would_read_as_booleans():
     config = parse_config(text)
     assert config.site("n").options == {"y": 1, "on": 2, "N": ["y", "n", "no"]}
     assert parse_config(dump_config(config)) == config  # what the nodes read back
+
+
+ONE_SITE = "sites: [{id: a, start_url: 'http://a.test'}]\n"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "fleet:\n  instance_types: [t3.medium, t4g.medium, t3a.medium]\n" + ONE_SITE,
+            "fleet.yaml:2: fleet.instance_types: instance types of two architectures, arm64 (t4g.medium) and x86_64 "
+            "(t3.medium, t3a.medium): the nodes install one bundle, built for one",
+        ),
+        (
+            "fleet: {instance_types: [t3.medium, t3]}\n" + ONE_SITE,
+            "fleet.yaml:1: fleet.instance_types: 't3' is not an EC2 instance type (family.size, e.g. t3.medium)",
+        ),
+        (
+            "fleet: {instance_types: [t4g.medium, m7g.large]}\n"
+            "aws:\n  ami: /aws/service/debian/release/12/latest/amd64\n" + ONE_SITE,
+            "fleet.yaml:2: aws: ami /aws/service/debian/release/12/latest/amd64 is an x86_64 image; "
+            "fleet.instance_types are arm64 (Graviton): use /aws/service/debian/release/12/latest/arm64",
+        ),
+        (
+            "aws: {ami: /aws/service/debian/release/12/latest/amd64, node_ami: /images/node/aarch64}\n" + ONE_SITE,
+            "fleet.yaml:1: aws: node_ami /images/node/aarch64 is an arm64 image; fleet.instance_types are x86_64: "
+            "use /images/node/x86_64",
+        ),
+        ("aws: {image_python: '3.10'}\n" + ONE_SITE, "fleet.yaml:1: aws.image_python: String should match pattern"),
+        ("aws: {image_python: '3.11.4'}\n" + ONE_SITE, "fleet.yaml:1: aws.image_python: String should match pattern"),
+    ],
+)
+def test_the_nodes_platform_is_one_architecture_that_their_images_share(text, expected):
+    (found,) = problems(text)
+    assert found.startswith(expected), found
+
+
+def test_images_of_the_instance_types_architecture_or_of_no_named_architecture_pass():
+    graviton = parse_config(
+        "fleet: {instance_types: [t4g.medium, c7g.large]}\naws: {ami: /aws/service/debian/release/12/latest/arm64,"
+        " node_ami: /gridfleet/node-ami, image_python: '3.12'}\n" + ONE_SITE
+    )
+    assert graviton.aws.image_python == "3.12" and parse_config(dump_config(graviton)) == graviton
+    assert parse_config("aws: {ami: ami-0123456789abcdef0}\n" + ONE_SITE).aws.image_python == "3.11"
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("fleet: {instance_types: [t4g.medium, t3.medium]}\n", "fleet.instance_types: instance types of two"),
+        (
+            "fleet: {instance_types: [t4g.medium]}\naws: {ami: /aws/service/debian/release/12/latest/amd64}\n",
+            "aws: ami /aws/service/debian/release/12/latest/amd64 is an x86_64 image; fleet.instance_types are arm64",
+        ),
+    ],
+)
+def test_gridfleet_validate_refuses_them_in_one_line_with_exit_2(tmp_path, capsys, text, said):
+    from cli.main import main
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text + ONE_SITE)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = main(["validate", "--config", str(path)])
+    finally:
+        root.handlers[:], root.level = handlers, level
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()
+    assert code == 2 and out == "" and line.startswith(f"gridfleet: error: {path}:") and said in line, err

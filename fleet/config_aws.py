@@ -1,0 +1,136 @@
+"""The `aws:` section of fleet.yaml: the AWS resources a run uses, where nodes find the hub and the code, and how
+the hub kills a crawl on a node. Validated with the rest of the config (`fleet.config`), which it is part of."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fleet.platform import Arch, ami_parameter_arch, deb_arch, uname_machine
+
+AMI_PATTERN = r"^(ami-[0-9a-f]{8,17}|/[A-Za-z0-9_./-]{1,2047})$"  # an AMI id, or an SSM parameter name
+
+
+class AwsConfig(BaseModel):
+    # allow_inf_nan: as every section of the config (fleet.config._Model)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    region: str = "ap-northeast-2"
+    stack: str = Field(
+        "gridfleet",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,31}$",
+        description="the stack's name (Terraform's name_prefix): every instance is tagged gridfleet:stack=<stack>, "
+        "and nothing of another stack in the account is listed, adopted or terminated",
+    )
+    endpoint_url: str | None = None
+    table: str = "TrendlyzeStatus"
+    queue: str = "trendlyze-sites"
+    queue_fifo: bool = Field(
+        False,
+        description="a FIFO queue: each (run, site, attempt) message is sent at most once within SQS's "
+        "5-minute deduplication window, even if a restarted hub sends it again",
+    )
+    dlq: str | None = Field(None, description="dead-letter queue name; default <queue>-dlq")
+    max_receive_count: int = Field(10, ge=2, description="receives before a message goes to the DLQ")
+    bucket: str = "trendlyze-results"
+    efs_id: str | None = None
+    efs_access_point_id: str | None = Field(None, description="nodes mount EFS through this access point")
+    subnet_ids: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    instance_profile: str | None = None
+    ami: str | None = Field(None, pattern=AMI_PATTERN, description="an AMI id, or an SSM parameter holding one")
+    node_ami: str | None = Field(None, pattern=AMI_PATTERN, description="nodes' AMI (a baked image); default aws.ami")
+    key_name: str | None = None
+    node_launch_template: str | None = Field(
+        None, description="launch nodes from this template (type, subnet, market and user-data overridden)"
+    )
+    hub_launch_template: str | None = Field(
+        None, description="`gridfleet rerun` on AWS starts a hub from this template when none runs"
+    )
+    result_ttl_days: int = Field(1, ge=1, description="expireAt = run end + this many days")
+    max_retries: int = Field(8, ge=0, description="botocore 'standard' retry attempts per call")
+    # Where nodes find the hub, the code and the run's config.
+    hub_address: str | None = Field(
+        None, description="address nodes reach the hub's Grid on; default the hub's private IPv4 from IMDS"
+    )
+    grid_port: int = Field(4444, ge=1, le=65535)
+    grid_publish_port: int = Field(4442, ge=1, le=65535)
+    grid_subscribe_port: int = Field(4443, ge=1, le=65535)
+    node_port: int = Field(5555, ge=1, le=65535)
+    bundle_key: str = Field("bundle/gridfleet-bundle.tar.gz", description="S3 key of the code bundle")
+    hub_config_key: str = Field("config/fleet.yaml", description="S3 key of the config the hub instance runs")
+    run_config_key: str = Field("runs/{run_id}/fleet.yaml", description="S3 key of a run's config, for its nodes")
+    install_dir: str = "/opt/gridfleet"
+    state_dir: str = "/var/lib/gridfleet"
+    efs_mount: str = "/efs"
+    # How the hub kills a crawl on a node (SSM, then SSH, then TerminateInstances).
+    ssm_timeout_s: float = Field(60, gt=0)
+    ssh_user: str = "admin"
+    ssh_key_path: str | None = Field(None, description="private key the hub uses for SSH to nodes; none: no SSH")
+    ssh_host_keys: Literal["console", "accept-new"] = Field(
+        "console", description="console: trust only the host keys the node printed to its EC2 console output"
+    )
+    hub_self_stop: Literal["shutdown", "terminate", "none"] = Field(
+        "shutdown", description="what the hub instance does to itself once the run is over and the fleet is gone"
+    )
+    imds_url: str = Field("http://169.254.169.254", description="instance metadata service (IMDSv2)")
+    image_python: str = Field(
+        "3.11",
+        pattern=r"^3\.(1[1-9]|[2-9][0-9])$",  # gridfleet needs 3.11 or newer
+        description="the Python 3.<minor> of the hub's and nodes' image (Debian 12's: 3.11), the bundle's wheels'",
+    )
+    ship_logs: bool = Field(
+        True,
+        description="ship the hub's and the nodes' logs (boot, agent, crawler, Grid) to the stack's CloudWatch Logs "
+        "groups /<stack>/hub and /<stack>/node, one stream per instance (<run_id>/<instance id>)",
+    )
+
+    @property
+    def efs_utils_key(self) -> str:
+        """Where the amazon-efs-utils .deb a stock node installs lies: beside the bundle (the node's boot script
+        derives the same key from the bundle's)."""
+        return posixpath.join(posixpath.dirname(self.bundle_key), "amazon-efs-utils.deb")
+
+    @property
+    def log_group_hub(self) -> str:
+        """The hub's CloudWatch Logs group (infra/terraform names it after the stack)."""
+        return f"/{self.stack}/hub"
+
+    @property
+    def log_group_node(self) -> str:
+        """The nodes' CloudWatch Logs group."""
+        return f"/{self.stack}/node"
+
+    @property
+    def queue_name(self) -> str:
+        """The site queue's name: `queue`, plus the `.fifo` a FIFO queue's name must end with."""
+        return self.queue if not self.queue_fifo or self.queue.endswith(".fifo") else f"{self.queue}.fifo"
+
+    @property
+    def dlq_name(self) -> str:
+        """`dlq`, default <queue>-dlq; a FIFO queue's DLQ is a FIFO queue too (queue x.fifo: DLQ x-dlq.fifo)."""
+        if not self.queue_fifo:
+            return self.dlq or f"{self.queue}-dlq"
+        name = self.dlq or f"{self.queue.removesuffix('.fifo')}-dlq"
+        return name if name.endswith(".fifo") else f"{name}.fifo"
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and urlsplit(v).scheme not in ("http", "https"):
+            raise ValueError("must be an http(s) URL")
+        return v
+
+
+def image_problem(key: str, parameter: str | None, arch: Arch) -> str | None:
+    """Why the image `key` names does not fit instances of `arch`, when its SSM parameter's name says so."""
+    said = ami_parameter_arch(parameter) if parameter and parameter.startswith("/") else None
+    if not parameter or said in (None, arch):
+        return None
+    head, _, word = parameter.rstrip("/").rpartition("/")
+    fit = deb_arch(arch) if word in ("amd64", "arm64") else uname_machine(arch)  # in the parameter's own words
+    kind = f"{arch} (Graviton)" if arch == "arm64" else arch
+    return f"{key} {parameter} is an {said} image; fleet.instance_types are {kind}: use {head}/{fit}"
