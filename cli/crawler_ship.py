@@ -3,8 +3,8 @@
 On the embedded default it is installed once per content hash into a directory of the local stack
 (`<home>/local/crawlers/<hash>/`), which the local nodes get on their `PYTHONPATH`: a changed project is a new
 hash, so the next run picks up the new version and a run in progress keeps the one it started with. For AWS,
-`gridfleet bundle` builds its wheel (and the wheels of its pinned requirements) into the bundle, and the
-instances install it beside gridfleet with `pip --no-index`.
+`gridfleet bundle` builds its wheel into the bundle beside the wheels of its pinned requirements (fetched for the
+instances' platform), and the instances install it beside gridfleet with `pip --no-index`.
 
 What the project needs beyond gridfleet's own dependencies must be pinned in `crawlers.requirements`; anything
 its metadata requires that neither gridfleet's environment nor those requirements provide is refused here, before
@@ -164,13 +164,13 @@ def pinned(requirements: str | None) -> list[str]:
         raise UsageError(str(e)) from None
 
 
-def build_wheels(project: CrawlerProject, requirements: str | None, wheels: Path) -> list[str]:
-    """The project's wheel and its pinned requirements' wheels into `wheels`; returns what the instances
-    install from them (the project's name, then each pinned requirement)."""
-    pins = pinned(requirements)
+def build_wheel(project: CrawlerProject, wheels: Path) -> Path:
+    """The project's wheel, built here into `wheels`. Its pinned requirements are fetched apart, as wheels for the
+    instances' platform (cli.bundle); this one is built on this machine, so the bundle checks that it is pure."""
     with tempfile.TemporaryDirectory() as tmp:
-        source = _plain_package_project(project, Path(tmp)) if project.kind == "package" else project.root
-        _pip(["wheel", "-q", "--no-deps", "--wheel-dir", str(wheels), str(source)], "build its wheel")
-    if pins:
-        _pip(["wheel", "-q", "--no-deps", "--wheel-dir", str(wheels), *pins], "build its requirements")
-    return [project.build.name, *pins]
+        source = _plain_package_project(project, Path(tmp) / "src") if project.kind == "package" else project.root
+        built = Path(tmp) / "wheel"
+        _pip(["wheel", "-q", "--no-deps", "--wheel-dir", str(built), str(source)], "build its wheel")
+        (wheel,) = built.glob("*.whl")
+        wheels.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.move(wheel, wheels / wheel.name))

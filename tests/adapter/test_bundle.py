@@ -1,18 +1,41 @@
-"""The code bundle installs offline, as the boot scripts install it, and the Lambda package holds the handlers."""
+"""The code bundle installs offline, as the boot scripts install it, built for the instances' platform whatever
+machine builds it; the Lambda package holds the handlers.
+
+The bundles are built for real (gridfleet's dependencies fetched with pip), once per platform for the module. The
+dependencies without a wheel for the target are small projects made here, found through PIP_FIND_LINKS as sdists.
+"""
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import zipfile
+from pathlib import Path
 
-from cli.bundle import build_bundle, build_lambda_zip
+import pytest
+from rich.console import Console
+
+from cli import aws as aws_cmd
+from cli.bundle import Pin, build_bundle, build_lambda_zip, fetch_dependencies, fetch_pinned
 from cli.crawler_ship import installed_config, shipment_of
 from cli.local_env import PROJECT_ROOT
+from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.config import AwsConfig
 from fleet.config_load import dump_config, load_config
+from fleet.errors import UsageError
+from fleet.platform import PLATFORM_FILE, S3_METADATA, BundlePlatform, platform_of
 from tests.helpers.crawler_project import CRAWLER, make_project
+
+GRAVITON = BundlePlatform("aarch64", "3.11")
+#: A crawler requirement with wheels for every platform but the pure kind (checked per platform), and one with
+#: none at all, whose pure-Python wheel the bundle builds from its source.
+NATIVE_PIN, PURE_PIN = "regex==2026.11.15", "gridfleet-test-pure==1.0"
 
 
 def test_the_bundle_installs_with_no_index_and_runs(tmp_path):
@@ -27,11 +50,16 @@ def test_the_bundle_installs_with_no_index_and_runs(tmp_path):
     config = load_config(tmp_path / "conf" / "fleet.yaml")
     crawlers = shipment_of(config)
     assert crawlers is not None
-    bundle = build_bundle(PROJECT_ROOT, tmp_path / "dist", jar, crawlers=crawlers)
+    bundle = build_bundle(PROJECT_ROOT, tmp_path / "dist", jar, target=platform_of(config), crawlers=crawlers)
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
         tar.extractall(tmp_path / "opt", filter="data")
     assert "selenium-server.jar" in names
+    assert json.loads((tmp_path / "opt" / PLATFORM_FILE).read_text()) == {
+        "format": 1,
+        "machine": "x86_64",
+        "python": "3.11",
+    }
     assert (tmp_path / "opt" / "crawlers.txt").read_text() == "teamcrawlers\n"
     manifest = json.loads((tmp_path / "opt" / "crawlers.json").read_text())
     assert manifest == {"name": "teamcrawlers", "version": "2.1.0", "hash": crawlers.project.build.hash}
@@ -125,3 +153,160 @@ def test_the_lambda_package_imports_where_only_boto3_is_installed(tmp_path):
     )
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.split() == ["lambdas.starter", "lambdas.watchdog"]
+
+
+# --- built here for Graviton ------------------------------------------------------------------------------------
+def _sdist(links: Path, name: str, *, native: bool = False, requires: tuple[str, ...] = ()) -> None:
+    """An sdist of a one-module project, in `links`; `native` ones build a wheel for this machine only."""
+    src = links / "src" / f"{name}-1.0"
+    module = name.replace("-", "_")
+    (src / module).mkdir(parents=True)
+    (src / module / "__init__.py").write_text("")
+    (src / "pyproject.toml").write_text(
+        "[build-system]\nrequires = ['setuptools>=68']\nbuild-backend = 'setuptools.build_meta'\n"
+        f"[project]\nname = '{name}'\nversion = '1.0'\ndependencies = {list(requires)}\n"
+        f"[tool.setuptools]\npackages = ['{module}']\n"
+    )
+    if native:  # a platform wheel without a compiler: the distribution says it has extension modules
+        (src / "setup.py").write_text(
+            "from setuptools import setup\nfrom setuptools.dist import Distribution\n\n"
+            "class Native(Distribution):\n    def has_ext_modules(self):\n        return True\n\n"
+            "setup(distclass=Native)\n"
+        )
+    with tarfile.open(links / f"{module}-1.0.tar.gz", "w:gz") as tar:
+        tar.add(src, arcname=src.name)
+
+
+@pytest.fixture(scope="module")
+def links(tmp_path_factory):
+    """Sdists that no index has a wheel of, found by pip (and so by the bundle's build) through PIP_FIND_LINKS."""
+    links = tmp_path_factory.mktemp("links")
+    _sdist(links, "gridfleet-test-pure")
+    _sdist(links, "gridfleet-test-native", native=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIP_FIND_LINKS", f"{os.environ.get('PIP_FIND_LINKS', '')} {links}".strip())
+        yield links
+
+
+@pytest.fixture(scope="module")
+def graviton_bundle(tmp_path_factory, links) -> Path:
+    """A bundle built on this x86_64 machine for t4g instances, with a crawler project and its requirements."""
+    root = tmp_path_factory.mktemp("graviton")
+    make_project(root / "conf" / "team", version="3.0.0")
+    (root / "conf" / "requirements.txt").write_text(f"{NATIVE_PIN}\n{PURE_PIN}\n")
+    (root / "conf" / "fleet.yaml").write_text(
+        "fleet: {instance_types: [t4g.medium, m7g.large]}\n"
+        "crawlers: {project: team, requirements: requirements.txt}\n"
+        f"sites:\n  - {{id: shop, start_url: 'https://a.example/', crawler: {CRAWLER}}}\n"
+    )
+    config = load_config(root / "conf" / "fleet.yaml")
+    assert platform_of(config) == GRAVITON
+    jar = root / "selenium-server.jar"
+    jar.write_bytes(b"PK fake jar")
+    return build_bundle(PROJECT_ROOT, root / "dist", jar, target=GRAVITON, crawlers=shipment_of(config))
+
+
+def _tags(wheel: str) -> tuple[str, str, list[str]]:
+    """A wheel's python tag, abi tag and platform tags, from its file name."""
+    *_, python, abi, platforms = wheel.removesuffix(".whl").split("-")
+    return python, abi, platforms.split(".")
+
+
+def test_a_bundle_built_here_for_graviton_holds_aarch64_wheels_for_cpython_311(graviton_bundle, tmp_path):
+    with tarfile.open(graviton_bundle) as tar:
+        tar.extractall(tmp_path, filter="data")
+    assert json.loads((tmp_path / PLATFORM_FILE).read_text()) == {"format": 1, "machine": "aarch64", "python": "3.11"}
+    wheels = sorted(p.name for p in (tmp_path / "wheels").glob("*.whl"))
+    binary = {w.split("-")[0].lower(): _tags(w) for w in wheels if not w.endswith("-none-any.whl")}
+    assert {"pydantic_core", "pyyaml", "cffi", "cryptography", "regex"} <= set(binary), wheels
+    for name, (python, abi, platforms) in binary.items():
+        assert python in ("cp311", "cp38", "cp39") and abi in ("cp311", "abi3"), (name, python, abi)
+        assert all(p.startswith("manylinux") and p.endswith("_aarch64") for p in platforms), (name, platforms)
+    assert binary["pydantic_core"][:2] == binary["pyyaml"][:2] == binary["cffi"][:2] == ("cp311", "cp311")
+    assert not any("x86_64" in w for w in wheels)
+    # no index has a wheel of the pure requirement: the one built from its source here is in the bundle
+    assert "gridfleet_test_pure-1.0-py3-none-any.whl" in wheels
+    assert (tmp_path / "crawlers.txt").read_text() == f"teamcrawlers\n{NATIVE_PIN}\n{PURE_PIN}\n"
+    deps = (tmp_path / "deps.txt").read_text().splitlines()
+    assert deps == sorted(deps) and any(d.startswith("pydantic_core-") for d in deps)
+    assert not any(d.startswith(("gridfleet", "teamcrawlers", "regex")) for d in deps)  # gridfleet's set only
+    # the wheels are all an aarch64 instance needs: pip, told it is one, installs everything from them alone
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--no-index"]
+        + ["--target", str(tmp_path / "target"), "--find-links", str(tmp_path / "wheels"), *GRAVITON.pip_args()]
+        + ["gridfleet", "teamcrawlers"]
+        + [NATIVE_PIN, PURE_PIN],
+        capture_output=True,
+        text=True,
+    )
+    assert install.returncode == 0, install.stderr
+
+
+def test_a_dependency_with_no_wheel_for_the_target_and_no_pure_source_stops_the_build_in_one_line(links, tmp_path):
+    with pytest.raises(UsageError) as e:
+        fetch_pinned([Pin("gridfleet-test-native==1.0")], GRAVITON, tmp_path)
+    message = str(e.value)
+    assert message.startswith("gridfleet-test-native==1.0 has no wheel for linux aarch64, CPython 3.11, ")
+    assert "builds a wheel for this machine only (gridfleet_test_native-1.0-cp311-cp311-linux_x86_64.whl)" in message
+    assert "\n" not in message and list(tmp_path.iterdir()) == []
+
+
+def test_gridfleets_dependencies_without_a_wheel_for_the_target_are_found_and_built_pure(links, tmp_path):
+    """pip's resolver says which dependency has no wheel only in prose: the set is resolved here, then fetched."""
+    app = tmp_path / "gridfleet_test_app-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(app, "w") as z:
+        info = "gridfleet_test_app-1.0.dist-info"
+        z.writestr(
+            f"{info}/METADATA",
+            "Metadata-Version: 2.1\nName: gridfleet-test-app\nVersion: 1.0\n"
+            "Requires-Dist: gridfleet-test-pure\nRequires-Dist: six\n",
+        )
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(f"{PURE_PIN}\nsix==1.17.0\n")
+    into = tmp_path / "wheels"
+    into.mkdir()
+    fetch_dependencies(app, constraints, GRAVITON, into)
+    assert sorted(p.name for p in into.iterdir()) == [
+        "gridfleet_test_app-1.0-py3-none-any.whl",
+        "gridfleet_test_pure-1.0-py3-none-any.whl",
+        "six-1.17.0-py2.py3-none-any.whl",
+    ]
+
+
+def test_the_upload_tags_the_bundle_with_its_target(graviton_bundle, moto_endpoint, tmp_path, monkeypatch):
+    """`bundle --upload` puts the target's machine and Python on the bundle object, so a reader knows its
+    platform without downloading it."""
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    bucket = f"b-{os.urandom(8).hex()}"
+    aws = AwsConfig(endpoint_url=moto_endpoint, region="ap-northeast-2", bucket=bucket)
+    s3 = AwsClients(aws, credentials=LOCAL_CREDENTIALS).client("s3")
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": aws.region})
+    config = tmp_path / "fleet.yaml"
+    config.write_text(
+        "fleet: {instance_types: [t4g.large]}\n"
+        f"aws: {{region: {aws.region}, endpoint_url: '{moto_endpoint}', bucket: {bucket}}}\n"
+        "sites: [{id: a, start_url: 'http://a.test'}]\n"
+    )
+    targets: list[BundlePlatform] = []
+
+    def built(project, out_dir, jar, *, target, crawlers):  # the build of the test above, not another
+        targets.append(target)
+        return Path(shutil.copy(graviton_bundle, out_dir / graviton_bundle.name))
+
+    monkeypatch.setattr(aws_cmd, "build_bundle", built)
+    monkeypatch.setattr(aws_cmd, "build_lambda_zip", lambda project, out: build_lambda_zip(project, out, deps=False))
+    monkeypatch.setattr(aws_cmd, "find_grid_jar", lambda candidates: tmp_path / "unused.jar")
+    out = io.StringIO()
+    args = argparse.Namespace(config=str(config), out=tmp_path / "dist", upload=True, efs_utils_deb=None)
+    (tmp_path / "dist").mkdir()
+    assert aws_cmd.cmd_bundle(args, Console(file=out, width=200)) == 0
+    assert targets == [GRAVITON]
+    assert "building the code bundle for linux aarch64, CPython 3.11 (the instances: t4g.large)" in out.getvalue()
+    head = s3.head_object(Bucket=bucket, Key=aws.bundle_key)
+    assert head["Metadata"] == dict(zip(S3_METADATA, ("aarch64", "3.11"), strict=True))
+    assert head["ContentLength"] == graviton_bundle.stat().st_size
+    assert s3.head_object(Bucket=bucket, Key="bundle/gridfleet-lambda.zip")["Metadata"] == {}
