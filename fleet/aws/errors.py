@@ -86,7 +86,7 @@ _ACTIONS = {
     ("sqs", "DeleteMessageBatch"): "sqs:DeleteMessage",
     ("sqs", "ChangeMessageVisibilityBatch"): "sqs:ChangeMessageVisibility",
 }
-_PREFIXES = {"efs": "elasticfilesystem"}
+_PREFIXES = {"efs": "elasticfilesystem", "cloudwatch-logs": "logs", "service-quotas": "servicequotas"}
 
 
 @dataclass(frozen=True)
