@@ -4,10 +4,11 @@ python-hcl2 parses HCL into a Lark tree; this module indexes a directory's block
 their expressions (`Evaluator`): literals, strings with `${...}` interpolation and heredocs, tuples and objects,
 `var.*`, `local.*`, `data.*`, `path.module`, references to resources (`aws_iam_role.hub.arn`, an instance of a
 `for_each` resource by key, a `count` resource's splat), `each.*` and `count.index`, `for` expressions,
-conditionals, comparison, arithmetic and logic, and the functions in `FUNCTIONS`. Names are resolved through
-`Namespace` objects the caller supplies, so resources and data sources are made only when an expression reaches
-them. Anything else (template directives, an unknown function, an attribute that is not there) raises `TfError`,
-one line naming the file, the line, the block and what could not be evaluated: never a guessed value.
+conditionals, comparison, arithmetic and logic, the functions in `FUNCTIONS` and `try` (lazy, as Terraform's).
+Names are resolved through `Namespace` objects the caller supplies, so resources and data sources are made only
+when an expression reaches them. Anything else (template directives, an unknown function, an attribute that is
+not there) raises `TfError`, one line naming the file, the line, the block and what could not be evaluated:
+never a guessed value.
 """
 
 from __future__ import annotations
@@ -64,20 +65,22 @@ def _body(tree: Tree, file: str) -> Body:
 
 
 class TfModule:
-    """The .tf files of one directory, their blocks indexed by kind: variables, locals, resources, data, outputs."""
+    """The .tf files of one directory, their blocks indexed by kind: variables, locals, resources, data, outputs
+    (and a Packer template's sources, when `pattern` picks its .pkr.hcl files: the same language)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, pattern: str = "*.tf") -> None:
         self.directory = directory
         self.variables: dict[str, Body] = {}
         self.locals: dict[str, tuple[str, Tree]] = {}
         self.resources: dict[tuple[str, str], Body] = {}
         self.data: dict[tuple[str, str], Body] = {}
+        self.sources: dict[tuple[str, str], Body] = {}
         self.outputs: dict[str, Body] = {}
         self.providers: list[Body] = []
         self.texts: dict[str, str] = {}
-        paths = sorted(directory.glob("*.tf"))
+        paths = sorted(directory.glob(pattern))
         if not paths:
-            raise TfError(f"{directory}: no .tf files")
+            raise TfError(f"{directory}: no {pattern} files")
         for path in paths:
             self._load(path)
 
@@ -93,8 +96,8 @@ class TfModule:
                 self.variables[labels[0]] = body
             elif kind == "locals":
                 self.locals.update({k: (path.name, v) for k, v in body.attrs.items()})
-            elif kind in ("resource", "data"):
-                index = self.resources if kind == "resource" else self.data
+            elif kind in ("resource", "data", "source"):
+                index = {"resource": self.resources, "data": self.data, "source": self.sources}[kind]
                 index[(labels[0], labels[1])] = body
             elif kind == "output":
                 self.outputs[labels[0]] = body
@@ -332,6 +335,13 @@ class Evaluator:
     def _x_function_call(self, tree: Tree, where: Where, scope: dict[str, Any]) -> Any:
         name = _name(tree.children[0])
         arg_trees = [a for c in _parts(tree)[1:] for a in _parts(c)]
+        if name == "try":  # lazy: the first argument that evaluates without an error
+            for arg in arg_trees:
+                try:
+                    return self.evaluate(arg, where, scope)
+                except TfError:
+                    continue
+            raise self.fail(where, tree, "no argument of try() could be evaluated")
         expand = any(isinstance(t, Token) and t.type == "ELLIPSIS" for c in _parts(tree)[1:] for t in c.children)
         args = [self.evaluate(a, where, scope) for a in arg_trees]
         if expand:

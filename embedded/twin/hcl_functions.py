@@ -1,4 +1,5 @@
-"""The Terraform functions, operators and string escapes infra/terraform uses, as Terraform defines them.
+"""The Terraform functions, operators and string escapes infra/terraform (and infra/packer) use, as Terraform
+defines them.
 
 File functions (`file`, `filebase64`) are the evaluator's own: they read through the contents the caller
 supplies before the disk.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -64,17 +66,36 @@ def _format(spec: str, *args: Any) -> str:
     return re.sub(r"%(.)", one, spec)
 
 
+def _basename(path: str) -> str:
+    """The last element of a path, trailing slashes dropped (Go's filepath.Base, which Terraform calls)."""
+    return path.rstrip("/").rsplit("/", 1)[-1] or ("/" if path else ".")
+
+
+def _distinct(values: list[Any]) -> list[Any]:
+    """The list without its repeated elements, each kept where it first appears."""
+    out: list[Any] = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
 #: The functions the files call, as Terraform defines them (file reads go through `Evaluator.read_file`).
 FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "basename": _basename,
     "cidrsubnet": _cidrsubnet,
     "coalesce": _coalesce,
     "concat": lambda *lists: [v for lst in lists for v in lst],
+    "contains": lambda values, value: value in values,
+    "distinct": _distinct,
+    "floor": math.floor,
     "format": _format,
     "jsonencode": lambda v: json.dumps(v, separators=(",", ":"), sort_keys=True),
     "length": len,
     "lookup": lambda m, k, *default: m[k] if k in m or not default else default[0],
     "merge": _merge,
     "one": _one,
+    "startswith": lambda s, prefix: s.startswith(prefix),
     "tostring": as_text,
     "tonumber": lambda v: v if isinstance(v, (int, float)) else json.loads(v),
     "trimsuffix": lambda s, suffix: s[: -len(suffix)] if suffix and s.endswith(suffix) else s,

@@ -47,6 +47,8 @@ __all__ = ["SKIPPED", "StackOutputs", "TfError", "apply_stack"]
 _META = frozenset({"count", "for_each", "depends_on", "lifecycle", "provider", "provisioner", "connection"})
 #: The name a hub user-data given as text has inside the evaluation (`filebase64` reads it).
 HUB_USER_DATA = "<hub user-data>"
+#: The arguments that hold an IAM policy document.
+_POLICY_ARGUMENTS = frozenset({"policy", "assume_role_policy"})
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,14 @@ class StackOutputs:
     dlq: str
     bucket: str
     notify_topic_arn: str
+    hub_log_group: str
+    node_log_group: str
     #: outputs.tf's `gridfleet_aws`: the aws: section of fleet.yaml for this stack.
     gridfleet_aws: Mapping[str, Any]
+    #: Every IAM policy document of the stack as AWS receives it, by `<type>.<name>.<argument>` (a role's trust
+    #: policy, an inline policy, the key's policy, a bucket's or the file system's policy), those of resources
+    #: the twin skips included: what a linter reads.
+    policies: Mapping[str, str]
 
 
 def _variables(module: TfModule, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -202,20 +210,25 @@ class _Stack:
         return self.values[key]
 
     def _instances(self, kind: Kind, body: Body, where: Where) -> Any:
+        made = {
+            key: self._make(kind, body, Where(where.file, f"{where.block}{label}"), scope)
+            for key, label, scope in self._scopes(body, where)
+        }
+        if "count" in body.attrs:
+            return list(made.values())
+        return made if "for_each" in body.attrs else made[None]
+
+    def _scopes(self, body: Body, where: Where) -> list[tuple[Any, str, dict[str, Any]]]:
+        """A resource's instances: each one's key (None for a single resource), its label after the resource's
+        address (`[0]`, `["hub"]`) and the scope its arguments are evaluated in."""
         if "count" in body.attrs:
             n = self.ev.evaluate(body.attrs["count"], where)
-            return [
-                self._make(kind, body, Where(where.file, f"{where.block}[{i}]"), {"count": {"index": i}})
-                for i in range(n)
-            ]
+            return [(i, f"[{i}]", {"count": {"index": i}}) for i in range(n)]
         if "for_each" in body.attrs:
             each = self.ev.evaluate(body.attrs["for_each"], where)
             pairs = each.items() if isinstance(each, Mapping) else ((v, v) for v in each)
-            return {
-                k: self._make(kind, body, Where(where.file, f'{where.block}["{k}"]'), {"each": {"key": k, "value": v}})
-                for k, v in sorted(pairs)
-            }
-        return self._make(kind, body, where, {})
+            return [(k, f'["{k}"]', {"each": {"key": k, "value": v}}) for k, v in sorted(pairs)]
+        return [(None, "", {})]
 
     def _make(self, kind: Kind, body: Body, where: Where, scope: Mapping[str, Any]) -> dict[str, Any]:
         args = self.arguments(body, where, scope)
@@ -280,8 +293,22 @@ class _Stack:
             dlq=aws["dlq"],
             bucket=aws["bucket"],
             notify_topic_arn=self.output("notify_topic_arn"),
+            hub_log_group=self.output("hub_log_group"),
+            node_log_group=self.output("node_log_group"),
             gridfleet_aws=aws,
+            policies=self.policies(),
         )
+
+    def policies(self) -> dict[str, str]:
+        """The policy documents of every resource, evaluated from its .tf arguments (an instance of a resource
+        with `count` or `for_each` as `<type>.<name>[<key>].<argument>`)."""
+        out: dict[str, str] = {}
+        for (rtype, name), body in self.module.resources.items():
+            where = Where(body.file, f"{rtype}.{name}")
+            for argument in sorted(_POLICY_ARGUMENTS & set(body.attrs)):
+                for _, label, scope in self._scopes(body, where):
+                    out[f"{rtype}.{name}{label}.{argument}"] = self.ev.evaluate(body.attrs[argument], where, scope)
+        return out
 
 
 def apply_stack(

@@ -28,16 +28,42 @@ def _one_or_list(values: list[Any]) -> Any:
 _STATEMENT_KEYS = frozenset(
     {"sid", "effect", "actions", "not_actions", "resources", "not_resources", "principals", "condition"}
 )
+_DOCUMENT_KEYS = frozenset({"statement", "version", "source_policy_documents"})
 
 
 def policy_document(args: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """An aws_iam_policy_document's JSON, as the AWS provider writes it (one value alone, not in a list)."""
-    if set(args) - {"statement", "version"}:
-        raise TfError(
-            f"{where}: arguments the twin does not render: {', '.join(sorted(set(args) - {'statement', 'version'}))}"
-        )
+    """An aws_iam_policy_document's JSON, as the AWS provider writes it (one value alone, not in a list): the
+    statements of its `source_policy_documents` first, in order, then its own, one of which with a source
+    statement's Sid takes that statement's place."""
+    if set(args) - _DOCUMENT_KEYS:
+        raise TfError(f"{where}: arguments the twin does not render: {', '.join(sorted(set(args) - _DOCUMENT_KEYS))}")
+    merged = _sourced(args.get("source_policy_documents") or [], where)
+    for out in _statements(args.get("statement", []), where):
+        at = next((i for i, s in enumerate(merged) if out.get("Sid") and s.get("Sid") == out["Sid"]), None)
+        if at is None:
+            merged.append(out)
+        else:
+            merged[at] = out
+    doc = {"Version": args.get("version") or "2012-10-17", "Statement": merged}
+    return {"json": json.dumps(doc, indent=2), "minified_json": json.dumps(doc, separators=(",", ":"))}
+
+
+def _sourced(sources: list[str], where: str) -> list[dict[str, Any]]:
+    """The statements of the source documents, in order; a Sid two of them share is refused, as the provider does."""
+    out: list[dict[str, Any]] = []
+    for source in sources:
+        statements = json.loads(source)["Statement"]
+        for st in statements if isinstance(statements, list) else [statements]:
+            if st.get("Sid") and any(s.get("Sid") == st["Sid"] for s in out):
+                raise TfError(f"{where}: source_policy_documents: found duplicate sid {st['Sid']}")
+            out.append(st)
+    return out
+
+
+def _statements(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """The document's own statement blocks, as JSON statements."""
     statements = []
-    for st in args.get("statement", []):
+    for st in blocks:
         unknown = set(st) - _STATEMENT_KEYS
         if unknown:
             raise TfError(f"{where}: statement arguments the twin does not render: {', '.join(sorted(unknown))}")
@@ -57,8 +83,7 @@ def policy_document(args: Mapping[str, Any], where: str) -> dict[str, Any]:
         for c in st.get("condition", []):
             out.setdefault("Condition", {}).setdefault(c["test"], {})[c["variable"]] = _one_or_list(c["values"])
         statements.append(out)
-    doc = {"Version": args.get("version") or "2012-10-17", "Statement": statements}
-    return {"json": json.dumps(doc, indent=2), "minified_json": json.dumps(doc, separators=(",", ":"))}
+    return statements
 
 
 @dataclass

@@ -9,6 +9,11 @@
 # instance (terminate, stop, start, tag, command, console) holds only for
 # instances tagged gridfleet:stack = var.name_prefix, and every launch must tag
 # its instance so.
+#
+# The hub and the nodes both run the SSM agent: their documents take its
+# statements from data.aws_iam_policy_document.ssm_agent (source_policy_documents),
+# so the two roles grant it the same, written once; each role still has one
+# inline policy.
 
 locals {
   instance_arns  = "${local.ec2_arn}:instance/*"
@@ -20,6 +25,19 @@ locals {
   key_pair_arns  = var.key_name == null ? [] : ["${local.ec2_arn}:key-pair/${var.key_name}"]
 
   queue_arns = [aws_sqs_queue.sites.arn, aws_sqs_queue.sites_dlq.arn]
+
+  # The AMI parameters' ARNs. AWS's public parameters (/aws/service/...) belong to
+  # no account, so their ARNs have none; a parameter of this account's (a baked
+  # node image's, say /gridfleet/node-ami) has the account id in its ARN.
+  ami_parameter_arns = distinct([
+    for name in [var.ami_parameter, local.node_ami_parameter] :
+    "arn:${local.partition}:ssm:${local.region}:${startswith(name, "/aws/service/") ? "" : local.account_id}:parameter${name}"
+  ])
+
+  # The streams of the hub's and the nodes' log groups (monitoring.tf): one per
+  # instance, <run id>/<instance id>, made by whoever ships first.
+  hub_log_streams  = "${aws_cloudwatch_log_group.this["hub"].arn}:log-stream:*"
+  node_log_streams = "${aws_cloudwatch_log_group.this["node"].arn}:log-stream:*"
 
   # kms:ViaService values of the services that use the key on a role's behalf.
   via_dynamodb = "dynamodb.${local.region}.amazonaws.com"
@@ -97,9 +115,53 @@ resource "aws_iam_instance_profile" "node" {
   role = aws_iam_role.node.name
 }
 
+# --- the SSM agent, on the hub and the nodes ----------------------------------------
+# Debian's images have no agent: the boot scripts install it (the node image bakes
+# it). The nodes need it for the hub's kill path (Run Command), the hub for the
+# dashboard's port forwarding (Session Manager). These are the permissions AWS
+# documents as the agent's minimum for Run Command and Session Manager, and no
+# more: no State Manager, Inventory or Patch Manager, whose calls the agent then
+# makes and is refused. Session Manager preferences that encrypt sessions with
+# KMS or log them to S3 or CloudWatch Logs would need grants of their own.
+
+data "aws_iam_policy_document" "ssm_agent" {
+  # The agent's registration and heartbeat. UpdateInstanceInformation takes the
+  # instance resource type (and the ec2:SourceInstanceARN / ssm:SourceInstanceARN
+  # keys, which here would only repeat the resource): the instances of this
+  # account and region.
+  statement {
+    sid       = "SsmAgentRegistration"
+    actions   = ["ssm:UpdateInstanceInformation"]
+    resources = [local.instance_arns]
+  }
+
+  # Its message channels: ec2messages for Run Command, ssmmessages for Session
+  # Manager (and Run Command on newer agents). These actions have no resource-level
+  # permissions.
+  statement {
+    sid = "SsmAgentChannels"
+    actions = [
+      "ec2messages:AcknowledgeMessage",
+      "ec2messages:DeleteMessage",
+      "ec2messages:FailMessage",
+      "ec2messages:GetEndpoint",
+      "ec2messages:GetMessages",
+      "ec2messages:SendReply",
+      "ssmmessages:CreateControlChannel",
+      "ssmmessages:CreateDataChannel",
+      "ssmmessages:OpenControlChannel",
+      "ssmmessages:OpenDataChannel",
+    ]
+    resources = ["*"]
+  }
+}
+
 # --- hub ------------------------------------------------------------------------
 
 data "aws_iam_policy_document" "hub" {
+  # The SSM agent's statements (above), first in the document.
+  source_policy_documents = [data.aws_iam_policy_document.ssm_agent.json]
+
   # fleet.aws.table: the run item, the site items (one by one, and in batches: get_sites), the node items, the
   # run's history (in batches: add_history).
   statement {
@@ -267,7 +329,10 @@ data "aws_iam_policy_document" "hub" {
     resources = ["arn:${local.partition}:ssm:${local.region}::document/AWS-RunShellScript"]
   }
 
-  # hub.control.aws.SsmControl: ...on this stack's node instances only.
+  # hub.control.aws.SsmControl: ...on this stack's node instances only. Run Command
+  # reads an instance's tags through ssm:resourceTag/<key>, as its documentation
+  # conditions SendCommand (a global key such as aws:ResourceTag would also need
+  # aws:ViaAWSService on this action).
   statement {
     sid       = "SendCommandToNodes"
     actions   = ["ssm:SendCommand"]
@@ -275,13 +340,13 @@ data "aws_iam_policy_document" "hub" {
 
     condition {
       test     = "StringEquals"
-      variable = "aws:ResourceTag/${local.tag_role}"
+      variable = "ssm:resourceTag/${local.tag_role}"
       values   = ["node"]
     }
 
     condition {
       test     = "StringEquals"
-      variable = "aws:ResourceTag/${local.tag_stack}"
+      variable = "ssm:resourceTag/${local.tag_stack}"
       values   = [var.name_prefix]
     }
   }
@@ -296,12 +361,9 @@ data "aws_iam_policy_document" "hub" {
 
   # cli.aws_env.AwsEnv.resolve_ami: the AMI id behind aws.node_ami, else aws.ami.
   statement {
-    sid     = "AmiParameter"
-    actions = ["ssm:GetParameter"]
-    resources = [
-      "arn:${local.partition}:ssm:${local.region}::parameter${var.ami_parameter}",
-      "arn:${local.partition}:ssm:${local.region}::parameter${local.node_ami_parameter}",
-    ]
+    sid       = "AmiParameter"
+    actions   = ["ssm:GetParameter"]
+    resources = local.ami_parameter_arns
   }
 
   # hub.monitor (metrics.cloudwatch: true): the run's gauges and kills. PutMetricData has no
@@ -346,6 +408,17 @@ data "aws_iam_policy_document" "hub" {
     resources = [local.notify_topic_arn]
   }
 
+  # The hub's log shipper (`gridfleet ship-logs`: watchtower, which makes the
+  # stream on its first refused put) and its boot script (`aws logs
+  # create-log-stream`, `put-log-events`): streams of the hub's group only. Each
+  # instance writes its own, <run id>/<instance id>; IAM cannot tell whose a
+  # stream is, so the grant is the group's.
+  statement {
+    sid       = "ShipHubLogs"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = [local.hub_log_streams]
+  }
+
   # The key behind the table, the queues and the bucket, used through them only.
   statement {
     sid       = "KeyThroughFleetServices"
@@ -369,6 +442,10 @@ resource "aws_iam_role_policy" "hub" {
 # --- node -----------------------------------------------------------------------
 
 data "aws_iam_policy_document" "node" {
+  # The SSM agent's statements (above), first in the document: the hub's kill path
+  # runs its command on the node through it.
+  source_policy_documents = [data.aws_iam_policy_document.ssm_agent.json]
+
   # node.agent: its site items and its node item.
   statement {
     sid       = "StateTable"
@@ -440,30 +517,12 @@ data "aws_iam_policy_document" "node" {
     }
   }
 
-  # The SSM agent, through which the hub's kill path runs commands: its
-  # registration, on the instances of this account and region...
+  # The node's log shipper and boot script, as the hub's (ShipHubLogs): streams of
+  # the nodes' group only.
   statement {
-    sid       = "SsmAgentRegistration"
-    actions   = ["ssm:UpdateInstanceInformation"]
-    resources = [local.instance_arns]
-  }
-
-  # ...and its message channels. These actions have no resource-level permissions.
-  statement {
-    sid = "SsmAgentChannels"
-    actions = [
-      "ec2messages:AcknowledgeMessage",
-      "ec2messages:DeleteMessage",
-      "ec2messages:FailMessage",
-      "ec2messages:GetEndpoint",
-      "ec2messages:GetMessages",
-      "ec2messages:SendReply",
-      "ssmmessages:CreateControlChannel",
-      "ssmmessages:CreateDataChannel",
-      "ssmmessages:OpenControlChannel",
-      "ssmmessages:OpenDataChannel",
-    ]
-    resources = ["*"]
+    sid       = "ShipNodeLogs"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = [local.node_log_streams]
   }
 
   # node.agent (metrics.cloudwatch: true): its jobs and heartbeat, by WorkerId. PutMetricData has

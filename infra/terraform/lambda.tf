@@ -68,7 +68,7 @@ resource "aws_lambda_function" "starter" {
   s3_key            = local.lambda_zip_key
   s3_object_version = data.aws_s3_object.lambda_zip.version_id
 
-  reserved_concurrent_executions = 1
+  reserved_concurrent_executions = var.lambda_reserved_concurrency
   kms_key_arn                    = aws_kms_key.main.arn
 
   environment {
@@ -101,7 +101,7 @@ resource "aws_lambda_function" "watchdog" {
   s3_key            = local.lambda_zip_key
   s3_object_version = data.aws_s3_object.lambda_zip.version_id
 
-  reserved_concurrent_executions = 1
+  reserved_concurrent_executions = var.lambda_reserved_concurrency
   kms_key_arn                    = aws_kms_key.main.arn
 
   environment {

@@ -1,12 +1,15 @@
 # Logs, the dashboard and the alarms.
 
 locals {
+  # Named after the stack, so that stacks share an account and region. gridfleet
+  # derives the hub's and the nodes' from aws.stack (/<stack>/hub, /<stack>/node),
+  # the stream of each instance being <run id>/<instance id>.
   log_groups = {
     starter  = "/aws/lambda/${local.starter_name}"
     watchdog = "/aws/lambda/${local.watchdog_name}"
-    hub      = "/gridfleet/hub"
-    node     = "/gridfleet/node"
-    flow     = "/gridfleet/vpc-flow-logs"
+    hub      = "/${var.name_prefix}/hub"
+    node     = "/${var.name_prefix}/node"
+    flow     = "/${var.name_prefix}/vpc-flow-logs"
   }
 }
 
@@ -69,11 +72,12 @@ data "aws_iam_policy_document" "flow_logs" {
     ]
   }
 
-  # VPC flow logs: checks its destination exists.
+  # VPC flow logs: checks its destination exists. DescribeLogGroups has no
+  # resource-level permissions.
   statement {
     sid       = "FindLogGroup"
     actions   = ["logs:DescribeLogGroups"]
-    resources = ["${local.logs_arn}:log-group:*"]
+    resources = ["*"]
   }
 }
 

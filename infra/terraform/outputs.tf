@@ -78,6 +78,16 @@ output "nat_public_ip" {
   value       = aws_eip.nat.public_ip
 }
 
+output "hub_log_group" {
+  description = "CloudWatch Logs group of the hubs' logs, one stream per instance (<run id>/<instance id>): /<name_prefix>/hub, as gridfleet derives it from aws.stack."
+  value       = aws_cloudwatch_log_group.this["hub"].name
+}
+
+output "node_log_group" {
+  description = "CloudWatch Logs group of the nodes' logs, one stream per instance (<run id>/<instance id>): /<name_prefix>/node, as gridfleet derives it from aws.stack."
+  value       = aws_cloudwatch_log_group.this["node"].name
+}
+
 output "alarms_topic_arn" {
   description = "SNS topic of the alarms."
   value       = aws_sns_topic.alarms.arn

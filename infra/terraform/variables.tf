@@ -243,6 +243,24 @@ variable "start_schedule" {
   }
 }
 
+variable "lambda_reserved_concurrency" {
+  description = <<-EOT
+    Reserved concurrency of each Lambda (the starter and the watchdog): at most that many of its executions at
+    once, set aside from the account's pool. null (the default): none reserved, each function draws on the
+    account's unreserved pool. AWS refuses a reservation that would leave fewer than 100 unreserved executions
+    in the account and region, so an account still at a small concurrency quota (new accounts often have 10)
+    cannot reserve any: raise the quota (Service Quotas, "Concurrent executions") first. 1 keeps each function to
+    one execution at a time.
+  EOT
+  type        = number
+  default     = null
+
+  validation {
+    condition     = var.lambda_reserved_concurrency == null || try(var.lambda_reserved_concurrency >= 1 && floor(var.lambda_reserved_concurrency) == var.lambda_reserved_concurrency, false)
+    error_message = "lambda_reserved_concurrency: a whole number of executions, 1 or more (0 would stop the function), or null for none reserved."
+  }
+}
+
 variable "watchdog_schedule" {
   description = "EventBridge schedule expression of the watchdog Lambda."
   type        = string

@@ -25,7 +25,7 @@ from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from fleet.clock import FakeClock
 from fleet.config import AwsConfig
-from tests.infra.test_terraform import TF_DIR, blocks, one
+from tests.infra.test_terraform import SSM_AGENT_ACTIONS, TF_DIR, blocks, one, statements_of
 from tests.infra.test_terraform import config as terraform
 
 REGION = "ap-northeast-2"
@@ -45,8 +45,7 @@ def names() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def endpoint():
-    """A moto server of this module's own: the stack's log groups have fixed names (monitoring.tf), so a stack
-    applied by another module's tests in the same region of a shared server would collide with this one."""
+    """A moto server of this module's own, so that what the tests count (VPCs, topics) is this module's."""
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
@@ -208,7 +207,8 @@ def efs_group(clients, stack) -> str:
 
 
 def statements(tf, name: str) -> list[dict]:
-    return blocks(tf.datum("aws_iam_policy_document", name), "statement")
+    """A document's statements as the provider merges them: its source_policy_documents' first."""
+    return statements_of(tf, name)
 
 
 @pytest.mark.parametrize("role", ["hub", "node", "starter", "watchdog"])
@@ -246,6 +246,75 @@ def test_each_role_has_the_inline_policy_iam_tf_writes(clients, stack, variables
 
 def as_list(value) -> list:
     return value if isinstance(value, list) else [value]
+
+
+def role_policy(clients, prefix: str, role: str) -> list[dict]:
+    return clients.client("iam").get_role_policy(RoleName=f"{prefix}-{role}", PolicyName=f"{prefix}-{role}")[
+        "PolicyDocument"
+    ]["Statement"]
+
+
+def test_the_hub_and_the_nodes_grant_their_ssm_agents_the_same_and_the_hub_commands_by_ssm_tags(
+    clients, stack, variables
+):
+    """Both roles carry the agent's statements, written once in iam.tf; the hub's SendCommand on instances holds
+    only for the stack's nodes, by Run Command's own tag keys."""
+    prefix = variables["name_prefix"]
+    account = clients.client("sts").get_caller_identity()["Account"]
+    agent = {
+        role: [s for s in role_policy(clients, prefix, role) if s["Sid"].startswith("SsmAgent")]
+        for role in ("hub", "node")
+    }
+    assert agent["hub"] == agent["node"] and len(agent["hub"]) == 2
+    assert {a for s in agent["hub"] for a in as_list(s["Action"])} == SSM_AGENT_ACTIONS
+    [registration] = [s for s in agent["hub"] if "ssm:UpdateInstanceInformation" in as_list(s["Action"])]
+    assert registration["Resource"] == f"arn:aws:ec2:{REGION}:{account}:instance/*"
+    assert not [s for r in ("starter", "watchdog") for s in role_policy(clients, prefix, r) if "SsmAgent" in s["Sid"]]
+    [on_nodes] = [
+        s
+        for s in role_policy(clients, prefix, "hub")
+        if "ssm:SendCommand" in as_list(s["Action"]) and ":instance/" in str(s["Resource"])
+    ]
+    assert on_nodes["Condition"] == {
+        "StringEquals": {f"ssm:resourceTag/{TAG_ROLE}": "node", f"ssm:resourceTag/{TAG_STACK}": prefix}
+    }
+
+
+def test_the_log_groups_carry_the_stacks_name_and_its_retention(clients, stack, variables):
+    tf = terraform()
+    prefix = variables["name_prefix"]
+    logs = clients.client("logs")
+    groups = {g["logGroupName"]: g for g in logs.describe_log_groups(logGroupNamePrefix=f"/{prefix}/")["logGroups"]}
+    assert set(groups) == {f"/{prefix}/hub", f"/{prefix}/node", f"/{prefix}/vpc-flow-logs"}
+    key = clients.client("kms").describe_key(KeyId=f"alias/{prefix}")["KeyMetadata"]["Arn"]
+    for g in groups.values():
+        assert (g["retentionInDays"], g["kmsKeyId"]) == (tf.default("log_retention_days"), key), g["logGroupName"]
+    aws = AwsConfig(stack=prefix)
+    assert (stack.hub_log_group, stack.node_log_group) == (aws.log_group_hub, aws.log_group_node)
+
+
+def test_the_lambdas_reserve_concurrency_only_when_the_variable_sets_it(clients, stack, west):
+    awslambda = clients.client("lambda")
+    for function in (stack.starter_function, stack.watchdog_function):  # the default: none reserved
+        assert "ReservedConcurrentExecutions" not in awslambda.get_function_concurrency(FunctionName=function)
+    west_clients, out, _ = west
+    for function in (out.starter_function, out.watchdog_function):
+        concurrency = west_clients.client("lambda").get_function_concurrency(FunctionName=function)
+        assert concurrency["ReservedConcurrentExecutions"] == 1
+
+
+def test_the_hub_reads_public_and_own_ami_parameters_by_their_arns(clients, stack, variables, west):
+    """An AWS public parameter's ARN has no account; a parameter of the account's own has its id."""
+    [param] = [s for s in role_policy(clients, variables["name_prefix"], "hub") if s["Sid"] == "AmiParameter"]
+    public = terraform().default("ami_parameter")
+    assert param["Resource"] == f"arn:aws:ssm:{REGION}::parameter{public}"  # node_ami_parameter: the same one
+    west_clients, out, _ = west
+    account = west_clients.client("sts").get_caller_identity()["Account"]
+    [param] = [s for s in role_policy(west_clients, out.name_prefix, "hub") if s["Sid"] == "AmiParameter"]
+    assert param["Resource"] == [
+        f"arn:aws:ssm:{WEST}::parameter{public}",
+        f"arn:aws:ssm:{WEST}:{account}:parameter{NODE_AMI_PARAMETER}",
+    ]
 
 
 @pytest.mark.parametrize(("role", "service"), [("hub", "ec2"), ("node", "ec2"), ("starter", "lambda")])
@@ -443,18 +512,26 @@ def test_locals_that_refer_to_each_other_fail_naming_the_cycle(clients, tmp_path
 
 
 WEST = "us-west-2"
+NODE_AMI_PARAMETER = "/gridfleet/node-ami"
 
 
 @pytest.fixture(scope="module")
 def west(endpoint, tmp_path_factory) -> tuple[AwsClients, StackOutputs, Path]:
-    """A FIFO stack with the hub's user-data in a file and no reusable hub, in a region of its own: monitoring.tf
-    names the hub's, nodes' and flow logs' log groups without the stack's prefix, so a second stack in one
-    account and region collides with the first, on moto as on AWS."""
+    """A FIFO stack in another region, with the hub's user-data in a file, no reusable hub, reserved concurrency
+    for its Lambdas and a node image of the account's own (node_ami_parameter, which moto does not hold: the
+    AMI id stands in)."""
     clients = AwsClients(AwsConfig(endpoint_url=endpoint, region=WEST), credentials=LOCAL_CREDENTIALS)
     ami = clients.client("ec2").describe_images()["Images"][0]["ImageId"]
     user_data = tmp_path_factory.mktemp("west") / "hub-user-data.yaml"
     user_data.write_text(HUB_USER_DATA + "# from a file\n")
-    variables = {**names(), "queue_fifo": True, "region": WEST, "azs": [f"{WEST}a", f"{WEST}b"]}
+    variables = {
+        **names(),
+        "queue_fifo": True,
+        "region": WEST,
+        "azs": [f"{WEST}a", f"{WEST}b"],
+        "lambda_reserved_concurrency": 1,
+        "node_ami_parameter": NODE_AMI_PARAMETER,
+    }
     return clients, apply_stack(clients, TF_DIR, variables, hub_user_data=user_data, ami_id=ami), user_data
 
 

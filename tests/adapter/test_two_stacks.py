@@ -2,7 +2,9 @@
 
 Both run the day's run under the same run id, on one moto server: each stack's provider lists, adopts and
 terminates only its own nodes; an operator's teardown of one leaves the other's running; one stack's
-watchdog cleans up after its own finished run and its own stopped instances, never the other's.
+watchdog cleans up after its own finished run and its own stopped instances, never the other's. And
+infra/terraform itself applies twice side by side: nothing it names (log groups included) is the account's
+rather than the stack's.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from embedded.twin.infra import apply_stack
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.table import DynamoStateTable
@@ -24,6 +27,7 @@ from hub.providers.ec2 import Ec2Provider
 from hub.teardown import teardown_run
 from lambdas.settings import LambdaSettings
 from lambdas.watchdog import watch
+from tests.infra.conftest import HUB_USER_DATA, REGION, TF_DIR, stack_names
 
 from .conftest import NamedClients
 
@@ -120,3 +124,24 @@ def test_two_stacks_side_by_side_neither_touches_the_other(clients):
         for i in r["Instances"]
     }
     assert states == {prod_hub: "stopped", **{n: "running" for n in prod_nodes}}
+
+
+def test_two_stacks_apply_side_by_side_each_with_its_own_log_groups(clients):
+    """infra/terraform applied twice in one account and region (the twin's apply, on one moto server): the second
+    apply makes everything the first did under its own names, the hub's, nodes' and flow logs' groups too."""
+    regional = AwsClients(
+        AwsConfig(endpoint_url=clients.aws.endpoint_url, region=REGION), credentials=LOCAL_CREDENTIALS
+    )
+    ami = regional.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    applied = [apply_stack(regional, TF_DIR, stack_names(), hub_user_data=HUB_USER_DATA, ami_id=ami) for _ in range(2)]
+    logs = regional.client("logs")
+    for out in applied:
+        aws = AwsConfig(stack=out.name_prefix)
+        groups = logs.describe_log_groups(logGroupNamePrefix=f"/{out.name_prefix}/")["logGroups"]
+        assert {g["logGroupName"] for g in groups} == {
+            aws.log_group_hub,
+            aws.log_group_node,
+            f"/{aws.stack}/vpc-flow-logs",
+        }
+        assert (out.hub_log_group, out.node_log_group) == (aws.log_group_hub, aws.log_group_node)
+    assert applied[0].vpc_id != applied[1].vpc_id

@@ -89,15 +89,32 @@ def _account(endpoint: str, tmp: Path) -> Config:
 run: {{deadline_s: 3, watch_interval_s: 0.5}}
 fleet: {{max_nodes: 2}}
 metrics: {{cloudwatch: true, namespace: gridfleet-{tag}, interval_s: 1}}
-aws: {{endpoint_url: '{endpoint}', table: t-{tag}, queue: q-{tag}, bucket: b-{tag}, efs_id: {fs},
+aws: {{endpoint_url: '{endpoint}', stack: gf-{tag}, table: t-{tag}, queue: q-{tag}, bucket: b-{tag}, efs_id: {fs},
        subnet_ids: [{subnet}], security_group_ids: [{sg}], instance_profile: {profile}, ami: '{ami_param}',
        hub_address: 10.9.1.10, imds_url: 'http://127.0.0.1:9', hub_self_stop: terminate}}
 sites: [{{id: s1, start_url: 'https://s1.test/'}}, {{id: s2, start_url: 'https://s2.test/'}}]
 """)
-    ensure_resources(AwsClients(config.aws, credentials=LOCAL_CREDENTIALS), 30)
+    made = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)
+    ensure_resources(made, 30)
+    # the stock nodes' amazon-efs-utils beside the bundle (`bundle --upload --efs-utils-deb`), which a dry run asks for
+    made.client("s3").put_object(Bucket=f"b-{tag}", Key="bundle/amazon-efs-utils.deb", Body=b"!<arch>\n")
     # The stack's end-of-run topic (infra/terraform/notify.tf), as fleet.yaml's notify names it.
     topic = setup.client("sns").create_topic(Name=f"runs-{tag}")["TopicArn"]
     return config.model_copy(update={"notify": NotifyConfig(sns_topic_arn=topic)})
+
+
+def ship_logs(config: Config, clients: AwsClients, group: str, stream: str) -> None:
+    """`gridfleet ship-logs` on an instance: a line into the instance's stream of its role's group, which the stack
+    makes (here unrecorded, as Terraform would) and the shipper does not."""
+    from fleet.aws.cwlogs import LogSink
+
+    AwsClients(config.aws, credentials=LOCAL_CREDENTIALS).client("logs").create_log_group(logGroupName=group)
+    sink = LogSink(clients.client("logs"), group, stream)
+    try:
+        sink.put("a shipped line", time.time())
+        assert sink.flush().ok, f"nothing reached {group}:{stream}"
+    finally:
+        sink.close()
 
 
 def published(config: Config) -> set[tuple[str, tuple[str, ...]]]:
@@ -113,7 +130,7 @@ def published(config: Config) -> set[tuple[str, tuple[str, ...]]]:
 
 def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     """`gridfleet run` on AWS (to its deadline, then its record into the bucket), the kill ladder, status,
-    teardown, dry run, self-stop."""
+    teardown, dry run, self-stop, and the hub's logs shipped."""
     from cli import aws_env
     from cli.aws import dry_run
     from cli.run import monitor_for
@@ -181,6 +198,7 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
         imds.set(hub_instance, local_ipv4="10.9.1.10")
         ident = aws_env.identify(imds.base_url(hub_instance))
     aws_env.self_stop("terminate", ident, env.ec2)
+    ship_logs(config, rec.clients(config), config.aws.log_group_hub, f"iam-hub/{hub_instance}")
     metrics = published(config)
     assert {("ActiveNodes", ()), ("SitesCompleted", ()), ("RunProgress", ()), ("Kills", ())} <= metrics, metrics
     return rec.calls
@@ -205,7 +223,8 @@ def _act_as_a_node(config: Config, node: str) -> None:
 
 
 def node_calls(endpoint: str, tmp: Path) -> set[str]:
-    """The node agent crawling a site in a real crawler process, and a failed boot reported."""
+    """The node agent crawling a site in a real crawler process, a failed boot reported, and the node's logs
+    shipped."""
     from fleet.aws.metrics import CloudWatchSink
     from fleet.aws.queue import SqsSiteQueue
     from fleet.aws.results import S3ResultStore
@@ -271,6 +290,7 @@ def node_calls(endpoint: str, tmp: Path) -> set[str]:
     DynamoStateTable(clients.client("dynamodb"), aws.table).put_node(
         NodeInfo("iam-node", "i-x", BOOT_FAILED, time.time(), time.time(), error="mount failed")
     )
+    ship_logs(config, clients, aws.log_group_node, "iam-node/i-node")
     return rec.calls
 
 

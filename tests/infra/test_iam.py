@@ -71,6 +71,7 @@ IMPLIED: dict[str, list[tuple[set[str], str]]] = {
     "hub": [
         ({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue and bucket"),
         ({"s3:GetObject"}, "the hub's boot script fetches the bundle and its config with `aws s3 cp`"),
+        (_SSM_AGENT, "the SSM agent, through which Session Manager forwards the dashboard's port to the operator"),
     ],
     "node": [
         ({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue, bucket and EFS"),
@@ -104,11 +105,16 @@ def unquote(v: str) -> str:
     return v[1:-1] if len(v) >= 2 and v[0] == v[-1] == '"' else v
 
 
+_SOURCE = re.compile(r"\$\{data\.aws_iam_policy_document\.(\w+)\.json\}")
+
+
 def policy_statements() -> dict[str, list[dict]]:
-    """role -> the Allow statements of its `data.aws_iam_policy_document.<role>` (actions, resources unquoted)."""
+    """role -> the Allow statements of its `data.aws_iam_policy_document.<role>` (actions, resources unquoted),
+    those of its `source_policy_documents` first, as the provider merges them."""
     import hcl2
 
-    docs: dict[str, list[dict]] = {}
+    own: dict[str, list[dict]] = {}
+    sources: dict[str, list[str]] = {}
     for path in sorted(TF.glob("*.tf")):
         with open(path) as f:
             parsed = hcl2.load(f)
@@ -117,7 +123,10 @@ def policy_statements() -> dict[str, list[dict]]:
                 if unquote(kind) != "aws_iam_policy_document":
                     continue
                 for name, body in named.items():
-                    docs[unquote(name)] = [
+                    sources[unquote(name)] = [
+                        _SOURCE.fullmatch(unquote(s))[1] for s in body.get("source_policy_documents", [])
+                    ]
+                    own[unquote(name)] = [
                         {
                             "actions": {unquote(a) for a in st.get("actions", [])},
                             "resources": [unquote(r) for r in st.get("resources", [])],
@@ -125,7 +134,7 @@ def policy_statements() -> dict[str, list[dict]]:
                         for st in body.get("statement", [])
                         if unquote(str(st.get("effect", '"Allow"'))) == "Allow"
                     ]
-    return docs
+    return {name: [st for s in sources[name] for st in own[s]] + statements for name, statements in own.items()}
 
 
 def policy_actions() -> dict[str, set[str]]:
@@ -243,6 +252,8 @@ def test_the_scenarios_exercise_each_roles_code(recorded):
         "sns.Publish",
     } <= operations(recorded["hub"])
     assert "dynamodb.Query on index/open" in recorded["hub"]
+    for role in ("hub", "node"):  # `gridfleet ship-logs`: the stream made on the first refused put
+        assert {"logs.PutLogEvents", "logs.CreateLogStream"} <= operations(recorded[role]), role
     assert {
         "sqs.ReceiveMessage",
         "sqs.DeleteMessage",

@@ -82,6 +82,22 @@ STAR_RESOURCE_CONDITIONS = {
     "cloudwatch:PutMetricData": ("StringEquals", "cloudwatch:namespace", ["${var.metrics_namespace}"]),
 }
 
+#: What the SSM agent needs for Run Command and Session Manager, as AWS documents its minimum: the hub's and the
+#: nodes' agents alike.
+SSM_AGENT_ACTIONS = {
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+    "ec2messages:AcknowledgeMessage",
+    "ec2messages:DeleteMessage",
+    "ec2messages:FailMessage",
+    "ec2messages:GetEndpoint",
+    "ec2messages:GetMessages",
+    "ec2messages:SendReply",
+}
+
 STARTER_ACTIONS = {
     "dynamodb:GetItem",
     "dynamodb:UpdateItem",
@@ -131,6 +147,9 @@ EXPECTED_ACTIONS = {
         "kms:GenerateDataKey",
         "cloudwatch:PutMetricData",
         "sns:Publish",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+        *SSM_AGENT_ACTIONS,
     },
     "node": {
         "dynamodb:GetItem",
@@ -148,17 +167,9 @@ EXPECTED_ACTIONS = {
         "s3:PutObjectTagging",
         "elasticfilesystem:ClientMount",
         "elasticfilesystem:ClientWrite",
-        "ssm:UpdateInstanceInformation",
-        "ssmmessages:CreateControlChannel",
-        "ssmmessages:CreateDataChannel",
-        "ssmmessages:OpenControlChannel",
-        "ssmmessages:OpenDataChannel",
-        "ec2messages:AcknowledgeMessage",
-        "ec2messages:DeleteMessage",
-        "ec2messages:FailMessage",
-        "ec2messages:GetEndpoint",
-        "ec2messages:GetMessages",
-        "ec2messages:SendReply",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+        *SSM_AGENT_ACTIONS,
         "kms:Decrypt",
         "kms:GenerateDataKey",
         "cloudwatch:PutMetricData",
@@ -192,6 +203,14 @@ INSTANCE_ACTIONS = {
     "ec2:GetConsoleOutput",
     "ssm:SendCommand",
 }
+#: The condition key that reads an existing resource's tag, per action: EC2's global aws:ResourceTag, but Run
+#: Command's own ssm:resourceTag for SendCommand, as its documentation conditions it (a global key on
+#: SendCommand would also need aws:ViaAWSService).
+RESOURCE_TAG_KEY = {"ssm:SendCommand": "ssm:resourceTag"}
+
+
+def resource_tag(action: str, tag: str) -> str:
+    return f"{RESOURCE_TAG_KEY.get(action, 'aws:ResourceTag')}/{tag}"
 
 
 # --- reading hcl2's output ------------------------------------------------------------------------
@@ -551,6 +570,17 @@ def test_kms_key(tf):
     assert "sns.amazonaws.com" in policy
 
 
+def test_the_spot_service_linked_role_is_made_unless_the_account_has_it_and_the_readme_says_so(tf):
+    """A first spot launch needs the account's EC2 Spot service-linked role, which the key policy names; creating
+    it where it exists fails the apply, so the operator must know the variable."""
+    role = tf.resource("aws_iam_service_linked_role", "spot")
+    assert role["aws_service_name"] == "spot.amazonaws.com"
+    assert role["count"] == "${var.create_spot_service_linked_role ? 1 : 0}"
+    assert tf.default("create_spot_service_linked_role") is True
+    readme = " ".join((TF_DIR / "README.md").read_text().split())
+    assert "EC2 Spot service-linked role" in readme and "`create_spot_service_linked_role`" in readme
+
+
 def test_efs(tf):
     fs = tf.resource("aws_efs_file_system", "main")
     assert fs["encrypted"] is True and fs["kms_key_id"] == "${aws_kms_key.main.arn}"
@@ -735,7 +765,13 @@ def test_only_results_expire_and_runs_records_are_kept(tf):
 
 
 def statements_of(tf: Config, role: str) -> list[dict[str, Any]]:
-    return blocks(tf.datum("aws_iam_policy_document", role), "statement")
+    """A document's statements, those of its source_policy_documents first (as the provider merges them)."""
+    doc = tf.datum("aws_iam_policy_document", role)
+    sources = [
+        re.fullmatch(r"data\.aws_iam_policy_document\.(\w+)\.json", ref(s))[1]
+        for s in as_list(doc.get("source_policy_documents"))
+    ]
+    return [st for s in sources for st in statements_of(tf, s)] + blocks(doc, "statement")
 
 
 def with_action(statements: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
@@ -797,7 +833,7 @@ def test_statements_are_literal_scoped_and_commented(tf):
 def test_each_statement_has_a_comment(tf):
     """Every statement of the four role policies is preceded by a comment saying what needs it."""
     text = (TF_DIR / "iam.tf").read_text()
-    for role in ROLES:
+    for role in (*ROLES, "ssm_agent"):
         start = text.index(f'data "aws_iam_policy_document" "{role}"')
         body = text[start : text.index("\n}\n", start)].splitlines()
         for i, line in enumerate(body):
@@ -841,7 +877,10 @@ def test_hub_ec2_and_ssm_are_tag_scoped(tf):
     send = with_action(hub, "ssm:SendCommand")
     on_instances = [s for s in send if "${local.instance_arns}" in s["resources"]]
     assert len(on_instances) == 1
-    assert conditions(tf, on_instances[0])[("StringEquals", "aws:ResourceTag/gridfleet:role")] == ["node"]
+    assert conditions(tf, on_instances[0]) == {
+        ("StringEquals", "ssm:resourceTag/gridfleet:role"): ["node"],
+        ("StringEquals", f"ssm:resourceTag/{STACK_TAG}"): STACK,
+    }
     documents = [s for s in send if s not in on_instances]
     assert documents and all(r.endswith("::document/AWS-RunShellScript") for s in documents for r in s["resources"])
 
@@ -859,10 +898,7 @@ def test_hub_ec2_and_ssm_are_tag_scoped(tf):
     assert profile["actions"] == ["iam:GetInstanceProfile"]
     assert profile["resources"] == ["${aws_iam_instance_profile.node.arn}"]
     (param,) = with_action(hub, "ssm:GetParameter")
-    assert [r.rsplit("::", 1)[1] for r in param["resources"]] == [
-        "parameter${var.ami_parameter}",
-        "parameter${local.node_ami_parameter}",  # the nodes' AMI (aws.node_ami), a baked image's or the same
-    ]
+    assert param["resources"] == "${local.ami_parameter_arns}"  # aws.ami's and aws.node_ami's (test_ami_arns.py)
     for s in with_action(hub, "kms:Decrypt"):
         assert ("StringEquals", "kms:ViaService") in conditions(tf, s)
 
@@ -914,7 +950,7 @@ def test_no_statement_touches_another_stacks_instances(tf):
             for action in set(s["actions"]) & INSTANCE_ACTIONS:
                 if at_launch:
                     continue
-                assert cond.get(("StringEquals", f"aws:ResourceTag/{STACK_TAG}")) == STACK, (
+                assert cond.get(("StringEquals", resource_tag(action, STACK_TAG))) == STACK, (
                     f"{role}/{s['sid']}: {action} on instances of any stack"
                 )
                 checked.add((role, action))
@@ -1239,7 +1275,7 @@ def test_lambdas(tf):
         )
         assert fn["kms_key_arn"] == "${aws_kms_key.main.arn}"
         assert fn["timeout"] == 60
-        assert fn["reserved_concurrent_executions"] == 1
+        assert fn["reserved_concurrent_executions"] == "${var.lambda_reserved_concurrency}"
         assert one(fn, "tracing_config")["mode"] == "Active"
         assert f'aws_sqs_queue.lambda_dlq["{name}"]' in one(fn, "dead_letter_config")["target_arn"]
 
@@ -1308,10 +1344,16 @@ def test_log_groups(tf):
             names |= {tf.resolve(v) for v in tf.locals[ref(group["for_each"]).removeprefix("local.")].values()}
         else:
             names.add(group["name"])
-    assert {"/gridfleet/hub", "/gridfleet/node"} <= names
+    # Named after the stack, so that stacks share an account and region, as fleet.yaml derives them from aws.stack.
+    assert {"/${var.name_prefix}/hub", "/${var.name_prefix}/node", "/${var.name_prefix}/vpc-flow-logs"} <= names
+    assert all("${var.name_prefix}" in n for n in names), names
+    aws = AwsConfig(stack="prod")
+    assert (aws.log_group_hub, aws.log_group_node) == ("/prod/hub", "/prod/node")
     assert {"/aws/lambda/gridfleet-starter", "/aws/lambda/gridfleet-watchdog"} <= {
         n.replace("${var.name_prefix}", "gridfleet") for n in names
     }
+    for role in ("hub", "node"):
+        assert tf.outputs[f"{role}_log_group"]["value"] == f'${{aws_cloudwatch_log_group.this["{role}"].name}}'
 
 
 def test_dashboard(tf):
