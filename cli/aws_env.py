@@ -305,6 +305,8 @@ def node_params(config: Config, run_id: str, hub_address: str) -> NodeUserData:
         efs_access_point_id=aws.efs_access_point_id,
         crawl_user=config.fleet.crawl_user,
         crawl_uid=config.fleet.crawl_uid,
+        table=aws.table,
+        log_group=aws.log_group_node if aws.ship_logs else "",
     )
 
 

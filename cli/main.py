@@ -119,16 +119,30 @@ def _render(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--config", default=DEFAULT_CONFIG, help="fleet.yaml (default: %(default)s)")
     p.add_argument("--run-id", type=_run_id, help="node: the run (default: today's UTC date)")
     p.add_argument("--hub-address", help="node: the hub's private address (default: aws.hub_address)")
+    p.add_argument(
+        "--script", action="store_true", help="print the boot script the user-data carries (gzip-compressed there)"
+    )
 
 
 def _aws(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("aws", help="AWS housekeeping: `aws bootstrap` creates the table, queue + DLQ and bucket")
+    p = sub.add_parser(
+        "aws",
+        help="AWS housekeeping: `aws preflight` says whether the account is ready for a run; "
+        "`aws bootstrap` creates the table, queue + DLQ and bucket",
+        description="preflight: read the account (read-only) and say, one line per check, what is ready for the "
+        "first night and what is not; exit 0 when everything is, 1 with each problem, 2 for bad input. "
+        "bootstrap: create the table, the queue and its DLQ and the bucket when missing (dev accounts, moto).",
+    )
     p.add_argument(
         "action",
-        choices=("bootstrap",),
-        help="bootstrap: create what is missing, idempotently (dev accounts, LocalStack, moto)",
+        choices=("preflight", "bootstrap"),
+        help="preflight: is the account ready? bootstrap: create what is missing, idempotently",
     )
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", required=True, help="the fleet.yaml the runs will use")
+    p.add_argument(
+        "--tf-output",
+        help="preflight: a file holding `terraform output -json`, compared with the config's aws: section",
+    )
 
 
 def _bundle(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -228,8 +242,48 @@ def _local(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "(default examples/twin.yaml; {demo} is the twin's demo server)")  # fmt: skip
 
 
+def _logs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "logs",
+        help="a run's hub and node logs from CloudWatch Logs (boot, agent, crawler, Grid)",
+        description="Read back the logs the hub and the nodes of a run shipped to the stack's CloudWatch Logs "
+        "groups (one stream per instance), oldest first; they outlive the instances.",
+    )
+    p.add_argument("--run-id", type=_run_id, required=True, help="the run")
+    p.add_argument("--node", help="only this instance (a node or the hub), e.g. i-0123456789abcdef0")
+    p.add_argument("--site", help="only the lines about this site")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="fleet.yaml naming the stack (default: %(default)s)")
+
+
+def _ship_logs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "ship-logs",
+        help="what hub and node instances run: follow log files and ship their lines to CloudWatch Logs",
+        description="Follow FILEs (from where the last shipping stopped) and put each new line into one stream "
+        "of a CloudWatch Logs group, until SIGTERM, then flush; with --once, ship what is there and exit.",
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="log files to follow (a missing one is waited for)")
+    p.add_argument("--config", required=True, help="fleet.yaml (region, endpoint)")
+    p.add_argument("--group", required=True, help="the log group, e.g. /gridfleet/node")
+    p.add_argument("--stream", required=True, help="the stream, <run_id>/<instance id>")
+    p.add_argument("--state", type=Path, required=True, help="a directory keeping how far each file was shipped")
+    p.add_argument("--once", action="store_true", help="ship what the files hold now, then exit")
+
+
 def _node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub.add_parser("node", help="the node agent, as cloud-init runs it (see `gridfleet node --help`)", add_help=False)
+
+
+def _cmd_logs(args: argparse.Namespace, console: Console) -> int:
+    from cli.logs_cmd import cmd_logs
+
+    return cmd_logs(args, console)
+
+
+def _cmd_ship_logs(args: argparse.Namespace, console: Console) -> int:
+    from cli.logs_cmd import cmd_ship_logs
+
+    return cmd_ship_logs(args, console)
 
 
 PARSERS = (
@@ -246,6 +300,8 @@ PARSERS = (
     _check,
     _teardown,
     _local,
+    _logs,
+    _ship_logs,
     sim_cli.add_parser,
     crawl_cmd.add_parser,
     _node,
@@ -255,7 +311,7 @@ COMMANDS: dict[str, Command] = {
     "validate": config_cmd.cmd_validate,
     "run": run_cmd.cmd_run,
     "render": aws_cmd.cmd_render,
-    "aws": aws_cmd.cmd_bootstrap,
+    "aws": aws_cmd.cmd_aws,
     "bundle": aws_cmd.cmd_bundle,
     "config": config_cmd.cmd_config,
     "status": inspect_cmd.cmd_status,
@@ -267,6 +323,8 @@ COMMANDS: dict[str, Command] = {
     "local": local_cmd.cmd_local,
     "simulate": sim_cli.cmd_simulate,
     "crawl": crawl_cmd.cmd_crawl,
+    "logs": _cmd_logs,
+    "ship-logs": _cmd_ship_logs,
 }
 
 

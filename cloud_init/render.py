@@ -17,7 +17,9 @@ instance profile.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import gzip
 import json
 import posixpath
 import re
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import yaml
 
 #: EC2's limit on raw (not base64-encoded) user-data, in bytes.
 USER_DATA_LIMIT = 16384
@@ -38,6 +41,7 @@ NODE_BOOT_SCRIPT = "/usr/local/sbin/gridfleet-node-boot"
 NODE_ENV_FILE = "/etc/gridfleet/node.env"
 HUB_BOOT_SCRIPT = "/usr/local/sbin/gridfleet-hub-boot"
 HUB_ENV_FILE = "/etc/gridfleet/hub.env"
+NODE_AGENT_LOG = "/var/log/gridfleet-node.log"  # gridfleet-node.service's output
 
 SELF_STOP_CHOICES = ("shutdown", "terminate", "none")
 
@@ -52,6 +56,8 @@ _PATH_RE = re.compile(r"^(?:/[A-Za-z0-9._+@-]+)+$")
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")  # the rule of fleet.crawl_user (and of useradd's default)
 _CRAWL_UID_MIN, _CRAWL_UID_MAX = 1000, 60000  # fleet.crawl_uid: a regular user's id, never root's
 _S3_KEY_MAX = 1024
+_TABLE_RE = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")  # DynamoDB's rule for table names
+_LOG_GROUP_RE = re.compile(r"^[A-Za-z0-9_./#-]{1,512}$")  # CloudWatch Logs' rule for group names
 
 
 class RenderError(ValueError):
@@ -123,6 +129,8 @@ def _check_common(p: NodeUserData | HubUserData) -> None:
     _path("install_dir", p.install_dir)
     _path("state_dir", p.state_dir)
     _match("imds_url", p.imds_url, _IMDS_URL_RE, "an http URL without a path (e.g. http://169.254.169.254)")
+    if p.log_group:
+        _match("log_group", p.log_group, _LOG_GROUP_RE, "a CloudWatch Logs group name (e.g. /gridfleet/node)")
 
 
 # --- parameters ---------------------------------------------------------------------------------
@@ -149,9 +157,12 @@ class NodeUserData:
     efs_access_point_id: str | None = None  # mount through this access point (its file-system policy may require it)
     crawl_user: str = "gridfleet"  # the agent, its Grid node and Chromium run as this user, never as root
     crawl_uid: int = 2000  # its uid and gid: the EFS access point's POSIX user
+    table: str = "TrendlyzeStatus"  # a bootstrap that fails before gridfleet is installed reports there
+    log_group: str = ""  # CloudWatch Logs group of the node's logs ("": not shipped)
 
     def __post_init__(self) -> None:
         _match("run_id", self.run_id, _RUN_ID_RE, "a run id (letters, digits, '.', '_' or '-', max 64)")
+        _match("table", self.table, _TABLE_RE, "a DynamoDB table name")
         _crawl_user(self.crawl_user, self.crawl_uid)
         if self.efs_access_point_id is not None:
             _match("efs_access_point_id", self.efs_access_point_id, _EFS_AP_RE, "an EFS access point id (fsap-<hex>)")
@@ -186,6 +197,7 @@ class HubUserData:
     state_dir: str = "/var/lib/gridfleet"
     self_stop: str = "shutdown"  # "shutdown" | "terminate" | "none"
     imds_url: str = "http://169.254.169.254"
+    log_group: str = ""  # CloudWatch Logs group of the hub's logs ("": not shipped)
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -238,19 +250,23 @@ def _render(name: str, context: dict[str, Any]) -> str:
 
 
 def _cloud_config(template: str, script_path: str, script: str, env_path: str, env_file: str) -> str:
-    text = _render(
-        template,
-        {
-            "script_path": script_path,
-            "script": script,
-            "env_path": env_path,
-            "env_file": env_file,
-        },
-    )
+    """The cloud-config: the boot script is written gzip-compressed (cloud-init's `gz+b64`), so that it fits EC2's
+    16 KB of user-data with room to spare."""
+    script_gz = base64.b64encode(gzip.compress(script.encode(), mtime=0)).decode()
+    context = {"script_path": script_path, "script_gz": script_gz, "env_path": env_path, "env_file": env_file}
+    text = _render(template, {**context, "agent_log": NODE_AGENT_LOG})
     size = len(text.encode())
     if size > USER_DATA_LIMIT:
         raise RenderError("user-data", f"{size} bytes, over EC2's limit of {USER_DATA_LIMIT} bytes")
     return text
+
+
+def boot_script(user_data: str) -> str:
+    """The boot script inside a user-data `render_node` or `render_hub` made (for `gridfleet render --script`)."""
+    for item in yaml.safe_load(user_data)["write_files"]:
+        if item["path"] in (NODE_BOOT_SCRIPT, HUB_BOOT_SCRIPT):
+            return gzip.decompress(base64.b64decode(item["content"])).decode()
+    raise ValueError("no boot script in this user-data")
 
 
 def render_node(p: NodeUserData) -> str:

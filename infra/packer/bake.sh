@@ -1,17 +1,19 @@
 #!/bin/bash
 # gridfleet node image: bakes into an instance that becomes an AMI (infra/packer/node.pkr.hcl runs this as
-# root) what every node's boot script installs otherwise: the Debian packages, amazon-efs-utils, the crawl
+# root) what every node's boot script installs otherwise: the Debian packages, the SSM agent, amazon-efs-utils, the crawl
 # user, a venv with the bundle's pinned dependencies (gridfleet itself and the crawler project come with
 # each boot's bundle) and the Selenium server jar; then the marker $INSTALL_DIR/image.json, by which a
 # node's boot script knows the image and whether its venv holds the dependencies of the bundle it fetched.
 # Made from the boot script's own parts (cloud_init/templates) by `python -m cloud_init bake`; a test keeps
 # this file equal to that.
 #
-# usage: bake.sh BUNDLE.tar.gz [AMAZON-EFS-UTILS.deb]
+# usage: bake.sh BUNDLE.tar.gz AMAZON-EFS-UTILS.deb
 #   BUNDLE.tar.gz          the bundle of `gridfleet bundle` (the one the nodes will fetch, or one with the
 #                          same pinned dependencies)
-#   AMAZON-EFS-UTILS.deb   when apt has no amazon-efs-utils
+#   AMAZON-EFS-UTILS.deb   amazon-efs-utils, which Debian does not package (README: building it on Debian 12);
+#                          not needed when the source image has it
 #   GRIDFLEET_CRAWL_USER, GRIDFLEET_CRAWL_UID: the stack's crawl user (fleet.crawl_user, fleet.crawl_uid)
+#   GRIDFLEET_REGION: where the SSM agent's package comes from (default: this instance's region, from IMDSv2)
 set -Eeuo pipefail
 
 readonly \
@@ -23,7 +25,9 @@ readonly \
   CRAWL_USER=${GRIDFLEET_CRAWL_USER:-gridfleet} \
   CRAWL_UID=${GRIDFLEET_CRAWL_UID:-2000} \
   CRAWL_HOME=$STATE_DIR/home \
+  IMDS=http://169.254.169.254 \
   BOOT_TIMEOUT_S=3600  # the bake's time budget
+REGION=${GRIDFLEET_REGION:-}
 STEP=start
 WORK_DIR=
 export DEBIAN_FRONTEND=noninteractive
@@ -44,8 +48,20 @@ fail() {
 trap 'fail "exit status $? from: $BASH_COMMAND"' ERR
 trap '[[ -z $WORK_DIR ]] || rm -rf -- "$WORK_DIR"' EXIT
 
-[[ -f $BUNDLE ]] || fail "usage: bake.sh BUNDLE.tar.gz [AMAZON-EFS-UTILS.deb]: no bundle file '$BUNDLE'"
+[[ -f $BUNDLE ]] || fail "usage: bake.sh BUNDLE.tar.gz AMAZON-EFS-UTILS.deb: no bundle file '$BUNDLE'"
 [[ -z $EFS_UTILS_DEB || -f $EFS_UTILS_DEB ]] || fail "no file '$EFS_UTILS_DEB'"
+# imds_region: this instance's region, from IMDSv2.
+imds_region() {
+  local token
+  token=$(curl -fsS --max-time 5 --retry 5 -X PUT "$IMDS/latest/api/token" \
+    -H "X-aws-ec2-metadata-token-ttl-seconds: 600") || return 1
+  curl -fsS --max-time 5 --retry 5 -H "X-aws-ec2-metadata-token: $token" "$IMDS/latest/meta-data/placement/region"
+}
+
+if [[ -z $REGION ]]; then
+  REGION=$(imds_region) || fail "no GRIDFLEET_REGION, and no region from IMDSv2 at $IMDS"
+fi
+[[ $REGION =~ ^[a-z]{2}(-[a-z]+)+-[0-9]+$ ]] || fail "'$REGION' is not an AWS region"
 [[ $CRAWL_USER =~ ^[a-z_][a-z0-9_-]{0,31}$ && $CRAWL_USER != root ]] ||
   fail "GRIDFLEET_CRAWL_USER '$CRAWL_USER' is not a user name (lower-case letters, digits, '_' or '-'; not root)"
 if ! [[ $CRAWL_UID =~ ^[1-9][0-9]{3,4}$ ]] || ((CRAWL_UID > 60000)); then
@@ -87,12 +103,16 @@ apt_update_once() {
   apt_get update && APT_UPDATED=1
 }
 
+# installed PACKAGE: whether dpkg has it installed.
+installed() {
+  [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]
+}
+
 # install_missing PACKAGE...: apt-get install the packages that are not installed yet.
 install_missing() {
-  local pkg status missing=()
+  local pkg missing=()
   for pkg in "$@"; do
-    status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) || status=
-    [[ $status == "install ok installed" ]] || missing+=("$pkg")
+    installed "$pkg" || missing+=("$pkg")
   done
   if [[ -z ${missing[*]} ]]; then
     log "already installed: $*"
@@ -111,6 +131,26 @@ pip_wheels() {
     --no-index --find-links "$WHEELS" "$@"
 }
 
+# install_ssm_agent: Amazon's SSM agent, through which the hub's kill ladder and the dashboard's port forwarding
+# reach this instance. Debian has no package of it: it comes from the region's own agent package in S3 (read
+# anonymously, through the VPC's S3 endpoint), then runs as a service.
+install_ssm_agent() {
+  local arch key deb
+  if installed amazon-ssm-agent; then
+    log "amazon-ssm-agent is installed"
+  else
+    arch=$(dpkg --print-architecture)
+    key=amazon-ssm-$REGION/latest/debian_$arch/amazon-ssm-agent.deb
+    deb=$WORK_DIR/amazon-ssm-agent.deb
+    bounded aws s3 cp --region "$REGION" --no-sign-request --only-show-errors "s3://$key" "$deb" ||
+      fail "cannot download the SSM agent from s3://$key"
+    [[ $(dpkg-deb -f "$deb" Package 2>/dev/null) == amazon-ssm-agent ]] ||
+      fail "s3://$key is not the amazon-ssm-agent package"
+    apt_get install -y "$deb" || fail "cannot install the SSM agent from s3://$key"
+  fi
+  systemctl enable --now amazon-ssm-agent.service || fail "cannot start the SSM agent (amazon-ssm-agent.service)"
+}
+
 sha256_of() {
   local h
   h=$(sha256sum <"$1") && echo "${h%% *}"
@@ -118,15 +158,17 @@ sha256_of() {
 APT_PACKAGES=(chromium chromium-driver default-jre-headless python3-venv nfs-common awscli curl ca-certificates)
 
 install_efs_utils() {
-  command -v mount.efs >/dev/null && return 0
-  log "mount.efs is missing: trying apt-get install amazon-efs-utils"
-  if apt_update_once && bounded apt-get -o DPkg::Lock::Timeout=60 install -y amazon-efs-utils; then
+  if installed amazon-efs-utils && command -v mount.efs >/dev/null; then
+    log "amazon-efs-utils is installed"
     return 0
   fi
-  if efs_utils_deb "$WORK_DIR/amazon-efs-utils.deb" && apt_get install -y "$WORK_DIR/amazon-efs-utils.deb"; then
-    command -v mount.efs >/dev/null && return 0
-  fi
-  fail "amazon-efs-utils is not available: bake it into the AMI or upload amazon-efs-utils.deb beside the bundle"
+  efs_utils_deb "$WORK_DIR/amazon-efs-utils.deb" ||
+    fail "amazon-efs-utils is not installed and no .deb of it is at hand: bake it into the node image, or upload it \
+with gridfleet bundle --upload --efs-utils-deb FILE (README: building amazon-efs-utils on Debian 12)"
+  [[ $(dpkg-deb -f "$WORK_DIR/amazon-efs-utils.deb" Package 2>/dev/null) == amazon-efs-utils ]] ||
+    fail "the amazon-efs-utils .deb is not the amazon-efs-utils package"
+  apt_get install -y "$WORK_DIR/amazon-efs-utils.deb" || fail "cannot install amazon-efs-utils from its .deb"
+  command -v mount.efs >/dev/null || fail "amazon-efs-utils is installed but there is no mount.efs"
 }
 
 # ensure_crawl_user: the user the agent runs as (uid and gid CRAWL_UID, the EFS
@@ -145,8 +187,8 @@ ensure_crawl_user() {
 
 
 efs_utils_deb() {
-  [[ -n $EFS_UTILS_DEB ]] || { log "amazon-efs-utils is not in apt: give its .deb (bake.sh BUNDLE DEB)"; return 1; }
-  log "amazon-efs-utils is not in apt: installing $EFS_UTILS_DEB"
+  [[ -n $EFS_UTILS_DEB ]] || { log "amazon-efs-utils is not installed: give its .deb (bake.sh BUNDLE DEB)"; return 1; }
+  log "installing amazon-efs-utils from $EFS_UTILS_DEB"
   cp -- "$EFS_UTILS_DEB" "$1"
 }
 
@@ -156,7 +198,7 @@ write_marker() {
   deps=$(sha256_of "$WORK_DIR/deps.txt")
   jar=$(sha256_of "$INSTALL_DIR/selenium-server.jar")
   python3 - "$IMAGE_MARKER.part" "$deps" "$jar" "$WORK_DIR/deps.txt" "$CRAWL_USER" "$CRAWL_UID" \
-    "$INSTALL_DIR/venv" "${APT_PACKAGES[@]}" "${IMAGE_ONLY_PACKAGES[@]}" amazon-efs-utils <<'PY'
+    "$INSTALL_DIR/venv" "${APT_PACKAGES[@]}" "${IMAGE_ONLY_PACKAGES[@]}" amazon-ssm-agent amazon-efs-utils <<'PY'
 import datetime, json, platform, sys
 
 out, deps, jar, deps_txt, user, uid, venv, *packages = sys.argv[1:]
@@ -188,6 +230,8 @@ WORK_DIR=$(mktemp -d)
 step install-packages
 install_missing "${APT_PACKAGES[@]}" "${IMAGE_ONLY_PACKAGES[@]}" ||
   fail "cannot install ${APT_PACKAGES[*]} ${IMAGE_ONLY_PACKAGES[*]}"
+step install-ssm-agent
+install_ssm_agent
 step install-efs-utils
 install_efs_utils
 step crawl-user

@@ -18,11 +18,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 from rich.console import Console
 
 from cli import aws_env
 from cli.aws import dry_run
+from cloud_init import boot_script
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.config_load import parse_config
 
@@ -120,9 +120,8 @@ def test_bootstrap_then_a_run_to_its_deadline_on_moto(account, tmp_path):
         raw = ec2.describe_instance_attribute(InstanceId=i["InstanceId"], Attribute="userData")["UserData"]["Value"]
         user_data = base64.b64decode(raw).decode()
         assert user_data.startswith("#cloud-config") and account["efs_id"] in user_data
-        doc = yaml.safe_load(user_data)
-        boot_script = "\n".join(f["content"] for f in doc["write_files"])
-        assert "mount -t efs" in boot_script and "tls" in boot_script
+        script = boot_script(user_data)
+        assert "mount -t efs" in script and "tls" in script
         ud_file = tmp_path / f"{i['InstanceId']}.yaml"
         ud_file.write_text(user_data)
         if shutil.which("cloud-init"):
@@ -162,6 +161,8 @@ def test_dry_run_prints_the_plan_and_calls_no_mutating_api(account, tmp_path):
 
     assert gridfleet(tmp_path, "aws", "bootstrap", "--config", str(account["path"])).returncode == 0
     config = account["config"]
+    setup = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)  # the efs-utils package a stock node installs
+    setup.client("s3").put_object(Bucket=config.aws.bucket, Key="bundle/amazon-efs-utils.deb", Body=b"!<arch>\n")
     env = aws_env.connect(config, AwsClients(config.aws, credentials=LOCAL_CREDENTIALS, on_client=(record,)))
     out = io.StringIO()
     code = dry_run(env, "aws-dry", Console(file=out, width=200))

@@ -22,16 +22,10 @@ from pathlib import Path
 import hcl2
 import pytest
 
-from cloud_init import NodeUserData, render_bake, render_node
-from tests.unit.test_cloud_init import (
-    BASH,
-    Sandbox,
-    agent_argv,
-    needs_shellcheck,
-    node_params,
-    node_script,
-    sandbox_node,
-)
+from cloud_init import NodeUserData, boot_script, render_bake, render_node
+from tests.helpers.boot_sandbox import BASH, Sandbox
+from tests.unit.test_boot_scripts import APT_PACKAGES, sandbox_node
+from tests.unit.test_cloud_init import needs_shellcheck, node_params
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKER = ROOT / "infra" / "packer"
@@ -41,7 +35,9 @@ DEPS = "pydantic-2.0-py3-none-any.whl\nPyYAML-6.0-cp311-cp311-manylinux_2_17_x86
 def bundle_bytes(deps: str | None = DEPS) -> bytes:
     """A bundle as `gridfleet bundle` makes it: wheels/, the jar, and deps.txt (its pinned dependency set)."""
     out = io.BytesIO()
+    platform = json.dumps({"format": 1, "machine": "x86_64", "python": "{}.{}".format(*sys.version_info[:2])})
     files = [("wheels/gridfleet-0.1.0-py3-none-any.whl", b"wheel"), ("selenium-server.jar", b"jar")]
+    files.append(("platform.json", platform.encode()))
     if deps is not None:
         files.append(("deps.txt", deps.encode()))
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
@@ -68,13 +64,14 @@ def sandbox(tmp_path_factory) -> Sandbox:
 
 
 def bake(sb: Sandbox, install_dir: Path, state_dir: Path, bundle: bytes, **env: str) -> subprocess.CompletedProcess:
-    path = sb.root / "bundle.tar.gz"
+    path, deb = sb.root / "bundle.tar.gz", sb.root / "amazon-efs-utils.deb"
     path.write_bytes(bundle)
+    deb.write_text("Package: amazon-efs-utils\n")
     script = render_bake(install_dir=str(install_dir), state_dir=str(state_dir))
     (sb.root / "bake.sh").write_text(script)
     return subprocess.run(
-        [BASH, str(sb.root / "bake.sh"), str(path)],
-        env={**sb.env, **env},
+        [BASH, str(sb.root / "bake.sh"), str(path), str(deb)],
+        env={**sb.env, "GRIDFLEET_REGION": "ap-northeast-2", **env},
         cwd=sb.root,
         capture_output=True,
         text=True,
@@ -90,9 +87,11 @@ def functions(script: str) -> dict[str, str]:
 
 def test_the_bake_script_is_the_rendered_one_and_shares_the_boot_scripts_install_steps():
     assert (PACKER / "bake.sh").read_text() == render_bake(), "infra/packer/bake.sh: python -m cloud_init bake"
-    boot = node_script(render_node(node_params()))
+    boot = boot_script(render_node(node_params()))
     bake_fns, boot_fns = functions(render_bake()), functions(boot)
     shared = (
+        "installed",
+        "install_ssm_agent",
         "install_missing",
         "apt_get",
         "apt_update_once",
@@ -136,11 +135,13 @@ def test_the_packer_template_builds_an_encrypted_imdsv2_image_from_the_stacks_de
     variables = {name: body for block in packer["variable"] for name, body in block.items()}
     with (ROOT / "infra" / "terraform" / "variables.tf").open() as f:
         tf = {name: body for block in unq(hcl2.load(f))["variable"] for name, body in block.items()}
-    assert variables["ami_parameter"]["default"] == tf["ami_parameter"]["default"]  # the Debian 12 the stack uses
+    # the default resolves to the stack's Debian 12 of the chosen arch (tests/infra/test_packer.py evaluates it)
+    assert variables["ami_parameter"]["default"] == "" and variables["arch"]["default"] == "amd64"
+    assert tf["ami_parameter"]["default"].endswith("/debian/release/12/latest/amd64")
     assert variables["crawl_uid"]["default"] == tf["crawl_uid"]["default"] == NodeUserData.crawl_uid
     assert "default" not in variables["bundle"]  # the bundle whose pinned dependencies are baked: always given
     [data] = [b["amazon-parameterstore"]["base"] for b in packer["data"] if "amazon-parameterstore" in b]
-    assert data["name"] == "${var.ami_parameter}"
+    assert "var.ami_parameter" in data["name"] and "${var.arch}" in data["name"]
     [source] = [b["amazon-ebs"]["node"] for b in packer["source"] if "amazon-ebs" in b]
     assert source["source_ami"] == "${data.amazon-parameterstore.base.value}"
     assert source["imds_support"] == "v2.0"  # instances of the image default to IMDSv2
@@ -175,7 +176,12 @@ def test_a_node_boots_on_the_baked_image_installing_only_gridfleet(sandbox):
     assert marker["deps_sha256"] == hashlib.sha256(DEPS.encode()).hexdigest()
     assert marker["jar_sha256"] == hashlib.sha256(b"jar").hexdigest()
     assert marker["deps"] == DEPS.split() and (marker["crawl_user"], marker["crawl_uid"]) == ("gridfleet", 2000)
-    assert "chromium" in marker["packages"] and "amazon-efs-utils" in marker["packages"]
+    assert {"chromium", "amazon-efs-utils", "amazon-ssm-agent"} <= set(marker["packages"])
+    assert sandbox.calls("aws")[0][-2] == "s3://amazon-ssm-ap-northeast-2/latest/debian_amd64/amazon-ssm-agent.deb"
+    assert [c[-1].rsplit("/", 1)[1] for c in sandbox.calls("apt-get") if c[-1].endswith(".deb")] == [
+        "amazon-ssm-agent.deb",
+        "amazon-efs-utils.deb",
+    ]
     assert (install / "selenium-server.jar").read_bytes() == b"jar" and not (install / "wheels").exists()
     pips = [c[1:] for c in sandbox.calls("pip")]
     assert pips[0][-1] == "gridfleet" and "--no-deps" not in pips[0]  # its dependencies, from the bundle's wheels
@@ -185,13 +191,16 @@ def test_a_node_boots_on_the_baked_image_installing_only_gridfleet(sandbox):
     sandbox.stub_log.unlink()
     sandbox.put(p.bundle_key, bundle_bytes())
     sandbox.put(p.config_key, b"sites: []\n")
-    r = sandbox.run(node_script(render_node(p)))
+    sandbox.stub("mount.efs", "exit 0\n")
+    image = " ".join([*APT_PACKAGES, "amazon-ssm-agent", "amazon-efs-utils"])  # what the bake installed
+    r = sandbox.run(boot_script(render_node(p)), STUB_INSTALLED=image)
     assert r.returncode == 0, r.stdout + r.stderr
     assert not [c for c in sandbox.calls("python3") if c[1:3] == ["-m", "venv"]]  # the image's venv is kept
     [pip] = sandbox.calls("pip")
     assert pip[pip.index("install") + 1 :][-3:] == ["--no-deps", "--force-reinstall", "gridfleet"]
     assert "baked image: its venv has the bundle's dependencies" in sandbox.boot_log()
-    assert sandbox.calls("gridfleet")[-1] == agent_argv(sandbox, p)
+    assert sandbox.calls("apt-get") == []  # nothing downloaded: every package is the image's
+    assert sandbox.calls("systemctl")[-1] == ["systemctl", "start", "--no-block", "gridfleet-node.service"]
 
 
 @pytest.mark.parametrize(
@@ -209,9 +218,11 @@ def test_a_baked_image_for_other_dependencies_gets_a_new_venv_and_says_why(sandb
     sandbox.stub_log.unlink()
     sandbox.put(p.bundle_key, bundle_bytes(deps))
     sandbox.put(p.config_key, b"sites: []\n")
-    r = sandbox.run(node_script(render_node(p)))
+    sandbox.put("bundle/amazon-efs-utils.deb", b"Package: amazon-efs-utils\n")
+    r = sandbox.run(boot_script(render_node(p)))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert [c[1:3] for c in sandbox.calls("python3")] == [["-m", "venv"]]  # today's path: a new venv, all of it
+    # today's path: a new venv, all of it
+    assert [c[1:3] for c in sandbox.calls("python3") if c[1] == "-m"] == [["-m", "venv"]]
     [pip] = sandbox.calls("pip")
     assert pip[-1] == "gridfleet" and "--no-deps" not in pip
     assert why in sandbox.boot_log()
@@ -221,9 +232,10 @@ def test_a_stock_image_takes_todays_path_without_a_word_of_images(sandbox):
     p = sandbox_node(sandbox)
     sandbox.put(p.bundle_key, bundle_bytes())
     sandbox.put(p.config_key, b"sites: []\n")
-    r = sandbox.run(node_script(render_node(p)))
+    sandbox.put("bundle/amazon-efs-utils.deb", b"Package: amazon-efs-utils\n")
+    r = sandbox.run(boot_script(render_node(p)))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert [c[1:3] for c in sandbox.calls("python3")] == [["-m", "venv"]]
+    assert [c[1:3] for c in sandbox.calls("python3") if c[1] == "-m"] == [["-m", "venv"]]
     assert "--no-deps" not in sandbox.calls("pip")[0] and "baked image" not in sandbox.boot_log()
 
 

@@ -1,0 +1,584 @@
+"""The rendered boot scripts run for real by bash in a sandbox of stub commands (tests/helpers/boot_sandbox.py):
+what each step calls, in which order, and how each failure ends (logged, reported, shipped, shut down)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cloud_init import HubUserData, NodeUserData, RenderError, boot_script, render_hub, render_node
+from cloud_init import render as render_mod
+from fleet import crawlerfile
+from tests.helpers.boot_sandbox import (
+    BASH,
+    EFS_ID,
+    INSTANCE_ID,
+    LOCAL_IP,
+    SSM_AGENT_BUCKET,
+    SSM_AGENT_KEY,
+    TOKEN,
+    Sandbox,
+    make_bundle,
+)
+from tests.helpers.wait import wait_for
+from tests.unit.test_cloud_init import HOSTILE_CONFIG_KEY, HOSTILE_KEY, hub_params, node_params, parameter_block
+
+APT_PACKAGES = [
+    "chromium", "chromium-driver", "default-jre-headless", "python3-venv", "nfs-common", "awscli", "curl",
+    "ca-certificates",
+]  # fmt: skip
+SHUTDOWN = ["shutdown", "-h", "now"]
+
+
+@pytest.fixture
+def sandbox(tmp_path_factory) -> Sandbox:
+    return Sandbox(tmp_path_factory.mktemp("sandbox"))
+
+
+def sandbox_node(sb: Sandbox, **kw) -> NodeUserData:
+    base = dict(
+        install_dir=f"{sb.root}/opt/gridfleet",
+        state_dir=f"{sb.root}/state",
+        efs_mount=f"{sb.root}/efs",
+        bucket=sb.bucket,
+        log_group="/gridfleet/node",
+    )
+    return node_params(**{**base, **kw})
+
+
+def upload_node_objects(sb: Sandbox, p: NodeUserData, bundle: bool = True, config: bool = True) -> None:
+    if bundle:
+        make_bundle(sb.put(p.bundle_key))
+    if config:
+        sb.put(p.config_key, b"sites: []\n")
+    sb.put("bundle/amazon-efs-utils.deb", b"Package: amazon-efs-utils\n")
+
+
+def agent_argv(sb: Sandbox, p: NodeUserData) -> list[str]:
+    hub = p.hub_address
+    return [
+        "gridfleet", "node", "--config", f"{sb.etc}/fleet.yaml", "--run-id", p.run_id, "--instance-id", INSTANCE_ID,
+        "--grid-url", f"http://{hub}:4444", "--grid-jar", f"{p.install_dir}/selenium-server.jar",
+        "--grid-publish", f"tcp://{hub}:4442", "--grid-subscribe", f"tcp://{hub}:4443", "--grid-host", LOCAL_IP,
+        "--grid-port", "5555", "--state-dir", p.state_dir, "--profiles-root", p.efs_mount,
+    ]  # fmt: skip
+
+
+def crawl_user(home: str, uid: int = 2000, name: str = "gridfleet") -> list[str]:
+    ids = [f"--reuid={uid}", f"--regid={uid}", "--init-groups", "--no-new-privs"]
+    return ["setpriv", *ids, "env", f"HOME={home}", f"USER={name}", f"LOGNAME={name}"]
+
+
+def url_of(call: list[str]) -> str:
+    return next(a for a in call if a.startswith("http"))
+
+
+def assert_imds_v2(sb: Sandbox, items: list[str]) -> None:
+    """A token PUT first, then only GETs of these items, each with the token."""
+    curls = [c for c in sb.calls("curl") if "/latest/" in url_of(c)]
+    token, gets = curls[0], curls[1:]
+    assert url_of(token) == "http://169.254.169.254/latest/api/token"
+    assert token[token.index("-X") + 1] == "PUT" and "X-aws-ec2-metadata-token-ttl-seconds: 21600" in token
+    assert [url_of(c).split("/latest/meta-data/", 1)[1] for c in gets] == items
+    for c in gets:
+        assert "-X" not in c and f"X-aws-ec2-metadata-token: {TOKEN}" in c
+
+
+def work_file(call: list[str], name: str) -> bool:
+    return call[-1].endswith(f"/{name}")
+
+
+# --- a node ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "keys",
+    [
+        pytest.param({}, id="plain"),
+        pytest.param({"bundle_key": HOSTILE_KEY, "config_key": HOSTILE_CONFIG_KEY}, id="hostile-keys"),
+    ],
+)
+def test_node_bootstrap_hands_the_work_to_its_service(sandbox, keys):
+    p = sandbox_node(sandbox, **keys)
+    upload_node_objects(sandbox, p)
+    if keys:  # the efs-utils package sits beside the bundle, wherever that is
+        sandbox.put(p.bundle_key.rsplit("/", 1)[0] + "/amazon-efs-utils.deb", b"Package: amazon-efs-utils\n")
+    r = sandbox.run(boot_script(render_node(p)), STUB_MOUNT_FAILS="2")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    assert_imds_v2(sandbox, ["instance-id", "local-ipv4"])
+    # apt: update failed once (the lock race) and was retried, then the missing packages were installed
+    apts = sandbox.calls("apt-get")
+    assert [c[-1] for c in apts[:2]] == ["update", "update"]
+    assert apts[2][apts[2].index("install") :] == ["install", "-y", "--no-install-recommends", *APT_PACKAGES]
+    # the SSM agent: the region's own package, read anonymously, installed and started as a service
+    agent = f"s3://{SSM_AGENT_BUCKET}/{SSM_AGENT_KEY}"
+    cps = sandbox.calls("aws")
+    assert cps[0][cps[0].index("--no-sign-request") :][1:3] == ["--only-show-errors", agent]
+    assert work_file(apts[3], "amazon-ssm-agent.deb") and apts[3][-2] == "-y"
+    systemctl = sandbox.calls("systemctl")
+    assert systemctl[0] == ["systemctl", "enable", "--now", "amazon-ssm-agent.service"]
+    # S3: the exact keys, with the region; the efs-utils package beside the bundle
+    folder = p.bundle_key.rsplit("/", 1)[0]
+    assert [c[-2] for c in cps[1:]] == [
+        f"s3://{p.bucket}/{p.config_key}",
+        f"s3://{p.bucket}/{p.bundle_key}",
+        f"s3://{p.bucket}/{folder}/amazon-efs-utils.deb",
+    ]
+    assert all(c[c.index("--region") + 1] == "ap-northeast-2" for c in cps)
+    assert (sandbox.etc / "fleet.yaml").read_text() == "sites: []\n"
+    pip = sandbox.calls("pip")[0]
+    assert pip[pip.index("--find-links") + 1] == f"{p.install_dir}/wheels" and "--no-index" in pip
+    assert work_file(apts[4], "amazon-efs-utils.deb") and len(apts) == 5
+    # the log shipper starts once gridfleet is installed, the agent's service last of all
+    assert systemctl[1:] == [
+        ["systemctl", "start", "--no-block", "gridfleet-logs.service"],
+        ["systemctl", "start", "--no-block", "gridfleet-node.service"],
+    ]
+    calls = sandbox.calls()
+    assert calls.index(pip) < calls.index(systemctl[1]) < calls.index(sandbox.calls("gridfleet")[0])
+    # EFS: mounted over TLS with IAM, retried every 5 s until it worked, prepared for the crawl user
+    mount = ["mount", "-t", "efs", "-o", "tls,iam", f"{EFS_ID}:/", p.efs_mount]
+    assert sandbox.calls("mount") == [mount] * 3 and sandbox.calls("sleep").count(["sleep", "5"]) == 2
+    assert sandbox.calls("chown") == [["chown", "2000:2000", f"{p.efs_mount}/profiles", f"{p.efs_mount}/locks"]]
+    assert calls.index(sandbox.calls("useradd")[0]) < calls.index(mount) < calls.index(sandbox.calls("chown")[0])
+    home = f"{p.state_dir}/home"
+    assert sandbox.calls("setpriv") == [
+        crawl_user(home) + ["test", "-w", f"{p.efs_mount}/profiles", "-a", "-w", f"{p.efs_mount}/locks"]
+    ]
+    # the bootstrap ends; the instance does not: its agent runs as a service
+    assert calls[-1] == systemctl[-1] and SHUTDOWN not in calls
+    assert sandbox.calls("gridfleet") == [["gridfleet", "validate", "--config", f"{sandbox.etc}/fleet.yaml"]]
+    assert (sandbox.etc / "instance.env").read_text() == (
+        f"INSTANCE_ID={INSTANCE_ID}\nLOCAL_IP={LOCAL_IP}\nINSTANCE_RUN_ID={p.run_id}\n"
+    )
+    log = sandbox.boot_log()
+    assert "the node agent runs as gridfleet" in log and "bootstrap failed" not in log
+    assert sandbox.console.read_text() == log
+    assert not list(sandbox.root.rglob("pwned"))
+
+
+def booted(sb: Sandbox, **kw) -> NodeUserData:
+    """A node whose bootstrap has run in `sb` (its calls forgotten): ready for its services' commands."""
+    p = sandbox_node(sb, **kw)
+    upload_node_objects(sb, p)
+    r = sb.run(boot_script(render_node(p)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    sb.stub_log.unlink()
+    return p
+
+
+def test_the_agent_service_runs_the_agent_as_the_crawl_user(sandbox):
+    p = booted(sandbox)
+    r = sandbox.run(boot_script(render_node(p)), "agent", STUB_AGENT_RC="3")
+    assert r.returncode == 3  # the agent's own status: its process is the service's
+    assert sandbox.calls("setpriv") == [crawl_user(f"{p.state_dir}/home") + [f"{p.install_dir}/venv/bin/gridfleet"]
+                                        + agent_argv(sandbox, p)[1:]]  # fmt: skip
+    assert sandbox.calls() == [sandbox.calls("setpriv")[0], agent_argv(sandbox, p)]
+
+
+def test_the_end_of_the_agent_service_shuts_the_node_down(sandbox):
+    p = booted(sandbox)
+    r = sandbox.run(boot_script(render_node(p)), "stopped", SERVICE_RESULT="exit-code", EXIT_STATUS="3")
+    assert r.returncode == 0 and sandbox.calls() == [SHUTDOWN]
+    assert "the node agent exited (exit-code, status 3)" in sandbox.boot_log().splitlines()[-2]
+
+
+def test_the_log_service_ships_the_nodes_four_logs(sandbox):
+    p = booted(sandbox)
+    sandbox.run(boot_script(render_node(p)), "ship-logs")
+    root = sandbox.root
+    assert sandbox.calls("gridfleet") == [
+        ["gridfleet", "ship-logs", "--config", f"{sandbox.etc}/fleet.yaml", "--group", "/gridfleet/node",
+         "--stream", f"{p.run_id}/{INSTANCE_ID}", "--state", f"{p.state_dir}/logship",
+         str(sandbox.log_file), str(root / "log" / "node.log"), f"{p.state_dir}/crawler.log",
+         f"{p.state_dir}/grid-node.log"]
+    ]  # fmt: skip
+
+
+def test_node_mounts_through_the_access_point_when_one_is_given(sandbox):
+    ap = "fsap-0123456789abcdef0"
+    p = dataclasses.replace(sandbox_node(sandbox), efs_access_point_id=ap)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(boot_script(render_node(p)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sandbox.calls("mount") == [
+        ["mount", "-t", "efs", "-o", f"tls,iam,accesspoint={ap}", f"{EFS_ID}:/", p.efs_mount]
+    ]
+    with pytest.raises(RenderError, match="efs_access_point_id"):
+        dataclasses.replace(p, efs_access_point_id="fsap-nothex!")
+
+
+def test_a_baked_node_installs_no_package(sandbox):
+    """An image that has the packages, the SSM agent and amazon-efs-utils: only the agent's service is started."""
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    sandbox.stub("mount.efs", "exit 0\n")
+    installed = " ".join([*APT_PACKAGES, "amazon-ssm-agent", "amazon-efs-utils"])
+    r = sandbox.run(boot_script(render_node(p)), STUB_INSTALLED=installed)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sandbox.calls("apt-get") == [] and sandbox.calls("dpkg-deb") == []
+    assert [c[-2] for c in sandbox.calls("aws")] == [
+        f"s3://{p.bucket}/{p.config_key}",
+        f"s3://{p.bucket}/{p.bundle_key}",
+    ]
+    assert sandbox.calls("systemctl")[0] == ["systemctl", "enable", "--now", "amazon-ssm-agent.service"]
+
+
+def failed(sb: Sandbox, step: str) -> str:
+    """The boot log of a bootstrap that failed at `step`, after checking it ended as every failure does."""
+    log = sb.boot_log()
+    assert f"gridfleet: node bootstrap failed at {step}: " in log, log
+    assert sb.calls()[-1] == SHUTDOWN and sb.calls().count(SHUTDOWN) == 1
+    assert ["systemctl", "start", "--no-block", "gridfleet-node.service"] not in sb.calls()
+    return log
+
+
+def test_node_bundle_download_fails_and_is_reported_with_the_aws_cli(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p, bundle=False)
+    r = sandbox.run(boot_script(render_node(p)))
+    assert r.returncode != 0
+    log = failed(sandbox, "fetch-bundle")
+    assert f"cannot download s3://{p.bucket}/{p.bundle_key}" in log
+    # no gridfleet yet: the node item is written with the AWS CLI, as `gridfleet node report-failure` writes it
+    put = next(c for c in sandbox.calls("aws") if c[1:3] == ["dynamodb", "put-item"])
+    assert put[put.index("--table-name") + 1] == "TrendlyzeStatus"
+    item = json.loads(put[put.index("--item") + 1])
+    assert item["Site"] == {"S": f"#node#{INSTANCE_ID}"} and item["state"] == {"S": "boot-failed"}
+    assert item["run_id"] == {"S": p.run_id} and item["error"]["S"].startswith("fetch-bundle: cannot download")
+    # and the boot log goes to the node's stream with the AWS CLI, its lines in time order
+    logs = [c[1:3] for c in sandbox.calls("aws") if c[1] == "logs"]
+    assert logs == [["logs", "create-log-stream"], ["logs", "put-log-events"]]
+    events = json.loads((sandbox.root / "events.json").read_text())
+    assert any("node bootstrap failed at fetch-bundle" in e["message"] for e in events)
+    assert [e["timestamp"] for e in events] == sorted(e["timestamp"] for e in events)
+    assert sandbox.calls("gridfleet") == [] and sandbox.calls("mount") == []
+    assert sandbox.console.read_text() == log
+
+
+def test_a_bundle_for_another_platform_is_refused_before_anything_is_installed(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    make_bundle(sandbox.put(p.bundle_key), machine="aarch64")
+    sandbox.run(boot_script(render_node(p)))
+    log = failed(sandbox, "check-platform")
+    python = "{}.{}".format(*sys.version_info[:2])
+    assert f"the bundle is built for linux aarch64, CPython {python} but this instance is linux x86_64, " in log
+    assert sandbox.calls("pip") == [] and sandbox.calls("gridfleet") == []
+    put = next(c for c in sandbox.calls("aws") if c[1:3] == ["dynamodb", "put-item"])
+    assert "check-platform: the bundle is built for linux aarch64" in put[put.index("--item") + 1]
+
+
+def test_node_mount_never_succeeds(sandbox):
+    p = sandbox_node(sandbox, boot_timeout_s=3)
+    upload_node_objects(sandbox, p)
+    started = time.monotonic()
+    r = sandbox.run(boot_script(render_node(p)), STUB_MOUNT_FAILS="1000000", STUB_SLEEP_REAL="0.3")
+    assert time.monotonic() - started < 8
+    assert r.returncode != 0
+    assert re.search(
+        r"gridfleet: node bootstrap failed at mount-efs: fs-0123456789abcdef0 is not mounted at "
+        r"\S+/efs after 3 s \(\d+ attempts\)",
+        failed(sandbox, "mount-efs"),
+    )
+    assert len(sandbox.calls("mount")) >= 2
+    gf = sandbox.calls("gridfleet")
+    assert [c[1:3] for c in gf] == [["validate", "--config"], ["node", "report-failure"]]
+    assert gf[1][gf[1].index("--message") + 1].startswith("mount-efs: ")
+    # the shipper runs: the boot log goes through it (at the shutdown), not through the AWS CLI
+    assert [c for c in sandbox.calls("aws") if c[1] == "logs"] == []
+
+
+def test_node_failure_after_install_is_reported(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(boot_script(render_node(p)), STUB_VALIDATE_RC="2")
+    assert r.returncode != 0
+    cfg = f"{sandbox.etc}/fleet.yaml"
+    message = f"check-config: {cfg} does not pass gridfleet validate"
+    assert f"gridfleet: node bootstrap failed at {message}" in failed(sandbox, "check-config")
+    assert sandbox.calls("gridfleet")[-1] == [
+        "gridfleet", "node", "report-failure", "--config", cfg, "--run-id", p.run_id, "--instance-id", INSTANCE_ID,
+        "--message", message,
+    ]  # fmt: skip
+    assert sandbox.calls("mount") == []
+
+
+def test_node_unexpected_failure_is_caught_by_the_trap(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    sandbox.stub("mktemp", "exit 1\n")  # a command without a failure message of its own
+    sandbox.run(boot_script(render_node(p)))
+    log = sandbox.boot_log()
+    assert "gridfleet: node bootstrap failed at start: exit status 1 from: WORK_DIR=$(mktemp -d)" in log
+    assert sandbox.calls()[-1] == SHUTDOWN and sandbox.calls("curl") == []
+
+
+def test_the_ssm_agent_that_cannot_be_fetched_fails_the_bootstrap(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    (sandbox.s3 / SSM_AGENT_BUCKET / SSM_AGENT_KEY).unlink()
+    sandbox.run(boot_script(render_node(p)))
+    log = failed(sandbox, "install-ssm-agent")
+    assert f"cannot download the SSM agent from s3://{SSM_AGENT_BUCKET}/{SSM_AGENT_KEY}" in log
+
+
+def test_an_arm64_node_fetches_the_arm64_agent(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    sandbox.put_object(SSM_AGENT_BUCKET, "latest/debian_arm64/amazon-ssm-agent.deb", b"Package: amazon-ssm-agent\n")
+    sandbox.run(boot_script(render_node(p)), STUB_ARCH="arm64")
+    assert sandbox.calls("aws")[0][-2] == f"s3://{SSM_AGENT_BUCKET}/latest/debian_arm64/amazon-ssm-agent.deb"
+
+
+def test_node_without_efs_utils_fails_clearly(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    (sandbox.s3 / sandbox.bucket / "bundle/amazon-efs-utils.deb").unlink()
+    sandbox.run(boot_script(render_node(p)))
+    assert (
+        "amazon-efs-utils is not installed and no .deb of it is at hand: bake it into the node image, or upload it "
+        "with gridfleet bundle --upload --efs-utils-deb FILE"
+    ) in failed(sandbox, "install-efs-utils")
+    assert not any(c[-1] == "amazon-efs-utils" for c in sandbox.calls("apt-get"))  # Debian has no such package
+    assert sandbox.calls("gridfleet")[-1][1:3] == ["node", "report-failure"]
+
+
+def test_node_crawl_user_of_the_config(sandbox):
+    p = sandbox_node(sandbox, crawl_user="crawler_1", crawl_uid=4321)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(boot_script(render_node(p)), STUB_IDS="4321:4321")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sandbox.calls("useradd")[0][-1] == "crawler_1" and "4321" in sandbox.calls("useradd")[0]
+    assert sandbox.calls("setpriv")[-1][:5] == ["setpriv", "--reuid=4321", "--regid=4321", "--init-groups",
+                                                "--no-new-privs"]  # fmt: skip
+
+
+def test_node_refuses_a_crawl_user_of_another_uid(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(
+        boot_script(render_node(p)), STUB_PASSWD="gridfleet:x:1000:1000::/home/g:/bin/bash", STUB_IDS="1000:1000"
+    )
+    assert r.returncode != 0
+    assert "user gridfleet is not uid and gid 2000" in failed(sandbox, "crawl-user")
+    assert sandbox.calls("useradd") == [] and sandbox.calls("mount") == [] and sandbox.calls("setpriv") == []
+    assert sandbox.calls("gridfleet")[-1][1:3] == ["node", "report-failure"]  # as root: never through setpriv
+
+
+def test_node_fails_when_the_crawl_user_cannot_write_on_efs(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(boot_script(render_node(p)), STUB_CANNOT_WRITE="1")
+    assert r.returncode != 0
+    assert (f"gridfleet cannot write to {p.efs_mount}/profiles and locks (access point user not uid 2000?)") in failed(
+        sandbox, "prepare-dirs"
+    )
+
+
+def test_logs_stay_on_the_instance_when_shipping_is_off(sandbox):
+    p = sandbox_node(sandbox, log_group="")
+    upload_node_objects(sandbox, p, bundle=False)
+    sandbox.run(boot_script(render_node(p)))
+    failed(sandbox, "fetch-bundle")
+    assert [c for c in sandbox.calls("aws") if c[1] == "logs"] == []
+    with pytest.raises(RenderError, match="^log_group: "):
+        sandbox_node(sandbox, log_group="/bad group")
+
+
+# --- the crawl user for real ------------------------------------------------------------------------
+def shell_function(script: str, name: str) -> str:
+    m = re.search(rf"^{name}\(\) \{{$.*?^\}}$", script, re.M | re.S)
+    assert m, f"no function {name}"
+    return m.group(0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a user and switching to it needs root")
+def test_the_crawl_user_is_created_and_the_agent_runs_as_it_for_real(open_dir):
+    """The rendered script's own functions, run by bash with the real groupadd, useradd, install and setpriv,
+    in a private mount namespace whose /etc is a copy: the host's users are untouched. The agent is a stand-in
+    (the project's Python may not be readable by that user) that says who it runs as."""
+    user, uid = "gfcitest", 2345
+    state = open_dir / "state"
+    p = node_params(state_dir=str(state), crawl_user=user, crawl_uid=uid)
+    script = boot_script(render_node(p))
+    subprocess.run(["cp", "-a", "/etc", str(open_dir / "etc")], check=True, timeout=60)
+    agent = open_dir / "agent"
+    agent.write_text(
+        '#!/bin/sh\nid -u; id -g; id -G; echo "$HOME"; grep NoNewPrivs /proc/self/status\ntouch "$1/agent-wrote"\n'
+    )
+    agent.chmod(0o755)
+    crawl_as = re.search(r"^AS_CRAWL_USER=\(.*?\)$", script, re.M | re.S)
+    assert crawl_as
+    steps = open_dir / "steps.sh"
+    steps.write_text(
+        "\n".join(
+            [
+                "set -Eeuo pipefail",
+                parameter_block(script),
+                'log() { printf "log: %s\\n" "$*"; }',
+                'fail() { printf "failed: %s\\n" "$*"; exit 1; }',
+                shell_function(script, "ensure_crawl_user"),
+                crawl_as.group(0),
+                shell_function(script, "as_crawl_user"),
+                "ensure_crawl_user",
+                "ensure_crawl_user",  # found the second time, not made again
+                'getent passwd "$CRAWL_USER"',
+                f'as_crawl_user {agent} "$STATE_DIR"',
+                "",
+            ]
+        )
+    )
+    unshare = ["unshare", "--mount", "--propagation", "private", "--", BASH, "-c"]
+    r = subprocess.run(
+        [*unshare, 'mount --bind "$1" /etc && exec "$0" "$2"', BASH, str(open_dir / "etc"), str(steps)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        f"{user}:x:{uid}:{uid}::{state}/home:/usr/sbin/nologin",  # a system account, no login shell
+        str(uid),
+        str(uid),
+        str(uid),
+        f"{state}/home",
+        "NoNewPrivs:\t1",
+    ]
+    for path, mode in ((state, 0o755), (state / "home", 0o700), (state / "agent-wrote", None)):
+        st = path.stat()
+        assert (st.st_uid, st.st_gid) == (uid, uid), path
+        assert mode is None or st.st_mode & 0o777 == mode, path
+    assert subprocess.run(["getent", "passwd", user], capture_output=True).returncode == 2  # the host: untouched
+
+    # What SSM or SSH runs as root (`gridfleet node kill`) still ends a crawler process group of that user.
+    crawler = subprocess.Popen(["sleep", "60"], user=uid, group=uid, extra_groups=[], start_new_session=True)
+    try:
+        crawlerfile.write(state, "site-a", 1, crawler.pid)
+        k = crawlerfile.kill(state, "site-a", 1)
+        assert k.ok and k.detail == f"killed process group {crawler.pid}", k
+        assert crawler.wait(timeout=5) == -9
+    finally:
+        crawler.kill()
+
+
+# --- the hub ---------------------------------------------------------------------------------------
+def sandbox_hub(sb: Sandbox, **kw) -> HubUserData:
+    base = dict(install_dir=f"{sb.root}/opt/gridfleet", state_dir=f"{sb.root}/state", bucket=sb.bucket,
+                log_group="/gridfleet/hub")  # fmt: skip
+    p = hub_params(**{**base, **kw})
+    make_bundle(sb.put(p.bundle_key))
+    sb.put(p.hub_config_key, b"sites: []\n")
+    return p
+
+
+def test_hub_happy_path(sandbox):
+    p = sandbox_hub(sandbox)
+    r = sandbox.run(boot_script(render_hub(p)), STUB_TAG_RUN_ID="2026-11-20")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_imds_v2(sandbox, ["instance-id", "local-ipv4", "tags/instance/gridfleet:run_id"])
+    wait_for(lambda: sandbox.calls("java"))  # the Grid hub runs under nohup ... &: its stub may log after the script
+    assert sandbox.calls("java") == [
+        ["java", "-jar", f"{p.install_dir}/selenium-server.jar", "hub", "--host", LOCAL_IP, "--port", "4444",
+         "--publish-events", f"tcp://{LOCAL_IP}:4442", "--subscribe-events", f"tcp://{LOCAL_IP}:4443"]
+    ]  # fmt: skip
+    assert url_of(sandbox.calls("curl")[-1]) == f"http://{LOCAL_IP}:4444/status"
+    assert sandbox.calls("systemctl") == [
+        ["systemctl", "enable", "--now", "amazon-ssm-agent.service"],
+        ["systemctl", "start", "--no-block", "gridfleet-logs.service"],
+    ]
+    run = ["gridfleet", "run", "--config", f"{sandbox.etc}/fleet.yaml", "--run-id", "2026-11-20", "--resume"]
+    assert sandbox.calls("gridfleet") == [run]
+    calls = [c for c in sandbox.calls() if c[0] != "java"]  # the background Grid hub logs whenever it gets to
+    assert calls[-2:] == [run, SHUTDOWN]
+    log = sandbox.boot_log()
+    assert "gridfleet run exited with status 0" in log and f"its log: {sandbox.root}/log/hub.log" in log
+    assert (sandbox.etc / "instance.env").read_text().endswith("INSTANCE_RUN_ID=2026-11-20\n")
+    r = sandbox.run(boot_script(render_hub(p)), "ship-logs")
+    assert sandbox.calls("gridfleet")[-1][-3:] == [str(sandbox.log_file), *(f"{sandbox.root}/log/{n}" for n in
+                                                                            ("hub.log", "grid.log"))]  # fmt: skip
+
+
+def test_hub_run_id_defaults_to_today_and_self_stop_none(sandbox):
+    p = sandbox_hub(sandbox, self_stop="none")
+    before = dt.datetime.now(dt.UTC).date().isoformat()
+    r = sandbox.run(boot_script(render_hub(p)), STUB_RUN_RC="3")
+    after = dt.datetime.now(dt.UTC).date().isoformat()
+    assert r.returncode == 3
+    run = sandbox.calls("gridfleet")[0]
+    assert run[run.index("--run-id") + 1] in {before, after}
+    assert sandbox.calls("shutdown") == []
+    assert "self_stop=none: leaving the instance running" in sandbox.boot_log()
+
+
+def test_hub_rejects_a_bad_run_id_tag(sandbox):
+    p = sandbox_hub(sandbox)
+    sandbox.run(boot_script(render_hub(p)), STUB_TAG_RUN_ID="bad id;")
+    assert "gridfleet: hub bootstrap failed at run-id: " in sandbox.boot_log()
+    assert sandbox.calls("gridfleet") == []
+    assert sandbox.calls()[-1] == SHUTDOWN
+
+
+def test_hub_failure_stops_the_instance(sandbox):
+    p = sandbox_hub(sandbox, self_stop="terminate")
+    (sandbox.s3 / sandbox.bucket / p.hub_config_key).unlink()
+    r = sandbox.run(boot_script(render_hub(p)))
+    assert r.returncode != 0
+    log = sandbox.boot_log()
+    assert f"gridfleet: hub bootstrap failed at fetch-config: cannot download s3://{p.bucket}/{p.hub_config_key}" in log
+    assert sandbox.calls("gridfleet") == [] and sandbox.calls("java") == []
+    assert [c[1:3] for c in sandbox.calls("aws") if c[1] == "logs"] == [
+        ["logs", "create-log-stream"],
+        ["logs", "put-log-events"],
+    ]
+    assert sandbox.calls()[-1] == SHUTDOWN
+
+
+def test_hub_grid_that_dies_fails_the_bootstrap(sandbox):
+    p = sandbox_hub(sandbox)
+    sandbox.run(boot_script(render_hub(p)), STUB_GRID_DOWN="1")
+    assert "gridfleet: hub bootstrap failed at wait-grid: the Grid hub exited" in sandbox.boot_log()
+    assert sandbox.calls("gridfleet") == []
+    assert sandbox.calls()[-1] == SHUTDOWN
+
+
+def test_production_paths_are_the_defaults():
+    script = boot_script(render_node(node_params()))
+    for default in (
+        "${GRIDFLEET_BOOT_LOG:-/var/log/gridfleet-boot.log}",
+        "${GRIDFLEET_CONSOLE:-/dev/console}",
+        "${GRIDFLEET_ETC_DIR:-/etc/gridfleet}",
+        "${GRIDFLEET_AGENT_LOG:-/var/log/gridfleet-node.log}",
+    ):
+        assert default in script
+    assert 'exec > >(tee -a "$LOG_FILE" "$CONSOLE") 2>&1' in script
+    assert os.path.basename(render_mod.NODE_BOOT_SCRIPT) == "gridfleet-node-boot"
+    assert render_mod.NODE_AGENT_LOG == "/var/log/gridfleet-node.log"
+
+
+def test_render_script_prints_the_boot_script(tmp_path):
+    config = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
+    cmd = [".venv/bin/gridfleet", "render", "node", "--config", str(config), "--hub-address", "10.0.0.5"]
+    root = Path(__file__).resolve().parents[2]
+    plain = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=60)
+    script = subprocess.run([*cmd, "--script"], capture_output=True, text=True, cwd=root, timeout=60)
+    assert plain.returncode == 0 and script.returncode == 0, plain.stderr + script.stderr
+    assert script.stdout == boot_script(plain.stdout) and script.stdout.startswith("#!/bin/bash\n")
+
+
+def test_the_efs_utils_key_is_the_one_the_upload_and_the_preflight_use():
+    """The boot script finds amazon-efs-utils where `bundle --upload --efs-utils-deb` puts it (AwsConfig's key)."""
+    from fleet.config_aws import AwsConfig
+
+    for bundle_key in ("bundle/gridfleet-bundle.tar.gz", "gridfleet-bundle.tar.gz", "a/b/c.tar.gz"):
+        script = boot_script(render_node(node_params(bundle_key=bundle_key)))
+        key = AwsConfig(bundle_key=bundle_key).efs_utils_key
+        assert f"EFS_UTILS_KEY={key}" in parameter_block(script).replace("'", ""), (bundle_key, key)
