@@ -34,7 +34,7 @@ from fleet.clock import Clock, SystemClock
 from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.config_load import load_config
-from fleet.errors import UsageError
+from fleet.errors import GridfleetError, UsageError
 from fleet.ids import default_run_id
 from fleet.logs import event
 from fleet.summary import build_summary, export, site_entry
@@ -84,9 +84,20 @@ def report_finished_export(summary: dict[str, Any], path: Path, run_id: str, res
     return 3 if counts.get("FAILED") else EXIT_OK
 
 
-def _term_as_interrupt() -> None:
+class HubStopped(GridfleetError):
+    """SIGTERM on AWS: the hub's instance shuts down (stopped or terminated, by EC2, the watchdog or an operator),
+    and systemd stops the run's service. The nodes go on; a new hub resumes the run (the watchdog starts one)."""
+
+
+def _on_sigterm(local: bool) -> None:
+    """SIGTERM ends the hub as Ctrl-C does on the embedded default (its nodes are this machine's processes,
+    torn down with it), and on AWS without touching the fleet: the instance is going, not the run."""
+
     def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        if local:
+            raise KeyboardInterrupt
+        raise HubStopped("stopped by SIGTERM (the hub's instance shuts down): the run's nodes go on and the next hub "
+                         "resumes the run")  # fmt: skip
 
     signal.signal(signal.SIGTERM, handler)
 
@@ -119,14 +130,17 @@ def _serve(hub: Hub) -> Any:
     return server
 
 
-def _drive(hub: Hub) -> RunOutcome:
-    _term_as_interrupt()
+def _drive(hub: Hub, *, local: bool) -> RunOutcome:
+    _on_sigterm(local)
     server = _serve(hub)
     try:
         return hub.run()
     except KeyboardInterrupt:
         log.warning("interrupted: terminating the run's nodes")
         hub.executor.teardown(why="interrupted")
+        raise
+    except HubStopped as e:
+        log.warning("%s", e)
         raise
     finally:
         if server is not None:
@@ -231,14 +245,16 @@ def run(env: Environment, args: argparse.Namespace, run_id: str, console: Consol
             full=getattr(args, "full", False),
         )
         env.announce(run_id)
-        return _drive_to_end(env, hub, hold, provider, console)
+        return _drive_to_end(env, hub, hold, provider, console, local=bool(getattr(args, "local", False)))
 
 
-def _drive_to_end(env: Environment, hub: Hub, hold: RunHold, provider: ComputeProvider, console: Console) -> int:
+def _drive_to_end(
+    env: Environment, hub: Hub, hold: RunHold, provider: ComputeProvider, console: Console, *, local: bool
+) -> int:
     """Run the hub; then the run checks itself, keeps its record and says how it went."""
     try:
-        outcome = _drive(hub)
-    except KeyboardInterrupt:
+        outcome = _drive(hub, local=local)
+    except (KeyboardInterrupt, HubStopped):
         hold.end()
         raise
     hold.end()
