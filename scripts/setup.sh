@@ -33,6 +33,25 @@ missing_debs() {
     done
 }
 
+# --- Debian's package lists ------------------------------------------------
+# The EC2 twin's apt-get and bench/boot_bytes.py answer from Debian 12's own lists (embedded/twin/debian.py);
+# an image fresh from its build has none.
+debian_lists_missing() {
+    local suite
+    for suite in bookworm bookworm-updates bookworm-security; do
+        compgen -G "/var/lib/apt/lists/*_dists_${suite}_main_binary-*_Packages*" >/dev/null || return 0
+    done
+    return 1
+}
+if ! command -v apt-get >/dev/null 2>&1; then
+    say "no apt-get: no Debian package lists (the EC2 twin needs a Debian 12 machine)"
+elif debian_lists_missing; then
+    say "fetching Debian's package lists (apt-get update)"
+    as_root apt-get update -q
+else
+    say "Debian's package lists present"
+fi
+
 # --- Debian packages -------------------------------------------------------
 want=("${DEB_PACKAGES[@]}")
 command -v npm >/dev/null 2>&1 || want+=(npm)
