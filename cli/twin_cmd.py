@@ -1,7 +1,8 @@
 """`gridfleet local up|down|status --twin`: the EC2 twin, started and stopped with one command (root only).
 
 `up` starts the twin as a process of its own (`embedded.twin.serve`) and waits until the stack is deployed on
-it; the day's run then starts by the starter's schedule a minute later, and every instance boots for real.
+it; the day's run then starts by the starter's schedule, set once the stack is ready to a minute at least 45 s
+later (`up` says when), and every instance boots for real.
 `down` ends every instance and the twin; `status` lists the stack's instances.
 """
 
@@ -97,7 +98,12 @@ def _print_ready(state: dict[str, object], console: Console) -> None:
     console.print(
         f"twin ready: AWS at {state['endpoint']} (moto), stack {state['stack']}, demo sites at {state['demo']}"
     )
-    console.print(f"the day's run starts by the starter's schedule, {state['start_schedule']} (UTC)")
+    start_at = float(state["start_at"])  # type: ignore[arg-type]
+    when = time.strftime("%H:%M:%S", time.gmtime(start_at))
+    console.print(
+        f"the day's run starts at {when} UTC (in {max(0, round(start_at - time.time()))} s), by the starter's "
+        f"schedule {state['start_schedule']}, and again every day at that minute"
+    )
     console.print(f"the operator's fleet.yaml: {state['config']}")
     console.print(
         f"follow it: AWS_ACCESS_KEY_ID=twin AWS_SECRET_ACCESS_KEY=twin gridfleet watch --config {state['config']}"

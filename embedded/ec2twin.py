@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -32,8 +33,11 @@ class Sandbox(Protocol):
     def shutdown_requested(self) -> str | bool | None:
         """Whether (truthy) the instance ran `shutdown -h` / `poweroff` since it booted."""
 
-    def stop(self) -> None:
-        """End every process of the instance (idempotent)."""
+    def shutdown_delay_s(self) -> float | None:
+        """How long after it was asked the instance's shutdown takes (`shutdown -h +1`: a minute), or None."""
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        """End every process of the instance (idempotent), after a SIGTERM and up to `grace_s` for them."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,12 @@ class Ec2Twin:
     ec2: Any
     boot: Boot
     stack: str | None = None  # only this stack's instances (gridfleet:stack); None: every instance
+    stop_grace_s: float = 0.0  # an instance that shuts down or is stopped or terminated: its processes' SIGTERM grace
+    journal: list[str] | None = None  # where each line of `sync` also goes, as it happens (a pass may take a while)
+    now: Callable[[], float] = time.time  # the clock a shutdown's delay runs on (the twin's)
     running: dict[str, Running] = field(default_factory=dict)
+    shutdowns: dict[str, float] = field(default_factory=dict)  # instance id -> when its asked shutdown is due
+    _requests: dict[str, int] = field(default_factory=dict)  # instance id -> shutdown requests seen
     boots: dict[str, int] = field(default_factory=dict)
 
     def _instances(self) -> dict[str, dict[str, Any]]:
@@ -136,33 +145,59 @@ class Ec2Twin:
         instances = self._instances()
         ended: set[str] = set()
         for iid, run in list(self.running.items()):
-            if run.sandbox.shutdown_requested:
+            if self._shutdown_due(iid, run.sandbox):
                 behavior = run.spec.shutdown_behavior
                 if behavior == "terminate":
                     self.ec2.terminate_instances(InstanceIds=[iid])
                 else:
                     self.ec2.stop_instances(InstanceIds=[iid])
+                self._note(done, f"shutdown {iid} -> {behavior}")  # said first: its processes may take a while
+                log.info("twin-shutdown instance=%s behavior=%s", iid, behavior)
                 self._end(iid)
                 ended.add(iid)  # moto saw it running when this pass began; it is not booted again now
-                done.append(f"shutdown {iid} -> {behavior}")
-                log.info("twin-shutdown instance=%s behavior=%s", iid, behavior)
             elif iid not in instances or instances[iid]["State"]["Name"] in ENDING:
-                self._end(iid)
-                done.append(f"end {iid}")
+                self._note(done, f"end {iid}")
                 log.info("twin-end instance=%s state=%s", iid, instances.get(iid, {}).get("State", {}).get("Name"))
+                self._end(iid)
         for iid, instance in sorted(instances.items()):
             if iid in self.running or iid in ended or instance["State"]["Name"] not in LIVE:
                 continue
             spec = self._spec(instance)
             self.boots[iid] = self.boots.get(iid, 0) + 1
             self.running[iid] = Running(spec, self.boot(spec), self.boots[iid])
-            done.append(f"boot {iid}")
+            self._note(done, f"boot {iid}")
             log.info("twin-boot instance=%s role=%s boot=%d", iid, spec.role, self.boots[iid])
         return done
 
+    def _shutdown_due(self, iid: str, sandbox: Sandbox) -> bool:
+        """Whether the instance's own shutdown is due: it asked for one, and its delay (from when the twin saw the
+        request, on the twin's clock) has passed. A later request moves it as systemd's would (`shutdown -h now`
+        after a pending `+1`: now; `shutdown -c`: cancelled)."""
+        said = sandbox.shutdown_requested
+        if not said:
+            self.shutdowns.pop(iid, None)
+            return False
+        now, requests = self.now(), said.count("\n") if isinstance(said, str) else 1
+        if self._requests.get(iid) != requests:  # a new request: its delay counts from now
+            self._requests[iid] = requests
+            delay = sandbox.shutdown_delay_s()
+            if delay is None:
+                self.shutdowns.pop(iid, None)
+            else:
+                self.shutdowns[iid] = min(self.shutdowns.get(iid, now + delay), now + delay)
+        return iid in self.shutdowns and now >= self.shutdowns[iid]
+
+    def _note(self, done: list[str], line: str) -> None:
+        done.append(line)
+        if self.journal is not None:
+            self.journal.append(line)
+
     def _end(self, iid: str) -> None:
-        run = self.running.pop(iid)
-        run.sandbox.stop()
+        run = self.running[iid]
+        run.sandbox.stop(grace_s=self.stop_grace_s)  # as EC2 shuts an instance's OS down: its services flush
+        del self.running[iid]  # once it is down: until then it still runs here
+        self.shutdowns.pop(iid, None)
+        self._requests.pop(iid, None)
 
     def stop_all(self) -> None:
         for iid in list(self.running):

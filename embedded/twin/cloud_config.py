@@ -9,9 +9,12 @@ EC2. The plan is plain JSON: the guest (`embedded.twin.guest`) reads it with the
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import re
 import shlex
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -131,3 +134,24 @@ def plan_user_data(user_data: str) -> dict[str, Any]:
         "bootcmd": _script("bootcmd", doc.get("bootcmd")),
         "runcmd": _script("runcmd", doc.get("runcmd")),
     }
+
+
+CLOUD_CFG = Path("/etc/cloud/cloud.cfg")
+_STAGES = {"init": "cloud_init_modules", "config": "cloud_config_modules", "final": "cloud_final_modules"}
+
+
+@functools.lru_cache(maxsize=1)
+def cloud_init_modules() -> tuple[dict[str, list[str]], str]:
+    """cloud-init's module names by stage, in the order of this machine's cloud.cfg, and cloud-init's version."""
+    try:
+        cfg = yaml.safe_load(CLOUD_CFG.read_text()) or {}
+        version = subprocess.run(["cloud-init", "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, yaml.YAMLError) as e:
+        raise TwinError(f"{CLOUD_CFG}: {e} (the twin runs cloud-init's modules in its order: make setup)") from None
+    modules = {}
+    for stage, key in _STAGES.items():
+        names = cfg.get(key)
+        if not isinstance(names, list):
+            raise TwinError(f"{CLOUD_CFG} has no {key} list")
+        modules[stage] = [str(n[0] if isinstance(n, list) else n).replace("-", "_") for n in names]
+    return modules, (version.split()[-1] if version.strip() else "unknown")

@@ -7,8 +7,8 @@
 1. the stack's resources as infra/terraform defines them (`embedded.twin.infra`, in place of `terraform apply`),
    with the hub's user-data rendered by `gridfleet render hub` from the operator's fleet.yaml;
 2. the `aws:` section of fleet.yaml from the stack's `gridfleet_aws` output (`gridfleet config from-terraform`);
-3. `gridfleet aws bootstrap` and `gridfleet bundle --upload` (the code bundle, the Lambda package, the hub's
-   config in the bucket).
+3. `gridfleet aws bootstrap` and `gridfleet bundle --upload --efs-utils-deb` (the code bundle, the Lambda package,
+   the hub's config and the nodes' amazon-efs-utils package, here the twin's stand-in, in the bucket).
 
 The commands run as processes of their own with the operator's environment (`Deployed.env`): credentials that
 the twin's AWS takes and nothing of this process's AWS settings.
@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from embedded.twin.account import DEBIAN_PARAMETER
 from embedded.twin.infra import StackOutputs, apply_stack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,6 +68,16 @@ def gridfleet(env: dict[str, str], cwd: Path, *args: str, timeout_s: float = 300
     return p
 
 
+def linked_role(iam: Any, service: str) -> None:
+    """`aws iam create-service-linked-role --aws-service-name SERVICE`, as an operator runs it once per account."""
+    try:
+        iam.create_service_linked_role(AWSServiceName=service)
+    except iam.exceptions.InvalidInputException:
+        pass  # there already
+    except iam.exceptions.EntityAlreadyExistsException:
+        pass
+
+
 def deploy(
     twin: Any, work: Path, fleet: dict[str, Any], variables: dict[str, Any], *, node_image: bool = False
 ) -> Deployed:
@@ -82,7 +93,9 @@ def deploy(
     config_path = work / "fleet.yaml"
     config_path.write_text(yaml.safe_dump({**fleet, "aws": {**aws, **fleet.get("aws", {})}}, sort_keys=False))
     hub_user_data = gridfleet(env, work, "render", "hub", "--config", str(config_path)).stdout
-    ami = twin.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]  # AWS's AMI parameter's
+    stock = variables.get("ami_parameter", DEBIAN_PARAMETER.format(arch="amd64"))  # the stack's image, as AWS says
+    ami = twin.client("ssm").get_parameter(Name=stock)["Parameter"]["Value"]
+    linked_role(twin.client("iam"), "spot.amazonaws.com")  # once per account, before its first spot launch
     if node_image:  # as an operator bakes one: `gridfleet bundle`, then infra/packer on that bundle
         gridfleet(env, work, "bundle", "--out", str(work / "image"), "--config", str(config_path))
         parameter = f"/{stack}/node-ami"
@@ -99,5 +112,18 @@ def deploy(
     doc = {**fleet, "aws": {**from_stack, **aws, **fleet.get("aws", {})}}
     config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     gridfleet(env, work, "aws", "bootstrap", "--config", str(config_path))
-    gridfleet(env, work, "bundle", "--upload", "--out", str(work / "dist"), "--config", str(config_path))
+    # the operator's amazon-efs-utils package (Debian has none): here the twin's stand-in for it
+    deb = str(twin.efs_utils_deb)
+    gridfleet(
+        env,
+        work,
+        "bundle",
+        "--upload",
+        "--out",
+        str(work / "dist"),
+        "--config",
+        str(config_path),
+        "--efs-utils-deb",
+        deb,
+    )
     return Deployed(work, config_path, outputs, env)

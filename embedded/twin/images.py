@@ -2,14 +2,17 @@
 
 `bake()` runs the real bake script (`cloud_init.render_bake`, the file infra/packer/bake.sh) as the runcmd of
 an instance sandbox of its own, from a stock image (the host's crawl user removed from its /etc, as
-`TwinStack.stock_users` says), with a code bundle staged in its /root. What the bake left is the image
-(`BakedImage`): its install and state directories, copied whole, and the accounts it added to /etc
-(the crawl user). An instance launched from the image (`InstanceSandbox(image=...)`) starts with those
-directories and accounts, so its boot script finds the marker, the venv and the crawl user as on a node
-booted from the AMI infra/packer makes. `register()` gives the image an AMI id in moto (RegisterImage) and
-an SSM parameter holding it, which the stack's `node_ami_parameter` names.
+`TwinStack.stock_users` says), with a code bundle and the amazon-efs-utils package staged in its /root (the SSM
+agent it fetches from the twin's S3, as on AWS). What the bake left is the image (`BakedImage`): its install and
+state directories, copied whole, the upper layers of its /usr and /var/lib/dpkg (what dpkg installed: the SSM
+agent and amazon-efs-utils), and the accounts it added to /etc (the crawl user). An instance launched from the
+image (`InstanceSandbox(image=...)`) starts with those directories and accounts, and the layers under its own,
+so its boot script finds the marker, the venv, the packages and the crawl user as on a node booted from the
+AMI infra/packer makes. `register()` gives the image an AMI id in moto (RegisterImage, x86_64) with the tags
+infra/packer gives it and an SSM parameter holding it, which the stack's `node_ami_parameter` names.
 
-Not AWS: no snapshot is taken of a disk; packages are this machine's (the twin's `apt-get` installs nothing).
+Not AWS: no snapshot is taken of a disk; Debian's packages are this machine's (the twin's `apt-get` downloads
+nothing).
 """
 
 from __future__ import annotations
@@ -29,6 +32,14 @@ from embedded.twin.cloud_config import TwinError
 
 BAKE_SCRIPT = "/usr/local/sbin/gridfleet-bake"
 STAGED_BUNDLE = "/root/gridfleet-bundle.tar.gz"
+STAGED_EFS_UTILS = "/root/amazon-efs-utils.deb"
+#: The tags infra/packer's template gives the AMI: a node image, and what it holds beyond Debian's packages.
+IMAGE_TAGS = {
+    "gridfleet:image": "node",
+    "gridfleet:baked": "amazon-ssm-agent amazon-efs-utils",
+    "gridfleet:python": "3.11",
+}
+_PACKAGE_LAYERS = ("usr", "dpkg")  # the sandbox's overlays an image carries (its upper layers)
 _ACCOUNT_FILES = ("passwd", "group", "shadow", "gshadow")
 _LAYERS = ("install", "state")  # the sandbox's private directories an image carries
 
@@ -53,6 +64,7 @@ class BakedImage:
             if src.is_dir():
                 mode = "-al" if name == "install" else "-a"
                 subprocess.run(["cp", mode, f"{src}/.", str(instance_dir / name)], check=True, timeout=300)
+        # the package layers (usr, dpkg) are not copied: the instance's overlays lay them under its own
         for name, lines in self.accounts.items():
             path = instance_dir / "etc" / name
             if lines and path.exists():
@@ -63,7 +75,7 @@ class BakedImage:
 def _bake_user_data(script: str) -> str:
     doc = {
         "write_files": [{"path": BAKE_SCRIPT, "owner": "root:root", "permissions": "0755", "content": script}],
-        "runcmd": [[BAKE_SCRIPT, STAGED_BUNDLE]],
+        "runcmd": [[BAKE_SCRIPT, STAGED_BUNDLE, STAGED_EFS_UTILS]],
     }
     return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
 
@@ -72,9 +84,19 @@ def _names(path: Path) -> set[str]:
     return {line.split(":", 1)[0] for line in path.read_text().splitlines() if line} if path.exists() else set()
 
 
-def bake(root: Path, bundle: Path, *, stock_users: tuple[str, ...] = (), timeout_s: float = 900.0) -> BakedImage:
-    """Run the bake script on `bundle` in a sandbox under `root`; the image it left (in `root/images/<id>`).
-    TwinError with the bake's log when it fails."""
+def bake(
+    root: Path,
+    bundle: Path,
+    efs_utils: Path,
+    *,
+    endpoint: str,
+    region: str,
+    stock_users: tuple[str, ...] = (),
+    timeout_s: float = 900.0,
+) -> BakedImage:
+    """Run the bake script on `bundle` and the `efs_utils` package in a sandbox under `root`, whose AWS is at
+    `endpoint` in `region`; the image it left (in `root/images/<id>`). TwinError with the bake's log when it
+    fails."""
     from cloud_init import render_bake
     from embedded.twin.sandbox import InstanceSandbox
 
@@ -83,6 +105,7 @@ def bake(root: Path, bundle: Path, *, stock_users: tuple[str, ...] = (), timeout
     stage = image_dir / "stage"
     stage.mkdir(parents=True)
     shutil.copyfile(bundle, stage / Path(STAGED_BUNDLE).name)
+    shutil.copyfile(efs_utils, stage / Path(STAGED_EFS_UTILS).name)
     box = InstanceSandbox(
         box_id,
         _bake_user_data(render_bake()),
@@ -90,6 +113,8 @@ def bake(root: Path, bundle: Path, *, stock_users: tuple[str, ...] = (), timeout
         stock_users=stock_users,
         boot_timeout_s=timeout_s,
         layers={"root-home": stage},
+        aws_endpoint=endpoint,
+        metadata={"placement/region": region},
     )
     started = time.monotonic()
     try:
@@ -104,6 +129,8 @@ def bake(root: Path, bundle: Path, *, stock_users: tuple[str, ...] = (), timeout
     bake_s = time.monotonic() - started
     for name in _LAYERS:
         shutil.copytree(box.dir / name, image_dir / name, symlinks=True)
+    for name in _PACKAGE_LAYERS:  # moved whole: an overlay's upper layer may hold whiteouts, which a copy loses
+        shutil.move(box.dir / f"{name}-upper", image_dir / name)
     accounts = {}
     for name in _ACCOUNT_FILES:
         path = box.dir / "etc" / name
@@ -114,8 +141,13 @@ def bake(root: Path, bundle: Path, *, stock_users: tuple[str, ...] = (), timeout
     return BakedImage(image_dir, accounts, marker, round(bake_s, 1))
 
 
-def register(ec2: Any, ssm: Any, name: str, parameter: str) -> str:
-    """An AMI id for a baked image in moto (RegisterImage), and the SSM parameter `parameter` holding it."""
-    ami = str(ec2.register_image(Name=name, Description="gridfleet node image (twin)")["ImageId"])
+def register(ec2: Any, ssm: Any, name: str, parameter: str, backend: Any) -> str:
+    """An AMI id for a baked image in moto (RegisterImage, x86_64, with infra/packer's tags), and the SSM parameter
+    `parameter` holding it. moto keeps no architecture of a registered image: it is set in `backend`, moto's
+    EC2 backend of the twin, as EC2 records it."""
+    made = ec2.register_image(Name=name, Description="gridfleet node image (twin)", Architecture="x86_64")
+    ami = str(made["ImageId"])
+    ec2.create_tags(Resources=[ami], Tags=[{"Key": k, "Value": v} for k, v in IMAGE_TAGS.items()])
+    backend.amis[ami].architecture = "x86_64"
     ssm.put_parameter(Name=parameter, Value=ami, Type="String", Overwrite=True)
     return ami

@@ -2,29 +2,36 @@
 
 `InstanceSandbox.start()` gives the instance a network namespace on the twin's bridge (`network`), its
 IMDSv2 inside it (`imds`), and runs the guest (`guest`) with ``ip netns exec ... unshare --pid --fork
---mount-proc``: the guest is PID 1 of the instance and bind-mounts its private directories over the
-paths the boot scripts use, so those paths work unchanged and nothing the boot writes reaches the host's:
+--mount-proc``: the guest is PID 1 of the instance and mounts its private directories over the paths the boot
+scripts use, so those paths work unchanged and nothing the boot writes reaches the host's:
 
   /etc, /usr/local/sbin   a copy of the host's, made at start (the shims of `shims` in the latter)
+  /usr, /var/lib/dpkg     the host's, under an overlay whose upper layer is the instance's own: what dpkg
+                          installs (the stand-in packages of `standins`) is the instance's alone
   /var/log, /var/lib/cloud, /root, /tmp, /dev/console   empty per-instance directories (a file for the console)
   install_dir, state_dir   per-instance directories (default /opt/gridfleet, /var/lib/gridfleet)
-  efs_mount               the one directory all instances of the twin share (default /efs)
+  /var/lib/cloud/twin/efs  the one directory all instances of the twin share, which `mount -t efs` (the stand-in
+                          amazon-efs-utils) binds over the EFS mount point: an instance without it has no EFS
 
 An instance launched from a baked node image (`image`, `embedded.twin.images`) starts with the image's
-install and state directories and its accounts in /etc; `layers` copies other host directories into private
-ones before the boot (the bake's bundle into /root).
+install and state directories, its /usr and dpkg layers under its own, and its accounts in /etc; `layers`
+copies other host directories into private ones before the boot (the bake's bundle into /root).
 
-With `clock_offset_s`, every process of the boot runs with its wall clock that far ahead of this machine's
-(`CLOCK_LIB` preloaded; its monotonic clock is this machine's), as an instance of a twin whose clock jumped.
+cloud-init's stages and module lists come from this machine's /etc/cloud/cloud.cfg (Debian's cloud-init), so
+the guest runs the modules in Debian's order. With `clock_offset_s`, every process of the boot runs with its
+wall clock that far ahead of this machine's (`CLOCK_LIB` preloaded; its monotonic clock is this machine's), as
+an instance of a twin whose clock jumped.
 
-A mount point missing on the host (e.g. /efs) is created there, empty, as bind mounts need one. Every
-process of the instance is in its PID namespace, so `stop()` ends them all by killing its init; what
-entered the network namespace otherwise is killed by pid. The host side of the boot's output is
-`boot_log` (the guest and the scripts' stdout), the script's own logs are under `var_log`.
+A mount point missing on the host (e.g. /efs) is created there, empty, as mounts need one. Every process of
+the instance is in its PID namespace, so `stop()` ends them all by killing its init, after a SIGTERM to each
+when the stop is an instance's shutdown (services flush, as systemd lets them); what entered the network
+namespace otherwise is killed by pid. The host side of the boot's output is `boot_log` (the guest and the
+scripts' stdout), the script's own logs are under `var_log`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -39,9 +46,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from embedded.twin import network
-from embedded.twin.cloud_config import TwinError, plan_user_data
+from embedded.twin.cloud_config import TwinError, cloud_init_modules, plan_user_data
+from embedded.twin.debian import NAMES_GUEST_PATH, load_index, write_names
 from embedded.twin.imds import InstanceImds
-from embedded.twin.shims import SHIMS, SHUTDOWN_MARKER, aws_shim
+from embedded.twin.shims import SHIMS, SHUTDOWN_MARKER, aws_shim, shutdown_delay
+from embedded.twin.standins import AGENT_PID_FILE, EFS_IDS, EFS_SHARE
 
 if TYPE_CHECKING:
     from embedded.twin.images import BakedImage
@@ -53,8 +62,30 @@ CLOCK_GUEST_PATH = "/var/lib/cloud/twin/clockshift.so"
 INSTANCE_ID_RE = re.compile(r"^i-[0-9a-f]{8,17}$")
 GUEST = Path(__file__).with_name("guest.py")
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_PRIVATE = (("etc", "/etc"), ("usr-local-sbin", "/usr/local/sbin"), ("var-log", "/var/log"))
+#: (layer name, path): the host's, under an upper layer of the instance's own; what dpkg writes lies in them
+_OVERLAID = (("usr", "/usr"), ("dpkg", "/var/lib/dpkg"))
 _LAST = (("root-home", "/root"), ("tmp", "/tmp"))  # last: the twin's own paths may lie under them
+
+
+#: Debian's packages as this machine's lists have them, read once a process (the lists do not change under a twin)
+debian_index = functools.lru_cache(maxsize=1)(load_index)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A mount of the instance: `source` bound over `target`, or an overlay of `lower` (host directories, top
+    first) under the upper layer `source` (its work directory beside it)."""
+
+    source: str
+    target: str
+    lower: tuple[str, ...] = ()
+
+    def plan(self) -> dict[str, str]:
+        if not self.lower:
+            return {"source": self.source, "target": self.target}
+        work = f"{self.source}-work"
+        return {"kind": "overlay", "lower": ":".join(self.lower), "upper": self.source, "work": work,
+                "target": self.target}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -92,6 +123,7 @@ class InstanceSandbox:
         metadata: dict[str, str] | None = None,
         image: BakedImage | None = None,
         layers: dict[str, Path] | None = None,
+        efs_ids: tuple[str, ...] = (),
     ) -> None:
         if not isinstance(instance_id, str) or not INSTANCE_ID_RE.match(instance_id):
             raise TwinError(f"instance id {instance_id!r} is not i-<8 to 17 hex digits>")
@@ -111,6 +143,7 @@ class InstanceSandbox:
         self.metadata = dict(metadata or {})
         self.image = image
         self.layers = dict(layers or {})
+        self.efs_ids = efs_ids
         if clock_offset_s:
             self.env |= {"LD_PRELOAD": CLOCK_GUEST_PATH, "GRIDFLEET_TWIN_CLOCK_OFFSET": f"{clock_offset_s:.3f}"}
         self.address: str | None = None
@@ -134,10 +167,11 @@ class InstanceSandbox:
         return self.dir / "console"
 
     def host_path(self, guest_path: str) -> Path | None:
-        """Where a path of the instance lies on the host, when it is in one of its private directories."""
-        for name, target in self._mounts():
-            if guest_path == target or guest_path.startswith(target.rstrip("/") + "/"):
-                return Path(name) / guest_path[len(target) :].lstrip("/")
+        """Where a path of the instance lies on the host, when it is in one of its private directories (for an
+        overlaid one: in its upper layer, where what the instance wrote is)."""
+        for m in reversed(self._mounts()):  # the last mount over a path is the one the instance sees
+            if guest_path == m.target or guest_path.startswith(m.target.rstrip("/") + "/"):
+                return Path(m.source) / guest_path[len(m.target) :].lstrip("/")
         return None
 
     @property
@@ -146,13 +180,23 @@ class InstanceSandbox:
         marker = self.host_path(SHUTDOWN_MARKER)
         return marker.read_text() if marker and marker.exists() else None
 
-    def _mounts(self) -> list[tuple[str, str]]:
+    def shutdown_delay_s(self) -> float | None:
+        """How long after it was asked the instance's shutdown takes (`shims.shutdown_delay`), or None."""
+        return shutdown_delay(self.shutdown_requested or "")
+
+    def _mounts(self) -> list[Mount]:
         d = self.dir
-        pairs = [(str(d / name), target) for name, target in _PRIVATE]
-        pairs += [(str(d / "var-lib-cloud"), "/var/lib/cloud"), (str(d / "console"), "/dev/console")]
-        pairs += [(str(d / "install"), self.places["install"]), (str(d / "state"), self.places["state"])]
-        pairs += [(str(self.efs_dir), self.places["efs"])]
-        return pairs + [(str(d / name), target) for name, target in _LAST]
+        image = self.image.dir if self.image is not None else None
+        mounts = [Mount(str(d / "etc"), "/etc")]
+        for name, target in _OVERLAID:
+            lower = (str(image / name),) if image is not None and (image / name).is_dir() else ()
+            mounts.append(Mount(str(d / f"{name}-upper"), target, (*lower, target)))
+            if name == "usr":
+                mounts.append(Mount(str(d / "usr-local-sbin"), "/usr/local/sbin"))
+        mounts += [Mount(str(d / "var-log"), "/var/log"), Mount(str(d / "var-lib-cloud"), "/var/lib/cloud")]
+        mounts += [Mount(str(d / "console"), "/dev/console"), Mount(str(self.efs_dir), EFS_SHARE)]
+        mounts += [Mount(str(d / "install"), self.places["install"]), Mount(str(d / "state"), self.places["state"])]
+        return mounts + [Mount(str(d / name), target) for name, target in _LAST]
 
     # --- life -----------------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -171,8 +215,14 @@ class InstanceSandbox:
         for user in self.stock_users:  # the host's own users of that name are not on a stock image
             if subprocess.run(["getent", "passwd", user], capture_output=True).returncode == 0:
                 subprocess.run(["userdel", "--prefix", str(self.dir), user], check=True, timeout=30)
-        for name in ("var-log", "var-lib-cloud", "install", "state", "root-home", "tmp"):
+        for name in ("var-log", "var-lib-cloud", "install", "state", "root-home", "tmp", "usr-upper", "usr-upper-work",
+                     "dpkg-upper", "dpkg-upper-work"):  # fmt: skip
             (self.dir / name).mkdir(mode=0o755)
+        ids = self.dir / "var-lib-cloud" / EFS_IDS.removeprefix("/var/lib/cloud/")
+        ids.parent.mkdir(parents=True)
+        ids.write_text("".join(f"{i}\n" for i in self.efs_ids))
+        names = self.dir / "var-lib-cloud" / NAMES_GUEST_PATH.removeprefix("/var/lib/cloud/")
+        write_names(names, debian_index())  # what the instance's apt-get knows of Debian
         (self.dir / "root-home").chmod(0o700)
         (self.dir / "tmp").chmod(0o1777)
         if self.image is not None:
@@ -189,14 +239,17 @@ class InstanceSandbox:
             shutil.copyfile(CLOCK_LIB, lib)
             lib.chmod(0o644)
         self.efs_dir.mkdir(mode=0o755, exist_ok=True)
-        for source, target in self._mounts():
-            if Path(source).is_dir():
-                Path(target).mkdir(parents=True, exist_ok=True)  # a bind mount needs a mount point
+        for m in self._mounts():
+            if Path(m.source).is_dir() and not m.target.startswith("/var/lib/cloud/"):
+                Path(m.target).mkdir(parents=True, exist_ok=True)  # a bind mount needs a mount point
+        Path(self.places["efs"]).mkdir(parents=True, exist_ok=True)  # where the boot mounts EFS
 
     def _guest_plan(self) -> Path:
         env = {"PATH": GUEST_PATH, "HOME": "/root", "LANG": "C.UTF-8", **self.env}
-        mounts = [{"source": s, "target": t} for s, t in self._mounts()]
-        doc = {**self.plan, "env": env, "mounts": mounts, "timeout_s": self.boot_timeout_s}
+        mounts = [m.plan() for m in self._mounts()]
+        modules, version = cloud_init_modules()
+        doc = {**self.plan, "env": env, "mounts": mounts, "timeout_s": self.boot_timeout_s, "modules": modules,
+               "cloud_init_version": version}  # fmt: skip
         path = self.dir / "plan.json"
         path.write_text(json.dumps(doc))
         return path
@@ -283,8 +336,35 @@ class InstanceSandbox:
         """The pids (on the host) of every process of the instance."""
         return network.pids(self.netns)
 
-    def stop(self) -> None:
-        """Kill every process of the instance, stop its IMDS, delete its veth and namespace; idempotent."""
+    def ssm_agent_online(self) -> bool:
+        """Whether the instance runs an SSM agent (the stand-in's, `standins`): what SSM can deliver commands to."""
+        try:
+            out = self.run(["sh", "-c", f'p=$(cat {AGENT_PID_FILE}) && kill -0 "$p"'], timeout_s=10)
+        except (TwinError, OSError, subprocess.SubprocessError):
+            return False
+        return out.returncode == 0
+
+    def _terminate(self, grace_s: float) -> None:
+        """SIGTERM to every process of the instance but its init, and up to `grace_s` for them to end, as an OS
+        that shuts down gives its services (the log shipper flushes)."""
+        try:
+            spare = {self.init_pid(), self._proc.pid if self._proc else -1}
+        except (TwinError, OSError):
+            return
+        deadline = time.monotonic() + grace_s
+        for pid in set(self.processes()) - spare:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        while set(self.processes()) - spare and time.monotonic() < deadline:
+            time.sleep(0.1)  # what the services do at SIGTERM: a flush, a few hundred milliseconds
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Kill every process of the instance (after a SIGTERM and up to `grace_s` for them to end), stop its
+        IMDS, delete its veth and namespace; idempotent."""
+        if grace_s > 0 and self._proc is not None and self._proc.poll() is None:
+            self._terminate(grace_s)
         if self._proc is not None:
             try:
                 os.killpg(self._proc.pid, signal.SIGKILL)  # unshare; its child, the init, follows it

@@ -2,10 +2,14 @@
 
 ``python -m embedded.twin.serve --home DIR --config FILE`` starts the twin (`TwinStack`), serves the demo sites
 on its bridge, deploys a stack on it as an operator would (`deploy`: the sites of FILE, `{demo}` standing for
-the demo server), loads the stack's schedules (the day's start one minute after the deployment, then daily at
-that minute; the watchdog every two minutes) and runs until SIGTERM or SIGINT, when it ends every instance
-and stops. `DIR/state.json` says how far it got (`starting`, `ready`, `failed` with the error, `stopped`),
-with its pid, its AWS endpoint, the stack and the operator's fleet.yaml; its log is `DIR/twin.log`.
+the demo server), then sets the day's start (the starter's schedule) to a minute that comes at least
+`START_AFTER_S` after the stack is ready, as an operator would change the rule's schedule, loads the stack's
+schedules (the start, daily at that minute; the watchdog every two minutes) and runs until SIGTERM or SIGINT,
+when it ends every instance and stops. The deployment takes from under a minute to a few on two cores, so the
+start is set only once it is done: set before, it could have passed by then, and the run would wait for the
+same minute tomorrow. `DIR/state.json` says how far it got (`starting`, `ready`, `failed` with the error,
+`stopped`), with its pid, its AWS endpoint, the stack, the operator's fleet.yaml and when the start fires
+(`start_at`, epoch seconds); its log is `DIR/twin.log`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from fleet.config import DEMO_PLACEHOLDER
 
 STATE = "state.json"
 LOG = "twin.log"
+START_AFTER_S = 45  # the least time from `ready` to the day's start: enough to read what `up` prints
 
 
 def write_state(home: Path, **fields: Any) -> None:
@@ -55,9 +60,22 @@ def fleet_of(config: Path, demo_url: str) -> dict[str, Any]:
     return dict(doc)
 
 
+def schedule_start(twin: Any, stack: str, now: float) -> tuple[str, float]:
+    """Set the starter's rule to the first whole minute at least `START_AFTER_S` after `now`, daily, and load the
+    stack's schedules; the cron expression and when it fires next (epoch seconds)."""
+    from embedded.schedules import cron_at, stack_handlers
+
+    start = cron_at(
+        now + START_AFTER_S + 59
+    )  # the minute of that moment fires at its :00, START_AFTER_S or more from now
+    rule = f"{stack}-start"
+    twin.client("events").put_rule(Name=rule, ScheduleExpression=start, State="ENABLED")
+    timers = twin.load_schedules(stack_handlers(twin.lambda_clients, twin.clock), prefix=stack)
+    return start, min(t.next_at for t in timers if t.rule == rule)
+
+
 def serve(home: Path, config: Path, stack: str, stop: threading.Event) -> None:
     from embedded.demo_server import DemoServer
-    from embedded.schedules import cron_at, stack_handlers
     from embedded.twin import network
     from embedded.twin.deploy import deploy
     from embedded.twin.stack import TwinStack
@@ -68,13 +86,12 @@ def serve(home: Path, config: Path, stack: str, stop: threading.Event) -> None:
         twin.start()
         demo.start()
         write_state(home, state="starting", step="deploying the stack", endpoint=twin.endpoint, stack=stack)
-        start = cron_at(time.time() + 60)
-        variables = {"name_prefix": stack, "bucket_name": f"{stack}-results", "start_schedule": start}
+        variables = {"name_prefix": stack, "bucket_name": f"{stack}-results"}
         deployed = deploy(twin, home / "operator", fleet_of(config, demo.base_url), variables)
-        twin.load_schedules(stack_handlers(twin.lambda_clients, twin.clock), prefix=stack)
+        start, start_at = schedule_start(twin, stack, time.time())
         twin.run()
         write_state(home, state="ready", endpoint=twin.endpoint, stack=stack, region=twin.region, start_schedule=start,
-                    config=str(deployed.config_path), demo=demo.base_url)  # fmt: skip
+                    start_at=start_at, config=str(deployed.config_path), demo=demo.base_url)  # fmt: skip
         stop.wait()
     finally:
         twin.stop()

@@ -1,47 +1,25 @@
 """The commands the twin puts first on an instance's PATH (its own /usr/local/sbin) in place of real ones.
 
-`apt-get` installs nothing: `update` succeeds, `install` succeeds only for packages this machine has
-already (so a boot script's install of what the image has is a no-op, as on a baked AMI) and fails like
-apt for any other. `shutdown`, `poweroff`, `halt` and `reboot` only write the marker `SHUTDOWN_MARKER`,
-which the twin reads to apply the instance's shutdown behaviour. `systemctl` knows `daemon-reload` and
-`enable`/`start` of a unit file in /etc/systemd/system, whose ExecStart it runs (in the background with
-`--no-block`), enough for the hub's template; there is no systemd in the instance. `mount.efs` stands for
-amazon-efs-utils: the twin has bound the shared EFS directory over the mount point already, so it succeeds
-when its target is a mount point (the node's script then finds EFS mounted and mounts nothing). `aws` (made per
-instance, `aws_shim`) is the real AWS CLI on the twin's endpoint.
+`apt-get` installs nothing from the network: Debian 12's own packages that this machine has are there already
+(as on a baked image), a name Debian does not have fails as apt fails, and a package file (`./x.deb`) is
+installed by the real dpkg into the instance's own overlaid /usr and /var/lib/dpkg (`embedded.twin.debian`).
+`shutdown`, `poweroff`, `halt` and `reboot` only write the marker `SHUTDOWN_MARKER`, which the twin reads to
+apply the instance's shutdown behaviour. `systemctl` (there is no systemd in an instance) knows
+`daemon-reload`, and `enable --now` / `start` of a unit file in /etc/systemd/system, /usr/lib/systemd/system or
+/lib/systemd/system: it runs the unit's ExecStart (in the background with `--no-block`, or for any unit that is
+not `Type=oneshot`), its output to the unit's `StandardOutput=append:`/`file:` path (else /var/log/<unit>.log),
+then its ExecStopPost with systemd's SERVICE_RESULT and EXIT_STATUS; a service inherits the environment of the
+command that started it, and is not restarted. `aws` (made per instance, `aws_shim`) is the real AWS CLI on
+the twin's endpoint. There is no `mount.efs`: an instance has one only once it installed amazon-efs-utils.
 """
 
 from __future__ import annotations
 
 import shlex
 
-SHUTDOWN_MARKER = "/var/lib/cloud/twin/shutdown"
+from embedded.twin.debian import apt_get_shim
 
-APT_GET = r"""#!/bin/sh
-# apt-get of the twin: installs nothing; see embedded/twin/shims.py.
-cmd= pkgs=
-while [ $# -gt 0 ]; do
-  case $1 in
-    -o | -c | -t) shift; [ $# -gt 0 ] && shift; continue ;;
-    -*) shift; continue ;;
-  esac
-  if [ -z "$cmd" ]; then cmd=$1; else pkgs="$pkgs $1"; fi
-  shift
-done
-case $cmd in
-  update | clean | autoclean) exit 0 ;;
-  install)
-    for p in $pkgs; do
-      case $p in
-        */* | *.deb) echo "E: the twin installs no package file: $p" >&2; exit 100 ;;
-      esac
-      [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] ||
-        { echo "E: Unable to locate package $p (the twin installs nothing)" >&2; exit 100; }
-    done
-    exit 0 ;;
-  *) echo "E: the twin's apt-get does not do: $cmd" >&2; exit 100 ;;
-esac
-"""
+SHUTDOWN_MARKER = "/var/lib/cloud/twin/shutdown"
 
 SHUTDOWN = f"""#!/bin/sh
 # shutdown of the twin: writes the marker the twin reads; see embedded/twin/shims.py.
@@ -62,18 +40,31 @@ for a in "$@"; do
   esac
 done
 [ "$cmd" = start ] && now=1
+unit_file() {
+  for d in /etc/systemd/system /usr/lib/systemd/system /lib/systemd/system; do
+    [ -f "$d/$1" ] && { echo "$d/$1"; return 0; }
+  done
+  return 1
+}
+key() { sed -n "s/^$1=//p" "$2" | head -n 1; }
 case $cmd in
   daemon-reload) exit 0 ;;
   enable | start)
     [ $now = 1 ] || exit 0
     for u in $units; do
-      f=/etc/systemd/system/$u
-      exe=$(sed -n 's/^ExecStart=//p' "$f" 2>/dev/null | head -n 1)
-      [ -n "$exe" ] || { echo "Failed to $cmd $u: Unit $u not found." >&2; exit 5; }
-      if [ $block = 1 ]; then
-        sh -c "$exe" || exit 1
+      case $u in *.*) ;; *) u=$u.service ;; esac
+      f=$(unit_file "$u") || { echo "Failed to $cmd $u: Unit $u not found." >&2; exit 5; }
+      exe=$(key ExecStart "$f") post=$(key ExecStopPost "$f") out=$(key StandardOutput "$f")
+      [ -n "$exe" ] || { echo "Failed to $cmd $u: no ExecStart" >&2; exit 5; }
+      case $out in append:* | file:*) log=${out#*:} ;; *) log=/var/log/$u.log ;; esac
+      run='sh -c "$1" >>"$3" 2>&1; rc=$?
+           [ $rc = 0 ] && r=success || r=exit-code
+           [ -z "$2" ] || SERVICE_RESULT=$r EXIT_CODE=exited EXIT_STATUS=$rc sh -c "$2" >>"$3" 2>&1
+           exit $rc'
+      if [ $block = 1 ] && [ "$(key Type "$f")" = oneshot ]; then
+        sh -c "$run" "$u" "$exe" "$post" "$log" || exit 1
       else
-        setsid sh -c "$exe" >> "/var/log/$u.log" 2>&1 < /dev/null &
+        setsid sh -c "$run" "$u" "$exe" "$post" "$log" </dev/null >/dev/null 2>&1 &
       fi
     done
     exit 0 ;;
@@ -81,12 +72,26 @@ case $cmd in
 esac
 """
 
-MOUNT_EFS = r"""#!/bin/sh
-# mount.efs of the twin: EFS is bound at boot; see embedded/twin/shims.py.
-mountpoint -q "$2" && exit 0
-echo "mount.efs of the twin: $2 is not where the twin bound EFS" >&2
-exit 32
-"""
+
+def shutdown_delay(said: str) -> float | None:
+    """How long after it was asked a shutdown takes, by the last line `SHUTDOWN` wrote (`said`), as systemd's
+    `shutdown` reads its time: `now` at once, `+MINUTES`, none (or a time of the clock, which the twin does not
+    wait for) a minute; `poweroff`, `halt`, `reboot` at once; None when nothing is asked, or the last request was
+    `shutdown -c` (cancelled)."""
+    lines = said.strip().splitlines()
+    words = lines[-1].split()[1:] if lines else []  # the last request: its command, then its arguments
+    if not words:
+        return None
+    if words[0] != "shutdown":
+        return 0.0
+    if "-c" in words[1:]:
+        return None
+    when = next((w for w in words[1:] if w == "now" or w.startswith("+") or ":" in w), None)
+    if when == "now":
+        return 0.0
+    if when is not None and when.startswith("+") and when[1:].isdigit():
+        return 60.0 * int(when[1:])
+    return 60.0
 
 
 def aws_shim(endpoint: str) -> str:
@@ -100,11 +105,10 @@ exec /usr/bin/aws --endpoint-url {shlex.quote(endpoint)} "$@"
 
 
 SHIMS = {
-    "apt-get": APT_GET,
+    "apt-get": apt_get_shim(),
     "shutdown": SHUTDOWN,
     "poweroff": SHUTDOWN,
     "halt": SHUTDOWN,
     "reboot": SHUTDOWN,
     "systemctl": SYSTEMCTL,
-    "mount.efs": MOUNT_EFS,
 }

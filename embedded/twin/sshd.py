@@ -1,17 +1,17 @@
-"""A real OpenSSH server in a twin instance, its host keys on the instance's console, and that console in moto.
+"""A real OpenSSH server in a twin instance, and the instance's console in moto.
 
-`start_sshd(box, authorized_key, user=...)` does inside the instance what an AMI and cloud-init do at first
-boot: it deletes the host keys the instance's copy of /etc brought along and generates fresh ones (rsa,
-ecdsa and ed25519 with `ssh-keygen`, as cloud-init does by default), lets `authorized_key` log in as `user`
-(created when missing, with a passwordless sudoers line as an AMI's default user has; it counts where sudo
-is installed), and starts `sshd` on the instance's address, port 22, with password login off. Then it
-prints, from inside the instance, the host public keys to the instance's console between the lines
-cloud-init prints them between, `<type> <base64>` each. Everything it writes it writes from inside the
-instance (never through a path on the host's side). Differences from an instance: the authorized keys live
-in /etc/ssh/authorized_keys/<user> (the instance's private /etc) rather than in a home directory, since
-/home is the host's; a created user has no home directory; sshd logs to /var/log/sshd.log; it needs
-/run/sshd, its privilege-separation directory, which is the host's /run (created there when missing, as
-openssh-server itself would).
+`start_sshd(box, authorized_key, user=...)` does inside the instance what an AMI's sshd does: it uses the host
+keys cloud-init's `ssh` module made at the instance's first boot (the guest runs that module: fresh rsa, ecdsa
+and ed25519 keys, waited for here), lets `authorized_key` log in as `user` (created when missing, with a
+passwordless sudoers line as an AMI's default user has; it counts where sudo is installed), and starts `sshd`
+on the instance's address, port 22, with password login off. The host keys reach the console only when
+cloud-init's `keys_to_console` module runs, after the user-data's runcmd script has ended (the guest runs the
+final stage in Debian's order), not when sshd starts. Everything it writes it writes from inside the instance
+(never through a path on the host's side). Differences from an instance: the authorized keys live in
+/etc/ssh/authorized_keys/<user> (the instance's private /etc) rather than in a home directory, since /home is
+the host's; a created user has no home directory; sshd logs to /var/log/sshd.log; it needs /run/sshd, its
+privilege-separation directory, which is the host's /run (created there when missing, as openssh-server itself
+would).
 
 moto answers GetConsoleOutput with one fixed text for every instance. `publish_console(ec2_backend,
 instance_id, text)` makes it answer with the twin's console text for that instance (base64 of the last 64
@@ -104,19 +104,18 @@ def start_sshd(box: Instance, authorized_key: str, *, user: str = "root", timeou
     if not box.address:
         raise TwinError("the instance has no address: start it first")
     authorize(box, user, authorized_key)
-    keygen = "rm -f /etc/ssh/ssh_host_*_key /etc/ssh/ssh_host_*_key.pub\n"
-    keygen += "".join(f"ssh-keygen -q -t {t} -N '' -f /etc/ssh/ssh_host_{t}_key\n" for t in KEY_TYPES)
-    _run(box, keygen, "ssh-keygen")
-    pubs = _run(box, " ".join(["cat"] + [f"/etc/ssh/ssh_host_{t}_key.pub" for t in KEY_TYPES]), "host keys")
+    files = [f"/etc/ssh/ssh_host_{t}_key.pub" for t in KEY_TYPES]
+    wait = (
+        'i=0; until [ -s "$1" ] && [ -s "$2" ] && [ -s "$3" ]; do i=$((i+1)); [ $i -lt 300 ] || exit 1; sleep 0.1; done'
+    )
+    _run(box, wait, "cloud-init's host keys (30 s)", *files)  # the guest's `ssh` module makes them at boot
+    pubs = _run(box, " ".join(["cat"] + files), "host keys")
     host_keys = [" ".join(line.split()[:2]) for line in pubs.splitlines() if line.strip()]
     config = _config(box.address, [f"/etc/ssh/ssh_host_{t}_key" for t in KEY_TYPES])
     _run(box, 'printf %s "$2" > "$1"', "sshd config", CONFIG, config)
     _run(box, f"install -d -m 0755 /run/sshd\n{SSHD} -t -f {CONFIG}", "sshd -t")
     _run(box, f"{SSHD} -f {CONFIG} -E {LOG}", "sshd")
     _wait_listening(box.address, 22, timeout_s)
-    block = [HOST_KEYS_BEGIN, *host_keys, HOST_KEYS_END]
-    text = "\n".join(block) + "\n"  # one write, so that the boot's own console output cannot cut into it
-    _run(box, 'printf %s "$1" >> /dev/console', "console", text)  # as cloud-init prints them
     return host_keys
 
 

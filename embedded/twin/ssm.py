@@ -7,8 +7,10 @@ ListCommands each command's `response_object()` (its `status`, `status_details`,
 `error_count`). moto has no ListCommandInvocations and no CancelCommand.
 
 What the twin changes, all in `_MotoCommands`: the backend object's `send_command` is wrapped (that object
-only, not moto's class; wrapped again on the next pass after a reset of moto) so that a command goes to
-the instances it names only (moto adds every instance of the region when no Targets are given), and an
+only, not moto's class; wrapped again on the next pass after a reset of moto) so that a command to an instance
+that is not managed (not running in the twin, or running no SSM agent: see `embedded.twin.standins`) is refused
+with AWS's own error, `InvalidInstanceId` ("Instances [[i-...]] not in a valid state for account ..."); a command
+goes to the instances it names only (moto adds every instance of the region when no Targets are given), and an
 `AWS-RunShellScript` command starts Pending, as on AWS, instead of Success; an invocation is replaced by a
 new dict, never changed in place, so that moto's server threads read either the old or the new outcome; and
 the command's own status fields follow its invocations. Other documents keep moto's Success.
@@ -23,12 +25,12 @@ statuses (Status / StatusDetails / ResponseCode):
   Success / Success / 0               it exited 0
   Failed / Failed / exit status       it exited non-zero
   TimedOut / ExecutionTimedOut / -1   killed at executionTimeout
-  Failed / Undeliverable / -1         the instance is not running in the twin (no agent to deliver to)
+  Failed / Undeliverable / -1         the instance stopped, or its agent, between the send and the delivery
 
 StandardOutputContent keeps the first 24,000 characters of stdout and StandardErrorContent the first 8,000
-of stderr, as GetCommandInvocation does. Not like AWS: an instance needs no instance profile or
-registration with SSM to be managed; a command to an instance without an agent is Undeliverable at once
-rather than Pending until its delivery timeout; SendCommand accepts any instance id (moto's doing).
+of stderr, as GetCommandInvocation does. Not like AWS: the stand-in agent needs no instance profile to
+register; a command whose instance went away after the send is Undeliverable at once rather than Pending
+until its delivery timeout.
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ def _iso(t: float) -> str:
 class _MotoCommands:
     """The one place that reads and changes moto's SSM command objects (see the module docstring)."""
 
-    def __init__(self, backend_of: Callable[[], Any]):
+    def __init__(self, backend_of: Callable[[], Any], managed: Callable[[str], object]):
         self.backend_of = backend_of
+        self.managed = managed  # an instance id -> something truthy when SSM can deliver to it
         self.backend: Any = None
         self._lock = threading.Lock()  # one writer at a time: a command's status is computed from all its invocations
         self.attach()
@@ -89,6 +92,15 @@ class _MotoCommands:
 
                     raise SSMException("InvalidParameters", problem)  # SendCommand answers with this error
             asked = list(kwargs.get("instance_ids") or [])  # moto extends the caller's list in place
+            unmanaged = [i for i in asked if not self.managed(i)]
+            if unmanaged:
+                from moto.ssm.exceptions import SSMException
+
+                account = getattr(backend, "account_id", "123456789012")
+                raise SSMException(
+                    "InvalidInstanceId",
+                    f"Instances [[{', '.join(unmanaged)}]] not in a valid state for account {account}",
+                )
             command = original(*args, **kwargs)
             if not command.targets:  # moto adds every instance of the region when no Targets are given
                 command.instance_ids = [i for i in command.instance_ids if i in asked]
@@ -185,8 +197,9 @@ class TwinSsmAgent:
         *,
         now: Callable[[], float] = time.time,
     ):
-        """`backend_of()` is moto's SSM backend object of the twin's account and region (looked up on each pass)."""
-        self.moto = _MotoCommands(backend_of)
+        """`backend_of()` is moto's SSM backend object of the twin's account and region (looked up on each pass);
+        `find_instance(id)` the instance when SSM can deliver to it (running, its agent online), else None."""
+        self.moto = _MotoCommands(backend_of, find_instance)
         self.find_instance = find_instance
         self.now = now
         self._handled: set[tuple[str, str]] = set()

@@ -10,8 +10,11 @@ instances reach it and the twin can read and change moto's state. A loop thread 
   the twin's clock, so what the code reads back from EC2 is where and when the instance really is; an
   instance of a baked node image (`bake_node_image`: infra/packer's bake script run once, an AMI id in moto)
   starts with what the bake left (`embedded.twin.images`);
-- runs the SSM commands sent to running instances inside them (`embedded.twin.ssm`); with `ssh_key`, every
-  instance also runs a real sshd that admits that key, its host keys on its console (`embedded.twin.sshd`);
+- runs the SSM commands sent to instances whose SSM agent runs inside them (`embedded.twin.ssm`; the agent is
+  the twin's stand-in package, which the twin's S3 serves where AWS serves the real one: `embedded.twin.standins`);
+  with `ssh_key`, every instance also runs a real sshd that admits that key (`embedded.twin.sshd`); each
+  instance's console, where cloud-init prints its host keys when its final stage gets there, is what
+  GetConsoleOutput answers;
 - fires the stack's EventBridge schedules on the twin's clock (`embedded.schedules`), the Lambda handlers
   called in this process; a schedule's times that a jump of the clock passed over fire once.
 
@@ -39,9 +42,12 @@ from typing import Any
 
 from embedded.ec2twin import Ec2Twin, InstanceSpec
 from embedded.twin import network
+from embedded.twin.account import AccountLimits, publish_debian_images
+from embedded.twin.account import install as install_limits
 from embedded.twin.sandbox import InstanceSandbox
 from embedded.twin.sshd import publish_instance_console, start_sshd
 from embedded.twin.ssm import TwinSsmAgent
+from embedded.twin.standins import efs_utils_deb, publish_ssm_agent
 
 log = logging.getLogger("gridfleet.twin")
 
@@ -50,6 +56,8 @@ ACCOUNT = "123456789012"  # moto's default account
 #: keep this machine's clock; a larger one (a jump to another day) is the instances' clock too.
 FAKE_CLOCK_FROM_S = 300.0
 CREDENTIALS = {"aws_access_key_id": "twin", "aws_secret_access_key": "twin"}  # moto takes any
+#: How long an instance's processes have, after the SIGTERM of its shutdown or termination, before SIGKILL.
+STOP_GRACE_S = 20.0
 
 
 class TwinClock:
@@ -116,6 +124,7 @@ class TwinStack:
     log: list[str] = field(default_factory=list)  # what `Ec2Twin.sync` did, one line each
     fired: list[Any] = field(default_factory=list)  # every schedule that fired (`embedded.schedules.Fired`)
     images: dict[str, Any] = field(default_factory=dict)  # AMI id -> its `BakedImage`
+    limits: AccountLimits = field(default_factory=AccountLimits)  # the account's quotas (`embedded.twin.account`)
 
     def __post_init__(self) -> None:
         self._server: Any = None
@@ -125,6 +134,7 @@ class TwinStack:
         self.ec2twin: Ec2Twin | None = None
         self.ssm: TwinSsmAgent | None = None
         self.schedules: Any = None
+        self._consoles: dict[str, int] = {}  # instance id -> the console's size when last published
 
     # --- AWS --------------------------------------------------------------------------------------
     @property
@@ -161,14 +171,30 @@ class TwinStack:
             raise RuntimeError("the EC2 twin needs root (network and mount namespaces)")
         network.cleanup_leftovers()
         network.ensure_bridge()
+        install_limits(self.limits)  # before moto's server makes its routes
         self.root.mkdir(parents=True, exist_ok=True)
         self._server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=self.moto_port, verbose=False)
         self._server.start()
         # moto's state is this process's, shared by every moto server it runs: the twin's AWS starts empty
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=30)
-        self.ec2twin = Ec2Twin(self.client("ec2"), self._boot, stack=self.stack)
-        self.ssm = TwinSsmAgent.for_region(ACCOUNT, self.region, self.running)
+        self.ec2twin = Ec2Twin(
+            self.client("ec2"),
+            self._boot,
+            stack=self.stack,
+            stop_grace_s=STOP_GRACE_S,
+            journal=self.log,
+            now=self.clock.now,
+        )
+        self.ssm = TwinSsmAgent.for_region(ACCOUNT, self.region, self.managed)
+        publish_ssm_agent(self.client("s3"), self.region, self.root / "standins")
+        publish_debian_images(self.client("ec2"), ACCOUNT, self.region)
         return self
+
+    @property
+    def efs_utils_deb(self) -> Path:
+        """The twin's stand-in amazon-efs-utils package: what an operator passes to `bundle --efs-utils-deb`."""
+        path = self.root / "standins" / "amazon-efs-utils_amd64.deb"
+        return path if path.exists() else efs_utils_deb(path.parent)
 
     def load_schedules(self, handlers: dict[str, Any], prefix: str = "") -> list[Any]:
         """The stack's EventBridge rules, from now on fired by the loop on the twin's clock."""
@@ -207,7 +233,18 @@ class TwinStack:
 
     def _sync(self) -> None:
         if self.ec2twin is not None:
-            self.log.extend(self.ec2twin.sync())
+            self.ec2twin.sync()  # its lines go to self.log as they happen
+            self._publish_consoles()
+
+    def _publish_consoles(self) -> None:
+        """GetConsoleOutput answers with each running instance's console as it is now."""
+        assert self.ec2twin is not None
+        for iid, run in list(self.ec2twin.running.items()):
+            box = run.sandbox
+            size = box.console.stat().st_size if box.console.exists() else 0  # type: ignore[attr-defined]
+            if self._consoles.get(iid) != size:
+                publish_instance_console(self.ec2_backend(), iid, box)  # type: ignore[arg-type]
+                self._consoles[iid] = size
 
     def _ssm(self) -> None:
         if self.ssm is not None:
@@ -245,6 +282,11 @@ class TwinStack:
         run = self.ec2twin.running.get(instance_id) if self.ec2twin else None
         return run.sandbox if run is not None else None  # type: ignore[return-value]
 
+    def managed(self, instance_id: str) -> InstanceSandbox | None:
+        """The sandbox of a running instance whose SSM agent runs (what SSM can deliver to), or None."""
+        box = self.running(instance_id)
+        return box if box is not None and box.ssm_agent_online() else None
+
     def _role_of(self, profile: str | None) -> str | None:
         if not profile:
             return None
@@ -259,12 +301,19 @@ class TwinStack:
         put its AMI id in the SSM parameter `parameter`; the AMI id. Instances launched from it boot on it."""
         from embedded.twin.images import bake, register
 
-        image = bake(self.root, bundle, stock_users=self.stock_users)
-        ami = register(self.client("ec2"), self.client("ssm"), f"gridfleet-node-{image.dir.name}", parameter)
+        image = bake(self.root, bundle, self.efs_utils_deb, endpoint=self.endpoint, region=self.region,
+                     stock_users=self.stock_users)  # fmt: skip
+        ami = register(self.client("ec2"), self.client("ssm"), f"gridfleet-node-{image.dir.name}", parameter,
+                       self.ec2_backend())  # fmt: skip
         with self._lock:
             self.images[ami] = image
         log.info("twin-image ami=%s bake_s=%.1f deps=%s", ami, image.bake_s, image.marker.get("deps_sha256"))
         return ami
+
+    def _efs_ids(self) -> tuple[str, ...]:
+        """The file systems of the twin's EFS (what the stand-in mount.efs finds)."""
+        systems = self.client("efs").describe_file_systems().get("FileSystems", [])
+        return tuple(str(f["FileSystemId"]) for f in systems)
 
     def _env(self) -> dict[str, str]:
         return {"AWS_DEFAULT_REGION": self.region}
@@ -281,6 +330,7 @@ class TwinStack:
             stock_users=self.stock_users,
             clock_offset_s=self.clock.instance_offset,
             image=self.images.get(spec.image_id or ""),
+            efs_ids=self._efs_ids(),
             metadata={
                 "placement/region": self.region,
                 "placement/availability-zone": spec.availability_zone or f"{self.region}a",
@@ -293,8 +343,7 @@ class TwinStack:
         inst.nics[0].private_ip_address = box.address  # where the instance is: the code reads it back from EC2
         if self.ssh_key is not None:
             box.wait_mounted(30)
-            start_sshd(box, self.ssh_key[1], user=self.ssh_key[0])  # its host keys to the console, as cloud-init
-            publish_instance_console(self.ec2_backend(), spec.instance_id, box)
+            start_sshd(box, self.ssh_key[1], user=self.ssh_key[0])
         launched = inst.launch_time.replace(tzinfo=UTC).timestamp()  # moto's: this machine's clock, UTC
         inst.launch_time += timedelta(seconds=self.clock.offset)  # when, on the twin's clock
         offsets = (self.clock.offset, self.clock.instance_offset)

@@ -26,15 +26,22 @@ class Recorded:
 
     spec: InstanceSpec
     shutdown: bool = False
+    delay_s: float = 0.0  # of the shutdown asked (`shutdown -h +1`: 60)
     stopped: int = 0
     log: list[str] = field(default_factory=list)
 
-    @property
-    def shutdown_requested(self) -> bool:
-        return self.shutdown
+    requests: str = ""  # the shutdown requests' lines, when a test gives them
 
-    def stop(self) -> None:
+    @property
+    def shutdown_requested(self) -> str | bool:
+        return (self.requests or True) if self.shutdown else False
+
+    def shutdown_delay_s(self) -> float | None:
+        return self.delay_s if self.shutdown else None
+
+    def stop(self, grace_s: float = 0.0) -> None:
         self.stopped += 1
+        self.grace_s = grace_s
 
 
 @pytest.fixture
@@ -110,3 +117,38 @@ def test_an_instances_own_shutdown_applies_its_shutdown_behaviour_in_moto(ec2, b
         ec2.start_instances(InstanceIds=[hub])
         assert twin.sync() == [f"boot {hub}"] and twin.running[hub].boots == 2
         twin.stop_all()
+
+
+def test_a_shutdown_in_a_minute_waits_its_minute_on_the_twins_clock(ec2):
+    """`shutdown -h +1` (the hub's self-stop) leaves the instance a minute, as systemd does; the clock is injected."""
+    stack = f"gf{uuid.uuid4().hex[:8]}"
+    booted: dict[str, Recorded] = {}
+    now = [1000.0]
+    twin = Ec2Twin(ec2, lambda spec: booted.setdefault(spec.instance_id, Recorded(spec)), stack=stack,
+                   now=lambda: now[0])  # fmt: skip
+    hub = launch(ec2, stack, ROLE_HUB, behavior="terminate")
+    twin.sync()
+    booted[hub].shutdown, booted[hub].delay_s = True, 60.0
+    assert twin.sync() == [] and twin.shutdowns == {hub: 1060.0} and state(ec2, hub) == "running"
+    now[0] = 1059.0
+    assert twin.sync() == []
+    now[0] = 1060.0
+    assert twin.sync() == [f"shutdown {hub} -> terminate"] and state(ec2, hub) == "terminated"
+    assert twin.shutdowns == {}
+
+
+def test_a_shutdown_now_after_one_in_a_minute_is_now(ec2):
+    """The hub's run asks `shutdown -h +1`, its boot script then ends with `shutdown -h now`: down at once."""
+    stack = f"gf{uuid.uuid4().hex[:8]}"
+    booted: dict[str, Recorded] = {}
+    now = [1000.0]
+    twin = Ec2Twin(ec2, lambda spec: booted.setdefault(spec.instance_id, Recorded(spec)), stack=stack,
+                   now=lambda: now[0])  # fmt: skip
+    hub = launch(ec2, stack, ROLE_HUB, behavior="terminate")
+    twin.sync()
+    box = booted[hub]
+    box.shutdown, box.delay_s, box.requests = True, 60.0, "t shutdown -h +1\n"
+    assert twin.sync() == [] and twin.shutdowns == {hub: 1060.0}
+    now[0] = 1010.0
+    box.delay_s, box.requests = 0.0, "t shutdown -h +1\nt shutdown -h now\n"
+    assert twin.sync() == [f"shutdown {hub} -> terminate"]

@@ -4,6 +4,7 @@ instance's wall clock (real processes: date, bash, python3, a user change; no ro
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -31,13 +32,24 @@ def test_a_jump_moves_the_twin_and_only_a_day_sized_one_moves_the_instances():
 needs_lib = pytest.mark.skipif(not CLOCK_LIB.is_file(), reason=f"{CLOCK_LIB} is built by `make setup`")
 
 
-def shifted(argv: list[str], offset: float) -> str:
-    env = {**os.environ, "LD_PRELOAD": str(CLOCK_LIB), "GRIDFLEET_TWIN_CLOCK_OFFSET": str(offset)}
-    return subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=30).stdout
+@pytest.fixture
+def shifted(open_dir):
+    """`shifted(argv, offset)`: argv's output with its wall clock `offset` seconds ahead. The library is copied where
+    every user can read it, as an instance has its copy: the checkout may be closed to all but its owner, and a
+    process that changed user must still load it."""
+    lib = open_dir / "clockshift.so"
+    shutil.copyfile(CLOCK_LIB, lib)
+    lib.chmod(0o644)
+
+    def run(argv: list[str], offset: float) -> str:
+        env = {**os.environ, "LD_PRELOAD": str(lib), "GRIDFLEET_TWIN_CLOCK_OFFSET": str(offset)}
+        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=30).stdout
+
+    return run
 
 
 @needs_lib
-def test_the_preload_moves_the_wall_clock_of_every_process_and_leaves_the_monotonic_one():
+def test_the_preload_moves_the_wall_clock_of_every_process_and_leaves_the_monotonic_one(shifted):
     now = time.time()
     assert abs(int(shifted(["date", "+%s"], 2 * DAY)) - (now + 2 * DAY)) < 5
     out = shifted(["bash", "-c", "echo $EPOCHSECONDS; sleep 0.3; echo $SECONDS"], DAY).split()

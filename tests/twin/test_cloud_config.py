@@ -11,6 +11,7 @@ import pytest
 from cloud_init import HubUserData, NodeUserData, render_hub, render_node
 from cloud_init.render import HUB_BOOT_SCRIPT, NODE_BOOT_SCRIPT, NODE_ENV_FILE
 from embedded.twin.cloud_config import TwinError, plan_user_data
+from embedded.twin.shims import shutdown_delay
 
 
 def node_user_data() -> str:
@@ -30,9 +31,10 @@ def node_user_data() -> str:
 def test_rendered_node_user_data_is_planned_with_the_real_script():
     plan = plan_user_data(node_user_data())
     files = {f["path"]: f for f in plan["write_files"]}
-    assert set(files) == {NODE_BOOT_SCRIPT, NODE_ENV_FILE}
-    script = base64.b64decode(files[NODE_BOOT_SCRIPT]["data_b64"]).decode()
-    assert script.startswith("#!/bin/bash") and "step run-agent" in script
+    units = {f"/etc/systemd/system/gridfleet-{name}.service" for name in ("node", "logs")}
+    assert set(files) == {NODE_BOOT_SCRIPT, NODE_ENV_FILE, *units}
+    script = base64.b64decode(files[NODE_BOOT_SCRIPT]["data_b64"]).decode()  # the gz+b64 content, decoded
+    assert script.startswith("#!/bin/bash") and "step start-agent" in script
     assert files[NODE_BOOT_SCRIPT]["mode"] == 0o755 and files[NODE_ENV_FILE]["mode"] == 0o644
     assert plan["runcmd"] == f"#!/bin/sh\n{NODE_BOOT_SCRIPT}\n"
     assert plan["bootcmd"] is None and plan["packages"] == []
@@ -83,3 +85,20 @@ def test_encodings_lists_and_strings_follow_cloud_init():
 def test_what_the_twin_cannot_boot_is_refused_by_name(user_data, problem):
     with pytest.raises(TwinError, match=problem.replace("[", r"\[").replace("]", r"\]")):
         plan_user_data(user_data)
+
+
+@pytest.mark.parametrize(
+    "said, delay",
+    [
+        ("", None),
+        ("2026-11-27T08:00:00Z shutdown -h now\n", 0.0),
+        ("2026-11-27T08:00:00Z shutdown -h +1 gridfleet: the run is over\n", 60.0),
+        ("2026-11-27T08:00:00Z shutdown -h +5\n", 300.0),
+        ("2026-11-27T08:00:00Z shutdown -h\n", 60.0),  # systemd's default: a minute
+        ("2026-11-27T08:00:00Z poweroff\n", 0.0),
+        ("t shutdown -h +1\nt shutdown -h now\n", 0.0),  # the last request counts
+        ("t shutdown -h +1\nt shutdown -c\n", None),
+    ],
+)
+def test_a_shutdowns_delay_is_read_as_systemd_reads_it(said, delay):
+    assert shutdown_delay(said) == delay

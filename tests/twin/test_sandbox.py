@@ -1,7 +1,7 @@
 """One instance of the EC2 twin, booted for real: its own network namespace on the twin's bridge, its own
 mounts over /etc and the install, state and EFS paths, its IMDSv2 inside it, and nothing left after stop().
 Root only (see conftest). Nothing is faked but `apt-get`, `shutdown` and `systemctl` inside the instance,
-which the twin replaces on purpose (an instance here installs nothing and powers nothing off)."""
+which the twin replaces on purpose (an instance here downloads nothing and powers nothing off)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_write_files_and_runcmd_land_in_the_instance_only(sandboxes):
         "write_files:\n"
         f"  - {{path: {PROBE}, content: {PROBE_TEXT}, permissions: '0640', owner: 'root:root'}}\n"
         "  - {path: /opt/gridfleet/marker, content: installed}\n"
-        "  - {path: /efs/shared, content: efs}\n"
+        "  - {path: /usr/lib/gridfleet-probe, content: overlaid}\n"
     )
     box = sandboxes("i-0000000000000a001", cloud_config(f"cp {PROBE} /var/lib/gridfleet/copied", files=files))
     assert box.wait_boot(30).exit_code == 0
@@ -47,7 +47,9 @@ def test_write_files_and_runcmd_land_in_the_instance_only(sandboxes):
     assert box.host_path(PROBE).read_text() == "PROBE=1\n"
     assert box.host_path("/var/lib/gridfleet/copied").read_text() == "PROBE=1\n"
     assert not Path("/opt/gridfleet/marker").exists()
-    assert (box.efs_dir / "shared").read_text() == "efs"
+    assert not Path("/usr/lib/gridfleet-probe").exists()  # /usr: the host's, under the instance's own layer
+    assert box.host_path("/usr/lib/gridfleet-probe").read_text() == "overlaid"
+    assert sh(box, "test -x /usr/bin/python3 && echo host-usr").stdout == "host-usr\n"
     assert "runcmd exited with status 0" in box.boot_log.read_text()
 
 
@@ -81,20 +83,34 @@ def test_stop_leaves_no_process_no_namespace_and_no_veth(sandboxes):
     box.stop()  # again: nothing to do
 
 
-def test_shims_install_nothing_and_make_shutdown_observable(sandboxes):
+def test_shims_answer_as_debian_and_make_shutdown_observable(sandboxes):
+    unit = (
+        "write_files:\n"
+        "  - path: /etc/systemd/system/probe.service\n"
+        "    content: |\n"
+        "      [Service]\n"
+        "      ExecStart=/bin/sh -c 'echo started; exit 3'\n"
+        "      ExecStopPost=/bin/sh -c 'echo \"post $SERVICE_RESULT $EXIT_STATUS\" > /var/lib/gridfleet/post'\n"
+        "      StandardOutput=append:/var/log/probe.log\n"
+    )
     box = sandboxes(
         "i-0000000000000d001",
         cloud_config(
             "apt-get -o DPkg::Lock::Timeout=60 install -y --no-install-recommends curl",
-            "apt-get install -y gridfleet-no-such-package || echo missing-refused > /var/lib/gridfleet/apt",
-            "mount.efs fs-0123456789abcdef0:/ /efs -o tls,iam && echo efs-bound > /var/lib/gridfleet/efs",
-            "mount.efs fs-0123456789abcdef0:/ /mnt -o tls,iam || echo elsewhere-refused >> /var/lib/gridfleet/efs",
+            "apt-get install -y amazon-efs-utils 2> /var/lib/gridfleet/apt || true",
+            "mount -t efs fs-0123456789abcdef0:/ /efs 2> /var/lib/gridfleet/efs || true",
+            "systemctl start --no-block probe.service",
             "shutdown -h now",
+            files=unit,
         ),
     )
     assert box.wait_boot(30).exit_code == 0
-    assert box.host_path("/var/lib/gridfleet/apt").read_text() == "missing-refused\n"
-    assert box.host_path("/var/lib/gridfleet/efs").read_text() == "efs-bound\nelsewhere-refused\n"
+    # Debian 12 has no amazon-efs-utils: apt's own words; and no mount helper for efs without it
+    assert box.host_path("/var/lib/gridfleet/apt").read_text() == "E: Unable to locate package amazon-efs-utils\n"
+    assert "unknown filesystem type 'efs'" in box.host_path("/var/lib/gridfleet/efs").read_text()
+    assert wait_for(lambda: box.host_path("/var/lib/gridfleet/post").exists())
+    assert box.host_path("/var/lib/gridfleet/post").read_text() == "post exit-code 3\n"
+    assert box.host_path("/var/log/probe.log").read_text() == "started\n"
     assert box.shutdown_requested.split()[1:] == ["shutdown", "-h", "now"]
 
 

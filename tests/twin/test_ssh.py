@@ -1,5 +1,6 @@
 """The hub's SSH rung (paramiko) against a real OpenSSH sshd inside a booted twin instance, trusting only the
-host keys the instance printed to its console, read back through a real moto server's GetConsoleOutput.
+host keys cloud-init printed to its console (once its runcmd ended), read back through a real moto server's
+GetConsoleOutput.
 Root only (see conftest); one instance for the module. Nothing is faked (the node's kill command in the
 instance is this checkout's, through a launcher at the node's path: node_kill.py)."""
 
@@ -85,7 +86,7 @@ def test_host_keys_reach_the_console_and_get_console_output(twin):
     types = {k.split()[0] for k in twin["host_keys"]}
     assert {"ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa"} <= types
     policy = host_key_policy("console", twin["ec2"])
-    assert [" ".join(k) for k in policy.keys_of(twin["box"].instance_id)] == twin["host_keys"]
+    assert sorted(" ".join(k) for k in policy.keys_of(twin["box"].instance_id)) == sorted(twin["host_keys"])
     other = twin["ec2"].get_console_output(InstanceId=twin["other_id"])["Output"]
     assert host_keys_from_console(other) == []  # an instance the twin has no console for keeps moto's text
 

@@ -15,13 +15,39 @@ ACCOUNT, REGION = "123456789012", "us-east-1"
 IID = "i-0123456789abcdef0"
 
 
+class Instances:
+    """Who SSM can deliver to: `managed` instance ids (a stand-in for the sandbox; its commands never run)."""
+
+    def __init__(self) -> None:
+        self.managed: set[str] = set()
+
+    def __call__(self, instance_id: str) -> object:
+        return object() if instance_id in self.managed else None
+
+
+def test_an_instance_without_a_running_agent_is_refused_as_aws_refuses_it():
+    with mock_aws():
+        ssm = boto3.client("ssm", region_name=REGION)
+        instances = Instances()
+        agent = TwinSsmAgent.for_region(ACCOUNT, REGION, instances)
+        with pytest.raises(ClientError) as e:
+            ssm.send_command(InstanceIds=[IID], DocumentName="AWS-RunShellScript", Parameters={"commands": ["true"]})
+        error = e.value.response["Error"]
+        assert error["Code"] == "InvalidInstanceId"
+        assert error["Message"] == f"Instances [[{IID}]] not in a valid state for account {ACCOUNT}"
+        assert ssm.list_commands()["Commands"] == []
+        agent.close()
+
+
 def test_only_run_shell_script_starts_pending_across_a_reset_and_close_gives_moto_its_send_command_back():
-    """No root: moto in-process; no instance is running, so the one command is undeliverable."""
+    """No root: moto in-process; the instance's agent goes between the send and the delivery: undeliverable."""
     from moto.ssm.models import ssm_backends
 
     with mock_aws():
         ssm = boto3.client("ssm", region_name=REGION)
-        agent = TwinSsmAgent.for_region(ACCOUNT, REGION, lambda instance_id: None)
+        instances = Instances()
+        instances.managed.add(IID)
+        agent = TwinSsmAgent.for_region(ACCOUNT, REGION, instances)
         iid = IID
 
         def send(document: str) -> dict:
@@ -29,9 +55,11 @@ def test_only_run_shell_script_starts_pending_across_a_reset_and_close_gives_mot
 
         sent = send("AWS-RunShellScript")["Command"]
         assert (sent["Status"], send("AWS-RunPowerShellScript")["Command"]["Status"]) == ("Pending", "Success")
+        instances.managed.clear()
         assert agent.poll() == 1 and agent.poll() == 0
         inv = ssm.get_command_invocation(CommandId=sent["CommandId"], InstanceId=iid)
         assert (inv["Status"], inv["StatusDetails"], inv["ResponseCode"]) == ("Failed", "Undeliverable", -1)
+        instances.managed.add(IID)
         ssm_backends.reset()  # moto reset (clears the backend, wrapper and all): the next pass wraps it again
         assert send("AWS-RunShellScript")["Command"]["Status"] == "Success"
         agent.poll()
@@ -46,8 +74,11 @@ def test_a_command_goes_only_to_the_instances_it_names():
         ec2, ssm = boto3.client("ec2", region_name=REGION), boto3.client("ssm", region_name=REGION)
         launched = ec2.run_instances(ImageId="ami-12c6146b", MinCount=2, MaxCount=2)["Instances"]
         one, other = (i["InstanceId"] for i in launched)
-        agent = TwinSsmAgent.for_region(ACCOUNT, REGION, lambda instance_id: None)
+        instances = Instances()
+        instances.managed.add(one)
+        agent = TwinSsmAgent.for_region(ACCOUNT, REGION, instances)
         sent = ssm.send_command(InstanceIds=[one], DocumentName="AWS-RunShellScript", Parameters={"commands": ["true"]})
+        instances.managed.clear()  # no command runs: the stand-in has no sandbox
         command_id = sent["Command"]["CommandId"]
         assert sent["Command"]["InstanceIds"] == [one] and sent["Command"]["TargetCount"] == 1
         with pytest.raises(ClientError, match="InvocationDoesNotExist"):

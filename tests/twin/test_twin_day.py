@@ -12,10 +12,13 @@ for what EC2 decides). The nodes boot the node image baked for the stack, the hu
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
 
+from embedded.twin.account import AccountLimits
 from hub.control.ssh import console_text, host_keys_from_console
 from tests.twin.conftest import DAY_SITES
 from tests.twin.day import wait_until
@@ -60,12 +63,20 @@ def test_the_hang_was_killed_by_a_command_that_ran_inside_its_node(day):
 
 
 def test_each_instance_ran_sshd_and_the_hub_would_trust_exactly_its_host_keys(day):
-    ec2 = day.twin.client("ec2")
+    """Once cloud-init's final stage printed them (after the boot script), the console holds exactly the
+    instance's host keys; an instance whose boot had not ended when it went shows none (Debian's order)."""
+    ec2, finished = day.twin.client("ec2"), 0
     for boot in day.day_boots:
         out = ec2.get_console_output(InstanceId=boot.instance_id)
-        keys = host_keys_from_console(console_text(out.get("Output")))  # what the hub's SSH rung trusts
+        text = console_text(out.get("Output"))
+        keys = host_keys_from_console(text)  # what the hub's SSH rung trusts
+        if "Cloud-init v. " not in text:  # its final stage never came: a node ended with the run during its boot
+            assert keys == [], boot.instance_id
+            continue
+        finished += 1
         pubs = sorted((boot.sandbox.dir / "etc" / "ssh").glob("ssh_host_*_key.pub"))
         assert sorted(keys) == sorted(tuple(p.read_text().split()[:2]) for p in pubs), (boot.instance_id, keys)
+    assert finished >= 2  # the hub and a node at least
 
 
 def test_the_summary_and_report_are_in_the_bucket(day):
@@ -111,3 +122,76 @@ def test_the_nodes_booted_the_baked_image_and_the_hub_the_stock_one(day):
         else:
             assert not boot.baked and "baked image" not in log, boot.instance_id
     assert installed, "no node's boot got past its install"
+
+
+def boot_log(boot) -> str:
+    return (boot.sandbox.var_log / "gridfleet-boot.log").read_text()
+
+
+def test_every_instance_runs_the_ssm_agent_its_boot_installed_or_its_image_had(day):
+    """Debian's AMI has no SSM agent: the hub's (stock) boot fetched the region's package from S3 and installed
+    it, the nodes' image had it; SSM reached the hung site's node only through it (test above)."""
+    hub = next(b for b in day.day_boots if b.role == "hub")
+    assert "step: install-ssm-agent" in boot_log(hub) and "amazon-ssm-agent is installed" not in boot_log(hub)
+    assert hub.sandbox.host_path("/usr/bin/amazon-ssm-agent").exists()  # in its own /usr, by dpkg
+    nodes = [b for b in day.day_boots if b.role == "node" and "step: install-ssm-agent" in boot_log(b)]
+    assert nodes and all("amazon-ssm-agent is installed" in boot_log(b) for b in nodes)
+
+
+def test_the_bundle_was_checked_against_each_instances_platform(day):
+    for boot in day.day_boots:
+        log = boot_log(boot)
+        if "step: install-gridfleet" in log:
+            assert "the bundle is built for this platform (linux x86_64, CPython 3.11)" in log, boot.instance_id
+
+
+def test_a_nodes_console_has_its_boot_steps_then_its_host_keys_and_no_agent_lines(day):
+    """The agent runs as a service, so cloud-init's final stage ends and prints the keys after the boot script;
+    the agent's own lines go to its log, not the console."""
+    seen = 0
+    for boot in (b for b in day.day_boots if b.role == "node"):
+        console = boot.sandbox.console.read_text()
+        if "the node agent runs as" not in console:
+            continue  # a node terminated with the run before its boot ended
+        seen += 1
+        assert console.index("the node agent runs as") < console.index("-----BEGIN SSH HOST KEY KEYS-----")
+        assert '"event"' not in console, boot.instance_id
+    assert seen
+
+
+def test_the_logs_of_the_hub_and_the_nodes_are_in_cloudwatch_logs(day):
+    config = str(day.deployed.config_path)
+    out = day.deployed.gridfleet("logs", "--run-id", day.run_id, "--config", config).stdout
+    instances = {line.split()[2] for line in out.splitlines()}
+    hub = next(b.instance_id for b in day.day_boots if b.role == "hub")
+    killed = day.summary(day.run_id)["sites"]["hang"]["attempts"][0]["instance_id"]
+    assert {hub, killed} <= instances, instances
+    assert "step: install-gridfleet" in out and "gridfleet run exited with status" in out  # boot logs, to the end
+    hang = day.deployed.gridfleet("logs", "--run-id", day.run_id, "--config", config, "--site", "hang").stdout
+    assert hang and all('"site": "hang"' in line or "site=hang" in line for line in hang.splitlines())
+    print(hang[-3000:])
+
+
+def preflight(day) -> subprocess.CompletedProcess[str]:
+    """`gridfleet aws preflight` as the operator runs it against the stack, with the operator's fleet.yaml."""
+    cmd = [sys.executable, "-m", "cli.main", "aws", "preflight", "--config", str(day.deployed.config_path)]
+    return subprocess.run(cmd, cwd=day.deployed.work, env=day.deployed.env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_preflight_finds_the_deployed_stack_ready_and_then_a_quota_too_low(day):
+    ready = preflight(day)
+    print(ready.stdout)
+    assert ready.returncode == 0, ready.stdout + ready.stderr
+    lines = ready.stdout.splitlines()
+    assert lines[-1].startswith("ready: ") and not [line for line in lines if line.startswith("FAIL")]
+    assert any(line.startswith("ok    efs-utils:") for line in lines), lines
+    assert any(line.startswith("ok    ssm-agent:") for line in lines), lines
+    day.twin.limits.spot_vcpus = 2  # the account's spot quota, as a new account may have it
+    try:
+        short = preflight(day)
+    finally:
+        day.twin.limits.spot_vcpus = AccountLimits().spot_vcpus
+    print(short.stdout)
+    assert short.returncode == 1
+    failed = [line for line in short.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 1 and failed[0].startswith("FAIL  spot-vcpus: ") and "L-34B43A08" in failed[0], failed

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import types
 
 import pytest
 
 from cli.main import main
-from embedded.twin.serve import fleet_of
+from embedded.twin.serve import START_AFTER_S, fleet_of, schedule_start
 
 
 def run(capsys, *argv: str) -> tuple[int, str]:
@@ -52,3 +53,39 @@ def test_a_bad_config_is_refused_with_its_place_before_anything_starts(capsys, t
     rc, text = run(capsys, "local", "up", "--twin", "--config", str(bad))
     assert rc == 2 and "sites[0].crawler: unknown crawler 'nope'" in text and "Traceback" not in text
     assert not (tmp_path / "twin").exists()
+
+
+class _Rules:
+    """The twin as schedule_start sees it: its EventBridge rules (their expressions) and their next times."""
+
+    def __init__(self) -> None:
+        self.rules: dict[str, str] = {}
+
+    def client(self, service: str):
+        assert service == "events"
+        return self
+
+    def put_rule(self, Name: str, ScheduleExpression: str, State: str) -> None:  # noqa: N803 - boto3's names
+        assert State == "ENABLED"
+        self.rules[Name] = ScheduleExpression
+
+    lambda_clients = clock = None
+
+    def load_schedules(self, handlers, prefix: str):
+        from embedded.schedules import parse
+
+        return [types.SimpleNamespace(rule=r, next_at=parse(e, self.now).next_after(self.now)) for r, e in
+                self.rules.items()]  # fmt: skip
+
+
+def test_the_days_start_is_set_from_the_moment_the_stack_is_ready(monkeypatch):
+    """Whatever the second the deployment ends at, the start fires 45 to 105 s later, and `up` is told when."""
+    monkeypatch.setattr("embedded.schedules.stack_handlers", lambda *a: {})
+    base = 1_795_000_000.0  # a whole minute
+    for now in (base + s for s in (0.0, 1.0, 14.5, 15.0, 16.0, 44.9, 59.9)):
+        twin = _Rules()
+        twin.now = now
+        start, at = schedule_start(twin, "gftwin", now)
+        assert twin.rules == {"gftwin-start": start} and start.startswith("cron(")
+        assert START_AFTER_S <= at - now < START_AFTER_S + 60, (now - base, at - now)
+        assert at % 60 == 0
