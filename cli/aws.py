@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 from rich.console import Console
@@ -20,7 +21,8 @@ from cli import aws_env
 from cli.bundle import build_bundle, build_lambda_zip
 from cli.crawler_ship import installed_config, shipment_of
 from cli.local_env import PROJECT_ROOT, grid_jar_candidates, gridfleet_home
-from cloud_init import HubUserData, RenderError, render_hub
+from cli.preflight_checks import efs_utils_ready
+from cloud_init import HubUserData, RenderError, boot_script, render_hub
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.errors import CREDENTIALS_ADVICE, Kind, aws_failure
 from fleet.aws.results import result_key
@@ -28,6 +30,7 @@ from fleet.config import Config
 from fleet.config_load import dump_config, load_config
 from fleet.errors import GridfleetError, MissingResource, UsageError
 from fleet.ids import default_run_id
+from fleet.platform import S3_METADATA, platform_of
 from hub.plan import run_date_for
 
 log = logging.getLogger("gridfleet")
@@ -54,6 +57,7 @@ def hub_params(config: Config) -> HubUserData:
         state_dir=aws.state_dir,
         self_stop=aws.hub_self_stop,
         imds_url=aws.imds_url,
+        log_group=aws.log_group_hub if aws.ship_logs else "",
     )
 
 
@@ -70,8 +74,17 @@ def cmd_render(args: argparse.Namespace, console: Console) -> int:
             raise UsageError("rendering node user-data needs the hub's address: --hub-address or aws.hub_address")
         run_id = args.run_id or default_run_id(time.time())
         text = aws_env.connect(config).node_user_data(run_id, hub_address)
-    print(text, end="")
+    print(boot_script(text) if args.script else text, end="")
     return 0
+
+
+def cmd_aws(args: argparse.Namespace, console: Console) -> int:
+    """`gridfleet aws preflight|bootstrap`."""
+    if args.action == "preflight":
+        from cli.preflight import cmd_preflight
+
+        return cmd_preflight(args, console)
+    return cmd_bootstrap(args, console)
 
 
 def cmd_bootstrap(args: argparse.Namespace, console: Console) -> int:
@@ -89,6 +102,8 @@ def cmd_bootstrap(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
+    """Build the bundle for the fleet's instances (their architecture and Python, whatever machine this is) and
+    the Lambda package; with --upload, put them in the bucket, the bundle tagged with its target."""
     config = load_config(args.config)
     aws = config.aws
     s3 = None
@@ -101,11 +116,16 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
         s3 = env.clients.client("s3")
     jar = find_grid_jar(grid_jar_candidates(gridfleet_home()))
     crawlers = shipment_of(config)
-    console.print("building the code bundle (wheels of gridfleet and its dependencies, the Selenium server jar)")
+    target = platform_of(config)
+    types = ", ".join(config.fleet.instance_types)
+    console.print(
+        f"building the code bundle for {target.describe()} (the instances: {types}): "
+        "wheels of gridfleet and its dependencies, the Selenium server jar"
+    )
     if crawlers is not None:
         b = crawlers.project.build
         console.print(f"  with the crawler project {b.name} {b.version} ({b.hash})")
-    bundle = build_bundle(PROJECT_ROOT, args.out, jar, crawlers=crawlers)
+    bundle = build_bundle(PROJECT_ROOT, args.out, jar, target=target, crawlers=crawlers)
     console.print(f"  {bundle} ({bundle.stat().st_size // 1024} KiB)")
     console.print("building the Lambda package")
     zipped = build_lambda_zip(PROJECT_ROOT, args.out)
@@ -118,16 +138,18 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     if crawlers is not None:  # the hub's config names what the bundle installed, not a directory of this machine
         hub_config = args.out / "fleet.yaml"
         hub_config.write_text(dump_config(installed_config(config, crawlers.project), secrets=True))
-    uploads = [
-        (bundle, aws.bundle_key),
-        (zipped, f"{folder}/gridfleet-lambda.zip"),
-        (hub_config, aws.hub_config_key),
+    # the bundle's target travels with it, so its platform is known without downloading it
+    tagged = {"Metadata": dict(zip(S3_METADATA, (target.machine, target.python), strict=True))}
+    uploads: list[tuple[Path, str, dict[str, Any] | None]] = [
+        (bundle, aws.bundle_key, tagged),
+        (zipped, f"{folder}/gridfleet-lambda.zip", None),
+        (hub_config, aws.hub_config_key, None),
     ]
     if args.efs_utils_deb:
-        uploads.append((Path(args.efs_utils_deb), f"{folder}/amazon-efs-utils.deb"))
-    for path, key in uploads:
-        s3.upload_file(str(path), aws.bucket, key)
-        console.print(f"uploaded s3://{aws.bucket}/{key}")
+        uploads.append((Path(args.efs_utils_deb), aws.efs_utils_key, None))
+    for path, key, extra in uploads:
+        s3.upload_file(str(path), aws.bucket, key, ExtraArgs=extra)
+        console.print(f"uploaded s3://{aws.bucket}/{key}" + (f" ({target.describe()})" if extra else ""))
     return 0
 
 
@@ -176,10 +198,11 @@ def dry_run(env: aws_env.AwsEnv, run_id: str, console: Console) -> int:
     """Print what a run would do and touch; ask AWS only what Describe/Get/List/Head calls answer.
 
     Everything known from the config and the code is printed first. What only AWS knows (the AMI behind an SSM
-    parameter, the instance profile, the table, queue and bucket, the run) is asked when there are credentials,
-    and otherwise named as not resolved, which is no error: exit 0 when the config is sound. An answer that shows
-    something wrong (a resource missing, access denied, credentials expired) is printed where it belongs, and
-    the command then fails with one line naming the first such problem.
+    parameter, the instance profile, the table, queue and bucket, whether the nodes have amazon-efs-utils, the run)
+    is asked when there are credentials, and otherwise named as not resolved, which is no error: exit 0 when the
+    config is sound. An answer that shows something wrong (a resource missing, access denied, credentials expired,
+    a stock node image without the amazon-efs-utils package in the bucket) is printed where it belongs, and the
+    command then fails with one line naming the first such problem.
     """
     config, aws, fleet = env.config, env.config.aws, env.config.fleet
     problems: list[str] = []
@@ -259,7 +282,7 @@ def _print_user_data(env: aws_env.AwsEnv, run_id: str, console: Console, problem
 
 
 def _print_answers(env: aws_env.AwsEnv, run_id: str, console: Console, asked: _Questions, problems: list[str]) -> None:
-    """What only AWS knows: the AMI, the instance profile, the table, queue and bucket, the run."""
+    """What only AWS knows: the AMI, the instance profile, the table, queue and bucket, amazon-efs-utils, the run."""
     aws = env.config.aws
     node_ami = aws.node_ami or aws.ami
     if aws.node_launch_template:
@@ -281,6 +304,11 @@ def _print_answers(env: aws_env.AwsEnv, run_id: str, console: Console, asked: _Q
     console.print(f"  queue:      SQS {aws.queue_name} (DLQ {aws.dlq_name}): {queue}")
     bucket = asked.ask("the bucket", _answer(lambda: env.results.check_exists(), "present"), resource=True)
     console.print(f"  bucket:     S3 {aws.bucket}: {bucket}")
+    if bucket == "present" or asked.why_not is not None:  # a stock boot installs amazon-efs-utils from the bucket
+        efs_utils = asked.ask(
+            "whether the nodes have amazon-efs-utils", lambda: efs_utils_ready(env.config, env.clients)
+        )
+        console.print(f"  efs-utils:  {efs_utils}")
     if table == "present" or asked.why_not is not None:
         console.print(f"  run:        {asked.ask(f'whether run {run_id} exists', lambda: _run_state(env, run_id))}")
     if asked.missing:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
+from botocore import UNSIGNED
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
 
@@ -105,20 +106,28 @@ class AwsClients:
         )
 
     def client(self, service: str) -> Any:
+        return self._client(service, self._config)
+
+    def anonymous(self, service: str) -> Any:
+        """A client that signs nothing, for what AWS publishes to everyone (the region's SSM agent package, which
+        a stock boot reads with `--no-sign-request`): the same endpoint, retries and naming of calls."""
+        return self._client(service, self._config.merge(BotoConfig(signature_version=UNSIGNED)), "anonymous ")
+
+    def _client(self, service: str, config: BotoConfig, kind: str = "") -> Any:
         with self._lock:
-            if service not in self._clients:
+            if kind + service not in self._clients:
                 try:
                     if not self.aws.region:  # botocore would build an endpoint with an empty region in it
                         raise NoRegionError()
-                    c = self._session.client(service, endpoint_url=self.aws.endpoint_url, config=self._config)
+                    c = self._session.client(service, endpoint_url=self.aws.endpoint_url, config=config)
                 except BotoCoreError as e:
                     stamp(e, AwsCall(service_label(service)))
                     raise
                 name_calls(service, c)
                 for hook in (*self._on_client, *CLIENT_HOOKS):
                     hook(service, c)
-                self._clients[service] = c
-            return self._clients[service]
+                self._clients[kind + service] = c
+            return self._clients[kind + service]
 
     def has_credentials(self) -> bool:
         """Whether botocore finds any credentials (it looks without calling AWS; an IMDS lookup at most)."""

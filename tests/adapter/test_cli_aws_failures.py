@@ -188,6 +188,8 @@ def names(moto_endpoint) -> dict[str, str]:
     clients = AwsClients(aws, credentials=LOCAL_CREDENTIALS)
     ensure_resources(clients, visibility_timeout_s=30)
     clients.client("iam").create_instance_profile(InstanceProfileName=f"node-{tag}")
+    # the stock nodes' amazon-efs-utils, as `bundle --upload --efs-utils-deb` puts it beside the bundle
+    clients.client("s3").put_object(Bucket=found["bucket"], Key="bundle/amazon-efs-utils.deb", Body=b"!<arch>\n")
     ami = clients.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     clients.client("ssm").put_parameter(Name=f"/gridfleet/{tag}/ami", Type="String", Value=ami)
     return {**found, "profile": f"node-{tag}", "ami_parameter": f"/gridfleet/{tag}/ami", "ami": ami}
