@@ -119,16 +119,22 @@ def test_an_instances_own_shutdown_applies_its_shutdown_behaviour_in_moto(ec2, b
         twin.stop_all()
 
 
-def test_a_shutdown_in_a_minute_waits_its_minute_on_the_twins_clock(ec2):
-    """`shutdown -h +1` (the hub's self-stop) leaves the instance a minute, as systemd does; the clock is injected."""
+def booted_hub(ec2, now: list[float]) -> tuple[Ec2Twin, str, Recorded]:
+    """A twin on the clock `now[0]` with one hub booted (a recording sandbox)."""
     stack = f"gf{uuid.uuid4().hex[:8]}"
     booted: dict[str, Recorded] = {}
-    now = [1000.0]
     twin = Ec2Twin(ec2, lambda spec: booted.setdefault(spec.instance_id, Recorded(spec)), stack=stack,
                    now=lambda: now[0])  # fmt: skip
     hub = launch(ec2, stack, ROLE_HUB, behavior="terminate")
     twin.sync()
-    booted[hub].shutdown, booted[hub].delay_s = True, 60.0
+    return twin, hub, booted[hub]
+
+
+def test_a_shutdown_in_a_minute_waits_its_minute_on_the_twins_clock(ec2):
+    """`shutdown -h +1` (the hub's self-stop) leaves the instance a minute, as systemd does; the clock is injected."""
+    now = [1000.0]
+    twin, hub, box = booted_hub(ec2, now)
+    box.shutdown, box.delay_s = True, 60.0
     assert twin.sync() == [] and twin.shutdowns == {hub: 1060.0} and state(ec2, hub) == "running"
     now[0] = 1059.0
     assert twin.sync() == []
@@ -139,14 +145,8 @@ def test_a_shutdown_in_a_minute_waits_its_minute_on_the_twins_clock(ec2):
 
 def test_a_shutdown_now_after_one_in_a_minute_is_now(ec2):
     """The hub's run asks `shutdown -h +1`, its boot script then ends with `shutdown -h now`: down at once."""
-    stack = f"gf{uuid.uuid4().hex[:8]}"
-    booted: dict[str, Recorded] = {}
     now = [1000.0]
-    twin = Ec2Twin(ec2, lambda spec: booted.setdefault(spec.instance_id, Recorded(spec)), stack=stack,
-                   now=lambda: now[0])  # fmt: skip
-    hub = launch(ec2, stack, ROLE_HUB, behavior="terminate")
-    twin.sync()
-    box = booted[hub]
+    twin, hub, box = booted_hub(ec2, now)
     box.shutdown, box.delay_s, box.requests = True, 60.0, "t shutdown -h +1\n"
     assert twin.sync() == [] and twin.shutdowns == {hub: 1060.0}
     now[0] = 1010.0

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import iam_scenarios
+from tests.infra.test_terraform import SSM_AGENT_ACTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 TF = ROOT / "infra" / "terraform"
@@ -45,19 +46,7 @@ OPERATION_ACTIONS = {
     "ec2.RunInstances": {"ec2:RunInstances", "ec2:CreateTags", "iam:PassRole"},
 }
 
-_SSM_AGENT = {
-    "ssm:UpdateInstanceInformation",
-    "ssmmessages:CreateControlChannel",
-    "ssmmessages:CreateDataChannel",
-    "ssmmessages:OpenControlChannel",
-    "ssmmessages:OpenDataChannel",
-    "ec2messages:AcknowledgeMessage",
-    "ec2messages:DeleteMessage",
-    "ec2messages:FailMessage",
-    "ec2messages:GetEndpoint",
-    "ec2messages:GetMessages",
-    "ec2messages:SendReply",
-}
+_SSM_AGENT = SSM_AGENT_ACTIONS
 _LAMBDA_RUNTIME = {
     "logs:CreateLogStream",
     "logs:PutLogEvents",

@@ -57,25 +57,6 @@ GRIDFLEET_AWS_KEYS = {
     "hub_launch_template",
 }
 
-# Actions that have no resource-level permissions: the only ones granted on "*".
-STAR_RESOURCE_ACTIONS = {
-    "ec2:DescribeInstances",
-    "ssm:GetCommandInvocation",
-    "ssm:CancelCommand",
-    "xray:PutTraceSegments",
-    "xray:PutTelemetryRecords",
-    "ssmmessages:CreateControlChannel",
-    "ssmmessages:CreateDataChannel",
-    "ssmmessages:OpenControlChannel",
-    "ssmmessages:OpenDataChannel",
-    "ec2messages:AcknowledgeMessage",
-    "ec2messages:DeleteMessage",
-    "ec2messages:FailMessage",
-    "ec2messages:GetEndpoint",
-    "ec2messages:GetMessages",
-    "ec2messages:SendReply",
-    "cloudwatch:PutMetricData",
-}
 
 # Of those, the ones granted on "*" only under a condition: action -> (test, variable, values).
 STAR_RESOURCE_CONDITIONS = {
@@ -97,6 +78,16 @@ SSM_AGENT_ACTIONS = {
     "ec2messages:GetMessages",
     "ec2messages:SendReply",
 }
+
+# Actions that have no resource-level permissions: the only ones granted on "*" (the agent's channels among them).
+STAR_RESOURCE_ACTIONS = {
+    "ec2:DescribeInstances",
+    "ssm:GetCommandInvocation",
+    "ssm:CancelCommand",
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
+    "cloudwatch:PutMetricData",
+} | (SSM_AGENT_ACTIONS - {"ssm:UpdateInstanceInformation"})
 
 STARTER_ACTIONS = {
     "dynamodb:GetItem",
