@@ -99,6 +99,11 @@ def status_data(env: Environment | None, run_id: str | None, args: argparse.Name
                 "counts": summary.get("counts") or {},
                 "finished": True,
             }
+    if env is not None and env.reads_archive and not run_id:  # on AWS, before the first run (or its hub) began
+        raise MissingResource(
+            f"no run to show: the table {env.config.aws.table} and s3://{env.config.aws.bucket}/runs/ have none yet "
+            "(a run appears once its hub has started it; use --run-id for one of your own)"
+        )
     return {**status_from_summary(args.out, run_id), "finished": True}
 
 

@@ -381,3 +381,14 @@ def test_the_dry_run_of_a_missing_account_only_reads_and_names_what_is_missing(c
     for name in (aws["table"], aws["queue"], aws["bucket"]):
         assert f"'{name}' does not exist" in err
     assert calls.started and all(c.split()[1].startswith(READ_ONLY) for c in calls.started), calls.started
+
+
+@pytest.mark.parametrize("command", ["status", "watch"])
+def test_a_stack_with_no_run_yet_says_so_in_aws_words(cli, tmp_path, moto_endpoint, names, command):
+    """Before the day's first hub has started its run there is nothing to show: said of the table and the bucket,
+    not of a local stack that nobody asked for."""
+    config = write_config(tmp_path / "fleet.yaml", moto_endpoint, names)
+    code, out, err, _ = cli([command, "--config", str(config)])
+    assert code == 1 and "Traceback" not in err
+    assert f"no run to show: the table {names['table']} and s3://{names['bucket']}/runs/ have none yet" in err
+    assert "local stack" not in err
