@@ -13,7 +13,6 @@ import base64
 import datetime as dt
 import json
 import shutil
-import uuid
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from fleet.clock import FakeClock
 from fleet.config import AwsConfig
+from tests.helpers.stacks import stack_names
 from tests.infra.test_terraform import SSM_AGENT_ACTIONS, TF_DIR, blocks, one, statements_of
 from tests.infra.test_terraform import config as terraform
 
@@ -34,13 +34,7 @@ HUB_INSTANCE = "i-0123456789abcdef0"
 
 
 def names() -> dict[str, str]:
-    hx = uuid.uuid4().hex[:8]
-    return {
-        "name_prefix": f"gft{hx}",
-        "bucket_name": f"gft-{hx}-results",
-        "table_name": f"gft-{hx}-status",
-        "queue_name": f"gft-{hx}-sites",
-    }
+    return stack_names("gft")
 
 
 @pytest.fixture(scope="module")

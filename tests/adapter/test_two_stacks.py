@@ -27,7 +27,8 @@ from hub.providers.ec2 import Ec2Provider
 from hub.teardown import teardown_run
 from lambdas.settings import LambdaSettings
 from lambdas.watchdog import watch
-from tests.infra.conftest import HUB_USER_DATA, REGION, TF_DIR, stack_names
+from tests.helpers.stacks import stack_names
+from tests.infra.conftest import HUB_USER_DATA, REGION, TF_DIR
 
 from .conftest import NamedClients
 
@@ -133,7 +134,9 @@ def test_two_stacks_apply_side_by_side_each_with_its_own_log_groups(clients):
         AwsConfig(endpoint_url=clients.aws.endpoint_url, region=REGION), credentials=LOCAL_CREDENTIALS
     )
     ami = regional.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    applied = [apply_stack(regional, TF_DIR, stack_names(), hub_user_data=HUB_USER_DATA, ami_id=ami) for _ in range(2)]
+    applied = [
+        apply_stack(regional, TF_DIR, stack_names("gfi"), hub_user_data=HUB_USER_DATA, ami_id=ami) for _ in range(2)
+    ]
     logs = regional.client("logs")
     for out in applied:
         aws = AwsConfig(stack=out.name_prefix)

@@ -7,7 +7,6 @@ defaults but for the names two stacks may not share.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from moto.server import ThreadedMotoServer
 from embedded.twin.infra import StackOutputs, apply_stack
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.config import AwsConfig
+from tests.helpers.stacks import stack_names
 
 TF_DIR = Path(__file__).resolve().parents[2] / "infra" / "terraform"
 REGION = "ap-northeast-2"
@@ -32,17 +32,6 @@ class Applied:
     outputs: StackOutputs
 
 
-def stack_names() -> dict[str, str]:
-    """The variables without defaults, and the names two stacks on one server may not share."""
-    hx = uuid.uuid4().hex[:8]
-    return {
-        "name_prefix": f"gfi{hx}",
-        "bucket_name": f"gfi-{hx}-results",
-        "table_name": f"gfi-{hx}-status",
-        "queue_name": f"gfi-{hx}-sites",
-    }
-
-
 @pytest.fixture(scope="session")
 def applied() -> Iterator[Applied]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -51,6 +40,8 @@ def applied() -> Iterator[Applied]:
         endpoint = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
         clients = AwsClients(AwsConfig(endpoint_url=endpoint, region=REGION), credentials=LOCAL_CREDENTIALS)
         ami = clients.client("ec2").describe_images()["Images"][0]["ImageId"]
-        yield Applied(clients, apply_stack(clients, TF_DIR, stack_names(), hub_user_data=HUB_USER_DATA, ami_id=ami))
+        yield Applied(
+            clients, apply_stack(clients, TF_DIR, stack_names("gfi"), hub_user_data=HUB_USER_DATA, ami_id=ami)
+        )
     finally:
         server.stop()

@@ -16,12 +16,8 @@ import yaml
 import cloud_init
 from cloud_init import HubUserData, NodeUserData, RenderError, render_hub, render_node
 from cloud_init import render as render_mod
+from tests.helpers.boot_sandbox import BASH, EFS_ID  # noqa: E402 - the sandbox's own values
 
-BASH = shutil.which("bash") or "/bin/bash"
-INSTANCE_ID = "i-0123456789abcdef0"
-LOCAL_IP = "10.0.1.23"
-TOKEN = "AQAEAtestTOKEN=="
-EFS_ID = "fs-0123456789abcdef0"
 HOSTILE_KEY = 'bundle/it\'s a "test" $(touch pwned) `touch pwned` ; & | <x> # not: a comment {{ y }} \\ ü 🙂/b.tar.gz'
 HOSTILE_CONFIG_KEY = "runs/2026-11-21/fleet $HOME ${PATH} 'x' \"y\".yaml"
 
