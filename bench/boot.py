@@ -32,7 +32,7 @@ STEP_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) gridfleet: step: (\S+)
 
 
 def phases(log_text: str) -> dict[str, float]:
-    """Seconds per step of a boot log, each step up to the next (the last, run-agent, is left out)."""
+    """Seconds per step of a boot log, each step up to the next (the last, start-agent, is left out)."""
     steps = []
     for line in log_text.splitlines():
         m = STEP_RE.match(line.strip())

@@ -94,7 +94,8 @@ exit 0
     "dpkg-query": '[[ " ${STUB_INSTALLED:-} " == *" ${*: -1} "* ]] && printf "install ok installed" || exit 1\n',
     "dpkg": '[[ $1 == --print-architecture ]] && echo "${STUB_ARCH:-amd64}"\n',
     "dpkg-deb": '[[ $1 == -f ]] && sed -n "s/^$3: //p" "$2"\n',
-    "systemctl": 'exit "${STUB_SYSTEMCTL_RC:-0}"\n',
+    # systemctl: STUB_SYSTEMCTL_FAIL names a unit that fails to start
+    "systemctl": '[[ -n ${STUB_SYSTEMCTL_FAIL:-} && " $* " == *" $STUB_SYSTEMCTL_FAIL "* ]] && exit 1; exit 0\n',
     "mountpoint": "exit 1\n",
     "mount": r"""
 count=$(cat "$SANDBOX/mount.count" 2>/dev/null || echo 0); echo $((count + 1)) >"$SANDBOX/mount.count"

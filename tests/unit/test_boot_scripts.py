@@ -582,3 +582,15 @@ def test_the_efs_utils_key_is_the_one_the_upload_and_the_preflight_use():
         script = boot_script(render_node(node_params(bundle_key=bundle_key)))
         key = AwsConfig(bundle_key=bundle_key).efs_utils_key
         assert f"EFS_UTILS_KEY={key}" in parameter_block(script).replace("'", ""), (bundle_key, key)
+
+
+def test_a_log_shipper_that_cannot_start_leaves_the_boot_log_to_the_aws_cli(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(boot_script(render_node(p)), STUB_SYSTEMCTL_FAIL="gridfleet-logs.service", STUB_VALIDATE_RC="2")
+    assert r.returncode != 0
+    assert "cannot start the log shipper (status 1)" in failed(sandbox, "check-config")
+    assert [c[1:3] for c in sandbox.calls("aws") if c[1] == "logs"] == [
+        ["logs", "create-log-stream"],
+        ["logs", "put-log-events"],
+    ]
