@@ -311,9 +311,14 @@ class TwinStack:
         return ami
 
     def _efs_ids(self) -> tuple[str, ...]:
-        """The file systems of the twin's EFS (what the stand-in mount.efs finds)."""
-        systems = self.client("efs").describe_file_systems().get("FileSystems", [])
-        return tuple(str(f["FileSystemId"]) for f in systems)
+        """The file systems of the twin's EFS and their access points (`fsap-... fs-...`), what the stand-in
+        mount.efs finds."""
+        efs = self.client("efs")
+        systems = [str(f["FileSystemId"]) for f in efs.describe_file_systems().get("FileSystems", [])]
+        points = [
+            f"{a['AccessPointId']} {a['FileSystemId']}" for a in efs.describe_access_points().get("AccessPoints", [])
+        ]
+        return (*systems, *points)
 
     def _env(self) -> dict[str, str]:
         return {"AWS_DEFAULT_REGION": self.region}

@@ -11,7 +11,7 @@ with the same commands; dpkg installs them into the instance's own overlaid /usr
   its pid in the instance and sleeps. The twin's SSM delivers commands only to instances where it runs.
 - `amazon-efs-utils` (amd64): `mount.efs`, which mount(8) calls for `mount -t efs`. It mounts the twin's shared
   EFS directory (bound at `EFS_SHARE` in every instance) over the target, for a file system id the twin's EFS has
-  (`EFS_IDS`, written per instance), and fails as the real helper does otherwise.
+  and an access point of it (`EFS_IDS`, written per instance), and fails as the real helper does otherwise.
 
 Without them an instance has no agent (SendCommand answers InvalidInstanceId, as AWS does) and no mount helper
 (`mount -t efs` fails: unknown filesystem type), which is what the twin must show.
@@ -29,7 +29,8 @@ EFS_UTILS = "amazon-efs-utils"
 AGENT_PID_FILE = "/var/lib/cloud/twin/ssm-agent.pid"
 #: The shared EFS directory inside every instance, which the stand-in mount.efs binds over its target.
 EFS_SHARE = "/var/lib/cloud/twin/efs"
-#: The EFS file system ids the twin's AWS has, one a line, written into each instance at its boot.
+#: The EFS file system ids the twin's AWS has, one a line, and its access points (`fsap-... fs-...`), written into
+#: each instance at its boot.
 EFS_IDS = "/var/lib/cloud/twin/efs-ids"
 VERSION = "0.0.0+twin1"
 
@@ -56,11 +57,16 @@ WantedBy=multi-user.target
 
 _MOUNT_EFS = f"""#!/bin/sh
 # mount.efs of the EC2 twin (amazon-efs-utils stand-in): mount(8) runs it as `mount.efs FS_ID:/ TARGET -o OPTS`.
-# It binds the twin's shared EFS directory over TARGET when the twin's AWS has FS_ID.
+# It binds the twin's shared EFS directory over TARGET when the twin's AWS has FS_ID, and the access point
+# `-o accesspoint=FSAP` names, when one does, is one of FS_ID's.
 spec=$1 target=$2
 fs=${{spec%%:*}}
 case $fs in fs-*) ;; *) echo "mount.efs: $spec is not a file system id" >&2; exit 32 ;; esac
 grep -qx "$fs" {EFS_IDS} 2>/dev/null || {{ echo "mount.efs: Failed to resolve $fs: no such file system" >&2; exit 32; }}
+ap=$(printf '%s' "$*" | sed -n 's/.*accesspoint=\\(fsap-[0-9a-f]*\\).*/\\1/p')
+if [ -n "$ap" ] && ! grep -qx "$ap $fs" {EFS_IDS}; then
+  echo "mount.efs: access point $ap is not one of $fs's" >&2; exit 32
+fi
 [ -d "$target" ] || {{ echo "mount.efs: $target is not a directory" >&2; exit 32; }}
 exec mount --bind {EFS_SHARE} "$target"
 """

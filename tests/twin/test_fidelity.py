@@ -116,6 +116,7 @@ def test_the_agent_for_another_architecture_is_refused_by_dpkg(twin):
 
 def test_mount_t_efs_needs_the_helper_and_a_file_system_the_account_has(twin):
     fs = twin.client("efs").create_file_system(CreationToken="fidelity")["FileSystemId"]
+    point = twin.client("efs").create_access_point(FileSystemId=fs)["AccessPointId"]
     deb = twin.efs_utils_deb
     steps = install_steps(
         "mkdir -p /efs",
@@ -126,6 +127,8 @@ def test_mount_t_efs_needs_the_helper_and_a_file_system_the_account_has(twin):
         f"mount -t efs -o tls,iam {fs}:/ /efs",
         "mountpoint -q /efs && echo shared > /efs/from-instance",
         "mkdir -p /other && ! mount -t efs -o tls,iam fs-0000000000000000f:/ /other && echo unknown-refused",
+        f"! mount -t efs -o tls,iam,accesspoint=fsap-00000000000000000 {fs}:/ /other && echo ap-refused",
+        f"mount -t efs -o tls,iam,accesspoint={point} {fs}:/ /other && echo ap-mounted",
     )
     s3 = twin.client("s3")
     s3.create_bucket(Bucket="efs-debs", CreateBucketConfiguration={"LocationConstraint": REGION})
@@ -134,7 +137,7 @@ def test_mount_t_efs_needs_the_helper_and_a_file_system_the_account_has(twin):
     log = box.boot_log.read_text()
     assert result.exit_code == 0, log[-3000:]
     assert "mounted-without-helper" not in log and "unknown filesystem type 'efs'" in log
-    assert "unknown-refused" in log
+    assert "unknown-refused" in log and "ap-refused" in log and "ap-mounted" in log
     assert (twin.root / "efs" / "from-instance").read_text() == "shared\n"  # the twin's one EFS directory
 
 
