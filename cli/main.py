@@ -356,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gridfleet: interrupted", file=sys.stderr)
         return 130
+    except run_cmd.HubStopped as e:
+        print(f"gridfleet: {e}", file=sys.stderr)
+        return EXIT_ERROR
     except Exception as e:  # the outer edge: an AWS failure is one line; anything else is a bug, with its traceback
         failure = aws_failure(e)
         if failure is None:

@@ -34,7 +34,7 @@ from fleet.clock import Clock, SystemClock
 from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.config_load import load_config
-from fleet.errors import GridfleetError, UsageError
+from fleet.errors import UsageError
 from fleet.ids import default_run_id
 from fleet.logs import event
 from fleet.summary import build_summary, export, site_entry
@@ -84,9 +84,10 @@ def report_finished_export(summary: dict[str, Any], path: Path, run_id: str, res
     return 3 if counts.get("FAILED") else EXIT_OK
 
 
-class HubStopped(GridfleetError):
+class HubStopped(BaseException):
     """SIGTERM on AWS: the hub's instance shuts down (stopped or terminated, by EC2, the watchdog or an operator),
-    and systemd stops the run's service. The nodes go on; a new hub resumes the run (the watchdog starts one)."""
+    and systemd stops the run's service. The nodes go on; a new hub resumes the run (the watchdog starts one).
+    A BaseException, as KeyboardInterrupt is: the hub's loop logs and survives any Exception, never this."""
 
 
 def _on_sigterm(local: bool) -> None:
