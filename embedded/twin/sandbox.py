@@ -362,7 +362,7 @@ class InstanceSandbox:
 
     def stop(self, grace_s: float = 0.0) -> None:
         """Kill every process of the instance (after a SIGTERM and up to `grace_s` for them to end), stop its
-        IMDS, delete its veth and namespace; idempotent."""
+        IMDS, delete its veth and namespace; idempotent. The boot's result, if the guest gave one, stays readable."""
         if grace_s > 0 and self._proc is not None and self._proc.poll() is None:
             self._terminate(grace_s)
         if self._proc is not None:
@@ -371,6 +371,8 @@ class InstanceSandbox:
             except ProcessLookupError:
                 pass
             self._proc.wait(timeout=30)
+        if self._status_fd is not None:
+            self.wait_boot(0)  # what the guest said before it ended (an instance's own shutdown races the reader)
         if self._status_fd is not None:
             os.close(self._status_fd)
             self._status_fd = None
