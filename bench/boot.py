@@ -1,6 +1,6 @@
 """A node's boot on the EC2 twin: RunInstances to its first claim, from a baked node image and from the stock one.
 
-One stack is deployed on the twin (`embedded.twin`, root only) with a node image baked for it (infra/packer's
+One stack is deployed on the twin (`twin`, root only) with a node image baked for it (infra/packer's
 bake script, run once). The starter's schedule starts a run whose nodes boot the baked image; then the node
 launch template's image is switched to the stock one (a new default version, as an operator would) and the
 next day's run, with the same sites, boots stock nodes. For each node: RunInstances to its first claim, and
@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.twin.day import TwinDay, wait_until  # noqa: E402
+from twin.day import TwinDay, wait_until  # noqa: E402
 
 STEP_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) gridfleet: step: (\S+)$")
 

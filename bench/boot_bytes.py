@@ -1,6 +1,6 @@
 """Benchmark: what node and hub boots download from Debian's mirror, and what that costs a fleet through its NAT.
 
-Measured with real apt in this run (`embedded.twin.debian.measure_boots`: `apt-get install --print-uris` of each
+Measured with real apt in this run (`twin.debian.measure_boots`: `apt-get install --print-uris` of each
 template's APT_PACKAGES onto a synthesized stock Debian 12 EC2 image, Debian's own lists of this machine only), so
 it needs a Debian 12 machine with its package lists (`make setup`). Prints packages and MB per stock node boot,
 stock hub boot and baked node boot; then `--nodes` stock and baked node boots at once through one NAT instance of
@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from embedded.twin.debian import BootBytes, Fetch, measure_boots  # noqa: E402
 from fleet import nat  # noqa: E402
+from twin.debian import BootBytes, Fetch, measure_boots  # noqa: E402
 
 COMPARED = ("t3.micro", "t3.small", "t3.medium", "c6gn.medium", "c7gn.medium")
 MB = 1e6

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from embedded.sim.run import POLICIES, SimParams, SimResult, simulate  # noqa: E402
+from sim.run import POLICIES, SimParams, SimResult, simulate  # noqa: E402
 
 SCENARIOS = {"full": [(80, 20), (10_000, 500)], "quick": [(80, 20), (1_000, 50)]}
 KEYS = (

@@ -33,13 +33,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from embedded.fakes import MemoryStateTable  # noqa: E402
-from embedded.sim.cost import Meter, SimResults  # noqa: E402
-from embedded.sim.engine import RESULT_CALLS, TABLE_CALLS, Counted  # noqa: E402
 from fleet import checkpoint as ck  # noqa: E402
 from fleet import ops, units  # noqa: E402
 from fleet.state import SiteRecord, SiteSpec  # noqa: E402
 from node.parts import Parts  # noqa: E402
+from sim.cost import Meter, SimResults  # noqa: E402
+from sim.engine import RESULT_CALLS, TABLE_CALLS, Counted  # noqa: E402
+from sim.memory import MemoryStateTable  # noqa: E402
 
 RUN, RUN_DATE, SITE = "2026-11-21", "20261121", "shop"
 SITES_PER_DAY = 10_000

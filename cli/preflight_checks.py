@@ -32,7 +32,7 @@ AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
 INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
 ARCHES: tuple[Arch, ...] = ("x86_64", "arm64")
-#: What infra/packer tags a baked node image with (embedded.twin.images.IMAGE_TAGS gives the twin's the same).
+#: What infra/packer tags a baked node image with (twin.images.IMAGE_TAGS gives the twin's the same).
 TAG_IMAGE, TAG_BAKED = "gridfleet:image", "gridfleet:baked"
 BAKED_PACKAGES = frozenset({"amazon-efs-utils", "amazon-ssm-agent"})
 _NO_OBJECT = ("404", "NoSuchKey", "NotFound")

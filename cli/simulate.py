@@ -1,4 +1,4 @@
-"""`gridfleet simulate`: the command line of the simulator (see `embedded.sim.run`).
+"""`gridfleet simulate`: the command line of the simulator (see `sim.run`).
 
 The simulator is imported by the command when it runs, not with the parser: `gridfleet --help` and every other
 command stay without it (its policy names are repeated here for `--policy`'s choices, and a test holds them equal).
@@ -19,9 +19,9 @@ from fleet.config_load import load_config
 from hub.history import durations_from_file
 
 if TYPE_CHECKING:
-    from embedded.sim.run import SimParams, SimResult
+    from sim.run import SimParams, SimResult
 
-#: The simulator's policies (embedded.sim.run.POLICIES).
+#: The simulator's policies (sim.run.POLICIES).
 POLICIES = ("gridfleet", "unmetered", "seed")
 
 #: The figures we aim for (reported next to what a run reaches; see docs/ARCHITECTURE.md).
@@ -119,7 +119,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def params_from(args: argparse.Namespace) -> SimParams:
-    from embedded.sim.run import SimParams
+    from sim.run import SimParams
 
     history = durations_from_file(args.history) if args.history else None
     config = load_config(args.config) if args.config else None
@@ -142,7 +142,7 @@ def params_from(args: argparse.Namespace) -> SimParams:
 
 
 def cmd_simulate(args: argparse.Namespace, console: Console) -> int:
-    from embedded.sim.run import simulate
+    from sim.run import simulate
 
     p = params_from(args)
     err = Console(stderr=True)

@@ -1,6 +1,6 @@
 """`gridfleet local up|down|status --twin`: the EC2 twin, started and stopped with one command (root only).
 
-`up` starts the twin as a process of its own (`embedded.twin.serve`) and waits until the stack is deployed on
+`up` starts the twin as a process of its own (`twin.serve`) and waits until the stack is deployed on
 it; the day's run then starts by the starter's schedule, set once the stack is ready to a minute at least 45 s
 later (`up` says when), and every instance boots for real.
 `down` ends every instance and the twin; `status` lists the stack's instances.
@@ -43,7 +43,7 @@ def _alive(pid: object) -> bool:
 
 
 def cmd_twin(args: argparse.Namespace, console: Console) -> int:
-    from embedded.twin.serve import read_state
+    from twin.serve import read_state
 
     home = twin_home()
     state = read_state(home) or {}
@@ -55,7 +55,7 @@ def cmd_twin(args: argparse.Namespace, console: Console) -> int:
 
 
 def _up(home: Path, state: dict[str, object], config: Path, console: Console) -> int:
-    from embedded.twin.serve import read_state
+    from twin.serve import read_state
 
     if os.geteuid() != 0:
         raise UsageError("the EC2 twin needs root (it makes network and mount namespaces)")
@@ -73,7 +73,7 @@ def _up(home: Path, state: dict[str, object], config: Path, console: Console) ->
     (home / "state.json").unlink(missing_ok=True)
     with (home / "twin.log").open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "embedded.twin.serve", "--home", str(home), "--config", str(config)],
+            [sys.executable, "-m", "twin.serve", "--home", str(home), "--config", str(config)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             cwd=Path(__file__).resolve().parents[1],
         )  # fmt: skip

@@ -8,7 +8,7 @@ a fleet's boot outlasts, so the estimate takes the baseline. Its figure applies 
 each, and a NAT forwards every byte once each way, so the bytes go through at that rate. A node booted from the
 baked image (infra/packer, `aws.node_ami`) has the packages already and fetches nothing from Debian.
 
-The byte counts are measured with real apt on a Debian 12 machine (`embedded.twin.debian.measure_boots`), kept
+The byte counts are measured with real apt on a Debian 12 machine (`twin.debian.measure_boots`), kept
 here as constants so that this kernel module stays pure; tests/unit/test_nat.py fails when they drift by more
 than 25 % from a fresh measurement.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Measured: `.venv/bin/python bench/boot_bytes.py` (real apt, `--print-uris`, Debian 12's lists on a synthesized
-# stock EC2 image; see embedded/twin/debian.py). Debian's point releases move them a little.
+# stock EC2 image; see twin/debian.py). Debian's point releases move them a little.
 STOCK_NODE_BOOT_BYTES = 262_427_952  # 170 packages: the node's APT_PACKAGES (cloud_init/templates/_node_install.sh.j2)
 STOCK_HUB_BOOT_BYTES = 65_120_372  # 42 packages: the hub's APT_PACKAGES (cloud_init/templates/hub-boot.sh.j2)
 BAKED_NODE_BOOT_BYTES = 0  # the baked image has every package the node's boot would install

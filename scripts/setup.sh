@@ -13,7 +13,7 @@ JAR_SHA256=c3119218bcd07b221622ffd57874519891718029358c85a2dccf506e17815cd7
 # default; cloud-init, shellcheck and an SSH server for the
 # tests that check rendered user-data and the SSH kill path against the real tools; the AWS CLI, nfs-common and
 # a C compiler for the EC2 twin's instances (what the boot scripts install is already there, as on a baked image;
-# the compiler builds the twin's clock for instances, embedded/twin/native/clockshift.c).
+# the compiler builds the twin's clock for instances, twin/native/clockshift.c).
 DEB_PACKAGES=(chromium chromium-headless-shell chromium-driver default-jre-headless cloud-init shellcheck openssh-server awscli nfs-common gcc libc6-dev)
 PYTHON=${PYTHON:-python3}
 
@@ -34,7 +34,7 @@ missing_debs() {
 }
 
 # --- Debian's package lists ------------------------------------------------
-# The EC2 twin's apt-get and bench/boot_bytes.py answer from Debian 12's own lists (embedded/twin/debian.py);
+# The EC2 twin's apt-get and bench/boot_bytes.py answer from Debian 12's own lists (twin/debian.py);
 # an image fresh from its build has none.
 debian_lists_missing() {
     local suite
@@ -113,7 +113,7 @@ else
 fi
 
 # --- the EC2 twin's instance clock (a preload library of ours) -------------------------
-clock_src=embedded/twin/native/clockshift.c
+clock_src=twin/native/clockshift.c
 clock_lib=.tools/twin/libclockshift.so
 if [ -f "$clock_lib" ] && [ "$clock_lib" -nt "$clock_src" ]; then
     say "twin clock library present"

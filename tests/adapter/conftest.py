@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from boto3.dynamodb.types import TypeDeserializer
 
-from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.queue import SqsSiteQueue
@@ -26,6 +25,7 @@ from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
 from fleet.config import AwsConfig
+from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 
 REGION = "ap-northeast-2"
 BACKENDS = ("moto", "memory")

@@ -1,7 +1,7 @@
 """The contract of the state table, the site queue and the result store.
 
 Every test runs twice: against the AWS adapters on a moto server ("moto") and
-against the in-memory stand-ins of `embedded.fakes` ("memory"). A difference
+against the in-memory stand-ins of `sim.memory` ("memory"). A difference
 between the two is a bug in one of them: the fakes are what the unit tests and
 the simulator trust.
 """

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import boto3
 import pytest
 
-from embedded.ec2twin import Ec2Twin, InstanceSpec
 from fleet.aws.tags import ROLE_HUB, ROLE_NODE, instance_tags
+from twin.ec2twin import Ec2Twin, InstanceSpec
 
 REGION = "ap-northeast-2"
 

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from cli.tf_config import aws_section
-from embedded.fakes import MemoryQueue
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.queue import DEDUP_WINDOW_S, QueueDepth, SiteMessage, SqsSiteQueue, dedup_id, group_id
 from fleet.clock import FakeClock
 from fleet.config import AwsConfig
+from sim.memory import MemoryQueue
 
 from .conftest import NamedClients, moto_clients
 
@@ -297,10 +297,10 @@ def test_terraform_output_carries_queue_fifo():
 def test_an_attempt_given_back_is_asked_for_again_under_a_new_id():
     """A spot interruption gives its attempt back: the next message has the same (run, site, attempt) as the
     deleted one, and must not be dropped as a duplicate; a repeated send of that request still is."""
-    from embedded.fakes import MemoryStateTable
     from fleet import ops
     from fleet.clock import FakeClock
     from fleet.state import Reason, SiteSpec
+    from sim.memory import MemoryStateTable
 
     clock = FakeClock()
     table, q = MemoryStateTable(), MemoryQueue(clock=clock, fifo=True)

@@ -37,11 +37,11 @@ import yaml
 from botocore.awsrequest import AWSResponse
 
 from cli.main import main
-from embedded.twin.images import IMAGE_TAGS
 from fleet.aws import clients as fleet_aws
 from fleet.aws.bootstrap import ensure_resources
 from fleet.config import AwsConfig
 from tests.adapter.conftest import REGION, NamedClients, fresh_names
+from twin.images import IMAGE_TAGS
 
 READ_ONLY = ("Describe", "Get", "List", "Head")
 AGENT_BUCKET, AGENT_KEY = f"amazon-ssm-{REGION}", "latest/debian_amd64/amazon-ssm-agent.deb"

@@ -1,6 +1,6 @@
 """EventBridge schedules stored in moto fire the Lambda handlers they target, on a clock the test drives.
 
-moto stores rules, targets and functions and fires nothing: `embedded.schedules` reads them back and calls each
+moto stores rules, targets and functions and fires nothing: `twin.schedules` reads them back and calls each
 target's handler in this process. The schedules are the stack's own (infra/terraform's defaults); the handlers
 are recorders here (what a handler does is the Lambdas' tests' business), and the mapping of the Terraform
 handler names to the real Lambdas is checked apart.
@@ -17,9 +17,9 @@ import zipfile
 import boto3
 import pytest
 
-from embedded.schedules import Cron, Rate, ScheduleError, Schedules, parse, stack_handlers
 from fleet.clock import FakeClock
 from tests.infra.test_terraform import config as terraform
+from twin.schedules import Cron, Rate, ScheduleError, Schedules, parse, stack_handlers
 
 REGION = "ap-northeast-2"
 

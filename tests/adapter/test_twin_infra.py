@@ -1,4 +1,4 @@
-"""infra/terraform applied to a moto server by `embedded.twin.infra`, read back through the AWS APIs.
+"""infra/terraform applied to a moto server by `twin.infra`, read back through the AWS APIs.
 
 The server is this module's own (ThreadedMotoServer on 127.0.0.1, any free port). The expectations come from
 the .tf files as tests/infra reads them (python-hcl2, literals unquoted), from the variables the test passes,
@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 from moto.server import ThreadedMotoServer
 
-from embedded.schedules import Schedules, stack_handlers
-from embedded.twin.infra import SKIPPED, StackOutputs, TfError, apply_stack
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from fleet.clock import FakeClock
@@ -27,6 +25,8 @@ from fleet.config import AwsConfig
 from tests.helpers.stacks import stack_names
 from tests.infra.test_terraform import SSM_AGENT_ACTIONS, TF_DIR, blocks, one, statements_of
 from tests.infra.test_terraform import config as terraform
+from twin.infra import SKIPPED, StackOutputs, TfError, apply_stack
+from twin.schedules import Schedules, stack_handlers
 
 REGION = "ap-northeast-2"
 HUB_USER_DATA = "#cloud-config\nruncmd:\n  - [echo, hub]\n"
@@ -447,7 +447,7 @@ locals {
 
 @pytest.fixture
 def evaluate(tmp_path):
-    from embedded.twin.hcl_eval import Evaluator, TfModule, Where
+    from twin.hcl_eval import Evaluator, TfModule, Where
 
     (tmp_path / "main.tf").write_text(EXPRESSIONS)
     module = TfModule(tmp_path)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from embedded.twin.infra import apply_stack
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.table import DynamoStateTable
@@ -29,6 +28,7 @@ from lambdas.settings import LambdaSettings
 from lambdas.watchdog import watch
 from tests.helpers.stacks import stack_names
 from tests.infra.conftest import HUB_USER_DATA, REGION, TF_DIR
+from twin.infra import apply_stack
 
 from .conftest import NamedClients
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from fleet import ops
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
@@ -19,6 +18,7 @@ from fleet.state import SiteSpec
 from node.agent import Agent, AgentSettings
 from node.runner import Exited
 from profiles import ProfileStore
+from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 
 RUN = "2026-11-21"
 

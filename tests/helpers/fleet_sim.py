@@ -1,7 +1,7 @@
 """A whole fleet in virtual time, for fault tests: the real Hub and real node Agents on in-memory AWS.
 
 Fakes stand in only where nothing real can run in one test process in virtual
-time: AWS is embedded.fakes (whose contract the adapter suite checks against moto),
+time: AWS is sim.memory (whose contract the adapter suite checks against moto),
 instances are Agent actors, and a crawl is a scripted event stream (the real
 crawler process and Chromium are covered by the adapter and e2e tiers). Hub,
 plan, executor, agent, ops and records are the real code.
@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from cli.check import CheckReport, check_run
-from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
-from embedded.vclock import Actor, Crashed, VirtualClock
 from fleet.config import Config
 from hub.control.base import KillResult
 from hub.loop import Hub, RunOutcome
@@ -24,7 +22,9 @@ from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
 from node.agent import Agent, AgentSettings
 from profiles import ProfileStore
+from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 from tests.helpers.fake_node import HANG, ScriptedCrawl, pages_script, status
+from tests.helpers.vclock import Actor, Crashed, VirtualClock
 
 RUN = "2026-11-21"
 

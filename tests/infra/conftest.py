@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from moto.server import ThreadedMotoServer
 
-from embedded.twin.infra import StackOutputs, apply_stack
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.config import AwsConfig
 from tests.helpers.stacks import stack_names
+from twin.infra import StackOutputs, apply_stack
 
 TF_DIR = Path(__file__).resolve().parents[2] / "infra" / "terraform"
 REGION = "ap-northeast-2"

@@ -30,7 +30,7 @@ def twin_ok():
     why = _why_not()
     if why:
         pytest.skip(why)
-    from embedded.twin import cleanup_leftovers
+    from twin import cleanup_leftovers
 
     cleanup_leftovers()  # a crashed earlier run's namespaces, veths and bridge
     yield
@@ -48,7 +48,7 @@ def twin_root(twin_ok):
 @pytest.fixture
 def sandboxes(twin_root):
     """Make sandboxes with `make(instance_id, user_data, **kw)`; each is stopped at the end of the test."""
-    from embedded.twin import InstanceSandbox
+    from twin import InstanceSandbox
 
     made = []
 
@@ -80,7 +80,7 @@ def twin_stack(twin_ok, tmp_path_factory):
     """A stack deployed on the twin (stack `gftwin`, the day's sites), its schedules firing, the watchdog's
     `hub_stale_s` 30 s; every instance runs sshd for the key `ssh_private_key`. Its nodes boot a node image baked
     for it (infra/packer's bake script), its hubs the stock image, so both boot paths run every day."""
-    from tests.twin.day import TwinDay
+    from twin.day import TwinDay
 
     root = tmp_path_factory.mktemp("twin-stack")
     # the twin's thread logs as long as the tests run, also after the capture of the test that made a log handler closed

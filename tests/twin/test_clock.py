@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from embedded.twin.sandbox import CLOCK_LIB
-from embedded.twin.stack import FAKE_CLOCK_FROM_S, TwinClock
+from twin.sandbox import CLOCK_LIB
+from twin.stack import FAKE_CLOCK_FROM_S, TwinClock
 
 DAY = 86400.0
 

@@ -10,8 +10,8 @@ import pytest
 
 from cloud_init import HubUserData, NodeUserData, render_hub, render_node
 from cloud_init.render import HUB_BOOT_SCRIPT, NODE_BOOT_SCRIPT, NODE_ENV_FILE
-from embedded.twin.cloud_config import TwinError, plan_user_data
-from embedded.twin.shims import shutdown_delay
+from twin.cloud_config import TwinError, plan_user_data
+from twin.shims import shutdown_delay
 
 
 def node_user_data() -> str:

@@ -14,16 +14,16 @@ import pytest
 from botocore.exceptions import ClientError
 
 from cloud_init import render as render_mod
-from embedded.twin.standins import AGENT_PID_FILE
 from hub.control.ssh import HOST_KEYS_BEGIN, HOST_KEYS_END, console_text
 from tests.helpers.wait import wait_for
+from twin.standins import AGENT_PID_FILE
 
 REGION = "ap-northeast-2"
 
 
 @pytest.fixture(scope="module")
 def twin(twin_ok):
-    from embedded.twin.stack import TwinStack
+    from twin.stack import TwinStack
 
     root = Path(tempfile.mkdtemp(prefix="gridfleet-twin-fidelity-"))
     stack = TwinStack(root, region=REGION, tick_s=0.2)

@@ -14,8 +14,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from embedded.twin import network
-from embedded.twin.sshd import (
+from hub.control.ssh import SshControl, host_key_policy, host_keys_from_console
+from tests.twin.node_kill import install_gridfleet, running, start_crawl
+from twin import network
+from twin.sshd import (
     CONFIG,
     HOST_KEYS_BEGIN,
     HOST_KEYS_END,
@@ -25,8 +27,6 @@ from embedded.twin.sshd import (
     publish_instance_console,
     start_sshd,
 )
-from hub.control.ssh import SshControl, host_key_policy, host_keys_from_console
-from tests.twin.node_kill import install_gridfleet, running, start_crawl
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 STAY_UP = '#cloud-config\nruncmd:\n  - "true"\n'
@@ -45,7 +45,7 @@ def twin(twin_ok):
     from moto.ec2.models import ec2_backends
     from moto.server import ThreadedMotoServer
 
-    from embedded.twin import InstanceSandbox
+    from twin import InstanceSandbox
 
     network.ensure_bridge()
     server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=0, verbose=False)

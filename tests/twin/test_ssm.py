@@ -12,12 +12,12 @@ from pathlib import Path
 import boto3
 import pytest
 
-from embedded.twin import network
-from embedded.twin.ssm import MAX_STDERR_CHARS, MAX_STDOUT_CHARS, TwinSsmAgent
 from fleet.clock import SystemClock
 from hub.control.ssm import SsmControl
 from tests.helpers.wait import wait_for
 from tests.twin.node_kill import install_gridfleet, running, start_crawl
+from twin import network
+from twin.ssm import MAX_STDERR_CHARS, MAX_STDOUT_CHARS, TwinSsmAgent
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 STAY_UP = '#cloud-config\nruncmd:\n  - "true"\n'
@@ -29,7 +29,7 @@ def twin(twin_ok):
     """A moto server on the bridge, an instance moto launched booted in the twin, and the agent polling."""
     from moto.server import ThreadedMotoServer
 
-    from embedded.twin import InstanceSandbox
+    from twin import InstanceSandbox
 
     network.ensure_bridge()
     server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=0, verbose=False)

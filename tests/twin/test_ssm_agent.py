@@ -9,7 +9,7 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from embedded.twin.ssm import TwinSsmAgent, outcome, shell_argv
+from twin.ssm import TwinSsmAgent, outcome, shell_argv
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 IID = "i-0123456789abcdef0"

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from tests.twin.day import TwinDay, wait_until
+from twin.day import TwinDay, wait_until
 
 SITES = {"news": "/api/news?pages=2", "shop": "/api/shop?pages=3"}
 FLAKY_DOWN = "/api/flaky?pages=1&fail_attempts=99"

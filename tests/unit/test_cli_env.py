@@ -25,11 +25,11 @@ from cli import run as run_flow
 from cli.aws_env import AwsEnv
 from cli.env import Environment, RunHold, on_aws
 from cli.local_env import LocalEnv, stack_stops
-from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.errors import UsageError
 from fleet.state import RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 
 RUN = "r1"
 T0 = 1_763_700_000.0
@@ -113,7 +113,7 @@ def test_each_environment_has_every_member_of_the_interface_with_the_same_signat
 
 def test_the_simulators_policies_are_the_ones_simulate_offers():
     from cli.simulate import POLICIES as OFFERED
-    from embedded.sim.run import POLICIES
+    from sim.run import POLICIES
 
     assert OFFERED == POLICIES
 

@@ -13,12 +13,12 @@ import pytest
 
 from cli.report import render_report, write_report
 from cli.report_data import evidence_links
-from embedded.fakes import MemoryResults
 from fleet.aws.results import EVIDENCE_FILES, evidence_key, evidence_prefix, parse_evidence_key, result_key
 from fleet.state import Reason
 from fleet.summary import export
 from node import evidence
 from node.evidence import Evidence, cap_console, cap_html, capture, png_of
+from sim.memory import MemoryResults
 from tests.helpers.fake_node import HANG, RUN, Rig, pages_script, status
 from tests.unit.test_agent import hub_marks_before_each_beat
 

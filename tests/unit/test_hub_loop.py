@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from fleet import ops
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
@@ -19,6 +18,7 @@ from hub.plan import END_WAIT_S
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
 from hub.teardown import teardown_run
+from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 
 RUN = "2026-11-21"
 

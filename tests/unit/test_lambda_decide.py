@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from embedded.fakes import MemoryStateTable
 from fleet import ops
 from fleet.aws.run_item import RunWatch
 from fleet.aws.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
@@ -37,6 +36,7 @@ from lambdas.watchdog import (
     heartbeat_token,
     release_restart,
 )
+from sim.memory import MemoryStateTable
 
 T0 = 1_800_000_000.0
 STACK = "prod"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from embedded.twin.debian import BootBytes, measure_boots, template_packages
 from fleet import nat
 from fleet.nat import BASELINE_GBPS, estimate
+from twin.debian import BootBytes, measure_boots, template_packages
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,10 @@
 
 import pytest
 
-from embedded.fakes import MemoryQueue, MemoryStateTable
 from fleet import ops
 from fleet.errors import StaleWrite
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
+from sim.memory import MemoryQueue, MemoryStateTable
 
 NOW = 1_800_000_000.0
 

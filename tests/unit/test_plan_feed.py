@@ -4,7 +4,6 @@ import dataclasses
 
 import pytest
 
-from embedded.fakes import MemoryStateTable
 from fleet import ops
 from fleet.codec import RunInfo
 from fleet.config import Config
@@ -12,6 +11,7 @@ from fleet.state import Attempt, SiteSpec
 from hub.actions import Enqueue, Feed, SeedSites
 from hub.plan import feed_order, metering, wanted_depth
 from hub.snapshot import SiteCache, held, watched
+from sim.memory import MemoryStateTable
 from tests.unit.test_hub_loop import RUN, Rig
 from tests.unit.test_hub_loop import config as loop_config
 from tests.unit.test_plan import T0, World, config, running, site

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from embedded.fakes import MemoryStateTable
 from fleet import crawl_end, ops, protocol
 from fleet.aws.messages import BadMessage, SiteMessage
 from fleet.codec import RunInfo
@@ -14,6 +13,7 @@ from fleet.config import Config
 from fleet.crawl_end import BUSY_RETRY_S, CrawlEnd, CrawlEndKind, FollowUp
 from fleet.protocol import CLAIMED_VISIBILITY_S, MAX_AWS_FAILURES, MessageAction, NodeCard, NodeRules, StopWhy, Watch
 from fleet.state import NodeState, Reason, RunStatus, SiteSpec, SiteStatus
+from sim.memory import MemoryStateTable
 
 RUN = "2026-11-21"
 RULES = NodeRules(

@@ -9,13 +9,13 @@ from collections import Counter
 import pytest
 
 from cli.main import main
-from embedded.fakes import MemoryStateTable
-from embedded.sim.cost import Meter, SimResults
-from embedded.sim.engine import RESULT_CALLS, TABLE_CALLS, Counted
-from embedded.sim.run import SimParams, simulate
 from fleet import ops, units
 from fleet.codec import site_to_item
 from fleet.state import SiteSpec
+from sim.cost import Meter, SimResults
+from sim.engine import RESULT_CALLS, TABLE_CALLS, Counted
+from sim.memory import MemoryStateTable
+from sim.run import SimParams, simulate
 
 CALM = SimParams(sites=30, nodes=6, seed=3, sigma=0, drift=0, hang_rate=0.0, spot_per_hour=0.0, capacity_error_rate=0)
 COST_KEYS = (

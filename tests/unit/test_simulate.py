@@ -7,14 +7,14 @@ import pytest
 
 import hub.loop
 from cli.main import main
-from embedded.fakes import MemoryStateTable
-from embedded.sim.run import Sim, SimParams, simulate
 from fleet import ops
 from fleet.codec import RunInfo
 from fleet.errors import UsageError
 from fleet.protocol import StopWhy
 from fleet.state import NodeState, Reason, RunStatus, SiteSpec
 from hub.history import durations_from_file, previous_durations
+from sim.memory import MemoryStateTable
+from sim.run import Sim, SimParams, simulate
 
 CALM = SimParams(sites=40, nodes=8, seed=3, hang_rate=0.0, spot_per_hour=0.0, capacity_error_rate=0.0)
 FIGURES = (
@@ -172,7 +172,7 @@ class _returns:
 def test_a_simulated_retry_resumes_after_its_last_checkpointed_page():
     import random
 
-    from embedded.sim.workload import Workload
+    from sim.workload import Workload
 
     w = Workload(SimParams(sites=1, nodes=1, seed=3, sigma=0, site_s=300, page_s=30, hang_rate=0), random.Random(3))
     (site,) = w.site_ids

@@ -3,10 +3,10 @@ agrees with a full read of the table."""
 
 import random
 
-from embedded.fakes import MemoryStateTable
 from fleet import ops
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from hub.snapshot import SiteCache, watched
+from sim.memory import MemoryStateTable
 
 RUN = "2027-01-15"
 T = 1_800_000_000.0

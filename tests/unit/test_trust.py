@@ -15,12 +15,12 @@ import pytest
 from rich.console import Console
 
 from cli.views import print_sites
-from embedded.fakes import MemoryResults, MemoryStateTable
 from fleet import ops
 from fleet.clock import FakeClock
 from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, RunInfo
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from fleet.summary import build_summary, export
+from sim.memory import MemoryResults, MemoryStateTable
 
 RUN = "2026-11-21"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

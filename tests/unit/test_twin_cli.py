@@ -8,7 +8,7 @@ import types
 import pytest
 
 from cli.main import main
-from embedded.twin.serve import START_AFTER_S, fleet_of, schedule_start
+from twin.serve import START_AFTER_S, fleet_of, schedule_start
 
 
 def run(capsys, *argv: str) -> tuple[int, str]:
@@ -72,7 +72,7 @@ class _Rules:
     lambda_clients = clock = None
 
     def load_schedules(self, handlers, prefix: str):
-        from embedded.schedules import parse
+        from twin.schedules import parse
 
         return [types.SimpleNamespace(rule=r, next_at=parse(e, self.now).next_after(self.now)) for r, e in
                 self.rules.items()]  # fmt: skip
@@ -80,7 +80,7 @@ class _Rules:
 
 def test_the_days_start_is_set_from_the_moment_the_stack_is_ready(monkeypatch):
     """Whatever the second the deployment ends at, the start fires 45 to 105 s later, and `up` is told when."""
-    monkeypatch.setattr("embedded.schedules.stack_handlers", lambda *a: {})
+    monkeypatch.setattr("twin.schedules.stack_handlers", lambda *a: {})
     base = 1_795_000_000.0  # a whole minute
     for now in (base + s for s in (0.0, 1.0, 14.5, 15.0, 16.0, 44.9, 59.9)):
         twin = _Rules()

@@ -1,6 +1,6 @@
 """The virtual-time scheduler: actors interleave by wake time, deterministically, and can be crashed."""
 
-from embedded.vclock import Crashed, VirtualClock
+from tests.helpers.vclock import Crashed, VirtualClock
 
 
 def test_actors_interleave_by_wake_time_and_time_jumps():

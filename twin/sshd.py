@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from embedded.twin.cloud_config import TwinError
+from twin.cloud_config import TwinError
 
 HOST_KEYS_BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"
 HOST_KEYS_END = "-----END SSH HOST KEY KEYS-----"

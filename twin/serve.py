@@ -1,6 +1,6 @@
 """The EC2 twin as a service of its own: `gridfleet local up --twin` starts it, `down --twin` ends it.
 
-``python -m embedded.twin.serve --home DIR --config FILE`` starts the twin (`TwinStack`), serves the demo sites
+``python -m twin.serve --home DIR --config FILE`` starts the twin (`TwinStack`), serves the demo sites
 on its bridge, deploys a stack on it as an operator would (`deploy`: the sites of FILE, `{demo}` standing for
 the demo server), then sets the day's start (the starter's schedule) to a minute that comes at least
 `START_AFTER_S` after the stack is ready, as an operator would change the rule's schedule, loads the stack's
@@ -63,7 +63,7 @@ def fleet_of(config: Path, demo_url: str) -> dict[str, Any]:
 def schedule_start(twin: Any, stack: str, now: float) -> tuple[str, float]:
     """Set the starter's rule to the first whole minute at least `START_AFTER_S` after `now`, daily, and load the
     stack's schedules; the cron expression and when it fires next (epoch seconds)."""
-    from embedded.schedules import cron_at, stack_handlers
+    from twin.schedules import cron_at, stack_handlers
 
     start = cron_at(
         now + START_AFTER_S + 59
@@ -76,9 +76,9 @@ def schedule_start(twin: Any, stack: str, now: float) -> tuple[str, float]:
 
 def serve(home: Path, config: Path, stack: str, stop: threading.Event) -> None:
     from embedded.demo_server import DemoServer
-    from embedded.twin import network
-    from embedded.twin.deploy import deploy
-    from embedded.twin.stack import TwinStack
+    from twin import network
+    from twin.deploy import deploy
+    from twin.stack import TwinStack
 
     twin = TwinStack(home / "root", stack=stack)
     demo = DemoServer(host=network.HOST_ADDRESS)
@@ -99,7 +99,7 @@ def serve(home: Path, config: Path, stack: str, stop: threading.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m embedded.twin.serve", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m twin.serve", description=__doc__)
     p.add_argument("--home", required=True, help="the twin's directory (state, log, instances)")
     p.add_argument("--config", required=True, help="fleet.yaml whose sites the stack runs")
     p.add_argument("--stack", default="gftwin", help="the stack's name (Terraform's name_prefix)")

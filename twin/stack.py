@@ -9,13 +9,13 @@ instances reach it and the twin can read and change moto's state. A loop thread 
   for its instance profile's role; moto is told the instance's address on the bridge and its launch time on
   the twin's clock, so what the code reads back from EC2 is where and when the instance really is; an
   instance of a baked node image (`bake_node_image`: infra/packer's bake script run once, an AMI id in moto)
-  starts with what the bake left (`embedded.twin.images`);
-- runs the SSM commands sent to instances whose SSM agent runs inside them (`embedded.twin.ssm`; the agent is
-  the twin's stand-in package, which the twin's S3 serves where AWS serves the real one: `embedded.twin.standins`);
-  with `ssh_key`, every instance also runs a real sshd that admits that key (`embedded.twin.sshd`); each
+  starts with what the bake left (`twin.images`);
+- runs the SSM commands sent to instances whose SSM agent runs inside them (`twin.ssm`; the agent is
+  the twin's stand-in package, which the twin's S3 serves where AWS serves the real one: `twin.standins`);
+  with `ssh_key`, every instance also runs a real sshd that admits that key (`twin.sshd`); each
   instance's console, where cloud-init prints its host keys when its final stage gets there, is what
   GetConsoleOutput answers;
-- fires the stack's EventBridge schedules on the twin's clock (`embedded.schedules`), the Lambda handlers
+- fires the stack's EventBridge schedules on the twin's clock (`twin.schedules`), the Lambda handlers
   called in this process; a schedule's times that a jump of the clock passed over fire once.
 
 The twin's clock is this machine's, moved ahead by `TwinClock.jump`: a week of daily runs takes minutes. After
@@ -40,14 +40,14 @@ from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
-from embedded.ec2twin import Ec2Twin, InstanceSpec
-from embedded.twin import network
-from embedded.twin.account import AccountLimits, publish_debian_images
-from embedded.twin.account import install as install_limits
-from embedded.twin.sandbox import InstanceSandbox
-from embedded.twin.sshd import publish_instance_console, start_sshd
-from embedded.twin.ssm import TwinSsmAgent
-from embedded.twin.standins import efs_utils_deb, publish_ssm_agent
+from twin import network
+from twin.account import AccountLimits, publish_debian_images
+from twin.account import install as install_limits
+from twin.ec2twin import Ec2Twin, InstanceSpec
+from twin.sandbox import InstanceSandbox
+from twin.sshd import publish_instance_console, start_sshd
+from twin.ssm import TwinSsmAgent
+from twin.standins import efs_utils_deb, publish_ssm_agent
 
 log = logging.getLogger("gridfleet.twin")
 
@@ -122,9 +122,9 @@ class TwinStack:
     boots: list[Boot] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)  # what `Ec2Twin.sync` did, one line each
-    fired: list[Any] = field(default_factory=list)  # every schedule that fired (`embedded.schedules.Fired`)
+    fired: list[Any] = field(default_factory=list)  # every schedule that fired (`twin.schedules.Fired`)
     images: dict[str, Any] = field(default_factory=dict)  # AMI id -> its `BakedImage`
-    limits: AccountLimits = field(default_factory=AccountLimits)  # the account's quotas (`embedded.twin.account`)
+    limits: AccountLimits = field(default_factory=AccountLimits)  # the account's quotas (`twin.account`)
 
     def __post_init__(self) -> None:
         self._server: Any = None
@@ -198,7 +198,7 @@ class TwinStack:
 
     def load_schedules(self, handlers: dict[str, Any], prefix: str = "") -> list[Any]:
         """The stack's EventBridge rules, from now on fired by the loop on the twin's clock."""
-        from embedded.schedules import Schedules
+        from twin.schedules import Schedules
 
         with self._lock:
             self.schedules = Schedules(self.client("events"), self.client("lambda"), handlers)
@@ -299,7 +299,7 @@ class TwinStack:
     def bake_node_image(self, bundle: Path, parameter: str) -> str:
         """Bake a node image from `bundle` (infra/packer's bake script, in a sandbox), register it in moto and
         put its AMI id in the SSM parameter `parameter`; the AMI id. Instances launched from it boot on it."""
-        from embedded.twin.images import bake, register
+        from twin.images import bake, register
 
         image = bake(self.root, bundle, self.efs_utils_deb, endpoint=self.endpoint, region=self.region,
                      stock_users=self.stock_users)  # fmt: skip

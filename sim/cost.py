@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from embedded.fakes import MemoryResults
 from fleet import units
 from fleet.codec import encode_checkpoint, site_to_item
 from fleet.state import SiteRecord
+from sim.memory import MemoryResults
 
 STAMP_BYTES = 150  # a stamp of the open index (its projection: a dozen small attributes)
 NODE_ITEM_BYTES = 400  # a node item with its counters

@@ -2,7 +2,7 @@
 
 `apt-get` installs nothing from the network: Debian 12's own packages that this machine has are there already
 (as on a baked image), a name Debian does not have fails as apt fails, and a package file (`./x.deb`) is
-installed by the real dpkg into the instance's own overlaid /usr and /var/lib/dpkg (`embedded.twin.debian`).
+installed by the real dpkg into the instance's own overlaid /usr and /var/lib/dpkg (`twin.debian`).
 `shutdown`, `poweroff`, `halt` and `reboot` only write the marker `SHUTDOWN_MARKER`, which the twin reads to
 apply the instance's shutdown behaviour. `systemctl` (there is no systemd in an instance) knows
 `daemon-reload`, and `enable --now` / `start` of a unit file in /etc/systemd/system, /usr/lib/systemd/system or
@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import shlex
 
-from embedded.twin.debian import apt_get_shim
+from twin.debian import apt_get_shim
 
 SHUTDOWN_MARKER = "/var/lib/cloud/twin/shutdown"
 
 SHUTDOWN = f"""#!/bin/sh
-# shutdown of the twin: writes the marker the twin reads; see embedded/twin/shims.py.
+# shutdown of the twin: writes the marker the twin reads; see twin/shims.py.
 mkdir -p "$(dirname {SHUTDOWN_MARKER})"
 printf '%s %s %s\\n' "$(date -u +%FT%TZ)" "$(basename "$0")" "$*" >> {SHUTDOWN_MARKER}
 exit 0
 """
 
 SYSTEMCTL = r"""#!/bin/sh
-# systemctl of the twin: no systemd; see embedded/twin/shims.py.
+# systemctl of the twin: no systemd; see twin/shims.py.
 now=0 block=1 cmd= units=
 for a in "$@"; do
   case $a in
@@ -99,7 +99,7 @@ def aws_shim(endpoint: str) -> str:
     environment, so every call gets `--endpoint-url`; the rest (credentials from the instance's IMDS, the
     region, the command) is the real CLI's."""
     return f"""#!/bin/sh
-# aws of the twin: the real CLI, on the twin's endpoint; see embedded/twin/shims.py.
+# aws of the twin: the real CLI, on the twin's endpoint; see twin/shims.py.
 exec /usr/bin/aws --endpoint-url {shlex.quote(endpoint)} "$@"
 """
 

@@ -16,13 +16,13 @@ import random
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from embedded.sim.node import Crawl
 from fleet import ops
 from fleet.state import SiteStatus
+from sim.node import Crawl
 
 if TYPE_CHECKING:
-    from embedded.sim.node import SimNode
-    from embedded.sim.run import SimParams
+    from sim.node import SimNode
+    from sim.run import SimParams
 
 MAX_SPREAD = 20.0  # the longest drawn site is at most this many times the median
 BROWSER_START_S = 2.0  # a Grid session, as measured on the embedded default

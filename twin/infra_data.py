@@ -16,9 +16,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from embedded.twin.hcl_eval import TfError, Where
-from embedded.twin.infra_launch import placeholder_package
-from embedded.twin.infra_resources import ClientSource, Ctx
+from twin.hcl_eval import TfError, Where
+from twin.infra_launch import placeholder_package
+from twin.infra_resources import ClientSource, Ctx
 
 
 def _one_or_list(values: list[Any]) -> Any:

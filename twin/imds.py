@@ -22,7 +22,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from embedded.imds_server import _Handler, _State
-from embedded.twin.network import METADATA_ADDRESS
+from twin.network import METADATA_ADDRESS
 
 _CLONE_NEWNET = 0x40000000
 

@@ -3,7 +3,7 @@
 The hub is the real `Hub` (its `plan()`, executor and site cache) on the
 in-memory table; the nodes are `SimNode`s making the agent's decisions with
 `fleet.protocol` and writing with `fleet.ops`; the cloud and the crawls are
-simulated (`embedded.sim.cloud`, `embedded.sim.node`, `embedded.sim.workload`).
+simulated (`sim.cloud`, `sim.node`, `sim.workload`).
 The figures it reports are defined in `SimResult`.
 """
 
@@ -19,10 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embedded.fakes import MemoryStateTable
-from embedded.sim.cloud import SimControl, VirtualCloud
-from embedded.sim.cost import Meter, SimResults
-from embedded.sim.engine import (
+from fleet.config import Config
+from fleet.protocol import rules_from_config
+from hub.control.base import KillResult
+from hub.loop import Hub
+from hub.plan import run_date_for
+from sim.cloud import SimControl, VirtualCloud
+from sim.cost import Meter, SimResults
+from sim.engine import (
     EC2_CALLS,
     EPOCH0,
     QUEUE_CALLS,
@@ -33,13 +37,9 @@ from embedded.sim.engine import (
     SimClock,
     SimQueue,
 )
-from embedded.sim.node import SimNode
-from embedded.sim.workload import Workload
-from fleet.config import Config
-from fleet.protocol import rules_from_config
-from hub.control.base import KillResult
-from hub.loop import Hub
-from hub.plan import run_date_for
+from sim.memory import MemoryStateTable
+from sim.node import SimNode
+from sim.workload import Workload
 
 #: gridfleet: today's defaults; unmetered: the same with every first message sent at seeding (`run.feed: all`, as
 #: before the queue was metered); seed: the original design.
@@ -246,7 +246,7 @@ class SimResult:
     sim_events: int
     wall_s: float
     cpu_s: float
-    # What the sites' state and the run's DynamoDB and S3 requests cost (embedded/sim/cost.py, fleet/units.py):
+    # What the sites' state and the run's DynamoDB and S3 requests cost (sim/cost.py, fleet/units.py):
     state_bytes_per_site: float = 0.0  # bytes the checkpoints wrote: the record's checkpoint and the parts
     state_write_units_per_site: float = 0.0  # DynamoDB write units of the checkpoint writes
     state_usd_per_site: float = 0.0  # those units, the parts' PUTs and a retry's GETs, in USD

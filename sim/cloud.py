@@ -5,7 +5,7 @@ random delay, launches can fail for lack of capacity (per instance type, as
 EC2 answers InsufficientInstanceCapacity), spot instances are reclaimed at a
 rate with EC2's two-minute notice, and every instance is billed from launch
 to termination (at least 60 s, as EC2 bills Linux). Each instance runs a
-`SimNode` (`embedded.sim.node`).
+`SimNode` (`sim.node`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from embedded.sim.node import SimNode
 from hub.control.base import KillResult
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
+from sim.node import SimNode
 
 if TYPE_CHECKING:
-    from embedded.sim.run import Sim
+    from sim.run import Sim
 
 SPOT_NOTICE_S = 120.0  # EC2's interruption notice
 MIN_BILLED_S = 60.0

@@ -36,10 +36,10 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from embedded.twin import infra_launch  # noqa: F401  (its creators register themselves in KINDS)
-from embedded.twin.hcl_eval import Body, Evaluator, Namespace, TfError, TfModule, Where
-from embedded.twin.infra_data import DataReader
-from embedded.twin.infra_resources import KINDS, SKIPPED, ClientSource, Ctx, Kind
+from twin import infra_launch  # noqa: F401  (its creators register themselves in KINDS)
+from twin.hcl_eval import Body, Evaluator, Namespace, TfError, TfModule, Where
+from twin.infra_data import DataReader
+from twin.infra_resources import KINDS, SKIPPED, ClientSource, Ctx, Kind
 
 __all__ = ["SKIPPED", "StackOutputs", "TfError", "apply_stack"]
 

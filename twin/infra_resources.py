@@ -36,7 +36,7 @@ class Ctx:
         return [{key: k, value: v} for k, v in self.tags(args).items()]
 
 
-#: Resource types the twin does not make, and why (see `embedded.twin.infra`).
+#: Resource types the twin does not make, and why (see `twin.infra`).
 SKIPPED: dict[str, str] = {
     "aws_internet_gateway": "no traffic leaves the twin",
     "aws_route_table": "no routing on the twin",

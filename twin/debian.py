@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from embedded.twin.cloud_config import TwinError
+from twin.cloud_config import TwinError
 
 SUITES = ("bookworm", "bookworm-updates", "bookworm-security")
 NAMES_GUEST_PATH = "/var/lib/cloud/twin/debian-names"  # the names file, inside an instance
 APT_HELPER = "/usr/lib/apt/apt-helper"
-TEMPLATES = Path(__file__).resolve().parents[2] / "cloud_init" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "cloud_init" / "templates"
 _ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 _RELATIONS = ("Depends", "Pre-Depends", "Recommends", "Suggests", "Conflicts", "Breaks", "Replaces", "Enhances")
 _FIELD = re.compile(rf"^(Package|Version|Size|Priority|Provides|{'|'.join(_RELATIONS)}): (.*)$", re.M)
@@ -221,7 +221,7 @@ def write_names(path: Path, index: DebianIndex | None = None) -> Path:
 
 
 _SHIM = r"""#!/bin/sh
-# apt-get of the twin: Debian 12's answers, from the names the twin wrote; see embedded/twin/debian.py.
+# apt-get of the twin: Debian 12's answers, from the names the twin wrote; see twin/debian.py.
 set -f  # a name is never a file pattern
 names=@NAMES@
 cmd= pkgs= sim=0 err=0 n=$#

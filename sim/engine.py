@@ -15,8 +15,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from embedded.fakes import _Msg
 from fleet.aws.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
+from sim.memory import _Msg
 
 EPOCH0 = 1_800_000_000.0  # the virtual wall clock at t = 0
 

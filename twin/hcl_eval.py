@@ -23,7 +23,7 @@ from typing import Any
 import hcl2
 from lark import Token, Tree
 
-from embedded.twin.hcl_functions import BINARY, FUNCTIONS, as_text, unescape
+from twin.hcl_functions import BINARY, FUNCTIONS, as_text, unescape
 
 
 class TfError(ValueError):

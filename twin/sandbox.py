@@ -13,7 +13,7 @@ scripts use, so those paths work unchanged and nothing the boot writes reaches t
   /var/lib/cloud/twin/efs  the one directory all instances of the twin share, which `mount -t efs` (the stand-in
                           amazon-efs-utils) binds over the EFS mount point: an instance without it has no EFS
 
-An instance launched from a baked node image (`image`, `embedded.twin.images`) starts with the image's
+An instance launched from a baked node image (`image`, `twin.images`) starts with the image's
 install and state directories, its /usr and dpkg layers under its own, and its accounts in /etc; `layers`
 copies other host directories into private ones before the boot (the bake's bundle into /root).
 
@@ -45,19 +45,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from embedded.twin import network
-from embedded.twin.cloud_config import TwinError, cloud_init_modules, plan_user_data
-from embedded.twin.debian import NAMES_GUEST_PATH, load_index, write_names
-from embedded.twin.imds import InstanceImds
-from embedded.twin.shims import SHIMS, SHUTDOWN_MARKER, aws_shim, shutdown_delay
-from embedded.twin.standins import AGENT_PID_FILE, EFS_IDS, EFS_SHARE
+from twin import network
+from twin.cloud_config import TwinError, cloud_init_modules, plan_user_data
+from twin.debian import NAMES_GUEST_PATH, load_index, write_names
+from twin.imds import InstanceImds
+from twin.shims import SHIMS, SHUTDOWN_MARKER, aws_shim, shutdown_delay
+from twin.standins import AGENT_PID_FILE, EFS_IDS, EFS_SHARE
 
 if TYPE_CHECKING:
-    from embedded.twin.images import BakedImage
+    from twin.images import BakedImage
 
-#: The instance clock's preload library (embedded/twin/native/clockshift.c, built by `make setup`), and where an
+#: The instance clock's preload library (twin/native/clockshift.c, built by `make setup`), and where an
 #: instance whose clock runs ahead of this machine's has its copy (readable by every user of the instance).
-CLOCK_LIB = Path(__file__).resolve().parents[2] / ".tools" / "twin" / "libclockshift.so"
+CLOCK_LIB = Path(__file__).resolve().parents[1] / ".tools" / "twin" / "libclockshift.so"
 CLOCK_GUEST_PATH = "/var/lib/cloud/twin/clockshift.so"
 INSTANCE_ID_RE = re.compile(r"^i-[0-9a-f]{8,17}$")
 GUEST = Path(__file__).with_name("guest.py")

@@ -14,10 +14,10 @@ import yaml
 from botocore.exceptions import ClientError
 
 from embedded.demo_server import DemoServer
-from embedded.schedules import cron_at, stack_handlers
-from embedded.twin import network
-from embedded.twin.deploy import Deployed, deploy
-from embedded.twin.stack import TwinStack
+from twin import network
+from twin.deploy import Deployed, deploy
+from twin.schedules import cron_at, stack_handlers
+from twin.stack import TwinStack
 
 T = TypeVar("T")
 REGION = "ap-northeast-2"

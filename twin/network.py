@@ -16,7 +16,7 @@ import signal
 import subprocess
 import time
 
-from embedded.twin.cloud_config import TwinError
+from twin.cloud_config import TwinError
 
 
 def _net_number() -> int:

@@ -5,7 +5,7 @@ A `SimNode` makes every decision the real agent makes by calling the same
 table, queue and result store; only its I/O differs. It is event-driven
 instead of a blocking loop, so that 500 nodes cost no threads: a long poll is
 a wake-up when a message arrives, a crawl is a timeline of progress reports
-(`embedded.sim.workload`), a hang is a page that never ends, and a killed
+(`sim.workload`), a hang is a page that never ends, and a killed
 crawler is seen at once.
 """
 
@@ -26,9 +26,9 @@ from fleet.protocol import MessageAction, NodeCard, NodeRules, Stop, Watch
 from fleet.state import NodeState, SiteRecord
 
 if TYPE_CHECKING:
-    from embedded.sim.cloud import VInstance
-    from embedded.sim.engine import Engine
-    from embedded.sim.run import Sim
+    from sim.cloud import VInstance
+    from sim.engine import Engine
+    from sim.run import Sim
 
 #: What EC2's instance metadata shows once a spot instance is to be reclaimed.
 SPOT_NOTICE = {"action": "terminate"}

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from embedded.twin.cloud_config import TwinError
+from twin.cloud_config import TwinError
 
 BAKE_SCRIPT = "/usr/local/sbin/gridfleet-bake"
 STAGED_BUNDLE = "/root/gridfleet-bundle.tar.gz"
@@ -98,7 +98,7 @@ def bake(
     `endpoint` in `region`; the image it left (in `root/images/<id>`). TwinError with the bake's log when it
     fails."""
     from cloud_init import render_bake
-    from embedded.twin.sandbox import InstanceSandbox
+    from twin.sandbox import InstanceSandbox
 
     box_id = "i-0ba4e" + secrets.token_hex(6)
     image_dir = root / "images" / box_id

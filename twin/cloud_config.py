@@ -3,7 +3,7 @@
 Only the modules gridfleet's templates use are accepted (`write_files`, `runcmd`, `bootcmd`, `packages`,
 `package_update`, `package_upgrade`); any other key stops the boot with a `TwinError` naming it, so a
 template that starts to rely on more of cloud-init fails here instead of booting differently than on
-EC2. The plan is plain JSON: the guest (`embedded.twin.guest`) reads it with the standard library only.
+EC2. The plan is plain JSON: the guest (`twin.guest`) reads it with the standard library only.
 `cloud_init_modules()` reads the stages and module order of this machine's (Debian's) /etc/cloud/cloud.cfg,
 which the guest follows.
 """

@@ -12,7 +12,7 @@ import io
 import zipfile
 from typing import Any
 
-from embedded.twin.infra_resources import Ctx, creates, pascal, single
+from twin.infra_resources import Ctx, creates, pascal, single
 
 #: Nested blocks of a launch template that are lists in EC2's API (the others are one member each).
 _TEMPLATE_LISTS = frozenset({"network_interfaces", "block_device_mappings", "tag_specifications", "tags"})

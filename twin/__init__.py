@@ -5,7 +5,7 @@ instance, `network` owns the bridge and the instances' network namespaces, `imds
 metadata inside its namespace, and `sandbox.InstanceSandbox` puts them together for one instance.
 """
 
-from embedded.twin.cloud_config import TwinError, plan_user_data
-from embedded.twin.sandbox import BootResult, InstanceSandbox, cleanup_leftovers
+from twin.cloud_config import TwinError, plan_user_data
+from twin.sandbox import BootResult, InstanceSandbox, cleanup_leftovers
 
 __all__ = ["BootResult", "InstanceSandbox", "TwinError", "cleanup_leftovers", "plan_user_data"]
