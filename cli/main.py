@@ -17,10 +17,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cli import aws as aws_cmd
-from cli import config_cmd, crawl_cmd, inspect_cmd, local_cmd
-from cli import run as run_cmd
-from cli import simulate as sim_cli
+from cli.commands import aws as aws_cmd
+from cli.commands import config as config_cmd
+from cli.commands import crawl as crawl_cmd
+from cli.commands import inspect as inspect_cmd
+from cli.commands import local as local_cmd
+from cli.commands import run as run_cmd
+from cli.commands import simulate as sim_cli
 from fleet.aws.errors import aws_failure
 from fleet.errors import GridfleetError
 from fleet.ids import RUN_ID_RULE, is_run_id
@@ -275,13 +278,13 @@ def _node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_logs(args: argparse.Namespace, console: Console) -> int:
-    from cli.logs_cmd import cmd_logs
+    from cli.commands.logs import cmd_logs
 
     return cmd_logs(args, console)
 
 
 def _cmd_ship_logs(args: argparse.Namespace, console: Console) -> int:
-    from cli.logs_cmd import cmd_ship_logs
+    from cli.commands.logs import cmd_ship_logs
 
     return cmd_ship_logs(args, console)
 

@@ -121,7 +121,7 @@ def _check_common(p: NodeUserData | HubUserData) -> None:
     _s3_key("bundle_key", p.bundle_key)
     for name in ("grid_port", "grid_publish_port", "grid_subscribe_port"):
         _port(name, getattr(p, name))
-    ports = {}
+    ports: dict[int, str] = {}
     for name in ("grid_port", "grid_publish_port", "grid_subscribe_port"):
         other = ports.setdefault(getattr(p, name), name)
         if other != name:

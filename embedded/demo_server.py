@@ -321,6 +321,7 @@ class DemoServer:
         if self._httpd is None:
             raise RuntimeError("the DemoServer has not been started")
         host, port = self._httpd.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's address
         return f"http://{host}:{port}"
 
     def stats(self) -> dict[str, Any]:

@@ -155,6 +155,7 @@ class ImdsServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's address
         return f"http://{host}:{port}"
 
     def base_url(self, instance_id: str) -> str:

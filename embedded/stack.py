@@ -29,28 +29,11 @@ from fleet import procs
 from fleet.errors import MissingResource, StackError
 from fleet.httpd import TOKEN_ENV
 
-JAR_GLOB = "selenium-server-*.jar"
 PREFERRED_PORTS = {"moto": 5000, "grid": 4444, "grid_publish": 4442, "grid_subscribe": 4443, "demo": 8800, "imds": 8169}
 
 
 def stack_id_for(path: Path) -> str:
     return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-
-
-def find_grid_jar(candidates: list[Path]) -> Path:
-    """The Selenium server jar: the first `selenium-server-*.jar` in the candidate directories."""
-    for d in candidates:
-        if d.is_file() and d.suffix == ".jar":
-            return d
-        if d.is_dir():
-            jars = sorted(d.glob(JAR_GLOB))
-            if jars:
-                return jars[-1]
-    raise MissingResource(
-        "the Selenium server jar was not found (looked in "
-        + ", ".join(str(c) for c in candidates)
-        + "); run `make setup`"
-    )
 
 
 def check_tools(java: str, chromium: str, chromedriver: str) -> None:

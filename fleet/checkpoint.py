@@ -24,7 +24,7 @@ list): it is still resumed from (`is_legacy`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,7 +112,7 @@ class ClaimParts:
         return part_keys(site, run_date, run_id, self.earlier)
 
 
-def part_body(items: list[Mapping[str, Any]]) -> bytes:
+def part_body(items: Sequence[Mapping[str, Any]]) -> bytes:
     return json.dumps(list(items), separators=(",", ":"), default=str).encode()
 
 

@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from node.browser import capabilities, chrome_args
@@ -85,7 +86,7 @@ class BaseCrawler(abc.ABC):
             opts = Options()
             caps = capabilities(
                 self.ctx.chromium,
-                chrome_args(self.ctx.profile_dir, self.ctx.chrome_extra_args),
+                chrome_args(Path(self.ctx.profile_dir), self.ctx.chrome_extra_args),
                 self.ctx.node_id,
                 self.ctx.page_load_timeout_s,
             )

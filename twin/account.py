@@ -93,7 +93,7 @@ def _account_settings() -> None:
         limit = {"ConcurrentExecutions": _limits.lambda_concurrency,
                  "UnreservedConcurrentExecutions": _limits.lambda_concurrency - reserved,
                  "TotalCodeSize": 80530636800, "CodeSizeUnzipped": 262144000, "CodeSizeZipped": 52428800}  # fmt: skip
-        usage = {"TotalCodeSize": 0, "FunctionCount": len(backend.list_functions())}
+        usage = {"TotalCodeSize": 0, "FunctionCount": len(list(backend.list_functions()))}
         return json.dumps({"AccountLimit": limit, "AccountUsage": usage})
 
     LambdaResponse.get_account_settings = get_account_settings  # type: ignore[attr-defined]
@@ -139,7 +139,7 @@ def publish_debian_images(ec2: Any, account: str, region: str) -> dict[str, str]
     for deb, arch in (("amd64", "x86_64"), ("arm64", "arm64")):
         ami = min(i["ImageId"] for i in images if i.get("Architecture") == arch)
         name = DEBIAN_PARAMETER.format(arch=deb)
-        store[name] = [Parameter(account_id=account, name=name, value=ami, parameter_type="String", description=None,
+        store[name] = [Parameter(account_id=account, name=name, value=ami, parameter_type="String", description=None,  # type: ignore[abstract]
                                  allowed_pattern=None, keyid=None, last_modified_date=datetime.datetime.now(),
                                  version=1, data_type="aws:ec2:image")]  # fmt: skip
         made[name] = ami

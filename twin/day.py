@@ -174,7 +174,9 @@ class TwinDay:
 
     def stack_idle(self) -> bool:
         states = self.instance_states()
-        return bool(states) and set(states.values()) == {"terminated"} and not self.twin.ec2twin.running
+        ec2twin = self.twin.ec2twin
+        assert ec2twin is not None  # a deployed stack runs its instances
+        return bool(states) and set(states.values()) == {"terminated"} and not ec2twin.running
 
     def _run_object(self, run_id: str, name: str) -> bytes | None:
         """runs/<run_id>/<name> in the stack's bucket, or None while it is not there."""

@@ -44,8 +44,11 @@ KEY_TYPES = ("rsa", "ecdsa", "ed25519")  # the host keys cloud-init generates by
 class Instance(Protocol):
     """What `start_sshd` needs of an `InstanceSandbox`."""
 
-    address: str | None
-    console: Path
+    @property
+    def address(self) -> str | None: ...
+
+    @property
+    def console(self) -> Path: ...
 
     def run(self, argv: list[str], timeout_s: float = ...) -> subprocess.CompletedProcess[str]: ...
 

@@ -299,7 +299,7 @@ class TwinStack:
     def bake_node_image(self, bundle: Path, parameter: str) -> str:
         """Bake a node image from `bundle` (infra/packer's bake script, in a sandbox), register it in moto and
         put its AMI id in the SSM parameter `parameter`; the AMI id. Instances launched from it boot on it."""
-        from twin.images import bake, register
+        from twin.bake import bake, register
 
         image = bake(self.root, bundle, self.efs_utils_deb, endpoint=self.endpoint, region=self.region,
                      stock_users=self.stock_users)  # fmt: skip

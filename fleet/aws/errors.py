@@ -39,7 +39,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
-#: What to do about a missing table, queue or bucket (also the advice of cli.aws_env's preflight).
+#: What to do about a missing table, queue or bucket (also the advice of cli.envs.aws's preflight).
 CREATE_ADVICE = "run `gridfleet aws bootstrap` or apply infra/terraform"
 
 CREDENTIALS_ADVICE = (

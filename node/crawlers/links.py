@@ -178,7 +178,7 @@ class LinksCrawler(BaseCrawler):
         for n, item in enumerate(items):
             link = detail_url(links.get(str(item["id"])))
             opened = link is not None and (limit is None or self._details < limit)
-            if opened:
+            if opened and link is not None:  # `opened` says so; spelled out for the type checker
                 self.open(link)
                 self._details += 1
                 item.update(self._script(_DETAIL_JS, specs))

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cli import aws_env
-from cli.aws import dry_run
+from cli.envs import aws as aws_env
+from cli.envs.aws_plan import dry_run
 from cloud_init import boot_script
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.config_load import parse_config
@@ -203,7 +203,7 @@ def test_a_hub_on_ec2_takes_its_identity_from_imds_and_stops_itself(account, tmp
 
 
 def test_shutdown_is_refused_when_the_metadata_is_an_emulator():
-    from cli.aws_env import HubIdentity, self_stop
+    from cli.envs.identity import HubIdentity, self_stop
 
     ident = HubIdentity("ec2:i-0abc", "10.0.0.1", "i-0abc", real_ec2=False)
     assert self_stop("shutdown", ident, ec2=None).startswith("not shutting down")

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cli import aws as aws_cmd
-from cli.bundle import Pin, build_bundle, build_lambda_zip, fetch_dependencies, fetch_pinned
-from cli.crawler_ship import installed_config, shipment_of
-from cli.local_env import PROJECT_ROOT
+from cli.commands import aws as aws_cmd
+from cli.envs.home import PROJECT_ROOT
+from cli.packaging.bundle import Pin, build_bundle, build_lambda_zip, fetch_dependencies, fetch_pinned
+from cli.packaging.crawler_ship import installed_config, shipment_of
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.config import AwsConfig
 from fleet.config_load import dump_config, load_config
@@ -123,6 +123,7 @@ def test_the_lambda_package_holds_the_handlers_and_the_templates(tmp_path):
         "fleet/aws/table.py",
         "cloud_init/templates/node.yaml.j2",
     } <= names
+    assert {n.split("/")[0] for n in names} == {"fleet", "lambdas", "cloud_init"}  # nothing the handlers never load
     assert not any("__pycache__" in n for n in names)
 
 

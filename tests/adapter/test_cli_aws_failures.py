@@ -310,7 +310,7 @@ def test_access_denied_past_the_preflight_checks_names_the_call_it_hit(
     """The account's resources exist; every call but the preflight's is denied, so each command fails at the first
     call of its own work. `bundle --upload` has its two builds (minutes of wheels) replaced at their seam by
     files of a few bytes: the upload, through boto3's transfer manager, is what is tested."""
-    from cli import aws as aws_cmd
+    from cli.commands import aws as aws_cmd
 
     def build(name: str) -> Callable[..., Path]:
         def make(root: Path, out: Path, *_: Any, **__: Any) -> Path:
@@ -355,7 +355,7 @@ def test_the_dry_run_on_a_complete_account_resolves_everything_and_only_reads(cl
 def test_the_nodes_ami_is_aws_node_ami_when_it_is_given(cli, names, moto_endpoint, tmp_path):
     """aws.node_ami (a baked node image) is the nodes' AMI: the dry run resolves its parameter, not aws.ami's, and
     the provider launches it; a parameter that is missing is named with its key."""
-    from cli import aws_env
+    from cli.envs import aws as aws_env
     from fleet.config_load import load_config
 
     aws = parse_config(f"aws: {{endpoint_url: '{moto_endpoint}'}}\nsites: [{{id: a, start_url: 'http://a.test'}}]").aws

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from cli.tf_config import aws_section
+from cli.commands.tf_config import aws_section
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.queue import DEDUP_WINDOW_S, QueueDepth, SiteMessage, SqsSiteQueue, dedup_id, group_id
 from fleet.clock import FakeClock

@@ -25,8 +25,8 @@ import yaml
 from botocore.awsrequest import AWSResponse
 from rich.console import Console
 
-from cli import logs_cmd
-from cli.logs_cmd import cmd_ship_logs
+from cli.commands import logs as logs_cmd
+from cli.commands.logs import cmd_ship_logs
 from cli.main import build_parser, main
 from fleet.aws import clients as fleet_aws
 from fleet.aws import cwlogs

@@ -10,7 +10,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from cli.report import write_report
+from cli.report.page import write_report
 from tests.unit.test_report import make_summary, previous_of, write_summary
 
 pytestmark = pytest.mark.e2e

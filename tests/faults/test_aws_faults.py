@@ -11,7 +11,7 @@ import uuid
 
 from botocore.awsrequest import AWSResponse
 
-from cli.check import check_run
+from cli.report.check import check_run
 from fleet import ops
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
@@ -149,7 +149,7 @@ def test_a_hub_under_throttling_beyond_retries_keeps_its_loop(moto_endpoint, tmp
 
 
 def test_a_hub_gone_for_good_is_replaced_by_the_watchdog_and_the_run_ends_clean(moto_endpoint, tmp_path):
-    from cli import aws_env
+    from cli.envs import aws as aws_env
     from hub.loop import Hub
     from hub.providers.ec2 import Ec2Provider
     from lambdas.watchdog import run_watchdog

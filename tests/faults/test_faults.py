@@ -1,7 +1,7 @@
 """Faults survived, nothing lost: the real hub and node agents in virtual time, one fault per scenario.
 
 Each scenario states what it breaks and what must happen, then runs the invariant checker
-(`cli.check.check_run`): every site terminal, attempts within bounds and never overlapping, one result
+(`cli.report.check.check_run`): every site terminal, attempts within bounds and never overlapping, one result
 per COMPLETED site, no instance or message of the run left. `cloud.concurrent` catches two live crawls
 of one site at once. The harness (tests/helpers/fleet_sim.py) says what is faked and why.
 """

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cli.check import CheckReport, check_run
+from cli.report.check import CheckReport, check_run
 from fleet.config import Config
 from hub.control.base import KillResult
 from hub.loop import Hub, RunOutcome

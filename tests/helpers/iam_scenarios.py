@@ -131,9 +131,9 @@ def published(config: Config) -> set[tuple[str, tuple[str, ...]]]:
 def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     """`gridfleet run` on AWS (to its deadline, then its record into the bucket), the kill ladder, status,
     teardown, dry run, self-stop, and the hub's logs shipped."""
-    from cli import aws_env
-    from cli.aws import dry_run
-    from cli.run import monitor_for
+    from cli.commands.run import monitor_for
+    from cli.envs import aws as aws_env
+    from cli.envs.aws_plan import dry_run
     from embedded.imds_server import ImdsServer
     from hub.control.aws import ConsoleHostKeys
     from hub.loop import Hub
@@ -175,8 +175,9 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
         outcome = hub.run()  # kills s2 through SSM, requeues it; the deadline: the end message, export, teardown
     finally:
         CLIENT_HOOKS.remove(rec.hook)
-    from cli.check import check_run
-    from cli.report import publish
+    from cli.envs.identity import identify, self_stop
+    from cli.report.check import check_run
+    from cli.report.page import publish
     from fleet.aws.archive import S3RunArchive
 
     check_run(
@@ -196,8 +197,8 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     hub_instance = env.ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
     with ImdsServer() as imds:
         imds.set(hub_instance, local_ipv4="10.9.1.10")
-        ident = aws_env.identify(imds.base_url(hub_instance))
-    aws_env.self_stop("terminate", ident, env.ec2)
+        ident = identify(imds.base_url(hub_instance))
+    self_stop("terminate", ident, env.ec2)
     ship_logs(config, rec.clients(config), config.aws.log_group_hub, f"iam-hub/{hub_instance}")
     metrics = published(config)
     assert {("ActiveNodes", ()), ("SitesCompleted", ()), ("RunProgress", ()), ("Kills", ())} <= metrics, metrics

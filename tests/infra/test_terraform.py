@@ -1565,7 +1565,7 @@ def test_outputs(tf):
 
 def test_the_output_is_a_valid_aws_section():
     """`gridfleet config from-terraform` accepts the output as Terraform would print it for the defaults."""
-    from cli.tf_config import OUTPUT, aws_section
+    from cli.commands.tf_config import OUTPUT, aws_section
 
     tf = config()
     value = {}

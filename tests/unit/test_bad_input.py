@@ -156,7 +156,8 @@ CASES: dict[str, Case] = {
 
 @pytest.fixture
 def cli(tmp_path, monkeypatch, capsys):
-    """Run `gridfleet ARGV` in this process: (exit code, stdout, stderr, seconds, peak bytes allocated)."""
+    """Run `gridfleet ARGV` in this process: (exit code, stdout, stderr, CPU seconds, peak bytes allocated). The
+    work is measured in this thread's CPU time, which a busy machine does not stretch as it does wall time."""
     monkeypatch.setenv("GRIDFLEET_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     root = logging.getLogger()
@@ -166,13 +167,13 @@ def cli(tmp_path, monkeypatch, capsys):
         if stdin is not None:
             monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
         tracemalloc.start()
-        start = time.perf_counter()
+        start = time.thread_time()
         try:
             code = main(argv)
         except SystemExit as e:  # argparse's own errors
             code = e.code if isinstance(e.code, int) else 1
         finally:
-            elapsed = time.perf_counter() - start
+            elapsed = time.thread_time() - start
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
             root.handlers[:], root.level = handlers, level

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cli.check import check_run, demo_hits
+from cli.report.check import check_run, demo_hits
 from fleet import ops
 from fleet.aws.results import is_daily_run, result_key
 from fleet.codec import RunInfo

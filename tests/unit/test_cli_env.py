@@ -1,6 +1,6 @@
 """The one environment interface of the command line, and the run and rerun flows written once against it.
 
-Both backends (the local stack, AWS) implement `cli.env.Environment` member for member; `run` and `rerun` are
+Both backends (the local stack, AWS) implement `cli.envs.base.Environment` member for member; `run` and `rerun` are
 driven here through an in-memory environment that records what the flow asked of it, which is how each backend
 sees the flow. Nothing here starts a stack, a hub or a node.
 """
@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from cli import run as run_flow
-from cli.aws_env import AwsEnv
-from cli.env import Environment, RunHold, on_aws
-from cli.local_env import LocalEnv, stack_stops
+from cli.commands import run as run_flow
+from cli.envs.aws import AwsEnv
+from cli.envs.base import Environment, RunHold
+from cli.envs.choose import on_aws
+from cli.envs.local import LocalEnv, stack_stops
 from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.errors import UsageError
@@ -112,7 +113,7 @@ def test_each_environment_has_every_member_of_the_interface_with_the_same_signat
 
 
 def test_the_simulators_policies_are_the_ones_simulate_offers():
-    from cli.simulate import POLICIES as OFFERED
+    from cli.commands.simulate import POLICIES as OFFERED
     from sim.run import POLICIES
 
     assert OFFERED == POLICIES

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.crawl_view import CrawlOutput, Enough
 from cli.main import main
+from cli.views.crawl import CrawlOutput, Enough
 from embedded.demo_server import DemoServer
 from fleet.clock import FakeClock
 from node.crawler import BaseCrawler

@@ -314,7 +314,7 @@ def test_a_reclaimed_spot_node_does_not_spend_the_sites_attempt(tmp_path):
 
 
 def test_resume_is_refused_only_for_another_live_hub():
-    from cli.run import check_existing
+    from cli.commands.run import check_existing
     from fleet.errors import UsageError
 
     run = RunInfo(RUN, RunState.RUNNING, 0.0, 1e12, "20261121", hub_id="ec2:i-hub")

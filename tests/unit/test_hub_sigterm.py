@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from cli.run import HubStopped, _drive
+from cli.commands.run import HubStopped, _drive
 
 
 class _Executor:

@@ -2,8 +2,8 @@
 
 import-linter (`make lint`) checks which package may import which. Two rules need more than the import graph:
 the commands reach the local stack (`embedded`), the twin and the simulator only from inside the functions that
-need them, so that a command run against AWS never loads them; and the hub's planning imports with boto3 and botocore absent, not merely without
-a static import of them.
+need them, so that a command run against AWS never loads them; and the hub's planning imports with boto3 and
+botocore absent, not merely without a static import of them.
 """
 
 from __future__ import annotations

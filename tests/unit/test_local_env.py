@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.crawl_user import reach_crawl_user
-from cli.local_env import ROOT_HOME, LocalEnv, effective_config, gridfleet_home
+from cli.envs.crawl_user import reach_crawl_user
+from cli.envs.home import ROOT_HOME, gridfleet_home
+from cli.envs.local import LocalEnv, effective_config
 from embedded.stack import Component, LocalStack, StackState
 from fleet.config import Config
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import logs_cmd
-from cli.logs_cmd import FLUSH_AFTER_S, POLL_S, Shipper, Tail
+from cli.commands import logs as logs_cmd
+from cli.commands.logs import FLUSH_AFTER_S, POLL_S, Shipper, Tail
 from fleet.aws import cwlogs
 from fleet.clock import FakeClock
 

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from cli.views import watch
+from cli.views.run import watch
 from fleet.aws.metrics import BATCH, CloudWatchSink, Datum, JobStats
 from fleet.logs import JsonFormatter, event, use_json
 from hub.loop import Hub

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cli.rerun import choose, reopen
+from cli.commands.rerun import choose, reopen
 from fleet.errors import UsageError
 from fleet.state import RunStatus
 from tests.helpers.fleet_sim import RUN, SimCloud, sim_config

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cli.views import print_sites
+from cli.views.run import print_sites
 from fleet import ops
 from fleet.clock import FakeClock
 from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, RunInfo

@@ -1,7 +1,7 @@
 """`gridfleet run` and `gridfleet rerun`: one run of the crawl, written once for every environment.
 
 The same `Hub` runs on the embedded default (`--local`) and on AWS, with the
-adapters its environment (cli/env.py) gives. `--resume` continues the run if it
+adapters its environment (cli/envs/base.py) gives. `--resume` continues the run if it
 exists (after its hub died) and starts it if not, so the hub instance's boot
 script and the external watchdog can both say `run --resume` for the day's run.
 A rerun reopens sites of a run and leaves the rest to whoever finishes the run:
@@ -20,11 +20,11 @@ from typing import Any
 
 from rich.console import Console
 
-from cli import env as envs
-from cli.check import CheckReport, attach, check_run
-from cli.env import Environment, RunHold
-from cli.rerun import Choice, choose, reopen
-from cli.views import print_sites
+from cli.commands.rerun import Choice, choose, reopen
+from cli.envs import choose as where
+from cli.envs.base import Environment, RunHold
+from cli.report.check import CheckReport, attach, check_run
+from cli.views.run import print_sites
 from fleet.aws.clients import AwsClients
 from fleet.aws.metrics import CloudWatchSink
 from fleet.aws.queue import SiteQueue
@@ -172,7 +172,7 @@ def _report(
 def _publish(outcome: RunOutcome, env: Environment) -> None:
     """Put the run's summary and report in the bucket (`runs/<run_id>/`), where they outlive the table's TTL.
     A failure is logged, and the run's own files stay on disk: the run's result does not depend on it."""
-    from cli.report import publish
+    from cli.report.page import publish
 
     bucket = env.config.aws.bucket
     try:
@@ -206,7 +206,7 @@ def demo_stats(demo_url: str) -> dict[str, Any] | None:
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config)
     run_id = args.run_id or default_run_id(time.time())
-    return run(envs.for_run(args, config), args, run_id, console)
+    return run(where.for_run(args, config), args, run_id, console)
 
 
 def run(env: Environment, args: argparse.Namespace, run_id: str, console: Console) -> int:
@@ -281,7 +281,7 @@ def _drive_to_end(
 def cmd_rerun(args: argparse.Namespace, console: Console) -> int:
     if bool(args.sites) == bool(args.failed):
         raise UsageError("name the sites to rerun, or pass --failed for every FAILED site of the run (not both)")
-    env = envs.for_rerun(args, load_config)
+    env = where.for_rerun(args, load_config)
     env.preflight()
     return rerun(env, args, console)
 

@@ -1,159 +1,65 @@
-"""AWS commands: `render`, `aws bootstrap`, `bundle`, and the plan `run --dry-run` prints on AWS.
+"""The plan `run --dry-run` prints on AWS: what the run would launch, write and kill, and what only AWS knows
+(the AMI behind an SSM parameter, the instance profile, the table, queue and bucket, amazon-efs-utils, the run),
+asked read-only. AWS failures are not raised: each is printed as what the failed question was and why.
 
-AWS failures are not caught here: they reach the command line's outer edge, which words them in one
-line (fleet.aws.errors). The dry run is the exception: it prints what each failed question was and why.
+It asks the AWS environment through `AwsRun`, the few things it needs, so that the environment can hand itself
+over without this module knowing it.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 from rich.console import Console
 
-from cli import aws_env
-from cli.bundle import build_bundle, build_lambda_zip
-from cli.crawler_ship import installed_config, shipment_of
-from cli.local_env import PROJECT_ROOT, grid_jar_candidates, gridfleet_home
-from cli.preflight_checks import efs_utils_ready
-from cloud_init import HubUserData, RenderError, boot_script, render_hub
-from fleet.aws.bootstrap import ensure_resources
-from fleet.aws.errors import CREDENTIALS_ADVICE, Kind, aws_failure
-from fleet.aws.results import result_key
+from cli.envs.aws_account import efs_utils_ready
+from cli.envs.identity import identify
+from fleet.aws.clients import AwsClients
+from fleet.aws.errors import CREATE_ADVICE, CREDENTIALS_ADVICE, Kind, aws_failure
+from fleet.aws.queue import SqsSiteQueue
+from fleet.aws.results import S3ResultStore, result_key
+from fleet.aws.table import DynamoStateTable
 from fleet.config import Config
-from fleet.config_load import dump_config, load_config
-from fleet.errors import GridfleetError, MissingResource, UsageError
-from fleet.ids import default_run_id
-from fleet.platform import S3_METADATA, platform_of
+from fleet.errors import GridfleetError, MissingResource
 from hub.plan import run_date_for
 
-log = logging.getLogger("gridfleet")
+
+class AwsRun(Protocol):
+    """What the dry run reads of the AWS environment."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def clients(self) -> AwsClients: ...
+
+    @property
+    def table(self) -> DynamoStateTable: ...
+
+    @property
+    def queue(self) -> SqsSiteQueue: ...
+
+    @property
+    def results(self) -> S3ResultStore: ...
+
+    def run_config_key(self, run_id: str) -> str: ...
+
+    def node_user_data(self, run_id: str, hub_address: str) -> str: ...
+
+    def resolve_ami(self) -> str: ...
+
+    def check_instance_profile(self) -> None: ...
 
 
-def find_grid_jar(candidates: list[Path]) -> Path:
-    """The Selenium server jar the bundle carries, found as the local stack finds it (imported only here)."""
-    from embedded.stack import find_grid_jar as find
-
-    return find(candidates)
+def missing_line(missing: list[str]) -> str:
+    """One line for the fleet's resources that do not exist."""
+    return "; ".join(missing) + f": {CREATE_ADVICE}"
 
 
-def hub_params(config: Config) -> HubUserData:
-    aws = config.aws
-    return HubUserData(
-        region=aws.region,
-        bucket=aws.bucket,
-        bundle_key=aws.bundle_key,
-        hub_config_key=aws.hub_config_key,
-        grid_port=aws.grid_port,
-        grid_publish_port=aws.grid_publish_port,
-        grid_subscribe_port=aws.grid_subscribe_port,
-        install_dir=aws.install_dir,
-        state_dir=aws.state_dir,
-        self_stop=aws.hub_self_stop,
-        imds_url=aws.imds_url,
-        log_group=aws.log_group_hub if aws.ship_logs else "",
-    )
-
-
-def cmd_render(args: argparse.Namespace, console: Console) -> int:
-    config = load_config(args.config)
-    if args.role == "hub":
-        try:
-            text = render_hub(hub_params(config))
-        except RenderError as e:
-            raise UsageError(f"the hub's user-data cannot be made from this config: {e}") from None
-    else:
-        hub_address = args.hub_address or config.aws.hub_address
-        if not hub_address:
-            raise UsageError("rendering node user-data needs the hub's address: --hub-address or aws.hub_address")
-        run_id = args.run_id or default_run_id(time.time())
-        text = aws_env.connect(config).node_user_data(run_id, hub_address)
-    print(boot_script(text) if args.script else text, end="")
-    return 0
-
-
-def cmd_aws(args: argparse.Namespace, console: Console) -> int:
-    """`gridfleet aws preflight|bootstrap`."""
-    if args.action == "preflight":
-        from cli.preflight import cmd_preflight
-
-        return cmd_preflight(args, console)
-    return cmd_bootstrap(args, console)
-
-
-def cmd_bootstrap(args: argparse.Namespace, console: Console) -> int:
-    config = load_config(args.config)
-    env = aws_env.connect(config)
-    created = ensure_resources(env.clients, visibility_timeout_s=int(max(30, config.run.heartbeat_timeout_s)))
-    for line in created:
-        console.print(f"created {line}")
-    aws = config.aws
-    console.print(
-        f"{'all present' if not created else 'ready'}: table {aws.table}, queue {aws.queue_name} "
-        f"(DLQ {aws.dlq_name}), bucket {aws.bucket} in {aws.region}"
-    )
-    return 0
-
-
-def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
-    """Build the bundle for the fleet's instances (their architecture and Python, whatever machine this is) and
-    the Lambda package; with --upload, put them in the bucket, the bundle tagged with its target."""
-    config = load_config(args.config)
-    aws = config.aws
-    s3 = None
-    if args.upload:  # before a build of minutes: the credentials work and the bucket is there
-        env = aws_env.connect(config)
-        try:
-            env.results.check_exists()
-        except MissingResource as e:
-            raise MissingResource(aws_env.missing_line([str(e)])) from None
-        s3 = env.clients.client("s3")
-    jar = find_grid_jar(grid_jar_candidates(gridfleet_home()))
-    crawlers = shipment_of(config)
-    target = platform_of(config)
-    types = ", ".join(config.fleet.instance_types)
-    console.print(
-        f"building the code bundle for {target.describe()} (the instances: {types}): "
-        "wheels of gridfleet and its dependencies, the Selenium server jar"
-    )
-    if crawlers is not None:
-        b = crawlers.project.build
-        console.print(f"  with the crawler project {b.name} {b.version} ({b.hash})")
-    bundle = build_bundle(PROJECT_ROOT, args.out, jar, target=target, crawlers=crawlers)
-    console.print(f"  {bundle} ({bundle.stat().st_size // 1024} KiB)")
-    console.print("building the Lambda package")
-    zipped = build_lambda_zip(PROJECT_ROOT, args.out)
-    console.print(f"  {zipped} ({zipped.stat().st_size // 1024} KiB)")
-    if s3 is None:
-        console.print("not uploaded (pass --upload to put them in the bucket)")
-        return 0
-    folder = str(Path(aws.bundle_key).parent)
-    hub_config = Path(args.config)
-    if crawlers is not None:  # the hub's config names what the bundle installed, not a directory of this machine
-        hub_config = args.out / "fleet.yaml"
-        hub_config.write_text(dump_config(installed_config(config, crawlers.project), secrets=True))
-    # the bundle's target travels with it, so its platform is known without downloading it
-    tagged = {"Metadata": dict(zip(S3_METADATA, (target.machine, target.python), strict=True))}
-    uploads: list[tuple[Path, str, dict[str, Any] | None]] = [
-        (bundle, aws.bundle_key, tagged),
-        (zipped, f"{folder}/gridfleet-lambda.zip", None),
-        (hub_config, aws.hub_config_key, None),
-    ]
-    if args.efs_utils_deb:
-        uploads.append((Path(args.efs_utils_deb), aws.efs_utils_key, None))
-    for path, key, extra in uploads:
-        s3.upload_file(str(path), aws.bucket, key, ExtraArgs=extra)
-        console.print(f"uploaded s3://{aws.bucket}/{key}" + (f" ({target.describe()})" if extra else ""))
-    return 0
-
-
-# --- run --dry-run on AWS ---------------------------------------------------------------------------
 #: A hub address as long as any IPv4, for measuring the nodes' user-data when the real one is not known here.
 STAND_IN_ADDRESS = "255.255.255.255"
 
@@ -194,7 +100,7 @@ class _Questions:
             return f"not resolved: {failure.problem} ({failure.call})"
 
 
-def dry_run(env: aws_env.AwsEnv, run_id: str, console: Console) -> int:
+def dry_run(env: AwsRun, run_id: str, console: Console) -> int:
     """Print what a run would do and touch; ask AWS only what Describe/Get/List/Head calls answer.
 
     Everything known from the config and the code is printed first. What only AWS knows (the AMI behind an SSM
@@ -251,10 +157,10 @@ def dry_run(env: aws_env.AwsEnv, run_id: str, console: Console) -> int:
     return 0
 
 
-def _print_user_data(env: aws_env.AwsEnv, run_id: str, console: Console, problems: list[str]) -> None:
+def _print_user_data(env: AwsRun, run_id: str, console: Console, problems: list[str]) -> None:
     """The nodes' user-data, rendered for the hub's address (a stand-in when this host cannot know it)."""
     aws = env.config.aws
-    ident = aws_env.identify(aws.imds_url)
+    ident = identify(aws.imds_url)
     hub_address = aws.hub_address or ident.address
     if aws.hub_address:
         hub = f"{hub_address} (aws.hub_address)"
@@ -281,7 +187,7 @@ def _print_user_data(env: aws_env.AwsEnv, run_id: str, console: Console, problem
     console.print(f"  hub:        {hub}")
 
 
-def _print_answers(env: aws_env.AwsEnv, run_id: str, console: Console, asked: _Questions, problems: list[str]) -> None:
+def _print_answers(env: AwsRun, run_id: str, console: Console, asked: _Questions, problems: list[str]) -> None:
     """What only AWS knows: the AMI, the instance profile, the table, queue and bucket, amazon-efs-utils, the run."""
     aws = env.config.aws
     node_ami = aws.node_ami or aws.ami
@@ -312,7 +218,7 @@ def _print_answers(env: aws_env.AwsEnv, run_id: str, console: Console, asked: _Q
     if table == "present" or asked.why_not is not None:
         console.print(f"  run:        {asked.ask(f'whether run {run_id} exists', lambda: _run_state(env, run_id))}")
     if asked.missing:
-        problems.append(aws_env.missing_line(asked.missing))
+        problems.append(missing_line(asked.missing))
     problems += asked.problems
 
 
@@ -326,7 +232,7 @@ def _answer(check: Callable[[], None], answer: str) -> Callable[[], str]:
     return question
 
 
-def _run_state(env: aws_env.AwsEnv, run_id: str) -> str:
+def _run_state(env: AwsRun, run_id: str) -> str:
     existing = env.table.get_run(run_id)
     if existing is None:
         return f"{run_id} does not exist yet: `run` starts it"

@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from cli.check import CheckReport
-from cli.crawl_user import CrawlUser, reach_crawl_user
-from cli.crawler_ship import install_local, installed_config, project_of
-from cli.env import RunHold, StoresOf
+from cli.envs.base import RunHold, StoresOf
+from cli.envs.crawl_user import CrawlUser, reach_crawl_user
+from cli.envs.grid_jar import find_grid_jar, grid_jar_candidates
+from cli.envs.home import gridfleet_home
+from cli.packaging.crawler_ship import install_local, installed_config, project_of
+from cli.report.check import CheckReport
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import Clock, SystemClock
@@ -42,33 +44,16 @@ from hub.providers.local import LocalProvider, local_hub_id
 if TYPE_CHECKING:
     from embedded.stack import LocalStack, StackState
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("gridfleet")
-
-#: root's GRIDFLEET_HOME: the crawl user must reach the profiles and the nodes' state, and root's home is closed.
-ROOT_HOME = Path("/var/lib/gridfleet")
 
 #: What a local node leaves in its state directory that is worth keeping with the run.
 NODE_LOGS = ("node.log", "crawler.log", "grid-node.log", "instance.json")
 
 
-def gridfleet_home(environ: dict[str, str] | None = None, euid: int | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    if env.get("GRIDFLEET_HOME"):
-        return Path(env["GRIDFLEET_HOME"])
-    return ROOT_HOME if (os.geteuid() if euid is None else euid) == 0 else Path.home() / ".gridfleet"
-
-
-def grid_jar_candidates(home: Path, environ: dict[str, str] | None = None) -> list[Path]:
-    env = os.environ if environ is None else environ
-    out = [Path(env["GRIDFLEET_GRID_JAR"])] if env.get("GRIDFLEET_GRID_JAR") else []
-    return out + [PROJECT_ROOT / "vendor", Path.cwd() / "vendor", home / "vendor"]
-
-
 def make_stack(
     home: Path, config: Config | None = None, *, need_jar: bool = True, progress: Callable[[str], None] = lambda _: None
 ) -> LocalStack:
-    from embedded.stack import LocalStack, find_grid_jar
+    from embedded.stack import LocalStack
 
     jar = find_grid_jar(grid_jar_candidates(home)) if need_jar else None
     timeout = config.local.grid_session_request_timeout_s if config else 60
@@ -163,8 +148,8 @@ class LocalEnv(StoresOf):
         return self.state
 
     # --- the stores ------------------------------------------------------------------------------------
-    @functools.cached_property
-    def clients(self) -> AwsClients:
+    @functools.cached_property  # the stack comes up on first use, so this field of StoresOf is made late
+    def clients(self) -> AwsClients:  # type: ignore[override]
         self._up()
         return AwsClients(self.config.aws, credentials=LOCAL_CREDENTIALS)
 

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from cli.crawler_ship import CrawlerShipment, build_wheel, pinned
+from cli.packaging.crawler_ship import CrawlerShipment, build_wheel, pinned
 from fleet.errors import GridfleetError, UsageError
 from fleet.platform import PLATFORM_FILE, BundlePlatform
 
-PACKAGES = ("fleet", "hub", "node", "lambdas", "cli", "embedded", "cloud_init", "profiles")
-LAMBDA_PACKAGES = ("fleet", "hub", "lambdas", "cloud_init")
+#: What the Lambdas import of the project, as the import contracts allow them: the kernel, the handlers, the
+#: user-data templates.
+LAMBDA_PACKAGES = ("fleet", "lambdas", "cloud_init")
 LAMBDA_DEPS = ("pydantic", "pyyaml", "jinja2")
 
 

@@ -1,7 +1,7 @@
 """`gridfleet aws preflight`: is this account ready for the fleet's first night? One line per check, read-only.
 
 A team runs it once before its first run and again after any change to the account. Each check is a small
-function (here the account-wide ones, in cli.preflight_checks those of what the instances boot) answering with a
+function (here the account-wide ones, in cli.envs.aws_account those of what the instances boot) answering with a
 status and one line; `run_checks` asks them in turn and makes any AWS error a check could not get past into that
 check's FAIL, worded by `fleet.aws.errors` (the call and the permission it needs). When the credentials (or the
 endpoint, or the region) fail, every call after would fail alike: the checks left are `skipped`, not asked.
@@ -20,7 +20,9 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from rich.console import Console
 
-from cli.preflight_checks import (
+from cli.commands.tf_config import OUTPUT, aws_section, read_source
+from cli.envs import aws as aws_env
+from cli.envs.aws_account import (
     INSTANCE_TYPE,
     Account,
     Answer,
@@ -37,7 +39,6 @@ from cli.preflight_checks import (
     ssm_agent,
     whole,
 )
-from cli.tf_config import OUTPUT, aws_section, read_source
 from fleet.aws.clients import AwsClients, error_code
 from fleet.aws.errors import Kind, aws_failure
 from fleet.config import AwsConfig
@@ -186,7 +187,7 @@ def _value(aws: AwsConfig, key: str) -> Any:
 
 def resources(acct: Account) -> Answer:
     """Each resource the config names exists."""
-    aws, env = acct.config.aws, acct.env
+    aws, env = acct.config.aws, aws_env.connect(acct.config, acct.clients, source=acct.source)
     probes: list[tuple[str, Callable[[], object]]] = [
         (f"table {aws.table}", env.table.check_exists),
         (f"queue {aws.queue_name}", lambda: env.queue.url),

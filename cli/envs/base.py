@@ -1,18 +1,14 @@
 """One interface to where a run lives, so that each command that reads or drives a run is written once.
 
 A run lives on the embedded default (the local stack: its moto server is AWS, local processes are the nodes;
-cli/local_env.py) or on AWS (cli/aws_env.py). Both give the same stores and the same seams the hub takes (a
+cli/envs/local.py) or on AWS (cli/envs/aws.py). Both give the same stores and the same seams the hub takes (a
 provider, a node control); what only one of them does (start the stack, resolve the AMI, copy node logs, stop
-the hub instance) stays behind the methods below, so the flows of cli/run.py and cli/inspect_cmd.py never ask which
-backend they hold. The constructors at the end choose the backend from the parsed arguments: `--config` without
-`--local` is AWS, anything else the local stack; each backend's module is imported once chosen (and the local one
-never brings the stack with it).
+the hub instance) stays behind the methods below, so the flows of the `run` and the reading commands never ask
+which backend they hold. cli/envs/choose.py picks the backend from the parsed arguments.
 """
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from functools import cached_property
 from pathlib import Path
@@ -20,7 +16,7 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
-from cli.check import CheckReport
+from cli.report.check import CheckReport
 from fleet.aws.archive import S3RunArchive
 from fleet.aws.clients import AwsClients
 from fleet.aws.queue import SiteQueue, SqsSiteQueue
@@ -33,8 +29,6 @@ from fleet.config import Config
 from hub.control.base import NodeControl
 from hub.loop import RunOutcome
 from hub.providers.base import ComputeProvider
-
-Load = Callable[[str], Config]
 
 
 class StoresOf:
@@ -172,55 +166,3 @@ class Environment(Protocol):
 
     def for_run(self) -> Environment:
         """This environment as a run needs it (the local stack with its Grid jar, AWS able to launch nodes)."""
-
-
-# --- constructors from the parsed arguments ---------------------------------------------------------------
-def on_aws(args: argparse.Namespace) -> bool:
-    """`--config` names the AWS resources the run lives in, unless `--local` says it is on the local stack."""
-    return bool(getattr(args, "config", None)) and not getattr(args, "local", False)
-
-
-def for_run(args: argparse.Namespace, config: Config) -> Environment:
-    """`run`: the local stack with `--local`, else AWS as the config names it."""
-    if args.local:
-        from cli import local_env
-
-        return local_env.for_run(config)
-    from cli import aws_env
-
-    return aws_env.for_run(config, args.config)
-
-
-def for_reading(args: argparse.Namespace, load: Load) -> Environment | None:
-    """`status`, `watch`, `check`, `teardown`: the run on AWS (its resources checked first), else on the local
-    stack; None when no local stack with the run is up (a finished run is read from runs/ then)."""
-    if on_aws(args):
-        from cli import aws_env
-
-        env = aws_env.connect(load(args.config), source=args.config)
-        env.preflight()
-        return env
-    from cli import local_env
-
-    return local_env.for_reading(args.run_id)
-
-
-def for_rerun(args: argparse.Namespace, load: Load) -> Environment:
-    """`rerun`: the run on AWS, else on the running local stack (with `--config`, the sites' specs from it)."""
-    if on_aws(args):
-        from cli import aws_env
-
-        return aws_env.connect(load(args.config), source=args.config)
-    from cli import local_env
-
-    return local_env.for_rerun(args.run_id, load(args.config) if args.config else None)
-
-
-def archive_for(args: argparse.Namespace, load: Load) -> S3RunArchive | None:
-    """`report`: with `--config`, the bucket's run archive (summaries of runs the table forgot, and earlier runs
-    to compare with); without, None: the report reads the runs directory only."""
-    if not args.config:
-        return None
-    from cli import aws_env
-
-    return aws_env.connect(load(args.config), source=args.config).archive

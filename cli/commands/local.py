@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from cli.local_env import gridfleet_home, make_stack
+from cli.envs.home import gridfleet_home
+from cli.envs.local import make_stack
 from fleet.errors import UsageError
 from hub.loop import EXIT_OK
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 def cmd_local(args: argparse.Namespace, console: Console) -> int:
     if getattr(args, "twin", False):
-        from cli.twin_cmd import cmd_twin
+        from cli.commands.twin import cmd_twin
 
         return cmd_twin(args, console)
     if getattr(args, "config", None):

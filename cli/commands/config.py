@@ -7,8 +7,8 @@ import argparse
 
 from rich.console import Console
 
-from cli import tf_config
-from cli.crawler_ship import project_of
+from cli.commands import tf_config
+from cli.packaging.crawler_ship import project_of
 from fleet.config_load import load_config
 from hub.loop import EXIT_OK
 
@@ -22,7 +22,8 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
         f"hang_after_s {config.run.hang_after_s:g}, deadline_s {config.run.deadline_s:g}"
     )
     section = config.crawlers
-    build = project_of(config).build if section and section.project else section.installed if section else None
+    project = project_of(config)
+    build = project.build if project is not None else section.installed if section else None
     if build is not None:
         console.print(f"  crawler project {build.name} {build.version} ({build.hash})", highlight=False)
     return EXIT_OK

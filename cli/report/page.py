@@ -30,7 +30,7 @@ from typing import Any
 
 import jinja2
 
-from cli.report_data import (
+from cli.report.data import (
     Attempt,
     Node,
     as_dict,
@@ -45,7 +45,7 @@ from cli.report_data import (
     run_bounds,
     sites_of,
 )
-from cli.report_timeline import timeline
+from cli.report.timeline import timeline
 from fleet.aws.archive import RunArchive
 from fleet.aws.archive import previous as archive_previous
 

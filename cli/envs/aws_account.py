@@ -3,10 +3,10 @@
 A check reads the account through the fleet's own clients (Describe/Get/List/Head calls only) and answers with a
 status and one line: what it found, or what is wrong and what to do. What an answer shows is not ready is raised
 as `NotReady` deep in a lookup (an image that does not exist) or returned as a FAIL; an AWS error the check did
-not expect is left to its caller, which words it with `fleet.aws.errors` (cli.preflight turns it into the FAIL of
-that check; the dry run asks `efs_utils_ready` as one of its questions). Everything read back from AWS that is
-printed or used is checked first, since a line on the operator's terminal should never carry what AWS did not
-mean to say.
+not expect is left to its caller, which words it with `fleet.aws.errors` (cli.commands.preflight turns it into
+the FAIL of that check; the dry run asks `efs_utils_ready` as one of its questions). Everything read back from
+AWS that is printed or used is checked first, since a line on the operator's terminal should never carry what
+AWS did not mean to say.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any, TypeGuard
 
 from botocore.exceptions import ClientError
 
-from cli import aws_env
 from fleet.aws.clients import AwsClients, error_code
 from fleet.aws.tags import TAG_STACK
 from fleet.config import Config
@@ -90,10 +89,6 @@ class Account:
 
     def client(self, service: str) -> Any:
         return self.clients.client(service)
-
-    @cached_property
-    def env(self) -> aws_env.AwsEnv:
-        return aws_env.connect(self.config, self.clients, source=self.source)
 
     @cached_property
     def node_image(self) -> Image:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from cli.report_data import OUTCOMES, UNFINISHED, Attempt, Node, fmt_duration, fmt_utc
+from cli.report.data import OUTCOMES, UNFINISHED, Attempt, Node, fmt_duration, fmt_utc
 
 MAX_ROWS = 40  # node rows drawn in the timeline; the rest are counted, not drawn
 

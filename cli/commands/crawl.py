@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
-from cli.crawl_view import CrawlOutput, one_line
-from cli.crawler_ship import project_of
+from cli.packaging.crawler_ship import project_of
+from cli.views.crawl import CrawlOutput, one_line
 from fleet.clock import SystemClock
 from fleet.config import BrowserConfig, Config, SiteConfig
 from fleet.config_load import load_config
@@ -148,7 +148,8 @@ def _start_url(site: SiteConfig, demo_url: str | None, path: str) -> str:
 
 def _local_demo_url() -> str | None:
     """The demo server of the running local stack, if one runs."""
-    from cli.local_env import gridfleet_home, make_stack
+    from cli.envs.home import gridfleet_home
+    from cli.envs.local import make_stack
 
     state = make_stack(gridfleet_home(), need_jar=False).running()
     return state.demo_url if state is not None else None
@@ -162,7 +163,7 @@ def _profiles_root(args: argparse.Namespace) -> Path | None:
         return None
     if args.profiles_root is not None:
         return Path(args.profiles_root)
-    from cli.local_env import gridfleet_home
+    from cli.envs.home import gridfleet_home
 
     return gridfleet_home() / "efs"
 

@@ -1,6 +1,6 @@
 """The commands that read a run, or end one: `status`, `watch`, `report`, `check`, `teardown`.
 
-Each reads the run where it lives (cli/env.py: on AWS with `--config`, else on the local stack that is up), and
+Each reads the run where it lives (cli/envs/base.py: on AWS with `--config`, else on the local stack that is up), and
 falls back to what outlives the stores: the bucket's run archive on AWS (the table's items expire), the run's
 summary under runs/ (the local stack keeps nothing once it stops).
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 from rich.console import Console
 
-from cli import env as envs
-from cli.env import Environment
-from cli.views import print_sites
+from cli.envs import choose
+from cli.envs.base import Environment
+from cli.views.run import print_sites
 from fleet.aws import archive as run_archive
 from fleet.clock import SystemClock
 from fleet.config_load import load_config
@@ -108,7 +108,7 @@ def status_data(env: Environment | None, run_id: str | None, args: argparse.Name
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    env = envs.for_reading(args, load_config)
+    env = choose.for_reading(args, load_config)
     run_id = args.run_id or latest(env)
     data = status_data(env, run_id, args)
     if args.json:
@@ -120,9 +120,9 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_watch(args: argparse.Namespace, console: Console) -> int:
-    from cli.views import watch
+    from cli.views.run import watch
 
-    env = envs.for_reading(args, load_config)
+    env = choose.for_reading(args, load_config)
     first = status_data(env, args.run_id or latest(env), args)
     run_id = first["run_id"]
     state = {"data": first}
@@ -165,10 +165,10 @@ def _summary_path(args: argparse.Namespace, archive: run_archive.S3RunArchive | 
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
-    from cli.report import write_report
+    from cli.report.page import write_report
     from fleet.config import FleetConfig
 
-    archive = envs.archive_for(args, load_config)
+    archive = choose.archive_for(args, load_config)
     path = _summary_path(args, archive)
     prices = load_config(args.config).fleet.hourly_price if args.config else FleetConfig.model_validate({}).hourly_price
     out = args.out or path.parent / "report.html"
@@ -183,7 +183,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_to_act_on(args: argparse.Namespace, what: str) -> tuple[Environment, str]:
-    env = envs.for_reading(args, load_config)
+    env = choose.for_reading(args, load_config)
     run_id = args.run_id or latest(env)
     if env is None or not run_id:
         raise MissingResource(f"no run to {what}: no local stack with a run is up (for a run on AWS pass --config)")
@@ -191,8 +191,8 @@ def _run_to_act_on(args: argparse.Namespace, what: str) -> tuple[Environment, st
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    from cli.check import check_archived, check_run
-    from cli.run import demo_stats
+    from cli.commands.run import demo_stats
+    from cli.report.check import check_archived, check_run
 
     env, run_id = _run_to_act_on(args, "check")
     provider = env.provider(run_id, SystemClock())

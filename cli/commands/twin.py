@@ -23,11 +23,11 @@ from fleet.errors import UsageError
 
 UP_TIMEOUT_S = 600
 DOWN_TIMEOUT_S = 120
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "examples" / "twin.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "twin.yaml"
 
 
 def twin_home() -> Path:
-    from cli.local_env import gridfleet_home
+    from cli.envs.home import gridfleet_home
 
     return gridfleet_home() / "twin"
 
@@ -75,7 +75,7 @@ def _up(home: Path, state: dict[str, object], config: Path, console: Console) ->
         proc = subprocess.Popen(
             [sys.executable, "-m", "twin.serve", "--home", str(home), "--config", str(config)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            cwd=Path(__file__).resolve().parents[1],
+            cwd=Path(__file__).resolve().parents[2],
         )  # fmt: skip
     deadline, said = time.monotonic() + UP_TIMEOUT_S, ""
     while time.monotonic() < deadline:

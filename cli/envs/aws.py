@@ -8,9 +8,6 @@ adapters behind the same seams.
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,14 +18,13 @@ from typing import Any
 from botocore.exceptions import ClientError
 from rich.console import Console
 
-from cli.check import CheckReport
-from cli.crawler_ship import installed_config, project_of
-from cli.env import RunHold, StoresOf
+from cli.envs.aws_plan import dry_run, missing_line
+from cli.envs.base import RunHold, StoresOf
+from cli.envs.identity import HubIdentity, identify, same_host_hub_alive, self_stop
+from cli.packaging.crawler_ship import installed_config, project_of
+from cli.report.check import CheckReport
 from cloud_init import NodeUserData, RenderError, render_node
-from fleet import procs
 from fleet.aws.clients import AwsClients, error_code
-from fleet.aws.errors import CREATE_ADVICE
-from fleet.aws.imds import Imds, ImdsError
 from fleet.clock import Clock, SystemClock
 from fleet.codec import RunInfo
 from fleet.config import Config
@@ -79,8 +75,6 @@ class AwsEnv(StoresOf):
             raise MissingResource(missing_line(missing))
 
     def dry_run(self, run_id: str, console: Console) -> int:
-        from cli.aws import dry_run
-
         return dry_run(self, run_id, console)
 
     def latest_run(self) -> str | None:
@@ -277,11 +271,6 @@ def for_run(config: Config, source: str) -> AwsEnv:
     return connect(config, source=source, launch=True)
 
 
-def missing_line(missing: list[str]) -> str:
-    """One line for the fleet's resources that do not exist."""
-    return "; ".join(missing) + f": {CREATE_ADVICE}"
-
-
 def node_params(config: Config, run_id: str, hub_address: str) -> NodeUserData:
     aws = config.aws
     if not aws.efs_id:
@@ -308,48 +297,3 @@ def node_params(config: Config, run_id: str, hub_address: str) -> NodeUserData:
         table=aws.table,
         log_group=aws.log_group_node if aws.ship_logs else "",
     )
-
-
-EC2_IMDS = "http://169.254.169.254"
-
-
-@dataclass(frozen=True)
-class HubIdentity:
-    hub_id: str  # ec2:<instance id> on EC2, host:<hostname>:<pid>:<start ticks> elsewhere
-    address: str | None  # the private IPv4 nodes reach the Grid on
-    instance_id: str | None
-    real_ec2: bool = False  # the metadata came from EC2 itself, not from an emulator
-
-
-def identify(imds_url: str) -> HubIdentity:
-    try:
-        imds = Imds(imds_url, timeout_s=1.0)
-        iid = imds.instance_id()
-        return HubIdentity(f"ec2:{iid}", imds.local_ipv4(), iid, imds_url.rstrip("/") == EC2_IMDS)
-    except ImdsError:
-        pid = os.getpid()
-        return HubIdentity(f"host:{socket.gethostname()}:{pid}:{procs.start_ticks(pid)}", None, None)
-
-
-def same_host_hub_alive(hub_id: str) -> bool:
-    """For hubs run off EC2 (`host:<name>:<pid>:<ticks>`): alive if it is this host's live process."""
-    parts = hub_id.split(":")
-    if len(parts) != 4 or parts[0] != "host" or parts[1] != socket.gethostname():
-        return False
-    try:
-        return procs.pid_alive(int(parts[2]), int(parts[3]))
-    except ValueError:
-        return False
-
-
-def self_stop(how: str, identity: HubIdentity, ec2: Any) -> str:
-    """What the hub instance does to itself once the run is over and no node is left."""
-    if how == "none" or identity.instance_id is None:
-        return "not stopping: " + ("hub_self_stop is none" if how == "none" else "not on EC2")
-    if how == "terminate":
-        ec2.terminate_instances(InstanceIds=[identity.instance_id])
-        return f"terminating {identity.instance_id}"
-    if not identity.real_ec2:  # never shut down a machine whose "instance" came from an emulator
-        return f"not shutting down: instance metadata is not EC2's own ({identity.hub_id})"
-    subprocess.run(["shutdown", "-h", "+1", "gridfleet: the run is over"], check=False)
-    return "shutting down in one minute"

@@ -166,7 +166,8 @@ def pinned(requirements: str | None) -> list[str]:
 
 def build_wheel(project: CrawlerProject, wheels: Path) -> Path:
     """The project's wheel, built here into `wheels`. Its pinned requirements are fetched apart, as wheels for the
-    instances' platform (cli.bundle); this one is built on this machine, so the bundle checks that it is pure."""
+    instances' platform (cli.packaging.bundle); this one is built on this machine, so the bundle checks that it is
+    pure."""
     with tempfile.TemporaryDirectory() as tmp:
         source = _plain_package_project(project, Path(tmp) / "src") if project.kind == "package" else project.root
         built = Path(tmp) / "wheel"

@@ -1,0 +1,141 @@
+"""AWS commands: `render`, `aws bootstrap`, `bundle`, and the plan `run --dry-run` prints on AWS.
+
+AWS failures are not caught here: they reach the command line's outer edge, which words them in one
+line (fleet.aws.errors). The dry run is the exception: it prints what each failed question was and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from cli.envs import aws as aws_env
+from cli.envs.aws_plan import missing_line
+from cli.envs.grid_jar import find_grid_jar, grid_jar_candidates
+from cli.envs.home import PROJECT_ROOT, gridfleet_home
+from cli.packaging.bundle import build_bundle, build_lambda_zip
+from cli.packaging.crawler_ship import installed_config, shipment_of
+from cloud_init import HubUserData, RenderError, boot_script, render_hub
+from fleet.aws.bootstrap import ensure_resources
+from fleet.config import Config
+from fleet.config_load import dump_config, load_config
+from fleet.errors import MissingResource, UsageError
+from fleet.ids import default_run_id
+from fleet.platform import S3_METADATA, platform_of
+
+log = logging.getLogger("gridfleet")
+
+
+def hub_params(config: Config) -> HubUserData:
+    aws = config.aws
+    return HubUserData(
+        region=aws.region,
+        bucket=aws.bucket,
+        bundle_key=aws.bundle_key,
+        hub_config_key=aws.hub_config_key,
+        grid_port=aws.grid_port,
+        grid_publish_port=aws.grid_publish_port,
+        grid_subscribe_port=aws.grid_subscribe_port,
+        install_dir=aws.install_dir,
+        state_dir=aws.state_dir,
+        self_stop=aws.hub_self_stop,
+        imds_url=aws.imds_url,
+        log_group=aws.log_group_hub if aws.ship_logs else "",
+    )
+
+
+def cmd_render(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(args.config)
+    if args.role == "hub":
+        try:
+            text = render_hub(hub_params(config))
+        except RenderError as e:
+            raise UsageError(f"the hub's user-data cannot be made from this config: {e}") from None
+    else:
+        hub_address = args.hub_address or config.aws.hub_address
+        if not hub_address:
+            raise UsageError("rendering node user-data needs the hub's address: --hub-address or aws.hub_address")
+        run_id = args.run_id or default_run_id(time.time())
+        text = aws_env.connect(config).node_user_data(run_id, hub_address)
+    print(boot_script(text) if args.script else text, end="")
+    return 0
+
+
+def cmd_aws(args: argparse.Namespace, console: Console) -> int:
+    """`gridfleet aws preflight|bootstrap`."""
+    if args.action == "preflight":
+        from cli.commands.preflight import cmd_preflight
+
+        return cmd_preflight(args, console)
+    return cmd_bootstrap(args, console)
+
+
+def cmd_bootstrap(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(args.config)
+    env = aws_env.connect(config)
+    created = ensure_resources(env.clients, visibility_timeout_s=int(max(30, config.run.heartbeat_timeout_s)))
+    for line in created:
+        console.print(f"created {line}")
+    aws = config.aws
+    console.print(
+        f"{'all present' if not created else 'ready'}: table {aws.table}, queue {aws.queue_name} "
+        f"(DLQ {aws.dlq_name}), bucket {aws.bucket} in {aws.region}"
+    )
+    return 0
+
+
+def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
+    """Build the bundle for the fleet's instances (their architecture and Python, whatever machine this is) and
+    the Lambda package; with --upload, put them in the bucket, the bundle tagged with its target."""
+    config = load_config(args.config)
+    aws = config.aws
+    s3 = None
+    if args.upload:  # before a build of minutes: the credentials work and the bucket is there
+        env = aws_env.connect(config)
+        try:
+            env.results.check_exists()
+        except MissingResource as e:
+            raise MissingResource(missing_line([str(e)])) from None
+        s3 = env.clients.client("s3")
+    jar = find_grid_jar(grid_jar_candidates(gridfleet_home()))
+    crawlers = shipment_of(config)
+    target = platform_of(config)
+    types = ", ".join(config.fleet.instance_types)
+    console.print(
+        f"building the code bundle for {target.describe()} (the instances: {types}): "
+        "wheels of gridfleet and its dependencies, the Selenium server jar"
+    )
+    if crawlers is not None:
+        b = crawlers.project.build
+        console.print(f"  with the crawler project {b.name} {b.version} ({b.hash})")
+    bundle = build_bundle(PROJECT_ROOT, args.out, jar, target=target, crawlers=crawlers)
+    console.print(f"  {bundle} ({bundle.stat().st_size // 1024} KiB)")
+    console.print("building the Lambda package")
+    zipped = build_lambda_zip(PROJECT_ROOT, args.out)
+    console.print(f"  {zipped} ({zipped.stat().st_size // 1024} KiB)")
+    if s3 is None:
+        console.print("not uploaded (pass --upload to put them in the bucket)")
+        return 0
+    folder = str(Path(aws.bundle_key).parent)
+    hub_config = Path(args.config)
+    if crawlers is not None:  # the hub's config names what the bundle installed, not a directory of this machine
+        hub_config = args.out / "fleet.yaml"
+        hub_config.write_text(dump_config(installed_config(config, crawlers.project), secrets=True))
+    # the bundle's target travels with it, so its platform is known without downloading it
+    tagged = {"Metadata": dict(zip(S3_METADATA, (target.machine, target.python), strict=True))}
+    uploads: list[tuple[Path, str, dict[str, Any] | None]] = [
+        (bundle, aws.bundle_key, tagged),
+        (zipped, f"{folder}/gridfleet-lambda.zip", None),
+        (hub_config, aws.hub_config_key, None),
+    ]
+    if args.efs_utils_deb:
+        uploads.append((Path(args.efs_utils_deb), aws.efs_utils_key, None))
+    for path, key, extra in uploads:
+        s3.upload_file(str(path), aws.bucket, key, ExtraArgs=extra)
+        console.print(f"uploaded s3://{aws.bucket}/{key}" + (f" ({target.describe()})" if extra else ""))
+    return 0
