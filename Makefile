@@ -26,14 +26,16 @@ demo: setup
 	if [ $$rc -eq 3 ]; then echo "demo: finished; the sites built to fail are FAILED, as intended (exit 3)"; fi
 
 # The house rules, as configured in pyproject.toml: the layers of the code (import-linter), lint rules and
-# formatting (ruff), the types of the kernel and the hub (mypy). Every tool runs even when one before it failed,
-# so that one run reports all that is broken.
+# formatting (ruff), the types of every package (mypy), the sizes of modules and functions (scripts/sizes.py).
+# Every tool runs even when one before it failed, so that one run reports all that is broken.
 lint: setup
 	@rc=0; \
 	echo "lint: layers (lint-imports)"; $(LINT_IMPORTS) || rc=1; \
 	echo "lint: ruff check"; $(RUFF) check . || rc=1; \
 	echo "lint: ruff format --check"; $(RUFF) format --check . || rc=1; \
 	echo "lint: mypy"; $(MYPY) || rc=1; \
+	echo "lint: sizes (a module over 400 lines is a warning, over 600 an error; a function over 60 an error)"; \
+	$(PYTHON) scripts/sizes.py || rc=1; \
 	exit $$rc
 
 # The whole suite: the house rules, then unit, adapter (moto) and e2e (Selenium Grid + Chromium) tests.

@@ -92,30 +92,24 @@ def test_the_hubs_planning_imports_without_boto3_or_botocore():
     assert done.returncode == 0, done.stderr
 
 
-#: The size of a room: a module a newcomer reads in one sitting, a function one screen.
-MODULE_MAX_LINES = 400
-FUNCTION_MAX_LINES = 60
-PACKAGES = ("fleet", "hub", "node", "lambdas", "cli", "embedded", "sim", "twin", "cloud_init", "profiles", "bench")
+SIZES = ROOT / "scripts" / "sizes.py"
 
 
-def oversized(path: Path, root: Path = ROOT) -> list[str]:
-    """What in one source file is over the house's sizes: the module, or a function (its decorators excluded)."""
-    source = path.read_text()
-    found = []
-    lines = source.count("\n")
-    if lines > MODULE_MAX_LINES:
-        found.append(f"{path.relative_to(root)}: {lines} lines")
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            length = (node.end_lineno or node.lineno) - node.lineno + 1
-            if length > FUNCTION_MAX_LINES:
-                found.append(f"{path.relative_to(root)}:{node.lineno} {node.name}: {length} lines")
-    return found
-
-
-def test_no_module_is_over_400_lines_and_no_function_over_60(tmp_path):
+def test_a_module_over_600_lines_or_a_function_over_60_fails_and_one_over_400_is_a_warning(tmp_path):
     big = tmp_path / "big.py"
-    big.write_text("def f():\n" + "    x = 1\n" * 60 + "\n" * 400)
-    assert len(oversized(big, tmp_path)) == 2  # the check sees both kinds
-    found = [f for pkg in PACKAGES for path in sorted((ROOT / pkg).rglob("*.py")) for f in oversized(path)]
-    assert found == []
+    big.write_text("def f():\n" + "    x = 1\n" * 60)
+    middling = tmp_path / "middling.py"
+    middling.write_text("x = 1\n" * 450)
+    done = subprocess.run([sys.executable, SIZES, big, middling], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["warning", "error"], done.stdout
+    assert "middling.py: 450 lines" in done.stdout and "big.py:1 f: 61 lines" in done.stdout
+    huge = tmp_path / "huge.py"
+    huge.write_text("x = 1\n" * 601)
+    done = subprocess.run([sys.executable, SIZES, huge], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "huge.py: 601 lines (at most 600)" in done.stdout
+
+
+def test_no_module_is_over_600_lines_and_no_function_over_60():
+    done = subprocess.run([sys.executable, SIZES], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout
