@@ -26,6 +26,7 @@ from cli.crawler_ship import installed_config, project_of
 from cli.env import RunHold, StoresOf
 from cloud_init import NodeUserData, RenderError, render_node
 from fleet import procs
+from fleet.aws import ec2 as ec2_api
 from fleet.aws.clients import AwsClients, error_code
 from fleet.aws.errors import CREATE_ADVICE
 from fleet.aws.imds import Imds, ImdsError
@@ -227,9 +228,7 @@ class AwsEnv(StoresOf):
         return outcome.exit_code
 
     def rerun_hubs(self, run_id: str, run: RunInfo) -> list[str]:
-        from lambdas.starter import live_hub_ids
-
-        hubs = live_hub_ids(self.ec2, run_id, self.config.aws.stack)
+        hubs = ec2_api.live_hub_ids(self.ec2, self.config.aws.stack, run_id)
         if not hubs and not self.config.aws.hub_launch_template:
             raise UsageError(
                 "aws.hub_launch_template is not set, and no hub runs this run: a rerun on AWS starts a "
@@ -347,7 +346,7 @@ def self_stop(how: str, identity: HubIdentity, ec2: Any) -> str:
     if how == "none" or identity.instance_id is None:
         return "not stopping: " + ("hub_self_stop is none" if how == "none" else "not on EC2")
     if how == "terminate":
-        ec2.terminate_instances(InstanceIds=[identity.instance_id])
+        ec2_api.terminate(ec2, [identity.instance_id])
         return f"terminating {identity.instance_id}"
     if not identity.real_ec2:  # never shut down a machine whose "instance" came from an emulator
         return f"not shutting down: instance metadata is not EC2's own ({identity.hub_id})"
