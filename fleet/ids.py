@@ -1,4 +1,4 @@
-"""The shapes of the ids gridfleet puts into keys, paths and tags: run ids and site ids.
+"""The shapes of the ids gridfleet puts into keys, paths and tags: run ids, site ids and EC2 instance ids.
 
 One rule for each, matched whole (`fullmatch`: a trailing newline is not a valid
 id), used wherever an id enters (the config, the command line, a Lambda event)
@@ -18,6 +18,10 @@ RUN_ID_RULE = "letters, digits, '.', '_' or '-', starting with a letter or digit
 SITE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SITE_ID_RULE = "letters, digits, '.', '_' or '-', starting with a letter or digit (max 128)"
 
+#: An EC2 instance id: `i-` and 8 hex digits (the old form) or 17 (the current one).
+INSTANCE_ID_RE = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")
+INSTANCE_ID_RULE = "'i-' and 8 or 17 lowercase hex digits"
+
 
 def is_run_id(value: object) -> bool:
     return isinstance(value, str) and RUN_ID_RE.fullmatch(value) is not None
@@ -25,6 +29,10 @@ def is_run_id(value: object) -> bool:
 
 def is_site_id(value: object) -> bool:
     return isinstance(value, str) and SITE_ID_RE.fullmatch(value) is not None
+
+
+def is_instance_id(value: object) -> bool:
+    return isinstance(value, str) and INSTANCE_ID_RE.fullmatch(value) is not None
 
 
 def check_run_id(value: object, what: str = "run id") -> str:
@@ -38,6 +46,13 @@ def check_site_id(value: object, what: str = "site id") -> str:
     """`value` if it is a site id, else ValueError naming it."""
     if not is_site_id(value):
         raise ValueError(f"{what} {value!r} is not a site id ({SITE_ID_RULE})")
+    return value  # type: ignore[return-value]
+
+
+def check_instance_id(value: object, what: str = "instance id") -> str:
+    """`value` if it is an EC2 instance id, else ValueError naming it (the ids EC2 answers with pass here)."""
+    if not is_instance_id(value):
+        raise ValueError(f"{what} {value!r} is not an EC2 instance id ({INSTANCE_ID_RULE})")
     return value  # type: ignore[return-value]
 
 

@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fleet import ops
 from fleet.aws.messages import BadMessage, SiteMessage
 from fleet.aws.notify import notify_finished
 from fleet.aws.queue import SiteQueue
-from fleet.aws.table import StateTable
-from fleet.clock import Clock
-from fleet.codec import HistoryEvent, RunInfo
+from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
@@ -34,7 +31,6 @@ from hub.actions import (
     Drain,
     EndAttempt,
     Enqueue,
-    FailSites,
     Feed,
     Finish,
     KillAttempt,
@@ -42,22 +38,15 @@ from hub.actions import (
     Launch,
     SeedSites,
     StartRun,
-    Terminate,
 )
 from hub.control.base import KillResult, NodeControl
-from hub.providers.base import ComputeProvider
+from hub.end_executor import EndExecutor, Handler
 from hub.snapshot import Snapshot, held
 
 log = logging.getLogger("gridfleet.hub")
 
 #: How long a message of another run stays hidden during a drain pass (so the pass sees it once).
 DRAIN_HIDE_S = 5
-
-
-@dataclass
-class Finished:
-    reason: str
-    left_running: int
 
 
 def kill_path(result: KillResult | None, terminated: bool) -> str:
@@ -67,86 +56,6 @@ def kill_path(result: KillResult | None, terminated: bool) -> str:
     if not terminated:
         return result.path
     return f"{result.path}+terminate" if result.ok else "terminate"
-
-
-@dataclass(kw_only=True)
-class EndExecutor:
-    """The actions that end a run, which need only the table, the provider and the clock: what an operator's
-    `gridfleet teardown` has, and the hub's `Executor` builds on."""
-
-    run_id: str
-    table: StateTable
-    provider: ComputeProvider
-    clock: Clock
-    finished: Finished | None = None
-    conflicts: int = 0
-    _history: list[HistoryEvent] = field(default_factory=list, init=False, repr=False)
-    _seq: int = field(default=0, init=False, repr=False)
-
-    def history(self, kind: str, **fields: Any) -> None:
-        """Record what the hub did on the run; written by `flush_history` at the end of the tick."""
-        self._seq += 1
-        self._history.append(HistoryEvent(self.run_id, self.clock.now(), kind, fields, self._seq))
-
-    def flush_history(self) -> None:
-        """Write the tick's history lines in batches (best effort: a lost line must not stop the run)."""
-        events, self._history = self._history, []
-        if not events:
-            return
-        try:
-            self.table.add_history(events)
-        except Exception as e:  # noqa: BLE001 - the history is a record, not a decision
-            log.warning(
-                "history-lost lines=%d kinds=%s error=%s", len(events), ",".join(sorted({e.kind for e in events})), e
-            )
-
-    def execute(self, action: Action, snap: Snapshot) -> Done:
-        try:
-            done: Done = getattr(self, "_" + type(action).__name__)(action, snap)
-        except StaleWrite as e:
-            self.conflicts += 1
-            event(log, "conflict", logging.DEBUG, run_id=self.run_id, site=e.site, action=type(action).__name__)
-            return Done(action, conflicts=1)
-        self.conflicts += done.conflicts
-        return done
-
-    def mark_finished(self, now: float) -> None:
-        """The run item's last write: the run is over (after its summary is out, so a crash before is resumed)."""
-        self.table.update_run(self.run_id, status=RunState.FINISHED, finished_at=now)
-
-    def _Terminate(self, a: Terminate, snap: Snapshot) -> Done:
-        self.terminate(a.instance_ids, a.reason)
-        return Done(a, a.instance_ids)
-
-    def terminate(self, instance_ids: tuple[str, ...], why: str) -> None:
-        self.provider.terminate(list(instance_ids))
-        event(log, "terminate", run_id=self.run_id, nodes=",".join(instance_ids), why=why)
-        self.history("terminate", nodes=list(instance_ids), why=why)
-
-    def _FailSites(self, a: FailSites, snap: Snapshot) -> Done:
-        now = self.clock.now()
-        failed: list[str] = []
-        lost = 0
-        for name in a.sites:
-            try:
-                ops.fail_now(self.table, snap.sites[name], a.reason, now, error=a.error)
-            except StaleWrite as e:
-                # A node finished it in the meantime (a result beats the end), or wrote progress: the next plan
-                # sees which, and fails it again if it is still open.
-                if e.current is None or not e.current.is_terminal:
-                    lost += 1
-                continue
-            failed.append(name)
-            event(log, "failed", logging.WARNING, run_id=self.run_id, site=name, reason=a.reason)
-            self.history("failed", site=name, reason=str(a.reason))
-        return Done(a, tuple(failed), conflicts=lost)
-
-    def _Finish(self, a: Finish, snap: Snapshot) -> Done:
-        if a.left_running:
-            event(log, "teardown-incomplete", logging.ERROR, run_id=self.run_id, left_running=a.left_running)
-        self.finished = Finished(a.reason, a.left_running)
-        self.history("finish", reason=a.reason, left_running=a.left_running)
-        return Done(a)
 
 
 @dataclass(kw_only=True)
@@ -162,14 +71,27 @@ class Executor(EndExecutor):
     full: bool = False  # `run --full`: seed incremental sites without their high-water marks
     out_dir: Path = Path("runs")  # where the run's files go on the embedded default (named in the end message)
 
-    def _Finish(self, a: Finish, snap: Snapshot) -> Done:
-        done = super()._Finish(a, snap)
+    def _finish(self, a: Finish, snap: Snapshot) -> Done:
+        done = super()._finish(a, snap)
         # fleet.yaml's `notify`: one message as the run ends; a failure is logged, never raised
         notify_finished(self.config, self.table, self.run_id, a.reason, a.left_running, self.clock.now(), self.out_dir)
         return done
 
+    def handlers(self) -> dict[type[Action], Handler]:
+        return {
+            **super().handlers(),
+            StartRun: self._start_run,
+            SeedSites: self._seed_sites,
+            Feed: self._feed,
+            Enqueue: self._enqueue,
+            KillAttempt: self._kill_attempt,
+            EndAttempt: self._end_attempt,
+            Launch: self._launch,
+            Drain: self._drain,
+        }
+
     # --- run and seeding --------------------------------------------------------
-    def _StartRun(self, a: StartRun, snap: Snapshot) -> Done:
+    def _start_run(self, a: StartRun, snap: Snapshot) -> Done:
         info = RunInfo(
             self.run_id,
             RunState.RUNNING,
@@ -191,7 +113,7 @@ class Executor(EndExecutor):
             )
         return Done(a)
 
-    def _SeedSites(self, a: SeedSites, snap: Snapshot) -> Done:
+    def _seed_sites(self, a: SeedSites, snap: Snapshot) -> Done:
         expire = self.expire_at(snap.run.deadline_at if snap.run else self.clock.now() + self.config.run.deadline_s)
         full = self.full or (snap.run is not None and snap.run.full)
         incremental = [name for name, spec in a.sites if spec.incremental]
@@ -209,7 +131,7 @@ class Executor(EndExecutor):
         )
         return Done(a, tuple(r.site for r in fresh))
 
-    def _Feed(self, a: Feed, snap: Snapshot) -> Done:
+    def _feed(self, a: Feed, snap: Snapshot) -> Done:
         recs = [r for n in a.sites if (r := snap.sites.get(n)) is not None and held(r)]
         self._send_first(recs)
         event(log, "feed", logging.DEBUG, run_id=self.run_id, sites=len(recs), first=recs[0].site if recs else None)
@@ -224,7 +146,7 @@ class Executor(EndExecutor):
             except StaleWrite:
                 pass  # a node claimed it already: the mark no longer matters
 
-    def _Enqueue(self, a: Enqueue, snap: Snapshot) -> Done:
+    def _enqueue(self, a: Enqueue, snap: Snapshot) -> Done:
         rec = snap.sites[a.site]
         ops.send_next(self.table, self.queue, rec)
         event(log, "enqueue", run_id=self.run_id, site=a.site, attempt=rec.attempt + 1, why="message never marked sent")
@@ -232,7 +154,7 @@ class Executor(EndExecutor):
         return Done(a, (a.site,))
 
     # --- ending attempts ----------------------------------------------------------
-    def _KillAttempt(self, a: KillAttempt, snap: Snapshot) -> Done:
+    def _kill_attempt(self, a: KillAttempt, snap: Snapshot) -> Done:
         rec = snap.sites[a.site]
         if not rec.kill_reason:  # the mark fences the node off first: its next write fails
             rec = ops.request_kill(self.table, rec, a.reason, self.clock.now())
@@ -275,7 +197,7 @@ class Executor(EndExecutor):
         self.history("terminate", nodes=[iid], why=f"kill {a.reason}", site=rec.site)
         return kill_path(result, True)
 
-    def _EndAttempt(self, a: EndAttempt, snap: Snapshot) -> Done:
+    def _end_attempt(self, a: EndAttempt, snap: Snapshot) -> Done:
         self._end(snap.sites[a.site], a.reason, None)
         return Done(a, (a.site,))
 
@@ -325,7 +247,7 @@ class Executor(EndExecutor):
             )
 
     # --- the fleet and the queue ------------------------------------------------------
-    def _Launch(self, a: Launch, snap: Snapshot) -> Done:
+    def _launch(self, a: Launch, snap: Snapshot) -> Done:
         result = self.provider.launch(self.run_id, a.count, target=a.target)
         for err in result.errors:
             event(log, "launch-error", logging.WARNING, run_id=self.run_id, error=err)
@@ -354,7 +276,7 @@ class Executor(EndExecutor):
             )
         return Done(a, result.launched)
 
-    def _Drain(self, a: Drain, snap: Snapshot) -> Done:
+    def _drain(self, a: Drain, snap: Snapshot) -> Done:
         """One pass over what is visible (at most `a.max_messages` receives): delete this run's messages
         (duplicates, messages put aside by nodes, messages of dead nodes). Other runs' messages are made visible
         again once the pass is over; a body that is no site message at all at once, so that its receives run out

@@ -27,7 +27,8 @@ from fleet.state import RunStatus
 from fleet.summary import build_summary, export, instances_section
 from hub.actions import Ending, Plan
 from hub.control.base import NodeControl
-from hub.executor import Executor, Finished
+from hub.end_executor import Finished
+from hub.executor import Executor
 from hub.history import previous_durations
 from hub.plan import metering, plan
 from hub.providers.base import ComputeProvider

@@ -23,25 +23,10 @@ from typing import Any
 
 from fleet.aws.messages import QueueDepth
 from fleet.codec import NodeInfo, RunInfo
+from fleet.instance import Instance
 from fleet.stamp import TRANSITION_FIELDS, Stamp, patch_from_stamp, record_stamp
 from fleet.state import RunStatus, SiteRecord
 from hub.actions import Ending
-
-LIVE_STATES = frozenset({"pending", "running"})
-
-
-@dataclass(frozen=True)
-class Instance:
-    id: str
-    state: str  # pending | running | shutting-down | stopping | stopped | terminated
-    role: str = "node"
-    tags: Mapping[str, str] = field(default_factory=dict)
-    instance_type: str | None = None
-    interrupted: bool = False  # EC2 reclaimed it (spot interruption)
-
-    @property
-    def live(self) -> bool:
-        return self.state in LIVE_STATES
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from fleet.logs import event
 from fleet.ops import fail_open_sites  # re-exported for callers that still import it from here
 from fleet.state import Reason
 from hub.actions import Ending, FailSites, Terminate
-from hub.executor import EndExecutor
+from hub.end_executor import EndExecutor
 from hub.plan import end_plan, teardown_request
 from hub.providers.base import ComputeProvider
 from hub.snapshot import Observations, Snapshot

@@ -17,8 +17,8 @@ from typing import Any
 from fleet.aws.tags import LIVE_STATES, ROLE_HUB, ROLE_NODE
 from fleet.codec import RunInfo
 from fleet.ids import is_run_id
+from fleet.instance import Instance
 from fleet.state import RunState
-from lambdas.ec2 import Instance
 from lambdas.settings import LambdaSettings
 
 

@@ -17,19 +17,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleet.aws import ec2 as ec2_api
+from fleet.aws.ec2 import Instance
 from fleet.aws.run_item import RunWatch
 from fleet.aws.table import WatchTable
-from fleet.aws.tags import TAG_STACK
+from fleet.aws.tags import ROLE_HUB, TAG_STACK
 from fleet.clock import Clock, SystemClock
 from fleet.ids import default_run_id
 from fleet.logs import event
 from fleet.state import RunState
-from lambdas import ec2 as ec2_calls
-from lambdas.ec2 import Instance, live_hub_ids
 from lambdas.runtime import ClientsFactory, default_clients, event_run_id, log, outermost, state_table
 from lambdas.settings import LambdaSettings
 
-__all__ = ["LambdaSettings", "live_hub_ids", "start_hub", "run_starter", "handler", "decide", "client_token"]
+__all__ = ["LambdaSettings", "start_hub", "run_starter", "handler", "decide", "client_token"]
 
 _CLIENT_TOKEN_MAX = 64  # RunInstances ClientToken: at most 64 ASCII characters
 
@@ -127,10 +127,9 @@ def decide(view: StarterView, settings: LambdaSettings) -> list[StarterAction]:
 
 
 def read(settings: LambdaSettings, ec2: Any, table: WatchTable, run_id: str) -> StarterView:
-    configured = ec2_calls.describe_one(ec2, settings.hub_instance_id) if settings.hub_instance_id else None
-    return StarterView(
-        run_id, tuple(ec2_calls.hub_instances(ec2, run_id, settings.stack)), table.get_run_watch(run_id), configured
-    )
+    configured = ec2_api.find(ec2, settings.hub_instance_id) if settings.hub_instance_id else None
+    hubs = ec2_api.describe(ec2, settings.stack, run_id=run_id, role=ROLE_HUB)  # in any state
+    return StarterView(run_id, tuple(hubs), table.get_run_watch(run_id), configured)
 
 
 def apply(actions: Sequence[StarterAction], settings: LambdaSettings, ec2: Any, table: WatchTable) -> dict[str, Any]:
@@ -154,12 +153,12 @@ def apply(actions: Sequence[StarterAction], settings: LambdaSettings, ec2: Any, 
             case Fallback():
                 event(log, "hub-instance-unusable", run_id=a.run_id, instance_id=a.instance_id, reason=a.reason)
             case StartStopped():
-                ec2_calls.tag_and_start(ec2, a.instance_id, a.run_id)
+                ec2_api.tag_and_start(ec2, a.instance_id, a.run_id)
                 table.add_hub_start(a.run_id)
                 event(log, "hub-started", run_id=a.run_id, instance_id=a.instance_id, how="start")
                 out = {"action": "started", "run_id": a.run_id, "instance_id": a.instance_id, "how": "start"}
             case Launch():
-                iid = ec2_calls.run_hub(ec2, a.template, settings.stack, a.run_id, client_token(a.run_id, a.previous))
+                iid = ec2_api.run_hub(ec2, a.template, settings.stack, a.run_id, client_token(a.run_id, a.previous))
                 table.add_hub_start(a.run_id)
                 event(
                     log,

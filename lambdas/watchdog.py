@@ -26,7 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleet.aws import ec2 as ec2_api
 from fleet.aws.archive import RunArchive, S3RunArchive
+from fleet.aws.ec2 import STOPPED_STATES, Instance
 from fleet.aws.notify import notify_overdue
 from fleet.aws.run_item import RunExpect, RunWatch
 from fleet.aws.table import WatchTable
@@ -38,8 +40,6 @@ from fleet.logs import event
 from fleet.ops import fail_open_sites
 from fleet.state import Reason, RunState
 from fleet.summary import build_summary
-from lambdas import ec2 as ec2_calls
-from lambdas.ec2 import STOPPED_STATES, Instance
 from lambdas.orphans import Orphans, is_abandoned, orphan_reason, retire
 from lambdas.runtime import ClientsFactory, default_clients, log, outermost, state_table
 from lambdas.settings import LambdaSettings
@@ -152,7 +152,7 @@ def decide(view: WatchView, now: float, settings: LambdaSettings) -> list[WatchA
 
 def read(settings: LambdaSettings, ec2: Any, table: WatchTable) -> WatchView:
     runs = tuple(table.running_runs(settings.lookback_runs))
-    instances = tuple(ec2_calls.stack_instances(ec2, settings.stack, LIVE_STATES + STOPPED_STATES))
+    instances = tuple(ec2_api.describe(ec2, settings.stack, states=LIVE_STATES + STOPPED_STATES))
     known = {w.run.run_id for w in runs}
     wanted = sorted({i.run_id for i in instances if not i.stopped and i.run_id and is_run_id(i.run_id)} - known)
     return WatchView(runs, instances, {run_id: table.get_run_watch(run_id) for run_id in wanted})
@@ -208,9 +208,9 @@ def apply(actions: Sequence[WatchAction], p: Pass) -> dict[str, Any]:
             case Orphans():
                 record_orphans(a, p)
             case Terminate():
-                ec2_calls.terminate(p.ec2, list(a.instance_ids))
+                ec2_api.terminate(p.ec2, a.instance_ids)
             case Stop():
-                ec2_calls.stop(p.ec2, list(a.instance_ids))
+                ec2_api.stop(p.ec2, a.instance_ids)
     event(
         log,
         "watch-pass",

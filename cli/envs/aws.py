@@ -24,6 +24,7 @@ from cli.envs.identity import HubIdentity, identify, same_host_hub_alive, self_s
 from cli.packaging.crawler_ship import installed_config, project_of
 from cli.report.check import CheckReport
 from cloud_init import NodeUserData, RenderError, render_node
+from fleet.aws import ec2 as ec2_api
 from fleet.aws.clients import AwsClients, error_code
 from fleet.clock import Clock, SystemClock
 from fleet.codec import RunInfo
@@ -221,9 +222,7 @@ class AwsEnv(StoresOf):
         return outcome.exit_code
 
     def rerun_hubs(self, run_id: str, run: RunInfo) -> list[str]:
-        from lambdas.starter import live_hub_ids
-
-        hubs = live_hub_ids(self.ec2, run_id, self.config.aws.stack)
+        hubs = ec2_api.live_hub_ids(self.ec2, self.config.aws.stack, run_id)
         if not hubs and not self.config.aws.hub_launch_template:
             raise UsageError(
                 "aws.hub_launch_template is not set, and no hub runs this run: a rerun on AWS starts a "

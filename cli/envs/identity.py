@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet import procs
+from fleet.aws import ec2 as ec2_api
 from fleet.aws.imds import Imds, ImdsError
 
 EC2_IMDS = "http://169.254.169.254"
@@ -52,7 +53,7 @@ def self_stop(how: str, identity: HubIdentity, ec2: Any) -> str:
     if how == "none" or identity.instance_id is None:
         return "not stopping: " + ("hub_self_stop is none" if how == "none" else "not on EC2")
     if how == "terminate":
-        ec2.terminate_instances(InstanceIds=[identity.instance_id])
+        ec2_api.terminate(ec2, [identity.instance_id])
         return f"terminating {identity.instance_id}"
     if not identity.real_ec2:  # never shut down a machine whose "instance" came from an emulator
         return f"not shutting down: instance metadata is not EC2's own ({identity.hub_id})"

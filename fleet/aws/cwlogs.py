@@ -36,7 +36,7 @@ from watchtower import CloudWatchLogHandler, WatchtowerWarning
 
 from fleet.aws.clients import error_code
 from fleet.aws.errors import Kind, aws_failure
-from fleet.ids import is_run_id
+from fleet.ids import is_instance_id, is_run_id
 
 #: CloudWatch's largest event, counting the 26 bytes it adds to each (watchtower cuts above this, silently).
 MAX_EVENT_BYTES = 256 * 1024
@@ -56,13 +56,8 @@ HANDLER_MAX_BATCH_BYTES = 1024 * 1024
 HANDLER_MAX_BATCH_EVENTS = 10_000
 
 OFFSETS_FILE = "offsets.json"  # in the shipper's --state directory
-_INSTANCE_ID_RE = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")
 _LEADING_TIME_RE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,6})?(?:Z|[+-]\d{2}:?\d{2})?")
 _GROUP_RE = re.compile(r"[A-Za-z0-9_./#-]{1,512}")
-
-
-def is_instance_id(value: object) -> bool:
-    return isinstance(value, str) and _INSTANCE_ID_RE.fullmatch(value) is not None
 
 
 def split_stream(name: object) -> tuple[str, str] | None:

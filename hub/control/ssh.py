@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import paramiko
 from botocore.exceptions import ClientError
 
+from fleet.aws import ec2 as ec2_api
 from hub.control.base import KillResult
 from hub.control.command import error_detail, kill_command, output_tail
 
@@ -137,14 +138,14 @@ class ConsoleHostKeys:
         if instance_id in self._known:
             return self._known[instance_id]
         keys: list[tuple[str, str]] = []
-        # Latest=True reads the live serial console (Nitro instances only); without it, EC2 returns what
-        # it buffered after the instance's last state change, which also holds the boot messages.
-        for kwargs in ({"Latest": True}, {}):
+        # The live serial console first (Nitro instances only), then what EC2 buffered after the instance's
+        # last state change, which also holds the boot messages.
+        for latest in (True, False):
             try:
-                out = self.ec2.get_console_output(InstanceId=instance_id, **kwargs)
+                output = ec2_api.console_output(self.ec2, instance_id, latest=latest)
             except ClientError:
                 continue
-            keys = host_keys_from_console(console_text(out.get("Output")))
+            keys = host_keys_from_console(console_text(output))
             if keys:
                 self._known[instance_id] = keys
                 break
@@ -258,11 +259,7 @@ def private_address(ec2_client: Any) -> Callable[[str], str | None]:
     """`address_of` for SshControl: the instance's private IPv4 by DescribeInstances (None if it has none)."""
 
     def address_of(instance_id: str) -> str | None:
-        out = ec2_client.describe_instances(InstanceIds=[instance_id])
-        for reservation in out.get("Reservations", []):
-            for inst in reservation.get("Instances", []):
-                if inst.get("InstanceId") == instance_id:
-                    return inst.get("PrivateIpAddress") or None
-        return None
+        found = [i for i in ec2_api.describe_ids(ec2_client, [instance_id]) if i.id == instance_id]
+        return found[0].private_ip if found else None
 
     return address_of

@@ -19,11 +19,12 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from fleet.aws import ec2 as ec2_api
 from fleet.aws.clients import error_code
-from fleet.aws.tags import ALL_STATES, TAG_ROLE, filters, instance_tags, tags_of
+from fleet.aws.ec2 import Instance
+from fleet.aws.tags import ALL_STATES
 from fleet.config import Config
 from hub.providers.base import LaunchResult
-from hub.snapshot import Instance
 
 log = logging.getLogger("gridfleet.hub")
 
@@ -43,8 +44,6 @@ CAPACITY_ERRORS = frozenset(
     }
 )
 
-SPOT_RECLAIMED = "Server.SpotInstanceTermination"  # EC2's StateReason of a reclaimed spot instance
-
 
 class Ec2Provider:
     def __init__(self, ec2: Any, config: Config, *, ami: str, user_data: Callable[[str], str], role: str = "node"):
@@ -58,35 +57,7 @@ class Ec2Provider:
     # --- what runs ---------------------------------------------------------------
     def list(self, run_id: str) -> list[Instance]:
         """The run's instances of this role in this stack (`aws.stack`): another stack's are never seen."""
-        wanted = filters(self.config.aws.stack, run_id=run_id, role=self.role, states=ALL_STATES)
-        out = []
-        for page in self.ec2.get_paginator("describe_instances").paginate(Filters=wanted):
-            for res in page.get("Reservations", []):
-                for i in res.get("Instances", []):
-                    tags = tags_of(i)
-                    reason = i.get("StateReason", {}).get("Code", "")
-                    out.append(
-                        Instance(
-                            i["InstanceId"],
-                            i["State"]["Name"],
-                            tags.get(TAG_ROLE, self.role),
-                            tags,
-                            i.get("InstanceType"),
-                            interrupted=reason == SPOT_RECLAIMED,
-                        )
-                    )
-        return out
-
-    def address_of(self, instance_id: str) -> str | None:
-        """The node's private IPv4 (for SSH from the hub)."""
-        try:
-            res = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
-        except ClientError:
-            return None
-        for r in res:
-            for i in r.get("Instances", []):
-                return i.get("PrivateIpAddress")
-        return None
+        return ec2_api.describe(self.ec2, self.config.aws.stack, run_id=run_id, role=self.role, states=ALL_STATES)
 
     # --- launch -----------------------------------------------------------------------
     def launch(self, run_id: str, count: int, target: int | None = None) -> LaunchResult:
@@ -137,16 +108,11 @@ class Ec2Provider:
         self, run_id: str, count: int, market: str, itype: str, subnet: str | None, token: str
     ) -> builtins.list[str]:
         aws = self.config.aws
-        tags = instance_tags(aws.stack, run_id, self.role)
         kwargs: dict[str, Any] = {
-            "MinCount": 1,
-            "MaxCount": count,
             "InstanceType": itype,
-            "ClientToken": token,
             "UserData": self.user_data(run_id),
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
             "InstanceInitiatedShutdownBehavior": "terminate",
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
         }
         if aws.node_launch_template:
             kwargs["LaunchTemplate"] = {"LaunchTemplateName": aws.node_launch_template}
@@ -165,31 +131,21 @@ class Ec2Provider:
                 "MarketType": "spot",
                 "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
             }
-        out = self.ec2.run_instances(**kwargs)
-        return [i["InstanceId"] for i in out.get("Instances", [])]
+        return ec2_api.run_instances(
+            self.ec2, stack=aws.stack, run_id=run_id, role=self.role, count=count, client_token=token, **kwargs
+        )
 
     # --- terminate -------------------------------------------------------------------
     def terminate(self, instance_ids: Sequence[str]) -> None:
-        ids = list(dict.fromkeys(instance_ids))
-        for chunk in (ids[i : i + 500] for i in range(0, len(ids), 500)):
-            try:
-                self.ec2.terminate_instances(InstanceIds=chunk)
-            except ClientError as e:
-                if error_code(e) != "InvalidInstanceID.NotFound":
-                    raise
-                for iid in chunk:  # one of them is gone already: terminate the others one by one
-                    try:
-                        self.ec2.terminate_instances(InstanceIds=[iid])
-                    except ClientError as e2:
-                        if error_code(e2) != "InvalidInstanceID.NotFound":
-                            raise
+        """Terminate the instances; one EC2 no longer knows does not stop the others (`fleet.aws.ec2.terminate`)."""
+        ec2_api.terminate(self.ec2, instance_ids)
 
     def hub_alive(self, hub_id: str) -> bool:
         """Hub ids on EC2 are `ec2:<instance id>`: alive while that instance is pending or running."""
         if not hub_id.startswith("ec2:"):
             return False
         try:
-            res = self.ec2.describe_instances(InstanceIds=[hub_id[4:]])["Reservations"]
+            hub = ec2_api.find(self.ec2, hub_id[4:])
         except ClientError:
             return False
-        return any(i["State"]["Name"] in ("pending", "running") for r in res for i in r.get("Instances", []))
+        return hub is not None and hub.live

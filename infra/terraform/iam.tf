@@ -187,7 +187,7 @@ data "aws_iam_policy_document" "hub" {
 
   # fleet.aws.queue: enqueueing the sites; deleting the message of an attempt whose node died (its receipt is on
   # the record); at the finish, draining the run's leftovers (other runs' messages are put back), the queue
-  # depths, and cli.check's look at the queue and the DLQ (received with visibility 0).
+  # depths, and cli.report.check's look at the queue and the DLQ (received with visibility 0).
   statement {
     sid = "SiteQueue"
     actions = [
@@ -201,7 +201,7 @@ data "aws_iam_policy_document" "hub" {
     resources = local.queue_arns
   }
 
-  # cli.aws_env preflight and fleet.aws.results: the bucket exists; a missing result reads as 404.
+  # cli.envs.aws preflight and fleet.aws.results: the bucket exists; a missing result reads as 404.
   statement {
     sid       = "BucketList"
     actions   = ["s3:ListBucket"]
@@ -215,7 +215,7 @@ data "aws_iam_policy_document" "hub" {
     resources = ["${aws_s3_bucket.results.arn}/*"]
   }
 
-  # cli.aws_env.upload_run_config (runs/<run id>/fleet.yaml for the run's nodes) and cli.report.publish
+  # cli.envs.aws.upload_run_config (runs/<run id>/fleet.yaml for the run's nodes) and cli.report.page.publish
   # (runs/<run id>/summary.json and report.html at the run's end): under runs/ only, so a hub can never
   # replace the bundle or config/, which every later hub and node installs as root.
   statement {
@@ -302,7 +302,7 @@ data "aws_iam_policy_document" "hub" {
     }
   }
 
-  # hub.providers.ec2.Ec2Provider (nodes) and cli.aws_env.self_stop (the hub itself, hub_self_stop=terminate),
+  # hub.providers.ec2.Ec2Provider (nodes) and cli.envs.identity.self_stop (the hub itself, hub_self_stop=terminate),
   # of this stack only.
   statement {
     sid       = "TerminateFleetInstances"
@@ -359,7 +359,7 @@ data "aws_iam_policy_document" "hub" {
     resources = ["*"]
   }
 
-  # cli.aws_env.AwsEnv.resolve_ami: the AMI id behind aws.node_ami, else aws.ami.
+  # cli.envs.aws.AwsEnv.resolve_ami: the AMI id behind aws.node_ami, else aws.ami.
   statement {
     sid       = "AmiParameter"
     actions   = ["ssm:GetParameter"]
@@ -380,7 +380,7 @@ data "aws_iam_policy_document" "hub" {
     }
   }
 
-  # cli.aws.dry_run (`gridfleet run --dry-run` on the hub): the nodes' instance profile exists.
+  # cli.envs.aws_plan.dry_run (`gridfleet run --dry-run` on the hub): the nodes' instance profile exists.
   statement {
     sid       = "NodeInstanceProfile"
     actions   = ["iam:GetInstanceProfile"]
@@ -572,7 +572,7 @@ data "aws_iam_policy_document" "starter" {
     resources = [aws_dynamodb_table.status.arn]
   }
 
-  # lambdas.ec2: live hubs of the run. Describe* has no resource-level permissions.
+  # fleet.aws.ec2: live hubs of the run. Describe* has no resource-level permissions.
   statement {
     sid       = "DescribeInstances"
     actions   = ["ec2:DescribeInstances"]
@@ -753,7 +753,7 @@ data "aws_iam_policy_document" "watchdog" {
     resources = ["${aws_s3_bucket.results.arn}/runs/*/summary.json"]
   }
 
-  # lambdas.ec2: live hubs of the run. Describe* has no resource-level permissions.
+  # fleet.aws.ec2: live hubs of the run. Describe* has no resource-level permissions.
   statement {
     sid       = "DescribeInstances"
     actions   = ["ec2:DescribeInstances"]

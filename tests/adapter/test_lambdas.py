@@ -20,6 +20,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from fleet import ops
+from fleet.aws import ec2 as ec2_api
 from fleet.aws.archive import S3RunArchive
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
@@ -29,7 +30,6 @@ from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.config import AwsConfig
 from fleet.state import RunState, SiteSpec
-from lambdas import ec2 as lambda_ec2
 from lambdas import starter, watchdog
 from lambdas.starter import LambdaSettings, client_token, run_starter, start_hub
 from lambdas.watchdog import claim_restart, heartbeat_token, orphan_reason, release_restart, watch
@@ -603,7 +603,7 @@ def test_orphans_are_terminated_and_live_runs_left_alone(rig):
 
 
 def test_orphans_are_terminated_in_batches(rig, monkeypatch):
-    monkeypatch.setattr(lambda_ec2, "TERMINATE_BATCH", 2)
+    monkeypatch.setattr(ec2_api, "TERMINATE_BATCH", 2)
     run_id = rig.run_id()
     rig.create_run(run_id, status="FINISHED")
     ids = rig.launch(run_id, "node", 5)

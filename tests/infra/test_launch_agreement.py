@@ -4,9 +4,9 @@ A launch is the template merged with the call: what the call sets wins. So each 
 (shutdown behaviour, metadata options, tags, instance profile, network, user-data, market) must come from
 exactly one of them, or be the same in both; a template must never be overridden into something else, and
 never contradict what the code expects of the instance it starts. The calls are the real ones, made by
-`Ec2Provider` (nodes) and the starter's `run_hub` (hubs) on a boto3 client whose answers are stubbed
-(botocore's Stubber, which still checks every parameter against EC2's API model): moto stores a launch
-template but does not merge it into the instance it starts, which is what is checked here.
+`Ec2Provider` (nodes) and `fleet.aws.ec2.run_hub` (hubs, as the starter launches them) on a boto3 client
+whose answers are stubbed (botocore's Stubber, which still checks every parameter against EC2's API model):
+moto stores a launch template but does not merge it into the instance it starts, which is what is checked here.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import pytest
 from botocore.stub import Stubber
 
 from cloud_init.render import TEMPLATES_DIR
+from fleet.aws import ec2 as ec2_api
 from fleet.aws.tags import ROLE_HUB, ROLE_NODE, TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from fleet.config import AwsConfig, Config, SiteConfig
 from hub.providers.ec2 import Ec2Provider
-from lambdas import ec2 as lambda_ec2
 from tests.infra.test_terraform import blocks, one
 from tests.infra.test_terraform import config as terraform
 
@@ -65,7 +65,7 @@ def node_call(market: str = "spot") -> dict[str, Any]:
 
 def hub_call() -> dict[str, Any]:
     return recorded_run_instances(
-        lambda client: lambda_ec2.run_hub(client, f"{STACK}-hub", STACK, "2026-11-24", "gf-hub-token")
+        lambda client: ec2_api.run_hub(client, f"{STACK}-hub", STACK, "2026-11-24", "gf-hub-token")
     )
 
 

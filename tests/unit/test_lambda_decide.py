@@ -15,8 +15,8 @@ from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.errors import StaleWrite
 from fleet.ids import default_run_id
+from fleet.instance import Instance
 from fleet.state import Reason, RunState, RunStatus, SiteSpec
-from lambdas.ec2 import Instance
 from lambdas.orphans import Orphan, Orphans
 from lambdas.settings import LambdaSettings
 from lambdas.starter import Fallback, Launch, Refuse, Skip, StarterView, StartStopped
@@ -55,7 +55,7 @@ def inst(
     launched_at: float | None = T0 - 3600,
 ) -> Instance:
     tags = {k: v for k, v in ((TAG_STACK, stack), (TAG_RUN_ID, run_id), (TAG_ROLE, role)) if v is not None}
-    return Instance(iid, state, tags, launched_at)
+    return Instance(iid, state, role, tags, launched_at=launched_at)
 
 
 def run(

@@ -1,11 +1,17 @@
 """The executor performs what the plan chose, one bounded pass per action, and reports what happened as data."""
 
+import dataclasses
+import inspect
+import typing
+
 import pytest
 
 from fleet import ops
 from fleet.state import Reason, RunStatus, SiteStatus
-from hub.actions import Drain, FailSites, KillAttempt, KillLadder, Launch
-from hub.executor import kill_path
+from hub import actions
+from hub.actions import Action, Drain, FailSites, Finish, KillAttempt, KillLadder, Launch, StartRun
+from hub.end_executor import EndExecutor
+from hub.executor import Executor, kill_path
 from hub.providers.base import LaunchResult
 from tests.unit.test_hub_loop import RUN, Rig
 
@@ -93,3 +99,41 @@ def test_failing_sites_goes_on_past_one_a_node_just_wrote_to(tmp_path):
     done = hub.executor.execute(FailSites(tuple(sorted(snap.sites)), Reason.DEADLINE), snap)
     assert rec.site not in done.acted_on and len(done.acted_on) == 2 and done.conflicts == 1
     assert rig.table.get_site(RUN, rec.site).run_status is RunStatus.RUN  # the next plan fails it again
+
+
+# --- which method performs which action --------------------------------------------------------------------------
+#: The dataclasses of hub.actions that are not actions: what the executor reports, and what the plan carries.
+NOT_ACTIONS = {actions.Done, actions.Plan, actions.Ending}
+
+
+def handled_by(handler) -> type:
+    """The action type a handler's first parameter is annotated with."""
+    first = next(iter(inspect.signature(handler).parameters))
+    return typing.get_type_hints(handler)[first]
+
+
+def test_every_action_of_hub_actions_has_exactly_one_handler():
+    declared = {c for _, c in inspect.getmembers(actions, dataclasses.is_dataclass) if c.__module__ == actions.__name__}
+    assert set(typing.get_args(Action)) == declared - NOT_ACTIONS  # every action is in the Action union
+    table = Executor(
+        run_id="r",
+        table=None,
+        provider=None,
+        clock=None,
+        config=None,
+        queue=None,
+        control=None,
+        hub_id="h",
+        expire_at=None,
+    ).handlers()
+    assert set(table) == set(typing.get_args(Action))  # none without a handler, none for what is not an action
+    assert len({h.__func__ for h in table.values()}) == len(table)  # no method performs two kinds
+    assert all(handled_by(h) is kind for kind, h in table.items())  # each method is written for its kind
+
+
+def test_the_end_executor_performs_only_what_ends_a_run(tmp_path):
+    end = EndExecutor(run_id="r", table=None, provider=None, clock=None)
+    assert set(end.handlers()) == {actions.Terminate, FailSites, Finish}
+    assert all(handled_by(h) is kind for kind, h in end.handlers().items())
+    with pytest.raises(TypeError, match="EndExecutor performs no StartRun"):
+        end.execute(StartRun(0.0, 1.0, "20270101"), None)
