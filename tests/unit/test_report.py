@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from cli.report.page import find_previous, fmt_duration, fmt_usd, render_report, timeline, write_report
+from cli.report import timeline
+from cli.report.page import find_previous, fmt_duration, fmt_usd, render_report, write_report
 
 T = 1763700000.0  # 2025-11-21T04:40:00Z
 SVG = "{http://www.w3.org/2000/svg}"
