@@ -25,12 +25,13 @@ from cli.preflight_checks import efs_utils_ready
 from cloud_init import HubUserData, RenderError, boot_script, render_hub
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.errors import CREDENTIALS_ADVICE, Kind, aws_failure
-from fleet.aws.results import result_key
 from fleet.config import Config
-from fleet.config_load import dump_config, load_config
+from fleet.config.bundle import platform_of
+from fleet.config.load import dump_config, load_config
 from fleet.errors import GridfleetError, MissingResource, UsageError
 from fleet.ids import default_run_id
-from fleet.platform import S3_METADATA, platform_of
+from fleet.platform import S3_METADATA
+from fleet.results import result_key
 from hub.plan import run_date_for
 
 log = logging.getLogger("gridfleet")

@@ -32,7 +32,7 @@ from cli.crawl_view import CrawlOutput, one_line
 from cli.crawler_ship import project_of
 from fleet.clock import SystemClock
 from fleet.config import BrowserConfig, Config, SiteConfig
-from fleet.config_load import load_config
+from fleet.config.load import load_config
 from fleet.errors import GridfleetError, UsageError
 
 log = logging.getLogger("gridfleet")

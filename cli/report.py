@@ -46,8 +46,8 @@ from cli.report_data import (
     sites_of,
 )
 from cli.report_timeline import timeline
-from fleet.aws.archive import RunArchive
-from fleet.aws.archive import previous as archive_previous
+from fleet.archive import RunArchive
+from fleet.archive import previous as archive_previous
 
 TEMPLATE = "report.html.j2"
 

@@ -18,16 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from fleet import ops
-from fleet.aws.messages import BadMessage, SiteMessage
 from fleet.aws.notify import notify_finished
-from fleet.aws.queue import SiteQueue
-from fleet.aws.table import StateTable
 from fleet.clock import Clock
 from fleet.codec import HistoryEvent, RunInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
+from fleet.messages import BadMessage, SiteMessage, SiteQueue
 from fleet.state import Reason, RunState, RunStatus, SiteRecord
+from fleet.table import StateTable
 from hub.actions import (
     Action,
     Done,

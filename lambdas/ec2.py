@@ -14,16 +14,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
-from fleet.aws.tags import (
-    LIVE_STATES,
-    ROLE_HUB,
-    TAG_ROLE,
-    TAG_RUN_ID,
-    TAG_STACK,
-    filters,
-    instance_tags,
-    tags_of,
-)
+from fleet.tags import LIVE_STATES, ROLE_HUB, TAG_ROLE, TAG_RUN_ID, TAG_STACK, filters, instance_tags, tags_of
 
 #: States of an instance that is not running but still exists (and bills for its volumes).
 STOPPED_STATES = ("stopping", "stopped")

@@ -17,13 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.aws.run_item import RunWatch
-from fleet.aws.table import WatchTable
-from fleet.aws.tags import TAG_STACK
 from fleet.clock import Clock, SystemClock
 from fleet.ids import default_run_id
 from fleet.logs import event
+from fleet.run_item import RunWatch
 from fleet.state import RunState
+from fleet.table import WatchTable
+from fleet.tags import TAG_STACK
 from lambdas import ec2 as ec2_calls
 from lambdas.ec2 import Instance, live_hub_ids
 from lambdas.runtime import ClientsFactory, default_clients, event_run_id, log, outermost, state_table

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from embedded.fakes import _Msg
-from fleet.aws.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
+from fleet.messages import BadMessage, QueueDepth, SiteMessage, decode, encode
 
 EPOCH0 = 1_800_000_000.0  # the virtual wall clock at t = 0
 

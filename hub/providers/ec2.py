@@ -20,8 +20,8 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
-from fleet.aws.tags import ALL_STATES, TAG_ROLE, filters, instance_tags, tags_of
 from fleet.config import Config
+from fleet.tags import ALL_STATES, TAG_ROLE, filters, instance_tags, tags_of
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
 

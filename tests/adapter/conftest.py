@@ -25,7 +25,7 @@ from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 
 REGION = "ap-northeast-2"
 BACKENDS = ("moto", "memory")

@@ -15,7 +15,7 @@ import boto3
 import pytest
 
 from embedded.ec2twin import Ec2Twin, InstanceSpec
-from fleet.aws.tags import ROLE_HUB, ROLE_NODE, instance_tags
+from fleet.tags import ROLE_HUB, ROLE_NODE, instance_tags
 
 REGION = "ap-northeast-2"
 

@@ -40,7 +40,7 @@ from cli.main import main
 from embedded.twin.images import IMAGE_TAGS
 from fleet.aws import clients as fleet_aws
 from fleet.aws.bootstrap import ensure_resources
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from tests.adapter.conftest import REGION, NamedClients, fresh_names
 
 READ_ONLY = ("Describe", "Get", "List", "Head")

@@ -16,7 +16,7 @@ from moto.server import ThreadedMotoServer
 
 from embedded.twin.infra import StackOutputs, apply_stack
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from tests.helpers.stacks import stack_names
 
 TF_DIR = Path(__file__).resolve().parents[2] / "infra" / "terraform"

@@ -20,8 +20,9 @@ import pytest
 from botocore.stub import Stubber
 
 from cloud_init.render import TEMPLATES_DIR
-from fleet.aws.tags import ROLE_HUB, ROLE_NODE, TAG_ROLE, TAG_RUN_ID, TAG_STACK
-from fleet.config import AwsConfig, Config, SiteConfig
+from fleet.config import Config, SiteConfig
+from fleet.config.aws import AwsConfig
+from fleet.tags import ROLE_HUB, ROLE_NODE, TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from hub.providers.ec2 import Ec2Provider
 from lambdas import ec2 as lambda_ec2
 from tests.infra.test_terraform import blocks, one

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from embedded.twin.hcl_eval import Evaluator, Namespace, TfModule, Where
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from fleet.platform import instance_type_arch
 
 PACKER = Path(__file__).resolve().parents[2] / "infra" / "packer"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from cli.check import check_run, demo_hits
 from embedded.fakes import MemoryQueue, MemoryResults, MemoryStateTable
 from fleet import ops
-from fleet.aws.results import is_daily_run, result_key
 from fleet.codec import RunInfo
+from fleet.results import is_daily_run, result_key
 from fleet.state import SiteSpec, SiteStatus
 
 DEMO = "http://127.0.0.1:8800"

@@ -14,7 +14,7 @@ import pytest
 from cli.report import render_report, write_report
 from cli.report_data import evidence_links
 from embedded.fakes import MemoryResults
-from fleet.aws.results import EVIDENCE_FILES, evidence_key, evidence_prefix, parse_evidence_key, result_key
+from fleet.results import EVIDENCE_FILES, evidence_key, evidence_prefix, parse_evidence_key, result_key
 from fleet.state import Reason
 from fleet.summary import export
 from node import evidence

@@ -10,13 +10,13 @@ import pytest
 
 from embedded.fakes import MemoryStateTable
 from fleet import ops
-from fleet.aws.run_item import RunWatch
-from fleet.aws.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.errors import StaleWrite
 from fleet.ids import default_run_id
+from fleet.run_item import RunWatch
 from fleet.state import Reason, RunState, RunStatus, SiteSpec
+from fleet.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from lambdas.ec2 import Instance
 from lambdas.orphans import Orphan, Orphans
 from lambdas.settings import LambdaSettings
