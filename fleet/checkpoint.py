@@ -9,7 +9,7 @@ counts only, a few dozen bytes whatever the crawl's length:
     {"next": <URL or token>, "pages": 12, "items": 240, "parts": [[<attempt>, <claim>, <n>], ...]}
 
 and each checkpoint's new items go first, as one part object, to the results
-store beside the run's result (`fleet.aws.results.part_key`):
+store beside the run's result (`fleet.results.part_key`):
 `<site>/<YYYYMMDD>[/<run_id>]/parts/<attempt>-<claim>/<seq>.json`, seq 1..n. An
 entry of `parts` names the parts one claim of the site saved (`claim`: the
 record's version its claim wrote, unique per claim), so `parts` grows with the
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.aws.results import part_key
+from fleet.results import part_key
 
 #: Claims of one site a checkpoint may name (attempts, given-back attempts and reruns together): far beyond
 #: any max_attempts; a longer list read back is refused rather than read.

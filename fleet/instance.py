@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from fleet.aws.tags import LIVE_STATES, ROLE_NODE, TAG_RUN_ID, TAG_STACK
+from fleet.tags import LIVE_STATES, ROLE_NODE, TAG_RUN_ID, TAG_STACK
 
 #: States of an instance that is not running but still exists (and bills for its volumes).
 STOPPED_STATES = ("stopping", "stopped")

@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.aws.queue import SiteQueue
-from fleet.aws.table import StateTable
 from fleet.clock import Clock
 from fleet.codec import (
     CHECKPOINT_MAX_CHARS,
@@ -26,6 +24,7 @@ from fleet.codec import (
     encode_checkpoint,
 )
 from fleet.errors import StaleWrite
+from fleet.messages import SiteQueue
 from fleet.state import (
     GIVEN_BACK,
     Attempt,
@@ -37,6 +36,7 @@ from fleet.state import (
     SiteStatus,
     transition,
 )
+from fleet.table import StateTable
 
 
 def new_site(

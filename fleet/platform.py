@@ -15,10 +15,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from fleet.config import Config
+from typing import Any, Literal
 
 #: An EC2 architecture, as DescribeImages' `Architecture` and DescribeInstanceTypes name them.
 Arch = Literal["x86_64", "arm64"]
@@ -148,8 +145,3 @@ class BundlePlatform:
 
     def describe(self) -> str:
         return f"linux {self.machine}, CPython {self.python}"
-
-
-def platform_of(config: Config) -> BundlePlatform:
-    """The platform of the fleet's instances: the instance types' architecture and the image's Python."""
-    return BundlePlatform(uname_machine(fleet_arch(config.fleet.instance_types)), config.aws.image_python)

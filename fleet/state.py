@@ -4,7 +4,7 @@ A site of a run has two statuses (field names kept from the original design):
 `run_status` is the outcome of the site for the run, `site_status` is what the
 crawler of the current attempt is doing. `transition()` is the only way to make a
 new record from an old one; it refuses illegal moves and bumps `version`, which
-every DynamoDB write is conditional on (see `fleet.aws.table`).
+every DynamoDB write is conditional on (see `fleet.table`).
 """
 
 from __future__ import annotations

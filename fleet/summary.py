@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fleet.aws.results import ResultStore, evidence_prefix, parse_evidence_key
 from fleet.codec import RunInfo
 from fleet.ids import check_run_id, is_site_id
+from fleet.results import ResultStore, evidence_prefix, parse_evidence_key
 from fleet.state import RunStatus, SiteRecord
 
 log = logging.getLogger("gridfleet.hub")

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet import ops
-from fleet.aws.table import StateTable
 from fleet.clock import Clock
 from fleet.codec import HistoryEvent
 from fleet.errors import StaleWrite
 from fleet.logs import event
 from fleet.state import RunState
+from fleet.table import StateTable
 from hub.actions import Action, Done, FailSites, Finish, Terminate
 from hub.providers.base import ComputeProvider
 from hub.snapshot import Snapshot

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet import ops
-from fleet.aws.messages import BadMessage, SiteMessage
 from fleet.aws.notify import notify_finished
-from fleet.aws.queue import SiteQueue
 from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
+from fleet.messages import BadMessage, SiteMessage, SiteQueue
 from fleet.state import Reason, RunState, RunStatus, SiteRecord
 from hub.actions import (
     Action,

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fleet.aws.table import StateTable
 from fleet.errors import UsageError
 from fleet.state import Outcome, SiteRecord
+from fleet.table import StateTable
 
 log = logging.getLogger("gridfleet.hub")
 

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleet.aws.queue import SiteQueue
-from fleet.aws.results import ResultStore
-from fleet.aws.table import StateTable
 from fleet.clock import Clock
 from fleet.config import Config
 from fleet.logs import event
+from fleet.messages import SiteQueue
+from fleet.results import ResultStore
 from fleet.state import RunStatus
 from fleet.summary import build_summary, export, instances_section
+from fleet.table import StateTable
 from hub.actions import Ending, Plan
 from hub.control.base import NodeControl
 from hub.end_executor import Finished

@@ -23,9 +23,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 
 from fleet.aws.metrics import CloudWatchSink, Datum, JobStats
-from fleet.aws.queue import QueueDepth, SiteQueue
 from fleet.clock import Clock
 from fleet.config import Config
+from fleet.messages import QueueDepth, SiteQueue
 from fleet.state import RunStatus
 from fleet.summary import site_entry
 from hub.snapshot import Snapshot

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from fleet.aws.messages import QueueDepth
 from fleet.codec import NodeInfo, RunInfo
 from fleet.instance import Instance
+from fleet.messages import QueueDepth
 from fleet.stamp import TRANSITION_FIELDS, Stamp, patch_from_stamp, record_stamp
 from fleet.state import RunStatus, SiteRecord
 from hub.actions import Ending

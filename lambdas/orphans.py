@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.aws.tags import LIVE_STATES, ROLE_HUB, ROLE_NODE
 from fleet.codec import RunInfo
 from fleet.ids import is_run_id
 from fleet.instance import Instance
 from fleet.state import RunState
+from fleet.tags import LIVE_STATES, ROLE_HUB, ROLE_NODE
 from lambdas.settings import LambdaSettings
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from fleet.aws.clients import AwsClients
 from fleet.aws.table import DynamoStateTable
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from fleet.ids import RUN_ID_RULE, is_run_id
 from fleet.logs import event
 from lambdas.settings import LambdaSettings

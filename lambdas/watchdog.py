@@ -26,20 +26,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleet.archive import RunArchive
 from fleet.aws import ec2 as ec2_api
-from fleet.aws.archive import RunArchive, S3RunArchive
+from fleet.aws.archive import S3RunArchive
 from fleet.aws.ec2 import STOPPED_STATES, Instance
 from fleet.aws.notify import notify_overdue
-from fleet.aws.run_item import RunExpect, RunWatch
-from fleet.aws.table import WatchTable
-from fleet.aws.tags import LIVE_STATES, ROLE_HUB
 from fleet.clock import Clock, SystemClock
 from fleet.codec import HistoryEvent, RunInfo
 from fleet.ids import is_run_id
 from fleet.logs import event
 from fleet.ops import fail_open_sites
+from fleet.run_item import RunExpect, RunWatch
 from fleet.state import Reason, RunState
 from fleet.summary import build_summary
+from fleet.table import WatchTable
+from fleet.tags import LIVE_STATES, ROLE_HUB
 from lambdas.orphans import Orphans, is_abandoned, orphan_reason, retire
 from lambdas.runtime import ClientsFactory, default_clients, log, outermost, state_table
 from lambdas.settings import LambdaSettings

@@ -22,17 +22,16 @@ from botocore.exceptions import ClientError
 from fleet import ops, protocol
 from fleet.aws.clients import error_code, is_transient
 from fleet.aws.metrics import CloudWatchSink, JobStats, node_heartbeat, node_job_data
-from fleet.aws.queue import BadMessage, SiteMessage, SiteQueue
-from fleet.aws.results import ResultStore
-from fleet.aws.table import StateTable
 from fleet.clock import Clock
 from fleet.codec import ERROR_MAX_CHARS, capped
 from fleet.config import Config
-from fleet.crawl_end import CrawlEndKind
 from fleet.errors import StaleWrite
 from fleet.logs import event
-from fleet.protocol import MessageAction, NodeRules, Stop, StopWhy
+from fleet.messages import BadMessage, SiteMessage, SiteQueue
+from fleet.protocol import CrawlEndKind, MessageAction, NodeRules, Stop, StopWhy
+from fleet.results import ResultStore
 from fleet.state import NodeState, SiteRecord
+from fleet.table import StateTable
 from node.attempt import Attempt, Cleanup, StartCrawl
 from node.closing import Closer
 from node.evidence import Capture

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from fleet import crawl_end, crawlerfile, ops, protocol
+from fleet import crawlerfile, ops, protocol
+from fleet import protocol as crawl_end  # how an attempt ends (CrawlEnd, settle) is part of the protocol
 from fleet.aws.clients import error_code
-from fleet.aws.queue import SiteMessage
-from fleet.aws.results import result_key
 from fleet.codec import ERROR_MAX_CHARS, capped
-from fleet.crawl_end import CrawlEnd, CrawlEndKind, FollowUp
 from fleet.errors import StaleWrite
 from fleet.logs import event
-from fleet.protocol import Stop, Watch
+from fleet.messages import SiteMessage
+from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, Stop, Watch
+from fleet.results import result_key
 from fleet.state import NodeState, SiteRecord, SiteStatus
 from node import evidence, parts
 from node.phases import phase_timings

@@ -31,7 +31,7 @@ def pacer(spec: dict[str, Any] | None) -> Callable[[], None]:
     from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
     from fleet.aws.ratelimit import DynamoRateLimiter
     from fleet.clock import SystemClock
-    from fleet.config import AwsConfig
+    from fleet.config.aws import AwsConfig
 
     aws = AwsConfig(region=spec["region"], endpoint_url=spec.get("endpoint_url"), table=spec["table"])
     clients = AwsClients(aws, credentials=LOCAL_CREDENTIALS if spec.get("local") else None)

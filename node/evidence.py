@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.aws.results import ResultStore, evidence_key
-from fleet.crawl_end import CrawlEndKind
+from fleet.protocol import CrawlEndKind
+from fleet.results import ResultStore, evidence_key
 
 #: The time all calls of one capture share; the attempt's kill never waits for it (the crawler is killed first).
 CAPTURE_BUDGET_S = 5.0

@@ -31,8 +31,8 @@ from fleet.aws.table import DynamoStateTable
 from fleet.clock import SystemClock
 from fleet.codec import NodeInfo
 from fleet.config import Config
-from fleet.config_crawlers import bundle_mismatch
-from fleet.config_load import load_config
+from fleet.config.bundle import bundle_mismatch
+from fleet.config.load import load_config
 from fleet.errors import ConfigError, GridfleetError
 from fleet.logs import event, setup
 from node import browser, evidence

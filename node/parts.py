@@ -19,9 +19,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from fleet import checkpoint as ck
 from fleet import ops
-from fleet.aws.results import ResultStore
 from fleet.codec import ERROR_MAX_CHARS, capped
 from fleet.logs import event
+from fleet.results import ResultStore
 from fleet.state import SiteRecord
 
 log = logging.getLogger("gridfleet.node")

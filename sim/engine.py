@@ -15,7 +15,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fleet.aws.queue import BadMessage, QueueDepth, SiteMessage, decode, encode
+from fleet.messages import BadMessage, QueueDepth, SiteMessage, decode, encode
 from sim.memory import _Msg
 
 EPOCH0 = 1_800_000_000.0  # the virtual wall clock at t = 0

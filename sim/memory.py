@@ -15,12 +15,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
-from botocore.exceptions import ClientError
-
-from fleet.aws.queue import DEDUP_WINDOW_S, BadMessage, QueueDepth, SiteMessage, decode, dedup_id, encode, group_id
-from fleet.aws.results import aside_key
-from fleet.aws.run_item import HUB_STARTS, RunExpect, RunFields, RunWatch, WatchFields, assign, holds, item_to_watch
-from fleet.aws.table import RunIndexEntry, RunRows
 from fleet.clock import Clock, SystemClock
 from fleet.codec import (
     MARKS_PARTITION,
@@ -43,8 +37,12 @@ from fleet.codec import (
     split_partition,
 )
 from fleet.errors import StaleWrite
+from fleet.messages import DEDUP_WINDOW_S, BadMessage, QueueDepth, SiteMessage, decode, dedup_id, encode, group_id
+from fleet.results import aside_key
+from fleet.run_item import HUB_STARTS, RunExpect, RunFields, RunWatch, WatchFields, assign, holds, item_to_watch
 from fleet.stamp import Stamp, item_stamp
 from fleet.state import RunState, SiteRecord
+from fleet.table import RunIndexEntry, RunRows
 
 
 class MemoryStateTable:
@@ -321,6 +319,9 @@ class MemoryResults:
 
     def get(self, key: str) -> bytes:
         if key not in self.objects:  # as S3 answers GetObject of a missing key
+            # botocore is loaded only here, so that the simulator, which uses this store, runs without it
+            from botocore.exceptions import ClientError
+
             raise ClientError({"Error": {"Code": "NoSuchKey", "Message": "The specified key does not exist."}}, "Get")
         return self.objects[key]
 

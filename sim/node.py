@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet import checkpoint as ck
-from fleet import crawl_end, ops, protocol
-from fleet.aws.messages import BadMessage, SiteMessage
-from fleet.aws.results import result_key
-from fleet.crawl_end import CrawlEnd, CrawlEndKind, FollowUp
+from fleet import ops, protocol
+from fleet import protocol as crawl_end  # how an attempt ends (CrawlEnd, settle) is part of the protocol
 from fleet.errors import StaleWrite
-from fleet.protocol import MessageAction, NodeCard, NodeRules, Stop, Watch
+from fleet.messages import BadMessage, SiteMessage
+from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, MessageAction, NodeCard, NodeRules, Stop, Watch
+from fleet.results import result_key
 from fleet.state import NodeState, SiteRecord
 
 if TYPE_CHECKING:

@@ -153,7 +153,7 @@ class TwinStack:
         """The clients a Lambda handler of the stack gets (`lambdas.runtime`'s, on the twin's AWS): the role's
         credentials a Lambda has are, here, any that moto takes."""
         from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-        from fleet.config import AwsConfig
+        from fleet.config.aws import AwsConfig
 
         aws = AwsConfig(region=settings.region, endpoint_url=self.endpoint, table=settings.table)
         return AwsClients(aws, credentials=LOCAL_CREDENTIALS)

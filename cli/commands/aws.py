@@ -23,10 +23,11 @@ from cli.packaging.crawler_ship import installed_config, shipment_of
 from cloud_init import HubUserData, RenderError, boot_script, render_hub
 from fleet.aws.bootstrap import ensure_resources
 from fleet.config import Config
-from fleet.config_load import dump_config, load_config
+from fleet.config.bundle import platform_of
+from fleet.config.load import dump_config, load_config
 from fleet.errors import MissingResource, UsageError
 from fleet.ids import default_run_id
-from fleet.platform import S3_METADATA, platform_of
+from fleet.platform import S3_METADATA
 
 log = logging.getLogger("gridfleet")
 

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from cli.commands import tf_config
 from cli.packaging.crawler_ship import project_of
-from fleet.config_load import load_config
+from fleet.config.load import load_config
 from hub.loop import EXIT_OK
 
 

@@ -32,7 +32,7 @@ from cli.packaging.crawler_ship import project_of
 from cli.views.crawl import CrawlOutput, one_line
 from fleet.clock import SystemClock
 from fleet.config import BrowserConfig, Config, SiteConfig
-from fleet.config_load import load_config
+from fleet.config.load import load_config
 from fleet.errors import GridfleetError, UsageError
 
 log = logging.getLogger("gridfleet")

@@ -18,9 +18,10 @@ from rich.console import Console
 from cli.envs import choose
 from cli.envs.base import Environment
 from cli.views.run import print_sites
-from fleet.aws import archive as run_archive
+from fleet import archive as run_archive
+from fleet.aws.archive import S3RunArchive
 from fleet.clock import SystemClock
-from fleet.config_load import load_config
+from fleet.config.load import load_config
 from fleet.errors import MissingResource, UsageError
 from fleet.summary import build_summary, counts, export, site_entry, write_json
 from hub.loop import EXIT_ERROR, EXIT_OK
@@ -142,7 +143,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     return watch(fetch, console, interval_s=args.interval)
 
 
-def _summary_path(args: argparse.Namespace, archive: run_archive.S3RunArchive | None) -> Path:
+def _summary_path(args: argparse.Namespace, archive: S3RunArchive | None) -> Path:
     """Where the run's summary is (or goes, when it comes from the bucket): runs/<run_id>/summary.json."""
     if args.run_id:
         path = args.runs / args.run_id / "summary.json"

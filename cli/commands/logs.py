@@ -28,7 +28,7 @@ from rich.console import Console
 from fleet.aws import cwlogs
 from fleet.aws.clients import AwsClients
 from fleet.clock import Clock, SystemClock
-from fleet.config_load import load_config
+from fleet.config.load import load_config
 from fleet.errors import UsageError
 from fleet.ids import is_site_id
 

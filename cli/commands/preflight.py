@@ -41,8 +41,8 @@ from cli.envs.aws_account import (
 )
 from fleet.aws.clients import AwsClients, error_code
 from fleet.aws.errors import Kind, aws_failure
-from fleet.config import AwsConfig
-from fleet.config_load import load_config
+from fleet.config.aws import AwsConfig
+from fleet.config.load import load_config
 from fleet.errors import ConfigError, MissingResource
 
 ACCOUNT_ID = re.compile(r"\d{12}")

@@ -19,14 +19,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fleet import ops
-from fleet.aws.queue import SiteQueue
-from fleet.aws.results import ResultStore, result_key
-from fleet.aws.table import StateTable
 from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite, UsageError
 from fleet.logs import event
+from fleet.messages import SiteQueue
+from fleet.results import ResultStore, result_key
 from fleet.state import RunState, RunStatus, SiteRecord
+from fleet.table import StateTable
 from hub.plan import spec_of
 
 log = logging.getLogger("gridfleet.hub")

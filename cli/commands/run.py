@@ -27,17 +27,17 @@ from cli.report.check import CheckReport, attach, check_run
 from cli.views.run import print_sites
 from fleet.aws.clients import AwsClients
 from fleet.aws.metrics import CloudWatchSink
-from fleet.aws.queue import SiteQueue
-from fleet.aws.results import ResultStore
-from fleet.aws.table import StateTable
 from fleet.clock import Clock, SystemClock
 from fleet.codec import RunInfo
 from fleet.config import Config
-from fleet.config_load import load_config
+from fleet.config.load import load_config
 from fleet.errors import UsageError
 from fleet.ids import default_run_id
 from fleet.logs import event
+from fleet.messages import SiteQueue
+from fleet.results import ResultStore
 from fleet.summary import build_summary, export, site_entry
+from fleet.table import StateTable
 from hub.loop import EXIT_OK, Hub, RunOutcome
 from hub.monitor import HubMonitor
 from hub.providers.base import ComputeProvider

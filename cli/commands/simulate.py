@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from fleet.config_load import load_config
+from fleet.config.load import load_config
 from hub.history import durations_from_file
 
 if TYPE_CHECKING:

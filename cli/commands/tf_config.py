@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from fleet.errors import UsageError
 
 OUTPUT = "gridfleet_aws"

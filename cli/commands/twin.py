@@ -61,7 +61,7 @@ def _up(home: Path, state: dict[str, object], config: Path, console: Console) ->
         raise UsageError("the EC2 twin needs root (it makes network and mount namespaces)")
     if not config.is_file():
         raise UsageError(f"--config {config}: no such file")
-    from fleet.config_load import load_config
+    from fleet.config.load import load_config
 
     load_config(config)  # bad input is one line and exit 2 here, before anything starts
     if _alive(state.get("pid")) and state.get("state") in ("starting", "ready"):

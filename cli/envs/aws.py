@@ -29,7 +29,7 @@ from fleet.aws.clients import AwsClients, error_code
 from fleet.clock import Clock, SystemClock
 from fleet.codec import RunInfo
 from fleet.config import Config
-from fleet.config_load import dump_config
+from fleet.config.load import dump_config
 from fleet.errors import MissingResource, UsageError
 from hub.control.aws import LadderControl, ec2_node_control
 from hub.loop import RunOutcome

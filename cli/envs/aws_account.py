@@ -21,11 +21,12 @@ from typing import Any, TypeGuard
 from botocore.exceptions import ClientError
 
 from fleet.aws.clients import AwsClients, error_code
-from fleet.aws.tags import TAG_STACK
 from fleet.config import Config
+from fleet.config.bundle import platform_of
 from fleet.errors import MissingResource
 from fleet.nat import estimate
-from fleet.platform import S3_METADATA, Arch, BundlePlatform, deb_arch, fleet_arch, platform_of
+from fleet.platform import S3_METADATA, Arch, BundlePlatform, deb_arch, fleet_arch
+from fleet.tags import TAG_STACK
 
 AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
 INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")

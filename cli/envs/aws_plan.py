@@ -21,10 +21,11 @@ from cli.envs.identity import identify
 from fleet.aws.clients import AwsClients
 from fleet.aws.errors import CREATE_ADVICE, CREDENTIALS_ADVICE, Kind, aws_failure
 from fleet.aws.queue import SqsSiteQueue
-from fleet.aws.results import S3ResultStore, result_key
+from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.config import Config
 from fleet.errors import GridfleetError, MissingResource
+from fleet.results import result_key
 from hub.plan import run_date_for
 
 

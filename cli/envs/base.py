@@ -19,13 +19,16 @@ from rich.console import Console
 from cli.report.check import CheckReport
 from fleet.aws.archive import S3RunArchive
 from fleet.aws.clients import AwsClients
-from fleet.aws.queue import SiteQueue, SqsSiteQueue
-from fleet.aws.results import ResultStore, S3ResultStore
+from fleet.aws.queue import SqsSiteQueue
+from fleet.aws.results import S3ResultStore
 from fleet.aws.stores import Stores, open_stores
-from fleet.aws.table import DynamoStateTable, StateTable
+from fleet.aws.table import DynamoStateTable
 from fleet.clock import Clock
 from fleet.codec import RunInfo
 from fleet.config import Config
+from fleet.messages import SiteQueue
+from fleet.results import ResultStore
+from fleet.table import StateTable
 from hub.control.base import NodeControl
 from hub.loop import RunOutcome
 from hub.providers.base import ComputeProvider

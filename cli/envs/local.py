@@ -35,7 +35,7 @@ from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import Clock, SystemClock
 from fleet.codec import RunInfo
 from fleet.config import Config
-from fleet.config_load import dump_config, load_config
+from fleet.config.load import dump_config, load_config
 from fleet.errors import UsageError
 from hub.control.local import LocalNodeControl
 from hub.loop import EXIT_OK, RunOutcome

@@ -25,7 +25,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 
 from fleet.config import Config
-from fleet.config_crawlers import InstalledCrawlers
+from fleet.config.crawlers import InstalledCrawlers
 from fleet.crawler_project import CrawlerProject, ProjectError, pinned_requirements
 from fleet.errors import UsageError
 

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet.aws.queue import BadMessage, SiteMessage, SiteQueue
-from fleet.aws.results import ResultStore, result_key
-from fleet.aws.table import StateTable
 from fleet.config import Config
 from fleet.logs import event
+from fleet.messages import BadMessage, SiteMessage, SiteQueue
+from fleet.results import ResultStore, result_key
 from fleet.state import Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from fleet.summary import write_json
+from fleet.table import StateTable
 from hub.providers.base import ComputeProvider
 
 log = logging.getLogger("gridfleet.hub")

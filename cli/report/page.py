@@ -46,8 +46,8 @@ from cli.report.data import (
     sites_of,
 )
 from cli.report.timeline import timeline
-from fleet.aws.archive import RunArchive
-from fleet.aws.archive import previous as archive_previous
+from fleet.archive import RunArchive
+from fleet.archive import previous as archive_previous
 
 TEMPLATE = "report.html.j2"
 

@@ -19,7 +19,7 @@ from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
 
 from fleet.aws.errors import AwsCall, name_calls, service_label, stamp
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 
 #: Error codes worth retrying by our own loops (botocore already retries these a few times).
 RETRYABLE_CODES = frozenset(

@@ -1,6 +1,6 @@
 """EC2: every call gridfleet makes to it, for the hub, the Lambdas and the command line.
 
-Listings select by the stack's tag (`fleet.aws.tags.filters`), so no program ever sees an instance of another
+Listings select by the stack's tag (`fleet.tags.filters`), so no program ever sees an instance of another
 stack; lookups by id (the hub's own instance, a configured hub, a node to reach) answer whatever EC2 knows and
 leave the stack check to the caller. Every instance read becomes a `fleet.instance.Instance`, its id checked
 (`fleet.ids.check_instance_id`) before anything uses it; the ids RunInstances answers with are checked too.
@@ -16,9 +16,9 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
-from fleet.aws.tags import ROLE_HUB, TAG_ROLE, TAG_RUN_ID, filters, instance_tags, tags_of
 from fleet.ids import check_instance_id, is_instance_id
 from fleet.instance import STOPPED_STATES, Instance
+from fleet.tags import ROLE_HUB, TAG_ROLE, TAG_RUN_ID, filters, instance_tags, tags_of
 
 __all__ = [
     "Instance",

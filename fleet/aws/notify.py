@@ -4,6 +4,9 @@ Each send is one bounded try: the webhook one POST with `notify.timeout_s` on th
 redirect followed, no retry; SNS one `Publish` through a client that makes at most two attempts. Failures come
 back to `fleet.notify.send_all`, which logs them and goes on. The webhook URL is a secret: it lives only in the
 channel, which names itself and its errors by scheme and host alone.
+
+The hub's executor imports this module, and the simulator runs that hub without boto3: the AWS clients (and the
+bucket's archive) are made, and boto3 loaded, only when a message is sent.
 """
 
 from __future__ import annotations
@@ -14,17 +17,19 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from fleet.aws.archive import RunArchive, S3RunArchive, report_key
-from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.aws.table import StateTable
+from fleet.archive import RunArchive, report_key
 from fleet.config import Config, NotifyConfig
 from fleet.ids import is_run_id
 from fleet.logs import event
 from fleet.notify import Channel, Message, overdue_message, redact_url, run_message, send_all
 from fleet.summary import build_summary
+from fleet.table import StateTable
+
+if TYPE_CHECKING:
+    from fleet.aws.clients import AwsClients
 
 log = logging.getLogger("gridfleet.notify")
 
@@ -100,6 +105,8 @@ def is_embedded(config: Config) -> bool:
 
 def notify_clients(config: Config) -> AwsClients:
     """Clients for the senders: few attempts, so a dead endpoint costs seconds, not minutes."""
+    from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+
     aws = config.aws.model_copy(update={"max_retries": min(config.aws.max_retries, SNS_ATTEMPTS - 1)})
     return AwsClients(aws, credentials=LOCAL_CREDENTIALS if is_embedded(config) else None)
 
@@ -142,6 +149,8 @@ def notify_run_end(
     """Send the finished run's message on every configured channel; the channels that took it. Never raises."""
     if not config.notify.enabled:
         return []
+    from fleet.aws.archive import S3RunArchive
+
     run_id, arn = str(summary.get("run_id")), config.notify.sns_topic_arn
     clients = clients or notify_clients(config)
     try:

@@ -1,6 +1,6 @@
-"""The site queue (SQS) and its dead-letter queue.
+"""The site queue on SQS (`fleet.messages.SiteQueue`), and its dead-letter queue.
 
-A message is `{"run_id", "site", "attempt"}`: "attempt N of this site may start".
+A message is `{"run_id", "site", "attempt"}`: "attempt N of this site may start" (`fleet.messages`).
 Duplicates are harmless (a claim is conditional on the record), so sending is
 at-least-once. A body that is not such a message is left alone: SQS moves it
 to the DLQ after `max_receive_count` receives, and the hub reports it.
@@ -20,36 +20,13 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
-from fleet.aws.messages import (  # re-exported: the queue's users take its message format from here too
-    DEDUP_WINDOW_S,
-    BadMessage,
-    QueueDepth,
-    SiteMessage,
-    SiteQueue,
-    decode,
-    dedup_id,
-    encode,
-    fifo_fields,
-    group_id,
-)
 from fleet.errors import MissingResource
-
-__all__ = [
-    "DEDUP_WINDOW_S",
-    "BadMessage",
-    "QueueDepth",
-    "SiteMessage",
-    "SiteQueue",
-    "SqsSiteQueue",
-    "decode",
-    "dedup_id",
-    "encode",
-    "fifo_fields",
-    "group_id",
-]
+from fleet.messages import BadMessage, QueueDepth, SiteMessage, decode, encode, fifo_fields
 
 
 class SqsSiteQueue:
+    """The run's queue and its DLQ, by name, through one boto3 client."""
+
     def __init__(self, client: Any, queue_name: str, dlq_name: str):
         self._c = client
         self.queue_name = queue_name

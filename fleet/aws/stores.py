@@ -8,7 +8,7 @@ from fleet.aws.clients import AwsClients
 from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,9 @@
-"""The state table (DynamoDB): site records, the run item, node items, the run index.
+"""The state table on DynamoDB (`fleet.table.StateTable`): site records, the run item, node items, history lines,
+the run index and the sites' high-water marks, in one table through one boto3 client.
 
-Every write of a site record is conditional on the fence of the record it was
-computed from (version, attemptCount, instance_id): a writer that lost a race,
-or a zombie node, gets `StaleWrite` carrying the record as it is now, and its
-write is not applied. Reads of a run are a paginated Query of its partition.
-The run item also carries the watchdog's bookkeeping (`fleet.aws.run_item`),
-changed only by writes conditional on what the watchdog read.
+Every write of a site record is conditional on the fence of the record it was computed from (`fence_condition`);
+a write that does not hold raises `StaleWrite` with the record as it is now. Reads of a run are a paginated Query
+of its partition. The watchdog's writes of the run item are conditional on what it read (`fleet.run_item`).
 """
 
 from __future__ import annotations
@@ -13,73 +11,41 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, Unpack
+from typing import Any, Unpack
 
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from fleet.aws import run_item
+from fleet import run_item
 from fleet.aws.clients import error_code
-from fleet.aws.run_item import RunFields, RunWatch
-from fleet.aws.run_table import RunIndexEntry, RunTable
 from fleet.codec import (
     MARKS_PARTITION,
     NODE_PREFIX,
     OPEN_ATTR,
     OPEN_INDEX,
+    RUN_ITEM,
+    RUNS_PARTITION,
     HistoryEvent,
     NodeInfo,
     RunInfo,
     diff_items,
     history_to_item,
     item_to_node,
+    item_to_run,
     item_to_site,
     node_to_item,
     num,
+    run_to_item,
     site_to_item,
     split_partition,
 )
 from fleet.errors import GridfleetError, MissingResource, StaleWrite
+from fleet.run_item import RunFields, RunWatch
 from fleet.stamp import STAMP_ATTRS, Stamp, item_stamp
-from fleet.state import SiteRecord
+from fleet.state import RunState, SiteRecord
+from fleet.table import RunIndexEntry, RunRows
 
 log = logging.getLogger("gridfleet.table")
-
-
-@dataclass(frozen=True)
-class RunRows:
-    run: RunInfo | None
-    sites: list[SiteRecord]
-    nodes: list[NodeInfo]
-    history: list[HistoryEvent] = field(default_factory=list)
-
-
-class StateTable(Protocol):
-    def create_site(self, rec: SiteRecord) -> bool: ...
-    def get_site(self, run_id: str, site: str) -> SiteRecord | None: ...
-    def write(self, old: SiteRecord, new: SiteRecord) -> SiteRecord: ...
-    def read_run(self, run_id: str) -> RunRows: ...
-    def open_stamps(self, run_id: str) -> dict[str, Stamp]: ...
-    def get_sites(self, run_id: str, sites: Iterable[str]) -> list[SiteRecord]: ...
-    def read_nodes(self, run_id: str) -> list[NodeInfo]: ...
-    def create_run(self, run: RunInfo) -> bool: ...
-    def get_run(self, run_id: str) -> RunInfo | None: ...
-    def update_run(self, run_id: str, **fields: Unpack[RunFields]) -> None: ...
-    def add_launched(self, run_id: str, count: int) -> None: ...
-    def put_node(self, node: NodeInfo) -> None: ...
-    def add_history(self, events: Sequence[HistoryEvent]) -> None: ...
-    def list_runs(self) -> list[RunIndexEntry]: ...
-    def get_marks(self, sites: Iterable[str]) -> dict[str, tuple[str, ...]]: ...
-    def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None: ...
-
-
-class WatchTable(StateTable, Protocol):
-    """The state table as the Lambdas use it: the hub's API, and the watchdog's bookkeeping on the run item."""
-
-    def get_run_watch(self, run_id: str) -> RunWatch | None: ...
-    def running_runs(self, last: int) -> list[RunWatch]: ...
-    def update_watch(self, run_id: str, expect: run_item.RunExpect, **fields: Unpack[run_item.WatchFields]) -> bool: ...
-    def add_hub_start(self, run_id: str) -> None: ...
 
 
 def fence_condition(old: SiteRecord) -> tuple[str, dict[str, Any], dict[str, str]]:
@@ -95,11 +61,20 @@ def fence_condition(old: SiteRecord) -> tuple[str, dict[str, Any], dict[str, str
     return expr, values, names
 
 
-class DynamoStateTable(RunTable):
-    """The state table: site records, node items and history here; the run item and the run index in
-    `RunTable`."""
+class DynamoStateTable:
+    """One table, by name, through one boto3 client (`StateTable` and `WatchTable`)."""
 
+    BATCH_GET_MAX = 100  # keys per BatchGetItem, DynamoDB's limit
+    BATCH_GET_ROUNDS = 8  # retries of UnprocessedKeys before giving up
     _has_open_index: bool | None = None  # whether the table has the index `open`; None: not known yet
+
+    def __init__(self, client: Any, table_name: str, page_size: int | None = None):
+        self._c = client
+        self.name = table_name
+        #: Items per Query page (`Limit`); None: as many as fit DynamoDB's 1 MB page.
+        self.page_size = page_size
+        self._ser = TypeSerializer()
+        self._de = TypeDeserializer()
 
     def check_exists(self) -> None:
         try:
@@ -276,6 +251,136 @@ class DynamoStateTable(RunTable):
         items = [{"PutRequest": {"Item": self._enc(history_to_item(e))}} for e in events]
         for i in range(0, len(items), 25):
             self._batch_write(items[i : i + 25])
+
+    # --- the run item and the run index --------------------------------------------------------
+    def create_run(self, run: RunInfo) -> bool:
+        try:
+            self._c.put_item(
+                TableName=self.name, Item=self._enc(run_to_item(run)), ConditionExpression="attribute_not_exists(Site)"
+            )
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                return False
+            raise
+        self._c.put_item(
+            TableName=self.name,
+            Item=self._enc({"run_id": RUNS_PARTITION, "Site": run.run_id, "started_at": num(run.started_at)}),
+        )
+        return True
+
+    def get_run(self, run_id: str) -> RunInfo | None:
+        out = self._c.get_item(TableName=self.name, Key=self._key(run_id, RUN_ITEM), ConsistentRead=True)
+        return item_to_run(self._dec(out["Item"])) if "Item" in out else None
+
+    def update_run(self, run_id: str, **fields: Unpack[RunFields]) -> None:
+        """Set fields of the run item; a field given as None is removed."""
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        update = run_item.assignments(fields, names, values)
+        self._c.update_item(
+            TableName=self.name,
+            Key=self._key(run_id, RUN_ITEM),
+            UpdateExpression=update,
+            ConditionExpression="attribute_exists(Site)",
+            ExpressionAttributeNames=names,
+            **({"ExpressionAttributeValues": self._enc(values)} if values else {}),
+        )
+
+    # --- the watchdog's bookkeeping on the run item ------------------------------------
+    def get_run_watch(self, run_id: str) -> RunWatch | None:
+        out = self._c.get_item(TableName=self.name, Key=self._key(run_id, RUN_ITEM), ConsistentRead=True)
+        return run_item.item_to_watch(self._dec(out["Item"])) if "Item" in out else None
+
+    def running_runs(self, last: int) -> list[RunWatch]:
+        """The RUNNING runs among the `last` runs of the run index, oldest first."""
+        found = (self.get_run_watch(e.run_id) for e in self.list_runs()[-last:])
+        return [w for w in found if w is not None and w.run.status is RunState.RUNNING]
+
+    def update_watch(self, run_id: str, expect: run_item.RunExpect, **fields: Unpack[run_item.WatchFields]) -> bool:
+        """Set the watchdog's `fields` if the run item is as `expect` says; False if it is not, or is missing."""
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        update, cond = run_item.assignments(fields, names, values), run_item.expectations(expect, names, values)
+        return self._update_if(
+            run_id,
+            UpdateExpression=update,
+            ConditionExpression=cond,
+            ExpressionAttributeNames=names,
+            **({"ExpressionAttributeValues": self._enc(values)} if values else {}),
+        )
+
+    def add_hub_start(self, run_id: str) -> None:
+        """Count a hub started for the run (nothing while the run has no item yet: its hub creates it)."""
+        self._update_if(
+            run_id,
+            UpdateExpression="ADD #n :one",
+            ConditionExpression="attribute_exists(Site)",
+            ExpressionAttributeNames={"#n": run_item.HUB_STARTS},
+            ExpressionAttributeValues={":one": {"N": "1"}},
+        )
+
+    def add_launched(self, run_id: str, count: int) -> None:
+        self._c.update_item(
+            TableName=self.name,
+            Key=self._key(run_id, RUN_ITEM),
+            UpdateExpression="ADD nodes_launched :n",
+            ConditionExpression="attribute_exists(Site)",
+            ExpressionAttributeValues={":n": {"N": str(count)}},
+        )
+
+    def list_runs(self) -> list[RunIndexEntry]:
+        out = [RunIndexEntry(i["Site"], float(i.get("started_at", 0))) for i in self._query(RUNS_PARTITION)]
+        return sorted(out, key=lambda e: e.started_at)
+
+    # --- DynamoDB plumbing: typed items, keys, paginated Queries, batch writes ------------------
+    def _enc(self, item: dict[str, Any]) -> dict[str, Any]:
+        return {k: self._ser.serialize(v) for k, v in item.items()}
+
+    def _dec(self, item: dict[str, Any]) -> dict[str, Any]:
+        return {k: self._de.deserialize(v) for k, v in item.items()}
+
+    def _key(self, run_id: str, site: str) -> dict[str, Any]:
+        return {"run_id": {"S": run_id}, "Site": {"S": site}}
+
+    def _pages(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """The decoded items of a Query, page after page (following LastEvaluatedKey)."""
+        kwargs = {"TableName": self.name, "ConsistentRead": True, **kwargs}
+        if self.page_size is not None:
+            kwargs["Limit"] = self.page_size
+        while True:
+            page = self._c.query(**kwargs)
+            for item in page.get("Items", []):
+                yield self._dec(item)
+            if "LastEvaluatedKey" not in page:
+                return
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def _query(self, run_id: str) -> Iterator[dict[str, Any]]:
+        return self._pages(KeyConditionExpression="run_id = :r", ExpressionAttributeValues={":r": {"S": run_id}})
+
+    def _update_if(self, run_id: str, **kwargs: Any) -> bool:
+        """An UpdateItem of the run item; False when its condition does not hold."""
+        try:
+            self._c.update_item(TableName=self.name, Key=self._key(run_id, RUN_ITEM), **kwargs)
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def _batch_write(self, requests: list[dict[str, Any]]) -> None:
+        """Up to 25 writes, retrying the ones DynamoDB leaves unprocessed (throttling)."""
+        for round_ in range(self.BATCH_GET_ROUNDS + 1):
+            if round_:
+                time.sleep(min(0.05 * 2 ** (round_ - 1), 1.0))
+            out = self._c.batch_write_item(RequestItems={self.name: requests})
+            requests = (out.get("UnprocessedItems") or {}).get(self.name) or []
+            if not requests:
+                return
+        raise GridfleetError(
+            f"DynamoDB table {self.name!r}: {len(requests)} writes still unprocessed after "
+            f"{self.BATCH_GET_ROUNDS} retries of BatchWriteItem (throttled?)"
+        )
 
 
 def wait_table_active(client: Any, name: str, timeout_s: float = 60) -> None:

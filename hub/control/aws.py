@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fleet.clock import Clock
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from hub.control.base import KillResult, NodeControl
 from hub.control.command import DEFAULT_GRIDFLEET_BIN, DEFAULT_STATE_DIR, kill_command
 from hub.control.ssh import (

@@ -22,8 +22,8 @@ from botocore.exceptions import ClientError
 from fleet.aws import ec2 as ec2_api
 from fleet.aws.clients import error_code
 from fleet.aws.ec2 import Instance
-from fleet.aws.tags import ALL_STATES
 from fleet.config import Config
+from fleet.tags import ALL_STATES
 from hub.providers.base import LaunchResult
 
 log = logging.getLogger("gridfleet.hub")

@@ -24,7 +24,7 @@ from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 
 REGION = "ap-northeast-2"

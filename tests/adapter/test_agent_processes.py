@@ -19,7 +19,7 @@ from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import SystemClock
 from fleet.codec import RunInfo
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from hub.control.local import LocalNodeControl
 from node.agent import Agent, AgentSettings

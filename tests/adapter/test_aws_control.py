@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 from fleet import crawlerfile, procs
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import FakeClock
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from hub.control.aws import (
     AcceptNewHostKeys,
     ConsoleHostKeys,

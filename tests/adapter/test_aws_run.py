@@ -24,7 +24,7 @@ from cli.envs import aws as aws_env
 from cli.envs.aws_plan import dry_run
 from cloud_init import boot_script
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.config_load import parse_config
+from fleet.config.load import parse_config
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,11 @@ from cli.envs.home import PROJECT_ROOT
 from cli.packaging.bundle import Pin, build_bundle, build_lambda_zip, fetch_dependencies, fetch_pinned
 from cli.packaging.crawler_ship import installed_config, shipment_of
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.config import AwsConfig
-from fleet.config_load import dump_config, load_config
+from fleet.config.aws import AwsConfig
+from fleet.config.bundle import platform_of
+from fleet.config.load import dump_config, load_config
 from fleet.errors import UsageError
-from fleet.platform import PLATFORM_FILE, S3_METADATA, BundlePlatform, platform_of
+from fleet.platform import PLATFORM_FILE, S3_METADATA, BundlePlatform
 from tests.helpers.crawler_project import CRAWLER, make_project
 
 GRAVITON = BundlePlatform("aarch64", "3.11")

@@ -30,7 +30,7 @@ from cli.main import main
 from fleet.aws import clients as fleet_aws
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.config_load import parse_config
+from fleet.config.load import parse_config
 
 RUN = "r1"
 READ_ONLY = ("Describe", "Get", "List", "Head")
@@ -356,7 +356,7 @@ def test_the_nodes_ami_is_aws_node_ami_when_it_is_given(cli, names, moto_endpoin
     """aws.node_ami (a baked node image) is the nodes' AMI: the dry run resolves its parameter, not aws.ami's, and
     the provider launches it; a parameter that is missing is named with its key."""
     from cli.envs import aws as aws_env
-    from fleet.config_load import load_config
+    from fleet.config.load import load_config
 
     aws = parse_config(f"aws: {{endpoint_url: '{moto_endpoint}'}}\nsites: [{{id: a, start_url: 'http://a.test'}}]").aws
     clients = AwsClients(aws, credentials=LOCAL_CREDENTIALS)

@@ -19,14 +19,15 @@ import pytest
 from botocore.exceptions import ClientError
 
 from fleet import ops
-from fleet.aws.queue import BadMessage, QueueDepth, SiteMessage
-from fleet.aws.results import result_key
-from fleet.aws.run_item import RunWatch
-from fleet.aws.table import DynamoStateTable, RunIndexEntry, wait_table_active
+from fleet.aws.table import DynamoStateTable, wait_table_active
 from fleet.codec import OPEN_ATTR, HistoryEvent, NodeInfo, RunInfo
 from fleet.errors import GridfleetError, StaleWrite
+from fleet.messages import BadMessage, QueueDepth, SiteMessage
+from fleet.results import result_key
+from fleet.run_item import RunWatch
 from fleet.stamp import record_stamp
 from fleet.state import Attempt, Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.table import RunIndexEntry
 
 NOW = 1_800_000_000.0
 RUN = "20270115-0600-ab12"
@@ -892,7 +893,7 @@ def test_an_empty_body_is_a_result(results):
 
 
 def test_evidence_is_written_beside_the_result_replaced_by_a_later_capture_and_listed(results):
-    from fleet.aws.results import evidence_key, evidence_prefix, parse_evidence_key
+    from fleet.results import evidence_key, evidence_prefix, parse_evidence_key
 
     key = evidence_key("s-ev", "20270115", None, 2, "evidence.json")
     results.put_evidence(key, b'{"answered": false}', "application/json")
@@ -908,7 +909,7 @@ def test_results_carry_the_tag_the_expiry_rule_selects(moto_endpoint):
     from fleet.aws.bootstrap import ensure_resources
     from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
     from fleet.aws.results import RESULT_TAG, S3ResultStore
-    from fleet.config import AwsConfig
+    from fleet.config.aws import AwsConfig
 
     hx = uuid.uuid4().hex[:10]
     clients = AwsClients(
@@ -928,7 +929,7 @@ def test_results_carry_the_tag_the_expiry_rule_selects(moto_endpoint):
 def test_a_checkpoint_part_is_written_beside_the_result_replaced_by_a_fuller_one_and_a_missing_one_is_no_such_key(
     results,
 ):
-    from fleet.aws.results import part_key
+    from fleet.results import part_key
 
     key = part_key("s-pt", "20270115", None, 1, 4, 1)
     results.put_part(key, b'[{"id":"a"}]')
@@ -944,8 +945,9 @@ def test_checkpoint_parts_carry_the_tag_of_their_own_expiry_rule(moto_endpoint):
     """moto only: parts are needed while their run lasts; infra/terraform expires objects with this tag sooner."""
     from fleet.aws.bootstrap import ensure_resources
     from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-    from fleet.aws.results import PART_TAG, S3ResultStore, part_key
-    from fleet.config import AwsConfig
+    from fleet.aws.results import PART_TAG, S3ResultStore
+    from fleet.config.aws import AwsConfig
+    from fleet.results import part_key
 
     hx = uuid.uuid4().hex[:10]
     clients = AwsClients(

@@ -9,7 +9,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.config import AwsConfig, Config
+from fleet.config import Config
+from fleet.config.aws import AwsConfig
 from hub.providers.ec2 import Ec2Provider
 
 

@@ -22,9 +22,10 @@ import pytest
 
 from cli.commands.tf_config import aws_section
 from fleet.aws.bootstrap import ensure_resources
-from fleet.aws.queue import DEDUP_WINDOW_S, QueueDepth, SiteMessage, SqsSiteQueue, dedup_id, group_id
+from fleet.aws.queue import SqsSiteQueue
 from fleet.clock import FakeClock
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
+from fleet.messages import DEDUP_WINDOW_S, QueueDepth, SiteMessage, dedup_id, group_id
 from sim.memory import MemoryQueue
 
 from .conftest import NamedClients, moto_clients

@@ -25,11 +25,11 @@ from fleet.aws.archive import S3RunArchive
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.table import DynamoStateTable
-from fleet.aws.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from fleet.state import RunState, SiteSpec
+from fleet.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from lambdas import starter, watchdog
 from lambdas.starter import LambdaSettings, client_token, run_starter, start_hub
 from lambdas.watchdog import claim_restart, heartbeat_token, orphan_reason, release_restart, watch

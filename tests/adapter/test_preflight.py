@@ -39,7 +39,7 @@ from botocore.awsrequest import AWSResponse
 from cli.main import main
 from fleet.aws import clients as fleet_aws
 from fleet.aws.bootstrap import ensure_resources
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from tests.adapter.conftest import REGION, NamedClients, fresh_names
 from twin.images import IMAGE_TAGS
 

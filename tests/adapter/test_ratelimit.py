@@ -16,7 +16,7 @@ from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.ratelimit import LIMITS_PARTITION, DynamoRateLimiter, MemoryRateLimiter, RateLimiter, spacing
 from fleet.clock import FakeClock
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from tests.adapter.conftest import MOTO_CALLS, REGION, NamedClients
 from tests.helpers.windows import max_in_window
 

@@ -19,9 +19,9 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.aws.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from fleet.clock import FakeClock
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
+from fleet.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from tests.helpers.stacks import stack_names
 from tests.infra.test_terraform import SSM_AGENT_ACTIONS, TF_DIR, blocks, one, statements_of
 from tests.infra.test_terraform import config as terraform

@@ -18,10 +18,11 @@ import pytest
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.table import DynamoStateTable
-from fleet.aws.tags import TAG_STACK
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
-from fleet.config import AwsConfig, Config
+from fleet.config import Config
+from fleet.config.aws import AwsConfig
+from fleet.tags import TAG_STACK
 from hub.providers.ec2 import Ec2Provider
 from hub.teardown import teardown_run
 from lambdas.settings import LambdaSettings

@@ -20,7 +20,7 @@ from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
-from fleet.config_load import parse_config
+from fleet.config.load import parse_config
 from fleet.state import RunStatus, SiteSpec
 from node.agent import Agent, AgentSettings
 from profiles import ProfileStore

@@ -29,7 +29,7 @@ from fleet.aws.clients import CLIENT_HOOKS, LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import FakeClock, SystemClock
 from fleet.codec import NodeInfo, RunInfo
 from fleet.config import Config, NotifyConfig
-from fleet.config_load import parse_config
+from fleet.config.load import parse_config
 from fleet.state import SiteSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,8 +207,9 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
 
 def _act_as_a_node(config: Config, node: str) -> None:
     """Unrecorded: what nodes would have written, so the hub takes its completion and kill paths."""
-    from fleet.aws.results import S3ResultStore, result_key
+    from fleet.aws.results import S3ResultStore
     from fleet.aws.table import DynamoStateTable
+    from fleet.results import result_key
     from fleet.state import Reason, SiteStatus
 
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)

@@ -15,7 +15,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from tests.helpers.stacks import stack_names
 from twin.infra import StackOutputs, apply_stack
 

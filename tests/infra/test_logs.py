@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "cloud_init" / "templates"
 RUN = "2026-11-24"

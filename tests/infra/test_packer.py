@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 from fleet.platform import instance_type_arch
 from twin.hcl_eval import Evaluator, Namespace, TfModule, Where
 

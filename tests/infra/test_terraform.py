@@ -27,7 +27,8 @@ import pytest
 
 from fleet.aws.bootstrap import OPEN_INDEX_ATTRIBUTES
 from fleet.codec import OPEN_ATTR, OPEN_INDEX
-from fleet.config import AwsConfig, FleetConfig, MetricsConfig
+from fleet.config import FleetConfig, MetricsConfig
+from fleet.config.aws import AwsConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TF_DIR = ROOT / "infra" / "terraform"

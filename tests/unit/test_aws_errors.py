@@ -23,7 +23,7 @@ from botocore.exceptions import (
 
 from fleet.aws.clients import AwsClients, StaticCredentials
 from fleet.aws.errors import CREATE_ADVICE, AwsCall, Kind, aws_failure, one_line, stamp
-from fleet.config import AwsConfig
+from fleet.config.aws import AwsConfig
 
 
 def client_error(

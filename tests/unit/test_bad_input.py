@@ -208,7 +208,7 @@ def test_bad_input_is_one_line_exit_2_no_traceback_and_bounded(tmp_path, cli, na
 
 
 def test_merge_keys_merge_as_yaml_says_explicit_keys_first_then_the_sources_in_order(tmp_path, cli):
-    from fleet.config_load import load_config
+    from fleet.config.load import load_config
 
     path = tmp_path / "fleet.yaml"
     path.write_text(

@@ -576,7 +576,7 @@ def test_render_script_prints_the_boot_script(tmp_path):
 
 def test_the_efs_utils_key_is_the_one_the_upload_and_the_preflight_use():
     """The boot script finds amazon-efs-utils where `bundle --upload --efs-utils-deb` puts it (AwsConfig's key)."""
-    from fleet.config_aws import AwsConfig
+    from fleet.config.aws import AwsConfig
 
     for bundle_key in ("bundle/gridfleet-bundle.tar.gz", "gridfleet-bundle.tar.gz", "a/b/c.tar.gz"):
         script = boot_script(render_node(node_params(bundle_key=bundle_key)))

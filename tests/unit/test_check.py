@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from cli.report.check import check_run, demo_hits
 from fleet import ops
-from fleet.aws.results import is_daily_run, result_key
 from fleet.codec import RunInfo
+from fleet.results import is_daily_run, result_key
 from fleet.state import SiteSpec, SiteStatus
 from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 

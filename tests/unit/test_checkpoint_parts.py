@@ -11,8 +11,8 @@ from botocore.exceptions import ClientError
 
 from fleet import checkpoint as ck
 from fleet import ops, units
-from fleet.aws.results import part_key
 from fleet.codec import ITEM_ID_MAX_CHARS, encode_checkpoint, site_to_item
+from fleet.results import part_key
 from fleet.state import Reason, RunStatus
 from tests.helpers.fake_node import HANG, RUN, Rig, status
 

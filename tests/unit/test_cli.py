@@ -209,7 +209,7 @@ def test_config_from_terraform_prints_an_aws_section_that_validates(tmp_path):
 
     import yaml
 
-    from fleet.config_load import parse_config
+    from fleet.config.load import parse_config
 
     (tmp_path / "out.json").write_text(json.dumps(TF_OUTPUT))
     p = gridfleet(tmp_path, "config", "from-terraform", "--tf-output", "out.json")

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from pydantic import ValidationError
 
-from fleet.config_load import dump_config, load_config, parse_config
+from fleet.config.load import dump_config, load_config, parse_config
 from fleet.errors import ConfigError
 
 GOOD = """\

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from cli.packaging.crawler_ship import installed_config, pinned, project_of, unmet_requirements
-from fleet.config_crawlers import bundle_mismatch
-from fleet.config_load import dump_config, load_config, parse_config
+from fleet.config.bundle import bundle_mismatch
+from fleet.config.load import dump_config, load_config, parse_config
 from fleet.crawler_project import MAX_FILES, CrawlerProject, ProjectError, content_hash
 from fleet.errors import ConfigError, UsageError
 from tests.helpers.crawler_project import CRAWLER, make_project

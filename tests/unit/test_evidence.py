@@ -13,7 +13,7 @@ import pytest
 
 from cli.report.data import evidence_links
 from cli.report.page import render_report, write_report
-from fleet.aws.results import EVIDENCE_FILES, evidence_key, evidence_prefix, parse_evidence_key, result_key
+from fleet.results import EVIDENCE_FILES, evidence_key, evidence_prefix, parse_evidence_key, result_key
 from fleet.state import Reason
 from fleet.summary import export
 from node import evidence

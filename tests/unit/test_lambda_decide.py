@@ -9,14 +9,14 @@ import sys
 import pytest
 
 from fleet import ops
-from fleet.aws.run_item import RunWatch
-from fleet.aws.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from fleet.clock import FakeClock
 from fleet.codec import RunInfo
 from fleet.errors import StaleWrite
 from fleet.ids import default_run_id
 from fleet.instance import Instance
+from fleet.run_item import RunWatch
 from fleet.state import Reason, RunState, RunStatus, SiteSpec
+from fleet.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from lambdas.orphans import Orphan, Orphans
 from lambdas.settings import LambdaSettings
 from lambdas.starter import Fallback, Launch, Refuse, Skip, StarterView, StartStopped

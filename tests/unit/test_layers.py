@@ -2,13 +2,15 @@
 
 import-linter (`make lint`) checks which package may import which. Two rules need more than the import graph:
 the commands reach the local stack (`embedded`), the twin and the simulator only from inside the functions that
-need them, so that a command run against AWS never loads them; and the hub's planning imports with boto3 and
-botocore absent, not merely without a static import of them.
+need them, so that a command run against AWS never loads them; and the kernel (every module of `fleet` but its AWS
+adapters in `fleet.aws`), the hub's planning and the simulator import with boto3 and botocore absent, not merely
+without a static import of them.
 """
 
 from __future__ import annotations
 
 import ast
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,10 +88,42 @@ def test_the_commands_reach_the_local_stack_the_twin_and_the_simulator_only_from
     assert found == {}, f"cli imports these when a module loads (file: lines): {found}"
 
 
-def test_the_hubs_planning_imports_without_boto3_or_botocore():
-    code = "import sys; sys.modules['boto3'] = sys.modules['botocore'] = None; import hub.plan"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+#: The simulator's packages. Re-point here when the simulator moves (to a top-level `sim` package).
+SIMULATOR = ("sim",)
+#: The kernel's AWS adapters, the one part of `fleet` that loads boto3.
+ADAPTERS = "fleet.aws"
+
+
+def modules_of(package: str, skip: str | None = None) -> list[str]:
+    """`package` and every module under it, read from the files (nothing is imported), but `skip` and its own."""
+    found = [package]
+    for info in pkgutil.iter_modules([str(ROOT.joinpath(*package.split(".")))], package + "."):
+        if info.name != skip:
+            found += modules_of(info.name, skip) if info.ispkg else [info.name]
+    return found
+
+
+def import_without_boto(modules: list[str]) -> subprocess.CompletedProcess[str]:
+    """Import `modules` in a fresh interpreter where boto3 and botocore cannot be imported."""
+    code = (
+        "import importlib, sys\n"
+        "sys.modules['boto3'] = sys.modules['botocore'] = None\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code, *modules], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_the_kernel_the_hubs_planning_and_the_simulator_import_without_boto3_or_botocore():
+    kernel = modules_of("fleet", skip=ADAPTERS)
+    simulator = [m for package in SIMULATOR for m in modules_of(package)]
+    assert {"fleet.protocol", "fleet.config.load", "fleet.table"} <= set(kernel)
+    assert ADAPTERS not in kernel and not any(m.startswith(ADAPTERS + ".") for m in kernel)
+    assert "sim.run" in simulator
+    done = import_without_boto([*kernel, *modules_of("hub.plan"), *simulator])
     assert done.returncode == 0, done.stderr
+    refused = import_without_boto(["fleet.aws.clients"])  # the check sees a module that needs boto3
+    assert refused.returncode != 0 and "boto3" in refused.stderr
 
 
 SIZES = ROOT / "scripts" / "sizes.py"

@@ -19,7 +19,8 @@ import pytest
 
 from fleet.aws.notify import WebhookChannel, channels, notify_run_end, previous_summary, report_location
 from fleet.config import Config, NotifyConfig
-from fleet.config_load import ConfigError, dump_config, parse_config
+from fleet.config.load import dump_config, parse_config
+from fleet.errors import ConfigError
 from fleet.notify import MAX_LISTED, Message, changes, overdue_message, redact_url, run_message, send_all
 
 ARN = "arn:aws:sns:ap-northeast-2:123456789012:gridfleet-runs"

@@ -2,9 +2,9 @@
 
 import dataclasses
 
-from fleet.aws.messages import QueueDepth
 from fleet.codec import NodeInfo, RunInfo
 from fleet.config import Config
+from fleet.messages import QueueDepth
 from fleet.state import Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from hub.actions import (
     EndAttempt,

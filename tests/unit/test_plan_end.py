@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from fleet.aws.messages import QueueDepth
+from fleet.messages import QueueDepth
 from fleet.state import Reason, RunState, RunStatus, SiteStatus
 from hub.actions import Drain, Ending, FailSites, Finish, Launch, Terminate
 from hub.plan import END_WAIT_S, drain_wait_s, end_plan, plan, teardown_request

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from fleet.config_load import parse_config
+from fleet.config.bundle import platform_of
+from fleet.config.load import parse_config
 from fleet.platform import (
     PLATFORM_FILE,
     S3_METADATA,
@@ -15,7 +16,6 @@ from fleet.platform import (
     deb_arch,
     fleet_arch,
     instance_type_arch,
-    platform_of,
     uname_machine,
 )
 

@@ -6,12 +6,23 @@ import math
 
 import pytest
 
-from fleet import crawl_end, ops, protocol
-from fleet.aws.messages import BadMessage, SiteMessage
+from fleet import ops, protocol
 from fleet.codec import RunInfo
 from fleet.config import Config
-from fleet.crawl_end import BUSY_RETRY_S, CrawlEnd, CrawlEndKind, FollowUp
-from fleet.protocol import CLAIMED_VISIBILITY_S, MAX_AWS_FAILURES, MessageAction, NodeCard, NodeRules, StopWhy, Watch
+from fleet.messages import BadMessage, SiteMessage
+from fleet.protocol import (
+    BUSY_RETRY_S,
+    CLAIMED_VISIBILITY_S,
+    MAX_AWS_FAILURES,
+    CrawlEnd,
+    CrawlEndKind,
+    FollowUp,
+    MessageAction,
+    NodeCard,
+    NodeRules,
+    StopWhy,
+    Watch,
+)
 from fleet.state import NodeState, Reason, RunStatus, SiteSpec, SiteStatus
 from sim.memory import MemoryStateTable
 
@@ -144,9 +155,9 @@ def test_the_claimed_message_is_hidden_at_once_then_only_when_it_could_show_befo
 
 
 def test_a_crawler_that_died_is_an_error_that_says_how():
-    assert crawl_end.exited_end(-9).error == "crawler process ended without a result (killed by signal 9)"
-    assert crawl_end.exited_end(3).error == "crawler process ended without a result (exit code 3)"
-    assert crawl_end.exited_end(0).kind is CrawlEndKind.ERROR and crawl_end.exited_end(0).forced
+    assert protocol.exited_end(-9).error == "crawler process ended without a result (killed by signal 9)"
+    assert protocol.exited_end(3).error == "crawler process ended without a result (exit code 3)"
+    assert protocol.exited_end(0).kind is CrawlEndKind.ERROR and protocol.exited_end(0).forced
 
 
 def test_only_ends_the_node_settles_itself_name_a_reason():
@@ -158,7 +169,7 @@ def test_only_ends_the_node_settles_itself_name_a_reason():
         CrawlEndKind.SPOT: Reason.SPOT,
         CrawlEndKind.BUSY: Reason.BUSY,
     }
-    args = crawl_end.end_attempt_args(crawl_end.spot_end({"action": "terminate"}), RULES, 500.0)
+    args = protocol.end_attempt_args(protocol.spot_end({"action": "terminate"}), RULES, 500.0)
     assert args == dict(
         reason=Reason.SPOT,
         now=500.0,
@@ -169,7 +180,7 @@ def test_only_ends_the_node_settles_itself_name_a_reason():
     )
     for kind in (CrawlEndKind.RESULT, CrawlEndKind.FENCED):
         with pytest.raises(ValueError):
-            crawl_end.end_attempt_args(CrawlEnd(kind), RULES, 500.0)
+            protocol.end_attempt_args(CrawlEnd(kind), RULES, 500.0)
 
 
 def ended(end: CrawlEnd, *, attempts_before: int = 0, max_attempts: int = 3, spot_cap: int = 3):
@@ -179,39 +190,39 @@ def ended(end: CrawlEnd, *, attempts_before: int = 0, max_attempts: int = 3, spo
     rules = NodeRules(max_attempts=max_attempts, spot_cap=spot_cap)
     for _ in range(attempts_before):
         rec = ops.claim(table, rec, "i-1", 100.0)
-        rec = ops.end_attempt(table, rec, **crawl_end.end_attempt_args(CrawlEnd(CrawlEndKind.ERROR), rules, 101.0))
+        rec = ops.end_attempt(table, rec, **protocol.end_attempt_args(CrawlEnd(CrawlEndKind.ERROR), rules, 101.0))
     rec = ops.claim(table, rec, "i-1", 200.0)
-    return rec.attempt, ops.end_attempt(table, rec, **crawl_end.end_attempt_args(end, rules, 300.0))
+    return rec.attempt, ops.end_attempt(table, rec, **protocol.end_attempt_args(end, rules, 300.0))
 
 
 def test_a_hang_or_error_with_attempts_left_sends_the_next_attempts_message():
     attempt, new = ended(CrawlEnd(CrawlEndKind.HANG, kill_path="watchdog"))
-    assert crawl_end.settle(CrawlEnd(CrawlEndKind.HANG), attempt, new).follow is FollowUp.REQUEUE
+    assert protocol.settle(CrawlEnd(CrawlEndKind.HANG), attempt, new).follow is FollowUp.REQUEUE
 
 
 def test_the_last_attempt_failing_deletes_the_message():
     attempt, new = ended(CrawlEnd(CrawlEndKind.ERROR), attempts_before=2)
     assert new.run_status is RunStatus.FAILED
-    assert crawl_end.settle(CrawlEnd(CrawlEndKind.ERROR), attempt, new).follow is FollowUp.FAIL
+    assert protocol.settle(CrawlEnd(CrawlEndKind.ERROR), attempt, new).follow is FollowUp.FAIL
 
 
 def test_a_given_back_attempt_releases_its_message_at_once_after_a_spot_notice_and_later_when_busy():
-    spot = crawl_end.spot_end("notice")
+    spot = protocol.spot_end("notice")
     attempt, new = ended(spot)
-    step = crawl_end.settle(spot, attempt, new)
+    step = protocol.settle(spot, attempt, new)
     assert (step.follow, step.release_after_s) == (FollowUp.RELEASE, 0.0)
-    busy = crawl_end.busy_end("s1", 60)
+    busy = protocol.busy_end("s1", 60)
     attempt, new = ended(busy)
-    step = crawl_end.settle(busy, attempt, new)
+    step = protocol.settle(busy, attempt, new)
     assert (step.follow, step.release_after_s) == (FollowUp.RELEASE, BUSY_RETRY_S)
     assert busy.error == "profile lock of s1 held elsewhere for 60s"
 
 
 def test_a_give_back_over_the_spot_cap_is_an_ordinary_requeue():
-    spot = crawl_end.spot_end("notice")
+    spot = protocol.spot_end("notice")
     attempt, new = ended(spot, spot_cap=0)
     assert new.attempt == attempt
-    assert crawl_end.settle(spot, attempt, new).follow is FollowUp.REQUEUE
+    assert protocol.settle(spot, attempt, new).follow is FollowUp.REQUEUE
 
 
 # --- declared lost ---------------------------------------------------------------------------------------------------
@@ -283,7 +294,7 @@ def test_an_empty_receive_stops_an_idle_node_or_one_whose_run_is_over():
 
 
 def test_a_spot_end_stops_the_node_whatever_its_settling_does():
-    stop = protocol.stop_after(crawl_end.spot_end("x"))
+    stop = protocol.stop_after(protocol.spot_end("x"))
     assert stop is not None and stop.why is StopWhy.SPOT
     assert all(protocol.stop_after(CrawlEnd(k)) is None for k in CrawlEndKind if k is not CrawlEndKind.SPOT)
 

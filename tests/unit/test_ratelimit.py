@@ -10,7 +10,7 @@ import pytest
 
 from fleet.aws.ratelimit import MAX_LATE, PACE_MARGIN, MemoryRateLimiter, spacing
 from fleet.clock import FakeClock
-from fleet.config_load import dump_config, parse_config
+from fleet.config.load import dump_config, parse_config
 from fleet.errors import ConfigError
 from tests.helpers.windows import max_in_window
 

@@ -1,5 +1,5 @@
 """The `aws:` section of fleet.yaml: the AWS resources a run uses, where nodes find the hub and the code, and how
-the hub kills a crawl on a node. Validated with the rest of the config (`fleet.config`), which it is part of."""
+the hub kills a crawl on a node. Validated with the rest of the config (`fleet.config.Config`), which it is part of."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""What travels on the site queue, and the queue's shape as code that uses it sees it; no AWS client here.
+"""What travels on the site queue, and the queue as the code that uses it sees it (`SiteQueue`); no AWS client.
 
 A message is `{"run_id", "site", "attempt"}`: "attempt N of this site may start". On a FIFO queue each carries a
-deterministic deduplication id of its (run, site, attempt) and a message group per site (see `fleet.aws.queue`).
-Kept apart from the SQS client so that what only reads queue depths or builds messages (the hub's planning, the
-simulator) does not load boto3.
+deterministic deduplication id of its (run, site, attempt) and a message group per site. The SQS adapter is
+`fleet.aws.queue`; the tests and the simulator use an in-memory one.
 """
 
 from __future__ import annotations

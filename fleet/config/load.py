@@ -1,6 +1,6 @@
 """Load fleet.yaml into a frozen `Config`, with errors that name file, field and line.
 
-The YAML is read by `fleet.config_guard`, bounded and with the line of every value kept, so a pydantic error
+The YAML is read by `fleet.config.guard`, bounded and with the line of every value kept, so a pydantic error
 location becomes `fleet.yaml:14: sites[3].start_url: ...`; this module turns the plain values into a `Config`
 and pydantic's errors into those one-line problems.
 """
@@ -16,8 +16,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from fleet.config import Config, DuplicateSiteError
-from fleet.config_crawlers import project_context
-from fleet.config_guard import BOOL, MAX_FILE_BYTES, Composer, Loc, Problem, Refused, compose, field_name
+from fleet.config.crawlers import project_context
+from fleet.config.guard import BOOL, MAX_FILE_BYTES, Composer, Loc, Problem, Refused, compose, field_name
 from fleet.crawlers import OptionsError, error_text
 from fleet.errors import ConfigError
 

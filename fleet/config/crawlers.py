@@ -9,16 +9,13 @@ and optionally a pinned requirements file. The configs gridfleet writes for the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from fleet.crawler_project import CrawlerProject, ProjectError, pinned_requirements
 
-if TYPE_CHECKING:
-    from fleet.config import Config  # the config imports this module
-
-#: Keys of the validation context `fleet.config_load` passes: the config file's directory, and the project
+#: Keys of the validation context `fleet.config.load` passes: the config file's directory, and the project
 #: found there (or why not).
 BASE_DIR = "base_dir"
 PROJECT = "crawler_project"
@@ -105,39 +102,3 @@ def crawler_roots(context: dict[str, Any] | None) -> list[str] | None:
     """Where dotted crawler names must be found: the project's source roots; None: on the import path."""
     project = (context or {}).get(PROJECT)
     return project.source_roots if project is not None else None
-
-
-#: What the bundle says of the crawler project it installed, in the install directory.
-BUNDLE_MANIFEST = "crawlers.json"
-
-
-def bundle_mismatch(config: Config, install_dir: Path) -> str | None:
-    """Why the crawler project the bundle installed is not the one the config names (None: it is, or neither
-    names one). A run started after the project changed, without a new bundle, would crawl with old code."""
-    section = config.crawlers
-    wanted = section.installed if section is not None else None
-    path = install_dir / BUNDLE_MANIFEST
-    try:
-        text = path.read_text(encoding="utf-8")[:4096] if path.is_file() else None
-    except OSError:
-        text = None
-    if wanted is None:
-        return None
-    if text is None:
-        if not (install_dir / "wheels").is_dir():
-            return None  # not where a bundle was installed (the embedded default)
-        return (
-            f"the bundle in {install_dir} has no crawler project, the run's config names {wanted.name} "
-            f"{wanted.version}: build the bundle with that config (gridfleet bundle --config ... --upload)"
-        )
-    try:
-        have = InstalledCrawlers.model_validate_json(text)
-    except ValueError:
-        return f"{path}: not a crawler project manifest"
-    if have.hash == wanted.hash:
-        return None
-    return (
-        f"the bundle installed the crawler project {have.name} {have.version} ({have.hash[:19]}), the run's config "
-        f"names {wanted.name} {wanted.version} ({wanted.hash[:19]}): build and upload the bundle again "
-        "(gridfleet bundle --config ... --upload)"
-    )

@@ -2,7 +2,12 @@
 
 Validated once at load by pydantic (unknown keys are errors, units are in the
 names), then frozen. Nothing here reads the environment; callers pass values in.
-Loading from a file, with line numbers in errors, is in `fleet.config_load`.
+
+The package holds the rest of the config: the `aws:` and `crawlers:` sections
+(`fleet.config.aws`, `fleet.config.crawlers`), the bounded YAML reader
+(`fleet.config.guard`), loading from a file with line numbers in errors
+(`fleet.config.load`), and what the config asks of the code bundle
+(`fleet.config.bundle`).
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from fleet.config_aws import AwsConfig, image_problem
-from fleet.config_crawlers import PROJECT_PROBLEM, CrawlersConfig, crawler_roots
-from fleet.crawlers import BUILTIN_CRAWLERS, BUILTIN_OPTIONS, crawler_problem
+from fleet.config.aws import AwsConfig, image_problem
+from fleet.config.crawlers import PROJECT_PROBLEM, CrawlersConfig, crawler_roots
+from fleet.crawlers import BUILTIN_OPTIONS, crawler_problem
 from fleet.ids import SITE_ID_RULE, is_site_id
 from fleet.platform import fleet_arch
 
@@ -139,7 +144,7 @@ class NotifyConfig(_Model):
     sns_topic_arn: str | None = Field(None, description="publish the message to this SNS topic (arn:aws:sns:...)")
     webhook_url: SecretStr | None = Field(
         None,
-        exclude=True,  # never dumped: the config nodes read (fleet.config_load.dump_config) carries no webhook
+        exclude=True,  # never dumped: the config nodes read (fleet.config.load.dump_config) carries no webhook
         description="POST the message as Slack-compatible JSON ({text, blocks}) to this http(s) URL",
     )
     timeout_s: float = Field(10, gt=0, le=60, description="longest wait for one channel's send")
@@ -316,19 +321,3 @@ class DuplicateSiteError(ValueError):
         super().__init__(f"duplicate site id {site_id!r} (first at sites[{first}])")
         self.index = index
         self.site_id = site_id
-
-
-__all__ = [
-    "BUILTIN_CRAWLERS",
-    "AwsConfig",
-    "BrowserConfig",
-    "Config",
-    "DEMO_PLACEHOLDER",
-    "FleetConfig",
-    "HubConfig",
-    "LocalConfig",
-    "MetricsConfig",
-    "RateLimitConfig",
-    "RunConfig",
-    "SiteConfig",
-]

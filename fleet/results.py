@@ -1,0 +1,122 @@
+"""Where a run's results go in the result store, and the store as the code that uses it sees it (`ResultStore`).
+
+A result belongs to its run. The daily run (its id is its date, `2026-11-21`)
+keeps the key `<site>/<YYYYMMDD>/result.json`; any other run of that date (a
+manual run, a demo) stores its result beside it,
+`<site>/<YYYYMMDD>/<run_id>/result.json`, never over it and never instead of it.
+Within a run, a result already stored means the site is done (a retry skips it).
+
+Evidence of an attempt that ended badly (a screenshot, the page's HTML, its
+console, a record) goes beside the run's result:
+`<site>/<YYYYMMDD>[/<run_id>]/evidence/<attempt>/<file>`, one of `EVIDENCE_FILES`.
+
+The items each checkpoint saved go beside it too, one part object per checkpoint
+(`fleet.checkpoint`): `<site>/<YYYYMMDD>[/<run_id>]/parts/<attempt>-<claim>/<seq>.json`.
+
+`put_new` writes only a key that does not exist: of two writers (a zombie node
+and the attempt that replaced it) exactly one result lands and nothing is
+overwritten. The S3 adapter is `fleet.aws.results`; the tests and the simulator
+use an in-memory one.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from fleet.ids import check_run_id, check_site_id
+
+
+def is_daily_run(run_id: str, run_date: str) -> bool:
+    """Whether `run_id` is the day's run of `run_date` (YYYYMMDD): its id is that date, with or without dashes."""
+    return run_id.replace("-", "") == run_date and len(run_id) in (8, 10)
+
+
+def result_key(site: str, run_date: str, run_id: str | None = None) -> str:
+    """Where a run's result of a site goes: the daily run's (`run_id` None, or the date itself) at
+    `<site>/<YYYYMMDD>/result.json`, any other run's at `<site>/<YYYYMMDD>/<run_id>/result.json`."""
+    if run_id is None or is_daily_run(run_id, run_date):
+        return f"{site}/{run_date}/result.json"
+    return f"{site}/{run_date}/{run_id}/result.json"
+
+
+#: The files an evidence record may hold: every key written or read back under `evidence/` names one of them.
+EVIDENCE_FILES = ("evidence.json", "screenshot.png", "page.html", "console.json")
+
+
+def _beside_result(site: str, run_date: str, run_id: str | None, folder: str) -> str:
+    """`<site>/<YYYYMMDD>[/<run_id>]/<folder>/`, the ids checked again: ValueError when one is not what it claims."""
+    check_site_id(site)
+    if run_id is not None:
+        check_run_id(run_id)
+    if not (len(run_date) == 8 and run_date.isdigit()):
+        raise ValueError(f"run date {run_date!r} is not YYYYMMDD")
+    return result_key(site, run_date, run_id).rpartition("/")[0] + f"/{folder}/"
+
+
+def evidence_prefix(site: str, run_date: str, run_id: str | None = None) -> str:
+    """Where the evidence of a run's attempts of a site goes: beside its result, `.../evidence/`. The ids are
+    checked again (they may come back from AWS): ValueError when one is not what it claims."""
+    return _beside_result(site, run_date, run_id, "evidence")
+
+
+def _count(value: object, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{what} {value!r} is not an integer from {low} to {high}")
+    return value
+
+
+def part_key(site: str, run_date: str, run_id: str | None, attempt: int, claim: int, seq: int) -> str:
+    """`<site>/<YYYYMMDD>[/<run_id>]/parts/<attempt>-<claim>/<seq>.json`: the `seq`-th checkpoint part of the
+    attempt whose claim made the record's version `claim`. Every part is checked (the numbers come back from the
+    table): ValueError for a bad id or number."""
+    _count(attempt, "attempt", 1, 999_999)
+    _count(claim, "claim version", 1, 10**12)
+    _count(seq, "part number", 1, 999_999)
+    return f"{_beside_result(site, run_date, run_id, 'parts')}{attempt}-{claim}/{seq:06d}.json"
+
+
+def evidence_key(site: str, run_date: str, run_id: str | None, attempt: int, name: str) -> str:
+    """`<site>/<YYYYMMDD>[/<run_id>]/evidence/<attempt>/<name>`; ValueError for a bad id, attempt or name."""
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise ValueError(f"attempt {attempt!r} is not a positive integer")
+    if name not in EVIDENCE_FILES:
+        raise ValueError(f"{name!r} is not an evidence file ({', '.join(EVIDENCE_FILES)})")
+    return f"{evidence_prefix(site, run_date, run_id)}{attempt}/{name}"
+
+
+def parse_evidence_key(prefix: str, key: str) -> tuple[int, str] | None:
+    """(attempt, file) of a key listed under `prefix`, or None when it is not one `evidence_key` makes."""
+    if not key.startswith(prefix):
+        return None
+    attempt, _, name = key[len(prefix) :].partition("/")
+    if not (attempt.isdigit() and attempt.isascii() and len(attempt) <= 6) or int(attempt) < 1:
+        return None
+    return (int(attempt), name) if name in EVIDENCE_FILES else None
+
+
+def aside_key(key: str, suffix: str) -> str:
+    """`site/20261121/result.json` -> `site/20261121/result.replaced-<suffix>.json` (kept, no longer the result)."""
+    stem, dot, ext = key.rpartition(".")
+    return f"{stem}.replaced-{suffix}.{ext}" if dot else f"{key}.replaced-{suffix}"
+
+
+class ResultStore(Protocol):
+    """The result store: S3 on AWS and on the embedded default (`fleet.aws.results`), in memory in the tests and the
+    simulator."""
+
+    def exists(self, key: str) -> bool: ...
+    def put_new(self, key: str, body: bytes) -> bool:
+        """Write `body` unless the key exists; True if this call wrote it."""
+
+    def get(self, key: str) -> bytes:
+        """The object's bytes; a key that does not exist raises as S3 does (a ClientError `NoSuchKey`)."""
+
+    def put_evidence(self, key: str, body: bytes, content_type: str) -> None:
+        """Write one file of an attempt's evidence (a later capture of the same attempt replaces it)."""
+
+    def put_part(self, key: str, body: bytes) -> None:
+        """Write one checkpoint part (a later write of the same part, with more items, replaces it)."""
+
+    def keys(self, prefix: str) -> list[str]: ...
+    def set_aside(self, key: str, suffix: str) -> str | None:
+        """Move a result out of the way (a forced rerun); returns where it went, None if there was none."""

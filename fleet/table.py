@@ -1,0 +1,69 @@
+"""The state table as the code that uses it sees it (`StateTable`), and what its reads return.
+
+One table holds a run: its site records, the run item, node items and history
+lines, under the run's partition; the run index and the sites' high-water marks
+live in partitions of their own. Every write of a site record is conditional on
+the fence of the record it was computed from (version, attemptCount,
+instance_id): a writer that lost a race, or a zombie node, gets `StaleWrite`
+carrying the record as it is now, and its write is not applied. The run item
+also carries the watchdog's bookkeeping (`fleet.run_item`), changed only by
+writes conditional on what the watchdog read.
+
+The DynamoDB adapter is `fleet.aws.table`; the tests and the simulator use an
+in-memory one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, Unpack
+
+from fleet.codec import HistoryEvent, NodeInfo, RunInfo
+from fleet.run_item import RunExpect, RunFields, RunWatch, WatchFields
+from fleet.stamp import Stamp
+from fleet.state import SiteRecord
+
+
+@dataclass(frozen=True)
+class RunRows:
+    """A run's partition, read whole."""
+
+    run: RunInfo | None
+    sites: list[SiteRecord]
+    nodes: list[NodeInfo]
+    history: list[HistoryEvent] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunIndexEntry:
+    run_id: str
+    started_at: float
+
+
+class StateTable(Protocol):
+    def create_site(self, rec: SiteRecord) -> bool: ...
+    def get_site(self, run_id: str, site: str) -> SiteRecord | None: ...
+    def write(self, old: SiteRecord, new: SiteRecord) -> SiteRecord: ...
+    def read_run(self, run_id: str) -> RunRows: ...
+    def open_stamps(self, run_id: str) -> dict[str, Stamp]: ...
+    def get_sites(self, run_id: str, sites: Iterable[str]) -> list[SiteRecord]: ...
+    def read_nodes(self, run_id: str) -> list[NodeInfo]: ...
+    def create_run(self, run: RunInfo) -> bool: ...
+    def get_run(self, run_id: str) -> RunInfo | None: ...
+    def update_run(self, run_id: str, **fields: Unpack[RunFields]) -> None: ...
+    def add_launched(self, run_id: str, count: int) -> None: ...
+    def put_node(self, node: NodeInfo) -> None: ...
+    def add_history(self, events: Sequence[HistoryEvent]) -> None: ...
+    def list_runs(self) -> list[RunIndexEntry]: ...
+    def get_marks(self, sites: Iterable[str]) -> dict[str, tuple[str, ...]]: ...
+    def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None: ...
+
+
+class WatchTable(StateTable, Protocol):
+    """The state table as the Lambdas use it: the hub's API, and the watchdog's bookkeeping on the run item."""
+
+    def get_run_watch(self, run_id: str) -> RunWatch | None: ...
+    def running_runs(self, last: int) -> list[RunWatch]: ...
+    def update_watch(self, run_id: str, expect: RunExpect, **fields: Unpack[WatchFields]) -> bool: ...
+    def add_hub_start(self, run_id: str) -> None: ...
