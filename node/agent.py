@@ -25,6 +25,7 @@ from fleet.aws.metrics import CloudWatchSink, JobStats, node_heartbeat, node_job
 from fleet.clock import Clock
 from fleet.codec import ERROR_MAX_CHARS, capped
 from fleet.config import Config
+from fleet.config.rules import rule_fields
 from fleet.errors import StaleWrite
 from fleet.logs import event
 from fleet.messages import BadMessage, SiteMessage, SiteQueue
@@ -57,7 +58,7 @@ class AgentSettings(NodeRules):
     @classmethod
     def from_config(cls, c: Config, run_id: str, instance_id: str, grid_url: str, local: bool = False) -> AgentSettings:
         return cls(
-            **protocol.rule_fields(c),
+            **rule_fields(c),
             run_id=run_id,
             instance_id=instance_id,
             lock_timeout_s=c.run.lock_timeout_s,

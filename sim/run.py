@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.config import Config
-from fleet.protocol import rules_from_config
+from fleet.config.rules import rules_from_config
 from hub.control.base import KillResult
 from hub.loop import Hub
 from hub.plan import run_date_for

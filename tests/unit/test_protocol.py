@@ -9,6 +9,7 @@ import pytest
 from fleet import ops, protocol
 from fleet.codec import RunInfo
 from fleet.config import Config
+from fleet.config.rules import rules_from_config
 from fleet.messages import BadMessage, SiteMessage
 from fleet.protocol import (
     BUSY_RETRY_S,
@@ -329,10 +330,10 @@ def test_the_rules_of_a_config():
             "sites": [{"id": "x", "start_url": "https://x.test/"}],
         }
     )
-    r = protocol.rules_from_config(c)
+    r = rules_from_config(c)
     assert (r.heartbeat_interval_s, r.visibility_s, r.receive_wait_s, r.idle_exit_s) == (20.0, 60.0, 2.0, 2)
     assert (r.max_attempts, r.sites_per_node, r.claimed_visibility_s) == (5, 7, CLAIMED_VISIBILITY_S)
-    tiny = protocol.rules_from_config(
+    tiny = rules_from_config(
         Config.model_validate(
             {"run": {"heartbeat_timeout_s": 1}, "sites": [{"id": "x", "start_url": "https://x.test/"}]}
         )
