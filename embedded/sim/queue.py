@@ -8,10 +8,11 @@ site and attempt) was sent within the last `DEDUP_WINDOW_S` is accepted and drop
 not in `sent`), and while a message is in flight the later ones of its group (its site) wait. The contract suite
 (tests/adapter) holds it to SQS on moto.
 
-Each call is O(log n), for the simulator's tens of thousands of messages: the messages that can be received wait
-in a deque, the hidden ones on a heap by when they show again (and join the deque then). Time is the monotonic
-time of the clock it is given, never slept on but for an empty receive's long poll. The simulator's nodes do their
-long polls on its event heap instead: it makes the queue with `long_poll=False` and an `on_send` that wakes them.
+Sends, receives, deletes and visibility changes are O(log n), for the simulator's tens of thousands of
+messages: the messages that can be received wait in a deque, the hidden ones on a heap by when they show again
+(and join the deque then). Time is the monotonic time of the clock it is given, never slept on but for an empty
+receive's long poll. The simulator's nodes do their long polls on its event heap instead: it makes the queue with
+`long_poll=False` and an `on_send` that wakes them.
 """
 
 from __future__ import annotations
