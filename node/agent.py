@@ -13,9 +13,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -24,55 +22,20 @@ from fleet.aws.clients import error_code, is_transient
 from fleet.aws.metrics import CloudWatchSink, JobStats, node_heartbeat, node_job_data
 from fleet.clock import Clock
 from fleet.codec import ERROR_MAX_CHARS, capped
-from fleet.config import Config
-from fleet.config.rules import rule_fields
 from fleet.errors import StaleWrite
 from fleet.logs import event
 from fleet.messages import BadMessage, SiteMessage, SiteQueue
-from fleet.protocol import CrawlEndKind, MessageAction, NodeRules, Stop, StopWhy
+from fleet.protocol import CrawlEndKind, MessageAction, Stop, StopWhy
 from fleet.results import ResultStore
 from fleet.state import NodeState, SiteRecord
 from fleet.table import StateTable
-from node.attempt import Attempt, Cleanup, StartCrawl
+from node.attempt import Attempt
 from node.closing import Closer
 from node.evidence import Capture
+from node.kit import AgentSettings, Cleanup, NodeKit, StartCrawl
 from profiles import ProfileStore
 
 log = logging.getLogger("gridfleet.node")
-
-
-@dataclass(frozen=True, kw_only=True)
-class AgentSettings(NodeRules):
-    """The protocol's rules, and what only a real node needs: who it is, its lock wait, its browser."""
-
-    run_id: str
-    instance_id: str
-    lock_timeout_s: float = 60
-    grid_url: str = ""
-    chromium: str = "/usr/bin/chromium"
-    chrome_args: tuple[str, ...] = ()
-    page_load_timeout_s: float = 600
-    #: how a crawler reaches the state table for its rate-limit slots: {table, region, endpoint_url, local}
-    limits_table: tuple[tuple[str, Any], ...] = ()
-
-    @classmethod
-    def from_config(cls, c: Config, run_id: str, instance_id: str, grid_url: str, local: bool = False) -> AgentSettings:
-        return cls(
-            **rule_fields(c),
-            run_id=run_id,
-            instance_id=instance_id,
-            lock_timeout_s=c.run.lock_timeout_s,
-            grid_url=grid_url,
-            chromium=c.browser.chromium,
-            chrome_args=c.browser.extra_args,
-            page_load_timeout_s=c.browser.page_load_timeout_s,
-            limits_table=(
-                ("table", c.aws.table),
-                ("region", c.aws.region),
-                ("endpoint_url", c.aws.endpoint_url),
-                ("local", local),
-            ),
-        )
 
 
 #: How often a node sends its Heartbeat metric to CloudWatch (its table heartbeat is more frequent).
@@ -211,11 +174,33 @@ class Agent:
         if claimed is None:
             return False
         try:
-            stop = Attempt(self, claimed, msg).run()
+            stop = Attempt(self._kit(), claimed, msg).run()
         finally:
             self.set_node(NodeState.IDLE)
         self._stop_after = self._stop_after or stop
         return True
+
+    def _kit(self) -> NodeKit:
+        """What the attempt about to start works with of this node (made for each: the run's date is read at start)."""
+        return NodeKit(
+            s=self.s,
+            run_date=self.run_date,
+            clock=self.clock,
+            table=self.table,
+            queue=self.queue,
+            results=self.results,
+            profiles=self.profiles,
+            state_dir=self.state_dir,
+            start_crawl=self.start_crawl,
+            prepare_crawl=self.prepare_crawl,
+            cleanup=self.cleanup,
+            closer=self.closer,
+            capture=self.capture,
+            spot_notice=self.spot_notice,
+            busy=lambda rec: self.set_node(NodeState.BUSY, rec),
+            job_ended=self.job_ended,
+            metric_beat=self.metric_beat,
+        )
 
     def _leave(self, msg: SiteMessage | BadMessage, step: protocol.MessageStep) -> None:
         """Carry out a message step that starts no attempt."""
@@ -269,18 +254,6 @@ class Agent:
         self.stats.job(seconds, failure)
         self.metrics.add(node_job_data(self.s.instance_id, seconds, failure))
         self.metrics.flush()
-
-    def missable(self, what: str, site: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
-        """Make a write that a later one makes up for: an AWS error that outlasted botocore's retries is logged
-        as `what` and the crawl goes on (False); anything else is raised."""
-        try:
-            fn(*args, **kwargs)
-            return True
-        except Exception as e:
-            if not is_transient(e):
-                raise
-            event(log, what, logging.WARNING, site=site, node=self.s.instance_id, error=f"{type(e).__name__}: {e}")
-            return False
 
     # --- the node item and the node's metric -------------------------------------------------
     def set_node(self, state: NodeState, busy_with: SiteRecord | None = None) -> None:

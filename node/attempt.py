@@ -17,33 +17,28 @@ import logging
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from fleet import crawlerfile, ops, protocol
 from fleet import protocol as crawl_end  # how an attempt ends (CrawlEnd, settle) is part of the protocol
-from fleet.aws.clients import error_code
+from fleet.aws.clients import error_code, is_transient
 from fleet.codec import ERROR_MAX_CHARS, capped
 from fleet.errors import StaleWrite
 from fleet.logs import event
 from fleet.messages import SiteMessage
 from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, Stop, Watch
 from fleet.results import result_key
-from fleet.state import NodeState, SiteRecord, SiteStatus
+from fleet.state import SiteRecord, SiteStatus
 from node import evidence, parts
+from node.kit import NodeKit
 from node.phases import phase_timings
 from node.result import merged_items, result_body
 from node.runner import CrawlProcess, Exited
 from profiles import HeldProfile, ProfileBusy
 
-if TYPE_CHECKING:
-    from node.agent import Agent
-
 log = logging.getLogger("gridfleet.node")
-
-StartCrawl = Callable[[dict[str, Any], Path], CrawlProcess]
-Cleanup = Callable[[Path, "str | None", bool], None]  # (profile, Grid session id, forced)
 
 #: How long a crawler that reported its end may take to close its browser before it is killed.
 QUIT_GRACE_S = 15.0
@@ -63,20 +58,21 @@ class Refused(Exception):
 class Attempt:
     """The attempt a claim just started, from the claim to its settling; `run()` returns a stop its end asks for."""
 
-    def __init__(self, agent: Agent, rec: SiteRecord, msg: SiteMessage):
-        self.agent, self.s = agent, agent.s
+    def __init__(self, node: NodeKit, rec: SiteRecord, msg: SiteMessage):
+        self.node, self.s = node, node.s
         self.rec, self.msg = rec, msg
         self.n = rec.attempt  # the claimed attempt (the record's count moves back when an attempt is given back)
-        mono = agent.clock.monotonic()
+        mono = node.clock.monotonic()
         self.marks: dict[str, float] = {"claim": mono}  # phase -> monotonic time, for the timings on the log line
-        self.watch = Watch.start(agent.s, mono)
+        self.watch = Watch.start(node.s, mono)
         # the checkpoint this attempt starts from, its items read from the parts it names
-        self.parts, self.resume = parts.load(agent.results, rec, agent.run_date)
+        self.parts, self.resume = parts.load(node.results, rec, node.run_date)
         self.items: list[dict[str, Any]] = list(self.resume.get("items") or []) if self.resume else []
         self.fields: dict[str, Any] = {"run_id": rec.run_id, "site": rec.site, "attempt": rec.attempt}
         self.fields["node"] = self.s.instance_id
         self.timed: dict[str, float] = {"ckpt_s": 0.0}  # seconds measured apart from the marks
-        self.settled, self.stop = False, None  # a result is settled while its crawler still closes the browser
+        self.settled = False  # a result is settled while its crawler still closes the browser
+        self.stop: Stop | None = None
         self.completed: dict[str, Any] | None = None  # the `completed` line's fields once the result is saved
         self.proc: CrawlProcess | None = None
 
@@ -94,22 +90,22 @@ class Attempt:
 
     def _run(self) -> CrawlEnd | None:
         """Skip check, profile lock, crawl; how the attempt ended, or None when it is settled already."""
-        a, rec = self.agent, self.rec
-        key = result_key(rec.site, a.run_date, rec.run_id)
-        if a.results.exists(key):
-            self._write(ops.complete, key, a.clock.now(), skipped=True)
-            a.job_ended(self.marks["claim"], None)
-            a.queue.delete(self.msg)
+        node, rec = self.node, self.rec
+        key = result_key(rec.site, node.run_date, rec.run_id)
+        if node.results.exists(key):
+            self._write(ops.complete, key, node.clock.now(), skipped=True)
+            node.job_ended(self.marks["claim"], None, None)
+            node.queue.delete(self.msg)
             event(log, "skip", **self.fields, why="result already in S3", key=key)
             return None
-        a.set_node(NodeState.BUSY, rec)
-        self.marks["checked"] = a.clock.monotonic()
+        node.busy(rec)
+        self.marks["checked"] = node.clock.monotonic()
         try:
-            on_wait, mono, sleep = self._beat_quietly, a.clock.monotonic, a.clock.sleep
-            held = a.profiles.acquire(rec.site, self.s.lock_timeout_s, on_wait=on_wait, monotonic=mono, sleep=sleep)
+            on_wait, mono, sleep = self._beat_quietly, node.clock.monotonic, node.clock.sleep
+            held = node.profiles.acquire(rec.site, self.s.lock_timeout_s, on_wait=on_wait, monotonic=mono, sleep=sleep)
         except ProfileBusy:  # a node cut off mid-crawl may still hold it: not the site's fault, try again later
             return crawl_end.busy_end(rec.site, self.s.lock_timeout_s)
-        self.marks["locked"] = a.clock.monotonic()
+        self.marks["locked"] = node.clock.monotonic()
         if held.removed:
             event(log, "stale-profile", run_id=rec.run_id, site=rec.site, removed=",".join(held.removed))
         session: list[str | None] = [None]
@@ -119,26 +115,26 @@ class Attempt:
         finally:
             close = partial(self._close, held, session[0], end or CrawlEnd(CrawlEndKind.FENCED, forced=True))
             if self.completed is not None:  # the result is saved and COMPLETED: nothing of the site is left to kill
-                crawlerfile.remove(a.state_dir)
-                if a.closer.background:  # the crawler quits its browser while the node may take its next site
+                crawlerfile.remove(node.state_dir)
+                if node.closer.background:  # the crawler quits its browser while the node may take its next site
                     self._handed()
-                a.closer.run(close)
+                node.closer.run(close)
             else:
                 close()
         return None if self.settled else end
 
     def _close(self, held: HeldProfile, session_id: str | None, end: CrawlEnd) -> None:
         """The crawler gone (killed unless it reported its end), evidence read, the browser ended, the lock released."""
-        a = self.agent
+        node = self.node
         if self.proc is not None:
             self.proc.close(QUIT_GRACE_S if not end.forced else 0)
             self._evidence(end, session_id)  # the crawler is gone (its kill never waits), its browser not yet
-        self.marks["closed"] = a.clock.monotonic()
-        a.cleanup(held.path, session_id, end.forced)
+        self.marks["closed"] = node.clock.monotonic()
+        node.cleanup(held.path, session_id, end.forced)
         held.release()
         if self.completed is None:
-            crawlerfile.remove(a.state_dir)
-        self.marks["free"] = a.clock.monotonic()
+            crawlerfile.remove(node.state_dir)
+        self.marks["free"] = node.clock.monotonic()
         if "handed" in self.marks:  # closed in the background: its own line
             event(log, "closed", **self.fields, **phase_timings(self.marks, None, ("close_s", "release_s")))
         elif self.completed is not None:
@@ -146,7 +142,7 @@ class Attempt:
 
     def _handed(self) -> None:
         """The node could take its next site now: the `completed` line, with the phases so far."""
-        self.marks["handed"] = self.agent.clock.monotonic()
+        self.marks["handed"] = self.node.clock.monotonic()
         event(log, "completed", **(self.completed or {}), **phase_timings(self.marks, self.timed))
 
     # --- the crawl ----------------------------------------------------------------------------
@@ -162,14 +158,14 @@ class Attempt:
 
     def _evidence(self, end: CrawlEnd, session_id: str | None) -> None:
         """What the browser shows after an error, a hang or a kill, kept beside the result (bounded in time)."""
-        a, p = self.agent, self.watch.progress
-        if a.capture is None or not session_id or end.kind not in evidence.EVIDENCE_ENDS:
+        node, p = self.node, self.watch.progress
+        if node.capture is None or not session_id or end.kind not in evidence.EVIDENCE_ENDS:
             return
-        meta = {**self.fields, "end": str(end.kind), "error": end.error, "captured_at": a.clock.now()}
+        meta = {**self.fields, "end": str(end.kind), "error": end.error, "captured_at": node.clock.now()}
         meta["last_reported_url"] = p.url if p else None
-        where = (self.rec.site, a.run_date, self.rec.run_id, self.n)
+        where = (self.rec.site, node.run_date, self.rec.run_id, self.n)
         try:
-            ev, prefix = evidence.keep(a.capture, a.results, where, meta, session_id)
+            ev, prefix = evidence.keep(node.capture, node.results, where, meta, session_id)
         except (ClientError, BotoCoreError, ValueError) as e:  # evidence is a help: the attempt settles without it
             event(log, "evidence-missed", logging.WARNING, **self.fields, error=capped(e, ERROR_MAX_CHARS))
             return
@@ -177,6 +173,7 @@ class Attempt:
 
     def _spawn(self, profile: Path) -> CrawlProcess:
         rec, s = self.rec, self.s
+        limits = {**dict(s.limits_table), "group": rec.spec.rate_limit, "per_s": rec.spec.per_s}
         job = {
             "site": rec.site,
             "start_url": rec.spec.start_url,
@@ -191,23 +188,19 @@ class Attempt:
             "page_load_timeout_s": s.page_load_timeout_s,
             "checkpoint": dict(self.resume) if self.resume else None,
             "mark": list(rec.mark) if rec.spec.incremental and rec.mark else None,
-            "rate_limit": (
-                {**dict(s.limits_table), "group": rec.spec.rate_limit, "per_s": rec.spec.per_s}
-                if rec.spec.rate_limit
-                else None
-            ),
+            "rate_limit": limits if rec.spec.rate_limit else None,
         }
         if self.resume:
             r = self.resume
             event(log, "resume", **self.fields, pages=r.get("pages"), items=len(self.items), next=r.get("next"))
-        self.marks["spawn"] = self.agent.clock.monotonic()
-        proc = self.agent.start_crawl(job, self.agent.state_dir / "crawler.log")
-        crawlerfile.write(self.agent.state_dir, rec.site, rec.attempt, proc.pid)
+        self.marks["spawn"] = self.node.clock.monotonic()
+        proc = self.node.start_crawl(job, self.node.state_dir / "crawler.log")
+        crawlerfile.write(self.node.state_dir, rec.site, rec.attempt, proc.pid)
         return proc
 
     def _follow(self, proc: CrawlProcess, session: list[str | None]) -> CrawlEnd:
         """Take the crawler's events until the attempt ends: by the crawler, a spot notice, or the watchdog."""
-        clock = self.agent.clock
+        clock = self.node.clock
         while True:
             mono = clock.monotonic()
             wake = min(self.watch.wake_at, mono + 1.0)  # a spot notice is looked for at least once a second
@@ -218,7 +211,7 @@ class Attempt:
                 return end
             if self.watch.beat_due(mono):
                 self.beat()
-            notice = self.agent.spot_notice()
+            notice = self.node.spot_notice()
             end = crawl_end.spot_end(notice) if notice else self.watch.timed_out(mono)
             if end is not None:
                 proc.kill()
@@ -232,19 +225,19 @@ class Attempt:
         kind = ev.get("event")
         if kind == "status":
             self.watch = self.watch.stepped(
-                SiteStatus(ev["site_status"]), ev.get("url"), ev.get("pages"), self.agent.clock.now(), mono
+                SiteStatus(ev["site_status"]), ev.get("url"), ev.get("pages"), self.node.clock.now(), mono
             )
             if self.watch.writes_each_step:
                 self._report()
         elif kind == "checkpoint":
             self._checkpoint(ev)
-            self.timed["ckpt_s"] += self.agent.clock.monotonic() - mono
+            self.timed["ckpt_s"] += self.node.clock.monotonic() - mono
         elif kind == "session":
             session[0] = ev.get("id")
             self.marks["session"] = mono
             if isinstance(ev.get("request_s"), (int, float)):
                 self.timed["request_s"] = float(ev["request_s"])
-            self.agent.prepare_crawl()
+            self.node.prepare_crawl()
         elif kind == "result":
             self.marks["result"] = mono
             return CrawlEnd(CrawlEndKind.RESULT, result=ev)
@@ -266,14 +259,14 @@ class Attempt:
                     return stop
                 except Refused as r:
                     end = crawl_end.refused_end(r)
-            self.agent.job_ended(claimed_at, end.kind, end.error)
+            self.node.job_ended(claimed_at, end.kind, end.error)
             if end.kind is CrawlEndKind.FENCED:
                 raise Fenced(end.current)
-            new = self._write(ops.end_attempt, **crawl_end.end_attempt_args(end, self.s, self.agent.clock.now()))
+            new = self._write(ops.end_attempt, **crawl_end.end_attempt_args(end, self.s, self.node.clock.now()))
             self._follow_up(end, new)
         except Fenced as f:
             if end.kind is CrawlEndKind.RESULT:  # a zombie's result, never written
-                self.agent.job_ended(claimed_at, CrawlEndKind.FENCED)
+                self.node.job_ended(claimed_at, CrawlEndKind.FENCED, None)
             dropped = self._dropped(f.current)
             return stop or dropped
         except Refused as r:
@@ -282,7 +275,7 @@ class Attempt:
 
     def _follow_up(self, end: CrawlEnd, new: SiteRecord) -> None:
         step = crawl_end.settle(end, self.n, new)
-        reason, queue = end.kind.reason, self.agent.queue
+        reason, queue = end.kind.reason, self.node.queue
         if step.follow is FollowUp.RELEASE:
             self._write(ops.mark_enqueued)  # the released message is the next attempt's message
             queue.set_visibility(self.msg, step.release_after_s or 0.0)
@@ -291,7 +284,7 @@ class Attempt:
             )
             return
         if step.follow is FollowUp.REQUEUE:
-            ops.send_next(self.agent.table, queue, new)
+            ops.send_next(self.node.table, queue, new)
             nxt = new.attempt + 1
             event(log, "requeue", logging.WARNING, **self.fields, reason=reason, error=end.error, next_attempt=nxt)
         else:
@@ -302,7 +295,7 @@ class Attempt:
         """The hub took the attempt over: drop its message (the hub requeues, or has, with a new one)."""
         now = f"{cur.run_status}/{cur.fence()}" if cur else "moved on"
         event(log, "fenced", logging.WARNING, **self.fields, now=now, kill_reason=cur.kill_reason if cur else None)
-        self.agent.queue.delete(self.msg)
+        self.node.queue.delete(self.msg)
         stop = protocol.stop_when_fenced(cur, self.n, self.s.instance_id)
         if stop is not None:
             event(log, "node-exit", logging.WARNING, **self.fields, why=stop.detail)
@@ -310,17 +303,17 @@ class Attempt:
 
     def _save_result(self, end: CrawlEnd) -> None:
         """The result to S3, then COMPLETED, then the message deleted (and an incremental site's mark moved)."""
-        a, rec = self.agent, self.rec
-        self.marks["save"] = a.clock.monotonic()
+        node, rec = self.node, self.rec
+        self.marks["save"] = node.clock.monotonic()
         self.beat()  # still ours? (a zombie must not write a result)
-        key = result_key(rec.site, a.run_date, rec.run_id)
+        key = result_key(rec.site, node.run_date, rec.run_id)
         items = merged_items(self.items, (end.result or {}).get("items", []))
-        body = result_body(rec, self.s.instance_id, a.clock.now(), {**(end.result or {}), "items": items})
-        wrote = a.results.put_new(key, body)
-        self._write(ops.complete, key, a.clock.now())
-        a.job_ended(self.marks["claim"], None)
-        a.queue.delete(self.msg)
-        self.marks["saved"] = a.clock.monotonic()
+        body = result_body(rec, self.s.instance_id, node.clock.now(), {**(end.result or {}), "items": items})
+        wrote = node.results.put_new(key, body)
+        self._write(ops.complete, key, node.clock.now())
+        node.job_ended(self.marks["claim"], None, None)
+        node.queue.delete(self.msg)
+        self.marks["saved"] = node.clock.monotonic()
         if rec.spec.incremental and wrote:
             self._new_mark(items)
         fields: dict[str, Any] = {**self.fields, "pages": (end.result or {}).get("pages"), "items": len(items)}
@@ -336,12 +329,12 @@ class Attempt:
         rec = self.rec
         mark = ops.next_mark(rec.mark, [str(i["id"]) for i in items if i.get("id") is not None])
         if mark is not None:  # if missed, the next run fetches these items again: more work, nothing lost
-            self._missable("mark-missed", self.agent.table.put_mark, rec.site, mark, rec.run_id, self.agent.clock.now())
+            self._missable("mark-missed", self.node.table.put_mark, rec.site, mark, rec.run_id, self.node.clock.now())
 
     # --- writes while the attempt runs --------------------------------------------------------------
     def _write(self, op: Callable[..., SiteRecord], *args: Any, **kwargs: Any) -> SiteRecord:
         try:
-            self.rec = op(self.agent.table, self.rec, *args, **kwargs)
+            self.rec = op(self.node.table, self.rec, *args, **kwargs)
         except StaleWrite as e:
             raise Fenced(e.current) from None
         except ClientError as e:
@@ -351,7 +344,16 @@ class Attempt:
         return self.rec
 
     def _missable(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
-        return self.agent.missable(what, self.rec.site, fn, *args, **kwargs)
+        """A write a later one makes up for: an AWS error past botocore's retries is logged as `what` (False)."""
+        try:
+            fn(*args, **kwargs)
+            return True
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            node = self.s.instance_id
+            event(log, what, logging.WARNING, site=self.rec.site, node=node, error=f"{type(e).__name__}: {e}")
+            return False
 
     def _checkpoint(self, ev: dict[str, Any]) -> None:
         """Keep the page's items, store them as a part, then write where the crawl got to (a heartbeat, too)."""
@@ -359,15 +361,13 @@ class Attempt:
         self.items.extend(new)
         self.parts.stage(new)
         # if missed, the items stay staged for the next checkpoint's part, and the record is not written
-        if not self.parts.store(
-            lambda key, body: self._missable("part-missed", self.agent.results.put_part, key, body)
-        ):
+        if not self.parts.store(lambda key, body: self._missable("part-missed", self.node.results.put_part, key, body)):
             return
         ckpt = self.parts.checkpoint(ev.get("next"), ev.get("pages"))
-        self.watch = self.watch.beaten(self.agent.clock.monotonic())
+        self.watch = self.watch.beaten(self.node.clock.monotonic())
         # if missed, the next checkpoint names every part this one did
         self._missable(
-            "checkpoint-missed", self._write, ops.save_checkpoint, self.agent.clock.now(), self.watch.progress, ckpt
+            "checkpoint-missed", self._write, ops.save_checkpoint, self.node.clock.now(), self.watch.progress, ckpt
         )
 
     def _report(self) -> None:
@@ -379,22 +379,22 @@ class Attempt:
     def beat(self) -> None:
         """The attempt's heartbeat: one fenced write of heartbeatEpoch and the crawler's progress since the last.
         The node item is not written while busy (the hub watches a busy node through its site's heartbeat)."""
-        self.watch = self.watch.beaten(self.agent.clock.monotonic())
+        self.watch = self.watch.beaten(self.node.clock.monotonic())
         # a missed heartbeat is made up by the next; a fenced one is not (Fenced propagates)
-        if self._missable("heartbeat-missed", self._write, ops.beat, self.agent.clock.now(), self.watch.progress):
+        if self._missable("heartbeat-missed", self._write, ops.beat, self.node.clock.now(), self.watch.progress):
             self._extend_visibility()
-            self.agent.metric_beat()
+            self.node.metric_beat()
 
     def _extend_visibility(self) -> None:
         """Hide the claimed message for long once it could show again before the next beats."""
-        mono = self.agent.clock.monotonic()
+        mono = self.node.clock.monotonic()
         if not self.watch.hide_due(mono):
             return
         # if missed, the next heartbeat tries again (the message is hidden for visibility_s still)
-        if self._missable("visibility-missed", self.agent.queue.set_visibility, self.msg, self.s.claimed_visibility_s):
+        if self._missable("visibility-missed", self.node.queue.set_visibility, self.msg, self.s.claimed_visibility_s):
             self.watch = self.watch.hidden(mono)
 
     def _beat_quietly(self) -> None:
         """Heartbeat while waiting for the profile lock (at most once per interval)."""
-        if self.watch.beat_due(self.agent.clock.monotonic()):
+        if self.watch.beat_due(self.node.clock.monotonic()):
             self.beat()

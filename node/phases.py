@@ -11,6 +11,7 @@ ends when the node could take that site.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 #: name -> (the mark it starts at, the mark it ends at).
 PHASES = {
@@ -28,7 +29,7 @@ PHASES = {
 
 def phase_timings(
     marks: Mapping[str, float], extra: Mapping[str, float] | None = None, only: tuple[str, ...] = ()
-) -> dict[str, str]:
+) -> dict[str, Any]:
     """Seconds per phase (of `only`, or all) whose two marks were passed, and `extra` (seconds measured
     otherwise), as text."""
     phases = {k: v for k, v in PHASES.items() if not only or k in only}

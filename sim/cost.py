@@ -54,7 +54,7 @@ class Meter:
     def __init__(self, results: SimResults, stored: dict[tuple[str, str], dict[str, Any]] | None = None):
         self.results = results
         self.stored = stored  # the in-memory table's items (`MemoryStateTable.items`): sized without encoding again
-        self.n = Counter()  # write_units, read_units, s3_put, s3_get, s3_put_bytes, s3_get_bytes, state_*
+        self.n: Counter[str] = Counter()  # write_units, read_units, s3_put, s3_get, s3_put_bytes, s3_get_bytes, state_*
         self._size: dict[tuple[str, str], int] = {}  # the last size of each site record written or read
         # per stored item, each attribute's value and size: the table replaces only the attributes a write
         # changes, so an attribute whose value is the same object is not sized again
@@ -78,7 +78,7 @@ class Meter:
         return s
 
     def _read(self, size: int) -> None:
-        self.n["read_units"] += units.read_units(size)
+        self.n["read_units"] += units.read_units(size)  # type: ignore[assignment]  # a Counter adds fractions too
 
     def table(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
         n = self.n

@@ -1,9 +1,9 @@
-"""The simulator's machinery: an event heap on a virtual clock, a fast in-memory queue, and call counting.
+"""The simulator's machinery: an event heap on a virtual clock, and call counting (its queue: `sim.queue`).
 
 Nothing here decides anything about a run: the hub's decisions are `hub.plan`
 and its executor, the nodes' `fleet.protocol`. This file only moves virtual
-time, keeps SQS's semantics for tens of thousands of messages, and counts the
-AWS calls the adapters would make for each method the hub and nodes call.
+time, and counts the AWS calls the adapters would make for each method the
+hub and nodes call.
 """
 
 from __future__ import annotations
@@ -11,12 +11,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
-
-from fleet.messages import BadMessage, QueueDepth, SiteMessage, decode, encode
-from sim.memory import _Msg
 
 EPOCH0 = 1_800_000_000.0  # the virtual wall clock at t = 0
 
@@ -60,103 +57,6 @@ class SimClock:
 
     def sleep(self, seconds: float) -> None:
         self.engine.now += max(0.0, seconds)
-
-
-class SimQueue:
-    """SQS semantics (visibility, receive counts, the DLQ, roughly first-in first-out) in O(log n) per call.
-
-    `on_send` is called after each message is sent: the simulated long polls of idle nodes return then."""
-
-    def __init__(self, clock: SimClock, max_receive_count: int, on_send: Callable[[], None] = lambda: None):
-        self.clock = clock
-        self.max_receive_count = max_receive_count
-        self.on_send = on_send
-        self.msgs: dict[str, _Msg] = {}
-        self.by_receipt: dict[str, str] = {}
-        self.ready: deque[str] = deque()
-        self.delayed: list[tuple[float, int, str]] = []
-        self.dlq: list[_Msg] = []
-        self.sent = 0
-        self._ids = itertools.count(1)
-
-    def _new(self, body: str) -> None:
-        m = _Msg(f"m{next(self._ids)}", body)
-        self.msgs[m.id] = m
-        self.ready.append(m.id)
-        self.sent += 1
-        self.on_send()
-
-    def send(self, run_id: str, site: str, attempt: int, given_back: int = 0) -> None:
-        self._new(encode(run_id, site, attempt))
-
-    def send_many(self, items: Iterable[tuple[str, str, int]]) -> int:
-        """Send each; the number sent (SQS takes them ten to a SendMessageBatch)."""
-        n = 0
-        for item in items:
-            self.send(*item)
-            n += 1
-        return n
-
-    def _release(self, now: float) -> None:
-        while self.delayed and self.delayed[0][0] <= now:
-            t, _, mid = heapq.heappop(self.delayed)
-            m = self.msgs.get(mid)
-            if m is not None and m.visible_at == t:
-                self.ready.append(mid)
-
-    def receive(self, wait_s: float, visibility_s: float) -> SiteMessage | BadMessage | None:
-        now = self.clock.monotonic()
-        self._release(now)
-        while self.ready:
-            mid = self.ready.popleft()
-            m = self.msgs.get(mid)
-            if m is None or m.visible_at > now:
-                continue  # deleted, or made invisible again since it was queued here
-            if m.receives >= self.max_receive_count:
-                del self.msgs[mid]
-                self.dlq.append(m)
-                continue
-            m.receives += 1
-            self._hide(m, now + visibility_s)
-            m.receipt = f"{m.id}/{m.receives}"
-            self.by_receipt[m.receipt] = m.id
-            return decode(m.body, m.receipt, m.id, m.receives)
-        return None  # the caller waits for `on_send` (a long poll)
-
-    def _hide(self, m: _Msg, until: float) -> None:
-        m.visible_at = until
-        heapq.heappush(self.delayed, (until, next(self._ids), m.id))
-
-    def delete_receipt(self, receipt: str) -> None:
-        mid = self.by_receipt.pop(receipt, None)
-        m = self.msgs.get(mid) if mid is not None else None
-        if m is not None and m.receipt == receipt:
-            del self.msgs[m.id]
-
-    def delete(self, msg: SiteMessage | BadMessage) -> None:
-        self.delete_receipt(msg.receipt)
-
-    def set_visibility(self, msg: SiteMessage | BadMessage, seconds: float) -> None:
-        mid = self.by_receipt.get(msg.receipt)
-        m = self.msgs.get(mid) if mid is not None else None
-        if m is None or m.receipt != msg.receipt:
-            return
-        now = self.clock.monotonic()
-        if seconds <= 0:
-            m.visible_at = now
-            self.ready.append(m.id)
-            self.on_send()
-        else:
-            self._hide(m, now + seconds)
-
-    def depth(self) -> QueueDepth:
-        now = self.clock.monotonic()
-        visible = sum(1 for m in self.msgs.values() if m.visible_at <= now)
-        return QueueDepth(visible, len(self.msgs) - visible, len(self.dlq))
-
-    def peek(self, limit: int = 100, dlq: bool = False) -> list[SiteMessage | BadMessage]:
-        src = self.dlq if dlq else list(self.msgs.values())
-        return [decode(m.body, m.receipt, m.id, m.receives) for m in src[:limit]]
 
 
 # --- counting the AWS calls --------------------------------------------------------------------

@@ -3,19 +3,17 @@
 They keep the same contracts as the AWS adapters (conditional writes, visibility
 timeouts, receive counts and the DLQ, write-once results); the contract suite in
 tests/adapter runs against both so they stay faithful. Unit tests and the
-simulator use them; they are never used to run a real crawl.
+simulator use them; they are never used to run a real crawl. The queue is the
+simulator's own (`sim.queue`): one model of SQS for both.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Unpack
 
-from fleet.clock import Clock, SystemClock
 from fleet.codec import (
     MARKS_PARTITION,
     NODE_PREFIX,
@@ -37,12 +35,14 @@ from fleet.codec import (
     split_partition,
 )
 from fleet.errors import StaleWrite
-from fleet.messages import DEDUP_WINDOW_S, BadMessage, QueueDepth, SiteMessage, decode, dedup_id, encode, group_id
 from fleet.results import aside_key
 from fleet.run_item import HUB_STARTS, RunExpect, RunFields, RunWatch, WatchFields, assign, holds, item_to_watch
 from fleet.stamp import Stamp, item_stamp
 from fleet.state import RunState, SiteRecord
 from fleet.table import RunIndexEntry, RunRows
+from sim.queue import MemoryQueue
+
+__all__ = ["MemoryQueue", "MemoryResults", "MemoryStateTable"]
 
 
 class MemoryStateTable:
@@ -188,118 +188,6 @@ class MemoryStateTable:
     def list_runs(self) -> list[RunIndexEntry]:
         out = [RunIndexEntry(k, float(v["started_at"])) for (rid, k), v in self.items.items() if rid == RUNS_PARTITION]
         return sorted(out, key=lambda e: e.started_at)
-
-
-@dataclass
-class _Msg:
-    id: str
-    body: str
-    visible_at: float = 0.0
-    receives: int = 0
-    receipt: str = ""
-    group: str = ""
-
-
-@dataclass
-class MemoryQueue:
-    """SQS semantics that matter here: visibility, receive counts, redrive to a DLQ.
-
-    `fifo=True` is a FIFO queue as `SqsSiteQueue` uses one: a send whose deduplication id (that of its run, site
-    and attempt) was sent within the last `DEDUP_WINDOW_S` of the clock is accepted and dropped (counted in
-    `deduplicated`, not in `sent`), and while a message is in flight the later ones of its group (its site) wait.
-    """
-
-    clock: Clock = field(default_factory=SystemClock)
-    max_receive_count: int = 10
-    messages: list[_Msg] = field(default_factory=list)
-    dlq: list[_Msg] = field(default_factory=list)
-    sent: int = 0
-    _seq: int = 0
-    fifo: bool = False
-    deduplicated: int = 0
-    #: FIFO: when each deduplication id was last sent (by the monotonic clock).
-    _dedup_at: dict[str, float] = field(default_factory=dict)
-
-    def _new(self, body: str, group: str = "", dedup: str | None = None) -> None:
-        if dedup is not None:
-            now = self.clock.monotonic()
-            at = self._dedup_at.get(dedup)
-            if at is not None and now - at < DEDUP_WINDOW_S:
-                self.deduplicated += 1
-                return
-            self._dedup_at[dedup] = now
-        self._seq += 1
-        self.messages.append(_Msg(f"m{self._seq}", body, group=group))
-        self.sent += 1
-
-    def send(self, run_id: str, site: str, attempt: int, given_back: int = 0) -> None:
-        body = encode(run_id, site, attempt)
-        if self.fifo:
-            self._new(body, group_id(run_id, site), dedup_id(run_id, site, attempt, given_back))
-        else:
-            self._new(body)
-
-    def send_raw(self, body: str) -> None:
-        if self.fifo:  # its own group, deduplicated by content
-            digest = hashlib.sha256(body.encode()).hexdigest()
-            self._new(body, digest, digest)
-        else:
-            self._new(body)
-
-    def send_many(self, items: Iterable[tuple[str, str, int]]) -> None:
-        for item in items:
-            self.send(*item)
-
-    def receive(self, wait_s: float, visibility_s: float) -> SiteMessage | BadMessage | None:
-        now = self.clock.monotonic()
-        held: set[str] = set()  # FIFO: groups with a message in flight
-        for m in list(self.messages):
-            if self.fifo and m.group in held:
-                continue
-            if m.visible_at > now:
-                if self.fifo:
-                    held.add(m.group)
-                continue
-            if m.receives >= self.max_receive_count:
-                self.messages.remove(m)
-                self.dlq.append(m)
-                continue
-            m.receives += 1
-            m.visible_at = now + visibility_s
-            self._seq += 1
-            m.receipt = f"{m.id}/{self._seq}"
-            return decode(m.body, m.receipt, m.id, m.receives)
-        self.clock.sleep(wait_s)  # a long poll that found nothing waits it out, as SQS does
-        return None
-
-    def _find(self, receipt: str) -> _Msg | None:
-        for m in self.messages:
-            if m.receipt == receipt:
-                return m
-        return None
-
-    def delete(self, msg: SiteMessage | BadMessage) -> None:
-        m = self._find(msg.receipt)
-        if m is not None:
-            self.messages.remove(m)
-
-    def delete_receipt(self, receipt: str) -> None:
-        m = self._find(receipt)
-        if m is not None:
-            self.messages.remove(m)
-
-    def set_visibility(self, msg: SiteMessage | BadMessage, seconds: float) -> None:
-        m = self._find(msg.receipt)
-        if m is not None:
-            m.visible_at = self.clock.monotonic() + seconds
-
-    def peek(self, limit: int = 100, dlq: bool = False) -> list[SiteMessage | BadMessage]:
-        return [decode(m.body, m.receipt, m.id, m.receives) for m in (self.dlq if dlq else self.messages)][:limit]
-
-    def depth(self) -> QueueDepth:
-        now = self.clock.monotonic()
-        visible = sum(1 for m in self.messages if m.visible_at <= now)
-        return QueueDepth(visible, len(self.messages) - visible, len(self.dlq))
 
 
 class MemoryResults:

@@ -35,10 +35,10 @@ from sim.engine import (
     Counted,
     Engine,
     SimClock,
-    SimQueue,
 )
 from sim.memory import MemoryStateTable
 from sim.node import SimNode
+from sim.queue import MemoryQueue
 from sim.workload import Workload
 
 #: gridfleet: today's defaults; unmetered: the same with every first message sent at seeding (`run.feed: all`, as
@@ -119,7 +119,8 @@ class Sim:
         self.node_calls: Counter = Counter()
         table, results = MemoryStateTable(), SimResults()
         self.meter = Meter(results, table.items)
-        queue = SimQueue(self.clock, self.config.aws.max_receive_count, on_send=self._message_sent)
+        # the nodes' long polls are events on the heap: an empty receive returns at once, a send wakes a waiter
+        queue = MemoryQueue(self.clock, self.config.aws.max_receive_count, long_poll=False, on_send=self._message_sent)
         self.queue = queue
         self.cloud = VirtualCloud(self, self.rng)
         self.node_table = Counted(table, "dynamodb", TABLE_CALLS, self.node_calls, self.meter.table)

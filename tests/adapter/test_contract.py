@@ -3,7 +3,7 @@
 Every test runs twice: against the AWS adapters on a moto server ("moto") and
 against the in-memory stand-ins of `sim.memory` ("memory"). A difference
 between the two is a bug in one of them: the fakes are what the unit tests and
-the simulator trust.
+the simulator trust (the queue is one model for both, `sim.queue`).
 """
 
 from __future__ import annotations
