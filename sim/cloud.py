@@ -13,44 +13,22 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from hub.control.base import KillResult
 from hub.providers.base import LaunchResult
 from hub.snapshot import Instance
+from sim.model import VInstance
 from sim.node import SimNode
-
-if TYPE_CHECKING:
-    from sim.run import Sim
+from sim.world import World
 
 SPOT_NOTICE_S = 120.0  # EC2's interruption notice
-MIN_BILLED_S = 60.0
 SHUTDOWN_S = 5.0  # from `shutdown -h now` to terminated
-
-
-@dataclass
-class VInstance:
-    id: str
-    instance_type: str
-    launched_at: float
-    boot_s: float
-    spot: bool
-    state: str = "pending"
-    ended_at: float | None = None
-    interrupted: bool = False
-    notice_at: float | None = None
-    node: SimNode | None = None
-
-    def billed_s(self, now: float) -> float:
-        end = self.ended_at if self.ended_at is not None else now
-        return max(MIN_BILLED_S, end - self.launched_at)
 
 
 class VirtualCloud:
     """EC2 for the simulator (see the module doc)."""
 
-    def __init__(self, sim: Sim, rng: random.Random):
+    def __init__(self, sim: World, rng: random.Random):
         self.sim = sim
         self.rng = rng
         self.instances: dict[str, VInstance] = {}

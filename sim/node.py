@@ -11,10 +11,9 @@ crawler is seen at once.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fleet import checkpoint as ck
 from fleet import ops, protocol
@@ -24,11 +23,9 @@ from fleet.messages import BadMessage, SiteMessage
 from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, MessageAction, NodeCard, NodeRules, Stop, Watch
 from fleet.results import result_key
 from fleet.state import NodeState, SiteRecord
-
-if TYPE_CHECKING:
-    from sim.cloud import VInstance
-    from sim.engine import Engine
-    from sim.run import Sim
+from sim.engine import Engine
+from sim.model import Crawl, VInstance
+from sim.world import World
 
 #: What EC2's instance metadata shows once a spot instance is to be reclaimed.
 SPOT_NOTICE = {"action": "terminate"}
@@ -41,20 +38,8 @@ def _json_list_bytes(items: int, item_bytes: int) -> int:
 
 
 @dataclass
-class Crawl:
-    """One attempt's crawler: its timeline of events, and whether it was killed."""
-
-    site: str
-    attempt: int
-    claimed_at: float
-    events: deque  # (time, kind, payload): status / checkpoint / result; a hang is a URL_CALL with nothing after it
-    hang_at: float | None = None  # when the hung page started
-    killed: bool = False
-
-
-@dataclass
 class SimNode:
-    sim: Sim
+    sim: World
     inst: VInstance
     dead: bool = False
     notice: object = None  # the spot interruption notice, once it arrived

@@ -37,34 +37,15 @@ from sim.engine import (
     SimClock,
 )
 from sim.memory import MemoryStateTable
-from sim.node import SimNode
+from sim.model import SimParams, Stats
 from sim.queue import MemoryQueue
 from sim.workload import Workload
+from sim.world import Waiter
 
 #: gridfleet: today's defaults; unmetered: the same with every first message sent at seeding (`run.feed: all`, as
 #: before the queue was metered); seed: the original design.
 POLICIES = ("gridfleet", "unmetered", "seed")
 SEED_POLL_S = 30.0  # the original design's hub polled on a fixed period
-
-
-@dataclass(frozen=True)
-class SimParams:
-    sites: int = 80
-    nodes: int = 20
-    seed: int = 1
-    policy: str = "gridfleet"
-    boot_s: float = 60.0  # mean boot time (EC2 + cloud-init + EFS + Grid node), +-15%
-    site_s: float = 300.0  # median crawl time
-    sigma: float = 0.8  # spread of crawl times (lognormal); 0 = every site takes site_s
-    drift: float = 0.15  # how much a site's time moves from the previous run (lognormal)
-    page_s: float = 30.0  # time per page (progress reports per page)
-    hang_rate: float = 0.01  # chance that an attempt hangs on one of its pages
-    spot_per_hour: float = 0.05  # spot interruptions per instance-hour
-    capacity_error_rate: float = 0.02  # chance a RunInstances for one instance type finds no capacity
-    items_per_page: int = 20  # items a page gives (each checkpoint's part holds a page's)
-    item_bytes: int = 500  # bytes of one item as stored (JSON)
-    history: dict[str, float] | None = None  # site -> seconds, from a past run (replaces the drawn times)
-    config: Config | None = None  # run and fleet settings (its sites are not used)
 
 
 def sim_config(p: SimParams, site_ids: list[str]) -> Config:
@@ -81,25 +62,6 @@ def sim_config(p: SimParams, site_ids: list[str]) -> Config:
     return Config.model_validate({**base, "run": run, "fleet": fleet, "sites": sites})
 
 
-class Stats:
-    """What happened, for the figures: attempts, busy time, hang lags, tick times."""
-
-    def __init__(self, hang_after_s: float):
-        self.hang_after_s = hang_after_s
-        self.busy_s = 0.0
-        self.hang_lags: list[float] = []
-        self.tick_ms: list[float] = []
-        self.outcomes: Counter = Counter()
-        self.heartbeats = 0  # heartbeat writes of nodes (one UpdateItem each): calls that grow with crawl time
-        self.checkpoints = 0  # checkpoint writes (one per page, each also a heartbeat)
-
-    def attempt_ended(self, node: str, site: str, attempt: int, now: float, outcome: str, crawl: Any) -> None:
-        self.busy_s += now - crawl.claimed_at
-        self.outcomes[outcome] += 1
-        if crawl.hang_at is not None and outcome != "spot":
-            self.hang_lags.append(max(0.0, now - (crawl.hang_at + self.hang_after_s)))
-
-
 class Sim:
     def __init__(self, p: SimParams):
         if p.policy not in POLICIES:
@@ -114,7 +76,7 @@ class Sim:
         self.run_date = run_date_for(self.run_id, self.clock.now())
         self.settings = rules_from_config(self.config)
         self.stats = Stats(self.config.run.hang_after_s)
-        self.waiters: deque[SimNode] = deque()
+        self.waiters: deque[Waiter] = deque()
         self.hub_calls: Counter = Counter()
         self.node_calls: Counter = Counter()
         table, results = MemoryStateTable(), SimResults()

@@ -14,15 +14,11 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fleet import ops
 from fleet.state import SiteStatus
-from sim.node import Crawl
-
-if TYPE_CHECKING:
-    from sim.node import SimNode
-    from sim.run import SimParams
+from sim.model import Crawl, SimParams
 
 MAX_SPREAD = 20.0  # the longest drawn site is at most this many times the median
 BROWSER_START_S = 2.0  # a Grid session, as measured on the embedded default
@@ -54,7 +50,7 @@ class Workload:
         }
         self.work = list(self.today.values())
 
-    def attempt(self, node: SimNode | None, rec: Any, now: float) -> Crawl:
+    def attempt(self, node: object, rec: Any, now: float) -> Crawl:
         """The timeline of one attempt at `rec.site`, starting `now`."""
         d = self.today[rec.site]
         pages = max(1, round(d / self.p.page_s))

@@ -15,7 +15,8 @@ from fleet.state import SiteSpec
 from sim.cost import Meter, SimResults
 from sim.engine import RESULT_CALLS, TABLE_CALLS, Counted
 from sim.memory import MemoryStateTable
-from sim.run import SimParams, simulate
+from sim.model import SimParams
+from sim.run import simulate
 
 CALM = SimParams(sites=30, nodes=6, seed=3, sigma=0, drift=0, hang_rate=0.0, spot_per_hour=0.0, capacity_error_rate=0)
 COST_KEYS = (

@@ -14,7 +14,8 @@ from fleet.protocol import StopWhy
 from fleet.state import NodeState, Reason, RunStatus, SiteSpec
 from hub.history import durations_from_file, previous_durations
 from sim.memory import MemoryStateTable
-from sim.run import Sim, SimParams, simulate
+from sim.model import SimParams
+from sim.run import Sim, simulate
 
 CALM = SimParams(sites=40, nodes=8, seed=3, hang_rate=0.0, spot_per_hour=0.0, capacity_error_rate=0.0)
 FIGURES = (
