@@ -21,7 +21,7 @@ def _claim_twin_net() -> tuple[int, int]:
     that holds it (an flock, released when this process ends, however it ends)."""
     for net in SUITE_TWIN_NETS:
         path = Path(tempfile.gettempdir()) / f"gridfleet-twin-net-{net}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -37,11 +37,37 @@ def pytest_configure(config: pytest.Config) -> None:
     what they find of their network's namespaces and bridge (a crashed run's), which would take down the twin
     of another run on the same network. The workers of a parallel run inherit the controller's choice (it is
     made before they start), and all twin tests of a run go to one worker (tests/twin/conftest.py)."""
-    if "GRIDFLEET_TWIN_NET" in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
-        return
+    if "GRIDFLEET_TWIN_NET" in os.environ or os.environ.get("PYTEST_XDIST_WORKER") or os.geteuid() != 0:
+        return  # named by the caller; inherited from the controller; or no twin (it needs root)
     net, fd = _claim_twin_net()
     config.stash[_TWIN_NET_LOCK] = fd  # kept open (so held) as long as this process runs
     os.environ["GRIDFLEET_TWIN_NET"] = str(net)
+
+
+#: Under pytest-xdist, the order workers are handed tests in: the long ones first (the twin's group, then the
+#: browser tests, then the rest), so that no worker starts a minutes-long test when the others are about to end.
+FIRST_WHEN_PARALLEL = ("tests/twin/", "tests/e2e/", "examples/", "tests/infra/", "tests/faults/", "tests/adapter/")
+
+
+def _rank(item: pytest.Item) -> int:
+    where = Path(os.path.relpath(item.path, item.config.rootpath)).as_posix()
+    return next((n for n, top in enumerate(FIRST_WHEN_PARALLEL) if where.startswith(top)), len(FIRST_WHEN_PARALLEL))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a worker of a parallel run, the long tests first (a stable sort: within a directory, collection order)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=_rank)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """With `--dist loadgroup` (`make test`), the groups of tests/helpers/parallel.py stay on one worker each."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.helpers.parallel import make_scheduler
+
+    return make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -15,16 +15,14 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every twin test in one group, so that a parallel run (`--dist loadgroup`) runs them one after another on one
-    worker: they share the run's twin network (its bridge, and the namespaces `twin_ok` removes when it starts),
-    the day and the week share one deployed stack (`twin_stack`, made once per worker that asks for it), and
-    a twin's instances are whole machines' worth of processes, too many to boot beside another twin's on two
-    cores. The hook sees every item of the run; only those under this directory are marked."""
+    """Every test of this directory is marked `twin` (`make test-fast` leaves them out); a parallel run keeps them
+    together on one worker (tests/helpers/parallel.py says why). The hook sees every item of the run; only those
+    under this directory are marked."""
     for item in items:
         if HERE in Path(item.path).parents:
-            item.add_marker(pytest.mark.xdist_group("twin"))
+            item.add_marker(pytest.mark.twin)
 
 
 def _why_not() -> str | None:
