@@ -37,7 +37,7 @@ lint: setup
 	exit $$rc
 
 # The suite runs on one pytest-xdist worker per core (`make test JOBS=1` runs it in one process). Tests that must
-# not run side by side are grouped (`xdist_group`, kept together by --dist loadgroup; see tests/twin/conftest.py).
+# not run side by side are grouped, each group on one worker (--dist loadgroup; see tests/helpers/parallel.py).
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PARALLEL = $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup)
 
