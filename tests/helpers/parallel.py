@@ -1,44 +1,92 @@
-"""How a parallel run (pytest-xdist, `--dist loadgroup`) shares the tests out: each test alone, but for the
-groups below, whose tests go to one worker, one after another.
+"""How the suite runs in parallel (pytest-xdist, `--dist loadgroup`, as `make test` runs it), and how two runs
+of it share one machine.
 
-The groups are named here by where their tests are, not by xdist's `xdist_group` mark: the controller hands
-out tests by their ids, and pytest-xdist 3.8 carries a mark's group to it by appending it to the id in a way
+Each process that runs tests takes an EC2 twin network of its own (`GRIDFLEET_TWIN_NET`), held by a lock for
+as long as it runs: the twin tests remove what they find of their network's namespaces, veths and bridge (a
+crashed run's), which would take down a twin of another process on the same network. So twin tests run side
+by side on different workers, and beside another run of the suite.
+
+The tests are handed out one by one, but for the groups below, each of which goes to one worker whole. The
+groups are named here by where their tests are, not by xdist's `xdist_group` mark: the controller hands out
+tests by their ids, and pytest-xdist 3.8 carries a mark's group to it by appending it to the id in a way
 pytest 9 no longer reads, so the mark alone groups nothing.
 """
 
 from __future__ import annotations
 
-import pytest
-from xdist.scheduler import LoadScopeScheduling
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
 
-#: A test whose id starts with a key (a path relative to the root, `::` and a name to pick tests in a file)
-#: belongs to that group. The first key that matches wins.
+import pytest
+
+#: The twin networks runs of the suite take: 1 to 9. Network 0, the default, is left to twins started by hand
+#: (`bench/boot.py`, `gridfleet twin`), which take no lock.
+SUITE_TWIN_NETS = range(1, 10)
+
+#: A test whose id starts with a key (a path from the root, with `::` and a name to pick tests of a file)
+#: belongs to that group; the first key that matches wins.
 GROUPS: dict[str, str] = {
-    # The twin's tests share the run's twin network (its bridge, and the namespaces `twin_ok` removes when it
-    # starts), the day and the week share one deployed stack (`twin_stack`, made once per worker that asks for
-    # it), and a twin's instances are whole machines' worth of processes, too many beside another twin's on
-    # two cores.
-    "tests/twin/": "twin",
+    # The day and the week run on one deployed stack (`twin_stack`, a session fixture: once per worker).
+    "tests/twin/test_twin_day.py::": "twin-stack",
+    "tests/twin/test_twin_week.py::": "twin-stack",
     # Both use the module's bundle built for graviton (a minute of pip): built once, not once per worker.
     "tests/adapter/test_bundle.py::test_a_bundle_built_here_for_graviton": "graviton-bundle",
     "tests/adapter/test_bundle.py::test_the_upload_tags_the_bundle_with_its_target": "graviton-bundle",
     # The module's tests read the calls of every role's code, recorded once for the module (a minute).
     "tests/infra/test_iam.py::": "iam-recorded",
 }
+#: When the caller names the twin network (GRIDFLEET_TWIN_NET set), every worker has that one: then all twin
+#: tests form one group, so that one worker at a time uses it.
+SHARED_TWIN_NET = {"tests/twin/": "twin"}
+
+#: The order workers are handed tests in: the long ones first (the twin's, then the browser tests, then the
+#: rest), so that no worker starts a minutes-long test when the others are about to end.
+FIRST = ("tests/twin/", "tests/e2e/", "examples/", "tests/infra/", "tests/faults/", "tests/adapter/")
 
 
-def group_of(nodeid: str) -> str | None:
-    return next((group for prefix, group in GROUPS.items() if nodeid.startswith(prefix)), None)
+def runs_tests(config: pytest.Config) -> bool:
+    """False in the controller of a parallel run, which hands tests out to its workers and runs none."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return True
+    return config.getoption("dist", "no") == "no" or not config.getoption("tx", None)
 
 
-class GroupScheduling(LoadScopeScheduling):
-    """xdist's load scheduling by scopes, a scope being a group of `GROUPS` or else a single test. The
-    scopes are handed out biggest first (xdist's reordering of scopes), so the twin's group starts at once."""
+def claim_twin_net() -> tuple[int, int]:
+    """The first twin network no other process of the suite on this machine holds, and the descriptor of the
+    lock that holds it (an flock, released when this process ends, however it ends)."""
+    for net in SUITE_TWIN_NETS:
+        fd = os.open(Path(tempfile.gettempdir()) / f"gridfleet-twin-net-{net}.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return net, fd
+    nets = f"{SUITE_TWIN_NETS.start}-{SUITE_TWIN_NETS.stop - 1}"
+    raise pytest.UsageError(f"every twin network ({nets}) is held by another run of the suite; set GRIDFLEET_TWIN_NET")
 
-    def _split_scope(self, nodeid: str) -> str:
-        group = group_of(nodeid)
-        return f"group:{group}" if group else nodeid
+
+def group_of(nodeid: str, *, shared_twin_net: bool) -> str | None:
+    groups = {**SHARED_TWIN_NET, **GROUPS} if shared_twin_net else GROUPS
+    return next((group for prefix, group in groups.items() if nodeid.startswith(prefix)), None)
 
 
-def make_scheduler(config: pytest.Config, log: object) -> GroupScheduling:
-    return GroupScheduling(config, log)  # type: ignore[arg-type]
+def rank(where: str) -> int:
+    """Where a test (its path from the root) comes in the order of `FIRST`."""
+    return next((n for n, top in enumerate(FIRST) if where.startswith(top)), len(FIRST))
+
+
+def make_scheduler(config: pytest.Config, log: Any, *, shared_twin_net: bool) -> Any:
+    """xdist's load scheduling by scopes, a scope being a group of `GROUPS` or else a single test; the scopes
+    are handed out biggest first (xdist's reordering of scopes), so every group starts at once."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = group_of(nodeid, shared_twin_net=shared_twin_net)
+            return f"group:{group}" if group else nodeid
+
+    return GroupScheduling(config, log)
