@@ -36,9 +36,10 @@ lint: setup
 	echo "lint: mypy"; $(MYPY) || rc=1; \
 	exit $$rc
 
-# The suite runs on one pytest-xdist worker per core (`make test JOBS=1` runs it in one process). Tests that must
-# not run side by side are grouped, each group on one worker (--dist loadgroup; see tests/helpers/parallel.py).
-JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# The suite runs on pytest-xdist workers, one per core and one more: the EC2 twin's tests keep a worker of their
+# own, which mostly waits on the twin's instances (`make test JOBS=1` runs the suite in one process). Tests that
+# must stay together run on one worker (--dist loadgroup; the groups and why: tests/helpers/parallel.py).
+JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 PARALLEL = $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup)
 
 # The whole suite: the house rules, then unit, adapter (moto), faults, infra, e2e (Selenium Grid + Chromium) and

@@ -12,8 +12,6 @@ import pytest
 from tests.helpers import parallel
 
 _TWIN_NET_LOCK = pytest.StashKey[int]()
-#: Whether the caller named the twin network (then every process of the run shares it).
-_NAMED_TWIN_NET = "GRIDFLEET_TWIN_NET" in os.environ and not os.environ.get("PYTEST_XDIST_WORKER")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,7 +35,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     """With `--dist loadgroup` (`make test`), the groups of tests/helpers/parallel.py stay on one worker each."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    return parallel.make_scheduler(config, log, shared_twin_net=_NAMED_TWIN_NET)
+    return parallel.make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,19 @@
 """How the suite runs in parallel (pytest-xdist, `--dist loadgroup`, as `make test` runs it), and how two runs
 of it share one machine.
 
+The EC2 twin's tests run on a worker of their own, which runs nothing else: the twin changes moto's answers for
+the whole process (quotas, account settings, service-linked roles, what SSM and IAM allow), and one of its tests
+resets moto's state (`mock_aws`), so an adapter test after them, or a module's fixture made before them, in the
+same process would see another AWS. (Run one after another, the suite's order keeps the twin's tests after the
+others.)
+
 Each process that runs tests takes an EC2 twin network of its own (`GRIDFLEET_TWIN_NET`), held by a lock for
 as long as it runs: the twin tests remove what they find of their network's namespaces, veths and bridge (a
-crashed run's), which would take down a twin of another process on the same network. So twin tests run side
-by side on different workers, and beside another run of the suite.
+crashed run's), which would take down a twin of another run of the suite on the same network.
 
-The tests are handed out one by one, but for the groups below, each of which goes to one worker whole. The
-groups are named here by where their tests are, not by xdist's `xdist_group` mark: the controller hands out
-tests by their ids, and pytest-xdist 3.8 carries a mark's group to it by appending it to the id in a way
+The other tests are handed out one by one, but for the groups below, each of which goes to one worker whole.
+The groups are named here by where their tests are, not by xdist's `xdist_group` mark: the controller hands
+out tests by their ids, and pytest-xdist 3.8 carries a mark's group to it by appending it to the id in a way
 pytest 9 no longer reads, so the mark alone groups nothing.
 """
 
@@ -38,9 +43,8 @@ GROUPS: dict[str, str] = {
     # The module's tests read the calls of every role's code, recorded once for the module (a minute).
     "tests/infra/test_iam.py::": "iam-recorded",
 }
-#: When the caller names the twin network (GRIDFLEET_TWIN_NET set), every worker has that one: then all twin
-#: tests form one group, so that one worker at a time uses it.
-SHARED_TWIN_NET = {"tests/twin/": "twin"}
+#: The twin's tests: on a worker of their own (see above).
+TWIN = "tests/twin/"
 
 #: The order workers are handed tests in: the long ones first (the twin's, then the browser tests, then the
 #: rest), so that no worker starts a minutes-long test when the others are about to end.
@@ -69,9 +73,8 @@ def claim_twin_net() -> tuple[int, int]:
     raise pytest.UsageError(f"every twin network ({nets}) is held by another run of the suite; set GRIDFLEET_TWIN_NET")
 
 
-def group_of(nodeid: str, *, shared_twin_net: bool) -> str | None:
-    groups = {**SHARED_TWIN_NET, **GROUPS} if shared_twin_net else GROUPS
-    return next((group for prefix, group in groups.items() if nodeid.startswith(prefix)), None)
+def group_of(nodeid: str) -> str | None:
+    return next((group for prefix, group in GROUPS.items() if nodeid.startswith(prefix)), None)
 
 
 def rank(where: str) -> int:
@@ -79,14 +82,53 @@ def rank(where: str) -> int:
     return next((n for n, top in enumerate(FIRST) if where.startswith(top)), len(FIRST))
 
 
-def make_scheduler(config: pytest.Config, log: Any, *, shared_twin_net: bool) -> Any:
-    """xdist's load scheduling by scopes, a scope being a group of `GROUPS` or else a single test; the scopes
-    are handed out biggest first (xdist's reordering of scopes), so every group starts at once."""
+def make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's load scheduling by scopes, a scope being a group of `GROUPS` or else a single test, biggest first
+    (xdist's reordering of scopes), so every group starts at once; the twin's scopes all go to the first worker
+    that takes one of them, which takes nothing else from then on (with two workers or more)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
+        twin_node: Any = None
+
         def _split_scope(self, nodeid: str) -> str:
-            group = group_of(nodeid, shared_twin_net=shared_twin_net)
+            group = group_of(nodeid)
             return f"group:{group}" if group else nodeid
+
+        def _is_twin(self, scope: str) -> bool:
+            return scope.startswith(TWIN) or scope == "group:twin-stack"
+
+        def _may_take(self, node: Any, scope: str) -> bool:
+            if len(self.nodes) < 2:
+                return True
+            if self._is_twin(scope):
+                return self.twin_node is None or self.twin_node is node
+            return node is not self.twin_node
+
+        def _assign_work_unit(self, node: Any) -> None:
+            scope = next((s for s in self.workqueue if self._may_take(node, s)), None)
+            if scope is None:
+                return
+            if self._is_twin(scope):
+                self.twin_node = node
+            work_unit = self.workqueue.pop(scope)
+            self.assigned_work.setdefault(node, {})[scope] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down:
+                return
+            if not any(self._may_take(node, s) for s in self.workqueue):
+                node.shutdown()  # it ends the tests it was given, then stops
+                return
+            if self._pending_of(self.assigned_work[node]) > 2:
+                return
+            self._assign_work_unit(node)
+
+        def remove_node(self, node: Any) -> Any:
+            if node is self.twin_node:
+                self.twin_node = None  # the twin's tests it had go back to the queue, for another worker
+            return super().remove_node(node)
 
     return GroupScheduling(config, log)
