@@ -38,14 +38,21 @@ lint: setup
 	$(PYTHON) scripts/sizes.py || rc=1; \
 	exit $$rc
 
-# The whole suite: the house rules, then unit, adapter (moto) and e2e (Selenium Grid + Chromium) tests.
+# The suite runs on pytest-xdist workers, one per core and one more: the EC2 twin's tests keep a worker of their
+# own, which mostly waits on the twin's instances (`make test JOBS=1` runs the suite in one process). Tests that
+# must stay together run on one worker (--dist loadgroup; the groups and why: tests/helpers/parallel.py).
+JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
+PARALLEL = $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup)
+
+# The whole suite: the house rules, then unit, adapter (moto), faults, infra, e2e (Selenium Grid + Chromium) and
+# twin (the EC2 twin: namespaces, a deployed stack's day and week) tests; the 15 slowest tests are listed at the end.
 test: setup lint
-	@rc=0; $(PYTEST) $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PYTEST) $(PARALLEL) --durations=15 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test: no tests collected"; exit 0; fi; exit $$rc
 
-# Everything but the browser tests.
+# Everything but the browser tests and the EC2 twin's.
 test-fast: setup
-	@$(PYTEST) -m "not e2e" $(PYTEST_ARGS)
+	@$(PYTEST) $(PARALLEL) --durations=15 -m "not e2e and not twin" $(PYTEST_ARGS)
 
 clean:
 	rm -rf .venv vendor runs .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

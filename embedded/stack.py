@@ -13,15 +13,18 @@ only requests carrying the stack's own random token, kept in `stack.json`
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import secrets
 import shutil
 import sys
+import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,6 +33,8 @@ from fleet.errors import MissingResource, StackError
 from fleet.httpd import TOKEN_ENV
 
 PREFERRED_PORTS = {"moto": 5000, "grid": 4444, "grid_publish": 4442, "grid_subscribe": 4443, "demo": 8800, "imds": 8169}
+#: Held by a stack from the choice of its ports until its components listen on them (see `_choosing_ports`).
+PORTS_LOCK = Path(tempfile.gettempdir()) / "gridfleet-stack-ports.lock"
 
 
 def stack_id_for(path: Path) -> str:
@@ -167,16 +172,18 @@ class LocalStack:
         token = secrets.token_urlsafe(32)
         started: dict[str, Component] = {}
         try:
-            for name, cmd, url, extra in self._specs({name: procs.free_port(p) for name, p in PREFERRED_PORTS.items()}):
-                self.progress(f"starting {name} on {url}")
-                p = procs.spawn(
-                    cmd,
-                    markers={"GRIDFLEET_STACK": self.stack_id, "GRIDFLEET_ROLE": f"stack-{name}"},
-                    log_path=logs / f"{name}.log",
-                    extra_env={TOKEN_ENV: token} if name in ("demo", "imds") else None,
-                )
-                started[name] = Component(name, p.pid, procs.start_ticks(p.pid), url, extra)
-            _await_healthy(started.values(), logs, timeout_s)
+            with _choosing_ports():
+                ports = {name: procs.free_port(p) for name, p in PREFERRED_PORTS.items()}
+                for name, cmd, url, extra in self._specs(ports):
+                    self.progress(f"starting {name} on {url}")
+                    p = procs.spawn(
+                        cmd,
+                        markers={"GRIDFLEET_STACK": self.stack_id, "GRIDFLEET_ROLE": f"stack-{name}"},
+                        log_path=logs / f"{name}.log",
+                        extra_env={TOKEN_ENV: token} if name in ("demo", "imds") else None,
+                    )
+                    started[name] = Component(name, p.pid, procs.start_ticks(p.pid), url, extra)
+                _await_healthy(started.values(), logs, timeout_s)
         except BaseException:
             self.down(quiet=True)
             raise
@@ -269,6 +276,22 @@ class LocalStack:
         if not quiet:
             self.progress(f"stopped {n} processes")
         return n
+
+
+@contextlib.contextmanager
+def _choosing_ports() -> Iterator[None]:
+    """One stack of this machine at a time between choosing its ports and listening on them: a port is free
+    when chosen but taken only when its component listens, seconds later, so two stacks starting together
+    would otherwise choose the same (the preferred ones first) and one would answer the other's checks."""
+    try:  # read-only: the file may be another user's, and a lock needs no more
+        fd = os.open(PORTS_LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        fd = os.open(PORTS_LOCK, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _await_healthy(components: Iterable[Component], logs: Path, timeout_s: float) -> None:

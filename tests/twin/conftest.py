@@ -12,6 +12,18 @@ from pathlib import Path
 
 import pytest
 
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test of this directory is marked `twin` (`make test-fast` leaves them out). The hook sees every item
+    of the run; only those under this directory are marked. (How twin tests run in parallel, each process on a
+    twin network of its own: tests/helpers/parallel.py.)"""
+    for item in items:
+        if HERE in Path(item.path).parents:
+            item.add_marker(pytest.mark.twin)
+
 
 def _why_not() -> str | None:
     if os.geteuid() != 0:

@@ -24,6 +24,9 @@ from twin.account import AccountLimits
 from twin.day import wait_until
 
 SITES = DAY_SITES
+#: The day is bounded by its own waits (each named, each with its time); the suite's 300 s per test is for a test,
+#: not for a deployment and a day, which take minutes on a busy machine.
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
