@@ -94,6 +94,9 @@ def test_ssm_reaches_an_instance_only_once_the_boot_installed_and_started_the_ag
     assert box.host_path("/usr/bin/amazon-ssm-agent").exists()  # in the instance's own /usr, never the host's
     assert not Path("/usr/bin/amazon-ssm-agent").exists()
     wait_for(lambda: box.host_path(AGENT_PID_FILE).exists(), timeout=10)
+    # what SendCommand asks of the instance: its agent answers (checked inside the instance, which takes longer
+    # than the pid file's writing on a busy machine)
+    wait_for(lambda: twin.managed(managed), timeout=60, interval=0.2)
     command = send(twin, managed)
     ssm = twin.client("ssm")
 
