@@ -85,7 +85,8 @@ def rank(where: str) -> int:
 def make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's load scheduling by scopes, a scope being a group of `GROUPS` or else a single test, biggest first
     (xdist's reordering of scopes), so every group starts at once; the twin's scopes all go to the first worker
-    that takes one of them, which takes nothing else from then on (with two workers or more)."""
+    that takes one of them, in the suite's order, and that worker takes nothing else from then on (with two
+    workers or more)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
@@ -110,6 +111,11 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
             if scope is None:
                 return
             if self._is_twin(scope):
+                # the twin's worker runs them one after another, whatever their order: it keeps the suite's own
+                # (the day and the week, on the stack they share, after the twin's other tests, as a serial run)
+                collection = self.registered_collections[node]
+                twin = [s for s in self.workqueue if self._is_twin(s)]
+                scope = min(twin, key=lambda s: min(collection.index(n) for n in self.workqueue[s]))
                 self.twin_node = node
             work_unit = self.workqueue.pop(scope)
             self.assigned_work.setdefault(node, {})[scope] = work_unit
