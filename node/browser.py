@@ -4,7 +4,9 @@ The browser runs under the Grid node (Grid node -> chromedriver -> Chromium),
 not under the crawler process, so killing a hung crawler leaves it open. After
 any crawl the agent kills the Chromium whose `--user-data-dir` is the site's
 profile (with its helpers) and asks the Grid to end the session, freeing the
-node's single slot for the next site.
+node's slot for the next site. A crawler killed while the Grid still created its
+session never learnt its id: the agent then waits for that creation to end and
+ends whatever session of this node runs on the profile (`settle_browser`).
 
 Chromium keeps its sandbox on unless it cannot have it: when it would run as
 root (it refuses to start there with the sandbox), or when the machine denies
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +156,64 @@ def end_session(grid_url: str, session_id: str, timeout_s: float = 10) -> bool:
     except OSError as e:
         log.debug("end-session failed session=%s error=%s", session_id, e)
         return False
+
+
+#: How long a killed crawl's browser may still be starting under the Grid node before the node stops waiting.
+SETTLE_S = 30.0
+RESERVED = "reserved"  # the Grid's session id of a slot whose session is being created
+
+
+def node_sessions(grid_url: str, node_id: str, timeout_s: float = 2) -> list[tuple[str, str | None]] | None:
+    """The sessions in this node's Grid slots as (session id, Chromium's user data dir); the id is `RESERVED` while
+    the session is being created. None when the Grid does not answer."""
+    try:
+        with urllib.request.urlopen(f"{grid_url.rstrip('/')}/status", timeout=timeout_s) as r:
+            status = json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+    out: list[tuple[str, str | None]] = []
+    for node in status.get("value", {}).get("nodes", []):
+        for slot in node.get("slots", []):
+            session = slot.get("session")
+            if slot.get("stereotype", {}).get(NODE_CAPABILITY) != node_id or not isinstance(session, dict):
+                continue
+            chrome = (session.get("capabilities") or {}).get("chrome")
+            data_dir = chrome.get("userDataDir") if isinstance(chrome, dict) else None
+            out.append((str(session.get("sessionId")), data_dir))
+    return out
+
+
+def settle_browser(
+    grid_url: str,
+    node_id: str,
+    profile: Path,
+    monotonic: Callable[[], float],
+    sleep: Callable[[float], None],
+    settle_s: float = SETTLE_S,
+) -> str | None:
+    """After a crawler killed before it named its session: none of this node's sessions is still being created,
+    each one on `profile` is ended, and no Chromium is left on it. Return what could not be made so, or None.
+
+    A crawler killed while the Grid creates its session leaves the creation going: its Chromium may start after the
+    kill, on the site's profile, beside the next attempt's. The agent crawls one site at a time, so a session of
+    this node still being created now is that one."""
+    end = monotonic() + settle_s
+    while True:
+        sessions = node_sessions(grid_url, node_id)
+        if sessions is None:
+            problem = "the Grid did not answer"
+        else:
+            for session_id, data_dir in sessions:
+                if session_id != RESERVED and data_dir == str(profile):
+                    end_session(grid_url, session_id)
+            if not any(sid == RESERVED or d == str(profile) for sid, d in sessions):
+                kill_browser(profile)
+                return None
+            problem = "a session of this node is still being created"
+        if monotonic() >= end:
+            kill_browser(profile)
+            return f"{problem} after {settle_s:g} s"
+        sleep(0.2)
 
 
 def grid_node_ready(grid_url: str, node_id: str, timeout_s: float = 2) -> bool:

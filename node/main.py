@@ -265,6 +265,10 @@ def _agent(
         killed = browser.kill_browser(profile)
         if session_id and (forced or killed):
             browser.end_session(args.grid_url, session_id)
+        elif forced:  # killed before it named its session: the Grid may still be starting its browser
+            problem = browser.settle_browser(args.grid_url, args.instance_id, profile, clock.monotonic, clock.sleep)
+            if problem:
+                event(log, "browser-unsettled", logging.WARNING, profile=profile.name, problem=problem)
 
     settings = AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url, local=args.local)
     settings = dataclasses.replace(settings, chrome_args=(*settings.chrome_args, *sandbox_args(run_as)))
