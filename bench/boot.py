@@ -67,16 +67,8 @@ def run_day(day: TwinDay, sites: dict[str, str]) -> dict[str, Any]:
 
 def use_stock_image(day: TwinDay) -> str:
     """The node launch template's default version now names the stock AMI (the stack's ami_parameter's)."""
-    ec2, name = day.twin.client("ec2"), day.config["aws"]["node_launch_template"]
-    stock = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    [current] = ec2.describe_launch_template_versions(LaunchTemplateName=name, Versions=["$Default"])[
-        "LaunchTemplateVersions"
-    ]
-    data = {**current["LaunchTemplateData"], "ImageId": stock}  # all of it: moto copies no source version
-    version = ec2.create_launch_template_version(LaunchTemplateName=name, LaunchTemplateData=data)[
-        "LaunchTemplateVersion"
-    ]["VersionNumber"]
-    ec2.modify_launch_template(LaunchTemplateName=name, DefaultVersion=str(version))
+    stock = day.twin.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    day.launch_from("node", stock)
     return stock
 
 

@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError
 
 from embedded.demo_server import DemoServer
 from twin import network
-from twin.deploy import Deployed, deploy
+from twin.deploy import Deployed, deploy, node_image_parameter
 from twin.schedules import cron_at, stack_handlers
 from twin.stack import TwinStack
 
@@ -141,7 +141,24 @@ class TwinDay:
         self.run_ids.append(str(fired[0].result["run_id"]))
         return self.run_ids[-1]
 
+    def launch_from(self, role: str, image_id: str) -> None:
+        """The `role` ("hub" or "node") launch template's default version now names `image_id`, as an operator's
+        apply with another `hub_ami_parameter` or `node_ami_parameter` leaves it."""
+        ec2, name = self.twin.client("ec2"), self.config["aws"][f"{role}_launch_template"]
+        [current] = ec2.describe_launch_template_versions(LaunchTemplateName=name, Versions=["$Default"])[
+            "LaunchTemplateVersions"
+        ]
+        data = {**current["LaunchTemplateData"], "ImageId": image_id}  # all of it: moto copies no source version
+        made = ec2.create_launch_template_version(LaunchTemplateName=name, LaunchTemplateData=data)
+        version = made["LaunchTemplateVersion"]["VersionNumber"]
+        ec2.modify_launch_template(LaunchTemplateName=name, DefaultVersion=str(version))
+
     # --- reading ----------------------------------------------------------------------------------
+    def node_image_id(self) -> str:
+        """The AMI id of the node image baked for the stack (`node_image=True`)."""
+        name = node_image_parameter(self.stack)
+        return str(self.twin.client("ssm").get_parameter(Name=name)["Parameter"]["Value"])
+
     @property
     def config(self) -> dict[str, Any]:
         assert self.deployed is not None

@@ -78,6 +78,11 @@ def linked_role(iam: Any, service: str) -> None:
         pass
 
 
+def node_image_parameter(stack: str) -> str:
+    """The SSM parameter holding the AMI id of the node image baked for `stack`."""
+    return f"/{stack}/node-ami"
+
+
 def deploy(
     twin: Any, work: Path, fleet: dict[str, Any], variables: dict[str, Any], *, node_image: bool = False
 ) -> Deployed:
@@ -98,7 +103,7 @@ def deploy(
     linked_role(twin.client("iam"), "spot.amazonaws.com")  # once per account, before its first spot launch
     if node_image:  # as an operator bakes one: `gridfleet bundle`, then infra/packer on that bundle
         gridfleet(env, work, "bundle", "--out", str(work / "image"), "--config", str(config_path))
-        parameter = f"/{stack}/node-ami"
+        parameter = node_image_parameter(stack)
         twin.bake_node_image(work / "image" / "gridfleet-bundle.tar.gz", parameter)
         variables = {**variables, "node_ami_parameter": parameter}
     outputs = apply_stack(

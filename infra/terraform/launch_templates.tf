@@ -9,7 +9,7 @@ locals {
 resource "aws_launch_template" "hub" {
   name                   = local.hub_template_name
   description            = "gridfleet hub: Selenium Grid hub and the orchestrator"
-  image_id               = local.ami_id
+  image_id               = local.hub_ami_id # hub_ami_parameter's image, else the stack's
   instance_type          = var.hub_instance_type
   update_default_version = true
 
@@ -44,7 +44,7 @@ resource "aws_launch_template" "hub" {
   }
 
   block_device_mappings {
-    device_name = local.root_device_name
+    device_name = local.hub_root_device_name
 
     ebs {
       volume_type           = "gp3"

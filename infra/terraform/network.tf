@@ -143,12 +143,27 @@ data "aws_ami" "node" {
   }
 }
 
+# The hubs' image: hub_ami_parameter (a baked node image serves a hub too) when set, else the same.
+data "aws_ssm_parameter" "hub_ami" {
+  name = local.hub_ami_parameter
+}
+
+data "aws_ami" "hub" {
+  filter {
+    name   = "image-id"
+    values = [data.aws_ssm_parameter.hub_ami.insecure_value]
+  }
+}
+
 locals {
   ami_id                = data.aws_ami.base.id
   root_device_name      = data.aws_ami.base.root_device_name
   node_ami_parameter    = coalesce(var.node_ami_parameter, var.ami_parameter)
   node_ami_id           = data.aws_ami.node.id
   node_root_device_name = data.aws_ami.node.root_device_name
+  hub_ami_parameter     = coalesce(var.hub_ami_parameter, var.ami_parameter)
+  hub_ami_id            = data.aws_ami.hub.id
+  hub_root_device_name  = data.aws_ami.hub.root_device_name
 
   # Runs at every boot (a systemd unit), not only the first: forwarding and the
   # masquerade rule survive a stop and start of the instance.

@@ -101,6 +101,17 @@ variable "node_ami_parameter" {
   }
 }
 
+variable "hub_ami_parameter" {
+  description = "SSM parameter holding the AMI id of the hubs: a node image baked by infra/packer holds all a hub installs, so it boots without apt or pip's downloads. null: ami_parameter's."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.hub_ami_parameter == null || startswith(coalesce(var.hub_ami_parameter, "/"), "/")
+    error_message = "hub_ami_parameter is an SSM parameter name starting with '/'."
+  }
+}
+
 variable "key_name" {
   description = "EC2 key pair the nodes are launched with, for the hub's SSH kill path (fleet.yaml aws.key_name). null: no key pair, the hub kills through SSM only."
   type        = string

@@ -411,7 +411,8 @@ def test_bad_variables_fail_with_one_line(clients, ami):
 
 
 def test_without_the_ami_parameter_or_an_ami_id_the_apply_says_which_parameter(clients):
-    with pytest.raises(TfError, match=r"data\.aws_ssm_parameter\.ami: parameter /aws/service/debian/.* is not on"):
+    missing = r"data\.aws_ssm_parameter\.(hub_|node_)?ami: parameter /aws/service/debian/.* is not on"
+    with pytest.raises(TfError, match=missing):
         apply_stack(clients, TF_DIR, names(), hub_user_data=HUB_USER_DATA)
 
 

@@ -1172,8 +1172,13 @@ def test_launch_templates(tf):
     assert tf.datum("aws_ssm_parameter", "node_ami")["name"] == "${local.node_ami_parameter}"
     assert "data.aws_ssm_parameter.node_ami" in str(tf.datum("aws_ami", "node"))
     assert "data.aws_ami.node.id" in tf.locals["node_ami_id"]
-    images = {"hub": "${local.ami_id}", "node": "${local.node_ami_id}"}
-    disks = {"hub": "${local.root_device_name}", "node": "${local.node_root_device_name}"}
+    # the hubs' image: hub_ami_parameter (a baked node image boots a hub without downloads), by default the stack's
+    assert tf.default("hub_ami_parameter") is None
+    assert tf.locals["hub_ami_parameter"] == "${coalesce(var.hub_ami_parameter, var.ami_parameter)}"
+    assert tf.datum("aws_ssm_parameter", "hub_ami")["name"] == "${local.hub_ami_parameter}"
+    assert "data.aws_ami.hub.id" in tf.locals["hub_ami_id"]
+    images = {"hub": "${local.hub_ami_id}", "node": "${local.node_ami_id}"}
+    disks = {"hub": "${local.hub_root_device_name}", "node": "${local.node_root_device_name}"}
     profiles = {"hub": "aws_iam_instance_profile.hub", "node": "aws_iam_instance_profile.node"}
     for role in ("hub", "node"):
         lt = tf.resource("aws_launch_template", role)

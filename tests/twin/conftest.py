@@ -91,7 +91,8 @@ DAY_SITES = {
 def twin_stack(twin_ok, tmp_path_factory):
     """A stack deployed on the twin (stack `gftwin`, the day's sites), its schedules firing, the watchdog's
     `hub_stale_s` 30 s; every instance runs sshd for the key `ssh_private_key`. Its nodes boot a node image baked
-    for it (infra/packer's bake script), its hubs the stock image, so both boot paths run every day."""
+    for it (infra/packer's bake script), its hubs the stock image, so both boot paths run (the week then boots
+    its hubs from the baked one)."""
     from twin.day import TwinDay
 
     root = tmp_path_factory.mktemp("twin-stack")

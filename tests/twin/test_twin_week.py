@@ -6,7 +6,8 @@ comparisons with the day before have something to show; day 5 makes one site slo
 terminated while that site is crawled (the fault injected, as EC2 would lose it): the watchdog sees its
 heartbeat stop and starts another hub, which resumes and finishes the run. After each day: its summary and
 report in the bucket, nothing of the stack running or stopped, and one hub (two on day 5, never two at
-once). Root only (see conftest)."""
+once). The week's hubs boot the node image baked for the stack (its hub template switched to it, as
+`hub_ami_parameter` does); the day's hub booted the stock one. Root only (see conftest)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ WEEK = {"fleet": {"max_nodes": 1, "min_nodes": 1, "idle_exit_s": 10}, "run": {"m
 def week(twin_stack):
     d = twin_stack
     d.ensure_deployed()
+    stock = d.twin.client("ec2").describe_launch_templates(LaunchTemplateNames=[d.config["aws"]["hub_launch_template"]])
+    d.launch_from("hub", d.node_image_id())  # the week's hubs boot the baked node image (the day's, the stock one)
     d.before_week = d.run_ids[-1] if d.run_ids else None  # the day's run, when it ran before on this stack
     days = []
     for n in range(1, 8):
@@ -67,7 +70,11 @@ def week(twin_stack):
         days.append({"run_id": run_id, "summary": d.summary(run_id), "hubs": hubs, "killed": killed,
                      "states": d.instance_states(), "report": d.report(run_id)})  # fmt: skip
     d.days = days
-    return d
+    yield d
+    [template] = stock["LaunchTemplates"]
+    ec2 = d.twin.client("ec2")
+    ec2.modify_launch_template(LaunchTemplateName=template["LaunchTemplateName"],
+                               DefaultVersion=str(template["DefaultVersionNumber"]))  # fmt: skip
 
 
 def test_seven_daily_runs_each_archived(week):
@@ -94,6 +101,18 @@ def test_one_hub_a_day_and_the_watchdog_replaced_the_lost_one(week):
     restarts = [f for f in week.twin.fired if f.rule.endswith("-watchdog") and (f.result or {}).get("restarted")]
     assert [r["instance_id"] for f in restarts for r in f.result["restarted"]] == [replacement.instance_id]
     assert replacement.booted_at > lost.booted_at
+
+
+def test_the_weeks_hubs_booted_the_baked_node_image_and_installed_nothing(week):
+    """A hub template naming the baked node image (`hub_ami_parameter`): the hub's boot finds every package and
+    the bundle's dependencies there, as a node's does."""
+    hubs = [hub for day in week.days for hub in day["hubs"]]
+    for hub in hubs:
+        log = (hub.sandbox.var_log / "gridfleet-boot.log").read_text()
+        if hub.instance_id == week.days[KILL_DAY - 1]["killed"]:
+            continue  # terminated mid-run: its log may end anywhere
+        assert hub.baked and "baked image: its venv has the bundle's dependencies" in log, hub.instance_id
+        assert "already installed:" in log and "installing:" not in log, hub.instance_id
 
 
 def test_each_report_compares_with_the_day_before(week):
