@@ -156,6 +156,14 @@ def _bundle(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--out", type=Path, default=Path("dist"), help="where to build (default: %(default)s)")
     p.add_argument("--upload", action="store_true", help="upload the bundle, the Lambda package and the config")
     p.add_argument("--efs-utils-deb", help="an amazon-efs-utils .deb to upload beside the bundle (for AMIs without it)")
+    p.add_argument(
+        "--built",
+        type=Path,
+        metavar="DIR",
+        help="with --upload: upload the bundle and Lambda package `--out DIR` built before (the ones a node image "
+        "was baked from) instead of building again; refused unless they are this gridfleet's, for the config's "
+        "platform and crawler project",
+    )
 
 
 def _config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -8,7 +8,8 @@
    with the hub's user-data rendered by `gridfleet render hub` from the operator's fleet.yaml;
 2. the `aws:` section of fleet.yaml from the stack's `gridfleet_aws` output (`gridfleet config from-terraform`);
 3. `gridfleet aws bootstrap` and `gridfleet bundle --upload --efs-utils-deb` (the code bundle, the Lambda package,
-   the hub's config and the nodes' amazon-efs-utils package, here the twin's stand-in, in the bucket).
+   the hub's config and the nodes' amazon-efs-utils package, here the twin's stand-in, in the bucket); with
+   `node_image`, `--built`: the bundle the image was baked from, not built again.
 
 The commands run as processes of their own with the operator's environment (`Deployed.env`): credentials that
 the twin's AWS takes and nothing of this process's AWS settings.
@@ -119,16 +120,7 @@ def deploy(
     gridfleet(env, work, "aws", "bootstrap", "--config", str(config_path))
     # the operator's amazon-efs-utils package (Debian has none): here the twin's stand-in for it
     deb = str(twin.efs_utils_deb)
-    gridfleet(
-        env,
-        work,
-        "bundle",
-        "--upload",
-        "--out",
-        str(work / "dist"),
-        "--config",
-        str(config_path),
-        "--efs-utils-deb",
-        deb,
-    )
+    # the bundle the image was baked from, uploaded as it is; else built here
+    out = ["--built", str(work / "image")] if node_image else ["--out", str(work / "dist")]
+    gridfleet(env, work, "bundle", "--upload", *out, "--config", str(config_path), "--efs-utils-deb", deb)
     return Deployed(work, config_path, outputs, env)

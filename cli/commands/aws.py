@@ -18,8 +18,9 @@ from cli.envs import aws as aws_env
 from cli.envs.aws_plan import missing_line
 from cli.envs.grid_jar import find_grid_jar, grid_jar_candidates
 from cli.envs.home import PROJECT_ROOT, gridfleet_home
+from cli.packaging.built import check_built
 from cli.packaging.bundle import build_bundle, build_lambda_zip
-from cli.packaging.crawler_ship import installed_config, shipment_of
+from cli.packaging.crawler_ship import CrawlerShipment, installed_config, shipment_of
 from cloud_init import HubUserData, RenderError, boot_script, render_hub
 from fleet.aws.bootstrap import ensure_resources
 from fleet.config import Config
@@ -27,7 +28,7 @@ from fleet.config.bundle import platform_of
 from fleet.config.load import dump_config, load_config
 from fleet.errors import MissingResource, UsageError
 from fleet.ids import default_run_id
-from fleet.platform import S3_METADATA
+from fleet.platform import S3_METADATA, BundlePlatform
 
 log = logging.getLogger("gridfleet")
 
@@ -93,8 +94,9 @@ def cmd_bootstrap(args: argparse.Namespace, console: Console) -> int:
 def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     """Build the bundle for the fleet's instances (their architecture and Python, whatever machine this is) and
     the Lambda package; with --upload, put them in the bucket, the bundle tagged with its target."""
+    if args.built is not None and not args.upload:
+        raise UsageError("--built uploads a bundle built before: give --upload too")
     config = load_config(args.config)
-    aws = config.aws
     s3 = None
     if args.upload:  # before a build of minutes: the credentials work and the bucket is there
         env = aws_env.connect(config)
@@ -103,9 +105,13 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
         except MissingResource as e:
             raise MissingResource(missing_line([str(e)])) from None
         s3 = env.clients.client("s3")
-    jar = find_grid_jar(grid_jar_candidates(gridfleet_home()))
     crawlers = shipment_of(config)
     target = platform_of(config)
+    if args.built is not None and s3 is not None:
+        built = check_built(args.built, target, crawlers)
+        console.print(f"uploading the bundle built in {args.built} for {target.describe()} (not building again)")
+        return _upload(args, console, config, crawlers, target, s3, built.bundle, built.lambda_zip, args.built)
+    jar = find_grid_jar(grid_jar_candidates(gridfleet_home()))
     types = ", ".join(config.fleet.instance_types)
     console.print(
         f"building the code bundle for {target.describe()} (the instances: {types}): "
@@ -122,10 +128,26 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     if s3 is None:
         console.print("not uploaded (pass --upload to put them in the bucket)")
         return 0
+    return _upload(args, console, config, crawlers, target, s3, bundle, zipped, args.out)
+
+
+def _upload(
+    args: argparse.Namespace,
+    console: Console,
+    config: Config,
+    crawlers: CrawlerShipment | None,
+    target: BundlePlatform,
+    s3: Any,
+    bundle: Path,
+    zipped: Path,
+    out: Path,
+) -> int:
+    """Upload the bundle (tagged with its target), the Lambda package, the hub's config and the efs-utils .deb."""
+    aws = config.aws
     folder = str(Path(aws.bundle_key).parent)
     hub_config = Path(args.config)
     if crawlers is not None:  # the hub's config names what the bundle installed, not a directory of this machine
-        hub_config = args.out / "fleet.yaml"
+        hub_config = out / "fleet.yaml"
         hub_config.write_text(dump_config(installed_config(config, crawlers.project), secrets=True))
     # the bundle's target travels with it, so its platform is known without downloading it
     tagged = {"Metadata": dict(zip(S3_METADATA, (target.machine, target.python), strict=True))}

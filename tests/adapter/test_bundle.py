@@ -17,12 +17,14 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
 
 from cli.commands import aws as aws_cmd
 from cli.envs.home import PROJECT_ROOT
+from cli.packaging import built
 from cli.packaging.bundle import Pin, build_bundle, build_lambda_zip, fetch_dependencies, fetch_pinned
 from cli.packaging.crawler_ship import installed_config, shipment_of
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
@@ -303,7 +305,7 @@ def test_the_upload_tags_the_bundle_with_its_target(graviton_bundle, moto_endpoi
     monkeypatch.setattr(aws_cmd, "build_lambda_zip", lambda project, out: build_lambda_zip(project, out, deps=False))
     monkeypatch.setattr(aws_cmd, "find_grid_jar", lambda candidates: tmp_path / "unused.jar")
     out = io.StringIO()
-    args = argparse.Namespace(config=str(config), out=tmp_path / "dist", upload=True, efs_utils_deb=None)
+    args = argparse.Namespace(config=str(config), out=tmp_path / "dist", upload=True, efs_utils_deb=None, built=None)
     (tmp_path / "dist").mkdir()
     assert aws_cmd.cmd_bundle(args, Console(file=out, width=200)) == 0
     assert targets == [GRAVITON]
@@ -312,3 +314,84 @@ def test_the_upload_tags_the_bundle_with_its_target(graviton_bundle, moto_endpoi
     assert head["Metadata"] == dict(zip(S3_METADATA, ("aarch64", "3.11"), strict=True))
     assert head["ContentLength"] == graviton_bundle.stat().st_size
     assert s3.head_object(Bucket=bucket, Key="bundle/gridfleet-lambda.zip")["Metadata"] == {}
+
+
+def _bucket(moto_endpoint: str, monkeypatch) -> tuple[AwsConfig, Any]:
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    aws = AwsConfig(endpoint_url=moto_endpoint, region="ap-northeast-2", bucket=f"b-{os.urandom(8).hex()}")
+    s3 = AwsClients(aws, credentials=LOCAL_CREDENTIALS).client("s3")
+    s3.create_bucket(Bucket=aws.bucket, CreateBucketConfiguration={"LocationConstraint": aws.region})
+    return aws, s3
+
+
+def test_upload_built_sends_the_bundle_built_before_and_refuses_one_built_for_another_config(
+    graviton_bundle, moto_endpoint, tmp_path, monkeypatch
+):
+    """`bundle --upload --built DIR`: the bytes a node image was baked from go to the bucket, nothing is built
+    again; a bundle of another platform or crawler project is refused in one line, and nothing is uploaded."""
+    aws, s3 = _bucket(moto_endpoint, monkeypatch)
+    conf = graviton_bundle.parent.parent / "conf"  # the crawler project of the graviton bundle's config, unchanged
+    section = f"aws: {{region: {aws.region}, endpoint_url: '{aws.endpoint_url}', bucket: {aws.bucket}}}\n"
+    same = conf / "upload.yaml"
+    same.write_text((conf / "fleet.yaml").read_text() + section)
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    shutil.copy(graviton_bundle, dist / graviton_bundle.name)
+    build_lambda_zip(PROJECT_ROOT, dist, deps=False)
+
+    def no_build(*a, **kw):
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(aws_cmd, "build_bundle", no_build)
+    monkeypatch.setattr(aws_cmd, "build_lambda_zip", no_build)
+
+    def bundle(config: Path, **kw) -> tuple[int, str]:
+        out = io.StringIO()
+        ns = {"config": str(config), "out": tmp_path / "unused", "upload": True, "efs_utils_deb": None, "built": dist}
+        args = argparse.Namespace(**{**ns, **kw})
+        try:
+            return aws_cmd.cmd_bundle(args, Console(file=out, width=200)), out.getvalue()
+        except UsageError as e:
+            return e.exit_code, str(e)
+
+    x86 = tmp_path / "x86.yaml"
+    x86.write_text(
+        "fleet: {instance_types: [m7i.large]}\n" + section + "sites: [{id: a, start_url: 'http://a.test'}]\n"
+    )
+    arm = tmp_path / "arm.yaml"
+    arm.write_text(
+        "fleet: {instance_types: [t4g.large]}\n" + section + "sites: [{id: a, start_url: 'http://a.test'}]\n"
+    )
+    refused = [bundle(x86), bundle(arm), bundle(same, upload=False)]
+    assert [code for code, _ in refused] == [2, 2, 2]
+    assert refused[0][1].endswith("built for linux aarch64, CPython 3.11, the instances are linux x86_64, CPython 3.11")
+    assert "holds the crawler project teamcrawlers 3.0.0 (sha256:" in refused[1][1]
+    assert refused[1][1].endswith("the config ships none")
+    assert refused[2][1] == "--built uploads a bundle built before: give --upload too"
+    assert all("\n" not in line for _, line in refused)
+    assert "Contents" not in s3.list_objects_v2(Bucket=aws.bucket)  # nothing uploaded
+
+    code, printed = bundle(same)
+    assert code == 0, printed
+    assert f"uploading the bundle built in {dist}" in printed
+    body = s3.get_object(Bucket=aws.bucket, Key=aws.bundle_key)
+    assert body["Body"].read() == graviton_bundle.read_bytes()
+    assert body["Metadata"] == dict(zip(S3_METADATA, ("aarch64", "3.11"), strict=True))
+    assert s3.head_object(Bucket=aws.bucket, Key="bundle/gridfleet-lambda.zip")["ContentLength"] > 0
+    hub_config = s3.get_object(Bucket=aws.bucket, Key=aws.hub_config_key)["Body"].read().decode()
+    assert "teamcrawlers" in hub_config  # the installed project by name, version and hash
+
+
+def test_upload_built_refuses_a_bundle_of_another_gridfleet(graviton_bundle, tmp_path, monkeypatch):
+    monkeypatch.setattr(built, "gridfleet_version", lambda: "9.9.9")
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    shutil.copy(graviton_bundle, dist / graviton_bundle.name)
+    (dist / built.LAMBDA_ZIP).write_bytes(b"PK")
+    with pytest.raises(UsageError, match=r"holds gridfleet 0\.1\.0, this is gridfleet 9\.9\.9$"):
+        built.check_built(dist, GRAVITON, None)
+    (dist / graviton_bundle.name).write_bytes(b"not a tar")
+    with pytest.raises(UsageError, match="not a bundle"):
+        built.check_built(dist, GRAVITON, None)
