@@ -237,7 +237,7 @@ SPOT = """\
 run: {max_attempts: 3, hang_after_s: 20, heartbeat_timeout_s: 20, watch_interval_s: 1, deadline_s: 240}
 fleet: {max_nodes: 2, idle_exit_s: 6}
 sites:
-  - {id: long, start_url: "{demo}/s/long/?pages=8&delay_s=1"}
+  - {id: long, start_url: "{demo}/s/long/?pages=4&hang_page=3&hang_attempts=1"}
   - {id: short, start_url: "{demo}/s/short/?pages=2"}
 """
 

@@ -40,6 +40,7 @@ GROUPS: dict[str, str] = {
     # Both use the module's bundle built for graviton (a minute of pip): built once, not once per worker.
     "tests/adapter/test_bundle.py::test_a_bundle_built_here_for_graviton": "graviton-bundle",
     "tests/adapter/test_bundle.py::test_the_upload_tags_the_bundle_with_its_target": "graviton-bundle",
+    "tests/adapter/test_bundle.py::test_upload_built_": "graviton-bundle",
     # The module's tests read the calls of every role's code, recorded once for the module (a minute).
     "tests/infra/test_iam.py::": "iam-recorded",
 }
