@@ -38,23 +38,18 @@ lint: setup
 	$(PYTHON) scripts/sizes.py || rc=1; \
 	exit $$rc
 
-# The suite runs in two parts. Everything but the EC2 twin runs on pytest-xdist workers, one per core (`make test
-# JOBS=1` runs it in one process); tests that must stay together run on one worker (--dist loadgroup; the groups
-# and why: tests/helpers/parallel.py). Then the twin's tests run in one process of their own on a machine the
-# first part has left: a deployed stack's day and week wait on instances whose clocks, log shippers and
-# shutdowns a loaded machine stretches past what the tests allow. Each part lists its 15 slowest tests.
-JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# The suite runs in one pytest-xdist session: JOBS workers (by default one more than the cores: the browser and
+# twin tests spend much of their time waiting on timers, instances and browsers). The EC2 twin's tests run on a
+# worker of their own, in the suite's order (the day and the week on one deployed stack); tests that must stay
+# together run on one worker each (--dist loadgroup; the groups and why: tests/helpers/parallel.py). `make test
+# JOBS=1` runs it all in one process. The end of the output lists the 15 slowest tests.
+JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 PARALLEL = $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup)
 
-# The whole suite: the house rules, then unit, adapter (moto), faults, infra and e2e (Selenium Grid + Chromium)
-# tests, then the twin's (the EC2 twin: namespaces, a deployed stack's day and week). Exit 0 only if both parts
-# pass (a part that selects nothing, as `PYTEST_ARGS="-k ..."` may make it, passes).
+# The whole suite: the house rules, then unit, adapter (moto), faults, infra, e2e (Selenium Grid + Chromium) and
+# the twin's tests (the EC2 twin: namespaces, a deployed stack's day and week).
 test: setup lint
-	@rc=0; $(PYTEST) $(PARALLEL) --durations=15 -m "not twin" $(PYTEST_ARGS) || rc=$$?; \
-	if [ $$rc -eq 5 ]; then rc=0; fi; \
-	twin=0; $(PYTEST) -p no:xdist --durations=15 -m twin $(PYTEST_ARGS) || twin=$$?; \
-	if [ $$twin -eq 5 ]; then twin=0; fi; \
-	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$twin
+	@$(PYTEST) $(PARALLEL) --durations=15 $(PYTEST_ARGS)
 
 # Everything but the browser tests and the EC2 twin's.
 test-fast: setup
