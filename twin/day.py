@@ -36,6 +36,12 @@ def wait_until(check: Callable[[], T], timeout_s: float, what: str, every_s: flo
         time.sleep(every_s)
 
 
+#: The starter's daily time: this long after the deployment begins. A deployment that outlasted it (a busy machine
+#: takes minutes) would put the first run a day ahead of the real clock, and CloudWatch Logs, moto's as AWS's,
+#: refuses events more than two hours ahead: the day's logs would all be refused.
+START_AFTER_S = 900.0
+
+
 class TwinDay:
     """`with TwinDay(root, stack, fleet, sites):` the twin up, the stack deployed, its schedules loaded."""
 
@@ -99,7 +105,7 @@ class TwinDay:
         return self
 
     def _deploy(self) -> None:
-        start = cron_at(self.twin.clock.now() + 120)
+        start = cron_at(self.twin.clock.now() + START_AFTER_S)
         variables = {"name_prefix": self.stack, "bucket_name": f"{self.stack}-results", "start_schedule": start}
         fleet = {**self.fleet, "sites": self.site_specs(self.sites)}
         variables = {**variables, **self.variables}

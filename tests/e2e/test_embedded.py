@@ -201,15 +201,15 @@ def test_run_starts_its_own_stack_and_leaves_nothing_running_even_across_a_crash
     cfg = gf.write_config(
         "own.yaml",
         """\
-        run: {hang_after_s: 5, watch_interval_s: 1}
+        run: {hang_after_s: 10, watch_interval_s: 1}
         fleet: {max_nodes: 2, sites_per_node: 1}
         sites:
           - {id: one, start_url: "{demo}/s/one/?pages=2"}
-          - {id: two, start_url: "{demo}/s/two/?pages=4&delay_s=1"}
+          - {id: two, start_url: "{demo}/s/two/?pages=4&delay_s=3"}
         """,
     )
     hub = gf.start("run", "--local", "--config", str(cfg), "--run-id", "own")
-    sigkill_when(gf, hub, "own", completed=1)
+    sigkill_when(gf, hub, "own", completed=1)  # two takes 12 s more: the run is not over
     assert gf.run("local", "status").returncode == 0  # the stack the dead hub started is still up
     run = gf.run("run", "--local", "--config", str(cfg), "--run-id", "own", "--resume", timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr

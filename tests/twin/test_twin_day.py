@@ -26,7 +26,7 @@ from twin.day import wait_until
 SITES = DAY_SITES
 #: The day is bounded by its own waits (each named, each with its time); the suite's 300 s per test is for a test,
 #: not for a deployment and a day, which take minutes on a busy machine.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(1500)  # the day's own waits bound it (each named, with its time)
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +36,9 @@ def day(twin_stack):
     d.put_config(SITES)  # the deployment's own sites, whatever ran before
     first_boot, first_fired = len(d.twin.boots), len(d.twin.fired)
     run_id = d.start_by_schedule()
-    spot_node = wait_until(lambda: d.node_of("spot", run_id, "RUN", min_pages=2), 240, "the spot site running")
+    spot_node = wait_until(lambda: d.node_of("spot", run_id, "RUN", min_pages=2), 480, "the spot site running")
     d.twin.running(spot_node).imds.spot_notice()  # EC2's two-minute notice
-    wait_until(lambda: d.stack_idle() and d.summary(run_id), 420, "the run archived and the stack idle")
+    wait_until(lambda: d.stack_idle() and d.summary(run_id), 600, "the run archived and the stack idle")
     d.run_id, d.spot_node = run_id, spot_node
     d.day_boots, d.day_fired = d.twin.boots[first_boot:], d.twin.fired[first_fired:]
     return d

@@ -264,6 +264,29 @@ def test_node_bundle_download_fails_and_is_reported_with_the_aws_cli(sandbox):
     assert sandbox.console.read_text() == log
 
 
+def test_a_download_that_fails_once_is_tried_again_and_the_cli_waits_for_imds(sandbox):
+    """A busy boot can miss IMDS within botocore's default second ("Unable to locate credentials"): every AWS CLI
+    call gets five seconds and three tries, and an S3 download that failed anyway is tried again."""
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    (sandbox.bin / "aws").rename(sandbox.bin / "aws-stub")
+    seen, failed = sandbox.root / "imds-settings", sandbox.root / "failed-once"
+    sandbox.write_exe(
+        sandbox.bin / "aws",
+        f'echo "$AWS_METADATA_SERVICE_TIMEOUT $AWS_METADATA_SERVICE_NUM_ATTEMPTS" >> {seen}\n'
+        f'if [[ $1 == s3 && " $* " == *" s3://{p.bucket}/{p.bundle_key} "* && ! -e {failed} ]]; then\n'
+        f'  touch {failed}; echo "fatal error: Unable to locate credentials" >&2; exit 1\n'
+        "fi\n"
+        f'exec {sandbox.bin / "aws-stub"} "$@"\n',
+    )
+    r = sandbox.run(boot_script(render_node(p)), STUB_MOUNT_FAILS="2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = sandbox.log_file.read_text()
+    assert f"aws s3 cp s3://{p.bucket}/{p.bundle_key} failed (attempt 1 of 3)" in log
+    assert "step: unpack-bundle" in log and "attempt 2 of 3" not in log
+    assert set(seen.read_text().splitlines()) == {"5 3"}
+
+
 def test_a_bundle_for_another_platform_is_refused_before_anything_is_installed(sandbox):
     p = sandbox_node(sandbox)
     upload_node_objects(sandbox, p)
