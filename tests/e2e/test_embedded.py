@@ -277,9 +277,11 @@ KILL_AGENT = """\
 run: {max_attempts: 3, hang_after_s: 20, heartbeat_timeout_s: 8, watch_interval_s: 1, deadline_s: 240}
 fleet: {max_nodes: 2, idle_exit_s: 6}
 sites:
-  - {id: victim, start_url: "{demo}/s/victim/?pages=6&delay_s=1.5"}
+  - {id: victim, start_url: "{demo}/s/victim/?pages=6&hang_page=3&hang_attempts=1"}
   - {id: other, start_url: "{demo}/s/other/?pages=2"}
 """
+# The victim's first attempt holds its third page (well within hang_after_s), so the agent is killed mid-crawl
+# however long the test takes to find it.
 
 
 def test_a_node_agent_sigkilled_mid_crawl_is_lost_its_instance_ended_and_the_site_retried(gf):
