@@ -36,10 +36,11 @@ def wait_until(check: Callable[[], T], timeout_s: float, what: str, every_s: flo
         time.sleep(every_s)
 
 
-#: The starter's daily time: this long after the deployment begins. A deployment that outlasted it (a busy machine
-#: takes minutes) would put the first run a day ahead of the real clock, and CloudWatch Logs, moto's as AWS's,
-#: refuses events more than two hours ahead: the day's logs would all be refused.
-START_AFTER_S = 900.0
+#: The starter's daily time: this long after the deployment ends (the schedule is applied again then, as an
+#: operator's second apply would). Set before a deployment that outlasts it (a busy machine takes minutes), the
+#: first run would be a day ahead of the real clock, and CloudWatch Logs, moto's as AWS's, refuses events more
+#: than two hours ahead: the day's logs would all be refused.
+START_AFTER_S = 120.0
 
 
 class TwinDay:
@@ -110,6 +111,10 @@ class TwinDay:
         fleet = {**self.fleet, "sites": self.site_specs(self.sites)}
         variables = {**variables, **self.variables}
         self.deployed = deploy(self.twin, self.root / "operator", fleet, variables, node_image=self.node_image)
+        rule = f"{self.stack}-start"
+        self.twin.client("events").put_rule(
+            Name=rule, ScheduleExpression=cron_at(self.twin.clock.now() + START_AFTER_S), State="ENABLED"
+        )
         self.twin.load_schedules(stack_handlers(self.twin.lambda_clients, self.twin.clock), prefix=self.stack)
 
     def ensure_deployed(self) -> None:
