@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet import procs
+from node.evidence import SESSION_ID_RE
 
 log = logging.getLogger("gridfleet.node")
 
@@ -163,13 +164,21 @@ SETTLE_S = 30.0
 RESERVED = "reserved"  # the Grid's session id of a slot whose session is being created
 
 
-def node_sessions(grid_url: str, node_id: str, timeout_s: float = 2) -> list[tuple[str, str | None]] | None:
-    """The sessions in this node's Grid slots as (session id, Chromium's user data dir); the id is `RESERVED` while
-    the session is being created. None when the Grid does not answer."""
+def _grid_status(grid_url: str, timeout_s: float) -> dict[str, Any] | None:
+    """The Grid's `/status` document, or None when it does not answer with a JSON object."""
     try:
         with urllib.request.urlopen(f"{grid_url.rstrip('/')}/status", timeout=timeout_s) as r:
             status = json.loads(r.read())
     except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
+
+
+def node_sessions(grid_url: str, node_id: str, timeout_s: float = 2) -> list[tuple[str, str | None]] | None:
+    """The sessions in this node's Grid slots as (session id, Chromium's user data dir); the id is `RESERVED` while
+    the session is being created. None when the Grid does not answer."""
+    status = _grid_status(grid_url, timeout_s)
+    if status is None:
         return None
     out: list[tuple[str, str | None]] = []
     for node in status.get("value", {}).get("nodes", []):
@@ -204,7 +213,7 @@ def settle_browser(
             problem = "the Grid did not answer"
         else:
             for session_id, data_dir in sessions:
-                if session_id != RESERVED and data_dir == str(profile):
+                if SESSION_ID_RE.fullmatch(session_id) and data_dir == str(profile):  # an id read back: checked
                     end_session(grid_url, session_id)
             if not any(sid == RESERVED or d == str(profile) for sid, d in sessions):
                 kill_browser(profile)
@@ -218,10 +227,8 @@ def settle_browser(
 
 def grid_node_ready(grid_url: str, node_id: str, timeout_s: float = 2) -> bool:
     """Whether the Grid lists an UP node whose stereotype carries `gridfleet:node=<node_id>`."""
-    try:
-        with urllib.request.urlopen(f"{grid_url.rstrip('/')}/status", timeout=timeout_s) as r:
-            status = json.loads(r.read())
-    except (OSError, ValueError):
+    status = _grid_status(grid_url, timeout_s)
+    if status is None:
         return False
     for node in status.get("value", {}).get("nodes", []):
         if node.get("availability") != "UP":
