@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
+import botocore.loaders
+import botocore.session
 from botocore import UNSIGNED
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
@@ -44,6 +46,25 @@ class StaticCredentials:
 
 #: Credentials for moto server on the embedded default (it accepts any).
 LOCAL_CREDENTIALS = StaticCredentials("gridfleet-local", "gridfleet-local")
+
+_loader_lock = threading.Lock()
+_loader: botocore.loaders.Loader | None = None
+
+
+def _session(**kwargs: Any) -> boto3.session.Session:
+    """A boto3 session whose service models come from one loader per process. Each session would otherwise read
+    and decode the models' JSON again, a tenth of a second of CPU per client: most of what a CLI command, a Lambda
+    invocation or a test spends."""
+    global _loader
+    core = botocore.session.get_session()
+    with _loader_lock:
+        if _loader is None:
+            _loader = botocore.loaders.create_loader()
+        core.register_component("data_loader", _loader)
+        session = boto3.session.Session(botocore_session=core, **kwargs)
+        paths = _loader.search_paths  # boto3 adds its own data directory to the loader with every session
+        paths[:] = list(dict.fromkeys(paths))
+    return session
 
 
 def is_transient(e: BaseException) -> bool:
@@ -93,7 +114,7 @@ class AwsClients:
                 aws_secret_access_key=credentials.secret_access_key,
                 aws_session_token=credentials.session_token,
             )
-        self._session = boto3.session.Session(**kwargs)
+        self._session = _session(**kwargs)
         self._on_client = on_client
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()

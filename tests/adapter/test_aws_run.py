@@ -88,6 +88,7 @@ def gridfleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_bootstrap_then_a_run_to_its_deadline_on_moto(account, tmp_path):
     boot = gridfleet(tmp_path, "aws", "bootstrap", "--config", str(account["path"]))
     assert boot.returncode == 0, boot.stderr
@@ -175,6 +176,7 @@ def test_dry_run_prints_the_plan_and_calls_no_mutating_api(account, tmp_path):
     assert not ec2.describe_instances(Filters=[{"Name": "tag:gridfleet:run_id", "Values": ["aws-dry"]}])["Reservations"]
 
 
+@pytest.mark.slow
 def test_a_hub_on_ec2_takes_its_identity_from_imds_and_stops_itself(account, tmp_path):
     from embedded.imds_server import ImdsServer
 
@@ -210,6 +212,7 @@ def test_shutdown_is_refused_when_the_metadata_is_an_emulator():
     assert self_stop("none", ident, ec2=None).startswith("not stopping")
 
 
+@pytest.mark.slow
 def test_metrics_reach_cloudwatch_and_a_rerun_on_aws_starts_a_hub_for_the_reopened_sites(account, tmp_path):
     """moto serves CloudWatch: the hub's gauges come back from list_metrics/get_metric_statistics. A rerun of the
     failed sites reopens them and the run, and starts one hub from the hub launch template (its cloud-init then
@@ -331,6 +334,7 @@ def _forget(clients, table: str, run_id: str) -> int:
     return len(keys)
 
 
+@pytest.mark.slow
 def test_a_runs_record_outlives_the_table_in_the_bucket(account, tmp_path):
     """Each run puts its summary and report in the bucket; once the table has forgotten a run, status, check and
     report read it from there, and the next run's report is compared with it from there too."""

@@ -41,6 +41,7 @@ GRAVITON = BundlePlatform("aarch64", "3.11")
 NATIVE_PIN, PURE_PIN = "regex==2026.11.15", "gridfleet-test-pure==1.0"
 
 
+@pytest.mark.slow
 def test_the_bundle_installs_with_no_index_and_runs(tmp_path):
     """With a crawler project: installed as the boot script installs it (gridfleet, then what crawlers.txt names),
     `gridfleet validate` passes on the config the hub and nodes get, which names the project by its identity."""
@@ -130,6 +131,7 @@ def test_the_lambda_package_holds_the_handlers_and_the_templates(tmp_path):
     assert not any("__pycache__" in n for n in names)
 
 
+@pytest.mark.slow
 def test_the_lambda_package_imports_where_only_boto3_is_installed(tmp_path):
     """The Lambda runtime brings boto3 and nothing else: the package must carry the rest."""
     zipped = build_lambda_zip(PROJECT_ROOT, tmp_path / "dist")
@@ -216,6 +218,7 @@ def _tags(wheel: str) -> tuple[str, str, list[str]]:
     return python, abi, platforms.split(".")
 
 
+@pytest.mark.slow
 def test_a_bundle_built_here_for_graviton_holds_aarch64_wheels_for_cpython_311(graviton_bundle, tmp_path):
     with tarfile.open(graviton_bundle) as tar:
         tar.extractall(tmp_path, filter="data")
@@ -246,6 +249,7 @@ def test_a_bundle_built_here_for_graviton_holds_aarch64_wheels_for_cpython_311(g
     assert install.returncode == 0, install.stderr
 
 
+@pytest.mark.slow
 def test_a_dependency_with_no_wheel_for_the_target_and_no_pure_source_stops_the_build_in_one_line(links, tmp_path):
     with pytest.raises(UsageError) as e:
         fetch_pinned([Pin("gridfleet-test-native==1.0")], GRAVITON, tmp_path)
@@ -255,6 +259,7 @@ def test_a_dependency_with_no_wheel_for_the_target_and_no_pure_source_stops_the_
     assert "\n" not in message and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_gridfleets_dependencies_without_a_wheel_for_the_target_are_found_and_built_pure(links, tmp_path):
     """pip's resolver says which dependency has no wheel only in prose: the set is resolved here, then fetched."""
     app = tmp_path / "gridfleet_test_app-1.0-py3-none-any.whl"
@@ -279,6 +284,7 @@ def test_gridfleets_dependencies_without_a_wheel_for_the_target_are_found_and_bu
     ]
 
 
+@pytest.mark.slow
 def test_the_upload_tags_the_bundle_with_its_target(graviton_bundle, moto_endpoint, tmp_path, monkeypatch):
     """`bundle --upload` puts the target's machine and Python on the bundle object, so a reader knows its
     platform without downloading it."""
@@ -326,6 +332,7 @@ def _bucket(moto_endpoint: str, monkeypatch) -> tuple[AwsConfig, Any]:
     return aws, s3
 
 
+@pytest.mark.slow
 def test_upload_built_sends_the_bundle_built_before_and_refuses_one_built_for_another_config(
     graviton_bundle, moto_endpoint, tmp_path, monkeypatch
 ):
@@ -384,6 +391,7 @@ def test_upload_built_sends_the_bundle_built_before_and_refuses_one_built_for_an
     assert "teamcrawlers" in hub_config  # the installed project by name, version and hash
 
 
+@pytest.mark.slow
 def test_upload_built_refuses_a_bundle_of_another_gridfleet(graviton_bundle, tmp_path, monkeypatch):
     monkeypatch.setattr(built, "gridfleet_version", lambda: "9.9.9")
     dist = tmp_path / "dist"

@@ -226,6 +226,7 @@ def granted():
     return docs
 
 
+@pytest.mark.slow
 def test_the_scenarios_exercise_each_roles_code(recorded):
     assert {
         "ec2.RunInstances",
@@ -275,6 +276,7 @@ def test_the_scenarios_exercise_each_roles_code(recorded):
 
 
 @pytest.mark.parametrize("role", ROLES)
+@pytest.mark.slow
 def test_each_role_is_granted_what_its_code_calls_and_no_other_service(role, recorded, granted):
     assert problems(role, recorded[role], granted[role]) == []
 
@@ -286,6 +288,7 @@ def test_implied_grants_are_in_the_policy(role, granted):
 
 
 @pytest.mark.parametrize("role", ROLES)
+@pytest.mark.slow
 def test_granted_ahead_is_not_yet_called(role, recorded):
     """An action granted ahead of its code leaves AHEAD once the scenario records the call: from then on the
     check covers it like any other (and fails when it is removed)."""
@@ -305,6 +308,7 @@ def test_pass_role_is_granted_only_where_a_role_is_passed(granted):
 
 
 @pytest.mark.parametrize("role", ROLES)
+@pytest.mark.slow
 def test_the_check_fails_when_any_needed_action_is_removed(role, recorded, granted):
     for action in sorted(needed(recorded[role])):
         found = problems(role, recorded[role], granted[role] - {action})
@@ -312,6 +316,7 @@ def test_the_check_fails_when_any_needed_action_is_removed(role, recorded, grant
 
 
 @pytest.mark.parametrize("role", ROLES)
+@pytest.mark.slow
 def test_each_role_is_granted_its_table_and_bucket_calls_on_their_resources(role, recorded):
     assert resource_problems(role, recorded[role], policy_statements()[role]) == []
 
@@ -360,6 +365,7 @@ def test_an_index_call_is_recorded_apart_and_needs_the_index_arn():
 
 
 @pytest.mark.parametrize("role", ROLES)
+@pytest.mark.slow
 def test_the_resource_check_fails_when_any_needed_resource_is_removed(role, recorded):
     statements = policy_statements()[role]
     for action, resource in sorted(needed_resources(recorded[role])):

@@ -60,6 +60,8 @@ class Rig:
         m.update(markers)
         p = procs.spawn(SLEEPER, markers=m, log_path=log_path)
         self.popens.append(p)
+        # Until the new process has exec'd, its environment (the mark) is its parent's: wait to see the mark.
+        wait_for(lambda: any(q.pid == p.pid and q.markers == m for q in procs.scan()))
         return p
 
     def close(self):
@@ -233,8 +235,7 @@ def test_a_marked_process_missing_from_the_registry_is_listed_and_can_be_termina
     p = rig.spawn_marked(ghost, tmp_path / "ghost.log")
     ticks = procs.start_ticks(p.pid)
 
-    # Until the new process has exec'd, its environment (the mark) is its parent's: wait to see it.
-    listed = wait_for(lambda: (d := {i.id: i for i in provider.list(rig.run)}) and ghost in d and d)
+    listed = {i.id: i for i in provider.list(rig.run)}
     assert listed[ghost].state == "running"
     assert listed[ghost].tags["gridfleet:run_id"] == rig.run
     assert listed[known].state == "running"
