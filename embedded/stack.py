@@ -197,7 +197,7 @@ class LocalStack:
         return [
             (
                 "moto",
-                [py, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(ports["moto"])],
+                [py, "-m", "embedded.moto_server", "-H", "127.0.0.1", "-p", str(ports["moto"])],
                 f"http://127.0.0.1:{ports['moto']}",
                 {},
             ),

@@ -44,6 +44,9 @@ def moto_endpoint():
     here, not at the top: importing its server takes seconds, and most tests never ask for one."""
     from moto.server import ThreadedMotoServer
 
+    from embedded.moto_server import make_dynamodb_writes_atomic
+
+    make_dynamodb_writes_atomic()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:

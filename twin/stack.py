@@ -40,6 +40,7 @@ from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
+from embedded.moto_server import make_dynamodb_writes_atomic
 from twin import network
 from twin.account import AccountLimits, publish_debian_images
 from twin.account import install as install_limits
@@ -172,6 +173,7 @@ class TwinStack:
         network.cleanup_leftovers()
         network.ensure_bridge()
         install_limits(self.limits)  # before moto's server makes its routes
+        make_dynamodb_writes_atomic()  # conditional writes atomic, as DynamoDB's are
         self.root.mkdir(parents=True, exist_ok=True)
         self._server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=self.moto_port, verbose=False)
         self._server.start()

@@ -176,11 +176,11 @@ def _node(endpoint: str, table: str, grp: str, per_s: float, start: Any, run_s: 
     )
     start.wait(timeout=30)
     start_at = time.time()
-    sends: list[float] = []
+    granted: list[tuple[float, float]] = []
     while time.time() < start_at + run_s:
-        rl.wait(grp, per_s)
-        sends.append(time.time())  # the request would leave now
-    out.put((sends, ddb_calls[0]))
+        slot = rl.wait(grp, per_s)
+        granted.append((slot, time.time()))  # the slot, and when the request would leave
+    out.put((granted, ddb_calls[0]))
 
 
 def test_processes_share_the_rate(moto_endpoint, limits_table):
@@ -201,18 +201,21 @@ def test_processes_share_the_rate(moto_endpoint, limits_table):
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    sends = sorted(t for s, _ in results for t in s)
-    per_node = [len(s) for s, _ in results]
+    # Judged on the slots the table granted, not on the clock of processes a busy machine may pause between the
+    # grant and the send: the grants are what the limiter promises, and no request leaves before its slot.
+    slots = sorted(slot for g, _ in results for slot, _ in g)
+    per_node = [len(g) for g, _ in results]
     calls = sum(c for _, c in results)
-    rate = (len(sends) - 1) / (sends[-1] - sends[0])
-    worst = max_in_window(sends)
-    min_gap = min(b - a for a, b in pairwise(sends))
+    gaps = [b - a for a, b in pairwise(slots)]
+    median_gap = sorted(gaps)[len(gaps) // 2]
     print(
-        f"\n{nodes} processes, per_s={per_s}: {len(sends)} sends {per_node} in {sends[-1] - sends[0]:.2f}s, "
-        f"achieved {rate:.2f}/s (paced target {per_s / 1.1:.2f}/s), most in any 1s window {worst}, "
-        f"closest sends {min_gap * 1000:.0f} ms apart (spacing {spacing(per_s) * 1000:.0f} ms), "
-        f"{calls / len(sends):.2f} UpdateItem calls per request"
+        f"\n{nodes} processes, per_s={per_s}: {len(slots)} slots {per_node} in {slots[-1] - slots[0]:.2f}s, "
+        f"most in any 1s window {max_in_window(slots)}, closest slots {min(gaps) * 1000:.0f} ms apart, median "
+        f"{median_gap * 1000:.0f} ms (spacing {spacing(per_s) * 1000:.0f} ms), {calls / len(slots):.2f} UpdateItem "
+        "calls per request"
     )
     assert all(n > 0 for n in per_node), per_node  # every node got its share
-    assert worst <= per_s
-    assert rate >= 0.8 * per_s / 1.1
+    assert all(sent >= slot for g, _ in results for slot, sent in g)  # no request before its slot
+    assert min(gaps) >= spacing(per_s) - 1e-6  # no two grants closer than the spacing, whichever process
+    assert max_in_window(slots) <= per_s
+    assert median_gap <= 1.5 * spacing(per_s)  # and the limiter keeps pace: queued requests go one spacing apart

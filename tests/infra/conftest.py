@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from moto.server import ThreadedMotoServer
 
+from embedded.moto_server import make_dynamodb_writes_atomic
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.config.aws import AwsConfig
 from tests.helpers.stacks import stack_names
@@ -34,6 +35,7 @@ class Applied:
 
 @pytest.fixture(scope="session")
 def applied() -> Iterator[Applied]:
+    make_dynamodb_writes_atomic()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
