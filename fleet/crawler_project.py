@@ -105,15 +105,29 @@ def _pyproject_identity(path: Path) -> tuple[str, str]:
     return name, version
 
 
-def content_files(root: Path) -> list[Path]:
-    """The project's files, relative to `root`, sorted; bounded by MAX_FILES and MAX_BYTES."""
+def shipped_files(root: Path) -> list[Path]:
+    """The files of the project that ship, relative to `root`, sorted: what its hash covers and what is copied
+    for the nodes or built into its wheel, so that two projects with one hash ship the same code.
+
+    Left out, at any depth: the directories in SKIPPED_DIRS, names ending in SKIPPED_SUFFIXES, and anything that
+    is not a regular file (sockets, FIFOs). A symbolic link to a file inside the project ships as that file's
+    content under the link's name; a link to a directory, or one that resolves outside the project or to
+    nothing, is refused (ProjectError naming the link). Bounded by MAX_FILES and MAX_BYTES."""
+    base = root.resolve()
     found: list[Path] = []
     total = 0
     for here, dirs, files in os.walk(root, followlinks=False):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and not d.endswith(SKIPPED_SUFFIXES))
+        for name in dirs:
+            if (Path(here) / name).is_symlink():
+                _linked_file(Path(here) / name, base)  # refuses it, saying why
         for name in sorted(files):
             path = Path(here) / name
-            if name.endswith(SKIPPED_SUFFIXES) or path.is_symlink() or not path.is_file():
+            if name.endswith(SKIPPED_SUFFIXES):
+                continue
+            if path.is_symlink():
+                _linked_file(path, base)
+            elif not path.is_file():
                 continue
             found.append(path.relative_to(root))
             total += path.stat().st_size
@@ -124,13 +138,38 @@ def content_files(root: Path) -> list[Path]:
     return sorted(found)
 
 
+def _linked_file(link: Path, base: Path) -> None:
+    """Refuse a symbolic link that would ship anything but a file of the project itself."""
+    target = link.resolve()
+    if not target.is_relative_to(base):
+        raise ProjectError(f"{link}: a symbolic link to {target}, outside the crawler project: not shipped")
+    if not target.is_file():
+        what = "a directory" if target.is_dir() else "nothing"
+        raise ProjectError(f"{link}: a symbolic link to {what}: only links to files of the project are shipped")
+
+
 def content_hash(root: Path) -> str:
-    """sha256 over each file's relative path and content, in path order: the same files give the same hash."""
+    """sha256 over each shipped file's relative path and content, in path order: the same files give the same
+    hash."""
+    return _digest(root, shipped_files(root), None)
+
+
+def copy_shipped(root: Path, into: Path) -> str:
+    """Copy the project's shipped files into `into` (links become plain files) and return the hash of what was
+    copied: it differs from the project's recorded hash if a file changed since the project was read."""
+    into.mkdir(parents=True, exist_ok=True)
+    return _digest(root, shipped_files(root), into)
+
+
+def _digest(root: Path, files: list[Path], copy_to: Path | None) -> str:
     digest = hashlib.sha256()
-    for rel in content_files(root):
+    for rel in files:
         data = (root / rel).read_bytes()
         digest.update(rel.as_posix().encode() + b"\0" + str(len(data)).encode() + b"\0")
         digest.update(data)
+        if copy_to is not None:
+            (copy_to / rel).parent.mkdir(parents=True, exist_ok=True)
+            (copy_to / rel).write_bytes(data)
     return "sha256:" + digest.hexdigest()
 
 

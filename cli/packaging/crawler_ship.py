@@ -26,7 +26,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from fleet.config import Config
 from fleet.config.crawlers import InstalledCrawlers
-from fleet.crawler_project import CrawlerProject, ProjectError, pinned_requirements
+from fleet.crawler_project import CrawlerProject, ProjectError, copy_shipped, pinned_requirements
 from fleet.errors import UsageError
 
 log = logging.getLogger("gridfleet")
@@ -77,15 +77,30 @@ def _pip(args: list[str], what: str) -> None:
         raise UsageError(f"crawler project: pip could not {what}: {tail}")
 
 
-def _plain_package_project(project: CrawlerProject, into: Path) -> Path:
-    """A Python project wrapping a plain package directory, so that it builds into a wheel like any other."""
+def staged_source(project: CrawlerProject, into: Path) -> Path:
+    """The project's shipped files copied into `into`, to install or build from; a plain package directory is
+    wrapped in a Python project, so that it builds into a wheel like any other."""
     name = project.build.name
-    shutil.copytree(project.root, into / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    if project.kind != "package":
+        return _copy_checked(project, into)
+    _copy_checked(project, into / name)
     (into / "pyproject.toml").write_text(
         "[build-system]\nrequires = ['setuptools>=68']\nbuild-backend = 'setuptools.build_meta'\n\n"
         f"[project]\nname = '{name}'\nversion = '{project.build.version}'\n\n"
         f"[tool.setuptools]\npackages = {{find = {{include = ['{name}', '{name}.*']}}}}\n"
     )
+    return into
+
+
+def _copy_checked(project: CrawlerProject, into: Path) -> Path:
+    """Copy the files the project's hash covers; refuse a project whose files changed since it was read, so that
+    what ships is what its recorded hash names."""
+    try:
+        copied = copy_shipped(project.root, into)
+    except (ProjectError, OSError) as e:
+        raise UsageError(f"crawler project: {e}") from None
+    if copied != project.build.hash:
+        raise UsageError(f"crawler project {project.root}: its files changed while it was shipped: run again")
     return into
 
 
@@ -104,11 +119,10 @@ def install_local(project: CrawlerProject, requirements: str | None, root: Path)
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         staging = Path(tmp) / "site"
         if project.kind == "package":
-            shutil.copytree(
-                project.root, staging / project.build.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-            )
+            _copy_checked(project, staging / project.build.name)
         else:
-            _pip(["install", "-q", "--no-deps", "--target", str(staging), str(project.root)], "install it")
+            source = staged_source(project, Path(tmp) / "src")
+            _pip(["install", "-q", "--no-deps", "--target", str(staging), str(source)], "install it")
         pins = pinned(requirements)
         if pins:
             _pip(["install", "-q", "--no-deps", "--target", str(staging), *pins], "install its requirements")
@@ -169,7 +183,7 @@ def build_wheel(project: CrawlerProject, wheels: Path) -> Path:
     instances' platform (cli.packaging.bundle); this one is built on this machine, so the bundle checks that it is
     pure."""
     with tempfile.TemporaryDirectory() as tmp:
-        source = _plain_package_project(project, Path(tmp) / "src") if project.kind == "package" else project.root
+        source = staged_source(project, Path(tmp) / "src")
         built = Path(tmp) / "wheel"
         _pip(["wheel", "-q", "--no-deps", "--wheel-dir", str(built), str(source)], "build its wheel")
         (wheel,) = built.glob("*.whl")

@@ -4,13 +4,23 @@ hash, its crawlers checked inside it (and nowhere else on the import path), its 
 from __future__ import annotations
 
 import json
+import zipfile
+from pathlib import Path
 
 import pytest
 
-from cli.packaging.crawler_ship import installed_config, pinned, project_of, unmet_requirements
+from cli.main import main
+from cli.packaging.crawler_ship import (
+    build_wheel,
+    install_local,
+    installed_config,
+    pinned,
+    project_of,
+    unmet_requirements,
+)
 from fleet.config.bundle import bundle_mismatch
 from fleet.config.load import dump_config, load_config, parse_config
-from fleet.crawler_project import MAX_FILES, CrawlerProject, ProjectError, content_hash
+from fleet.crawler_project import MAX_FILES, CrawlerProject, ProjectError, content_hash, shipped_files
 from fleet.errors import ConfigError, UsageError
 from tests.helpers.crawler_project import CRAWLER, make_project
 
@@ -176,3 +186,95 @@ def test_unpinned_requirements_are_refused_when_the_config_loads_before_anything
     (tmp_path / "conf" / "requirements.txt").write_text("x==1\n" * 1001)
     with pytest.raises(ConfigError, match="more than 1000 lines"):
         load_config(config_file(tmp_path, crawlers=crawlers))
+
+
+def plain_package(root):
+    """A plain package directory with a subpackage, and the folders a team's checkout holds beside its code."""
+    (root / "sub").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "shop.py").write_text("class Shop:\n    pass\n")
+    (root / "sub" / "__init__.py").write_text("")
+    (root / "sub" / "util.py").write_text("X = 1\n")
+    for skipped in ("build", "dist", "venv", "node_modules", "sub/__pycache__"):
+        (root / skipped).mkdir()
+        (root / skipped / "mod.py").write_text("X = 'not shipped'\n")
+    return root
+
+
+def files_under(root):
+    return {p.relative_to(root) for p in root.rglob("*") if p.is_file()}
+
+
+def test_the_files_hashed_are_the_files_installed_for_the_local_nodes(tmp_path):
+    root = plain_package(tmp_path / "mycrawlers")
+    (root / "alias.py").symlink_to("shop.py")  # a link inside the project ships as the file
+    project = CrawlerProject.at(root)
+    target = install_local(project, None, tmp_path / "installed")
+    installed = files_under(target / "mycrawlers")
+    assert installed == set(shipped_files(root))
+    assert Path("sub/util.py") in installed and Path("alias.py") in installed
+    assert not {p for p in installed if p.parts[0] in ("build", "dist", "venv", "node_modules")}
+    assert (target / "mycrawlers" / "alias.py").read_text() == "class Shop:\n    pass\n"
+    # what the hash leaves out does not ship: a project differing there is the same code, installed once
+    (root / "build" / "mod.py").write_text("X = 'changed'\n")
+    assert CrawlerProject.at(root).build == project.build
+
+
+def test_a_change_to_any_shipped_file_changes_the_hash(tmp_path):
+    root = plain_package(tmp_path / "mycrawlers")
+    (root / "data").mkdir()
+    (root / "data" / "real.txt").write_text("one\n")
+    (root / "alias.txt").symlink_to("data/real.txt")
+    seen = {content_hash(root)}
+    for path, text in (("sub/util.py", "X = 2\n"), ("data/real.txt", "two\n"), ("shop.py", "")):
+        (root / path).write_text(text)
+        seen.add(content_hash(root))
+    (root / "sub" / "new.py").write_text("")
+    seen.add(content_hash(root))
+    assert len(seen) == 5
+    # a link into a folder the walk skips ships its target's content: a change there is a change of the hash
+    (root / "generated.py").symlink_to("build/mod.py")
+    before = content_hash(root)
+    (root / "build" / "mod.py").write_text("X = 'regenerated'\n")
+    assert content_hash(root) != before
+
+
+@pytest.mark.parametrize(
+    ("link", "target", "said"),
+    [
+        ("teamcrawlers/passwd.txt", "/etc/passwd", "a symbolic link to /etc/passwd, outside the crawler project"),
+        ("teamcrawlers/etc", "/etc", "a symbolic link to /etc, outside the crawler project"),
+        ("teamcrawlers/more", ".", "a symbolic link to a directory"),
+        ("teamcrawlers/gone.py", "nowhere.py", "a symbolic link to nothing"),
+    ],
+)
+def test_a_link_that_would_ship_anything_but_a_file_of_the_project_is_refused_in_one_line(
+    tmp_path, monkeypatch, capsys, link, target, said
+):
+    root = make_project(tmp_path / "conf" / "team")
+    (root / link).symlink_to(target)
+    with pytest.raises(ProjectError, match=f"^{root / link}: {said}"):
+        CrawlerProject.at(root)
+    monkeypatch.setenv("GRIDFLEET_HOME", str(tmp_path / "home"))
+    assert main(["validate", "--config", str(config_file(tmp_path))]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, err
+    assert "crawlers.project" in err and f"{root / link}: {said}" in err and "Traceback" not in err
+    assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_only_files_the_hash_covers(tmp_path):
+    root = make_project(tmp_path / "team")
+    (root / "shared").mkdir()
+    (root / "shared" / "helpers.py").write_text("HELP = 1\n")
+    (root / "teamcrawlers" / "helpers.py").symlink_to("../shared/helpers.py")
+    (root / "build" / "lib" / "teamcrawlers").mkdir(parents=True)  # an old build's leftovers
+    (root / "build" / "lib" / "teamcrawlers" / "stale.py").write_text("STALE = 1\n")
+    project = CrawlerProject.at(root)
+    wheel = build_wheel(project, tmp_path / "wheels")
+    with zipfile.ZipFile(wheel) as z:
+        packed = {n: z.read(n) for n in z.namelist() if ".dist-info/" not in n}
+    hashed = {rel.as_posix(): (root / rel).read_bytes() for rel in shipped_files(root)}
+    assert packed == {n: hashed[n] for n in hashed if n.startswith("teamcrawlers/")}
+    assert "teamcrawlers/helpers.py" in packed
