@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 from node.browser import capabilities, chrome_args
 
@@ -35,6 +36,26 @@ OnPage = Callable[[Any, str, int | None], None]
 _STATUS_JS = (
     "const e = performance.getEntriesByType('navigation')[0]; return e && e.responseStatus ? e.responseStatus : null;"
 )
+
+
+#: What a browser strips from both ends of an href before reading it: C0 control characters and space.
+_EDGES = "".join(map(chr, range(0x21)))
+
+
+def web_url(href: Any, page_url: str) -> str | None:
+    """A URL found on a page (an href, a field read from one), made absolute against the page's URL, if it is a
+    web address: http or https, with a host. None for anything else (file:, data:, javascript:, mailto:, blank,
+    not a string), so a page cannot send the crawler's browser to a local file or a script. Every URL a
+    crawler opens after reading it from a page goes through here."""
+    if not isinstance(href, str) or not href.strip(_EDGES):
+        return None
+    try:
+        url = urljoin(page_url, href.strip(_EDGES))
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # a malformed address, e.g. an unclosed IPv6 bracket
+        return None
+    return url if parts.scheme.lower() in ("http", "https") and host else None
 
 
 class CrawlError(Exception):

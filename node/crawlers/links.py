@@ -16,6 +16,7 @@ rate limit) and the detail fields read there are merged into the item; a checkpo
 holding the items done so far and, as its resume point, the current listing page with the listing and detail
 pages counted so far ("<listings> <details> <url>"). A retry reopens that listing page and opens the details of
 its items not saved yet only. An incremental site stops at the first item its last successful crawl had seen.
+Every URL read from a page (next, detail, the checkpoint's) is opened only if `web_url` finds it http(s).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fleet.crawlers import LinksOptions, OptionsError, split_field
-from node.crawler import BaseCrawler, CrawlError
+from node.crawler import BaseCrawler, CrawlError, web_url
 
 #: Reads fields (arguments: a root element, [[name, selector, attribute or null]...]); shared by both scripts.
 _FIELDS_JS = """
@@ -76,7 +77,6 @@ return e && e.href ? e.href : null;
 """
 
 _TOKEN = re.compile(r"([0-9]{1,9}) ([0-9]{1,9}) (.+)", re.DOTALL)
-_WEB = re.compile(r"https?://", re.IGNORECASE)
 
 
 def field_specs(fields: Mapping[str, str]) -> list[list[str | None]]:
@@ -110,11 +110,6 @@ def make_item(raw: Mapping[str, Any], opts: LinksOptions) -> dict[str, Any]:
     return {"id": item_id, **(raw.get("fields") or {})}
 
 
-def detail_url(link: str | None) -> str | None:
-    """The page to open for an item's detail fields: its link, when it is a web address."""
-    return link if link is not None and _WEB.match(link) else None
-
-
 def resume_token(listings: int, details: int, url: str | None) -> str | None:
     """A detail crawl's resume point: the listing page to (re)open and the listing and detail pages so far."""
     return None if url is None else f"{listings} {details} {url}"
@@ -140,8 +135,10 @@ class LinksCrawler(BaseCrawler):
             opts = LinksOptions.read(self.options)
         except OptionsError as e:
             raise CrawlError(str(e)) from None
-        if self.resume:
-            listings, self._details, url = read_token(self.resume.get("next"), self.pages)
+        url: str | None
+        if self.resume:  # a URL the last attempt found on a page
+            listings, self._details, saved = read_token(self.resume.get("next"), self.pages)
+            url = web_url(saved, self.ctx.start_url)
         else:
             listings, self._details, url = 0, 0, self.ctx.start_url
         while url and listings < opts.max_pages:
@@ -151,8 +148,8 @@ class LinksCrawler(BaseCrawler):
                 (make_item(raw, opts), raw) for raw in self._script(_ITEMS_JS, opts.item, field_specs(opts.fields))
             ]
             items, reached = self.fresh(item for item, _ in found)
-            nxt = None if reached or not opts.next else self.driver.execute_script(_NEXT_JS, opts.next)
-            nxt = nxt if listings < opts.max_pages else None
+            last = reached or not opts.next or listings >= opts.max_pages
+            nxt = None if last else web_url(self.driver.execute_script(_NEXT_JS, opts.next), url)
             if opts.detail is None:
                 yield from items
                 self.save(nxt, items)
@@ -176,7 +173,7 @@ class LinksCrawler(BaseCrawler):
         specs, limit = field_specs(opts.detail.fields), opts.detail.max_pages
         pending: list[dict[str, Any]] = []
         for n, item in enumerate(items):
-            link = detail_url(links.get(str(item["id"])))
+            link = web_url(links.get(str(item["id"])), url)
             opened = link is not None and (limit is None or self._details < limit)
             if opened and link is not None:  # `opened` says so; spelled out for the type checker
                 self.open(link)

@@ -12,7 +12,6 @@ from fleet.config.load import parse_config
 from fleet.crawlers import LinksOptions, OptionsError, split_field
 from fleet.errors import ConfigError
 from node.crawlers.links import (
-    detail_url,
     field_specs,
     item_link,
     link_field,
@@ -125,13 +124,6 @@ def test_an_items_link_is_the_named_field_else_its_own_href_else_the_first_href_
     assert item_link(raw(url="http://s.test/own", fields={"a": "http://s.test/a"}), own) == "http://s.test/own"
     assert item_link(raw(fields={"a": "http://s.test/a", "b": "http://s.test/b"}), own) == "http://s.test/a"
     assert item_link(raw(fields={"t": "x"}), LinksOptions.read({"fields": {"t": "h2"}})) is None
-
-
-def test_only_web_addresses_are_opened_for_details():
-    assert detail_url("https://s.test/a") == "https://s.test/a"
-    assert detail_url("HTTP://s.test/a") == "HTTP://s.test/a"
-    for link in (None, "", "mailto:x@s.test", "javascript:alert(1)", "about:blank", "file:///etc/passwd"):
-        assert detail_url(link) is None
 
 
 def test_a_detail_crawls_resume_point_counts_listing_and_detail_pages():
