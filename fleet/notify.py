@@ -146,8 +146,11 @@ def send_all(channels: Iterable[Channel], message: Message, *, run_id: str) -> l
 
 def redact_url(url: str) -> str:
     """What of a secret URL may be logged: its scheme and host (the path and query hold the secret)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname or '?'}/..."
+    try:
+        parts = urlsplit(url)
+        return f"{parts.scheme}://{parts.hostname or '?'}/..."
+    except ValueError:  # a malformed IPv6 host: still a name to log, not a failure of the run
+        return "?://?/..."
 
 
 def slack_escape(text: str) -> str:

@@ -3,7 +3,8 @@
 Each send is one bounded try: the webhook one POST with `notify.timeout_s` on the connection and each read, no
 redirect followed, no retry; SNS one `Publish` through a client that makes at most two attempts. Failures come
 back to `fleet.notify.send_all`, which logs them and goes on. The webhook URL is a secret: it lives only in the
-channel, which names itself and its errors by scheme and host alone.
+channel, which names itself by scheme and host alone and its errors by status, class or the OS's words, never
+by an exception's text (urllib's quote the URL).
 
 The hub's executor imports this module, and the simulator runs that hub without boto3: the AWS clients (and the
 bucket's archive) are made, and boto3 loaded, only when a message is sent.
@@ -73,18 +74,29 @@ class WebhookChannel:
 
     def send(self, message: Message) -> None:
         body = json.dumps(message.slack()).encode()
-        req = urllib.request.Request(
-            self._url, data=body, method="POST", headers={"Content-Type": "application/json; charset=utf-8"}
-        )
         try:
+            req = urllib.request.Request(
+                self._url, data=body, method="POST", headers={"Content-Type": "application/json; charset=utf-8"}
+            )
             with self._opener.open(req, timeout=self.timeout_s) as answer:
                 answer.read(MAX_ANSWER_BYTES)
-        except urllib.error.HTTPError as e:
-            raise NotifyFailed(f"HTTP {e.code} {e.reason}") from None
-        except urllib.error.URLError as e:
-            raise NotifyFailed(f"cannot reach it: {e.reason}") from None
-        except (TimeoutError, OSError) as e:  # the answer's read timed out or broke off
-            raise NotifyFailed(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
+        except Exception as e:  # noqa: BLE001 - whatever urllib or http.client raise, their text may quote the URL
+            raise NotifyFailed(failure_reason(e)) from None
+
+
+def failure_reason(e: BaseException) -> str:
+    """Why a webhook send failed, in words that cannot hold its URL: an HTTP status, an exception's class, the
+    operating system's text for a socket error. Never an exception's own message: urllib's and http.client's
+    quote the URL (`InvalidURL`, `ValueError`), userinfo, path and query included."""
+    if isinstance(e, urllib.error.HTTPError):
+        return f"HTTP {e.code}"  # not its reason phrase: that is the receiver's text
+    if isinstance(e, urllib.error.URLError):
+        return "cannot reach it: " + (failure_reason(e.reason) if isinstance(e.reason, BaseException) else "URLError")
+    if isinstance(e, TimeoutError):
+        return "TimeoutError: timed out"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{type(e).__name__}: {e.strerror}"
+    return type(e).__name__
 
 
 def channels(notify: NotifyConfig, sns_client: Any | None) -> list[Channel]:

@@ -163,6 +163,8 @@ class NotifyConfig(_Model):
             parts = urlsplit(v.get_secret_value())
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError("must be an http(s) URL")  # the value itself is not repeated: it is a secret
+            if "@" in parts.netloc:  # urllib would send no Basic auth from it, and its errors quote the URL
+                raise ValueError("must not hold credentials (user:password@ before the host)")
         return v
 
     @property

@@ -207,6 +207,17 @@ def test_bad_input_is_one_line_exit_2_no_traceback_and_bounded(tmp_path, cli, na
     assert {m for m in case.gone if m in sys.modules} == imported_before, "the command imported a crawler's module"
 
 
+def test_a_webhook_url_with_credentials_is_refused_without_echoing_them(tmp_path, cli):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(SITE + "notify: {webhook_url: 'https://bot:hunter2@hooks.example/services/s3cr3t?token=t0k'}\n")
+    code, out, err, _, _ = cli(["validate", "--config", str(path)])
+    assert code == 2 and out == "" and "Traceback" not in err
+    (line,) = err.splitlines()
+    assert f"{path}:2: notify.webhook_url: must not hold credentials" in line
+    assert not any(part in line for part in ("hunter2", "bot:", "s3cr3t", "t0k"))
+    assert not (tmp_path / "home").exists()  # nothing started
+
+
 def test_merge_keys_merge_as_yaml_says_explicit_keys_first_then_the_sources_in_order(tmp_path, cli):
     from fleet.config.load import load_config
 

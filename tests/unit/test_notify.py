@@ -140,6 +140,8 @@ def test_notify_is_read_and_off_by_default():
         ("{sns_topic_arn: 'arn:aws:sns:ap-northeast-2:1234:t'}", "notify.sns_topic_arn", "SNS topic ARN"),
         ("{webhook_url: 'ftp://hooks.example/x'}", "notify.webhook_url", "http(s) URL"),
         ("{webhook_url: 'hooks.example/x'}", "notify.webhook_url", "http(s) URL"),
+        ("{webhook_url: 'https://u:p@hooks.example/x'}", "notify.webhook_url", "must not hold credentials"),
+        ("{webhook_url: 'https://u@hooks.example/x'}", "notify.webhook_url", "must not hold credentials"),
         ("{timeout_s: 0}", "notify.timeout_s", "greater than 0"),
         ("{email: a@b.c}", "notify.email", "unknown key"),
     ],
@@ -151,10 +153,11 @@ def test_a_bad_notify_value_is_one_error_naming_the_field(notify, field, words):
     assert line.startswith(f"fleet.yaml:1: {field}: ") and words in line
 
 
-def test_a_bad_webhook_url_is_not_repeated_in_the_error():
+@pytest.mark.parametrize("url", [f"ftp://hooks.example{SECRET_PATH}", f"https://bot:hunter2@hooks.example{SECRET_PATH}"])
+def test_a_bad_webhook_url_is_not_repeated_in_the_error(url):
     with pytest.raises(ConfigError) as e:
-        load(f"{{webhook_url: 'ftp://hooks.example{SECRET_PATH}'}}")
-    assert SECRET_PATH not in str(e.value)
+        load(f"{{webhook_url: '{url}'}}")
+    assert SECRET_PATH not in str(e.value) and "hunter2" not in str(e.value)
 
 
 def test_the_webhook_url_is_masked_and_never_dumped():
@@ -280,6 +283,34 @@ def test_an_unreachable_webhook_is_logged_not_raised(caplog):
     assert sent == []
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "notify-failed" in logged and "cannot reach it" in logged and SECRET_PATH not in logged
+
+
+def closed_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]  # closed again: nothing listens there
+
+
+@pytest.mark.parametrize(
+    "url, secrets",
+    [
+        ("http://bot:hunter2@127.0.0.1:{port}/hook/s3cr3t?token=t0k", ["bot:", "hunter2", "s3cr3t", "t0k"]),
+        ("http://127.0.0.1:{port}/hook/s3cr3t?token=t0k", ["s3cr3t", "t0k"]),
+        ("http://127.0.0.1:{port}/hook/s3cr3t\n?token=t0k", ["s3cr3t", "t0k"]),  # http.client: InvalidURL
+        ("http://127.0.0.1:{port}/hook/s3cr3t t0k", ["s3cr3t", "t0k"]),  # http.client: InvalidURL
+        ("http://127.0.0.1:{port}/hook/s3cr3t\u00e9?token=t0k", ["s3cr3t", "t0k"]),  # UnicodeEncodeError
+        ("http://[::1/hook/s3cr3t?token=t0k", ["s3cr3t", "t0k"]),  # urllib.parse: ValueError
+    ],
+)
+def test_a_failing_webhook_send_logs_no_part_of_its_secret(caplog, url, secrets):
+    """The channel is called directly: load refuses some of these URLs, and the sender must hold on its own."""
+    channel = WebhookChannel(url.format(port=closed_port()), timeout_s=2)
+    with caplog.at_level(logging.DEBUG):
+        sent = send_all([channel], Message("s", "t"), run_id="r1")
+    assert sent == []
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    (failed,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("notify-failed")]
+    assert "error=" in failed
+    assert not [part for part in secrets if part in logged], logged
 
 
 class NoRuns:
