@@ -3,6 +3,11 @@
 `site_entry` is shared with `gridfleet status --json`, so both print sites in
 the same shape. The ids that name the exported files are read back from the
 table, which nodes write to: each is checked again before it becomes a path.
+
+An export of a run id replaces an earlier one (`results/`, `evidence/`), and
+its reads from the bucket may fail: each directory is written beside the one it
+replaces and swapped in only when every read for it succeeded, so a failed
+re-export leaves the earlier directory as it was.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -102,28 +108,67 @@ def export(out_dir: Path, summary: dict[str, Any], sites: list[SiteRecord], resu
         log.error("export-refused error=%s", e)
         raise
     run_dir = (out_dir / run_id).resolve()
-    results_dir = run_dir / "results"
-    shutil.rmtree(results_dir, ignore_errors=True)  # an earlier export of this run id is replaced whole
-    for r in sites:
-        if r.run_status is not RunStatus.COMPLETED or not r.result_key:
-            continue
-        if not is_site_id(r.site):
-            log.error("export-skipped site=%r why=not a site id", r.site)
-            continue
-        target = (results_dir / f"{r.site}.json").resolve()
-        if target.parent != results_dir:
-            log.error("export-skipped site=%s why=%s is outside %s", r.site, target, results_dir)
-            continue
-        try:
-            body = results.get(r.result_key)
-        except Exception as e:  # one unreadable result must not lose the summary
-            log.error("export-failed site=%s key=%s error=%s", r.site, r.result_key, e)
-            continue
-        results_dir.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(body)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with Staged(run_dir, "results") as staged:
+        for r in sites:
+            if r.run_status is not RunStatus.COMPLETED or not r.result_key:
+                continue
+            if not is_site_id(r.site):
+                log.error("export-skipped site=%r why=not a site id", r.site)
+                continue
+            target = (staged.dir / f"{r.site}.json").resolve()
+            if target.parent != staged.dir:
+                log.error("export-skipped site=%s why=%s is outside %s", r.site, target, staged.final)
+                continue
+            try:
+                body = results.get(r.result_key)
+            except Exception as e:  # one unreadable result must not lose the summary
+                log.error("export-failed site=%s key=%s error=%s", r.site, r.result_key, e)
+                staged.failed = True
+                continue
+            target.write_bytes(body)
     export_evidence(run_dir, str(summary.get("run_date") or ""), run_id, sites, results)
     write_json(run_dir / "summary.json", summary)
     return out_dir / run_id / "summary.json"
+
+
+class Staged:
+    """One directory of a run's export (`results/`, `evidence/`) as it is written: in a new directory beside the
+    one it replaces (`.<name>.new-*`), swapped in as the `with` block ends, removed if it raises. A read that
+    failed (`failed`) keeps an earlier export whole instead; with none, what was read is the export."""
+
+    def __init__(self, run_dir: Path, name: str):
+        self.final = run_dir / name
+        self.dir = run_dir / f".{name}.new-{uuid.uuid4().hex}"
+        self.dir.mkdir()  # as the export always made its directories (mkdtemp's would be private to the hub's user)
+        self.failed = False
+
+    def __enter__(self) -> Staged:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None:  # the export broke off: what it wrote goes, an earlier export stays
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            self.finish()
+
+    def finish(self) -> None:
+        earlier = self.final.exists() or self.final.is_symlink()
+        if self.failed and earlier:
+            log.error("export-kept-previous dir=%s why=a read from the bucket failed; export again", self.final)
+            shutil.rmtree(self.dir)
+            return
+        old = self.final.with_name(f".{self.final.name}.old-{uuid.uuid4().hex}")
+        if earlier:  # renamed away first and removed last: never a moment with neither export on disk
+            self.final.rename(old)  # a symlink is moved as the link, never followed
+        if any(self.dir.iterdir()):
+            self.dir.rename(self.final)
+        else:
+            self.dir.rmdir()  # nothing exported: no directory
+        if old.is_symlink() or not old.is_dir():
+            old.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(old)
 
 
 #: Attempt outcomes that leave no evidence (the others may: errors, hangs, kills).
@@ -134,30 +179,32 @@ def export_evidence(run_dir: Path, run_date: str, run_id: str, sites: list[SiteR
     """`<run_dir>/evidence/<site>/<attempt>/<file>` for every site with an attempt that did not end cleanly: one
     listing per such site. Keys are parsed back to (attempt, one of EVIDENCE_FILES) and the ids checked again, so
     nothing lands outside `evidence/`."""
-    out = run_dir / "evidence"
-    shutil.rmtree(out, ignore_errors=True)  # an earlier export of this run id is replaced whole
-    for r in sites:
-        if all(a.outcome in CLEAN_OUTCOMES for a in r.attempts):
-            continue
-        try:
-            prefix = evidence_prefix(r.site, run_date, run_id)
-            keys = results.keys(prefix)
-        except ValueError as e:
-            log.error("evidence-skipped site=%r why=%s", r.site, e)
-            continue
-        except Exception as e:  # evidence is a help: one unreadable listing must not lose the summary
-            log.error("evidence-failed site=%s error=%s", r.site, e)
-            continue
-        for key in keys:
-            parsed = parse_evidence_key(prefix, key)
-            if parsed is None:
+    with Staged(run_dir, "evidence") as staged:
+        out = staged.dir
+        for r in sites:
+            if all(a.outcome in CLEAN_OUTCOMES for a in r.attempts):
                 continue
-            attempt, name = parsed
             try:
-                body = results.get(key)
-            except Exception as e:
-                log.error("evidence-failed site=%s key=%s error=%s", r.site, key, e)
+                prefix = evidence_prefix(r.site, run_date, run_id)
+                keys = results.keys(prefix)
+            except ValueError as e:
+                log.error("evidence-skipped site=%r why=%s", r.site, e)
                 continue
-            target = out / r.site / str(attempt) / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(body)
+            except Exception as e:  # evidence is a help: one unreadable listing must not lose the summary
+                log.error("evidence-failed site=%s error=%s", r.site, e)
+                staged.failed = True
+                continue
+            for key in keys:
+                parsed = parse_evidence_key(prefix, key)
+                if parsed is None:
+                    continue
+                attempt, name = parsed
+                try:
+                    body = results.get(key)
+                except Exception as e:
+                    log.error("evidence-failed site=%s key=%s error=%s", r.site, key, e)
+                    staged.failed = True
+                    continue
+                target = out / r.site / str(attempt) / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(body)
