@@ -94,6 +94,22 @@ def parse_evidence_key(prefix: str, key: str) -> tuple[int, str] | None:
     return (int(attempt), name) if name in EVIDENCE_FILES else None
 
 
+#: Media types a browser opens as a document, scripts and all.
+DOCUMENT_TYPES = frozenset({"text/html", "application/xhtml+xml", "image/svg+xml", "text/xml", "application/xml"})
+#: How a file the crawled page wrote is stored: as text, to be downloaded.
+PAGE_TEXT = "text/plain; charset=utf-8"
+
+
+def evidence_headers(key: str, content_type: str) -> dict[str, str]:
+    """The object headers an evidence file is stored with. The page's own HTML (`page.html`), or anything a
+    browser would open as a document, is stored as plain text to download: opened from the bucket as HTML it
+    would run the crawled page's scripts on the bucket's origin, which is the run report's."""
+    media = content_type.partition(";")[0].strip().lower()
+    if key.rpartition("/")[2] == "page.html" or media in DOCUMENT_TYPES:
+        return {"ContentType": PAGE_TEXT, "ContentDisposition": "attachment"}
+    return {"ContentType": content_type}
+
+
 def aside_key(key: str, suffix: str) -> str:
     """`site/20261121/result.json` -> `site/20261121/result.replaced-<suffix>.json` (kept, no longer the result)."""
     stem, dot, ext = key.rpartition(".")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.protocol import CrawlEndKind
-from fleet.results import ResultStore, evidence_key
+from fleet.results import PAGE_TEXT, ResultStore, evidence_key
 
 #: The time all calls of one capture share; the attempt's kill never waits for it (the crawler is killed first).
 CAPTURE_BUDGET_S = 5.0
@@ -47,7 +47,7 @@ SESSION_ID_RE = re.compile(r"[A-Za-z0-9-]{1,128}")
 SCREENSHOT, HTML, CONSOLE, RECORD = "screenshot.png", "page.html", "console.json", "evidence.json"
 CONTENT_TYPES = {
     SCREENSHOT: "image/png",
-    HTML: "text/html; charset=utf-8",
+    HTML: PAGE_TEXT,  # the page's own HTML, kept as text: never served as a page (fleet.results.evidence_headers)
     CONSOLE: "application/json",
     RECORD: "application/json",
 }

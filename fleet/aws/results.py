@@ -3,7 +3,9 @@
 `put_new` writes with `IfNoneMatch="*"`: of two writers (a zombie node and the
 attempt that replaced it) exactly one result lands and nothing is overwritten.
 Results and evidence carry `RESULT_TAG`, checkpoint parts `PART_TAG`: the
-bucket's expiry rules select objects by them.
+bucket's expiry rules select objects by them. The page's HTML in evidence is
+stored as plain text to download (`fleet.results.evidence_headers`), never as
+a page of the bucket's origin.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
 from fleet.errors import MissingResource
-from fleet.results import aside_key
+from fleet.results import aside_key, evidence_headers
 
 #: Every result carries this tag: the bucket's expiry rule selects results by it (results share no key prefix,
 #: and the bundle and configs live in the same bucket).
@@ -64,7 +66,8 @@ class S3ResultStore:
 
     def put_evidence(self, key: str, body: bytes, content_type: str) -> None:
         # Tagged as a result: the bucket's expiry rule takes evidence with the results it explains.
-        self._c.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type, Tagging=RESULT_TAG)
+        headers = evidence_headers(key, content_type)
+        self._c.put_object(Bucket=self.bucket, Key=key, Body=body, Tagging=RESULT_TAG, **headers)
 
     def put_part(self, key: str, body: bytes) -> None:
         self._c.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json", Tagging=PART_TAG)
