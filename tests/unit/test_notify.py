@@ -153,7 +153,9 @@ def test_a_bad_notify_value_is_one_error_naming_the_field(notify, field, words):
     assert line.startswith(f"fleet.yaml:1: {field}: ") and words in line
 
 
-@pytest.mark.parametrize("url", [f"ftp://hooks.example{SECRET_PATH}", f"https://bot:hunter2@hooks.example{SECRET_PATH}"])
+@pytest.mark.parametrize(
+    "url", [f"ftp://hooks.example{SECRET_PATH}", f"https://bot:hunter2@hooks.example{SECRET_PATH}"]
+)
 def test_a_bad_webhook_url_is_not_repeated_in_the_error(url):
     with pytest.raises(ConfigError) as e:
         load(f"{{webhook_url: '{url}'}}")
