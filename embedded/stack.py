@@ -8,7 +8,11 @@ at the end. Every component listens on 127.0.0.1 and carries the stack's
 marker, so `down` finds and kills them, and any node still running, by marker.
 The demo sites' reset and the emulator's spot notices change state: they answer
 only requests carrying the stack's own random token, kept in `stack.json`
-(readable by its owner only).
+(readable by its owner only). The Grid takes only nodes that show the stack's
+Grid secret, and only clients that show its router credentials: the secret is
+made when the stack starts, kept in `stack.json` and in `grid-secret` beside it
+(both mode 0600, whose path local nodes are given), and reaches the Grid hub in
+its config file `grid-hub.toml` (0600), never on a command line.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 
 from fleet import procs
 from fleet.errors import MissingResource, StackError
+from fleet.grid_auth import GridSecret, grid_request, hub_toml, write_private
 from fleet.httpd import TOKEN_ENV
 
 PREFERRED_PORTS = {"moto": 5000, "grid": 4444, "grid_publish": 4442, "grid_subscribe": 4443, "demo": 8800, "imds": 8169}
@@ -68,6 +73,11 @@ class StackState:
     components: dict[str, Component]
     started_at: float
     token: str = ""  # what the demo server's reset and the emulator's spot notices must carry (X-Gridfleet-Token)
+    grid_secret: str = field(default="", repr=False)  # the Grid's (fleet.grid_auth); "": a stack from before it
+
+    @property
+    def secret(self) -> GridSecret | None:
+        return GridSecret(self.grid_secret) if self.grid_secret else None
 
     @property
     def moto_url(self) -> str:
@@ -132,6 +142,16 @@ class LocalStack:
         return self.dir / "stack.json"
 
     @property
+    def grid_secret_file(self) -> Path:
+        """The Grid secret, for local nodes (mode 0600)."""
+        return self.dir / "grid-secret"
+
+    @property
+    def grid_config_file(self) -> Path:
+        """The Grid hub's config: its registration secret and router credentials (mode 0600)."""
+        return self.dir / "grid-hub.toml"
+
+    @property
     def instances_dir(self) -> Path:
         return self.dir / "instances"
 
@@ -151,7 +171,8 @@ class LocalStack:
         st = self.read_state()
         if st is None or st.stack_id != self.stack_id:
             return None
-        if all(c.alive for c in st.components.values()) and all(_healthy(c) for c in st.components.values()):
+        healthy = all(_healthy(c, st.secret) for c in st.components.values())
+        if all(c.alive for c in st.components.values()) and healthy and self._secret_kept(st):
             return st
         return None
 
@@ -170,6 +191,9 @@ class LocalStack:
         self.efs_root.mkdir(parents=True, exist_ok=True)
         logs = self.dir / "logs"
         token = secrets.token_urlsafe(32)
+        grid_secret = GridSecret.make()
+        grid_secret.write(self.grid_secret_file)
+        write_private(self.grid_config_file, hub_toml(grid_secret))
         started: dict[str, Component] = {}
         try:
             with _choosing_ports():
@@ -183,11 +207,11 @@ class LocalStack:
                         extra_env={TOKEN_ENV: token} if name in ("demo", "imds") else None,
                     )
                     started[name] = Component(name, p.pid, procs.start_ticks(p.pid), url, extra)
-                _await_healthy(started.values(), logs, timeout_s)
+                _await_healthy(started.values(), logs, timeout_s, grid_secret)
         except BaseException:
             self.down(quiet=True)
             raise
-        st = StackState(self.stack_id, str(self.dir), owner_run, started, time.time(), token)
+        st = StackState(self.stack_id, str(self.dir), owner_run, started, time.time(), token, grid_secret.value)
         self._write_state(st)
         return st
 
@@ -210,6 +234,8 @@ class LocalStack:
                     "-jar",
                     str(self.grid_jar),
                     "hub",
+                    "--config",
+                    str(self.grid_config_file),
                     "--host",
                     "127.0.0.1",
                     "--port",
@@ -241,12 +267,14 @@ class LocalStack:
         ]
 
     def _write_state(self, st: StackState) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)  # created afresh below: with mode 0600 from its first byte
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(st.to_json())
-        os.replace(tmp, self.state_file)
+        write_private(self.state_file, st.to_json())
+
+    def _secret_kept(self, st: StackState) -> bool:
+        """Whether the nodes' copy of the Grid secret is the stack's (a stack from before the secret has none)."""
+        try:
+            return st.secret is not None and GridSecret.read(self.grid_secret_file) == st.secret
+        except MissingResource:
+            return False
 
     def status(self) -> list[tuple[str, str, str, int | None]]:
         """(component, state, url, pid) for each component, plus live local nodes."""
@@ -255,7 +283,7 @@ class LocalStack:
         if st is None:
             return [(n, "stopped", "-", None) for n in ("moto", "grid", "demo", "imds")]
         for c in st.components.values():
-            state = ("up" if _healthy(c) else "not answering") if c.alive else "stopped"
+            state = ("up" if _healthy(c, st.secret) else "not answering") if c.alive else "stopped"
             rows.append((c.name, state, c.url, c.pid))
         nodes = {
             p.markers.get("GRIDFLEET_INSTANCE")
@@ -269,10 +297,8 @@ class LocalStack:
     def down(self, quiet: bool = False) -> int:
         """Kill every process of the stack (components, nodes, browsers); return how many."""
         n = procs.kill_tree(lambda ps: [p for p in ps if p.markers.get("GRIDFLEET_STACK") == self.stack_id])
-        try:
-            self.state_file.unlink()
-        except FileNotFoundError:
-            pass
+        for f in (self.state_file, self.grid_secret_file, self.grid_config_file):
+            f.unlink(missing_ok=True)
         if not quiet:
             self.progress(f"stopped {n} processes")
         return n
@@ -294,11 +320,11 @@ def _choosing_ports() -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _await_healthy(components: Iterable[Component], logs: Path, timeout_s: float) -> None:
+def _await_healthy(components: Iterable[Component], logs: Path, timeout_s: float, secret: GridSecret) -> None:
     """Wait until each component answers; StackError if one exits or `timeout_s` passes first."""
     deadline = time.monotonic() + timeout_s
     for c in components:
-        while not _healthy(c):
+        while not _healthy(c, secret):
             if not c.alive:
                 raise StackError(f"{c.name} exited while starting; see {logs / (c.name + '.log')}")
             if time.monotonic() > deadline:
@@ -308,10 +334,12 @@ def _await_healthy(components: Iterable[Component], logs: Path, timeout_s: float
             time.sleep(0.2)
 
 
-def _healthy(c: Component) -> bool:
+def _healthy(c: Component, secret: GridSecret | None) -> bool:
+    """Whether `c` answers; the Grid's /status, with the stack's credentials (a Grid that refuses them is not
+    the stack's)."""
     path = {"moto": "/moto-api/", "grid": "/status", "demo": "/_stats", "imds": "/_health"}.get(c.name, "/")
     try:
-        with urllib.request.urlopen(c.url + path, timeout=2) as r:
+        with urllib.request.urlopen(grid_request(c.url + path, secret if c.name == "grid" else None), timeout=2) as r:
             return 200 <= r.status < 300  # the Grid says "not ready" until a node registers: answering is enough
     except (OSError, ValueError):
         return False

@@ -182,6 +182,7 @@ class Attempt:
             "attempt": rec.attempt,
             "node_id": s.instance_id,
             "grid_url": s.grid_url,
+            "grid_secret_file": s.grid_secret_file,  # a path: the secret itself never travels in a job
             "profile_dir": str(profile),
             "chromium": s.chromium,
             "chrome_args": list(s.chrome_args),

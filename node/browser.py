@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet import procs
+from fleet.grid_auth import GridSecret, grid_request
 from node.evidence import SESSION_ID_RE
 
 log = logging.getLogger("gridfleet.node")
@@ -146,9 +147,9 @@ def kill_browser(profile_dir: Path) -> int:
     return procs.kill_tree(select, grace_s=1.0)
 
 
-def end_session(grid_url: str, session_id: str, timeout_s: float = 10) -> bool:
+def end_session(grid_url: str, session_id: str, timeout_s: float = 10, secret: GridSecret | None = None) -> bool:
     """Ask the Grid to end a session (after its browser was killed, this just frees the slot)."""
-    req = urllib.request.Request(f"{grid_url.rstrip('/')}/session/{session_id}", method="DELETE")
+    req = grid_request(f"{grid_url.rstrip('/')}/session/{session_id}", secret, method="DELETE")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             return 200 <= r.status < 300
@@ -164,20 +165,22 @@ SETTLE_S = 30.0
 RESERVED = "reserved"  # the Grid's session id of a slot whose session is being created
 
 
-def _grid_status(grid_url: str, timeout_s: float) -> dict[str, Any] | None:
-    """The Grid's `/status` document, or None when it does not answer with a JSON object."""
+def _grid_status(grid_url: str, timeout_s: float, secret: GridSecret | None) -> dict[str, Any] | None:
+    """The Grid's `/status` document, or None when it does not answer with a JSON object (or refuses us)."""
     try:
-        with urllib.request.urlopen(f"{grid_url.rstrip('/')}/status", timeout=timeout_s) as r:
+        with urllib.request.urlopen(grid_request(f"{grid_url.rstrip('/')}/status", secret), timeout=timeout_s) as r:
             status = json.loads(r.read())
     except (OSError, ValueError):
         return None
     return status if isinstance(status, dict) else None
 
 
-def node_sessions(grid_url: str, node_id: str, timeout_s: float = 2) -> list[tuple[str, str | None]] | None:
+def node_sessions(
+    grid_url: str, node_id: str, timeout_s: float = 2, secret: GridSecret | None = None
+) -> list[tuple[str, str | None]] | None:
     """The sessions in this node's Grid slots as (session id, Chromium's user data dir); the id is `RESERVED` while
     the session is being created. None when the Grid does not answer."""
-    status = _grid_status(grid_url, timeout_s)
+    status = _grid_status(grid_url, timeout_s, secret)
     if status is None:
         return None
     out: list[tuple[str, str | None]] = []
@@ -199,6 +202,7 @@ def settle_browser(
     monotonic: Callable[[], float],
     sleep: Callable[[float], None],
     settle_s: float = SETTLE_S,
+    secret: GridSecret | None = None,
 ) -> str | None:
     """After a crawler killed before it named its session: none of this node's sessions is still being created,
     each one on `profile` is ended, and no Chromium is left on it. Return what could not be made so, or None.
@@ -208,13 +212,13 @@ def settle_browser(
     this node still being created now is that one."""
     end = monotonic() + settle_s
     while True:
-        sessions = node_sessions(grid_url, node_id)
+        sessions = node_sessions(grid_url, node_id, secret=secret)
         if sessions is None:
             problem = "the Grid did not answer"
         else:
             for session_id, data_dir in sessions:
                 if SESSION_ID_RE.fullmatch(session_id) and data_dir == str(profile):  # an id read back: checked
-                    end_session(grid_url, session_id)
+                    end_session(grid_url, session_id, secret=secret)
             if not any(sid == RESERVED or d == str(profile) for sid, d in sessions):
                 kill_browser(profile)
                 return None
@@ -225,9 +229,9 @@ def settle_browser(
         sleep(0.2)
 
 
-def grid_node_ready(grid_url: str, node_id: str, timeout_s: float = 2) -> bool:
+def grid_node_ready(grid_url: str, node_id: str, timeout_s: float = 2, secret: GridSecret | None = None) -> bool:
     """Whether the Grid lists an UP node whose stereotype carries `gridfleet:node=<node_id>`."""
-    status = _grid_status(grid_url, timeout_s)
+    status = _grid_status(grid_url, timeout_s, secret)
     if status is None:
         return False
     for node in status.get("value", {}).get("nodes", []):

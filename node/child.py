@@ -18,8 +18,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from fleet.grid_auth import GridSecret
 from node.crawler import CrawlContext, CrawlError
 from node.registry import load_crawler
 
@@ -69,6 +71,7 @@ def context(job: dict[str, Any], emit: Callable[..., None]) -> CrawlContext:
         checkpoint=job.get("checkpoint"),
         mark=tuple(job.get("mark") or ()),
         pace=pacer(job.get("rate_limit")),
+        grid_secret=GridSecret.read(Path(job["grid_secret_file"])) if job.get("grid_secret_file") else None,
     )
 
 

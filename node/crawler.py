@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from fleet.grid_auth import GRID_USER, GridSecret
 from node.browser import capabilities, chrome_args
 
 Emit = Callable[..., None]
@@ -79,6 +80,7 @@ class CrawlContext:
     mark: tuple[str, ...] = ()  # incremental: item ids seen by the last successful crawl
     pace: Callable[[], None] = field(default=lambda: None, repr=False)  # wait for a rate-limit slot
     on_page: OnPage | None = field(default=None, repr=False)  # `gridfleet crawl`'s page lines and screenshots
+    grid_secret: GridSecret | None = field(default=None, repr=False)  # the router's credentials come from it
 
 
 class BaseCrawler(abc.ABC):
@@ -118,9 +120,20 @@ class BaseCrawler(abc.ABC):
             opts.add_experimental_option("prefs", chrome["prefs"])
             for key in ("browserName", "gridfleet:node", "timeouts", "goog:loggingPrefs"):
                 opts.set_capability(key, caps[key])
-            self._driver = webdriver.Remote(command_executor=self.ctx.grid_url, options=opts)
+            self._driver = webdriver.Remote(
+                command_executor=self.ctx.grid_url, options=opts, client_config=self._client_config()
+            )
             self.ctx.emit(event="session", id=self._driver.session_id)
         return self._driver
+
+    def _client_config(self) -> Any:
+        """The router's basic-auth credentials, in the client's config (never in the URL, which errors name)."""
+        secret = self.ctx.grid_secret
+        if secret is None:
+            return None
+        from selenium.webdriver.remote.client_config import ClientConfig
+
+        return ClientConfig(self.ctx.grid_url, username=GRID_USER, password=secret.password)
 
     def close(self) -> None:
         if self._driver is not None:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.grid_auth import GridSecret, grid_request
 from fleet.protocol import CrawlEndKind
 from fleet.results import PAGE_TEXT, ResultStore, evidence_key
 
@@ -128,8 +129,16 @@ def png_of(value: object) -> bytes | None:
 class _Session:
     """WebDriver calls on one session, each with the time left of a shared budget as its HTTP timeout."""
 
-    def __init__(self, grid_url: str, session_id: str, budget_s: float, monotonic: Callable[[], float]):
+    def __init__(
+        self,
+        grid_url: str,
+        session_id: str,
+        budget_s: float,
+        monotonic: Callable[[], float],
+        secret: GridSecret | None = None,
+    ):
         self.base = f"{grid_url.rstrip('/')}/session/{session_id}"
+        self.secret = secret
         self.monotonic = monotonic
         self.start = monotonic()
         self.deadline = self.start + budget_s
@@ -139,7 +148,7 @@ class _Session:
         if left <= 0:
             raise NoAnswer("the capture's time budget is spent")
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.base}/{path}", data=data, method=method)
+        req = grid_request(f"{self.base}/{path}", self.secret, method=method, data=data)
         req.add_header("Content-Type", "application/json; charset=utf-8")
         try:
             with urllib.request.urlopen(req, timeout=left) as r:  # noqa: S310 - the Grid's http URL
@@ -166,11 +175,12 @@ def capture(
     session_id: str,
     budget_s: float = CAPTURE_BUDGET_S,
     monotonic: Callable[[], float] = time.monotonic,
+    secret: GridSecret | None = None,
 ) -> Evidence:
     """What the session's browser shows now, within `budget_s` in all; never raises for what the browser does."""
     if not SESSION_ID_RE.fullmatch(session_id):
         return Evidence(answered=False, why=f"{session_id[:80]!r} is not a WebDriver session id")
-    s = _Session(grid_url, session_id, budget_s, monotonic)
+    s = _Session(grid_url, session_id, budget_s, monotonic, secret)
     ev = Evidence(answered=False)
     try:
         url = s.call("GET", "url")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet import procs
+from fleet.grid_auth import REGISTRATION_REFUSED, GridSecret, write_private
 from node.browser import NODE_CAPABILITY, grid_node_ready
 
 log = logging.getLogger("gridfleet.node")
@@ -57,16 +58,22 @@ class GridNodeSpec:
     port: int = 0  # 0: a free port
     java: str = "java"
     session_timeout_s: int = 300
+    secret: GridSecret | None = None  # the Grid's: its registration secret goes in the node's config file
+    #: how long the Grid node sends its registration before it gives up (and says REGISTRATION_REFUSED)
+    register_period_s: int = 80  # under the 90 s `start` waits: a refused node says so before it times out
+    register_cycle_s: int = 10
 
 
 def render_toml(spec: GridNodeSpec, node_id: str, port: int) -> str:
     stereotype = json.dumps({"browserName": spec.browser_name, "platformName": "linux", NODE_CAPABILITY: node_id})
     q = json.dumps  # TOML basic strings accept JSON string escapes
+    secret = [f"registration-secret = {q(spec.secret.registration_secret)}"] if spec.secret else []
     return "\n".join(
         [
             "[server]",
             f"host = {q(spec.host)}",
             f"port = {port}",
+            *secret,
             "",
             "[events]",
             f"publish = {q(spec.publish)}",
@@ -80,6 +87,8 @@ def render_toml(spec: GridNodeSpec, node_id: str, port: int) -> str:
             "override-max-sessions = true",
             "selenium-manager = false",
             f"session-timeout = {int(spec.session_timeout_s)}",
+            f"register-period = {int(spec.register_period_s)}",
+            f"register-cycle = {int(spec.register_cycle_s)}",
             "",
             "[[node.driver-configuration]]",
             'display-name = "chromium"',
@@ -108,8 +117,11 @@ class GridNode:
         port = self.spec.port or procs.free_port()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         toml = self.state_dir / "grid-node.toml"
-        toml.write_text(render_toml(self.spec, self.node_id, port))
-        log_file = open(self.state_dir / "grid-node.log", "ab")  # opened here: the Grid node needs no access
+        owner = (self.run_as.uid, self.run_as.gid) if self._other_user() else None
+        write_private(toml, render_toml(self.spec, self.node_id, port), owner)  # it may hold the registration secret
+        log_path = self.state_dir / "grid-node.log"
+        logged_before = log_path.stat().st_size if log_path.exists() else 0
+        log_file = open(log_path, "ab")  # opened here: the Grid node needs no access
         cmd = [
             self.spec.java,
             "-Xmx256m",
@@ -123,15 +135,19 @@ class GridNode:
         ]
         try:
             self.proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, **self._as_user(toml)
+                cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, **self._as_user()
             )
         finally:
             log_file.close()
         deadline = time.monotonic() + timeout_s
-        while not grid_node_ready(self.spec.grid_url, self.node_id):
+        while not grid_node_ready(self.spec.grid_url, self.node_id, secret=self.spec.secret):
             if self.proc.poll() is not None:
-                log_path = self.state_dir / "grid-node.log"
                 raise RuntimeError(f"Grid node exited with {self.proc.returncode}; see {log_path}")
+            if _refused(log_path, logged_before):
+                raise RuntimeError(
+                    f"the Grid hub {self.spec.grid_url} refused this Grid node's registration "
+                    f"(a wrong or missing registration secret?); see {log_path}"
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Grid node not registered with {self.spec.grid_url} after {timeout_s:.0f}s")
             time.sleep(0.25)
@@ -143,16 +159,18 @@ class GridNode:
             self.run_as.name if self.run_as else "(this process's)",
         )
 
-    def _as_user(self, toml: Path) -> dict:
-        """Popen's arguments that start the Grid node as `run_as`: its ids, its own HOME and cwd, the toml
-        readable; the environment (and so the process markers) is kept."""
+    def _other_user(self) -> bool:
+        return self.run_as is not None and self.run_as.uid != os.geteuid()
+
+    def _as_user(self) -> dict:
+        """Popen's arguments that start the Grid node as `run_as`: its ids, its own HOME and cwd (the toml is
+        already that user's, mode 0600); the environment (and so the process markers) is kept."""
         u = self.run_as
-        if u is None or u.uid == os.geteuid():
+        if u is None or not self._other_user():
             return {}
         self.home.mkdir(mode=0o700, exist_ok=True)
         os.chown(self.home, u.uid, u.gid)
         os.chmod(self.state_dir, stat.S_IMODE(os.stat(self.state_dir).st_mode) | 0o011)  # traversable, not listable
-        toml.chmod(0o644)
         env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}  # they name this user's dirs
         env.update(HOME=str(self.home), USER=u.name, LOGNAME=u.name)
         return {"user": u.uid, "group": u.gid, "extra_groups": list(u.groups), "env": env, "cwd": self.home}
@@ -174,3 +192,13 @@ class GridNode:
         except subprocess.TimeoutExpired:
             pass
         self.proc = None
+
+
+def _refused(log_path: Path, offset: int) -> bool:
+    """Whether the Grid node, since `offset` of its log, said that it gave up registering."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            return REGISTRATION_REFUSED.encode() in f.read()
+    except OSError:
+        return False

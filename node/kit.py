@@ -59,6 +59,7 @@ class AgentSettings(NodeRules):
     instance_id: str
     lock_timeout_s: float = 60
     grid_url: str = ""
+    grid_secret_file: str = ""  # the Grid secret's file (its router's credentials); "": a Grid without them
     chromium: str = "/usr/bin/chromium"
     chrome_args: tuple[str, ...] = ()
     page_load_timeout_s: float = 600

@@ -33,7 +33,8 @@ from fleet.codec import NodeInfo
 from fleet.config import Config
 from fleet.config.bundle import bundle_mismatch
 from fleet.config.load import load_config
-from fleet.errors import ConfigError, GridfleetError
+from fleet.errors import ConfigError, GridfleetError, MissingResource
+from fleet.grid_auth import read_optional
 from fleet.logs import event, setup
 from node import browser, evidence
 from node.agent import Agent, AgentSettings
@@ -70,6 +71,12 @@ def parser() -> argparse.ArgumentParser:
         help="root of profiles/ and locks/ (EFS on AWS; default: %(default)s)",
     )
     ap.add_argument("--grid-url", required=True, help="the Selenium Grid hub, e.g. http://127.0.0.1:4444")
+    ap.add_argument(
+        "--grid-secret-file",
+        type=Path,
+        help="the Grid's secret (its node registration secret and router password derive from it), in a file "
+        "only this user reads; default: a Grid without them",
+    )
     ap.add_argument("--grid-jar", type=Path, help="start this node's Grid node from this jar")
     ap.add_argument("--grid-publish", help="the Grid hub's event bus publish address (tcp://host:4442)")
     ap.add_argument("--grid-subscribe", help="the Grid hub's event bus subscribe address (tcp://host:4443)")
@@ -180,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         config, imds = _config_and_identity(args)
+        args.grid_secret = read_optional(args.grid_secret_file)
+    except MissingResource as e:
+        print(f"gridfleet node: {e}", file=sys.stderr)
+        return 2
     except _Usage as e:
         print(f"gridfleet node: {e}", file=sys.stderr)
         return 2
@@ -240,6 +251,7 @@ def _start_grid(args: argparse.Namespace, config: Config, run_as: RunAs | None) 
         port=args.grid_port,
         java=args.java,
         session_timeout_s=int(max(60, config.run.hang_after_s * 2)),
+        secret=args.grid_secret,
     )
     grid = GridNode(spec, args.instance_id, args.state_dir, run_as=run_as)
     grid.start()
@@ -258,20 +270,27 @@ def _agent(
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS if args.local else None)
     stores = open_stores(clients, config.aws)
     clock = SystemClock()
+    secret = args.grid_secret
 
     def cleanup(profile: Path, session_id: str | None, forced: bool) -> None:
         # After a killed crawl its browser still runs under the Grid node: kill it, then free the slot.
         # After a clean end the crawler has quit its session; only a straggler is left to kill.
         killed = browser.kill_browser(profile)
         if session_id and (forced or killed):
-            browser.end_session(args.grid_url, session_id)
+            browser.end_session(args.grid_url, session_id, secret=secret)
         elif forced:  # killed before it named its session: the Grid may still be starting its browser
-            problem = browser.settle_browser(args.grid_url, args.instance_id, profile, clock.monotonic, clock.sleep)
+            problem = browser.settle_browser(
+                args.grid_url, args.instance_id, profile, clock.monotonic, clock.sleep, secret=secret
+            )
             if problem:
                 event(log, "browser-unsettled", logging.WARNING, profile=profile.name, problem=problem)
 
     settings = AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url, local=args.local)
-    settings = dataclasses.replace(settings, chrome_args=(*settings.chrome_args, *sandbox_args(run_as)))
+    settings = dataclasses.replace(
+        settings,
+        chrome_args=(*settings.chrome_args, *sandbox_args(run_as)),
+        grid_secret_file=str(args.grid_secret_file or ""),
+    )
     return Agent(
         settings,
         table=stores.table,
@@ -282,7 +301,7 @@ def _agent(
         prepare_crawl=spares.prepare,
         closer=closer,
         cleanup=cleanup,
-        capture=lambda session_id: evidence.capture(args.grid_url, session_id),
+        capture=lambda session_id: evidence.capture(args.grid_url, session_id, secret=secret),
         clock=clock,
         state_dir=args.state_dir,
         healthy=grid.problem if grid is not None else (lambda: None),

@@ -264,6 +264,8 @@ class LocalEnv(StoresOf):
                 str(stack.efs_root),
                 "--grid-url",
                 st.grid_url,
+                "--grid-secret-file",
+                str(stack.grid_secret_file),
                 "--imds-url",
                 f"{st.imds_url}/{iid}",
             ]

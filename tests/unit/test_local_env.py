@@ -11,6 +11,9 @@ from cli.envs.home import ROOT_HOME, gridfleet_home
 from cli.envs.local import LocalEnv, effective_config
 from embedded.stack import Component, LocalStack, StackState
 from fleet.config import Config
+from fleet.grid_auth import GridSecret
+
+SECRET = GridSecret.make()
 
 STATE = StackState(
     "sid",
@@ -63,6 +66,7 @@ def local_env(stack: LocalStack, crawl_user: str) -> LocalEnv:
         None,
         {**STATE.components, "imds": Component("imds", 4, None, "http://127.0.0.1:8169")},
         0.0,
+        grid_secret=SECRET.value,
     )
     return LocalEnv(config(fleet={"crawl_user": crawl_user}), stack=stack, state=state)
 
@@ -124,6 +128,9 @@ def test_local_nodes_start_their_grid_node_as_the_crawl_user_said_once(open_dir,
         cmds = [provider.node_command("r1", f"i-{n}", stack.instances_dir / "r1" / f"i-{n}") for n in (1, 2)]
     for cmd in cmds:
         assert cmd[cmd.index("--grid-user") + 1] == USER and cmd[cmd.index("--grid-jar") + 1] == str(jar)
+        # the Grid secret reaches a node as the path of the stack's 0600 file, never on its command line
+        assert cmd[cmd.index("--grid-secret-file") + 1] == str(stack.grid_secret_file)
+        assert not any(SECRET.value in a or SECRET.password in a for a in cmd)
     said = [r.getMessage() for r in caplog.records]
     assert said == [f"embedded default: local nodes run their Grid node and Chromium as {USER} (uid 65534)"]
 

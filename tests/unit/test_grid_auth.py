@@ -1,0 +1,61 @@
+"""The Grid's secret: kept in 0600 files, never shown, and turned into the Grid's config and a client's header."""
+
+from __future__ import annotations
+
+import base64
+import stat
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import MissingResource
+from fleet.grid_auth import GRID_USER, GridSecret, grid_request, hub_toml
+from node.grid_node import GridNodeSpec, render_toml
+
+
+def test_a_secret_is_written_for_its_owner_only_and_read_back(tmp_path):
+    s = GridSecret.make()
+    path = s.write(tmp_path / "grid-secret")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert GridSecret.read(path) == s
+    assert s.value not in repr(s)
+
+
+def test_a_file_without_a_secret_is_refused_without_showing_what_it_holds(tmp_path):
+    bad = tmp_path / "grid-secret"
+    bad.write_text("short but private\n")
+    with pytest.raises(MissingResource) as e:
+        GridSecret.read(bad)
+    assert str(bad) in str(e.value) and "private" not in str(e.value)
+    with pytest.raises(MissingResource, match="cannot read"):
+        GridSecret.read(tmp_path / "none")
+
+
+def test_the_hub_config_asks_nodes_for_the_registration_secret_and_clients_for_the_password():
+    s = GridSecret.make()
+    conf = tomllib.loads(hub_toml(s))
+    assert conf == {
+        "server": {"registration-secret": s.registration_secret},
+        "router": {"username": GRID_USER, "password": s.password},
+    }
+    assert len({s.value, s.registration_secret, s.password}) == 3  # each use its own value
+
+
+def test_a_grid_node_shows_the_registration_secret_and_only_that():
+    s = GridSecret.make()
+    spec = GridNodeSpec(jar=Path("x.jar"), grid_url="http://h:4444", publish="tcp://h:1", subscribe="tcp://h:2")
+    with_secret = tomllib.loads(render_toml(GridNodeSpec(**{**spec.__dict__, "secret": s}), "i-1", 5555))
+    assert with_secret["server"]["registration-secret"] == s.registration_secret
+    text = render_toml(GridNodeSpec(**{**spec.__dict__, "secret": s}), "i-1", 5555)
+    assert s.password not in text and s.value not in text
+    assert "registration-secret" not in tomllib.loads(render_toml(spec, "i-1", 5555))["server"]
+
+
+def test_a_request_to_the_router_carries_basic_auth_in_a_header_not_the_url():
+    s = GridSecret.make()
+    req = grid_request("http://127.0.0.1:4444/status", s)
+    scheme, token = req.get_header("Authorization").split()
+    assert scheme == "Basic" and base64.b64decode(token).decode() == f"{GRID_USER}:{s.password}"
+    assert req.full_url == "http://127.0.0.1:4444/status"
+    assert grid_request("http://127.0.0.1:4444/status", None).get_header("Authorization") is None
