@@ -125,3 +125,27 @@ def test_only_clients_with_the_credentials_reach_the_grid(stack, tmp_path):
         assert browser.node_sessions(st.grid_url, node_id, secret=st.secret) == []
     finally:
         node.stop()
+
+
+def test_a_run_on_the_stack_crawls_through_the_locked_grid_and_logs_none_of_its_secret(gf):
+    assert gf.run("local", "up", timeout=120).returncode == 0
+    secret = GridSecret(json.loads(gf.stack_file.read_text())["grid_secret"])
+    cfg = gf.write_config(
+        "one.yaml",
+        """\
+        run: {hang_after_s: 30, watch_interval_s: 1}
+        fleet: {max_nodes: 1, idle_exit_s: 4}
+        hub: {port: 0}
+        sites:
+          - {id: one, start_url: "{demo}/s/one/?pages=2"}
+        """,
+    )
+    run = gf.run("run", "--local", "--config", str(cfg), "--run-id", "locked", timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert gf.summary("locked")["sites"]["one"]["run_status"] == "COMPLETED"
+    logs = {"hub": run.stdout + run.stderr}
+    for f in [*(gf.cwd / "runs" / "locked" / "nodes").glob("*/*.log"), *(gf.home / "local" / "logs").glob("*.log")]:
+        logs[str(f)] = f.read_text(errors="replace")
+    assert any("grid-node.log" in name for name in logs) and any(name.endswith("grid.log") for name in logs)
+    shown = (secret.value, secret.password, secret.registration_secret, secret.authorization.split()[1])
+    assert [(name, s[:4]) for name, text in logs.items() for s in shown if s in text] == []
