@@ -117,7 +117,8 @@ class GridNode:
         port = self.spec.port or procs.free_port()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         toml = self.state_dir / "grid-node.toml"
-        owner = (self.run_as.uid, self.run_as.gid) if self._other_user() else None
+        u = self.run_as
+        owner = (u.uid, u.gid) if u is not None and self._other_user() else None
         write_private(toml, render_toml(self.spec, self.node_id, port), owner)  # it may hold the registration secret
         log_path = self.state_dir / "grid-node.log"
         logged_before = log_path.stat().st_size if log_path.exists() else 0

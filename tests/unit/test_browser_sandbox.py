@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet.grid_auth import GridSecret
 from node import browser
 from node import main as node_main
 from node.grid_node import GridNode, GridNodeSpec, RunAs
@@ -112,6 +113,7 @@ def test_the_grid_node_runs_as_its_user_with_a_home_of_its_own(open_dir, monkeyp
         subscribe="tcp://127.0.0.1:9",
         java=str(java),
         port=5999,
+        secret=GridSecret.make(),
     )
     node = GridNode(spec, "i-local-1", state, run_as=user)
     with pytest.raises(RuntimeError, match="Grid node exited with 3"):
@@ -121,6 +123,8 @@ def test_the_grid_node_runs_as_its_user_with_a_home_of_its_own(open_dir, monkeyp
     assert said == [str(user.uid), str(user.gid), str(home), str(home), "mark=i-local-1", "xdg=", "[server]"]
     st = home.stat()
     assert (st.st_uid, st.st_mode & 0o777) == (user.uid, 0o700)
+    toml = (state / "grid-node.toml").stat()  # it holds the registration secret: that user's alone
+    assert (toml.st_uid, toml.st_mode & 0o777) == (user.uid, 0o600)
 
 
 def test_the_grid_node_of_this_user_changes_nothing(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from fleet.errors import MissingResource
 from fleet.grid_auth import GRID_USER, GridSecret, grid_request, hub_toml
+from node import main as node_main
 from node.grid_node import GridNodeSpec, render_toml
 
 
@@ -59,3 +60,12 @@ def test_a_request_to_the_router_carries_basic_auth_in_a_header_not_the_url():
     assert scheme == "Basic" and base64.b64decode(token).decode() == f"{GRID_USER}:{s.password}"
     assert req.full_url == "http://127.0.0.1:4444/status"
     assert grid_request("http://127.0.0.1:4444/status", None).get_header("Authorization") is None
+
+
+def test_a_node_whose_secret_file_cannot_be_read_stops_before_it_starts(tmp_path, capsys):
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text('sites: [{id: a, start_url: "https://a.test/"}]\n')
+    missing = tmp_path / "grid-secret"
+    args = ["--config", str(cfg), "--run-id", "r1", "--instance-id", "i-1", "--grid-url", "http://127.0.0.1:9"]
+    assert node_main.main([*args, "--local", "--grid-secret-file", str(missing), "--state-dir", str(tmp_path)]) == 2
+    assert f"cannot read the Grid secret file {missing}" in capsys.readouterr().err
