@@ -21,6 +21,7 @@ from fleet.grid_auth import GridSecret, grid_request
 from node import browser
 from node.crawler import BaseCrawler, CrawlContext
 from node.grid_node import GridNode, GridNodeSpec
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -122,7 +123,8 @@ def test_only_clients_with_the_credentials_reach_the_grid(stack, tmp_path):
         assert not browser.end_session(st.grid_url, session_id)  # without the credentials: refused
         assert browser.end_session(st.grid_url, session_id, secret=st.secret)
         crawler._driver = None  # its session is ended
-        assert browser.node_sessions(st.grid_url, node_id, secret=st.secret) == []
+        # the router hears of the ended session from the node's events, a moment later
+        wait_for(lambda: browser.node_sessions(st.grid_url, node_id, secret=st.secret) == [], timeout=30)
     finally:
         node.stop()
 
@@ -143,6 +145,7 @@ def test_a_run_on_the_stack_crawls_through_the_locked_grid_and_logs_none_of_its_
     run = gf.run("run", "--local", "--config", str(cfg), "--run-id", "locked", timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert gf.summary("locked")["sites"]["one"]["run_status"] == "COMPLETED"
+    assert json.loads(gf.stack_file.read_text())["grid_secret"] == secret.value  # the run used that stack's Grid
     logs = {"hub": run.stdout + run.stderr}
     for f in [*(gf.cwd / "runs" / "locked" / "nodes").glob("*/*.log"), *(gf.home / "local" / "logs").glob("*.log")]:
         logs[str(f)] = f.read_text(errors="replace")
