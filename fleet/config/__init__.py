@@ -13,10 +13,10 @@ The package holds the rest of the config: the `aws:` and `crawlers:` sections
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from fleet.config.aws import AwsConfig, image_problem
 from fleet.config.crawlers import PROJECT_PROBLEM, CrawlersConfig, crawler_roots
@@ -102,11 +102,40 @@ class MetricsConfig(_Model):
     interval_s: float = Field(60, gt=0, description="the hub publishes its gauges at most this often")
 
 
+#: Chromium switches `browser.extra_args` may not carry, and why: the sandbox is the code's decision alone, and a
+#: debugging port would hand the browser, the profile's cookies included, to whoever reaches it.
+REFUSED_SWITCHES = {
+    "no-sandbox": "the sandbox is decided by the code (see browser.allow_no_sandbox)",
+    "remote-debugging-address": "it opens the browser, cookies included, to whoever reaches it",
+    "remote-debugging-port": "it opens the browser, cookies included, to whoever reaches it",
+    "remote-allow-origins": "it lets web pages drive the browser through its debugging port",
+}
+
+
+def switch_name(arg: str) -> str:
+    """The name of the Chromium switch `arg` sets, as Chromium reads it: `--Name=value`, `-name` and ` --name `
+    all give `name`."""
+    return arg.strip().lstrip("-").split("=", 1)[0].strip().lower()
+
+
+def _allowed_switch(arg: str) -> str:
+    name = switch_name(arg)
+    if name in REFUSED_SWITCHES:
+        raise ValueError(f"{arg.strip()!r}: --{name} is not allowed in extra_args: {REFUSED_SWITCHES[name]}")
+    return arg
+
+
 class BrowserConfig(_Model):
     chromium: str = "/usr/bin/chromium"
     chromedriver: str = "/usr/bin/chromedriver"
-    extra_args: tuple[str, ...] = ()
+    extra_args: tuple[Annotated[str, AfterValidator(_allowed_switch)], ...] = ()
     page_load_timeout_s: float = Field(600, gt=0)
+    allow_no_sandbox: bool = Field(
+        False,
+        strict=True,
+        description="on the embedded default, crawl with `--no-sandbox` where Chromium cannot have its sandbox "
+        "(a WARNING says so); otherwise that machine refuses to crawl. A node on AWS never crawls without it",
+    )
 
 
 class LocalConfig(_Model):

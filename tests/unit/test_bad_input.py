@@ -43,7 +43,31 @@ def validate(content: str | bytes, expected: str) -> Case:
     return Case(["validate", "--config", "{F}"], expected, content)
 
 
+def dry_run(content: str, expected: str) -> Case:
+    return Case(["run", "--local", "--dry-run", "--config", "{F}"], expected, content)
+
+
+def refused_switch(arg: str, name: str) -> Case:
+    """browser.extra_args carrying a switch the code alone decides (the sandbox) or one that opens the browser."""
+    return dry_run(
+        f"browser:\n  extra_args: [--lang=ko, {arg!r}]\n" + SITE,
+        f"{{F}}:2: browser.extra_args[1]: {arg.strip()!r}: --{name} is not allowed in extra_args: ",
+    )
+
+
 CASES: dict[str, Case] = {
+    "extra_args --no-sandbox": refused_switch("--no-sandbox", "no-sandbox"),
+    "extra_args --no-sandbox=1, spaced": refused_switch("  --No-Sandbox=1 ", "no-sandbox"),
+    "extra_args --remote-debugging-address": refused_switch(
+        "--remote-debugging-address=0.0.0.0", "remote-debugging-address"
+    ),
+    "extra_args --remote-debugging-port": refused_switch("--remote-debugging-port", "remote-debugging-port"),
+    "extra_args -Remote-Debugging-Port=9222": refused_switch(" -Remote-Debugging-Port=9222", "remote-debugging-port"),
+    "extra_args --remote-allow-origins": refused_switch("--remote-allow-origins=*", "remote-allow-origins"),
+    "allow_no_sandbox not a boolean": dry_run(
+        "browser: {allow_no_sandbox: 'yes'}\n" + SITE,
+        "{F}:1: browser.allow_no_sandbox: Input should be a valid boolean",
+    ),
     # a YAML alias bomb under a site's options: refused before anything is expanded
     "alias bomb": validate(
         ALIAS_BOMB, "{F}:12: sites[0].options.g: more than 1,000,000 values once aliases are expanded"

@@ -216,3 +216,14 @@ def test_gridfleet_validate_refuses_them_in_one_line_with_exit_2(tmp_path, capsy
     out, err = capsys.readouterr()
     (line,) = err.splitlines()
     assert code == 2 and out == "" and line.startswith(f"gridfleet: error: {path}:") and said in line, err
+
+
+def test_extra_args_keep_chromium_switches_that_open_nothing_and_the_sandbox_is_on_by_default():
+    config = parse_config(
+        "browser: {extra_args: [--lang=ko, --disable-gpu-sandbox, --remote-debugging-pipe]}\n" + GOOD, "fleet.yaml"
+    )
+    assert config.browser.extra_args == ("--lang=ko", "--disable-gpu-sandbox", "--remote-debugging-pipe")
+    assert config.browser.allow_no_sandbox is False
+    allowed = parse_config("browser: {allow_no_sandbox: true}\n" + GOOD, "fleet.yaml")
+    assert allowed.browser.allow_no_sandbox is True
+    assert parse_config(dump_config(allowed), "fleet.yaml") == allowed  # the nodes read it back as the hub wrote it
