@@ -34,6 +34,10 @@ class MissingResource(GridfleetError):
     """An AWS resource or a local prerequisite the command needs does not exist."""
 
 
+class SandboxUnavailable(GridfleetError):
+    """Chromium cannot have its sandbox where it would run, and may not go on without it."""
+
+
 class StackError(GridfleetError):
     """The embedded default's local stack could not be started or reached."""
 

@@ -11,8 +11,10 @@ ends whatever session of this node runs on the profile (`settle_browser`).
 Chromium keeps its sandbox on unless it cannot have it: when it would run as
 root (it refuses to start there with the sandbox), or when the machine denies
 the user namespaces the sandbox is built on. The node decides that once, for
-the user its Grid node runs Chromium as (`sandbox_problem`), and gives the
-crawler `--no-sandbox` only then.
+the user its Grid node runs Chromium as (`sandbox_problem`). Without the sandbox
+a node on AWS does not crawl at all; the embedded default crawls with
+`--no-sandbox` only when fleet.yaml's `browser.allow_no_sandbox` says it may
+(`sandbox_flags`, the one rule the node and `gridfleet crawl` follow).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from fleet import procs
 from fleet.grid_auth import GridSecret, grid_request
+from fleet.errors import SandboxUnavailable
 from node.evidence import SESSION_ID_RE
 
 log = logging.getLogger("gridfleet.node")
@@ -119,6 +122,21 @@ def sandbox_problem(
     if r.returncode != 0:
         return f"user namespaces are denied to uid {uid}: {(r.stderr or r.stdout).strip() or r.returncode}"
     return None
+
+
+def sandbox_flags(problem: str | None, *, on_aws: bool, allow_no_sandbox: bool) -> tuple[str, ...]:
+    """Chromium's arguments for its sandbox, given `sandbox_problem`'s answer: none when it has it; `--no-sandbox`
+    when it has not and, off AWS, `browser.allow_no_sandbox` lets it go on; else SandboxUnavailable, saying why."""
+    if problem is None:
+        return ()
+    if on_aws:
+        raise SandboxUnavailable(f"Chromium cannot have its sandbox: {problem}; a node on AWS never crawls without it")
+    if not allow_no_sandbox:
+        raise SandboxUnavailable(
+            f"Chromium cannot have its sandbox: {problem}; "
+            "set browser.allow_no_sandbox: true in fleet.yaml to crawl without it on this machine"
+        )
+    return (NO_SANDBOX,)
 
 
 def browser_name(chromium: str) -> str:

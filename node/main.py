@@ -7,8 +7,10 @@ shuts down, which terminates it.
 Chromium runs as the Grid node's user: the agent's own on EC2 (the boot script
 starts the agent as the unprivileged crawl user), or `--grid-user` (a root
 agent on the embedded default). The node decides once whether Chromium can keep
-its sandbox there and, when it cannot, gives its crawlers `--no-sandbox` and
-says why in its log.
+its sandbox there. When it cannot, a node on AWS crawls nothing: it says why on
+its node item (state boot-failed, which the hub acts on) and exits; on the
+embedded default it gives its crawlers `--no-sandbox` with a WARNING only when
+`browser.allow_no_sandbox` is true, and otherwise refuses the same way.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from fleet.codec import NodeInfo
 from fleet.config import Config
 from fleet.config.bundle import bundle_mismatch
 from fleet.config.load import load_config
-from fleet.errors import ConfigError, GridfleetError, MissingResource
+from fleet.errors import ConfigError, GridfleetError, MissingResource, SandboxUnavailable
 from fleet.grid_auth import read_optional
 from fleet.logs import event, setup
 from node import browser, evidence
@@ -125,19 +127,24 @@ def grid_user(name: str | None) -> RunAs | None:
     return user
 
 
-def sandbox_args(user: RunAs | None) -> tuple[str, ...]:
-    """`--no-sandbox` when Chromium, run as `user` (None: as this process), cannot have its sandbox, else
-    nothing; said once in the node's log."""
+def sandbox_args(user: RunAs | None, *, on_aws: bool, allow_no_sandbox: bool) -> tuple[str, ...]:
+    """Nothing when Chromium, run as `user` (None: as this process), can have its sandbox; `--no-sandbox` when it
+    cannot and may go on without it (`browser.sandbox_flags`); else SandboxUnavailable. Said once in the log."""
     if user is None:
         uid, gid, groups = os.geteuid(), os.getegid(), tuple(os.getgroups())
     else:
         uid, gid, groups = user.uid, user.gid, user.groups
     problem = browser.sandbox_problem(uid, gid, groups)
+    try:
+        flags = browser.sandbox_flags(problem, on_aws=on_aws, allow_no_sandbox=allow_no_sandbox)
+    except SandboxUnavailable:
+        event(log, "chromium-sandbox", logging.ERROR, uid=uid, sandbox="refused", reason=problem)
+        raise
     if problem is None:
         event(log, "chromium-sandbox", uid=uid, sandbox="on")
-        return ()
-    event(log, "chromium-sandbox", logging.WARNING, uid=uid, sandbox="off", reason=problem)
-    return (browser.NO_SANDBOX,)
+    else:
+        event(log, "chromium-sandbox", logging.WARNING, uid=uid, sandbox="off", reason=problem)
+    return flags
 
 
 def kill_main(argv: list[str]) -> int:
@@ -166,11 +173,17 @@ def report_failure_main(argv: list[str]) -> int:
     ap.add_argument("--message", required=True)
     args = ap.parse_args(argv)
     config = load_config(args.config)
-    table = DynamoStateTable(AwsClients(config.aws).client("dynamodb"), config.aws.table)
-    now = time.time()
-    table.put_node(NodeInfo(args.run_id, args.instance_id, BOOT_FAILED, now, now, error=args.message))
+    report_boot_failed(AwsClients(config.aws), config, args.run_id, args.instance_id, args.message)
     print(f"reported: {args.instance_id} {BOOT_FAILED}: {args.message}")
     return 0
+
+
+def report_boot_failed(clients: AwsClients, config: Config, run_id: str, instance_id: str, why: str) -> None:
+    """This node's item says it will not work, and why: the hub terminates it and, when no node of the run can
+    work, ends the run with that reason."""
+    now = time.time()
+    table = DynamoStateTable(clients.client("dynamodb"), config.aws.table)
+    table.put_node(NodeInfo(run_id, instance_id, BOOT_FAILED, now, now, error=why))
 
 
 class _Usage(Exception):
@@ -198,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     args.state_dir.mkdir(parents=True, exist_ok=True)
     grid = None
     run_as = grid_user(args.grid_user) if args.grid_jar else None
+    try:
+        sandbox = sandbox_args(run_as, on_aws=not args.local, allow_no_sandbox=config.browser.allow_no_sandbox)
+    except SandboxUnavailable as e:  # before any message is taken: no site waits on a node that cannot crawl
+        return _refuse(args, config, e)
     spares = SpareCrawlers(args.state_dir / "crawler.log")
     closer = Closer(background=True)
     try:
@@ -207,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("gridfleet node: --grid-jar needs --grid-publish and --grid-subscribe", file=sys.stderr)
                 return 2
             grid = _start_grid(args, config, run_as)
-        return _agent(args, config, imds, grid, run_as, spares, closer).run()
+        return _agent(args, config, imds, grid, run_as, sandbox, spares, closer).run()
     except GridfleetError as e:
         event(log, "node-error", logging.ERROR, run_id=args.run_id, node=args.instance_id, error=str(e))
         return e.exit_code
@@ -219,6 +236,16 @@ def main(argv: list[str] | None = None) -> int:
         spares.close()
         if grid is not None:
             grid.stop()
+
+
+def _refuse(args: argparse.Namespace, config: Config, e: SandboxUnavailable) -> int:
+    """This node will not crawl: one line on stderr, and its node item says why."""
+    print(f"gridfleet node: {e}", file=sys.stderr)
+    try:
+        report_boot_failed(_clients(args, config), config, args.run_id, args.instance_id, str(e))
+    except Exception:  # the refusal stands; the hub then finds a node that never beat
+        log.exception("reporting the refusal failed run_id=%s node=%s", args.run_id, args.instance_id)
+    return e.exit_code
 
 
 def _config_and_identity(args: argparse.Namespace) -> tuple[Config, Imds]:
@@ -237,6 +264,10 @@ def _config_and_identity(args: argparse.Namespace) -> tuple[Config, Imds]:
         except ImdsError as e:
             raise _Usage(f"no --instance-id and {e}") from None
     return config, imds
+
+
+def _clients(args: argparse.Namespace, config: Config) -> AwsClients:
+    return AwsClients(config.aws, credentials=LOCAL_CREDENTIALS if args.local else None)
 
 
 def _start_grid(args: argparse.Namespace, config: Config, run_as: RunAs | None) -> GridNode:
@@ -264,10 +295,11 @@ def _agent(
     imds: Imds,
     grid: GridNode | None,
     run_as: RunAs | None,
+    sandbox: tuple[str, ...],
     spares: SpareCrawlers,
     closer: Closer,
 ) -> Agent:
-    clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS if args.local else None)
+    clients = _clients(args, config)
     stores = open_stores(clients, config.aws)
     clock = SystemClock()
     secret = args.grid_secret
@@ -288,7 +320,7 @@ def _agent(
     settings = AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url, local=args.local)
     settings = dataclasses.replace(
         settings,
-        chrome_args=(*settings.chrome_args, *sandbox_args(run_as)),
+        chrome_args=(*settings.chrome_args, *sandbox),
         grid_secret_file=str(args.grid_secret_file or ""),
     )
     return Agent(

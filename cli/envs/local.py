@@ -107,6 +107,17 @@ def stack_stops(started_here: bool, adopted: bool, ended: bool) -> bool:
     return started_here or (adopted and ended)
 
 
+def nodes_sandbox_problem(user: CrawlUser | None) -> str | None:
+    """Why Chromium, run by local nodes as `user` (None: as this process), cannot have its sandbox, or None."""
+    from node.browser import sandbox_problem
+    from node.grid_node import RunAs
+
+    if user is None:
+        return sandbox_problem(os.geteuid(), os.getegid(), tuple(os.getgroups()))
+    u = RunAs.lookup(user.name)
+    return sandbox_problem(u.uid, u.gid, u.groups)
+
+
 class LocalEnv(StoresOf):
     """The embedded default. Made before its stack runs (a run starts it in `hold`), or from a running stack
     (the commands that read a run); its stores exist while the stack runs."""
@@ -162,6 +173,7 @@ class LocalEnv(StoresOf):
         from embedded.stack import check_tools
 
         check_tools("java", self.given.browser.chromium, self.given.browser.chromedriver)
+        self.crawl_user  # noqa: B018 -- decided before anything starts: a sandbox the nodes cannot have refuses here
 
     def dry_run(self, run_id: str, console: Console) -> int:
         config = self.given
@@ -230,13 +242,20 @@ class LocalEnv(StoresOf):
     # --- the hub's seams ---------------------------------------------------------------------------------
     @functools.cached_property
     def crawl_user(self) -> CrawlUser | None:
-        """Who local nodes run their Grid node and Chromium as (None: the nodes' own user); decided once."""
+        """Who local nodes run their Grid node and Chromium as (None: the nodes' own user); decided once, with
+        whether Chromium may run there: SandboxUnavailable when it cannot have its sandbox and fleet.yaml's
+        `browser.allow_no_sandbox` does not let it go without (the nodes' own rule, `node.browser.sandbox_flags`)."""
+        from node.browser import sandbox_flags
+
         if self.stack.grid_jar is None:  # the nodes start no Grid node
             return None
-        user, problem = reach_crawl_user(self.config.fleet.crawl_user, self.stack, self.stack.grid_jar)
-        if problem is not None:
-            log.warning("embedded default: local nodes run Chromium as root, without its sandbox: %s", problem)
-        elif user is not None:
+        user, why_not = reach_crawl_user(self.config.fleet.crawl_user, self.stack, self.stack.grid_jar)
+        problem = nodes_sandbox_problem(user)
+        if problem is not None and why_not is not None:
+            problem = f"{problem} ({why_not})"
+        if sandbox_flags(problem, on_aws=False, allow_no_sandbox=self.config.browser.allow_no_sandbox):
+            log.warning("embedded default: local nodes run Chromium without its sandbox (allowed): %s", problem)
+        if user is not None:
             log.info(
                 "embedded default: local nodes run their Grid node and Chromium as %s (uid %d)", user.name, user.uid
             )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet.errors import SandboxUnavailable
 from fleet.grid_auth import GridSecret
 from node import browser
 from node import main as node_main
@@ -73,13 +74,39 @@ def test_a_probe_that_is_refused_denies_the_sandbox(open_dir, monkeypatch):
 
 def test_the_node_adds_no_sandbox_only_when_chromium_cannot_have_it_said_once(caplog):
     with caplog.at_level(logging.INFO, logger="gridfleet.node"):
-        if os.geteuid() == 0:
-            assert node_main.sandbox_args(None) == (browser.NO_SANDBOX,)  # a root node's own Chromium
-            assert node_main.sandbox_args(RunAs.lookup(NOBODY)) == ()
+        if os.geteuid() == 0:  # a root node's own Chromium, on the embedded default when fleet.yaml allows it
+            assert node_main.sandbox_args(None, on_aws=False, allow_no_sandbox=True) == (browser.NO_SANDBOX,)
+            assert node_main.sandbox_args(RunAs.lookup(NOBODY), on_aws=True, allow_no_sandbox=False) == ()
         else:
-            assert node_main.sandbox_args(None) == ()
+            assert node_main.sandbox_args(None, on_aws=True, allow_no_sandbox=False) == ()
     events = [(r.levelno, r.fields["sandbox"]) for r in caplog.records if getattr(r, "event", "") == "chromium-sandbox"]
     assert events == ([(logging.WARNING, "off"), (logging.INFO, "on")] if os.geteuid() == 0 else [(logging.INFO, "on")])
+
+
+@pytest.mark.parametrize(
+    "on_aws, allow, flags, level, said",
+    [
+        (False, True, (browser.NO_SANDBOX,), logging.WARNING, "off"),
+        (False, False, None, logging.ERROR, "refused"),
+        (True, True, None, logging.ERROR, "refused"),
+        (True, False, None, logging.ERROR, "refused"),
+    ],
+    ids=["embedded-allowed", "embedded-not-allowed", "aws-allowed", "aws"],
+)
+def test_without_its_sandbox_chromium_runs_only_on_the_embedded_default_when_fleet_yaml_allows_it(
+    caplog, monkeypatch, on_aws, allow, flags, level, said
+):
+    """The seam: `node.browser.sandbox_problem`, the one probe of the sandbox, says it is unavailable."""
+    problem = "user namespaces are denied to uid 2000: unshare: Operation not permitted"
+    monkeypatch.setattr(browser, "sandbox_problem", lambda *a, **k: problem)
+    with caplog.at_level(logging.INFO, logger="gridfleet.node"):
+        if flags is None:
+            with pytest.raises(SandboxUnavailable, match="^Chromium cannot have its sandbox: user namespaces are"):
+                node_main.sandbox_args(None, on_aws=on_aws, allow_no_sandbox=allow)
+        else:
+            assert node_main.sandbox_args(None, on_aws=on_aws, allow_no_sandbox=allow) == flags
+    [record] = [r for r in caplog.records if getattr(r, "event", "") == "chromium-sandbox"]
+    assert (record.levelno, record.fields["sandbox"], record.fields["reason"]) == (level, said, problem)
 
 
 def test_the_grid_user_is_one_the_node_can_switch_to(caplog):

@@ -9,9 +9,11 @@ import pytest
 from cli.envs.crawl_user import reach_crawl_user
 from cli.envs.home import ROOT_HOME, gridfleet_home
 from cli.envs.local import LocalEnv, effective_config
+from cli.main import main
 from embedded.stack import Component, LocalStack, StackState
 from fleet.config import Config
 from fleet.grid_auth import GridSecret
+from node import browser
 
 SECRET = GridSecret.make()
 
@@ -59,7 +61,7 @@ def test_gridfleet_home_is_under_var_lib_for_root_and_the_home_directory_otherwi
     assert gridfleet_home({"GRIDFLEET_HOME": "/srv/gf"}, euid=0) == Path("/srv/gf")
 
 
-def local_env(stack: LocalStack, crawl_user: str) -> LocalEnv:
+def local_env(stack: LocalStack, crawl_user: str, **kw) -> LocalEnv:
     state = StackState(
         "sid",
         str(stack.dir),
@@ -68,7 +70,7 @@ def local_env(stack: LocalStack, crawl_user: str) -> LocalEnv:
         0.0,
         grid_secret=SECRET.value,
     )
-    return LocalEnv(config(fleet={"crawl_user": crawl_user}), stack=stack, state=state)
+    return LocalEnv(config(fleet={"crawl_user": crawl_user}, **kw), stack=stack, state=state)
 
 
 def make_jar(d: Path) -> Path:
@@ -136,18 +138,45 @@ def test_local_nodes_start_their_grid_node_as_the_crawl_user_said_once(open_dir,
 
 
 @needs_root
-def test_without_the_crawl_user_local_nodes_run_as_before_said_once(open_dir, caplog):
+def test_without_the_crawl_user_local_nodes_run_as_root_only_when_fleet_yaml_allows_it_said_once(open_dir, caplog):
     jar = make_jar(open_dir / "vendor")
     stack = LocalStack(open_dir / "home", grid_jar=jar)
-    env = local_env(stack, "no-such-gf")
+    env = local_env(stack, "no-such-gf", browser={"allow_no_sandbox": True})
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="gridfleet"):
         provider = env.provider("r1", clock=None)
         cmds = [provider.node_command("r1", f"i-{n}", stack.instances_dir / "r1" / f"i-{n}") for n in (1, 2)]
     for cmd in cmds:
         assert "--grid-user" not in cmd and cmd[cmd.index("--grid-jar") + 1] == str(jar)
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "run Chromium as root, without its sandbox" in warnings[0].getMessage()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "embedded default: local nodes run Chromium without its sandbox (allowed): Chromium would run as root, "
+        "where it refuses its sandbox (there is no user no-such-gf (fleet.crawl_user; `make setup` run as root "
+        "creates it))"
+    ]
+
+
+def test_a_run_whose_nodes_cannot_have_the_sandbox_is_refused_in_one_line_before_anything_starts(
+    open_dir, tmp_path, monkeypatch, capsys
+):
+    """The seam: `node.browser.sandbox_problem`, the one probe of the sandbox, says it is unavailable."""
+    monkeypatch.setattr(browser, "sandbox_problem", lambda *a, **k: "the kernel denies it (injected)")
+    monkeypatch.setenv("GRIDFLEET_HOME", str(open_dir / "home"))
+    monkeypatch.chdir(tmp_path)
+    cfg = open_dir / "fleet.yaml"
+    cfg.write_text('sites: [{id: a, start_url: "{demo}/s/a/"}]\n')
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = main(["run", "--local", "--config", str(cfg), "--run-id", "sbx"])
+    finally:
+        root.handlers[:], root.level = handlers, level
+    err = capsys.readouterr().err
+    assert code == 1, err
+    [line] = err.splitlines()
+    assert line.startswith("gridfleet: error: Chromium cannot have its sandbox: the kernel denies it (injected)")
+    assert line.endswith("; set browser.allow_no_sandbox: true in fleet.yaml to crawl without it on this machine")
+    assert not (open_dir / "home" / "local" / "stack.json").exists() and not (tmp_path / "runs").exists()
 
 
 @needs_root
