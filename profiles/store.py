@@ -265,14 +265,15 @@ def _close_lock_file(lock: fasteners.InterProcessLock) -> None:
         handle.close()
 
 
-def give_to(profile: Path, uid: int, gid: int) -> None:
+def give_to(profile: Path, uid: int, gid: int, walk: bool = False) -> None:
     """Make `profile` and everything in it belong to `uid`:`gid` (symlinks themselves, never followed).
 
     Nothing is walked when the directory already belongs to them, so this costs
-    one stat per crawl once a profile has been given.
+    one stat per crawl once a profile has been given; `walk` walks it anyway
+    (another user may have made files in it since).
     """
     st = os.lstat(profile)
-    if (st.st_uid, st.st_gid) == (uid, gid):
+    if (st.st_uid, st.st_gid) == (uid, gid) and not walk:
         return
     for top, dirs, files in os.walk(profile):
         for name in dirs + files:

@@ -7,8 +7,9 @@ stdout as JSON lines while the crawl goes; each page (URL, HTTP status, time), e
 stored) and the end go to stderr. The crawl's `pace` is where the site's rate becomes a local pause (no fleet-wide
 slot: nothing else shares it here) and where `--max-pages` stops the crawler before its next request.
 
-The node agent, the Chromium sandbox decision and the profile store are imported inside the functions that use
-them, so `gridfleet --help` loads none of them.
+Run as root, chromedriver and Chromium run as the crawl user with Chromium's sandbox on, as on the nodes
+(`cli.commands.crawl_browser`). The node agent, the Chromium sandbox decision and the profile store are imported
+inside the functions that use them, so `gridfleet --help` loads none of them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
+from cli.commands.crawl_browser import LocalBrowser, local_browser
 from cli.packaging.crawler_ship import project_of
 from cli.views.crawl import CrawlOutput, one_line
 from fleet.clock import SystemClock
@@ -119,9 +121,10 @@ def cmd_crawl(args: argparse.Namespace, console: Console) -> int:
     per_s = config.rate_limits[site.rate_limit].per_s if site.rate_limit else None
     out = CrawlOutput(sys.stdout, sys.stderr, SystemClock(), shots=shots, max_pages=args.max_pages, per_s=per_s)
     with _profile(site.id, profiles_root, out.note) as profile_dir:
-        needs_browser = bool(getattr(crawler_class, "needs_browser", True))
-        with _chromedriver(config.browser, needs_browser) as grid_url:
-            return crawl_site(site, start_url, crawler_class, out, config.browser, grid_url, profile_dir)
+        if not getattr(crawler_class, "needs_browser", True):
+            return crawl_site(site, start_url, crawler_class, out, config.browser, None, profile_dir)
+        with local_browser(config.browser, config.fleet.crawl_user, profile_dir, out.note) as browser:
+            return crawl_site(site, start_url, crawler_class, out, config.browser, browser, profile_dir)
 
 
 # --- what the command resolves before anything starts (bad input: exit 2) ------------------------------------
@@ -221,42 +224,15 @@ def _profile(site: str, root: Path | None, note: Callable[[str], None]) -> Itera
 
 
 def _hand_back(profile: Path, lock_file: Path, owner: tuple[int, int]) -> None:
-    """Run as root on a profile of the crawl user's, Chromium made root's files in it: give them back, and the
-    lock file to whoever owns the locks (a node's agent must open it again)."""
+    """Run as root, the crawl made the profile the crawl user's (or root's, for a crawler without a browser): give
+    it back to its owner, and the lock file to whoever owns the locks (a node's agent must open it again)."""
     if os.geteuid() != 0:
         return
     from profiles import give_to
 
-    if owner != (0, 0):
-        os.lchown(profile, 0, 0)  # give_to walks only a directory that is not the owner's yet
-        give_to(profile, *owner)
+    give_to(profile, *owner, walk=True)
     locks = lock_file.parent.stat()
     os.lchown(lock_file, locks.st_uid, locks.st_gid)
-
-
-@contextlib.contextmanager
-def _chromedriver(browser: BrowserConfig, needed: bool) -> Iterator[str]:
-    """A chromedriver on a free loopback port, as the crawler's `grid_url`; stopped at the end."""
-    if not needed:
-        yield ""
-        return
-    from selenium.common.exceptions import WebDriverException
-    from selenium.webdriver.chrome.service import Service
-
-    if not os.access(browser.chromedriver, os.X_OK):
-        raise CrawlFailed(
-            f"no chromedriver at {browser.chromedriver}: install Debian's chromium-driver (`make setup`) "
-            "or set browser.chromedriver"
-        )
-    service = Service(executable_path=browser.chromedriver)  # it accepts local connections only
-    try:
-        service.start()
-    except WebDriverException as e:
-        raise CrawlFailed(f"chromedriver {browser.chromedriver} did not start: {one_line(e.msg or e)}") from None
-    try:
-        yield f"http://127.0.0.1:{service.port}"
-    finally:
-        service.stop()
 
 
 # --- the crawl ------------------------------------------------------------------------------------------------
@@ -265,11 +241,12 @@ def crawl_site(
     start_url: str,
     crawler_class: type[Any],
     out: CrawlOutput,
-    browser: BrowserConfig,
-    grid_url: str,
+    config: BrowserConfig,
+    browser: LocalBrowser | None,
     profile_dir: Path,
 ) -> int:
-    """Run the site's crawler once; 0 when it ended, CrawlFailed (exit 1) when it failed."""
+    """Run the site's crawler once (`browser` None: a crawler that needs none); 0 when it ended, CrawlFailed
+    (exit 1) when it failed."""
     from node.browser import kill_browser
     from node.crawler import CrawlContext, CrawlError
 
@@ -279,11 +256,11 @@ def crawl_site(
         options=site.options,
         attempt=1,
         node_id="crawl",
-        grid_url=grid_url,
+        grid_url=browser.grid_url if browser else "",
         profile_dir=str(profile_dir),
-        chromium=browser.chromium,
-        chrome_extra_args=_chrome_args(browser, grid_url, out.note),
-        page_load_timeout_s=browser.page_load_timeout_s,
+        chromium=config.chromium,
+        chrome_extra_args=(*config.extra_args, *(browser.sandbox_args if browser else ())),
+        page_load_timeout_s=config.page_load_timeout_s,
         emit=out.event,
         pace=out.pace,
         on_page=out.page,
@@ -306,20 +283,6 @@ def crawl_site(
                 crawler.close()
         except Exception:
             log.debug("closing the browser failed", exc_info=True)
-        if grid_url:
+        if browser is not None:
             kill_browser(profile_dir)  # a Chromium the session left behind (a crash, Ctrl-C mid-page)
     return 0
-
-
-def _chrome_args(browser: BrowserConfig, grid_url: str, note: Callable[[str], None]) -> tuple[str, ...]:
-    """browser.extra_args, and `--no-sandbox` when Chromium, run as this user, cannot have its sandbox (the
-    node's own decision, `node.browser.sandbox_problem`)."""
-    from node.browser import NO_SANDBOX, sandbox_problem
-
-    if not grid_url:
-        return tuple(browser.extra_args)
-    problem = sandbox_problem(os.geteuid(), os.getegid(), tuple(os.getgroups()))
-    if problem is None:
-        return tuple(browser.extra_args)
-    note(f"chromium without its sandbox: {problem}")
-    return (*browser.extra_args, NO_SANDBOX)

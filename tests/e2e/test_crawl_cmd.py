@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +71,83 @@ def test_crawl_runs_one_sites_crawler_with_a_local_chromium_and_leaves_nothing_r
         f"{p.pid} {' '.join(p.cmdline)[:100]}" for p in procs.find(procs.scan(with_cmdline=True), GRIDFLEET_ROLE=mark)
     ]
     assert left == []
+
+
+SLOW = """\
+sites:
+  - {id: slow, start_url: "{demo}/s/slow/?pages=3&delay_s=1.5", crawler: links, options: {item: a.item, next: a.next}}
+"""
+
+
+def _chromium_on(profile_prefix: str) -> list[dict]:
+    """Live Chromium processes (browser and helpers) whose profile starts with `profile_prefix`: their uids (real,
+    effective, saved, file system), arguments, type and user namespace, read from /proc."""
+    flag = f"--user-data-dir={profile_prefix}"
+    out = []
+    for p in procs.scan(with_cmdline=True):
+        args = " ".join(p.cmdline).split()  # Chromium's helpers rewrite their command line as one string
+        if not (p.alive and any(a.startswith(flag) for a in args)):
+            continue
+        try:
+            status = Path(f"/proc/{p.pid}/status").read_text().splitlines()
+            out.append(
+                {
+                    "uids": next(tuple(map(int, line.split()[1:])) for line in status if line.startswith("Uid:")),
+                    "args": args,
+                    "type": next((a.split("=", 1)[1] for a in args if a.startswith("--type=")), None),
+                    "userns": os.readlink(f"/proc/{p.pid}/ns/user"),
+                }
+            )
+        except OSError:  # exited meanwhile
+            continue
+    return out
+
+
+def test_crawl_as_root_runs_chromium_as_the_crawl_user_with_its_sandbox(open_dir, tmp_path):
+    """Read from /proc while the crawl runs (its pages answer slowly): the browser and every helper run as the
+    crawl user when the command is root's (as the invoking user otherwise), without `--no-sandbox`, the renderers
+    in a user namespace of their own (the sandbox's)."""
+    uid = pwd.getpwnam("gridfleet").pw_uid if os.geteuid() == 0 else os.geteuid()  # fleet.crawl_user's default
+    config = tmp_path / "fleet.yaml"
+    config.write_text(SLOW)
+    scratch = open_dir / "tmp"  # where the command makes its scratch profile: known, so its Chromium is found
+    scratch.mkdir()
+    env = {**os.environ, "GRIDFLEET_HOME": str(tmp_path / "home"), "TMPDIR": str(scratch)}
+    with DemoServer() as demo:
+        cmd = [sys.executable, "-m", "cli.main", "crawl", "slow", "--config", str(config), "--demo-url", demo.base_url]
+        crawl = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            seen: list[dict] = []
+            while crawl.poll() is None and not (
+                any(b["type"] is None for b in seen) and any(b["type"] == "renderer" for b in seen)
+            ):
+                seen = _chromium_on(f"{scratch}/gridfleet-crawl-")
+                time.sleep(0.1)
+        finally:
+            out, err = crawl.communicate(timeout=120)
+    assert crawl.returncode == 0, err
+    assert len(out.splitlines()) == 30
+    main_process = next(b for b in seen if b["type"] is None)  # fails when the crawl ended before it was seen
+    for b in seen:
+        assert b["uids"] == (uid,) * 4, b
+        assert "--no-sandbox" not in b["args"], b
+    renderers = [b for b in seen if b["type"] == "renderer"]
+    assert renderers and all(r["userns"] != main_process["userns"] for r in renderers), seen
+    assert list(scratch.iterdir()) == []  # the scratch profile and the crawl user's HOME are gone
+
+
+def test_the_sites_own_profile_is_the_browsers_while_it_crawls_and_its_owners_after(open_dir, tmp_path):
+    config = tmp_path / "fleet.yaml"
+    config.write_text(SLOW.replace("pages=3&delay_s=1.5", "pages=1"))
+    efs = open_dir / "efs"  # a fresh store: the profile is made by this command, so its owner's
+    env = {**os.environ, "GRIDFLEET_HOME": str(tmp_path / "home")}
+    with DemoServer() as demo:
+        cmd = [sys.executable, "-m", "cli.main", "crawl", "slow", "--config", str(config), "--demo-url", demo.base_url]
+        crawl = subprocess.run(
+            [*cmd, "--profile", "--profiles-root", str(efs)], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+    assert crawl.returncode == 0, crawl.stderr
+    profile = efs / "profiles" / "slow"
+    made = list(profile.rglob("*"))
+    assert len(made) > 10  # Chromium's own files
+    assert {(p.lstat().st_uid, p.lstat().st_gid) for p in [profile, *made]} == {(os.geteuid(), os.getegid())}

@@ -23,6 +23,7 @@ from cli.main import main
 from cli.views.crawl import CrawlOutput, Enough
 from embedded.demo_server import DemoServer
 from fleet.clock import FakeClock
+from node import browser
 from node.crawler import BaseCrawler
 
 API_OPTIONS = "{items: items, next: next, token_param: token}"
@@ -56,6 +57,14 @@ class ProfileWriterCrawler(BaseCrawler):
     def crawl(self):
         (Path(self.ctx.profile_dir) / "Cookies").write_text("made by this crawl")
         return [{"id": "1"}]
+
+
+class BrowserArgsCrawler(BaseCrawler):
+    """Asks for a browser (so chromedriver starts, as the user Chromium would run as) and hands out, as its one
+    item, the arguments Chromium would get, without starting it."""
+
+    def crawl(self):
+        return [{"id": "args", "args": list(self.ctx.chrome_extra_args)}]
 
 
 class BrokenCrawler(BaseCrawler):
@@ -281,3 +290,30 @@ def test_a_root_crawl_gives_back_what_it_made_in_the_crawl_users_profile_and_the
     assert made.read_text() == "made by this crawl"
     owners = {(p.stat().st_uid, p.stat().st_gid) for p in (made, made.parent, root / "locks" / "own.lock")}
     assert owners == {(2000, 2000)}
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_where_chromium_cannot_have_its_sandbox_the_crawl_goes_on_only_when_fleet_yaml_allows_it(
+    tmp_path, cli, monkeypatch, allow
+):
+    """The seam: `node.browser.sandbox_problem`, the one probe of the sandbox, says it is unavailable. A real
+    chromedriver starts when the crawl may go on; no Chromium does."""
+    monkeypatch.setattr(browser, "sandbox_problem", lambda *a, **k: "the kernel denies it (injected)")
+    crawler = f"{__name__}:BrowserArgsCrawler"
+    config = write_config(
+        tmp_path,
+        f'- {{id: b, start_url: "http://b.test/", crawler: "{crawler}"}}\n',
+        f"browser: {{allow_no_sandbox: {str(allow).lower()}, extra_args: [--lang=ko]}}\n",
+    )
+    code, out, err = cli("crawl", "b", "--config", config)
+    if not allow:
+        assert (code, out) == (1, "")
+        assert err.splitlines() == [
+            "gridfleet: error: Chromium cannot have its sandbox: the kernel denies it (injected); "
+            "set browser.allow_no_sandbox: true in fleet.yaml to crawl without it on this machine"
+        ]
+        return
+    assert code == 0, err
+    assert [json.loads(line)["args"] for line in out.splitlines()] == [["--lang=ko", "--no-sandbox"]]
+    warning = "WARNING: chromium without its sandbox (browser.allow_no_sandbox is true): the kernel denies it"
+    assert sum(line.startswith(warning) for line in err.splitlines()) == 1, err
