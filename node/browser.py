@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from fleet import procs
-from fleet.grid_auth import GridSecret, grid_request
 from fleet.errors import SandboxUnavailable
+from fleet.grid_auth import GridSecret, grid_request
 from node.evidence import SESSION_ID_RE
 
 log = logging.getLogger("gridfleet.node")
