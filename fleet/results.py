@@ -39,17 +39,40 @@ def result_key(site: str, run_date: str, run_id: str | None = None) -> str:
     return f"{site}/{run_date}/{run_id}/result.json"
 
 
+def checked_result_key(site: str, run_date: str, run_id: str | None = None) -> str:
+    """`result_key` with the ids and the date checked again (they may come back from AWS): ValueError when one is not
+    what it claims. A key read back from the table is never used as it was read: it is derived again here."""
+    _check_ids(site, run_date, run_id)
+    return result_key(site, run_date, run_id)
+
+
+def is_result_key(key: str) -> bool:
+    """Whether `key` is one `result_key` makes: `<site>/<YYYYMMDD>/result.json` or
+    `<site>/<YYYYMMDD>/<run_id>/result.json` (not the daily run's date), with the ids valid."""
+    parts = key.split("/")
+    if len(parts) not in (3, 4) or parts[-1] != "result.json":
+        return False
+    try:
+        return checked_result_key(parts[0], parts[1], parts[2] if len(parts) == 4 else None) == key
+    except ValueError:
+        return False
+
+
 #: The files an evidence record may hold: every key written or read back under `evidence/` names one of them.
 EVIDENCE_FILES = ("evidence.json", "screenshot.png", "page.html", "console.json")
 
 
-def _beside_result(site: str, run_date: str, run_id: str | None, folder: str) -> str:
-    """`<site>/<YYYYMMDD>[/<run_id>]/<folder>/`, the ids checked again: ValueError when one is not what it claims."""
+def _check_ids(site: str, run_date: str, run_id: str | None) -> None:
     check_site_id(site)
     if run_id is not None:
         check_run_id(run_id)
-    if not (len(run_date) == 8 and run_date.isdigit()):
+    if not (len(run_date) == 8 and run_date.isdigit() and run_date.isascii()):
         raise ValueError(f"run date {run_date!r} is not YYYYMMDD")
+
+
+def _beside_result(site: str, run_date: str, run_id: str | None, folder: str) -> str:
+    """`<site>/<YYYYMMDD>[/<run_id>]/<folder>/`, the ids checked again: ValueError when one is not what it claims."""
+    _check_ids(site, run_date, run_id)
     return result_key(site, run_date, run_id).rpartition("/")[0] + f"/{folder}/"
 
 

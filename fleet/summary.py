@@ -2,7 +2,9 @@
 
 `site_entry` is shared with `gridfleet status --json`, so both print sites in
 the same shape. The ids that name the exported files are read back from the
-table, which nodes write to: each is checked again before it becomes a path.
+table, which nodes write to: each is checked again before it becomes a path, and
+a result is read at the key derived from its site, the run's date and the run id,
+never at the key its record names (a record naming another key is refused).
 
 An export of a run id replaces an earlier one (`results/`, `evidence/`), and
 its reads from the bucket may fail: each directory is written beside the one it
@@ -23,7 +25,7 @@ from typing import Any
 
 from fleet.codec import RunInfo
 from fleet.ids import check_run_id, is_site_id
-from fleet.results import ResultStore, evidence_prefix, parse_evidence_key
+from fleet.results import ResultStore, checked_result_key, evidence_prefix, parse_evidence_key
 from fleet.state import RunStatus, SiteRecord
 
 log = logging.getLogger("gridfleet.hub")
@@ -121,9 +123,17 @@ def export(out_dir: Path, summary: dict[str, Any], sites: list[SiteRecord], resu
                 log.error("export-skipped site=%s why=%s is outside %s", r.site, target, staged.final)
                 continue
             try:
-                body = results.get(r.result_key)
+                key = checked_result_key(r.site, str(summary.get("run_date") or ""), run_id)
+            except ValueError as e:
+                log.error("export-skipped site=%s why=%s", r.site, e)
+                continue
+            if r.result_key != key:
+                log.error("export-skipped site=%s why=its record names result %r, not %r", r.site, r.result_key, key)
+                continue
+            try:
+                body = results.get(key)
             except Exception as e:  # one unreadable result must not lose the summary
-                log.error("export-failed site=%s key=%s error=%s", r.site, r.result_key, e)
+                log.error("export-failed site=%s key=%s error=%s", r.site, key, e)
                 staged.failed = True
                 continue
             target.write_bytes(body)

@@ -9,7 +9,10 @@ hub launch template when none runs, and launches the few nodes the reopened
 sites need. A hub that still drives the run simply picks the sites up.
 
 A site with a result is not crawled again unless `--force`, which sets the old
-result aside (`.../result.replaced-<time>.json`) rather than deleting it.
+result aside (`.../result.replaced-<time>.json`) rather than deleting it. The key
+set aside is derived from the site, the run's date and the run id, never taken
+from the record (a node writes the record): a record naming any other key stops
+the rerun before anything is moved.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from fleet.config import Config
 from fleet.errors import StaleWrite, UsageError
 from fleet.logs import event
 from fleet.messages import SiteQueue
-from fleet.results import ResultStore, result_key
+from fleet.results import ResultStore, checked_result_key
 from fleet.state import RunState, RunStatus, SiteRecord
 from fleet.table import StateTable
 from hub.plan import spec_of
@@ -54,10 +57,33 @@ def choose(records: Mapping[str, SiteRecord], names: Iterable[str], *, failed: b
         elif r.run_status is RunStatus.COMPLETED and force:
             out.sites.append(name)
         elif r.run_status is RunStatus.COMPLETED:
-            out.skipped[name] = f"has a result already ({r.result_key}); --force crawls it again"
+            out.skipped[name] = "has a result already; --force crawls it again"
         else:
             out.skipped[name] = f"is still {r.run_status} in this run: the running hub takes care of it"
     return out
+
+
+def forced_keys(run_id: str, run_date: str, records: Mapping[str, SiteRecord], choice: Choice) -> dict[str, str]:
+    """site -> the result key a forced rerun sets aside, for the chosen COMPLETED sites: derived from the site, the
+    run's date and the run id. A record that names another key (or an id that is not one) is refused, all in one
+    UsageError, before anything is moved."""
+    keys, refused = {}, []
+    for name in choice.sites:
+        rec = records[name]
+        if rec.run_status is not RunStatus.COMPLETED:
+            continue
+        try:
+            key = checked_result_key(name, run_date, run_id)
+        except ValueError as e:
+            refused.append(f"site {name!r}: {e}")
+            continue
+        if rec.result_key is not None and rec.result_key != key:
+            refused.append(f"site {name!r} names result {rec.result_key!r}, not {key!r}")
+            continue
+        keys[name] = key
+    if refused:
+        raise UsageError(f"refusing --force, nothing moved: {'; '.join(refused)}")
+    return keys
 
 
 def reopen(
@@ -72,7 +98,9 @@ def reopen(
     config: Config,
     now: float,
 ) -> list[str]:
-    """Reopen the chosen sites (and the run, if it finished); returns the sites reopened."""
+    """Reopen the chosen sites (and the run, if it finished); returns the sites reopened. A forced site whose record
+    names a result key other than its own stops everything first (`forced_keys`)."""
+    aside_keys = forced_keys(run_id, run.run_date, records, choice)
     if run.finished:
         table.update_run(
             run_id,
@@ -89,9 +117,9 @@ def reopen(
     done = []
     for name in choice.sites:
         rec = records[name]
-        if rec.run_status is RunStatus.COMPLETED:
-            aside = results.set_aside(rec.result_key or result_key(name, run.run_date, run_id), f"{int(now)}")
-            event(log, "result-set-aside", run_id=run_id, site=name, key=rec.result_key, moved_to=aside)
+        if name in aside_keys:
+            aside = results.set_aside(aside_keys[name], f"{int(now)}")
+            event(log, "result-set-aside", run_id=run_id, site=name, key=aside_keys[name], moved_to=aside)
         try:
             spec = spec_of(config.site(name), config)  # the config may carry the fix (options, start_url)
         except KeyError:

@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from cli.commands.rerun import Choice, choose, reopen
+from cli.commands.rerun import Choice, choose, forced_keys, reopen
 from cli.envs import choose as where
 from cli.envs.base import Environment, RunHold
 from cli.report.check import CheckReport, attach, check_run
@@ -306,6 +306,7 @@ def rerun(env: Environment, args: argparse.Namespace, console: Console) -> int:
     choice = _choose_and_report(console, run_id, records, args)
     if not choice.sites:
         return EXIT_OK
+    forced_keys(run_id, rows.run.run_date, records, choice)  # a forged result key stops it before a hub starts
     hubs = env.rerun_hubs(run_id, rows.run)
     reopen(
         run_id=run_id,

@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
 from fleet.errors import MissingResource
-from fleet.results import aside_key, evidence_headers
+from fleet.results import aside_key, evidence_headers, is_result_key
 
 #: Every result carries this tag: the bucket's expiry rule selects results by it (results share no key prefix,
 #: and the bundle and configs live in the same bucket).
@@ -76,6 +76,8 @@ class S3ResultStore:
         return self._c.get_object(Bucket=self.bucket, Key=key)["Body"].read()
 
     def set_aside(self, key: str, suffix: str) -> str | None:
+        if not is_result_key(key):  # it copies and deletes with the operator's credentials: results only
+            raise ValueError(f"{key!r} is not a result's key: not set aside")
         if not self.exists(key):
             return None
         new = aside_key(key, suffix)

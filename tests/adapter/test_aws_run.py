@@ -23,8 +23,14 @@ from rich.console import Console
 from cli.envs import aws as aws_env
 from cli.envs.aws_plan import dry_run
 from cloud_init import boot_script
+from fleet import ops
+from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+from fleet.aws.table import DynamoStateTable
+from fleet.codec import RunInfo
 from fleet.config.load import parse_config
+from fleet.results import result_key
+from fleet.state import RunState, RunStatus, SiteSpec
 
 
 @pytest.fixture(scope="module")
@@ -369,3 +375,40 @@ def test_a_runs_record_outlives_the_table_in_the_bucket(account, tmp_path):
     assert "aws-a" in html  # the difference from the previous run
     missing = gridfleet(elsewhere, "status", "--config", str(account["path"]), "--run-id", "aws-nope")
     assert missing.returncode == 1 and "runs/aws-nope/summary.json" in missing.stderr
+
+
+def test_a_forced_rerun_refuses_a_result_key_a_node_rewrote_and_moves_nothing(account, tmp_path):
+    """A node writes its site's record: one that names the code bundle as the site's result makes `rerun --force`
+    refuse in one line (exit 2), and nothing is copied or deleted; the bundle and the real result stay."""
+    ec2 = account["ec2"]
+    template = f"hub-{uuid.uuid4().hex[:6]}"  # so that the rerun would start a hub and go on to set the result aside
+    ec2.create_launch_template(
+        LaunchTemplateName=template,
+        LaunchTemplateData={"ImageId": account["config"].aws.ami, "InstanceType": "t3.small"},
+    )
+    path = tmp_path / "forged.yaml"
+    path.write_text(account["path"].read_text().replace("aws:\n", f"aws:\n  hub_launch_template: {template}\n", 1))
+    config = parse_config(path.read_text())
+    clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)
+    ensure_resources(clients, 30)
+    table, s3 = DynamoStateTable(clients.client("dynamodb"), config.aws.table), clients.client("s3")
+    now = time.time()
+    table.create_run(RunInfo("aws-forged", "RUNNING", now, now + 600, "20261121"))
+    table.update_run("aws-forged", status=RunState.FINISHED, finished_at=now)
+    site = ops.new_site("aws-forged", "alpha", SiteSpec("https://alpha.test/"), None)
+    table.create_site(site)
+    rec = ops.claim(table, site, "i-1", now)
+    real = result_key("alpha", "20261121", "aws-forged")
+    s3.put_object(Bucket=config.aws.bucket, Key=real, Body=b"[]")
+    s3.put_object(Bucket=config.aws.bucket, Key=config.aws.bundle_key, Body=b"the code every node installs")
+    ops.complete(table, rec, config.aws.bundle_key, now)  # the forged key, as a compromised node would write it
+
+    rerun = gridfleet(tmp_path, "rerun", "alpha", "--force", "--config", str(path), "--run-id", "aws-forged")
+    assert rerun.returncode == 2, rerun.stdout + rerun.stderr
+    lines = rerun.stderr.strip().splitlines()
+    assert len(lines) == 1 and "refusing --force, nothing moved" in lines[0], rerun.stderr
+    assert "'bundle/gridfleet-bundle.tar.gz'" in lines[0] and f"{real!r}" in lines[0]
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=config.aws.bucket).get("Contents", [])}
+    assert keys == {real, config.aws.bundle_key}
+    assert s3.get_object(Bucket=config.aws.bucket, Key=config.aws.bundle_key)["Body"].read() == b"the code every node installs"
+    assert table.get_site("aws-forged", "alpha").run_status is RunStatus.COMPLETED  # not reopened either

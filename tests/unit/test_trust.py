@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import subprocess
+from dataclasses import replace
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from fleet import ops
 from fleet.clock import FakeClock
 from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, RunInfo
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
+from fleet.results import result_key
 from fleet.summary import build_summary, export
 from sim.memory import MemoryResults, MemoryStateTable
 
@@ -39,7 +41,7 @@ def completed_run(tmp_path: Path, sites: list[str]) -> tuple[MemoryStateTable, M
         rec = ops.new_site(RUN, site, SiteSpec("http://x.test/"), None)
         table.create_site(rec)
         rec = ops.claim(table, rec, "i-1", clock.now())
-        key = f"result-of-{len(results.objects)}"
+        key = result_key(site, "20261121", RUN)
         results.put_new(key, json.dumps({"site": site}).encode())
         ops.complete(table, rec, key, clock.now())
     return table, results
@@ -61,6 +63,21 @@ def test_a_site_id_that_climbs_out_is_logged_and_skipped_and_the_summary_is_stil
     skipped = [r.getMessage() for r in caplog.records if "export-skipped" in r.getMessage()]
     assert len(skipped) == 4  # one line for each, naming it
     assert any("'../../escaped'" in line for line in skipped) and any("'/etc/abs'" in line for line in skipped)
+
+
+def test_a_result_key_a_node_rewrote_is_not_read_and_the_site_is_left_out(tmp_path, caplog):
+    """A node may write its site's record: one that names the hub's config as its result gets nothing exported;
+    the other site's result is read at the key derived from its site, date and run."""
+    table, results = completed_run(tmp_path, ["good", "forged"])
+    results.put_new("hub/fleet.yaml", b"notify: {webhook_url: https://hooks.example/secret}")
+    forged = table.get_site(RUN, "forged")
+    table.write(forged, replace(forged, result_key="hub/fleet.yaml"))
+    rows = table.read_run(RUN)
+    summary = build_summary(rows.run, rows.sites, left_running=0, finished_at=1.0, finish_reason="done")
+    with caplog.at_level(logging.ERROR, logger="gridfleet.hub"):
+        export(tmp_path / "runs", summary, rows.sites, results)
+    assert files_under(tmp_path / "runs") == {f"{RUN}/summary.json", f"{RUN}/results/good.json"}
+    assert "export-skipped site=forged why=its record names result 'hub/fleet.yaml'" in caplog.text
 
 
 def test_a_run_id_that_is_not_one_writes_nothing(tmp_path, caplog):
