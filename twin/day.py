@@ -91,7 +91,7 @@ class TwinDay:
         for name, values in sections.items():
             doc[name] = {**doc.get(name, {}), **values}
         doc["sites"] = self.site_specs(sites)
-        key = doc["aws"].get("hub_config_key", "config/fleet.yaml")
+        key = doc["aws"].get("hub_config_key", "hub/fleet.yaml")
         self.twin.client("s3").put_object(Bucket=doc["aws"]["bucket"], Key=key, Body=yaml.safe_dump(doc).encode())
 
     def __enter__(self) -> TwinDay:

@@ -28,7 +28,7 @@ from fleet.aws import ec2 as ec2_api
 from fleet.aws.clients import AwsClients, error_code
 from fleet.clock import Clock, SystemClock
 from fleet.codec import RunInfo
-from fleet.config import Config
+from fleet.config import Config, NotifyConfig
 from fleet.config.load import dump_config
 from fleet.errors import MissingResource, UsageError
 from hub.control.aws import LadderControl, ec2_node_control
@@ -158,9 +158,10 @@ class AwsEnv(StoresOf):
 
     def node_config(self) -> Config:
         """The config the nodes get: a crawler project by its identity (the bundle installed it), not by a
-        directory of this machine."""
+        directory of this machine; no `notify` (the run's end is the hub's to tell, and the webhook is a secret)."""
         project = project_of(self.config)
-        return installed_config(self.config, project) if project is not None else self.config
+        config = installed_config(self.config, project) if project is not None else self.config
+        return config.model_copy(update={"notify": NotifyConfig()})
 
     def save_run_config(self, run_id: str) -> str:
         self.node_user_data(run_id, self.hub_address)  # renders (and checks) the nodes' user-data before any start

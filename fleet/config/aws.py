@@ -61,7 +61,10 @@ class AwsConfig(BaseModel):
     grid_subscribe_port: int = Field(4443, ge=1, le=65535)
     node_port: int = Field(5555, ge=1, le=65535)
     bundle_key: str = Field("bundle/gridfleet-bundle.tar.gz", description="S3 key of the code bundle")
-    hub_config_key: str = Field("config/fleet.yaml", description="S3 key of the config the hub instance runs")
+    hub_config_key: str = Field(
+        "hub/fleet.yaml",
+        description="S3 key of the config the hub instance runs (with its secrets: under hub/, which no node may read)",
+    )
     run_config_key: str = Field("runs/{run_id}/fleet.yaml", description="S3 key of a run's config, for its nodes")
     install_dir: str = "/opt/gridfleet"
     state_dir: str = "/var/lib/gridfleet"

@@ -208,7 +208,7 @@ data "aws_iam_policy_document" "hub" {
     resources = [aws_s3_bucket.results.arn]
   }
 
-  # The hub's boot script (bundle/, config/fleet.yaml) and fleet.aws.results reads (the export of results).
+  # The hub's boot script (bundle/, hub/fleet.yaml) and fleet.aws.results reads (the export of results).
   statement {
     sid       = "BucketRead"
     actions   = ["s3:GetObject"]
@@ -217,7 +217,7 @@ data "aws_iam_policy_document" "hub" {
 
   # cli.envs.aws.upload_run_config (runs/<run id>/fleet.yaml for the run's nodes) and cli.report.page.publish
   # (runs/<run id>/summary.json and report.html at the run's end): under runs/ only, so a hub can never
-  # replace the bundle or config/, which every later hub and node installs as root.
+  # replace the bundle or hub/, which every later hub and node installs as root.
   statement {
     sid       = "RunRecordsWrite"
     actions   = ["s3:PutObject"]
@@ -482,21 +482,55 @@ data "aws_iam_policy_document" "node" {
     resources = [aws_s3_bucket.results.arn]
   }
 
-  # node bootstrap: the bundle and the run's config; fleet.aws.results: reading a result.
+  # What a node reads, and nothing else: the boot script's bundle/ (the code bundle and the
+  # amazon-efs-utils .deb beside it) and the run's nodes' config (runs/<run id>/fleet.yaml, which
+  # holds no secret); node.attempt's look for its result (HeadObject) and node.parts' read of the
+  # checkpoint parts a retry resumes from. Never the hub's config (hub/fleet.yaml, with the
+  # webhook), the runs' summaries and reports, or evidence.
   statement {
-    sid       = "BucketRead"
-    actions   = ["s3:GetObject"]
-    resources = ["${aws_s3_bucket.results.arn}/*"]
+    sid     = "BucketRead"
+    actions = ["s3:GetObject"]
+    resources = [
+      "${aws_s3_bucket.results.arn}/bundle/*",
+      "${aws_s3_bucket.results.arn}/runs/*/fleet.yaml",
+      "${aws_s3_bucket.results.arn}/*/result.json",
+      "${aws_s3_bucket.results.arn}/*/parts/*",
+    ]
   }
 
-  # fleet.aws.results.put_new, put_evidence and put_part: results (<site>/<date>/result.json),
-  # failed attempts' evidence beside them (<site>/<date>/evidence/<attempt>/<file>) and the
-  # checkpoints' item parts (<site>/<date>/parts/<attempt>-<claim>/<seq>.json) only, so a node
-  # can never overwrite the bundle or a config. Parts are read back by key (BucketRead) and
-  # expire by their tag (s3.tf): a node deletes nothing.
+  # fleet.aws.results.put_new: a result (<site>/<date>[/<run id>]/result.json) only as a new
+  # object (IfNoneMatch="*", S3's conditional write): a node can never replace a result.
   statement {
-    sid     = "ResultWrite"
-    actions = ["s3:PutObject", "s3:PutObjectTagging"]
+    sid       = "NewResultWrite"
+    actions   = ["s3:PutObject"]
+    resources = ["${aws_s3_bucket.results.arn}/*/result.json"]
+
+    condition {
+      test     = "StringEquals"
+      variable = "s3:if-none-match"
+      values   = ["*"]
+    }
+  }
+
+  # fleet.aws.results.put_evidence and put_part: failed attempts' evidence beside the result
+  # (<site>/<date>/evidence/<attempt>/<file>) and the checkpoints' item parts
+  # (<site>/<date>/parts/<attempt>-<claim>/<seq>.json), which a later write of the same
+  # attempt replaces; never the bundle or a config. Parts expire by their tag (s3.tf): a node
+  # deletes nothing.
+  statement {
+    sid     = "EvidenceAndPartsWrite"
+    actions = ["s3:PutObject"]
+    resources = [
+      "${aws_s3_bucket.results.arn}/*/evidence/*",
+      "${aws_s3_bucket.results.arn}/*/parts/*",
+    ]
+  }
+
+  # The tag every result, evidence file and part is written with (Tagging on PutObject), which
+  # the bucket's expiry rules select.
+  statement {
+    sid     = "ResultTagging"
+    actions = ["s3:PutObjectTagging"]
     resources = [
       "${aws_s3_bucket.results.arn}/*/result.json",
       "${aws_s3_bucket.results.arn}/*/evidence/*",

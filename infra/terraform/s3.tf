@@ -1,7 +1,7 @@
 # The results bucket. Besides the results (<site>/<run date>/result.json), with
 # the evidence and checkpoint parts beside them, it
 # holds the code bundle and the Lambda package (bundle/), the hub's config
-# (config/fleet.yaml) and each run's config (runs/<run id>/fleet.yaml).
+# (hub/fleet.yaml, which only the hub may read) and each run's config (runs/<run id>/fleet.yaml).
 
 locals {
   access_log_bucket = "${var.bucket_name}-access-logs"

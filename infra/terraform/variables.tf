@@ -210,12 +210,12 @@ variable "max_receive_count" {
 }
 
 variable "bucket_name" {
-  description = "S3 bucket of the results, the code bundle (bundle/), the hub's config (config/) and the runs' configs (runs/) (fleet.yaml aws.bucket)."
+  description = "S3 bucket of the results, the code bundle (bundle/), the hub's config (hub/) and the runs' configs (runs/) (fleet.yaml aws.bucket)."
   type        = string
 }
 
 variable "result_retention_days" {
-  description = "Days after which a result (an object tagged gridfleet=result) expires. Nothing else in the bucket expires: runs/ (each run's config, summary.json and report.html), bundle/ and config/ are kept."
+  description = "Days after which a result (an object tagged gridfleet=result) expires. Nothing else in the bucket expires: runs/ (each run's config, summary.json and report.html), bundle/ and hub/ are kept."
   type        = number
   default     = 90
 

@@ -170,6 +170,18 @@ def test_the_webhook_url_is_masked_and_never_dumped():
     assert parse_config(dumped).notify == NotifyConfig(sns_topic_arn=ARN)
 
 
+def test_the_nodes_config_has_no_notify_settings_and_the_hubs_lives_under_hub():
+    """What the hub uploads for its nodes (runs/<run_id>/fleet.yaml) carries neither the webhook nor the topic; the
+    hub's own config, with the webhook, defaults to hub/, which the node role may not read (infra/terraform)."""
+    from cli.envs import aws as aws_env
+
+    cfg = load(f"{{sns_topic_arn: '{ARN}', webhook_url: 'https://hooks.example{SECRET_PATH}'}}")
+    dumped = dump_config(aws_env.connect(cfg).node_config())
+    assert SECRET_PATH not in dumped and ARN not in dumped and "webhook" not in dumped
+    assert parse_config(dumped).notify == NotifyConfig()
+    assert cfg.aws.hub_config_key == "hub/fleet.yaml"
+
+
 def test_redact_url_keeps_scheme_and_host_only():
     assert redact_url(f"https://hooks.example:8443{SECRET_PATH}?token=x") == "https://hooks.example/..."
 
