@@ -20,6 +20,8 @@ from fleet.state import Attempt, RunState, RunStatus, SiteRecord, SiteSpec, Site
 
 RUN_ITEM = "#run"  # Site key of the run-level item
 NODE_PREFIX = "#node#"  # Site key prefix of per-node items
+#: Every attribute of a node item but its key (`node_to_item`): what a node's UpdateItem of its item sets or removes.
+NODE_ATTRS = ("state", "heartbeatEpoch", "started_at", "sites_done", "site", "attempt", "expireAt", "error", "stats")
 RUNS_PARTITION = "#runs"  # run_id of the index of runs (one item per run)
 OPEN_ATTR = "openSite"  # set (to the site id) while a site is QUEUED or RUN: the key of the sparse index `open`
 OPEN_INDEX = "open"  # local secondary index over OPEN_ATTR: the sites that can still change, nothing else

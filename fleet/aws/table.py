@@ -20,6 +20,7 @@ from fleet import run_item
 from fleet.aws.clients import error_code
 from fleet.codec import (
     MARKS_PARTITION,
+    NODE_ATTRS,
     NODE_PREFIX,
     OPEN_ATTR,
     OPEN_INDEX,
@@ -244,7 +245,20 @@ class DynamoStateTable:
         return [item_to_node(i) for i in sorted(items, key=lambda i: i["Site"])]
 
     def put_node(self, node: NodeInfo) -> None:
-        self._c.put_item(TableName=self.name, Item=self._enc(node_to_item(node)))
+        """The node's item, written as an UpdateItem of its own attributes (what it does not hold now removed): the
+        node role may update attributes of items, never put a whole one (infra/terraform, dynamodb:Attributes)."""
+        item = node_to_item(node)
+        key = {k: item.pop(k) for k in ("run_id", "Site")}
+        names = {f"#a{n}": k for n, k in enumerate(NODE_ATTRS)}
+        sets = [f"#a{n} = :a{n}" for n, k in enumerate(NODE_ATTRS) if k in item]
+        removes = [f"#a{n}" for n, k in enumerate(NODE_ATTRS) if k not in item]
+        self._c.update_item(
+            TableName=self.name,
+            Key=self._enc(key),
+            UpdateExpression="SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else ""),
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=self._enc({f":a{n}": item[k] for n, k in enumerate(NODE_ATTRS) if k in item}),
+        )
 
     def add_history(self, events: Sequence[HistoryEvent]) -> None:
         """History lines need no condition (each has its own key): BatchWriteItem, 25 to a call."""

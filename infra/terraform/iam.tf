@@ -446,11 +446,81 @@ data "aws_iam_policy_document" "node" {
   # runs its command on the node through it.
   source_policy_documents = [data.aws_iam_policy_document.ssm_agent.json]
 
-  # node.agent: its site items and its node item.
+  # node.agent: reading a site's record and the run item (whole items: the spec, the checkpoint).
   statement {
-    sid       = "StateTable"
-    actions   = ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]
+    sid       = "StateRead"
+    actions   = ["dynamodb:GetItem"]
     resources = [aws_dynamodb_table.status.arn]
+  }
+
+  # What a node writes, and nothing else (fleet.ops through fleet.aws.table.write; put_node;
+  # fleet.aws.ratelimit): UpdateItem of the attributes of an attempt (claim, report, beat,
+  # checkpoint, end, requeue) and of its node item, and a rate-limit group's slot (next_at). Never
+  # a site's spec, mark or attemptBase, nor the run item's own attributes (status, deadline_at,
+  # hub_id, ...): dynamodb:Attributes must name only these (the keys run_id and Site and the
+  # index key openSite included, as DynamoDB requires), and the Null test keeps a request that
+  # names none from passing ForAllValues. ReturnValues may return only what was written.
+  statement {
+    sid       = "AttemptAndNodeWrites"
+    actions   = ["dynamodb:UpdateItem"]
+    resources = [aws_dynamodb_table.status.arn]
+
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "dynamodb:Attributes"
+      values = [
+        "run_id", "Site", "openSite",
+        "run_status", "site_status", "attemptCount", "version", "instance_id", "enqueued", "receipt",
+        "lastUpdateEpoch", "heartbeatEpoch", "url", "pages", "checkpoint", "attempts", "spot_requeues",
+        "failure_reason", "error", "kill_reason", "kill_path", "result_key",
+        "state", "started_at", "sites_done", "site", "attempt", "expireAt", "stats",
+        "next_at",
+      ]
+    }
+
+    condition {
+      test     = "Null"
+      variable = "dynamodb:Attributes"
+      values   = ["false"]
+    }
+
+    condition {
+      test     = "StringEqualsIfExists"
+      variable = "dynamodb:ReturnValues"
+      values   = ["NONE", "UPDATED_OLD", "UPDATED_NEW"]
+    }
+  }
+
+  # node.attempt (fleet.aws.table.put_mark): an incremental site's high-water mark, a whole item of
+  # the #sites partition (dynamodb:LeadingKeys) with its own attributes only.
+  statement {
+    sid       = "HighWaterMarks"
+    actions   = ["dynamodb:PutItem"]
+    resources = [aws_dynamodb_table.status.arn]
+
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "dynamodb:LeadingKeys"
+      values   = ["#sites"]
+    }
+
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "dynamodb:Attributes"
+      values   = ["run_id", "Site", "mark", "run", "at"]
+    }
+
+    condition {
+      test     = "Null"
+      variable = "dynamodb:LeadingKeys"
+      values   = ["false"]
+    }
+
+    condition {
+      test     = "StringEqualsIfExists"
+      variable = "dynamodb:ReturnValues"
+      values   = ["NONE"]
+    }
   }
 
   # node.agent: an idle node reads its run's open sites before it leaves (it

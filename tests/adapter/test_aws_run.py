@@ -410,5 +410,8 @@ def test_a_forced_rerun_refuses_a_result_key_a_node_rewrote_and_moves_nothing(ac
     assert "'bundle/gridfleet-bundle.tar.gz'" in lines[0] and f"{real!r}" in lines[0]
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=config.aws.bucket).get("Contents", [])}
     assert keys == {real, config.aws.bundle_key}
-    assert s3.get_object(Bucket=config.aws.bucket, Key=config.aws.bundle_key)["Body"].read() == b"the code every node installs"
+    assert (
+        s3.get_object(Bucket=config.aws.bucket, Key=config.aws.bundle_key)["Body"].read()
+        == b"the code every node installs"
+    )
     assert table.get_site("aws-forged", "alpha").run_status is RunStatus.COMPLETED  # not reopened either

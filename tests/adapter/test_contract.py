@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError
 
 from fleet import ops
 from fleet.aws.table import DynamoStateTable, wait_table_active
-from fleet.codec import OPEN_ATTR, HistoryEvent, NodeInfo, RunInfo
+from fleet.codec import NODE_ATTRS, OPEN_ATTR, HistoryEvent, NodeInfo, RunInfo, node_to_item
 from fleet.errors import GridfleetError, StaleWrite
 from fleet.messages import BadMessage, QueueDepth, SiteMessage
 from fleet.results import result_key
@@ -331,9 +331,19 @@ def test_read_run_reads_every_page_of_a_large_run(backend):
 def test_node_items_are_overwritten_by_put_node(table):
     table.create_run(run_info())
     table.put_node(NodeInfo(RUN, "i-0001", "booting", NOW, NOW))
+    busy = NodeInfo(RUN, "i-0001", "busy", NOW + 20, NOW, site="a", attempt=1, error="e", stats={"completed": 1})
+    table.put_node(busy)
+    assert table.read_run(RUN).nodes == [busy]
     later = NodeInfo(RUN, "i-0001", "idle", NOW + 40, NOW, sites_done=1)
-    table.put_node(later)
+    table.put_node(later)  # what it no longer holds (site, attempt, error, stats) is gone
     assert table.read_run(RUN).nodes == [later]
+
+
+def test_every_attribute_of_a_node_item_is_one_its_update_names():
+    """put_node is an UpdateItem of NODE_ATTRS (the node role may not put whole items): an attribute node_to_item
+    writes outside that list would never be written, nor removed."""
+    full = NodeInfo(RUN, "i-0001", "busy", NOW, NOW, site="a", attempt=1, expire_at=9, error="e", stats={"x": 1})
+    assert set(node_to_item(full)) == {"run_id", "Site", *NODE_ATTRS}
 
 
 def test_create_run_is_put_if_absent_and_indexes_the_run(table):

@@ -31,6 +31,7 @@ from fleet.codec import NodeInfo, RunInfo
 from fleet.config import Config, NotifyConfig
 from fleet.config.load import parse_config
 from fleet.state import SiteSpec
+from tests.helpers.iam_eval import request_context
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,6 +47,8 @@ OBJECT_CALL = "{call} on object/{key}"
 class Recorder:
     def __init__(self) -> None:
         self.calls: set[str] = set()
+        #: (call as in `calls`, its IAM request context: the condition keys AWS would see, `iam_eval`), every call.
+        self.requests: list[tuple[str, dict[str, Any]]] = []
 
     def hook(self, service: str, client: Any) -> None:
         client.meta.events.register(
@@ -59,6 +62,7 @@ class Recorder:
         elif service == "s3" and params.get("Key"):
             call = OBJECT_CALL.format(call=call, key=params["Key"])
         self.calls.add(call)
+        self.requests.append((call, request_context(service, params)))
 
     def clients(self, config: Config) -> AwsClients:
         return AwsClients(config.aws, credentials=LOCAL_CREDENTIALS, on_client=(self.hook,))
@@ -216,7 +220,7 @@ def _act_as_a_node(config: Config, node: str) -> None:
     table = DynamoStateTable(clients.client("dynamodb"), config.aws.table)
     now = time.time()
     s1 = ops.claim(table, table.get_site("iam-hub", "s1"), node, now)
-    key = result_key("s1", table.get_run("iam-hub").run_date)
+    key = result_key("s1", table.get_run("iam-hub").run_date, "iam-hub")  # as node.attempt derives it
     S3ResultStore(clients.client("s3"), config.aws.bucket).put_new(key, b"{}")
     ops.complete(table, s1, key, now)
     s2 = ops.claim(table, table.get_site("iam-hub", "s2"), node, now)
@@ -224,9 +228,9 @@ def _act_as_a_node(config: Config, node: str) -> None:
     ops.request_kill(table, s2, Reason.HANG, now)
 
 
-def node_calls(endpoint: str, tmp: Path) -> set[str]:
+def node_calls(endpoint: str, tmp: Path, requests: list[tuple[str, dict[str, Any]]] | None = None) -> set[str]:
     """The node agent crawling a site in a real crawler process, a failed boot reported, and the node's logs
-    shipped."""
+    shipped; each call's request context is added to `requests` when given."""
     from fleet.aws.metrics import CloudWatchSink
     from fleet.aws.queue import SqsSiteQueue
     from fleet.aws.results import S3ResultStore
@@ -293,6 +297,8 @@ def node_calls(endpoint: str, tmp: Path) -> set[str]:
         NodeInfo("iam-node", "i-x", BOOT_FAILED, time.time(), time.time(), error="mount failed")
     )
     ship_logs(config, clients, aws.log_group_node, "iam-node/i-node")
+    if requests is not None:
+        requests.extend(rec.requests)
     return rec.calls
 
 

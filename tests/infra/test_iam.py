@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import iam_scenarios
+from tests.helpers import iam_eval, iam_scenarios
 from tests.infra.test_terraform import SSM_AGENT_ACTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,6 +119,12 @@ def policy_statements() -> dict[str, list[dict]]:
                         {
                             "actions": {unquote(a) for a in st.get("actions", [])},
                             "resources": [unquote(r) for r in st.get("resources", [])],
+                            "conditions": tuple(
+                                iam_eval.Condition(
+                                    unquote(c["test"]), unquote(c["variable"]), tuple(unquote(v) for v in c["values"])
+                                )
+                                for c in st.get("condition", [])
+                            ),
                         }
                         for st in body.get("statement", [])
                         if unquote(str(st.get("effect", '"Allow"'))) == "Allow"
@@ -205,15 +211,40 @@ def resource_problems(role: str, calls: set[str], statements: list[dict]) -> lis
     ]
 
 
+def as_evaluated(statements: list[dict]) -> list[iam_eval.Statement]:
+    """The statements as tests.helpers.iam_eval evaluates them (Allow, with their conditions)."""
+    return [
+        iam_eval.Statement("Allow", tuple(st["actions"]), tuple(st["resources"]), st["conditions"]) for st in statements
+    ]
+
+
+def condition_problems(role: str, requests: list[tuple[str, dict]], statements: list[dict]) -> list[str]:
+    """The table and bucket calls of `requests` that no statement allows with its conditions (dynamodb:Attributes,
+    s3:if-none-match, ...) evaluated on the call's request context."""
+    evaluated = as_evaluated(statements)
+    out = set()
+    for call, context in requests:
+        for action, resource in needed_resources({call}):
+            if not iam_eval.allowed(evaluated, iam_eval.Request(action, resource, context)):
+                out.add(f"{role}: the code calls {action} on {resource} with {context}, which no statement allows")
+    return sorted(out)
+
+
 @pytest.fixture(scope="module")
-def recorded(moto_endpoint, tmp_path_factory):
+def scenarios(moto_endpoint, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("iam")
+    node_requests: list[tuple[str, dict]] = []
     calls = {
         "hub": iam_scenarios.hub_calls(moto_endpoint, tmp / "hub"),
-        "node": iam_scenarios.node_calls(moto_endpoint, tmp / "node"),
+        "node": iam_scenarios.node_calls(moto_endpoint, tmp / "node", node_requests),
     }
     calls.update(iam_scenarios.lambda_calls(moto_endpoint, tmp / "lambdas"))
-    return calls
+    return calls, node_requests
+
+
+@pytest.fixture(scope="module")
+def recorded(scenarios):
+    return scenarios[0]
 
 
 @pytest.fixture(scope="module")
@@ -377,3 +408,26 @@ def test_the_resource_check_fails_when_any_needed_resource_is_removed(role, reco
         ]
         found = resource_problems(role, recorded[role], cut)
         assert any(action in p and resource in p for p in found), f"removing {resource} from {action} went unnoticed"
+
+
+@pytest.mark.slow
+def test_the_nodes_table_and_bucket_calls_meet_the_policys_conditions(scenarios):
+    """The node's statements carry conditions (which attributes an UpdateItem may name, that a result is put only as
+    a new object): every table and bucket call the node's code made is evaluated with its request context."""
+    requests = scenarios[1]
+    assert any(ctx.get("s3:if-none-match") == "*" for call, ctx in requests if call.endswith("/result.json"))
+    assert any(call == "dynamodb.UpdateItem" for call, _ in requests)
+    statements = policy_statements()["node"]
+    assert condition_problems("node", requests, statements) == []
+    # ...and the check sees a condition the code does not meet: without the node item's `stats`, its write is named.
+    cut = [
+        {
+            **st,
+            "conditions": tuple(
+                iam_eval.Condition(c.operator, c.key, tuple(v for v in c.values if v != "stats"))
+                for c in st["conditions"]
+            ),
+        }
+        for st in statements
+    ]
+    assert any("dynamodb:UpdateItem" in p and "stats" in p for p in condition_problems("node", requests, cut))

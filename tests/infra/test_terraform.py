@@ -1151,8 +1151,13 @@ def test_node_permissions(tf):
     assert conditions(tf, efs)[("StringEquals", "elasticfilesystem:AccessPointArn")] == [
         "${aws_efs_access_point.main.arn}"
     ]
-    (put,) = with_action(node, "s3:PutObject")
-    assert all(r.startswith("${aws_s3_bucket.results.arn}/") for r in put["resources"])
+    puts = with_action(node, "s3:PutObject")
+    assert all(r.startswith("${aws_s3_bucket.results.arn}/") for put in puts for r in put["resources"])
+    # a result only as a new object: every statement that may put a result.json requires If-None-Match: *
+    results = [put for put in puts if any(r.endswith("/result.json") for r in put["resources"])]
+    assert results and all(conditions(tf, put).get(("StringEquals", "s3:if-none-match")) == ["*"] for put in results), (
+        results
+    )
     (kms,) = with_action(node, "kms:Decrypt")
     assert "${local.via_efs}" in conditions(tf, kms)[("StringEquals", "kms:ViaService")]
 

@@ -241,6 +241,13 @@ def failed(sb: Sandbox, step: str) -> str:
     return log
 
 
+def failure_update(sandbox) -> list[str]:
+    """The AWS CLI's update-item of the node item (a node may not put whole items): [its JSON input]."""
+    (call,) = [c for c in sandbox.calls("aws") if c[1:3] == ["dynamodb", "update-item"]]
+    assert not [c for c in sandbox.calls("aws") if c[1:3] == ["dynamodb", "put-item"]]
+    return [call[call.index("--cli-input-json") + 1]]
+
+
 def test_node_bundle_download_fails_and_is_reported_with_the_aws_cli(sandbox):
     p = sandbox_node(sandbox)
     upload_node_objects(sandbox, p, bundle=False)
@@ -248,12 +255,18 @@ def test_node_bundle_download_fails_and_is_reported_with_the_aws_cli(sandbox):
     assert r.returncode != 0
     log = failed(sandbox, "fetch-bundle")
     assert f"cannot download s3://{p.bucket}/{p.bundle_key}" in log
-    # no gridfleet yet: the node item is written with the AWS CLI, as `gridfleet node report-failure` writes it
-    put = next(c for c in sandbox.calls("aws") if c[1:3] == ["dynamodb", "put-item"])
-    assert put[put.index("--table-name") + 1] == "TrendlyzeStatus"
-    item = json.loads(put[put.index("--item") + 1])
-    assert item["Site"] == {"S": f"#node#{INSTANCE_ID}"} and item["state"] == {"S": "boot-failed"}
-    assert item["run_id"] == {"S": p.run_id} and item["error"]["S"].startswith("fetch-bundle: cannot download")
+    # no gridfleet yet: the node item is updated with the AWS CLI, as `gridfleet node report-failure` updates it
+    update = json.loads(failure_update(sandbox)[-1])
+    assert update["TableName"] == "TrendlyzeStatus"
+    assert update["Key"] == {"run_id": {"S": p.run_id}, "Site": {"S": f"#node#{INSTANCE_ID}"}}
+    item = {
+        update["ExpressionAttributeNames"][n]: update["ExpressionAttributeValues"][f":{n[1:]}"]
+        for n in (update["ExpressionAttributeNames"])
+    }
+    assert update["UpdateExpression"] == "SET " + ", ".join(
+        f"{n} = :{n[1:]}" for n in update["ExpressionAttributeNames"]
+    )
+    assert item["state"] == {"S": "boot-failed"} and item["error"]["S"].startswith("fetch-bundle: cannot download")
     # and the boot log goes to the node's stream with the AWS CLI, its lines in time order
     logs = [c[1:3] for c in sandbox.calls("aws") if c[1] == "logs"]
     assert logs == [["logs", "create-log-stream"], ["logs", "put-log-events"]]
@@ -296,8 +309,7 @@ def test_a_bundle_for_another_platform_is_refused_before_anything_is_installed(s
     python = "{}.{}".format(*sys.version_info[:2])
     assert f"the bundle is built for linux aarch64, CPython {python} but this instance is linux x86_64, " in log
     assert sandbox.calls("pip") == [] and sandbox.calls("gridfleet") == []
-    put = next(c for c in sandbox.calls("aws") if c[1:3] == ["dynamodb", "put-item"])
-    assert "check-platform: the bundle is built for linux aarch64" in put[put.index("--item") + 1]
+    assert "check-platform: the bundle is built for linux aarch64" in failure_update(sandbox)[-1]
 
 
 def test_node_mount_never_succeeds(sandbox):

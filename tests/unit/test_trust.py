@@ -8,8 +8,8 @@ import logging
 import os
 import re
 import subprocess
-from dataclasses import replace
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,8 +19,8 @@ from cli.views.run import print_sites
 from fleet import ops
 from fleet.clock import FakeClock
 from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, RunInfo
-from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from fleet.results import result_key
+from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from fleet.summary import build_summary, export
 from sim.memory import MemoryResults, MemoryStateTable
 
