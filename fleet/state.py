@@ -69,6 +69,14 @@ class Reason(StrEnum):
     BUSY = "busy"  # the site's profile was locked elsewhere (a node cut off but still alive): tried again later
 
 
+def known_reason(value: object) -> Reason | None:
+    """`value` as a Reason, or None if it is none (a value read back from the table, which nodes write to)."""
+    try:
+        return Reason(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
 #: Attempts that end for these reasons are given back (not counted), up to `run.spot_requeue_cap`.
 GIVEN_BACK = frozenset({Reason.SPOT, Reason.BUSY})
 

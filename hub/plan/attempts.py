@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from fleet.config import Config
-from fleet.state import Reason, RunStatus, SiteRecord, SiteStatus
+from fleet.state import Reason, RunStatus, SiteRecord, SiteStatus, known_reason
 from hub.actions import Action, EndAttempt, Enqueue, KillAttempt, KillLadder
 from hub.plan.feed import metering
 from hub.snapshot import Snapshot
@@ -60,8 +60,9 @@ def watch_site(s: Snapshot, r: SiteRecord, now: float, config: Config) -> Verdic
         return unsent(s, r, now, config)
     if r.run_status is not RunStatus.RUN:
         return NOTHING
-    if r.kill_reason:  # a kill a hub marked and did not finish (it died in between): finish it
-        return kill(r, Reason(r.kill_reason)), math.inf
+    marked = known_reason(r.kill_reason)  # nodes write the site's item too: a mark that is no reason is none
+    if marked is not None:  # a kill a hub marked and did not finish (it died in between): finish it
+        return kill(r, marked), math.inf
     inst = s.instances.get(r.instance_id or "")
     if inst is None or not inst.live:  # reclaimed by EC2 before its node could say so: not its fault
         return EndAttempt(r.site, r.attempt, Reason.SPOT if inst and inst.interrupted else Reason.LOST), math.inf

@@ -32,3 +32,11 @@ def test_an_interrupted_kill_is_finished_with_the_rungs_of_its_recorded_reason()
     assert KillAttempt("s0", "i-1", 1, Reason.LOST, KillLadder.TERMINATE) in w.plan(T0).actions
     w = World(config(1), [running("s0", node=None, site_status=SiteStatus.URL_CALL, kill_reason="hang")])
     assert KillAttempt("s0", None, 1, Reason.HANG, KillLadder.NONE) in w.plan(T0).actions
+
+
+def test_a_kill_mark_that_names_no_reason_is_no_mark():
+    """Nodes write the site's item too: a `kill_reason` that is no Reason neither kills nor stops the plan."""
+    marked = World(config(1), [running("s0", kill_reason="bogus")]).plan(T0)
+    plain = World(config(1), [running("s0")]).plan(T0)
+    assert not [a for a in marked.actions if isinstance(a, KillAttempt)]
+    assert marked.actions == plain.actions
