@@ -281,6 +281,19 @@ def _ship_logs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--once", action="store_true", help="ship what the files hold now, then exit")
 
 
+def _grid_secret(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "grid-secret",
+        help="what the hub instance runs: a new Grid secret, the Grid hub's config and curl's credentials from it",
+        description="Make a random Grid secret and write it, the Selenium Grid hub's config (its nodes' "
+        "registration secret and its router's user and password) and a curl config holding that user and "
+        "password, each file mode 0600. Nothing secret is printed.",
+    )
+    p.add_argument("--secret-file", type=Path, required=True, help="where the secret goes")
+    p.add_argument("--hub-config", type=Path, required=True, help="the Grid hub's config (its --config)")
+    p.add_argument("--curl-config", type=Path, required=True, help="the router's credentials for `curl -K`")
+
+
 def _node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub.add_parser("node", help="the node agent, as cloud-init runs it (see `gridfleet node --help`)", add_help=False)
 
@@ -313,6 +326,7 @@ PARSERS = (
     _local,
     _logs,
     _ship_logs,
+    _grid_secret,
     sim_cli.add_parser,
     crawl_cmd.add_parser,
     _node,
@@ -336,6 +350,7 @@ COMMANDS: dict[str, Command] = {
     "crawl": crawl_cmd.cmd_crawl,
     "logs": _cmd_logs,
     "ship-logs": _cmd_ship_logs,
+    "grid-secret": aws_cmd.cmd_grid_secret,
 }
 
 

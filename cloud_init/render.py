@@ -12,7 +12,8 @@ wherever they land in a shell line, and through ``tojson`` wherever they land in
 YAML (JSON is YAML). The parameters are validated when the dataclasses are
 built, so a bad value fails with a `RenderError` naming its field before
 anything is rendered. User-data never carries secrets: instances use their IAM
-instance profile.
+instance profile, and the Grid's secret travels through SSM Parameter Store, the
+user-data naming only its parameter.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ _CRAWL_UID_MIN, _CRAWL_UID_MAX = 1000, 60000  # fleet.crawl_uid: a regular user'
 _S3_KEY_MAX = 1024
 _TABLE_RE = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")  # DynamoDB's rule for table names
 _LOG_GROUP_RE = re.compile(r"^[A-Za-z0-9_./#-]{1,512}$")  # CloudWatch Logs' rule for group names
+# An SSM parameter's name, as a path: the Grid secret's is /<stack>/grid-secret (fleet.config.aws).
+_PARAMETER_RE = re.compile(r"(?:/[A-Za-z0-9_.-]{1,128}){1,15}")
+_KMS_ALIAS_RE = re.compile(r"alias/[A-Za-z0-9/_-]{1,250}")  # a KMS key by its alias
 
 
 class RenderError(ValueError):
@@ -131,6 +135,9 @@ def _check_common(p: NodeUserData | HubUserData) -> None:
     _match("imds_url", p.imds_url, _IMDS_URL_RE, "an http URL without a path (e.g. http://169.254.169.254)")
     if p.log_group:
         _match("log_group", p.log_group, _LOG_GROUP_RE, "a CloudWatch Logs group name (e.g. /gridfleet/node)")
+    name = _text("grid_secret_parameter", p.grid_secret_parameter)
+    if not _PARAMETER_RE.fullmatch(name) or name.split("/")[1].lower().startswith(("aws", "ssm")):
+        raise RenderError("grid_secret_parameter", f"{name!r} is not an SSM parameter path (e.g. /gf/grid-secret)")
 
 
 # --- parameters ---------------------------------------------------------------------------------
@@ -145,6 +152,7 @@ class NodeUserData:
     config_key: str  # e.g. "runs/2026-11-21/fleet.yaml": the run's config for nodes
     efs_id: str  # e.g. "fs-0123456789abcdef0"
     hub_address: str  # private IP or DNS name of the hub (its Grid)
+    grid_secret_parameter: str  # the SSM parameter the hub put the Grid secret in: its name, never the secret
     grid_port: int = 4444
     grid_publish_port: int = 4442
     grid_subscribe_port: int = 4443
@@ -190,6 +198,7 @@ class HubUserData:
     bucket: str
     bundle_key: str
     hub_config_key: str  # e.g. "config/fleet.yaml"
+    grid_secret_parameter: str  # where the hub puts the Grid secret it makes (an SSM SecureString's name)
     grid_port: int = 4444
     grid_publish_port: int = 4442
     grid_subscribe_port: int = 4443
@@ -198,9 +207,13 @@ class HubUserData:
     self_stop: str = "shutdown"  # "shutdown" | "terminate" | "none"
     imds_url: str = "http://169.254.169.254"
     log_group: str = ""  # CloudWatch Logs group of the hub's logs ("": not shipped)
+    grid_secret_key: str = ""  # the KMS key of that SecureString, by alias ("": the account's aws/ssm key)
 
     def __post_init__(self) -> None:
         _check_common(self)
+        key = _text("grid_secret_key", self.grid_secret_key)
+        if key and not _KMS_ALIAS_RE.fullmatch(key):
+            raise RenderError("grid_secret_key", f"{key!r} is not a KMS key alias (alias/<name>)")
         _s3_key("hub_config_key", self.hub_config_key)
         if self.self_stop not in SELF_STOP_CHOICES:
             raise RenderError("self_stop", f"{self.self_stop!r} is not one of {', '.join(SELF_STOP_CHOICES)}")

@@ -1,6 +1,6 @@
 """The Grid's secret: what a Grid node must show to register, and what a client must show to the router.
 
-One random secret per stack (the embedded default) or per run (AWS, where the hub keeps it in SSM Parameter
+One random secret per stack (the embedded default) or per hub boot (AWS, where the hub keeps it in SSM Parameter
 Store) yields two values: the registration secret Grid nodes send with their events, and the password of the
 router's HTTP basic authentication. Every process that holds the secret reads it from a file only its user can
 read; it is never put on a command line, in a URL or in user-data, and its repr shows nothing of it.
@@ -109,6 +109,22 @@ def hub_toml(secret: GridSecret) -> str:
             "",
         ]
     )
+
+
+def curl_config(secret: GridSecret) -> str:
+    """A curl config (`curl -K FILE`) carrying the router's credentials, so that they are not on curl's command
+    line."""
+    return f"user = {json.dumps(f'{GRID_USER}:{secret.password}')}\n"  # curl's quoted strings take JSON's escapes
+
+
+def make_hub_files(secret_file: Path, hub_config: Path, curl_file: Path) -> GridSecret:
+    """A new secret in `secret_file`, the Grid hub's config derived from it in `hub_config` and the router's
+    credentials in the curl config `curl_file`, each readable by its owner only (the AWS hub's boot)."""
+    secret = GridSecret.make()
+    secret.write(secret_file)
+    write_private(hub_config, hub_toml(secret))
+    write_private(curl_file, curl_config(secret))
+    return secret
 
 
 def grid_request(

@@ -1,4 +1,5 @@
-"""AWS commands: `render`, `aws bootstrap`, `bundle`, and the plan `run --dry-run` prints on AWS.
+"""AWS commands: `render`, `aws bootstrap`, `bundle`, `grid-secret` (the AWS hub's), and the plan `run --dry-run`
+prints on AWS.
 
 AWS failures are not caught here: they reach the command line's outer edge, which words them in one
 line (fleet.aws.errors). The dry run is the exception: it prints what each failed question was and why.
@@ -27,6 +28,7 @@ from fleet.config import Config
 from fleet.config.bundle import platform_of
 from fleet.config.load import dump_config, load_config
 from fleet.errors import MissingResource, UsageError
+from fleet.grid_auth import make_hub_files
 from fleet.ids import default_run_id
 from fleet.platform import S3_METADATA, BundlePlatform
 
@@ -40,6 +42,8 @@ def hub_params(config: Config) -> HubUserData:
         bucket=aws.bucket,
         bundle_key=aws.bundle_key,
         hub_config_key=aws.hub_config_key,
+        grid_secret_parameter=aws.grid_secret_parameter,
+        grid_secret_key=aws.kms_key_alias,
         grid_port=aws.grid_port,
         grid_publish_port=aws.grid_publish_port,
         grid_subscribe_port=aws.grid_subscribe_port,
@@ -65,6 +69,14 @@ def cmd_render(args: argparse.Namespace, console: Console) -> int:
         run_id = args.run_id or default_run_id(time.time())
         text = aws_env.connect(config).node_user_data(run_id, hub_address)
     print(boot_script(text) if args.script else text, end="")
+    return 0
+
+
+def cmd_grid_secret(args: argparse.Namespace, console: Console) -> int:
+    """`gridfleet grid-secret`, which the hub's boot script runs: the files of a new Grid secret, nothing printed
+    of it."""
+    make_hub_files(args.secret_file, args.hub_config, args.curl_config)
+    console.print(f"a new Grid secret in {args.secret_file}; the Grid hub's config in {args.hub_config}")
     return 0
 
 

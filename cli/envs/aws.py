@@ -283,6 +283,7 @@ def node_params(config: Config, run_id: str, hub_address: str) -> NodeUserData:
         config_key=aws.run_config_key.format(run_id=run_id),
         efs_id=aws.efs_id,
         hub_address=hub_address,
+        grid_secret_parameter=aws.grid_secret_parameter,
         grid_port=aws.grid_port,
         grid_publish_port=aws.grid_publish_port,
         grid_subscribe_port=aws.grid_subscribe_port,

@@ -108,6 +108,17 @@ class AwsConfig(BaseModel):
         return f"/{self.stack}/node"
 
     @property
+    def grid_secret_parameter(self) -> str:
+        """The SSM SecureString the hub puts the Grid's secret in and the nodes read it from (infra/terraform
+        grants the two roles that parameter alone)."""
+        return f"/{self.stack}/grid-secret"
+
+    @property
+    def kms_key_alias(self) -> str:
+        """The stack's own KMS key (infra/terraform names its alias after the stack): it encrypts that secret."""
+        return f"alias/{self.stack}"
+
+    @property
     def queue_name(self) -> str:
         """The site queue's name: `queue`, plus the `.fifo` a FIFO queue's name must end with."""
         return self.queue if not self.queue_fifo or self.queue.endswith(".fifo") else f"{self.queue}.fifo"

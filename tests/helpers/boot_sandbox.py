@@ -2,7 +2,9 @@
 
 Real commands the scripts may use are linked in; everything else they call is a stub that records its call
 (one line, written at once), and a command that is neither is not found, so no test can reach the host's apt,
-dpkg, mount, systemctl or shutdown. S3 is a directory (`Sandbox.put`), IMDSv2 a stub of curl.
+dpkg, mount, systemctl or shutdown. S3 is a directory (`Sandbox.put`), SSM Parameter Store another
+(`Sandbox.ssm`), IMDSv2 and the Grid's /status a stub of curl. `gridfleet grid-secret` is the project's own
+command, run for real.
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ RECORD = (
 
 STUBS = {
     "curl": r"""
-method=GET url= headers=()
+method=GET url= headers=() config=
 while (($#)); do
   case $1 in
     -X) method=$2; shift 2 ;;
     -H) headers+=("$2"); shift 2 ;;
+    -K) config=$2; shift 2 ;;
     -o|--max-time|--retry) shift 2 ;;
     http*) url=$1; shift ;;
     *) shift ;;
@@ -60,7 +63,10 @@ case $url in
       tags/instance/gridfleet:run_id) [[ -n ${STUB_TAG_RUN_ID:-} ]] || exit 22; printf %s "$STUB_TAG_RUN_ID" ;;
       *) exit 22 ;;
     esac ;;
-  */status) [[ -n ${STUB_GRID_DOWN:-} ]] && exit 7; printf '{"value":{"ready":false}}' ;;
+  */status)  # the Grid hub takes only its router's credentials, from a curl config (`-K`)
+    [[ -n ${STUB_GRID_DOWN:-} ]] && exit 7
+    [[ -n $config && -f $config ]] && cp -- "$config" "$SANDBOX/curl-config-seen" || exit 22
+    printf '{"value":{"ready":false}}' ;;
   *) exit 7 ;;
 esac
 """,
@@ -72,6 +78,22 @@ case $1 in
     obj=$S3_ROOT/${src#s3://}
     [[ -f $obj ]] || { echo "fatal error: An error occurred (404) when calling the HeadObject operation" >&2; exit 1; }
     cp -- "$obj" "$dest" ;;
+  ssm)  # parameters are files under $SSM_ROOT, named as the parameter; STUB_SSM_FAILS: every call fails
+    denied="An error occurred (AccessDeniedException) when calling the $2 operation"
+    [[ -z ${STUB_SSM_FAILS:-} ]] || { echo "$denied" >&2; exit 254; }
+    prev= name= value=
+    for a in "$@"; do
+      case $prev in --name) name=$a ;; --value) value=$a ;; esac
+      prev=$a
+    done
+    case $2 in
+      put-parameter) mkdir -p "$SSM_ROOT${name%/*}"; cp -- "${value#file://}" "$SSM_ROOT$name" ;;
+      get-parameter)
+        missing="An error occurred (ParameterNotFound) when calling the GetParameter operation: "
+        [[ -f $SSM_ROOT$name ]] || { echo "$missing" >&2; exit 254; }
+        cat -- "$SSM_ROOT$name" ;;
+      *) exit 2 ;;
+    esac ;;
   dynamodb | logs)
     [[ -z ${STUB_AWS_FAILS:-} ]] || exit 254
     prev=
@@ -138,6 +160,8 @@ case $1 in
   validate) exit "${STUB_VALIDATE_RC:-0}" ;;
   node) [[ $2 == report-failure ]] && exit 0; exit "${STUB_AGENT_RC:-0}" ;;
   run) exit "${STUB_RUN_RC:-0}" ;;
+  grid-secret)  # the project's own command
+    PYTHONPATH=$GRIDFLEET_SRC exec "$REAL_PYTHON" -c 'import sys; from cli.main import main; sys.exit(main())' "$@" ;;
   ship-logs) exit 0 ;;
 esac
 exit 2
@@ -166,12 +190,13 @@ class Sandbox:
         self.bin = root / "bin"
         self.real = root / "real"
         self.s3 = root / "s3"
+        self.ssm = root / "ssm"
         self.etc = root / "etc" / "gridfleet"
         self.log_file = root / "log" / "gridfleet-boot.log"
         self.console = root / "console"
         self.stub_log = root / "calls.log"
         self.bucket = "gridfleet-artifacts"
-        for d in (self.bin, self.real, self.s3, root / "home", root / "tmp"):
+        for d in (self.bin, self.real, self.s3, self.ssm, root / "home", root / "tmp"):
             d.mkdir(parents=True)
         for tool in REAL_TOOLS:
             (self.real / tool).symlink_to(shutil.which(tool))
@@ -193,6 +218,8 @@ class Sandbox:
             "STUB_BIN": str(self.bin),
             "STUB_LOG": str(self.stub_log),
             "S3_ROOT": str(self.s3),
+            "SSM_ROOT": str(self.ssm),
+            "GRIDFLEET_SRC": str(Path(__file__).resolve().parents[2]),
             "REAL_SLEEP": shutil.which("sleep") or "/bin/sleep",
             "REAL_PYTHON": sys.executable,
             "STUB_TOKEN": TOKEN,

@@ -24,6 +24,7 @@ def node_user_data() -> str:
             config_key="runs/2026-11-21/fleet.yaml",
             efs_id="fs-0123456789abcdef0",
             hub_address="10.77.0.2",
+            grid_secret_parameter="/gridfleet/grid-secret",
         )
     )
 
@@ -42,7 +43,11 @@ def test_rendered_node_user_data_is_planned_with_the_real_script():
 
 def test_rendered_hub_user_data_writes_its_unit_and_runs_systemctl():
     hub = HubUserData(
-        region="ap-northeast-2", bucket="gridfleet-artifacts", bundle_key="b/x.tar.gz", hub_config_key="c/f.yaml"
+        region="ap-northeast-2",
+        bucket="gridfleet-artifacts",
+        bundle_key="b/x.tar.gz",
+        hub_config_key="c/f.yaml",
+        grid_secret_parameter="/gridfleet/grid-secret",
     )
     plan = plan_user_data(render_hub(hub))
     unit = next(f for f in plan["write_files"] if f["path"].endswith("gridfleet-hub.service"))

@@ -194,7 +194,8 @@ def test_a_node_refuses_a_bundle_built_for_another_platform_and_says_so_everywhe
     s3.put_object(Bucket=bucket, Key=f"runs/{run_id}/fleet.yaml", Body=b"sites: [{id: a, start_url: 'http://a/'}]\n")
     params = NodeUserData(run_id=run_id, region=REGION, bucket=bucket, bundle_key="bundle/gridfleet-bundle.tar.gz",
                           config_key=f"runs/{run_id}/fleet.yaml", efs_id="fs-0123456789abcdef0",
-                          hub_address="10.77.0.1", table=table, log_group=group, boot_timeout_s=300)  # fmt: skip
+                          hub_address="10.77.0.1", table=table, log_group=group, boot_timeout_s=300,
+                          grid_secret_parameter=f"/gf-{tag}/grid-secret")  # fmt: skip
     launched = twin.client("ec2").run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
                                                 UserData=render_node(params),
                                                 IamInstanceProfile={"Name": f"gf-{tag}-node"})  # fmt: skip

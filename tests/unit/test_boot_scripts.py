@@ -18,6 +18,7 @@ import pytest
 from cloud_init import HubUserData, NodeUserData, RenderError, boot_script, render_hub, render_node
 from cloud_init import render as render_mod
 from fleet import crawlerfile
+from fleet.grid_auth import GRID_USER, GridSecret, hub_toml
 from tests.helpers.boot_sandbox import (
     BASH,
     EFS_ID,
@@ -56,11 +57,28 @@ def sandbox_node(sb: Sandbox, **kw) -> NodeUserData:
 
 
 def upload_node_objects(sb: Sandbox, p: NodeUserData, bundle: bool = True, config: bool = True) -> None:
+    """The objects a node's boot reads: the bundle and the run's config in S3, and the Grid secret the hub put
+    in SSM."""
+    put_grid_secret(sb, p.grid_secret_parameter)
     if bundle:
         make_bundle(sb.put(p.bundle_key))
     if config:
         sb.put(p.config_key, b"sites: []\n")
     sb.put("bundle/amazon-efs-utils.deb", b"Package: amazon-efs-utils\n")
+
+
+SECRET = GridSecret("s3cr3t-" + "x" * 40)
+
+
+def put_grid_secret(sb: Sandbox, name: str, value: str = SECRET.value + "\n") -> Path:
+    path = sb.ssm / name.lstrip("/")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(value)
+    return path
+
+
+def s3_calls(sb: Sandbox) -> list[list[str]]:
+    return [c for c in sb.calls("aws") if c[1] == "s3"]
 
 
 def agent_argv(sb: Sandbox, p: NodeUserData) -> list[str]:
@@ -70,6 +88,7 @@ def agent_argv(sb: Sandbox, p: NodeUserData) -> list[str]:
         "--grid-url", f"http://{hub}:4444", "--grid-jar", f"{p.install_dir}/selenium-server.jar",
         "--grid-publish", f"tcp://{hub}:4442", "--grid-subscribe", f"tcp://{hub}:4443", "--grid-host", LOCAL_IP,
         "--grid-port", "5555", "--state-dir", p.state_dir, "--profiles-root", p.efs_mount,
+        "--grid-secret-file", f"{sb.etc}/grid-secret",
     ]  # fmt: skip
 
 
@@ -120,7 +139,7 @@ def test_node_bootstrap_hands_the_work_to_its_service(sandbox, keys):
     assert apts[2][apts[2].index("install") :] == ["install", "-y", "--no-install-recommends", *APT_PACKAGES]
     # the SSM agent: the region's own package, read anonymously, installed and started as a service
     agent = f"s3://{SSM_AGENT_BUCKET}/{SSM_AGENT_KEY}"
-    cps = sandbox.calls("aws")
+    cps = s3_calls(sandbox)
     assert cps[0][cps[0].index("--no-sign-request") :][1:3] == ["--only-show-errors", agent]
     assert work_file(apts[3], "amazon-ssm-agent.deb") and apts[3][-2] == "-y"
     systemctl = sandbox.calls("systemctl")
@@ -147,8 +166,9 @@ def test_node_bootstrap_hands_the_work_to_its_service(sandbox, keys):
     # EFS: mounted over TLS with IAM, retried every 5 s until it worked, prepared for the crawl user
     mount = ["mount", "-t", "efs", "-o", "tls,iam", f"{EFS_ID}:/", p.efs_mount]
     assert sandbox.calls("mount") == [mount] * 3 and sandbox.calls("sleep").count(["sleep", "5"]) == 2
-    assert sandbox.calls("chown") == [["chown", "2000:2000", f"{p.efs_mount}/profiles", f"{p.efs_mount}/locks"]]
-    assert calls.index(sandbox.calls("useradd")[0]) < calls.index(mount) < calls.index(sandbox.calls("chown")[0])
+    chown_efs = ["chown", "2000:2000", f"{p.efs_mount}/profiles", f"{p.efs_mount}/locks"]
+    assert sandbox.calls("chown") == [["chown", "2000:2000", f"{sandbox.etc}/grid-secret.part"], chown_efs]
+    assert calls.index(sandbox.calls("useradd")[0]) < calls.index(mount) < calls.index(chown_efs)
     home = f"{p.state_dir}/home"
     assert sandbox.calls("setpriv") == [
         crawl_user(home) + ["test", "-w", f"{p.efs_mount}/profiles", "-a", "-w", f"{p.efs_mount}/locks"]
@@ -225,7 +245,7 @@ def test_a_baked_node_installs_no_package(sandbox):
     r = sandbox.run(boot_script(render_node(p)), STUB_INSTALLED=installed)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sandbox.calls("apt-get") == [] and sandbox.calls("dpkg-deb") == []
-    assert [c[-2] for c in sandbox.calls("aws")] == [
+    assert [c[-2] for c in s3_calls(sandbox)] == [
         f"s3://{p.bucket}/{p.config_key}",
         f"s3://{p.bucket}/{p.bundle_key}",
     ]
@@ -523,7 +543,8 @@ def test_hub_happy_path(sandbox):
     wait_for(lambda: sandbox.calls("java"))  # the Grid hub runs under nohup ... &: its stub may log after the script
     assert sandbox.calls("java") == [
         ["java", "-jar", f"{p.install_dir}/selenium-server.jar", "hub", "--host", LOCAL_IP, "--port", "4444",
-         "--publish-events", f"tcp://{LOCAL_IP}:4442", "--subscribe-events", f"tcp://{LOCAL_IP}:4443"]
+         "--publish-events", f"tcp://{LOCAL_IP}:4442", "--subscribe-events", f"tcp://{LOCAL_IP}:4443",
+         "--config", f"{sandbox.etc}/grid-hub.toml"]
     ]  # fmt: skip
     assert url_of(sandbox.calls("curl")[-1]) == f"http://{LOCAL_IP}:4444/status"
     assert sandbox.calls("systemctl") == [
@@ -531,7 +552,7 @@ def test_hub_happy_path(sandbox):
         ["systemctl", "start", "--no-block", "gridfleet-logs.service"],
     ]
     run = ["gridfleet", "run", "--config", f"{sandbox.etc}/fleet.yaml", "--run-id", "2026-11-20", "--resume"]
-    assert sandbox.calls("gridfleet") == [run]
+    assert sandbox.calls("gridfleet")[1:] == [run]
     calls = [c for c in sandbox.calls() if c[0] != "java"]  # the background Grid hub logs whenever it gets to
     assert calls[-2:] == [run, SHUTDOWN]
     log = sandbox.boot_log()
@@ -548,7 +569,7 @@ def test_hub_run_id_defaults_to_today_and_self_stop_none(sandbox):
     r = sandbox.run(boot_script(render_hub(p)), STUB_RUN_RC="3")
     after = dt.datetime.now(dt.UTC).date().isoformat()
     assert r.returncode == 3
-    run = sandbox.calls("gridfleet")[0]
+    run = sandbox.calls("gridfleet")[-1]
     assert run[run.index("--run-id") + 1] in {before, after}
     assert sandbox.calls("shutdown") == []
     assert "self_stop=none: leaving the instance running" in sandbox.boot_log()
@@ -581,8 +602,120 @@ def test_hub_grid_that_dies_fails_the_bootstrap(sandbox):
     p = sandbox_hub(sandbox)
     sandbox.run(boot_script(render_hub(p)), STUB_GRID_DOWN="1")
     assert "gridfleet: hub bootstrap failed at wait-grid: the Grid hub exited" in sandbox.boot_log()
-    assert sandbox.calls("gridfleet") == []
+    assert [c[1] for c in sandbox.calls("gridfleet")] == ["grid-secret"]
     assert sandbox.calls()[-1] == SHUTDOWN
+
+
+# --- the Grid secret -------------------------------------------------------------------------------
+def assert_nowhere(sb: Sandbox, *values: str) -> None:
+    """None of `values` is on a recorded command line, in the boot log or on the console."""
+    seen = [" ".join(c) for c in sb.calls()] + [sb.boot_log(), sb.console.read_text()]
+    for value in values:
+        assert not any(value in text for text in seen)
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_the_hub_makes_the_grid_secret_puts_it_in_ssm_from_a_file_and_starts_the_grid_with_it(sandbox):
+    """`gridfleet grid-secret` runs for real (the sandbox's gridfleet hands it to the project's own command)."""
+    p = sandbox_hub(sandbox)
+    r = sandbox.run(boot_script(render_hub(p)), STUB_TAG_RUN_ID="2026-11-20")
+    assert r.returncode == 0, r.stdout + r.stderr
+    etc = sandbox.etc
+    secret = GridSecret.read(etc / "grid-secret")
+    assert secret != SECRET and all(mode(etc / f) == 0o600 for f in ("grid-secret", "grid-hub.toml", "grid-curl.conf"))
+    assert (etc / "grid-hub.toml").read_text() == hub_toml(secret)
+    assert (etc / "grid-curl.conf").read_text() == f'user = "{GRID_USER}:{secret.password}"\n'
+    (put,) = [c for c in sandbox.calls("aws") if c[1] == "ssm"]
+    assert put == ["aws", "ssm", "put-parameter", "--region", "ap-northeast-2", "--name", "/gridfleet/grid-secret",
+                   "--type", "SecureString", "--key-id", "alias/gridfleet", "--overwrite",
+                   "--value", f"file://{etc}/grid-secret"]  # fmt: skip
+    assert GridSecret.read(sandbox.ssm / "gridfleet" / "grid-secret") == secret  # what the nodes will read
+    wait_for(lambda: sandbox.calls("java"))
+    (java,) = sandbox.calls("java")
+    assert java[-2:] == ["--config", f"{etc}/grid-hub.toml"]
+    calls = sandbox.calls()
+    assert calls.index(sandbox.calls("gridfleet")[0]) < calls.index(put) < calls.index(java)
+    status = sandbox.calls("curl")[-1]
+    assert "-fs" in status and status[status.index("-K") + 1] == f"{etc}/grid-curl.conf"
+    assert (sandbox.root / "curl-config-seen").read_text() == (etc / "grid-curl.conf").read_text()
+    assert_nowhere(sandbox, secret.value, secret.password, secret.registration_secret)
+
+
+def test_a_hub_that_cannot_put_the_grid_secret_starts_no_grid(sandbox):
+    p = sandbox_hub(sandbox)
+    sandbox.run(boot_script(render_hub(p)), STUB_SSM_FAILS="1")
+    log = sandbox.boot_log()
+    assert (
+        "gridfleet: hub bootstrap failed at grid-secret: cannot put the Grid secret in the SSM parameter "
+        "/gridfleet/grid-secret: no node could join"
+    ) in log
+    assert "aws ssm put-parameter /gridfleet/grid-secret failed (attempt 3 of 3)" in log
+    assert sandbox.calls("java") == [] and [c[1] for c in sandbox.calls("gridfleet")] == ["grid-secret"]
+    assert sandbox.calls()[-1] == SHUTDOWN and log in sandbox.console.read_text()
+
+
+def test_the_node_reads_the_grid_secret_into_a_file_of_the_crawl_user(sandbox):
+    p = booted(sandbox)
+    sandbox.run(boot_script(render_node(p)), "agent")  # the calls of the boot were forgotten: read them from disk
+    secret_file = sandbox.etc / "grid-secret"
+    assert GridSecret.read(secret_file) == SECRET and mode(secret_file) == 0o600
+    assert sandbox.calls("gridfleet")[0][-2:] == ["--grid-secret-file", str(secret_file)]
+
+
+def test_the_node_gets_the_grid_secret_with_decryption_and_hands_the_file_to_the_crawl_user(sandbox):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    r = sandbox.run(boot_script(render_node(p)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (get,) = [c for c in sandbox.calls("aws") if c[1] == "ssm"]
+    assert get == ["aws", "ssm", "get-parameter", "--region", "ap-northeast-2", "--with-decryption", "--name",
+                   "/gridfleet/grid-secret", "--query", "Parameter.Value", "--output", "text"]  # fmt: skip
+    part = f"{sandbox.etc}/grid-secret.part"
+    calls = sandbox.calls()
+    assert calls.index(sandbox.calls("useradd")[0]) < calls.index(get) < calls.index(["chown", "2000:2000", part])
+    assert "the Grid secret of /gridfleet/grid-secret is in" in sandbox.boot_log()
+    assert_nowhere(sandbox, SECRET.value)
+
+
+@pytest.mark.parametrize(
+    "case, env, stored, line",
+    [
+        pytest.param(
+            "denied", {"STUB_SSM_FAILS": "1"}, True,
+            "cannot read the Grid secret from the SSM parameter /gridfleet/grid-secret: without it this node cannot "
+            "join the Grid", id="denied",
+        ),
+        pytest.param(
+            "missing", {}, False,
+            "cannot read the Grid secret from the SSM parameter /gridfleet/grid-secret: without it this node cannot "
+            "join the Grid", id="missing",
+        ),
+        pytest.param(
+            "not-a-secret", {}, "short secret!\n",
+            "the SSM parameter /gridfleet/grid-secret does not hold a Grid secret", id="not-a-secret",
+        ),
+    ],
+)  # fmt: skip
+def test_a_node_without_the_grid_secret_refuses_to_start_and_says_why(sandbox, case, env, stored, line):
+    p = sandbox_node(sandbox)
+    upload_node_objects(sandbox, p)
+    stored_file = sandbox.ssm / "gridfleet" / "grid-secret"
+    if stored is False:
+        stored_file.unlink()
+    elif isinstance(stored, str):
+        stored_file.write_text(stored)
+    r = sandbox.run(boot_script(render_node(p)), **env)
+    assert r.returncode != 0
+    log = failed(sandbox, "grid-secret")
+    assert f"gridfleet: node bootstrap failed at grid-secret: {line}" in sandbox.console.read_text()
+    gets = [c for c in sandbox.calls("aws") if c[1:3] == ["ssm", "get-parameter"]]
+    assert len(gets) == (1 if case == "not-a-secret" else 3)
+    assert sandbox.calls("gridfleet")[-1][1:3] == ["node", "report-failure"] and sandbox.calls("mount") == []
+    assert not (sandbox.etc / "grid-secret").exists()
+    assert "short secret" not in log
 
 
 def test_production_paths_are_the_defaults():

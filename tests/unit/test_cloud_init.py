@@ -20,6 +20,7 @@ from tests.helpers.boot_sandbox import BASH, EFS_ID  # noqa: E402 - the sandbox'
 
 HOSTILE_KEY = 'bundle/it\'s a "test" $(touch pwned) `touch pwned` ; & | <x> # not: a comment {{ y }} \\ ü 🙂/b.tar.gz'
 HOSTILE_CONFIG_KEY = "runs/2026-11-21/fleet $HOME ${PATH} 'x' \"y\".yaml"
+GRID_SECRET_PARAMETER = "/gridfleet/grid-secret"
 
 
 def node_params(**kw) -> NodeUserData:
@@ -31,6 +32,7 @@ def node_params(**kw) -> NodeUserData:
         config_key="runs/2026-11-21/fleet.yaml",
         efs_id=EFS_ID,
         hub_address="10.0.1.10",
+        grid_secret_parameter=GRID_SECRET_PARAMETER,
     )
     return NodeUserData(**{**base, **kw})
 
@@ -41,6 +43,8 @@ def hub_params(**kw) -> HubUserData:
         bucket="gridfleet-artifacts",
         bundle_key="bundle/gridfleet-bundle.tar.gz",
         hub_config_key="config/fleet.yaml",
+        grid_secret_parameter=GRID_SECRET_PARAMETER,
+        grid_secret_key="alias/gridfleet",
     )
     return HubUserData(**{**base, **kw})
 
@@ -309,6 +313,15 @@ def test_missing_template_variable_fails():
         ("crawl_uid", "2000"),
         ("crawl_uid", True),
         ("crawl_uid", 2000.0),
+        ("grid_secret_parameter", "gridfleet/grid-secret"),  # a parameter path starts with '/'
+        ("grid_secret_parameter", "/gridfleet/grid-secret\n"),
+        ("grid_secret_parameter", "/gridfleet/grid secret"),
+        ("grid_secret_parameter", "/gridfleet//grid-secret"),
+        ("grid_secret_parameter", "/gridfleet/grid-secret/"),
+        ("grid_secret_parameter", "/aws/service/x"),  # AWS's own names, not the account's
+        ("grid_secret_parameter", "/gridfleet/$(reboot)"),
+        ("grid_secret_parameter", ""),
+        ("grid_secret_parameter", None),
     ],
 )
 def test_node_rejects(field, value):
@@ -327,6 +340,11 @@ def test_node_rejects(field, value):
         ("state_dir", "/var/lib/"),
         ("hub_config_key", "x\ty"),
         ("bucket", "ab"),
+        ("grid_secret_parameter", "/ssm/x"),
+        ("grid_secret_parameter", "/gridfleet/grid-secret;x"),
+        ("grid_secret_key", "arn:aws:kms:x"),  # by its alias
+        ("grid_secret_key", "alias/gridfleet\n"),
+        ("grid_secret_key", "alias/grid fleet"),
     ],
 )
 def test_hub_rejects(field, value):
@@ -345,3 +363,32 @@ def test_render_checks_again():
 
 def test_render_error_is_a_value_error():
     assert issubclass(RenderError, ValueError)
+
+
+def test_the_user_data_names_the_grid_secrets_parameter_and_holds_no_secret():
+    """The commands that render user-data (`gridfleet render`, the hub launching nodes) give it the stack's
+    parameter, /<stack>/grid-secret, and its KMS key's alias: names only. The instances make or read the secret
+    when they boot, so a rendering holds nothing random: two are the same, and neither says anything of the
+    Grid's config or credentials."""
+    from cli.commands.aws import hub_params as hub_params_of
+    from cli.envs.aws import node_params as node_params_of
+    from fleet.config import Config
+
+    config = Config.model_validate(
+        {"aws": {"stack": "crawl-a", "efs_id": EFS_ID}, "sites": [{"id": "a", "start_url": "http://a/"}]}
+    )
+    hub = hub_params_of(config)
+    node = node_params_of(config, "2026-11-21", "10.0.1.10")
+    assert hub.grid_secret_parameter == node.grid_secret_parameter == "/crawl-a/grid-secret"
+    assert hub.grid_secret_key == "alias/crawl-a"
+    for text, render, values in (
+        (render_hub(hub), lambda: render_hub(hub_params_of(config)), ["GRID_SECRET_PARAM", "GRID_SECRET_KEY"]),
+        (render_node(node), lambda: render_node(node_params_of(config, "2026-11-21", "10.0.1.10")),
+         ["GRID_SECRET_PARAM"]),
+    ):  # fmt: skip
+        script = cloud_init.boot_script(text)
+        assert bash_values(parameter_block(script), values) == ["/crawl-a/grid-secret", "alias/crawl-a"][: len(values)]
+        assert render() == text
+        for word in ("registration-secret", "password"):
+            assert word not in text and word not in script, word
+        assert all("file://" in v for v in re.findall(r"--value (\S+)", script))  # a value from a file only
