@@ -39,12 +39,17 @@ locals {
   hub_log_streams  = "${aws_cloudwatch_log_group.this["hub"].arn}:log-stream:*"
   node_log_streams = "${aws_cloudwatch_log_group.this["node"].arn}:log-stream:*"
 
+  # The Grid's secret: the hub puts it at each boot, the nodes read it (fleet.config.aws names it
+  # /<stack>/grid-secret). SSM encrypts it with the stack's key, naming the parameter in the encryption context.
+  grid_secret_arn = "arn:${local.partition}:ssm:${local.region}:${local.account_id}:parameter/${var.name_prefix}/grid-secret"
+
   # kms:ViaService values of the services that use the key on a role's behalf.
   via_dynamodb = "dynamodb.${local.region}.amazonaws.com"
   via_sqs      = "sqs.${local.region}.amazonaws.com"
   via_s3       = "s3.${local.region}.amazonaws.com"
   via_efs      = "elasticfilesystem.${local.region}.amazonaws.com"
   via_lambda   = "lambda.${local.region}.amazonaws.com"
+  via_ssm      = "ssm.${local.region}.amazonaws.com"
 }
 
 # --- trust ----------------------------------------------------------------------
@@ -419,6 +424,33 @@ data "aws_iam_policy_document" "hub" {
     resources = [local.hub_log_streams]
   }
 
+  # The hub's boot script (`aws ssm put-parameter --overwrite`): the Grid secret it makes, a SecureString, and
+  # no other parameter.
+  statement {
+    sid       = "PutGridSecret"
+    actions   = ["ssm:PutParameter"]
+    resources = [local.grid_secret_arn]
+  }
+
+  # ...encrypted with the stack's key, through SSM and for that parameter only.
+  statement {
+    sid       = "KeyForGridSecret"
+    actions   = ["kms:Encrypt"]
+    resources = [aws_kms_key.main.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = [local.via_ssm]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "kms:EncryptionContext:PARAMETER_ARN"
+      values   = [local.grid_secret_arn]
+    }
+  }
+
   # The key behind the table, the queues and the bucket, used through them only.
   statement {
     sid       = "KeyThroughFleetServices"
@@ -640,6 +672,33 @@ data "aws_iam_policy_document" "node" {
       test     = "StringEquals"
       variable = "cloudwatch:namespace"
       values   = [var.metrics_namespace]
+    }
+  }
+
+  # The node's boot script (`aws ssm get-parameter --with-decryption`): the Grid secret the hub put, and no
+  # other parameter.
+  statement {
+    sid       = "GetGridSecret"
+    actions   = ["ssm:GetParameter"]
+    resources = [local.grid_secret_arn]
+  }
+
+  # ...decrypted with the stack's key, through SSM and for that parameter only.
+  statement {
+    sid       = "KeyForGridSecret"
+    actions   = ["kms:Decrypt"]
+    resources = [aws_kms_key.main.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = [local.via_ssm]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "kms:EncryptionContext:PARAMETER_ARN"
+      values   = [local.grid_secret_arn]
     }
   }
 

@@ -60,11 +60,14 @@ IMPLIED: dict[str, list[tuple[set[str], str]]] = {
     "hub": [
         ({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue and bucket"),
         ({"s3:GetObject"}, "the hub's boot script fetches the bundle and its config with `aws s3 cp`"),
+        ({"ssm:PutParameter"}, "the hub's boot script puts the Grid secret with `aws ssm put-parameter`"),
+        ({"kms:Encrypt"}, "SSM encrypts that SecureString with the stack's key"),
         (_SSM_AGENT, "the SSM agent, through which Session Manager forwards the dashboard's port to the operator"),
     ],
     "node": [
         ({"kms:Decrypt", "kms:GenerateDataKey"}, "SSE-KMS on the table, queue, bucket and EFS"),
         ({"s3:GetObject", "s3:ListBucket"}, "the boot script's `aws s3 cp`; a missing result reads as 404"),
+        ({"ssm:GetParameter"}, "the boot script reads the Grid secret with `aws ssm get-parameter --with-decryption`"),
         ({"s3:PutObjectTagging"}, "results are written with a tag, which the bucket's expiry rule selects"),
         ({"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}, "mount -t efs -o tls,iam"),
         (_SSM_AGENT, "the SSM agent, through which the hub's kill command reaches the node"),
@@ -88,6 +91,23 @@ AHEAD: dict[str, list[tuple[set[str], str]]] = {
     "starter": [],
     "watchdog": [],
 }
+
+
+#: What a boot script's AWS CLI command needs, where the action is not the command's name in CamelCase.
+CLI_ACTIONS = {"s3 cp": {"s3:GetObject"}}
+
+
+def boot_script_actions(role: str) -> set[str]:
+    """The IAM actions of the AWS CLI commands in the role's rendered boot script."""
+    from cloud_init import boot_script, render_hub, render_node
+    from tests.unit.test_cloud_init import hub_params, node_params
+
+    script = boot_script(render_hub(hub_params()) if role == "hub" else render_node(node_params()))
+    out: set[str] = set()
+    for service, command in set(re.findall(r"\baws ([a-z0-9]+) ([a-z][a-z-]+)", script)):
+        camel = "".join(w.capitalize() for w in command.split("-"))
+        out |= CLI_ACTIONS.get(f"{service} {command}", {f"{service}:{camel}"})
+    return out
 
 
 def unquote(v: str) -> str:
@@ -316,6 +336,18 @@ def test_each_role_is_granted_what_its_code_calls_and_no_other_service(role, rec
 def test_implied_grants_are_in_the_policy(role, granted):
     for actions, why in IMPLIED[role] + AHEAD[role]:
         assert actions <= granted[role], f"{role}: {sorted(actions - granted[role])} ({why})"
+
+
+@pytest.mark.parametrize("role", ["hub", "node"])
+def test_the_boot_scripts_aws_commands_are_listed_and_granted(role, granted):
+    """The boot scripts run the AWS CLI, which no scenario records: each of their commands is in IMPLIED and in the
+    role's policy (the Grid secret's `ssm put-parameter` on the hub, `ssm get-parameter` on the nodes)."""
+    actions = boot_script_actions(role)
+    assert {"hub": "ssm:PutParameter", "node": "ssm:GetParameter"}[role] in actions
+    implied = set().union(*(a for a, _ in IMPLIED[role]))
+    recorded_too = {"logs:CreateLogStream", "logs:PutLogEvents", "dynamodb:PutItem"}  # the shipper's, report-failure's
+    assert actions - implied <= recorded_too, role
+    assert actions <= granted[role], sorted(actions - granted[role])
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -133,9 +133,11 @@ EXPECTED_ACTIONS = {
         "ssm:GetCommandInvocation",
         "ssm:CancelCommand",
         "ssm:GetParameter",
+        "ssm:PutParameter",
         "iam:PassRole",
         "iam:GetInstanceProfile",
         "kms:Decrypt",
+        "kms:Encrypt",
         "kms:GenerateDataKey",
         "cloudwatch:PutMetricData",
         "sns:Publish",
@@ -162,6 +164,7 @@ EXPECTED_ACTIONS = {
         "logs:CreateLogStream",
         "logs:PutLogEvents",
         *SSM_AGENT_ACTIONS,
+        "ssm:GetParameter",
         "kms:Decrypt",
         "kms:GenerateDataKey",
         "cloudwatch:PutMetricData",
@@ -1158,8 +1161,33 @@ def test_node_permissions(tf):
     assert results and all(conditions(tf, put).get(("StringEquals", "s3:if-none-match")) == ["*"] for put in results), (
         results
     )
-    (kms,) = with_action(node, "kms:Decrypt")
+    (kms,) = [s for s in with_action(node, "kms:Decrypt") if s["sid"] == "KeyThroughFleetServices"]
     assert "${local.via_efs}" in conditions(tf, kms)[("StringEquals", "kms:ViaService")]
+
+
+def test_the_grid_secret_is_put_by_the_hub_and_read_by_the_nodes_alone(tf):
+    """The Grid's secret, /<stack>/grid-secret (fleet.config.aws): the hub may put it and the nodes read it, that
+    parameter only; the stack's key encrypts it for the hub and decrypts it for the nodes through SSM, for that
+    parameter only (SSM names it in the encryption context)."""
+    arn = tf.resolve("${local.grid_secret_arn}")
+    assert arn == (
+        "arn:${local.partition}:ssm:${local.region}:${local.account_id}:parameter/${var.name_prefix}/grid-secret"
+    )
+    assert AwsConfig(stack="s").grid_secret_parameter == "/s/grid-secret" and AwsConfig(stack="s").kms_key_alias == (
+        tf.resource("aws_kms_alias", "main")["name"].replace("${var.name_prefix}", "s")
+    )
+    for role, action, use in (("hub", "ssm:PutParameter", "kms:Encrypt"), ("node", "ssm:GetParameter", "kms:Decrypt")):
+        statements = statements_of(tf, role)
+        (grant,) = [s for s in statements if s["resources"] == ["${local.grid_secret_arn}"]]
+        assert grant["actions"] == [action], role
+        (key,) = [s for s in with_action(statements, use) if s["sid"] == "KeyForGridSecret"]
+        assert key["actions"] == [use] and key["resources"] == ["${aws_kms_key.main.arn}"], role
+        assert conditions(tf, key) == {
+            ("StringEquals", "kms:ViaService"): ["${local.via_ssm}"],
+            ("StringEquals", "kms:EncryptionContext:PARAMETER_ARN"): ["${local.grid_secret_arn}"],
+        }, role
+    for role in ("starter", "watchdog"):
+        assert not [s for s in statements_of(tf, role) if "${local.grid_secret_arn}" in as_list(s["resources"])]
 
 
 # --- launch templates -----------------------------------------------------------------------------------------
