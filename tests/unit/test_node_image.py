@@ -24,7 +24,7 @@ import pytest
 
 from cloud_init import NodeUserData, boot_script, render_bake, render_node
 from tests.helpers.boot_sandbox import BASH, Sandbox
-from tests.unit.test_boot_scripts import APT_PACKAGES, sandbox_node
+from tests.unit.test_boot_scripts import APT_PACKAGES, put_grid_secret, sandbox_node
 from tests.unit.test_cloud_init import needs_shellcheck, node_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,6 +191,7 @@ def test_a_node_boots_on_the_baked_image_installing_only_gridfleet(sandbox):
     sandbox.stub_log.unlink()
     sandbox.put(p.bundle_key, bundle_bytes())
     sandbox.put(p.config_key, b"sites: []\n")
+    put_grid_secret(sandbox, p.grid_secret_parameter)
     sandbox.stub("mount.efs", "exit 0\n")
     image = " ".join([*APT_PACKAGES, "amazon-ssm-agent", "amazon-efs-utils"])  # what the bake installed
     r = sandbox.run(boot_script(render_node(p)), STUB_INSTALLED=image)
@@ -218,6 +219,7 @@ def test_a_baked_image_for_other_dependencies_gets_a_new_venv_and_says_why(sandb
     sandbox.stub_log.unlink()
     sandbox.put(p.bundle_key, bundle_bytes(deps))
     sandbox.put(p.config_key, b"sites: []\n")
+    put_grid_secret(sandbox, p.grid_secret_parameter)
     sandbox.put("bundle/amazon-efs-utils.deb", b"Package: amazon-efs-utils\n")
     r = sandbox.run(boot_script(render_node(p)))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -232,6 +234,7 @@ def test_a_stock_image_takes_todays_path_without_a_word_of_images(sandbox):
     p = sandbox_node(sandbox)
     sandbox.put(p.bundle_key, bundle_bytes())
     sandbox.put(p.config_key, b"sites: []\n")
+    put_grid_secret(sandbox, p.grid_secret_parameter)
     sandbox.put("bundle/amazon-efs-utils.deb", b"Package: amazon-efs-utils\n")
     r = sandbox.run(boot_script(render_node(p)))
     assert r.returncode == 0, r.stdout + r.stderr
