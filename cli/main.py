@@ -25,7 +25,7 @@ from cli.commands import local as local_cmd
 from cli.commands import run as run_cmd
 from cli.commands import simulate as sim_cli
 from fleet.aws.errors import aws_failure
-from fleet.errors import GridfleetError
+from fleet.errors import GridfleetError, quote
 from fleet.ids import RUN_ID_RULE, is_run_id
 from fleet.logs import setup
 from hub.loop import EXIT_ERROR
@@ -38,7 +38,7 @@ Command = Callable[[argparse.Namespace, Console], int]
 
 def _run_id(value: str) -> str:
     if not is_run_id(value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a run id: {RUN_ID_RULE}, e.g. 2026-11-21")
+        raise argparse.ArgumentTypeError(f"{quote(value)} is not a run id: {RUN_ID_RULE}, e.g. 2026-11-21")
     return value
 
 
@@ -48,7 +48,7 @@ def _positive(value: str) -> float:
     except ValueError:
         x = -1.0
     if not x > 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: a number of seconds above 0")
+        raise argparse.ArgumentTypeError(f"{quote(value)}: a number of seconds above 0")
     return x
 
 

@@ -46,19 +46,19 @@ NODE_AGENT_LOG = "/var/log/gridfleet-node.log"  # gridfleet-node.service's outpu
 
 SELF_STOP_CHOICES = ("shutdown", "terminate", "none")
 
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # the same rule as `gridfleet run --run-id`
-_EFS_ID_RE = re.compile(r"^fs-[0-9a-f]{8,40}$")
-_EFS_AP_RE = re.compile(r"^fsap-[0-9a-f]{8,40}$")
-_REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")  # a DNS name or an IPv4 address
-_IMDS_URL_RE = re.compile(r"^https?://(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$")
-_PATH_RE = re.compile(r"^(?:/[A-Za-z0-9._+@-]+)+$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")  # the rule of fleet.crawl_user (and of useradd's default)
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # the same rule as `gridfleet run --run-id`
+_EFS_ID_RE = re.compile(r"fs-[0-9a-f]{8,40}")
+_EFS_AP_RE = re.compile(r"fsap-[0-9a-f]{8,40}")
+_REGION_RE = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]+")
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")  # a DNS name or an IPv4 address
+_IMDS_URL_RE = re.compile(r"https?://(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+_PATH_RE = re.compile(r"(?:/[A-Za-z0-9._+@-]+)+")
+_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # the rule of fleet.crawl_user (and of useradd's default)
 _CRAWL_UID_MIN, _CRAWL_UID_MAX = 1000, 60000  # fleet.crawl_uid: a regular user's id, never root's
 _S3_KEY_MAX = 1024
-_TABLE_RE = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")  # DynamoDB's rule for table names
-_LOG_GROUP_RE = re.compile(r"^[A-Za-z0-9_./#-]{1,512}$")  # CloudWatch Logs' rule for group names
+_TABLE_RE = re.compile(r"[A-Za-z0-9_.-]{3,255}")  # DynamoDB's rule for table names
+_LOG_GROUP_RE = re.compile(r"[A-Za-z0-9_./#-]{1,512}")  # CloudWatch Logs' rule for group names
 # An SSM parameter's name, as a path: the Grid secret's is /<stack>/grid-secret (fleet.config.aws).
 _PARAMETER_RE = re.compile(r"(?:/[A-Za-z0-9_.-]{1,128}){1,15}")
 _KMS_ALIAS_RE = re.compile(r"alias/[A-Za-z0-9/_-]{1,250}")  # a KMS key by its alias
@@ -73,6 +73,25 @@ class RenderError(ValueError):
 
 
 # --- validation ---------------------------------------------------------------------------------
+_QUOTE_KEEP = 64
+
+
+def _quote(value: object, keep: int = _QUOTE_KEEP) -> str:
+    """`value` as an error quotes it, a long one cut with its length shown: `fleet.errors.quote`'s rule (this
+    package imports nothing of the project; a test holds the two to one output)."""
+    text = value if isinstance(value, str) else repr(value)
+
+    def shown(part: str) -> str:
+        return repr(part) if isinstance(value, str) else part
+
+    if len(text) <= keep and len(shown(text)) <= keep + 2:
+        return shown(text)
+    n = min(len(text), keep)
+    while n > 1 and len(shown(text[:n])) > keep + 2:
+        n -= 1
+    return f"{shown(text[:n] + '…')} ({len(text)} characters)"
+
+
 def _text(field: str, value: object) -> str:
     if not isinstance(value, str):
         raise RenderError(field, f"must be a string, not {type(value).__name__}")
@@ -80,23 +99,23 @@ def _text(field: str, value: object) -> str:
 
 
 def _match(field: str, value: object, pattern: re.Pattern[str], expected: str) -> None:
-    if not pattern.match(_text(field, value)):
-        raise RenderError(field, f"{value!r} is not {expected}")
+    if not pattern.fullmatch(_text(field, value)):  # whole: `$` alone would let a trailing newline through
+        raise RenderError(field, f"{_quote(value)} is not {expected}")
 
 
 def _port(field: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise RenderError(field, f"{value!r} is not a port number (1-65535)")
+        raise RenderError(field, f"{_quote(value)} is not a port number (1-65535)")
 
 
 def _path(field: str, value: object) -> None:
     text = _text(field, value)
     if not text.startswith("/"):
-        raise RenderError(field, f"{value!r} is not an absolute path")
-    if not _PATH_RE.match(text) or any(part in (".", "..") for part in text.split("/")):
+        raise RenderError(field, f"{_quote(value)} is not an absolute path")
+    if not _PATH_RE.fullmatch(text) or any(part in (".", "..") for part in text.split("/")):
         raise RenderError(
             field,
-            f"{value!r} is not a plain absolute path (letters, digits, '._+@-' between "
+            f"{_quote(value)} is not a plain absolute path (letters, digits, '._+@-' between "
             f"single slashes, no '.' or '..', no trailing slash, not '/')",
         )
 
@@ -106,17 +125,17 @@ def _crawl_user(name: object, uid: object) -> None:
     if name == "root":
         raise RenderError("crawl_user", "must not be root: the node agent and Chromium run as this user")
     if isinstance(uid, bool) or not isinstance(uid, int) or not _CRAWL_UID_MIN <= uid <= _CRAWL_UID_MAX:
-        raise RenderError("crawl_uid", f"{uid!r} is not a uid ({_CRAWL_UID_MIN}-{_CRAWL_UID_MAX})")
+        raise RenderError("crawl_uid", f"{_quote(uid)} is not a uid ({_CRAWL_UID_MIN}-{_CRAWL_UID_MAX})")
 
 
 def _s3_key(field: str, value: object) -> None:
     text = _text(field, value)
     if not text or text.startswith("/") or text.endswith("/"):
-        raise RenderError(field, f"{value!r} is not an S3 object key (empty, or starts or ends with '/')")
+        raise RenderError(field, f"{_quote(value)} is not an S3 object key (empty, or starts or ends with '/')")
     if len(text.encode()) > _S3_KEY_MAX:
         raise RenderError(field, f"longer than {_S3_KEY_MAX} bytes")
     if not text.isprintable():
-        raise RenderError(field, f"{value!r} contains control or separator characters")
+        raise RenderError(field, f"{_quote(value)} contains control or separator characters")
 
 
 def _check_common(p: NodeUserData | HubUserData) -> None:
@@ -187,7 +206,7 @@ class NodeUserData:
         _path("efs_mount", self.efs_mount)
         b = self.boot_timeout_s
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 86400:
-            raise RenderError("boot_timeout_s", f"{b!r} is not a number of seconds (1-86400)")
+            raise RenderError("boot_timeout_s", f"{_quote(b)} is not a number of seconds (1-86400)")
 
 
 @dataclass(frozen=True)
@@ -216,7 +235,7 @@ class HubUserData:
             raise RenderError("grid_secret_key", f"{key!r} is not a KMS key alias (alias/<name>)")
         _s3_key("hub_config_key", self.hub_config_key)
         if self.self_stop not in SELF_STOP_CHOICES:
-            raise RenderError("self_stop", f"{self.self_stop!r} is not one of {', '.join(SELF_STOP_CHOICES)}")
+            raise RenderError("self_stop", f"{_quote(self.self_stop)} is not one of {', '.join(SELF_STOP_CHOICES)}")
 
 
 # --- templates ----------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from fleet.errors import quote
+
 BUILTIN_CRAWLERS: dict[str, str] = {
     "links": "node.crawlers.links:LinksCrawler",
     "api": "node.crawlers.api:ApiCrawler",
@@ -101,9 +103,9 @@ RESERVED_FIELDS = frozenset({"id"})
 
 def _field_name(v: str) -> str:
     if not _FIELD_NAME.fullmatch(v):
-        raise ValueError(f"field name {v[:80]!r} is not an identifier (letters, digits, _; at most 64)")
+        raise ValueError(f"field name {quote(v)} is not an identifier (letters, digits, _; at most 64)")
     if v in RESERVED_FIELDS:
-        raise ValueError(f"field name {v!r} is reserved")
+        raise ValueError(f"field name {quote(v)} is reserved")
     return v
 
 
@@ -154,7 +156,7 @@ class DetailOptions(BaseModel):
         # said here rather than by extra="forbid", whose message would list the keys of the enclosing options
         unknown = sorted(set(data) - set(cls.model_fields)) if isinstance(data, Mapping) else []
         if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r} (allowed: {', '.join(cls.model_fields)})")
+            raise ValueError(f"unknown key {quote(unknown[0])} (allowed: {', '.join(cls.model_fields)})")
         return data
 
 
@@ -174,7 +176,7 @@ class LinksOptions(CrawlerOptions):
         if self.detail is None:
             return self
         if self.detail.link is not None and self.detail.link not in self.fields:
-            raise ValueError(f"detail.link: {self.detail.link!r} is not one of the item's fields")
+            raise ValueError(f"detail.link: {quote(self.detail.link)} is not one of the item's fields")
         clash = sorted(set(self.detail.fields) & set(self.fields))
         if clash:
             raise ValueError(f"detail.fields.{clash[0]}: already an item field")
@@ -222,19 +224,23 @@ def crawler_problem(name: str, roots: list[str] | None = None) -> str | None:
         return None
     if not _DOTTED.fullmatch(name) or ("." not in name and ":" not in name):
         known = ", ".join(sorted(BUILTIN_CRAWLERS))
-        return f"unknown crawler {name!r}: use a built-in ({known}) or a dotted path 'package.module:Class'"
+        return f"unknown crawler {quote(name)}: use a built-in ({known}) or a dotted path 'package.module:Class'"
     module, attr = split_dotted(name)
     top = module.partition(".")[0]
     if top in sys.stdlib_module_names:
-        return f"unknown crawler {name!r}: {top!r} is a module of Python's standard library, not a crawler package"
+        return (
+            f"unknown crawler {quote(name)}: {quote(top)} is a module of Python's standard library, "
+            "not a crawler package"
+        )
     if roots is not None and top not in OWN_PACKAGES:
         spec = _find_module(module, roots)
         if spec is None:
-            return f"unknown crawler {name!r}: module {module!r} is not in the crawler project ({', '.join(roots)})"
+            where = ", ".join(roots)
+            return f"unknown crawler {quote(name)}: module {quote(module)} is not in the crawler project ({where})"
         return _class_problem(name, spec, attr)
     spec = _find_module(module)
     if spec is None:
-        return f"unknown crawler {name!r}: module {module!r} cannot be imported"
+        return f"unknown crawler {quote(name)}: module {quote(module)} cannot be imported"
     return _class_problem(name, spec, attr)
 
 
@@ -278,11 +284,11 @@ def _class_problem(name: str, spec: importlib.machinery.ModuleSpec, attr: str) -
         return None
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         where = f"{path}:{e.lineno}" if isinstance(e, SyntaxError) and e.lineno else path
-        return f"crawler {name!r}: {where} cannot be parsed: {getattr(e, 'msg', None) or e}"
+        return f"crawler {quote(name)}: {where} cannot be parsed: {getattr(e, 'msg', None) or e}"
     names = _top_level_names(tree.body)
     if names is None or attr in names:
         return None
-    return f"unknown crawler {name!r}: {path} defines no {attr!r} at its top level"
+    return f"unknown crawler {quote(name)}: {path} defines no {quote(attr)} at its top level"
 
 
 def _top_level_names(body: list[ast.stmt]) -> set[str] | None:

@@ -9,6 +9,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+#: An error line quotes at most this many characters of a value: a value of any length keeps its line short.
+QUOTE_KEEP = 64
+
+
+def quote(value: object, keep: int = QUOTE_KEEP, *, bare: bool = False) -> str:
+    """`value` as an error line quotes it: its repr, or when that is long, the repr of its first characters and
+    an ellipsis, then its length (`'aaaa…' (102400 characters)`), never more than about `keep` + 30 characters.
+    `bare`: a string without its quotes (a number as written: `1111…` (5000 characters)), escapes still spelled out.
+
+    Every value a message quotes from the input (the config, the command line, an event, an answer read back)
+    goes through here (cloud_init, which imports nothing of the project, keeps a copy: `cloud_init.render`)."""
+    text = value if isinstance(value, str) else repr(value)
+    strip = 1 if isinstance(value, str) and bare else 0
+
+    def shown(part: str) -> str:
+        r = repr(part) if isinstance(value, str) else part
+        return r[strip : len(r) - strip]
+
+    if len(text) <= keep and len(shown(text)) <= keep + 2:
+        return shown(text)
+    n = min(len(text), keep)
+    while n > 1 and len(shown(text[:n])) > keep + 2:  # escapes (\x1b, \u2028) are longer than their character
+        n -= 1
+    return f"{shown(text[:n] + '…')} ({len(text)} characters)"
+
 
 class GridfleetError(Exception):
     exit_code = 1

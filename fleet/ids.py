@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+from fleet.errors import quote
+
 #: A run id: the day's date by default (2026-11-21), or any name an operator gives.
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RUN_ID_RULE = "letters, digits, '.', '_' or '-', starting with a letter or digit (max 64)"
@@ -38,21 +40,21 @@ def is_instance_id(value: object) -> bool:
 def check_run_id(value: object, what: str = "run id") -> str:
     """`value` if it is a run id, else ValueError naming it (ids read back from AWS pass here again)."""
     if not is_run_id(value):
-        raise ValueError(f"{what} {value!r} is not a run id ({RUN_ID_RULE})")
+        raise ValueError(f"{what} {quote(value)} is not a run id ({RUN_ID_RULE})")
     return value  # type: ignore[return-value]
 
 
 def check_site_id(value: object, what: str = "site id") -> str:
     """`value` if it is a site id, else ValueError naming it."""
     if not is_site_id(value):
-        raise ValueError(f"{what} {value!r} is not a site id ({SITE_ID_RULE})")
+        raise ValueError(f"{what} {quote(value)} is not a site id ({SITE_ID_RULE})")
     return value  # type: ignore[return-value]
 
 
 def check_instance_id(value: object, what: str = "instance id") -> str:
     """`value` if it is an EC2 instance id, else ValueError naming it (the ids EC2 answers with pass here)."""
     if not is_instance_id(value):
-        raise ValueError(f"{what} {value!r} is not an EC2 instance id ({INSTANCE_ID_RULE})")
+        raise ValueError(f"{what} {quote(value)} is not an EC2 instance id ({INSTANCE_ID_RULE})")
     return value  # type: ignore[return-value]
 
 

@@ -44,7 +44,7 @@ class QueueDepth:
 
 
 #: What SQS takes as a MessageGroupId / MessageDeduplicationId: 1 to 128 letters, digits or punctuation.
-_SQS_ID_RE = re.compile(r"^[!-~]{1,128}$")
+_SQS_ID_RE = re.compile(r"[!-~]{1,128}")
 #: How long SQS remembers a FIFO message's deduplication id.
 DEDUP_WINDOW_S = 300.0
 
@@ -60,7 +60,7 @@ def dedup_id(run_id: str, site: str, attempt: int, given_back: int = 0) -> str:
 def group_id(run_id: str, site: str) -> str:
     """The MessageGroupId of a site's messages: `<run_id>/<site>`, or its sha256 hex if SQS would refuse that."""
     gid = f"{run_id}/{site}"
-    return gid if _SQS_ID_RE.match(gid) else hashlib.sha256(gid.encode()).hexdigest()
+    return gid if _SQS_ID_RE.fullmatch(gid) else hashlib.sha256(gid.encode()).hexdigest()
 
 
 def fifo_fields(run_id: str, site: str, attempt: int, given_back: int = 0) -> dict[str, str]:

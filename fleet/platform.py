@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fleet.errors import quote
+
 #: An EC2 architecture, as DescribeImages' `Architecture` and DescribeInstanceTypes name them.
 Arch = Literal["x86_64", "arm64"]
 
@@ -50,7 +52,7 @@ def instance_type_arch(instance_type: str) -> Arch:
     """
     m = _INSTANCE_TYPE.fullmatch(instance_type) if isinstance(instance_type, str) else None
     if m is None:
-        raise ValueError(f"{instance_type!r} is not an EC2 instance type (family.size, e.g. t3.medium)")
+        raise ValueError(f"{quote(instance_type)} is not an EC2 instance type (family.size, e.g. t3.medium)")
     return "arm64" if _GRAVITON_FAMILY.fullmatch(m.group("family")) else "x86_64"
 
 

@@ -1,9 +1,10 @@
 """Where a run's results go in the result store, and the store as the code that uses it sees it (`ResultStore`).
 
-A result belongs to its run. The daily run (its id is its date, `2026-11-21`)
+A result belongs to its run. The daily run (its id is its date, `2026-11-21`, written so)
 keeps the key `<site>/<YYYYMMDD>/result.json`; any other run of that date (a
 manual run, a demo) stores its result beside it,
-`<site>/<YYYYMMDD>/<run_id>/result.json`, never over it and never instead of it.
+`<site>/<YYYYMMDD>/<run_id>/result.json`, never over it and never instead of it
+(`20261121` is such another run: only the dashed date is the daily run's id).
 Within a run, a result already stored means the site is done (a retry skips it).
 
 Evidence of an attempt that ended badly (a screenshot, the page's HTML, its
@@ -27,8 +28,10 @@ from fleet.ids import check_run_id, check_site_id
 
 
 def is_daily_run(run_id: str, run_date: str) -> bool:
-    """Whether `run_id` is the day's run of `run_date` (YYYYMMDD): its id is that date, with or without dashes."""
-    return run_id.replace("-", "") == run_date and len(run_id) in (8, 10)
+    """Whether `run_id` is the day's run of `run_date` (YYYYMMDD): its id is that date as the daily run's id is
+    written (`fleet.ids.default_run_id`: 2026-11-21), and only so. Any other id, `20261121` or `20261121--` too,
+    keeps its own keys under its own name: two run ids never share a result, its evidence or its parts."""
+    return len(run_date) == 8 and run_id == f"{run_date[:4]}-{run_date[4:6]}-{run_date[6:]}"
 
 
 def result_key(site: str, run_date: str, run_id: str | None = None) -> str:

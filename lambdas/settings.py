@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.config import SNS_TOPIC_ARN_RE
+from fleet.errors import quote
 
 ENV_REGION = "GRIDFLEET_REGION"
 ENV_TABLE = "GRIDFLEET_TABLE"
@@ -73,7 +74,7 @@ class LambdaSettings:
         if self.lookback_runs < 1:
             raise ValueError(f"{ENV_LOOKBACK_RUNS} must be >= 1, got {self.lookback_runs}")
         if self.notify_topic_arn is not None and not re.fullmatch(SNS_TOPIC_ARN_RE, self.notify_topic_arn):
-            raise ValueError(f"{ENV_NOTIFY_TOPIC_ARN} must be an SNS topic ARN, got {self.notify_topic_arn!r}")
+            raise ValueError(f"{ENV_NOTIFY_TOPIC_ARN} must be an SNS topic ARN, got {quote(self.notify_topic_arn)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LambdaSettings:

@@ -34,9 +34,9 @@ _ENCODINGS = {
     "gz+base64": (True, True),
     "gzip+b64": (True, True),
 }
-_OWNER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}(:[a-z_][a-z0-9_-]{0,31})?$")
-_PERM_RE = re.compile(r"^0?[0-7]{3,4}$")
-_PKG_RE = re.compile(r"^[a-z0-9][a-z0-9.+-]+$")
+_OWNER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}(:[a-z_][a-z0-9_-]{0,31})?")
+_PERM_RE = re.compile(r"0?[0-7]{3,4}")
+_PKG_RE = re.compile(r"[a-z0-9][a-z0-9.+-]+")
 
 
 class TwinError(ValueError):
@@ -68,10 +68,10 @@ def _file(index: int, item: object) -> dict[str, Any]:
         raise TwinError(f"{where}.content: cannot decode as {encoding}: {e}") from None
     perms = item.get("permissions", "0644")
     perms_text = oct(perms)[2:] if isinstance(perms, int) and not isinstance(perms, bool) else perms
-    if not isinstance(perms_text, str) or not _PERM_RE.match(perms_text):
+    if not isinstance(perms_text, str) or not _PERM_RE.fullmatch(perms_text):
         raise TwinError(f"{where}.permissions: {perms!r} is not an octal mode")
     owner = item.get("owner", "root:root")
-    if not isinstance(owner, str) or not _OWNER_RE.match(owner):
+    if not isinstance(owner, str) or not _OWNER_RE.fullmatch(owner):
         raise TwinError(f"{where}.owner: {owner!r} is not user[:group]")
     for flag in ("append", "defer"):
         if not isinstance(item.get(flag, False), bool):
@@ -107,7 +107,7 @@ def _script(key: str, commands: object) -> str | None:
 def _packages(value: object) -> list[str]:
     if value is None:
         return []
-    if not isinstance(value, list) or not all(isinstance(p, str) and _PKG_RE.match(p) for p in value):
+    if not isinstance(value, list) or not all(isinstance(p, str) and _PKG_RE.fullmatch(p) for p in value):
         raise TwinError("packages: must be a list of Debian package names (the twin refuses versions)")
     return list(value)
 

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 #: instance whose clock runs ahead of this machine's has its copy (readable by every user of the instance).
 CLOCK_LIB = Path(__file__).resolve().parents[1] / ".tools" / "twin" / "libclockshift.so"
 CLOCK_GUEST_PATH = "/var/lib/cloud/twin/clockshift.so"
-INSTANCE_ID_RE = re.compile(r"^i-[0-9a-f]{8,17}$")
+INSTANCE_ID_RE = re.compile(r"i-[0-9a-f]{8,17}")
 GUEST = Path(__file__).with_name("guest.py")
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: (layer name, path): the host's, under an upper layer of the instance's own; what dpkg writes lies in them
@@ -125,7 +125,7 @@ class InstanceSandbox:
         layers: dict[str, Path] | None = None,
         efs_ids: tuple[str, ...] = (),
     ) -> None:
-        if not isinstance(instance_id, str) or not INSTANCE_ID_RE.match(instance_id):
+        if not isinstance(instance_id, str) or not INSTANCE_ID_RE.fullmatch(instance_id):
             raise TwinError(f"instance id {instance_id!r} is not i-<8 to 17 hex digits>")
         self.instance_id = instance_id
         self.plan = plan_user_data(user_data)

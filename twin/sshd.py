@@ -37,7 +37,7 @@ CONFIG = "/etc/ssh/sshd_config.twin"
 AUTHORIZED_DIR = "/etc/ssh/authorized_keys"
 LOG = "/var/log/sshd.log"
 CONSOLE_LIMIT = 64 * 1024  # GetConsoleOutput returns at most the last 64 KB
-_USER_RE = r"^[a-z_][a-z0-9_-]{0,31}$"
+_USER_RE = r"[a-z_][a-z0-9_-]{0,31}"
 KEY_TYPES = ("rsa", "ecdsa", "ed25519")  # the host keys cloud-init generates by default
 
 
@@ -93,7 +93,7 @@ def authorize(box: Instance, user: str, authorized_key: str) -> None:
     key_line = authorized_key.strip()
     if len(key_line.split()) < 2 or "\n" in key_line:
         raise TwinError("authorized_key is not one OpenSSH public key line")
-    if not re.match(_USER_RE, user):
+    if not re.fullmatch(_USER_RE, user):
         raise TwinError(f"ssh user {user!r} is not a user name")
     if user != "root":
         _run(box, _NEW_USER, f"user {user}", user)

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from cli.commands import tf_config
 from cli.packaging.crawler_ship import project_of
+from cli.views.plain import say
 from fleet.config.load import load_config
 from hub.loop import EXIT_OK
 
@@ -16,16 +17,17 @@ from hub.loop import EXIT_OK
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config)
     crawlers = sorted({s.crawler for s in config.sites})
-    console.print(
+    say(
+        console,
         f"{args.config}: OK: {len(config.sites)} sites (crawlers: {', '.join(crawlers)}), "
         f"max_nodes {config.fleet.max_nodes}, max_attempts {config.run.max_attempts}, "
-        f"hang_after_s {config.run.hang_after_s:g}, deadline_s {config.run.deadline_s:g}"
+        f"hang_after_s {config.run.hang_after_s:g}, deadline_s {config.run.deadline_s:g}",
     )
     section = config.crawlers
     project = project_of(config)
     build = project.build if project is not None else section.installed if section else None
     if build is not None:
-        console.print(f"  crawler project {build.name} {build.version} ({build.hash})", highlight=False)
+        say(console, f"  crawler project {build.name} {build.version} ({build.hash})")
     return EXIT_OK
 
 

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from cli.envs import choose
 from cli.envs.base import Environment
+from cli.views.plain import say
 from cli.views.run import print_sites
 from fleet import archive as run_archive
 from fleet.aws.archive import S3RunArchive
@@ -218,11 +219,11 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
             demo_url=env.demo_url,
         )
     for text in report.violations:
-        console.print(f"[red]violation:[/] {text}")
+        say(console, text, label="violation:", label_style="red")
     for text in report.notes:
-        console.print(f"note: {text}")
+        say(console, text, label="note:")
     for text in report.false_loss_details:
-        console.print(f"loss: {text}")
+        say(console, text, label="loss:")
     what = ", ".join(f"{n} {k}" for k, n in report.checked.items())
     console.print(
         f"run {run_id}: {'OK' if report.ok else f'{len(report.violations)} violation(s)'} ({what}"

@@ -24,6 +24,7 @@ from cli.commands.rerun import Choice, choose, forced_keys, reopen
 from cli.envs import choose as where
 from cli.envs.base import Environment, RunHold
 from cli.report.check import CheckReport, attach, check_run
+from cli.views.plain import say
 from cli.views.run import print_sites
 from fleet.aws.clients import AwsClients
 from fleet.aws.metrics import CloudWatchSink
@@ -160,7 +161,7 @@ def _report(
     print_sites(console, run_id, {r.site: site_entry(r) for r in rows.sites}, outcome.counts)
     if report is not None:
         for text in report.violations:
-            console.print(f"[red]check violation:[/] {text}")
+            say(console, text, label="check violation:", label_style="red")
         console.print(
             f"check: {'OK' if report.ok else f'{len(report.violations)} violation(s)'}"
             f"{f', {len(report.notes)} note(s)' if report.notes else ''}"

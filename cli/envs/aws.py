@@ -144,7 +144,7 @@ class AwsEnv(StoresOf):
         return address
 
     def run_config_key(self, run_id: str) -> str:
-        return self.config.aws.run_config_key.format(run_id=run_id)
+        return self.config.aws.run_config_key_for(run_id)
 
     def upload_run_config(self, run_id: str) -> str:
         key = self.run_config_key(run_id)
@@ -280,7 +280,7 @@ def node_params(config: Config, run_id: str, hub_address: str) -> NodeUserData:
         region=aws.region,
         bucket=aws.bucket,
         bundle_key=aws.bundle_key,
-        config_key=aws.run_config_key.format(run_id=run_id),
+        config_key=aws.run_config_key_for(run_id),
         efs_id=aws.efs_id,
         hub_address=hub_address,
         grid_secret_parameter=aws.grid_secret_parameter,

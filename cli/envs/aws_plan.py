@@ -1,6 +1,7 @@
 """The plan `run --dry-run` prints on AWS: what the run would launch, write and kill, and what only AWS knows
 (the AMI behind an SSM parameter, the instance profile, the table, queue and bucket, amazon-efs-utils, the run),
-asked read-only. AWS failures are not raised: each is printed as what the failed question was and why.
+asked read-only. AWS failures are not raised: each is printed as what the failed question was and why. Every
+line holds strings of the config or of AWS's answers, and is printed as plain text (`cli.views.plain.say`).
 
 It asks the AWS environment through `AwsRun`, the few things it needs, so that the environment can hand itself
 over without this module knowing it.
@@ -8,6 +9,7 @@ over without this module knowing it.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from rich.console import Console
 
 from cli.envs.aws_account import efs_utils_ready
 from cli.envs.identity import identify
+from cli.views.plain import say
 from fleet.aws.clients import AwsClients
 from fleet.aws.errors import CREATE_ADVICE, CREDENTIALS_ADVICE, Kind, aws_failure
 from fleet.aws.queue import SqsSiteQueue
@@ -113,44 +116,45 @@ def dry_run(env: AwsRun, run_id: str, console: Console) -> int:
     """
     config, aws, fleet = env.config, env.config.aws, env.config.fleet
     problems: list[str] = []
+    out = functools.partial(say, console)
     nodes = min(fleet.max_nodes, len(config.sites))
     market = ("spot" + (", on-demand fallback" if fleet.on_demand_fallback else "")) if fleet.spot else "on-demand"
-    console.print(f"run {run_id} on AWS ({aws.region}): dry run, nothing is created, launched or written")
-    console.print(
+    out(f"run {run_id} on AWS ({aws.region}): dry run, nothing is created, launched or written")
+    out(
         f"  sites:      {len(config.sites)} ({', '.join(s.id for s in config.sites[:8])}"
-        f"{', ...' if len(config.sites) > 8 else ''})"
+        f"{', ...' if len(config.sites) > 8 else ''})",
     )
-    console.print(
+    out(
         f"  nodes:      up to {nodes} x {'/'.join(fleet.instance_types)} ({market}), "
         f"IMDSv2 required, shutdown = terminate, tagged gridfleet:stack={aws.stack} "
-        f"gridfleet:run_id={run_id}"
+        f"gridfleet:run_id={run_id}",
     )
-    console.print(
+    out(
         f"  network:    subnets {', '.join(aws.subnet_ids) or '-'}; security groups "
-        f"{', '.join(aws.security_group_ids) or '-'}"
+        f"{', '.join(aws.security_group_ids) or '-'}",
     )
     _print_user_data(env, run_id, console, problems)
     asked = _Questions(None if env.clients.has_credentials() else "no AWS credentials")
     _print_answers(env, run_id, console, asked, problems)
-    console.print(
+    out(
         f"  writes:     the run's items in {aws.table}, one message per attempt in {aws.queue_name}, "
         f"s3://{aws.bucket}/{env.run_config_key(run_id)} (the nodes' config), "
         f"s3://{aws.bucket}/{result_key('<site>', run_date_for(run_id, time.time()), run_id)} per site, "
         f"s3://{aws.bucket}/runs/{run_id}/summary.json and report.html at the end"
-        f"{f', metrics in CloudWatch {config.metrics.namespace}' if config.metrics.cloudwatch else ''}"
+        f"{f', metrics in CloudWatch {config.metrics.namespace}' if config.metrics.cloudwatch else ''}",
     )
-    console.print(
+    out(
         f"  kills:      {'node watchdog -> ' if fleet.node_watchdog else ''}SSM"
         f"{' -> SSH as ' + aws.ssh_user if aws.ssh_key_path else ''} -> TerminateInstances; "
-        f"hub self-stop: {aws.hub_self_stop}"
+        f"hub self-stop: {aws.hub_self_stop}",
     )
 
     for p in problems:
-        console.print(f"[red]problem:[/] {p}")
+        out(p, label="problem:", label_style="red")
     if asked.unresolved:
-        console.print(
+        out(
             f"not resolved: {', '.join(asked.unresolved)} ({asked.why_not}: {asked.advice}; "
-            f"then the dry run asks AWS, read-only)"
+            f"then the dry run asks AWS, read-only)",
         )
     if problems:
         more = f" (and {len(problems) - 1} more problem(s) above)" if len(problems) > 1 else ""
@@ -178,14 +182,15 @@ def _print_user_data(env: AwsRun, run_id: str, console: Console, problems: list[
     except GridfleetError as e:
         user_data = f"cannot be made: {e}"
         problems.append(str(e))
-    console.print(f"  user-data:  {user_data}; `gridfleet render node` prints it")
-    console.print(
+    say(console, f"  user-data:  {user_data}; `gridfleet render node` prints it")
+    say(
+        console,
         f"              fetches s3://{aws.bucket}/{aws.bundle_key} and s3://{aws.bucket}/"
         f"{env.run_config_key(run_id)}, mounts EFS {aws.efs_id or '-'}"
         f"{f' (access point {aws.efs_access_point_id})' if aws.efs_access_point_id else ''} at "
-        f"{aws.efs_mount}, joins the Grid on port {aws.grid_port}"
+        f"{aws.efs_mount}, joins the Grid on port {aws.grid_port}",
     )
-    console.print(f"  hub:        {hub}")
+    say(console, f"  hub:        {hub}")
 
 
 def _print_answers(env: AwsRun, run_id: str, console: Console, asked: _Questions, problems: list[str]) -> None:
@@ -201,23 +206,23 @@ def _print_answers(env: AwsRun, run_id: str, console: Console, asked: _Questions
         ami = f"{node_ami} (SSM parameter) -> " + asked.ask(f"the AMI behind {node_ami}", env.resolve_ami)
     else:
         ami = node_ami
-    console.print(f"  AMI:        {ami}")
+    say(console, f"  AMI:        {ami}")
     if aws.instance_profile and not aws.node_launch_template:
         profile = asked.ask("the instance profile", _answer(env.check_instance_profile, "exists"))
-        console.print(f"  profile:    {aws.instance_profile}: {profile}")
+        say(console, f"  profile:    {aws.instance_profile}: {profile}")
     table = asked.ask("the table", _answer(lambda: env.table.check_exists(), "present"), resource=True)
-    console.print(f"  table:      DynamoDB {aws.table}: {table}")
+    say(console, f"  table:      DynamoDB {aws.table}: {table}")
     queue = asked.ask("the queue", _answer(lambda: env.queue.check_exists(), "present"), resource=True)
-    console.print(f"  queue:      SQS {aws.queue_name} (DLQ {aws.dlq_name}): {queue}")
+    say(console, f"  queue:      SQS {aws.queue_name} (DLQ {aws.dlq_name}): {queue}")
     bucket = asked.ask("the bucket", _answer(lambda: env.results.check_exists(), "present"), resource=True)
-    console.print(f"  bucket:     S3 {aws.bucket}: {bucket}")
+    say(console, f"  bucket:     S3 {aws.bucket}: {bucket}")
     if bucket == "present" or asked.why_not is not None:  # a stock boot installs amazon-efs-utils from the bucket
         efs_utils = asked.ask(
             "whether the nodes have amazon-efs-utils", lambda: efs_utils_ready(env.config, env.clients)
         )
-        console.print(f"  efs-utils:  {efs_utils}")
+        say(console, f"  efs-utils:  {efs_utils}")
     if table == "present" or asked.why_not is not None:
-        console.print(f"  run:        {asked.ask(f'whether run {run_id} exists', lambda: _run_state(env, run_id))}")
+        say(console, f"  run:        {asked.ask(f'whether run {run_id} exists', lambda: _run_state(env, run_id))}")
     if asked.missing:
         problems.append(missing_line(asked.missing))
     problems += asked.problems

@@ -30,6 +30,7 @@ from cli.envs.grid_jar import find_grid_jar, grid_jar_candidates
 from cli.envs.home import gridfleet_home
 from cli.packaging.crawler_ship import install_local, installed_config, project_of
 from cli.report.check import CheckReport
+from cli.views.plain import say
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import Clock, SystemClock
@@ -178,12 +179,13 @@ class LocalEnv(StoresOf):
     def dry_run(self, run_id: str, console: Console) -> int:
         config = self.given
         nodes = min(config.fleet.max_nodes, config.local.node_cap(os.cpu_count() or 1), len(config.sites))
-        console.print(
+        say(
+            console,
             f"run {run_id} (dry run, nothing started): {len(config.sites)} sites, {nodes} local nodes, "
-            f"max_attempts {config.run.max_attempts}, hang_after_s {config.run.hang_after_s:g}"
+            f"max_attempts {config.run.max_attempts}, hang_after_s {config.run.hang_after_s:g}",
         )
-        for s in config.sites:
-            console.print(f"  {s.id:<24} {s.crawler:<8} {s.start_url}")
+        for s in config.sites:  # the config's strings as typed: no markup, control characters written out
+            say(console, f"  {s.id:<24} {s.crawler:<8} {s.start_url}")
         return EXIT_OK
 
     def latest_run(self) -> str | None:

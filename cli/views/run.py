@@ -7,36 +7,19 @@ as rich markup or passed to the terminal as its own escape sequences.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from rich.text import Text
+
+from cli.views.plain import markup as _markup
+from cli.views.plain import text as _text
 
 STYLE = {"COMPLETED": "green", "FAILED": "red", "RUN": "yellow", "QUEUED": "cyan"}
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _plain(value: object) -> str:
-    """`value` as a string with its control characters (an ANSI escape, a newline) written out as \\xNN."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", str(value))
-
-
-def _text(value: object, style: str = "") -> Text:
-    """`value` as plain text (never markup) with its control characters written out."""
-    return Text(_plain(value), style=style)
-
-
-def _markup(value: object) -> str:
-    """`value` escaped to sit inside markup of ours, its control characters written out."""
-    return escape(_plain(value))
 
 
 def _age(epoch: float | None, now: float) -> str:

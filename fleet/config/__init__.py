@@ -30,6 +30,7 @@ from pydantic import (
 from fleet.config.aws import AwsConfig, image_problem
 from fleet.config.crawlers import PROJECT_PROBLEM, CrawlersConfig, crawler_roots
 from fleet.crawlers import BUILTIN_OPTIONS, crawler_problem
+from fleet.errors import quote
 from fleet.ids import SITE_ID_RULE, is_site_id
 from fleet.platform import fleet_arch
 
@@ -191,7 +192,9 @@ class NotifyConfig(_Model):
     @classmethod
     def _arn(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(SNS_TOPIC_ARN_RE, v):
-            raise ValueError(f"must be an SNS topic ARN (arn:aws:sns:<region>:<12-digit account>:<topic>), got {v!r}")
+            raise ValueError(
+                f"must be an SNS topic ARN (arn:aws:sns:<region>:<12-digit account>:<topic>), got {quote(v)}"
+            )
         return v
 
     @field_validator("webhook_url")
@@ -226,7 +229,7 @@ class SiteConfig(_Model):
     @classmethod
     def _id(cls, v: str) -> str:
         if not is_site_id(v):
-            raise ValueError(f"{v!r} is not a site id: {SITE_ID_RULE}")
+            raise ValueError(f"{quote(v)} is not a site id: {SITE_ID_RULE}")
         return v
 
     @field_validator("start_url")
@@ -235,7 +238,7 @@ class SiteConfig(_Model):
         probe = v.replace(DEMO_PLACEHOLDER, "http://demo.invalid", 1) if v.startswith(DEMO_PLACEHOLDER) else v
         parts = urlsplit(probe)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"must be an http(s) URL or start with {DEMO_PLACEHOLDER}, got {v!r}")
+            raise ValueError(f"must be an http(s) URL or start with {DEMO_PLACEHOLDER}, got {quote(v)}")
         return v
 
     @field_validator("crawler")
@@ -289,7 +292,7 @@ class Config(_Model):
     def _group_names(cls, groups: dict[str, RateLimitConfig]) -> dict[str, RateLimitConfig]:
         for name in groups:
             if not is_site_id(name):
-                raise ValueError(f"group name {name!r} is not valid: {SITE_ID_RULE}")
+                raise ValueError(f"group name {quote(name)} is not valid: {SITE_ID_RULE}")
         return groups
 
     @field_validator("aws")
@@ -333,7 +336,7 @@ class Config(_Model):
             defined = ", ".join(sorted(self.rate_limits)) or "none"
             raise ValueError(
                 "; ".join(
-                    f"sites[{i}] (id {s.id!r}): rate_limit {s.rate_limit!r} is not a group of rate_limits"
+                    f"sites[{i}] (id {quote(s.id)}): rate_limit {quote(s.rate_limit)} is not a group of rate_limits"
                     for i, s in unknown
                 )
                 + f" (defined: {defined})"
@@ -358,6 +361,6 @@ class DuplicateSiteError(ValueError):
     """Raised inside validation so the loader can point at the duplicate's line."""
 
     def __init__(self, index: int, site_id: str, first: int):
-        super().__init__(f"duplicate site id {site_id!r} (first at sites[{first}])")
+        super().__init__(f"duplicate site id {quote(site_id)} (first at sites[{first}])")
         self.index = index
         self.site_id = site_id

@@ -4,14 +4,21 @@ the hub kills a crawl on a node. Validated with the rest of the config (`fleet.c
 from __future__ import annotations
 
 import posixpath
+import re
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fleet.errors import quote
+from fleet.ids import check_run_id
 from fleet.platform import Arch, ami_parameter_arch, deb_arch, uname_machine
 
 AMI_PATTERN = r"^(ami-[0-9a-f]{8,17}|/[A-Za-z0-9_./-]{1,2047})$"  # an AMI id, or an SSM parameter name
+
+#: The one placeholder of `aws.run_config_key`, replaced by the run's id (as plain text: no `str.format`).
+RUN_ID_PLACEHOLDER = "{run_id}"
+_BRACED = re.compile(r"\{[^{}]*\}")
 
 
 class AwsConfig(BaseModel):
@@ -65,7 +72,10 @@ class AwsConfig(BaseModel):
         "hub/fleet.yaml",
         description="S3 key of the config the hub instance runs (with its secrets: under hub/, which no node may read)",
     )
-    run_config_key: str = Field("runs/{run_id}/fleet.yaml", description="S3 key of a run's config, for its nodes")
+    run_config_key: str = Field(
+        "runs/{run_id}/fleet.yaml",
+        description="S3 key of a run's config, for its nodes: {run_id}, its one placeholder, is the run's id",
+    )
     install_dir: str = "/opt/gridfleet"
     state_dir: str = "/var/lib/gridfleet"
     efs_mount: str = "/efs"
@@ -130,6 +140,36 @@ class AwsConfig(BaseModel):
             return self.dlq or f"{self.queue}-dlq"
         name = self.dlq or f"{self.queue.removesuffix('.fifo')}-dlq"
         return name if name.endswith(".fifo") else f"{name}.fifo"
+
+    def run_config_key_for(self, run_id: str) -> str:
+        """The S3 key of run `run_id`'s config: `run_config_key` with {run_id} replaced (checked at load: the key
+        has it and no other brace)."""
+        return self.run_config_key.replace(RUN_ID_PLACEHOLDER, check_run_id(run_id))
+
+    @field_validator("run_config_key")
+    @classmethod
+    def _one_placeholder(cls, v: str) -> str:
+        """{run_id} and nothing else in braces: each run's nodes read their own run's config, and no key can make
+        the substitution fail (a `{0}` or a lone `{`) when a run starts."""
+        rest = v.replace(RUN_ID_PLACEHOLDER, "")
+        other = _BRACED.search(rest)
+        if other:
+            raise ValueError(
+                f"placeholder {quote(other[0])} is not {RUN_ID_PLACEHOLDER}, the only one it takes "
+                f"(e.g. runs/{RUN_ID_PLACEHOLDER}/fleet.yaml)"
+            )
+        if "{" in rest or "}" in rest:
+            brace = "{" if "{" in rest else "}"
+            raise ValueError(
+                f"{quote(v)} has a {brace!r} outside {RUN_ID_PLACEHOLDER}, its only placeholder "
+                f"(e.g. runs/{RUN_ID_PLACEHOLDER}/fleet.yaml)"
+            )
+        if RUN_ID_PLACEHOLDER not in v:
+            raise ValueError(
+                f"{quote(v)} has no {RUN_ID_PLACEHOLDER}: every run would read one config "
+                f"(e.g. runs/{RUN_ID_PLACEHOLDER}/fleet.yaml)"
+            )
+        return v
 
     @field_validator("endpoint_url")
     @classmethod

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from fleet.errors import ConfigError
+from fleet.errors import QUOTE_KEEP, ConfigError, quote
 
 Loc = tuple[str | int, ...]
 
@@ -31,6 +31,9 @@ MAX_VALUES = 1_000_000
 MAX_DEPTH = 64
 #: Digits of an integer: DynamoDB's number precision, since sites' options are stored on their records.
 MAX_INT_DIGITS = 38
+#: A key in a field's name, or a scalar in a message about how YAML reads it, keeps this much of itself
+#: (`fleet.errors.quote`).
+_KEEP = 24
 
 _Y = "tag:yaml.org,2002:"
 STR, INT, FLOAT, BOOL, NULL = _Y + "str", _Y + "int", _Y + "float", _Y + "bool", _Y + "null"
@@ -66,6 +69,8 @@ def field_name(loc: Loc) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif len(part) > QUOTE_KEEP:  # a long key is cut short: its message may quote it too
+            out += f"[{quote(part, _KEEP)}]"
         elif not part.isprintable() or not part or any(c in part for c in ".[]"):
             out += f"[{part!r}]"
         else:
@@ -243,7 +248,7 @@ class Composer:
             truth = _SHORT_BOOLS.get(text, yaml.SafeLoader.bool_values.get(text.lower()))
             shown = f"{kind} ({str(truth).lower()})" if tag == BOOL and truth is not None else kind
             message = (
-                f"key {_preview(text)!r} is read as {shown} by YAML: quote it ({_quoted(_preview(text))}) "
+                f"key {quote(text, _KEEP)} is read as {shown} by YAML: quote it ({_quoted(text)}) "
                 "if it is meant as a name"
             )
         else:
@@ -261,15 +266,19 @@ class Composer:
         if node.tag not in (INT, FLOAT, BOOL, NULL):
             return self._bad_tag(node, path)
         if node.tag == INT and len(text) > MAX_INT_DIGITS + 8:  # room for a sign, 0x and underscores
-            return self._problem(node, path, f"integer {_preview(text)} is too long (at most {MAX_INT_DIGITS} digits)")
+            return self._problem(
+                node, path, f"integer {quote(text, _KEEP, bare=True)} is too long (at most {MAX_INT_DIGITS} digits)"
+            )
         try:
             value = self._constructor.construct_object(node)
         except (ValueError, OverflowError, KeyError, IndexError, yaml.YAMLError):  # e.g. `!!bool maybe`
-            return self._problem(node, path, f"{_preview(text)!r} cannot be read as {_KEY_KINDS[node.tag]}")
+            return self._problem(node, path, f"{quote(text, _KEEP)} cannot be read as {_KEY_KINDS[node.tag]}")
         if node.tag == INT and abs(value) >= 10**MAX_INT_DIGITS:
-            return self._problem(node, path, f"integer {_preview(text)} is too long (at most {MAX_INT_DIGITS} digits)")
+            return self._problem(
+                node, path, f"integer {quote(text, _KEEP, bare=True)} is too long (at most {MAX_INT_DIGITS} digits)"
+            )
         if node.tag == FLOAT and not math.isfinite(value):
-            return self._problem(node, path, f"{_preview(text)} is not a finite number")
+            return self._problem(node, path, f"{quote(text, _KEEP, bare=True)} is not a finite number")
         return value
 
     def _bad_tag(self, node: yaml.Node, path: Loc) -> None:
@@ -292,11 +301,10 @@ class Composer:
 
 
 def _quoted(text: str) -> str:
+    """The key as it would be written in double quotes (a long one: its first characters, and the quote closed)."""
+    if len(text) > _KEEP:
+        text = text[:_KEEP] + "…"
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _preview(text: str, keep: int = 24) -> str:
-    return text if len(text) <= keep else f"{text[:keep]}... ({len(text)} characters)"
 
 
 def one_line(text: str) -> str:

@@ -19,7 +19,7 @@ from fleet.config import Config, DuplicateSiteError
 from fleet.config.crawlers import project_context
 from fleet.config.guard import BOOL, MAX_FILE_BYTES, Composer, Loc, Problem, Refused, compose, field_name
 from fleet.crawlers import OptionsError, error_text
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, quote
 
 
 def _allowed_keys(loc: Loc) -> list[str] | None:
@@ -53,7 +53,7 @@ def _message(err: ErrorDetails, allowed: list[str] | None) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
-        return f"unknown key {loc[-1]!r}{hint}"
+        return f"unknown key {quote(loc[-1], 24)}{hint}"
     if kind == "missing":
         return "required key is missing"
     if kind == "too_short" and loc == ("sites",):

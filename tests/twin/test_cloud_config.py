@@ -85,6 +85,10 @@ def test_encodings_lists_and_strings_follow_cloud_init():
         ("#cloud-config\nwrite_files: [{path: /x, content: '!!', encoding: b64}]\n", "cannot decode"),
         ("#cloud-config\nruncmd: [[]]\n", "runcmd[0]"),
         ("#cloud-config\npackages: [[curl, '8.0']]\n", "packages"),
+        # a value ending in a newline: each rule is matched whole
+        ('#cloud-config\nwrite_files: [{path: /x, content: y, permissions: "0644\\n"}]\n', "permissions"),
+        ('#cloud-config\nwrite_files: [{path: /x, content: y, owner: "root:root\\n"}]\n', "owner"),
+        ('#cloud-config\npackages: ["curl\\n"]\n', "packages"),
     ],
 )
 def test_what_the_twin_cannot_boot_is_refused_by_name(user_data, problem):
@@ -107,3 +111,14 @@ def test_what_the_twin_cannot_boot_is_refused_by_name(user_data, problem):
 )
 def test_a_shutdowns_delay_is_read_as_systemd_reads_it(said, delay):
     assert shutdown_delay(said) == delay
+
+
+def test_an_instance_id_or_ssh_user_ending_in_a_newline_is_refused(tmp_path):
+    """Matched whole: with `re.match` and `$`, a trailing newline passed into a path and a shell line."""
+    from twin.sandbox import InstanceSandbox
+    from twin.sshd import authorize
+
+    with pytest.raises(TwinError, match="instance id"):
+        InstanceSandbox("i-0123456789abcdef0\n", node_user_data(), tmp_path)
+    with pytest.raises(TwinError, match="ssh user"):
+        authorize(None, "admin\n", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB x")  # type: ignore[arg-type]

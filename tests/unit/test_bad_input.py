@@ -27,6 +27,13 @@ ALIAS_BOMB = "sites:\n  - id: a\n    start_url: http://a.test\n    crawler: my.c
     for name, prev in zip("abcdefghi", ['"lol"', "*a", "*b", "*c", "*d", "*e", "*f", "*g", "*h"], strict=True)
 )
 
+#: 100 KB of one letter: a value no error line may quote whole.
+BIG = "a" * 102_400
+
+#: What `render node` needs of `aws:` besides the value a case breaks.
+AWS_NODE = {"efs_id": "fs-0123456789abcdef0", "hub_address": "10.0.0.5"}
+AWS_NODE_YAML = ", ".join(f"{k}: {v}" for k, v in AWS_NODE.items())
+
 TF_OUTPUT_NOT_UTF8 = b'{"gridfleet_aws": {"value": {"region": "\xff"}}}'
 
 
@@ -53,6 +60,10 @@ def refused_switch(arg: str, name: str) -> Case:
         f"browser:\n  extra_args: [--lang=ko, {arg!r}]\n" + SITE,
         f"{{F}}:2: browser.extra_args[1]: {arg.strip()!r}: --{name} is not allowed in extra_args: ",
     )
+
+
+def render_node(content: str, expected: str) -> Case:
+    return Case(["render", "node", "--config", "{F}", "--run-id", "r1"], expected, content)
 
 
 CASES: dict[str, Case] = {
@@ -91,13 +102,12 @@ CASES: dict[str, Case] = {
     ),
     "5000-digit integer": validate(
         "run: {max_attempts: " + "1" * 5000 + "}\n" + SITE,
-        "{F}:1: run.max_attempts: integer 111111111111111111111111... (5000 characters) "
-        "is too long (at most 38 digits)",
+        "{F}:1: run.max_attempts: integer 111111111111111111111111… (5000 characters) is too long (at most 38 digits)",
     ),
     "5000-digit integer in options": validate(
         "sites:\n  - id: a\n    start_url: http://a.test\n    crawler: my.crawlers:Shop\n"
         "    options: {count: 0x" + "f" * 5000 + "}\n",
-        "{F}:5: sites[0].options.count: integer 0xffffffffffffffffffffff... (5002 characters) is too long",
+        "{F}:5: sites[0].options.count: integer 0xffffffffffffffffffffff… (5002 characters) is too long",
     ),
     ".inf duration": validate(
         "run: {hang_after_s: .inf}\n" + SITE, "{F}:1: run.hang_after_s: .inf is not a finite number"
@@ -175,6 +185,78 @@ CASES: dict[str, Case] = {
     "config not UTF-8": validate(SITE.encode() + b'run: {order: "\xff"}\n', "{F}:2: not UTF-8 text"),
     "config larger than 5 MB": validate("# " + "x" * (6 * 2**20) + "\n" + SITE, "{F}: larger than 5 MB"),
     "control character": validate(SITE + "x: \x07\n", "{F}:2: malformed YAML: unacceptable character #x0007"),
+    # --- a value ending in a newline, where it becomes user-data: each rule is matched whole
+    **{
+        f"aws.{field} ending in a newline ({role})": Case(
+            ["render", role, "--config", "{F}", "--run-id", "r1"],
+            f"{field}: '{value}\\n' is not",
+            "aws: {" + ", ".join(f'{k}: "{v}"' for k, v in {**AWS_NODE, field: value + "\\n"}.items()) + "}\n" + SITE,
+        )
+        for role, field, value in (
+            ("node", "region", "ap-northeast-2"),
+            ("node", "bucket", "gridfleet-artifacts"),
+            ("node", "efs_id", "fs-0123456789abcdef1"),
+            ("node", "hub_address", "10.0.0.6"),
+            ("hub", "region", "ap-northeast-2"),
+            ("hub", "imds_url", "http://169.254.169.254"),
+        )
+    },
+    "--hub-address ending in a newline": Case(
+        ["render", "node", "--config", "{F}", "--run-id", "r1", "--hub-address", "10.0.0.7\n"],
+        "hub_address: '10.0.0.7\\n' is not a DNS name or an IPv4 address",
+        f"aws: {{{AWS_NODE_YAML}}}\n" + SITE,
+    ),
+    # --- aws.run_config_key: {run_id}, its one placeholder, is checked at load, never given to str.format
+    "run_config_key with {0}": validate(
+        'aws: {run_config_key: "runs/{0}/fleet.yaml"}\n' + SITE,
+        "{F}:1: aws.run_config_key: placeholder '{0}' is not {run_id}, the only one it takes",
+    ),
+    "run_config_key with {0}, rendering": render_node(
+        f'aws: {{{AWS_NODE_YAML}, run_config_key: "runs/{{0}}/fleet.yaml"}}\n' + SITE,
+        "{F}:1: aws.run_config_key: placeholder '{0}' is not {run_id}",
+    ),
+    "run_config_key with {}": validate(
+        'aws: {run_config_key: "runs/{}/fleet.yaml"}\n' + SITE, "{F}:1: aws.run_config_key: placeholder '{}'"
+    ),
+    "run_config_key with {run}": validate(
+        'aws: {run_config_key: "runs/{run}/fleet.yaml"}\n' + SITE, "{F}:1: aws.run_config_key: placeholder '{run}'"
+    ),
+    "run_config_key with a lone {": validate(
+        'aws: {run_config_key: "runs/{run_id/fleet.yaml"}\n' + SITE,
+        "{F}:1: aws.run_config_key: 'runs/{run_id/fleet.yaml' has a '{' outside {run_id}",
+    ),
+    "run_config_key without {run_id}": validate(
+        'aws: {run_config_key: "runs/fleet.yaml"}\n' + SITE,
+        "{F}:1: aws.run_config_key: 'runs/fleet.yaml' has no {run_id}",
+    ),
+    # --- a value of 100 KB is cut in its error, with its length
+    "100 KB site id": validate(
+        f'sites:\n  - {{id: "{BIG}", start_url: "http://a.test"}}\n',
+        f"{{F}}:2: sites[0].id: '{BIG[:64]}…' (102400 characters) is not a site id",
+    ),
+    "100 KB start_url": validate(
+        f'sites:\n  - {{id: a, start_url: "ftp://{BIG}"}}\n',
+        f"{{F}}:2: sites[0].start_url: must be an http(s) URL or start with {{demo}}, got 'ftp://{BIG[:58]}…' "
+        "(102406 characters)",
+    ),
+    "100 KB crawler": validate(
+        f'sites:\n  - {{id: a, start_url: "http://a.test", crawler: "{BIG}"}}\n',
+        f"{{F}}:2: sites[0].crawler: unknown crawler '{BIG[:64]}…' (102400 characters)",
+    ),
+    "100 KB rate_limit group": validate(
+        f'sites:\n  - {{id: a, start_url: "http://a.test", rate_limit: "{BIG}"}}\n',
+        f"sites[0] (id 'a'): rate_limit '{BIG[:64]}…' (102400 characters) is not a group of rate_limits",
+    ),
+    "100 KB unknown key": validate(
+        f'hub:\n  ? "{BIG}"\n  : 1\n' + SITE,
+        f"{{F}}:2: hub['{BIG[:24]}…' (102400 characters)]: unknown key '{BIG[:24]}…' (102400 characters) "
+        "(allowed: http, bind, port)",
+    ),
+    "100 KB --run-id": Case(
+        ["run", "--local", "--dry-run", "--config", "{F}", "--run-id", BIG],
+        f"argument --run-id: '{BIG[:64]}…' (102400 characters) is not a run id",
+        SITE,
+    ),
 }
 
 
@@ -224,6 +306,7 @@ def test_bad_input_is_one_line_exit_2_no_traceback_and_bounded(tmp_path, cli, na
     said = lines[next((i for i, line in enumerate(lines) if "error:" in line), 0) :]  # after argparse's usage
     assert code == 2, (code, err)
     assert len(said) == 1 and expected in said[0], err
+    assert len(said[0]) <= 300, f"{name}: an error line of {len(said[0])} characters"
     assert "Traceback" not in err + out and out == ""
     assert seconds < 5, f"{name}: {seconds:.1f} s"
     assert peak < 64 * 2**20, f"{name}: {peak / 2**20:.0f} MB"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from cli.report.check import check_run, demo_hits
 from fleet import ops
+from fleet.checkpoint import Segment, part_keys
 from fleet.codec import RunInfo
-from fleet.results import is_daily_run, result_key
+from fleet.results import EVIDENCE_FILES, evidence_key, evidence_prefix, is_daily_run, result_key
 from fleet.state import SiteSpec, SiteStatus
+from hub.plan import run_date_for
 from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 
 DEMO = "http://127.0.0.1:8800"
@@ -19,11 +21,37 @@ class NoInstances:
 
 def test_the_daily_run_keeps_its_key_and_other_runs_of_the_day_store_beside_it():
     assert result_key("shop", "20261121", "2026-11-21") == "shop/20261121/result.json"
-    assert result_key("shop", "20261121", "20261121") == "shop/20261121/result.json"
+    assert result_key("shop", "20261121", "20261121") == "shop/20261121/20261121/result.json"  # another run
     assert result_key("shop", "20261121") == "shop/20261121/result.json"
     assert result_key("shop", "20261121", "a") == "shop/20261121/a/result.json"
     assert result_key("shop", "20261121", "2026-11-21-rerun") == "shop/20261121/2026-11-21-rerun/result.json"
     assert is_daily_run("2026-11-21", "20261121") and not is_daily_run("2026-11-22", "20261121")
+    for other in ("20261121", "20261121--", "2026--1121", "2026-1121-", "202611-21"):
+        assert not is_daily_run(other, "20261121"), other
+
+
+def _keys(site: str, run_id: str) -> set[str]:
+    """Every key a run writes for a site: its result, each evidence file of two attempts, parts of two claims."""
+    run_date = run_date_for(run_id, 0.0)
+    return {
+        result_key(site, run_date, run_id),
+        *(evidence_key(site, run_date, run_id, attempt, name) for attempt in (1, 2) for name in EVIDENCE_FILES),
+        evidence_prefix(site, run_date, run_id),
+        *part_keys(site, run_date, run_id, [Segment(1, 3, 2), Segment(2, 7, 1)]),
+    }
+
+
+def test_run_ids_that_read_as_one_date_keep_keys_of_their_own():
+    """2026-11-21 (the daily run), 20261121 and 20261121-- are three runs of one date: no key of one is a key of
+    another, so none reads another's result as its own, skips a site for it, or resumes from its parts."""
+    ids = ("2026-11-21", "20261121", "20261121--", "2026-1121", "2026-11-21-rerun")
+    assert {run_date_for(run_id, 0.0) for run_id in ids} == {"20261121"}
+    keys = {run_id: _keys("shop", run_id) for run_id in ids}
+    for a in ids:
+        for b in ids:
+            assert a == b or not keys[a] & keys[b], (a, b, keys[a] & keys[b])
+    assert result_key("shop", "20261121", "2026-11-21") == "shop/20261121/result.json"
+    assert result_key("shop", "20261121", "20261121--") == "shop/20261121/20261121--/result.json"
 
 
 def _finished_run(table, results, run_id: str, t0: float, site: str = "inc"):

@@ -361,3 +361,27 @@ def test_operator_commands_refuse_bad_input_with_one_message(tmp_path, case):
     assert p.returncode == code, p.stderr
     assert expected in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert not (tmp_path / "home" / "local").exists()  # nothing was started
+
+
+def test_the_nodes_config_key_is_the_run_config_key_with_the_run_id_put_in(tmp_path):
+    (tmp_path / "fleet.yaml").write_text(
+        "aws: {efs_id: fs-0123456789abcdef0, hub_address: 10.0.0.5, run_config_key: 'cfg/{run_id}/{run_id}.yaml'}\n"
+        "sites:\n  - {id: a, start_url: 'http://a.test'}\n"
+    )
+    p = gridfleet(tmp_path, "render", "node", "--config", "fleet.yaml", "--run-id", "r1", "--script")
+    assert p.returncode == 0, p.stderr
+    assert "CONFIG_KEY=cfg/r1/r1.yaml" in p.stdout
+
+
+def test_a_run_config_key_with_a_positional_placeholder_is_one_line_exit_2(tmp_path):
+    (tmp_path / "fleet.yaml").write_text(
+        "aws: {efs_id: fs-0123456789abcdef0, hub_address: 10.0.0.5, run_config_key: 'runs/{0}/fleet.yaml'}\n"
+        "sites:\n  - {id: a, start_url: 'http://a.test'}\n"
+    )
+    for command in (["validate"], ["render", "node", "--run-id", "r1"], ["run", "--local", "--dry-run"]):
+        p = gridfleet(tmp_path, *command, "--config", "fleet.yaml")
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (command, p.stderr)
+        assert p.stderr.splitlines() == [
+            "gridfleet: error: fleet.yaml:1: aws.run_config_key: placeholder '{0}' is not {run_id}, the only one "
+            "it takes (e.g. runs/{run_id}/fleet.yaml)"
+        ]

@@ -392,3 +392,68 @@ def test_the_user_data_names_the_grid_secrets_parameter_and_holds_no_secret():
         for word in ("registration-secret", "password"):
             assert word not in text and word not in script, word
         assert all("file://" in v for v in re.findall(r"--value (\S+)", script))  # a value from a file only
+
+
+# --- hostile values: a trailing newline, a value of any length --------------------------------------------------
+#: Every field checked against a pattern, with a valid value: each is refused with a newline after it (a `$`
+#: anchor alone, with `re.match`, lets one through, and a newline in user-data or a shell line is a new line).
+NODE_PATTERNED = {
+    "run_id": "2026-11-21",
+    "region": "ap-northeast-2",
+    "bucket": "gridfleet-artifacts",
+    "efs_id": EFS_ID,
+    "efs_access_point_id": "fsap-0123456789abcdef0",
+    "hub_address": "10.0.1.10",
+    "imds_url": "http://169.254.169.254",
+    "table": "TrendlyzeStatus",
+    "crawl_user": "gridfleet",
+    "log_group": "/gridfleet/node",
+    "install_dir": "/opt/gridfleet",
+    "state_dir": "/var/lib/gridfleet",
+    "efs_mount": "/efs",
+}
+HUB_PATTERNED = {
+    "region": "ap-northeast-2",
+    "bucket": "gridfleet-artifacts",
+    "imds_url": "http://169.254.169.254",
+    "log_group": "/gridfleet/hub",
+    "install_dir": "/opt/gridfleet",
+    "state_dir": "/var/lib/gridfleet",
+}
+
+
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+@pytest.mark.parametrize(
+    "kind, field",
+    [("node", f) for f in NODE_PATTERNED] + [("hub", f) for f in HUB_PATTERNED],
+)
+def test_a_value_ending_in_a_newline_is_refused(kind, field, ending):
+    valid = (NODE_PATTERNED if kind == "node" else HUB_PATTERNED)[field]
+    make = node_params if kind == "node" else hub_params
+    make(**{field: valid})  # the value itself passes
+    with pytest.raises(RenderError, match=f"^{field}: ") as e:
+        make(**{field: valid + ending})
+    assert e.value.field == field and "\n" not in str(e.value)  # the newline is written out, not printed
+
+
+def test_render_checks_a_newline_again():
+    p = node_params()
+    object.__setattr__(p, "hub_address", "10.0.1.10\n")  # past the frozen dataclass
+    with pytest.raises(RenderError, match="^hub_address: "):
+        render_node(p)
+
+
+def test_a_long_value_is_cut_in_its_error_with_its_length():
+    with pytest.raises(RenderError) as e:
+        node_params(hub_address="h" * 102_400 + ";")
+    assert len(str(e.value)) < 200 and "(102401 characters)" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "value", ["", "short", "a" * 64, "a" * 65, "x" * 102_400, "\x1b[31m" * 40, "\u2028" * 70, 12, ["x"] * 400, None]
+)
+def test_cloud_init_quotes_a_value_as_fleet_errors_does(value):
+    """cloud_init imports nothing of the project: its copy of the rule is held to the same output."""
+    from fleet.errors import quote
+
+    assert render_mod._quote(value) == quote(value)

@@ -227,3 +227,43 @@ def test_extra_args_keep_chromium_switches_that_open_nothing_and_the_sandbox_is_
     allowed = parse_config("browser: {allow_no_sandbox: true}\n" + GOOD, "fleet.yaml")
     assert allowed.browser.allow_no_sandbox is True
     assert parse_config(dump_config(allowed), "fleet.yaml") == allowed  # the nodes read it back as the hub wrote it
+
+
+# --- aws.run_config_key: one placeholder, replaced as text ---------------------------------------------------------
+def test_the_run_config_key_replaces_run_id_as_text():
+    from cli.envs.aws import connect, node_params
+    from fleet.config.aws import AwsConfig
+
+    assert AwsConfig().run_config_key == "runs/{run_id}/fleet.yaml"  # the default and its placeholder, unchanged
+    assert AwsConfig().run_config_key_for("2026-11-21") == "runs/2026-11-21/fleet.yaml"
+    twice = AwsConfig(run_config_key="runs/{run_id}/x/{run_id}.yaml")
+    assert twice.run_config_key_for("r1.b_c-d") == "runs/r1.b_c-d/x/r1.b_c-d.yaml"
+    with pytest.raises(ValueError, match="is not a run id"):
+        twice.run_config_key_for("../x")
+    config = parse_config(
+        "aws: {efs_id: fs-0123456789abcdef0, run_config_key: 'cfg/{run_id}/{run_id}.yaml'}\n"
+        "sites: [{id: a, start_url: 'http://a.test'}]\n"
+    )
+    assert node_params(config, "r1", "10.0.0.5").config_key == "cfg/r1/r1.yaml"
+    assert connect(config).run_config_key("r1") == "cfg/r1/r1.yaml"
+
+
+@pytest.mark.parametrize(
+    "key, said",
+    [
+        ("runs/{0}/fleet.yaml", "placeholder '{0}' is not {run_id}"),
+        ("runs/{}/fleet.yaml", "placeholder '{}' is not {run_id}"),
+        ("runs/{run_id!r}/fleet.yaml", "placeholder '{run_id!r}' is not {run_id}"),
+        ("runs/{run_id:>9}/fleet.yaml", "placeholder '{run_id:>9}' is not {run_id}"),
+        ("runs/{run_id.x}/fleet.yaml", "placeholder '{run_id.x}' is not {run_id}"),
+        ("runs/{{run_id}}/fleet.yaml", "placeholder '{}' is not {run_id}"),
+        ("runs/{run_id}}/fleet.yaml", "has a '}' outside {run_id}"),
+        ("runs/{run_id/fleet.yaml", "has a '{' outside {run_id}"),
+        ("runs/fleet.yaml", "has no {run_id}"),
+    ],
+)
+def test_a_run_config_key_with_another_placeholder_is_refused_at_load(key, said):
+    with pytest.raises(ConfigError) as e:
+        parse_config(f"aws: {{run_config_key: '{key}'}}\nsites: [{{id: a, start_url: 'http://a.test'}}]\n", "f.yaml")
+    assert str(e.value).startswith("f.yaml:1: aws.run_config_key: ") and said in str(e.value)
+    assert "\n" not in str(e.value)

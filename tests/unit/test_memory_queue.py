@@ -80,3 +80,14 @@ def test_fifo_a_group_moves_on_when_its_first_message_goes_to_the_dlq():
     assert isinstance(nxt, SiteMessage) and nxt.attempt == 2
     assert [(m.site, m.attempt) for m in q.peek(dlq=True)] == [("s1", 1)]
     assert q.depth() == QueueDepth(0, 1, 1)
+
+
+def test_a_group_id_sqs_would_refuse_is_hashed_a_trailing_newline_too():
+    """`<run>/<site>` when SQS takes it whole, else its sha256 hex (the rule is matched whole: `$` alone would
+    pass a name ending in a newline on to SQS)."""
+    from fleet.messages import group_id
+
+    assert group_id(RUN, "shop") == f"{RUN}/shop"
+    for site in ("shop\n", "s p", "x" * 200):
+        gid = group_id(RUN, site)
+        assert len(gid) == 64 and set(gid) <= set("0123456789abcdef"), site

@@ -168,3 +168,66 @@ def test_gridfleet_status_prints_a_hostile_summary_without_failing(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "[/x] closing [red]boom[/red]" in ANSI.sub("", p.stdout)
     assert not re.search(r"\x1b\[[0-9;]*m(boom|s-1)", p.stdout)
+
+
+# --- the dry runs show the config's strings as typed ------------------------------------------------------------
+
+#: Site URLs the config accepts whose text rich would read as markup, or a terminal as its own sequences.
+HOSTILE_URLS = {
+    "markup": "http://a.test/[/x]/[red]b[/red]",
+    "ansi": "http://b.test/\x1b[31mred\x1b]0;title\x07",
+}
+
+
+def _dry_run(tmp_path: Path, config: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
+    (tmp_path / "fleet.yaml").write_text(config)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        GRIDFLEET_HOME=str(tmp_path / "home"),
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+        **env_extra,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", "run", "--dry-run", "--run-id", "d1", "--config", "fleet.yaml", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _sites_yaml() -> str:
+    return "sites:\n" + "".join(
+        f"  - {{id: {name}, start_url: {json.dumps(url)}}}\n" for name, url in HOSTILE_URLS.items()
+    )
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "color-terminal"])
+def test_the_local_dry_run_prints_a_sites_markup_and_escapes_as_text(tmp_path, terminal):
+    p = _dry_run(tmp_path, _sites_yaml(), "--local", **({"FORCE_COLOR": "1", "COLUMNS": "300"} if terminal else {}))
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr  # no MarkupError
+    shown = ANSI.sub("", p.stdout) if terminal else p.stdout
+    assert HOSTILE_URLS["markup"] in shown
+    assert "http://b.test/\\x1b[31mred\\x1b]0;title\\x07" in shown  # written out, character by character
+    assert "\x1b]" not in p.stdout and "\x07" not in p.stdout
+    if not terminal:
+        assert "\x1b" not in p.stdout
+    else:  # what escapes there are, are rich's own styles, none of them opened by the site's text
+        assert not re.search(r"\x1b\[31m(red|b)", p.stdout)
+    assert not (tmp_path / "home").exists()  # nothing started
+
+
+def test_the_aws_dry_run_prints_the_configs_markup_and_escapes_as_text(tmp_path):
+    config = (
+        "aws: {imds_url: 'http://127.0.0.1:9', efs_id: fs-0123456789abcdef0, hub_address: 10.0.0.5,"
+        ' queue: "q[/x]", subnet_ids: ["subnet-[red]1"], key_name: "k\\e[31mred",'
+        ' instance_profile: "p[/]\\e]0;t\\a"}\n' + _sites_yaml()
+    )
+    p = _dry_run(tmp_path, config)
+    assert "Traceback" not in p.stderr, p.stderr
+    for literal in ("SQS q[/x]", "subnets subnet-[red]1", "p[/]\\x1b]0;t\\x07"):
+        assert literal in p.stdout, (literal, p.stdout)
+    assert "\x1b" not in p.stdout and "\x07" not in p.stdout
