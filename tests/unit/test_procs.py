@@ -32,8 +32,11 @@ def run_marker():
 
 def spawn(run_marker, cmd, tmp_path, **markers):
     marker, popens = run_marker
-    p = procs.spawn(cmd, markers={"GRIDFLEET_RUN": marker, **markers}, log_path=tmp_path / "logs" / "proc.log")
+    marks = {"GRIDFLEET_RUN": marker, **markers}
+    p = procs.spawn(cmd, markers=marks, log_path=tmp_path / "logs" / "proc.log")
     popens.append(p)
+    # Until the new process has exec'd, its environment (the mark) is its parent's: wait to see it (or its end).
+    wait_for(lambda: p.poll() is not None or any(q.pid == p.pid and q.markers == marks for q in procs.scan()))
     return p
 
 
