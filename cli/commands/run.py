@@ -219,6 +219,7 @@ def run(env: Environment, args: argparse.Namespace, run_id: str, console: Consol
     exported = args.out / run_id / "summary.json"
     if done is not None and not env.stores_up():  # reported as it is: no stack is started for it
         return report_finished_export(done, exported, run_id, args.resume, console)
+    env.can_crawl()
     with env.hold(run_id) as hold:
         clock = SystemClock()
         provider = env.provider(run_id, clock)
@@ -284,6 +285,7 @@ def cmd_rerun(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("name the sites to rerun, or pass --failed for every FAILED site of the run (not both)")
     env = where.for_rerun(args, load_config)
     env.preflight()
+    env.can_crawl()
     return rerun(env, args, console)
 
 

@@ -61,6 +61,9 @@ class AwsEnv(StoresOf):
         return self.clients.client("ec2")
 
     # --- before the run ------------------------------------------------------------------------------------
+    def can_crawl(self) -> None:
+        """Nothing to ask here: each node decides at its boot (and refuses without the sandbox)."""
+
     def preflight(self) -> None:
         """Exit 1 naming exactly what is missing (table, queue, DLQ, bucket), before any launch.
 

@@ -117,6 +117,10 @@ class Environment(Protocol):
         """Fail before anything starts when what a run needs is missing: the local nodes' tools (Java,
         Chromium, chromedriver); on AWS the table, queue and bucket."""
 
+    def can_crawl(self) -> None:
+        """Fail before anything starts when this run's browsers could not crawl here (on the embedded default,
+        Chromium without its sandbox that fleet.yaml does not allow); asked once a run is known to crawl."""
+
     def dry_run(self, run_id: str, console: Console) -> int:
         """Print what a run would do and start nothing."""
 

@@ -174,6 +174,8 @@ class LocalEnv(StoresOf):
         from embedded.stack import check_tools
 
         check_tools("java", self.given.browser.chromium, self.given.browser.chromedriver)
+
+    def can_crawl(self) -> None:
         self.crawl_user  # noqa: B018 -- decided before anything starts: a sandbox the nodes cannot have refuses here
 
     def dry_run(self, run_id: str, console: Console) -> int:
