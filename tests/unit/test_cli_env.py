@@ -173,6 +173,9 @@ class FakeEnv:
     def preflight(self) -> None:
         self.calls.append("preflight")
 
+    def can_crawl(self) -> None:
+        pass
+
     def dry_run(self, run_id: str, console: Console) -> int:
         self.calls.append("dry_run")
         return 0
