@@ -6,6 +6,7 @@ Seams: "the sandbox is unavailable" is injected at the one function that probes 
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 
@@ -38,6 +39,9 @@ def node(tmp_path, aws_config, monkeypatch):
     ops.send_next(table, queue, table_site(table))
     monkeypatch.setattr(browser, "sandbox_problem", lambda *a, **k: PROBLEM)
     monkeypatch.setattr(node_main, "setup", lambda **_: None)
+    for logger in (logging.getLogger(), logging.getLogger("gridfleet")):  # a handler an earlier test left behind,
+        kept = [h for h in logger.handlers if not getattr(getattr(h, "stream", None), "closed", False)]
+        monkeypatch.setattr(logger, "handlers", kept)  # on a stream pytest has closed since, would print errors
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # a node on AWS has its role's; moto takes any
         monkeypatch.setenv(name, "testing")
     sigterm = signal.getsignal(signal.SIGTERM)
