@@ -51,7 +51,7 @@ PARALLEL = $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup)
 test: setup lint
 	@$(PYTEST) $(PARALLEL) --durations=15 $(PYTEST_ARGS)
 
-# Everything but the browser tests, the EC2 twin's and the slow ones (a whole pip build or CLI run of their own): the
+# Everything but the browser tests, the EC2 twin's and the slow ones (a whole build, run or scan of their own): the
 # loop while working, in under 2 minutes. `make test` runs them all.
 test-fast: setup
 	@$(PYTEST) $(PARALLEL) --durations=15 -m "not e2e and not twin and not slow" $(PYTEST_ARGS)

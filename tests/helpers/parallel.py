@@ -43,6 +43,11 @@ GROUPS: dict[str, str] = {
     "tests/adapter/test_bundle.py::test_upload_built_": "graviton-bundle",
     # The module's tests read the calls of every role's code, recorded once for the module (a minute).
     "tests/infra/test_iam.py::": "iam-recorded",
+    # These read the stack as Terraform applies it to moto (`applied`, a session fixture: once per worker, seconds
+    # of CPU each time): applied once.
+    "tests/infra/test_logs.py::": "infra-applied",
+    "tests/infra/test_node_powers.py::": "infra-applied",
+    "tests/infra/test_parliament.py::": "infra-applied",
 }
 #: The twin's tests: on a worker of their own (see above).
 TWIN = "tests/twin/"

@@ -1659,6 +1659,7 @@ def checkov_report() -> dict[str, Any]:
     return report
 
 
+@pytest.mark.slow
 def test_checkov_has_no_failed_check(checkov_report):
     summary = checkov_report["summary"]
     failed = checkov_report["results"].get("failed_checks", [])
@@ -1668,6 +1669,7 @@ def test_checkov_has_no_failed_check(checkov_report):
     assert summary["passed"] > 100
 
 
+@pytest.mark.slow
 def test_every_checkov_skip_has_a_reason_and_is_documented(checkov_report):
     skipped = checkov_report["results"].get("skipped_checks", [])
     readme = (TF_DIR / "README.md").read_text()

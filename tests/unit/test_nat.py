@@ -71,6 +71,7 @@ def test_the_measurement_reads_each_templates_packages() -> None:
     assert "chromium" not in template_packages("hub-boot.sh.j2")
 
 
+@pytest.mark.slow
 def test_the_kept_figures_agree_with_a_fresh_measurement(measured: BootBytes) -> None:
     """fleet/nat.py's constants within 25 % of what real apt says now: `bench/boot_bytes.py` gives new ones."""
     for kept, fresh in (

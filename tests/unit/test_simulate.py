@@ -78,6 +78,7 @@ def test_longest_first_beats_first_in_first_out_on_spread_out_sites():
     assert ours.ratio < fifo.ratio and ours.ratio < 1.1
 
 
+@pytest.mark.slow
 def test_a_metered_queue_ends_within_ten_percent_of_the_bound_under_faults_and_beats_sending_all_at_once():
     """1,000 sites on 50 nodes with the default fault rates (1% hangs, 0.05 spot reclaims per hour, 2% capacity
     errors): with every first message sent at seeding, a retry waits behind the fresh sites and ends the run."""
