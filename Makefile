@@ -52,7 +52,7 @@ test: setup lint
 	@$(PYTEST) $(PARALLEL) --durations=15 $(PYTEST_ARGS)
 
 # Everything but the browser tests, the EC2 twin's and the slow ones (a whole build, run or scan of their own): the
-# loop while working, in under 2 minutes. `make test` runs them all.
+# loop while working, in about 2 minutes. `make test` runs them all.
 test-fast: setup
 	@$(PYTEST) $(PARALLEL) --durations=15 -m "not e2e and not twin and not slow" $(PYTEST_ARGS)
 
