@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli_env import without_aws_credentials
+
 
 def gridfleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "GRIDFLEET_HOME": str(tmp_path / "home")}
@@ -56,13 +58,7 @@ def test_an_aws_run_without_credentials_exits_1_naming_them_and_starts_nothing(t
     (tmp_path / "fleet.yaml").write_text(
         "aws: {imds_url: 'http://127.0.0.1:9'}\nsites:\n  - {id: a, start_url: 'http://a.test'}\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(
-        GRIDFLEET_HOME=str(tmp_path / "home"),
-        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
-        AWS_CONFIG_FILE=str(tmp_path / "none"),
-        AWS_EC2_METADATA_DISABLED="true",
-    )
+    env = without_aws_credentials(tmp_path)
     p = subprocess.run(
         [sys.executable, "-m", "cli.main", "run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
@@ -72,13 +68,7 @@ def test_an_aws_run_without_credentials_exits_1_naming_them_and_starts_nothing(t
 def test_the_aws_dry_run_needs_no_credentials_and_calls_nothing(tmp_path):
     """The first AWS command a new user tries, before any credentials exist: the plan, and exit 0."""
     example = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(
-        GRIDFLEET_HOME=str(tmp_path / "home"),
-        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
-        AWS_CONFIG_FILE=str(tmp_path / "none"),
-        AWS_EC2_METADATA_DISABLED="true",
-    )
+    env = without_aws_credentials(tmp_path)
     out = []
     for args in (
         ["run", "--config", str(example), "--dry-run", "--run-id", "d1"],

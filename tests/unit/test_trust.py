@@ -23,6 +23,7 @@ from fleet.results import result_key
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from fleet.summary import build_summary, export
 from sim.memory import MemoryResults, MemoryStateTable
+from tests.helpers.cli_env import without_aws_credentials
 
 RUN = "2026-11-21"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -181,14 +182,7 @@ HOSTILE_URLS = {
 
 def _dry_run(tmp_path: Path, config: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
     (tmp_path / "fleet.yaml").write_text(config)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(
-        GRIDFLEET_HOME=str(tmp_path / "home"),
-        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
-        AWS_CONFIG_FILE=str(tmp_path / "none"),
-        AWS_EC2_METADATA_DISABLED="true",
-        **env_extra,
-    )
+    env = without_aws_credentials(tmp_path, **env_extra)
     return subprocess.run(
         [sys.executable, "-m", "cli.main", "run", "--dry-run", "--run-id", "d1", "--config", "fleet.yaml", *args],
         cwd=tmp_path,
