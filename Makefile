@@ -43,6 +43,12 @@ lint: setup
 # worker of their own, in the suite's order (the day and the week on one deployed stack); tests that must stay
 # together run on one worker each (--dist loadgroup; the groups and why: tests/helpers/parallel.py). `make test
 # JOBS=1` runs it all in one process. The end of the output lists the 15 slowest tests.
+#
+# The suite starts hundreds of Python processes of this code (the CLI, agents, hubs, Lambdas, the pytest workers):
+# each compiles every module it imports again unless Python may keep the bytecode (__pycache__, ignored by git),
+# and pytest rewrites every test module's asserts again in each worker. Where the environment forbids writing it
+# (PYTHONDONTWRITEBYTECODE), that costs `make test-fast` a sixth of its CPU; make's commands are allowed to.
+unexport PYTHONDONTWRITEBYTECODE
 JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 PARALLEL = $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup)
 
@@ -52,7 +58,7 @@ test: setup lint
 	@$(PYTEST) $(PARALLEL) --durations=15 $(PYTEST_ARGS)
 
 # Everything but the browser tests, the EC2 twin's and the slow ones (a whole build, run or scan of their own): the
-# loop while working, in about 2 minutes. `make test` runs them all.
+# loop while working, in under 2 minutes. `make test` runs them all.
 test-fast: setup
 	@$(PYTEST) $(PARALLEL) --durations=15 -m "not e2e and not twin and not slow" $(PYTEST_ARGS)
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import boto3
-import botocore.loaders
-import botocore.session
 from botocore import UNSIGNED
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
+
+if TYPE_CHECKING:
+    import boto3
+    import botocore.loaders
 
 from fleet.aws.errors import AwsCall, name_calls, service_label, stamp
 from fleet.config.aws import AwsConfig
@@ -55,6 +56,12 @@ def _session(**kwargs: Any) -> boto3.session.Session:
     """A boto3 session whose service models come from one loader per process. Each session would otherwise read
     and decode the models' JSON again, a tenth of a second of CPU per client: most of what a CLI command, a Lambda
     invocation or a test spends."""
+    # boto3 and botocore's session are imported here, on first use: a tenth of a second that a command making no
+    # AWS call (`gridfleet validate`, `--help`) does not spend.
+    import boto3.session
+    import botocore.loaders
+    import botocore.session
+
     global _loader
     core = botocore.session.get_session()
     with _loader_lock:

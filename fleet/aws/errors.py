@@ -19,7 +19,6 @@ from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
-import botocore.session
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -166,6 +165,8 @@ def stamp(e: BaseException, call: AwsCall) -> None:
 
 def service_label(service: str) -> str:
     """botocore's service id of a service name ("dynamodb" -> "DynamoDB"), read from its model."""
+    import botocore.session  # on first use, as fleet.aws.clients does
+
     try:
         return str(botocore.session.get_session().get_service_model(service).service_id)
     except BotoCoreError:

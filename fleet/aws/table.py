@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Unpack
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from fleet import run_item
@@ -74,6 +73,8 @@ class DynamoStateTable:
         self.name = table_name
         #: Items per Query page (`Limit`); None: as many as fit DynamoDB's 1 MB page.
         self.page_size = page_size
+        from boto3.dynamodb.types import TypeDeserializer, TypeSerializer  # boto3 on first use (fleet.aws.clients)
+
         self._ser = TypeSerializer()
         self._de = TypeDeserializer()
 

@@ -48,6 +48,17 @@ GROUPS: dict[str, str] = {
     "tests/infra/test_logs.py::": "infra-applied",
     "tests/infra/test_node_powers.py::": "infra-applied",
     "tests/infra/test_parliament.py::": "infra-applied",
+    # Each of these modules makes something that costs seconds of CPU once for the module (Debian's package
+    # index read, a stack applied or a moto server set up): its tests go to one worker, which makes it once,
+    # where handed out one by one they made it once per worker.
+    "tests/unit/test_debian_index.py::": "debian-index",
+    "tests/adapter/test_twin_infra.py::": "twin-infra",
+    "tests/adapter/test_preflight.py::": "preflight",
+    "tests/adapter/test_cli_aws_failures.py::": "cli-aws-failures",
+    "tests/adapter/test_lambdas.py::": "lambdas",
+    "tests/adapter/test_ec2_adapter.py::": "ec2-adapter",
+    "tests/adapter/test_ec2_provider.py::": "ec2-provider",
+    "tests/adapter/test_aws_run.py::": "aws-run",
 }
 #: The twin's tests: on a worker of their own (see above).
 TWIN = "tests/twin/"
