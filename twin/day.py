@@ -23,16 +23,19 @@ T = TypeVar("T")
 REGION = "ap-northeast-2"
 
 
-def wait_until(check: Callable[[], T], timeout_s: float, what: str, every_s: float = 1.0) -> T:
-    """The first truthy value of `check()`; AssertionError naming `what` after `timeout_s`. The loop only polls
-    a real run on real instances (nothing here stands for a hang)."""
+def wait_until(
+    check: Callable[[], T], timeout_s: float, what: str, every_s: float = 1.0, explain: Callable[[], str] | None = None
+) -> T:
+    """The first truthy value of `check()`; AssertionError naming `what` after `timeout_s`, followed by what
+    `explain()` says of the state of things then. The loop only polls a real run on real instances (nothing here
+    stands for a hang)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} after {timeout_s:g} s")
+            raise AssertionError(f"no {what} after {timeout_s:g} s" + (f"\n{explain()}" if explain else ""))
         time.sleep(every_s)
 
 
@@ -205,6 +208,17 @@ class TwinDay:
         ec2twin = self.twin.ec2twin
         assert ec2twin is not None  # a deployed stack runs its instances
         return bool(states) and set(states.values()) == {"terminated"} and not ec2twin.running
+
+    def processes(self) -> str:
+        """The instances this twin runs and, for each, the state of every process in it: what a day that does not
+        end is looked into with (a step of a boot script that neither succeeds nor fails, a hung crawl)."""
+        ec2twin = self.twin.ec2twin
+        assert ec2twin is not None
+        lines = [f"instance states: {self.instance_states()}"]
+        for iid, run in list(ec2twin.running.items()):
+            lines.append(f"{iid} ({run.spec.role}), booted {run.boots} time(s); its processes (pid state wchan argv):")
+            lines += [f"  {network.describe(pid)}" for pid in run.sandbox.processes()]
+        return "\n".join(lines)
 
     def _run_object(self, run_id: str, name: str) -> bytes | None:
         """runs/<run_id>/<name> in the stack's bucket, or None while it is not there."""

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from twin.cloud_config import TwinError
 
@@ -97,6 +98,19 @@ def pids(netns: str) -> list[int]:
     """Every process in the namespace (none when it is gone)."""
     out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=_IP_TIMEOUT_S)
     return [int(p) for p in out.stdout.split()] if out.returncode == 0 else []
+
+
+def describe(pid: int) -> str:
+    """One line on a process: its pid, state (R running, S sleeping, D in the kernel, T stopped, Z a zombie),
+    what it waits in (the kernel's wchan), its command line; what a hung instance is found out by."""
+    proc = Path("/proc") / str(pid)
+    try:
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        wchan = (proc / "wchan").read_text() or "-"
+        argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (OSError, IndexError):
+        return f"{pid} (gone)"
+    return f"{pid} {state} {wchan} {argv[:200]}"
 
 
 def kill_all(netns: str, timeout_s: float = 10.0) -> list[int]:

@@ -65,6 +65,11 @@ case $url in
     esac ;;
   */status)  # the Grid hub takes only its router's credentials, from a curl config (`-K`)
     [[ -n ${STUB_GRID_DOWN:-} ]] && exit 7
+    if [[ -n ${STUB_GRID_SLOW:-} ]]; then  # it answers only at the STUB_GRID_SLOW+1-th try
+      echo x >>"$SANDBOX/grid-tries"
+      mapfile -t tries <"$SANDBOX/grid-tries"
+      ((${#tries[@]} > STUB_GRID_SLOW)) || exit 7
+    fi
     [[ -n $config && -f $config ]] && cp -- "$config" "$SANDBOX/curl-config-seen" || exit 22
     printf '{"value":{"ready":false}}' ;;
   *) exit 7 ;;
@@ -142,7 +147,8 @@ while [[ $1 == --* ]]; do shift; done
 [[ -n ${STUB_CANNOT_WRITE:-} && " $* " == *" test -w "* ]] && exit 1
 exec "$@"
 """,
-    "java": "exit 0\n",
+    # java: the Grid hub, gone at once (a stub), or alive for a while when it is slow to answer (STUB_GRID_SLOW)
+    "java": '[[ -z ${STUB_GRID_SLOW:-} ]] || exec "$REAL_SLEEP" 10\nexit 0\n',
     # python3: `-m venv` makes a venv whose pip is a stub; anything else (the scripts' own snippets) is real Python
     "python3": r"""
 if [[ $1 == -m && $2 == venv ]]; then

@@ -36,9 +36,11 @@ def day(twin_stack):
     d.put_config(SITES)  # the deployment's own sites, whatever ran before
     first_boot, first_fired = len(d.twin.boots), len(d.twin.fired)
     run_id = d.start_by_schedule()
-    spot_node = wait_until(lambda: d.node_of("spot", run_id, "RUN", min_pages=2), 480, "the spot site running")
+    spot_node = wait_until(lambda: d.node_of("spot", run_id, "RUN", min_pages=2), 480, "the spot site running",
+                           explain=d.processes)  # fmt: skip
     d.twin.running(spot_node).imds.spot_notice()  # EC2's two-minute notice
-    wait_until(lambda: d.stack_idle() and d.summary(run_id), 600, "the run archived and the stack idle")
+    wait_until(lambda: d.stack_idle() and d.summary(run_id), 600, "the run archived and the stack idle",
+               explain=d.processes)  # fmt: skip
     d.run_id, d.spot_node = run_id, spot_node
     d.day_boots, d.day_fired = d.twin.boots[first_boot:], d.twin.fired[first_fired:]
     return d

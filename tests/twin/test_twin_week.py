@@ -65,7 +65,8 @@ def week(twin_stack):
         hubs_before = len([b for b in d.twin.boots if b.role == "hub"])
         run_id = d.start_by_schedule()
         killed = kill_the_hub_mid_run(d, run_id, hubs_before) if n == KILL_DAY else None
-        wait_until(lambda r=run_id: d.stack_idle() and d.summary(r), 480, f"day {n} archived and the stack idle")
+        wait_until(lambda r=run_id: d.stack_idle() and d.summary(r), 480, f"day {n} archived and the stack idle",
+                   explain=d.processes)  # fmt: skip
         hubs = [b for b in d.twin.boots if b.role == "hub"][hubs_before:]
         days.append({"run_id": run_id, "summary": d.summary(run_id), "hubs": hubs, "killed": killed,
                      "states": d.instance_states(), "report": d.report(run_id)})  # fmt: skip

@@ -606,6 +606,15 @@ def test_hub_grid_that_dies_fails_the_bootstrap(sandbox):
     assert sandbox.calls()[-1] == SHUTDOWN
 
 
+def test_a_grid_hub_slow_to_answer_is_waited_for_and_the_wait_is_logged(sandbox):
+    p = sandbox_hub(sandbox)
+    sandbox.run(boot_script(render_hub(p)), STUB_GRID_SLOW="11")
+    log = sandbox.boot_log()
+    waits = [line.split("gridfleet: ", 1)[1] for line in log.splitlines() if "does not answer on /status yet" in line]
+    assert waits == [f"the Grid hub does not answer on /status yet ({n} tries); waiting up to 120 s" for n in (5, 10)]
+    assert f"the Grid hub answers at http://{LOCAL_IP}:4444" in log and "bootstrap failed" not in log
+
+
 # --- the Grid secret -------------------------------------------------------------------------------
 def assert_nowhere(sb: Sandbox, *values: str) -> None:
     """None of `values` is on a recorded command line, in the boot log or on the console."""
