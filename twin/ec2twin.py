@@ -39,6 +39,9 @@ class Sandbox(Protocol):
     def stop(self, grace_s: float = 0.0) -> None:
         """End every process of the instance (idempotent), after a SIGTERM and up to `grace_s` for them."""
 
+    def processes(self) -> list[int]:
+        """The pids (on this machine) of every process of the instance."""
+
 
 @dataclass(frozen=True)
 class InstanceSpec:
