@@ -7,7 +7,9 @@ path `package.module:Class` (or `package.module.Class`) importable on the nodes.
 A built-in crawler's options are a model here: the config checks a site's
 options against it when it loads, and the crawler reads them through it, so a
 bad option stops `validate` instead of failing every attempt, and the defaults
-live in one place. Crawlers named by dotted path take free-form options.
+live in one place. The `links` crawler's CSS selectors are parsed there too
+(`fleet.css`), each bad one its own error. Crawlers named by dotted path take
+free-form options.
 
 A dotted path is checked without importing anything: importing runs code (a
 package's `__init__` prints, connects, reads the environment) in every command
@@ -38,6 +40,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from fleet.css import selector_problem
 from fleet.errors import quote
 
 BUILTIN_CRAWLERS: dict[str, str] = {
@@ -57,8 +60,19 @@ def _not_blank(v: str) -> str:
     return v
 
 
-#: A CSS selector or a JSON key: a string with something in it.
+#: A JSON key (or a name): a string with something in it.
 Name = Annotated[StrictStr, AfterValidator(_not_blank)]
+
+
+def _selector(v: str) -> str:
+    problem = selector_problem(v)
+    if problem:
+        raise ValueError(f"not a CSS selector: {quote(v)}: {problem}")
+    return v
+
+
+#: A CSS selector, parsed when the config loads (`fleet.css`): one Chromium would refuse stops `validate`.
+Selector = Annotated[StrictStr, AfterValidator(_not_blank), AfterValidator(_selector)]
 
 
 class OptionsError(ValueError):
@@ -125,6 +139,10 @@ def _field_spec(v: str) -> str:
     selector, attribute = split_field(v)
     if not selector and attribute is None:
         raise ValueError("must be a CSS selector, optionally with @attribute")
+    problem = selector_problem(selector) if selector else None
+    if problem:
+        of = "" if attribute is None else f" (before @{attribute})"
+        raise ValueError(f"not a CSS selector: {quote(selector)}{of}: {problem}")
     return v
 
 
@@ -163,8 +181,10 @@ class DetailOptions(BaseModel):
 class LinksOptions(CrawlerOptions):
     """`links`: items by CSS selector, pages by a "next" link; optionally fields per item and a detail page each."""
 
-    item: Name = Field("a.item", description="CSS selector of the items on a page")
-    next: Name | None = Field("a.next", description="CSS selector of the link to the next page; null: one page only")
+    item: Selector = Field("a.item", description="CSS selector of the items on a page")
+    next: Selector | None = Field(
+        "a.next", description="CSS selector of the link to the next page; null: one page only"
+    )
     max_pages: StrictInt = Field(10, ge=1, description="stop after this many listing pages")
     fields: Fields = Field(
         default_factory=dict, description="name -> CSS selector[@attribute] within the item; none: id, text, href"

@@ -2,7 +2,9 @@
 
 Options (per site in fleet.yaml): `item`, `next` (null: one page only), `max_pages` (listing pages), `fields`
 and `detail`, as `fleet.crawlers.LinksOptions` defines them with their defaults; the config is checked against
-it when it loads, and the crawler reads them through it.
+it when it loads (each CSS selector parsed, `fleet.css`), and the crawler reads them through it. The page
+scripts still try each selector in the browser before using it (`bad`): one the config's parser passed and
+Chromium refuses fails the attempt naming it.
 
 Without `fields` an item is {"id", "text", "href"}. With `fields` it is {"id", <field>...}: each field is a CSS
 selector within the item element, its trimmed text, or with "@attr" that attribute (`href` and `src` as absolute

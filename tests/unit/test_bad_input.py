@@ -149,6 +149,18 @@ CASES: dict[str, Case] = {
         "sites:\n  - {id: a, start_url: http://a.test, options: {item: ''}}\n",
         "{F}:2: sites[0].options.item: must not be empty",
     ),
+    "selector not CSS": validate(
+        "sites:\n  - id: a\n    start_url: http://a.test\n    options:\n      item: 'div.columns li['\n",
+        "{F}:5: sites[0].options.item: not a CSS selector: 'div.columns li[': malformed attribute selector at",
+    ),
+    "field with a bad @attribute part": validate(
+        "sites:\n  - id: a\n    start_url: http://a.test\n    options: {fields: {link: 'a@@href'}}\n",
+        "{F}:4: sites[0].options.fields.link: not a CSS selector: 'a@' (before @href): invalid character '@'",
+    ),
+    "100 KB selector not CSS": validate(
+        f"sites:\n  - {{id: a, start_url: http://a.test, options: {{item: '{BIG}['}}}}\n",
+        f"{{F}}:2: sites[0].options.item: not a CSS selector: '{BIG[:64]}…' (102401 characters): malformed",
+    ),
     "key on": validate(
         "run:\n  max_attempts: 2\n  on: 3\n" + SITE,
         """{F}:3: run: key 'on' is read as a boolean (true) by YAML: quote it ("on") if it is meant """

@@ -44,6 +44,52 @@ def test_invalid_config_exits_2_with_one_message_and_starts_nothing(tmp_path, ba
     assert not (tmp_path / "home").exists()  # no stack, no instance, nothing
 
 
+BAD_SELECTORS = """\
+sites:
+  - id: a
+    start_url: http://a.test
+    options:
+      item: div.columns li[
+  - id: b
+    start_url: http://b.test
+    options: {item: 'li:nth-child(2n+1) > a', next: 'a[href$=".html"]', fields: {t: 'h2 + p'}}
+  - id: c
+    start_url: http://c.test
+    crawler: links
+    options:
+      next: ':scope > a:not(.x)'
+      fields:
+        when: time@datetime
+        name: a@@href
+  - id: d
+    start_url: http://d.test
+    options:
+      detail:
+        fields:
+          body: "a:nth-child("
+"""
+
+
+@pytest.mark.parametrize("command", [["validate"], ["run", "--local"], ["run", "--local", "--dry-run"]])
+def test_every_bad_css_selector_is_one_line_naming_file_line_and_key(tmp_path, command):
+    """Each selector of the `links` crawler is parsed when the config loads: all the bad ones are said together,
+    before any page (or anything else) is started."""
+    (tmp_path / "fleet.yaml").write_text(BAD_SELECTORS)
+    p = gridfleet(tmp_path, *command, "--config", "fleet.yaml")
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
+    lines = p.stderr.removeprefix("gridfleet: error: ").splitlines()
+    assert lines == [
+        "fleet.yaml:5: sites[0].options.item: not a CSS selector: 'div.columns li[': "
+        "malformed attribute selector at character 15",
+        "fleet.yaml:16: sites[2].options.fields.name: not a CSS selector: 'a@' (before @href): "
+        "invalid character '@' at character 2",
+        "fleet.yaml:22: sites[3].options.detail.fields.body: not a CSS selector: 'a:nth-child(': "
+        "invalid syntax for pseudo class ':nth-child' at character 2",
+    ], p.stderr
+    assert not (tmp_path / "home").exists()  # no stack, no instance, nothing
+
+
 def test_missing_config_file(tmp_path):
     p = gridfleet(tmp_path, "run", "--local")
     assert p.returncode == 2 and "fleet.yaml: no such file" in p.stderr

@@ -65,6 +65,63 @@ def test_a_bad_field_or_detail_is_one_line_naming_its_key(options, expected):
     assert len(found) == 1 and found[0].startswith(f"fleet.yaml:2: sites[0].{expected}"), found
 
 
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ("{item: 'div.columns li['}", "options.item: not a CSS selector: 'div.columns li[': malformed attribute"),
+        ("{next: 'a:nth-child('}", "options.next: not a CSS selector: 'a:nth-child(': invalid syntax for pseudo"),
+        (
+            "{fields: {link: 'a@@href'}}",
+            "options.fields.link: not a CSS selector: 'a@' (before @href): invalid character '@' at character 2",
+        ),
+        (
+            "{fields: {name: 'a:frist-child'}}",
+            "options.fields.name: not a CSS selector: 'a:frist-child': unknown pseudo",
+        ),
+        ("{fields: {name: 'h2@1x'}}", "options.fields.name: not a CSS selector: 'h2@1x': invalid character '@'"),
+        ("{detail: {fields: {body: 'div.body['}}}", "options.detail.fields.body: not a CSS selector: 'div.body['"),
+    ],
+)
+def test_a_selector_chromium_would_refuse_is_refused_when_the_config_loads(options, expected):
+    found = problems(options)
+    assert len(found) == 1 and found[0].startswith(f"fleet.yaml:2: sites[0].{expected}"), found
+
+
+def test_every_bad_selector_of_the_options_is_named_not_only_the_first():
+    found = problems(
+        "{item: 'li[', next: 'a:nth-child(', fields: {a: 'h2', b: 'p..x', c: 'a@@href'}, "
+        "detail: {fields: {d: 'div[', e: '@src'}}}"
+    )
+    keys = [line.split(": ")[1] for line in found]
+    assert keys == [
+        "sites[0].options.item",
+        "sites[0].options.next",
+        "sites[0].options.fields.b",
+        "sites[0].options.fields.c",
+        "sites[0].options.detail.fields.d",
+    ], found
+
+
+def test_selectors_chromium_accepts_pass():
+    valid = [
+        'a[href$=".html"]',
+        "li:nth-child(2n+1) > a",
+        ":scope > a",
+        "a:not(.x)",
+        "h2 + p",
+        "[data-id]",
+        "a[title='x y']",
+        "input:valid ~ label",
+        "p::first-line",
+    ]
+    for selector in valid:
+        opts = LinksOptions.read(
+            {"item": selector, "next": selector, "fields": {"t": selector, "h": f"{selector}@href"}}
+        )
+        assert opts.item == selector and split_field(opts.fields["h"]) == (selector, "href")
+    assert LinksOptions.read({"fields": {"self": "@href", "at": "a[href^='mailto:x@y.org']@href"}}).fields
+
+
 def test_the_number_of_fields_is_bounded():
     many = {f"f{i}": "p" for i in range(51)}
     with pytest.raises(OptionsError, match="fields: Dictionary should have at most 50 items"):
