@@ -364,7 +364,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in PARSERS:
         add(sub)
+    for name, p in sub.choices.items():
+        if name != "node":  # the node agent's own program parses its own arguments
+            _verbose_here_too(p)
     return ap
+
+
+def _verbose_here_too(p: argparse.ArgumentParser) -> None:
+    """`-v` after the command as before it (`gridfleet crawl -v SITE`, `gridfleet -v crawl SITE`): the same flag.
+    Left out, it leaves what was given before the command as it was (a default would overwrite it)."""
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,9 +114,7 @@ def cmd_crawl(args: argparse.Namespace, console: Console) -> int:
     start_url = _start_url(site, args.demo_url, args.config)
     profiles_root = _profiles_root(args)
     shots = _screenshot_dir(args.screenshot) if args.screenshot is not None else None
-    project = project_of(config)
-    if project is not None:  # the team's crawlers straight from their directory: an edit shows at the next crawl
-        sys.path[:0] = project.source_roots
+    _import_path(config)
     crawler_class = _crawler_class(site, args.config)
     per_s = config.rate_limits[site.rate_limit].per_s if site.rate_limit else None
     out = CrawlOutput(sys.stdout, sys.stderr, SystemClock(), shots=shots, max_pages=args.max_pages, per_s=per_s)
@@ -128,6 +126,25 @@ def cmd_crawl(args: argparse.Namespace, console: Console) -> int:
 
 
 # --- what the command resolves before anything starts (bad input: exit 2) ------------------------------------
+def _import_path(config: Config) -> None:
+    """The team's crawlers straight from their directory (an edit shows at the next crawl), and their pinned
+    requirements from the install `run --local` uses too, made once per hash of the pins (a requirement that
+    neither the pins nor gridfleet provide: one line, exit 2)."""
+    project = project_of(config)
+    if project is None:
+        return
+    from cli.envs.home import gridfleet_home
+    from cli.packaging import requirements
+
+    assert config.crawlers is not None
+    given = config.crawlers.requirements
+    pins = requirements.install(given, requirements.requirements_root(gridfleet_home()))
+    provided = requirements.dists_in(pins) if pins is not None else []
+    found = requirements.unmet(requirements.declared(project), provided)
+    requirements.refuse_unmet(found, f"crawler project {project.root}", given)
+    sys.path[:0] = [*project.source_roots, *([str(pins)] if pins is not None else [])]
+
+
 def _site(config: Config, site_id: str, path: str) -> SiteConfig:
     try:
         return config.site(site_id)

@@ -29,6 +29,8 @@ from cli.envs.crawl_user import CrawlUser, reach_crawl_user
 from cli.envs.grid_jar import find_grid_jar, grid_jar_candidates
 from cli.envs.home import gridfleet_home
 from cli.packaging.crawler_ship import install_local, installed_config, project_of
+from cli.packaging.requirements import install as install_requirements
+from cli.packaging.requirements import requirements_root
 from cli.report.check import CheckReport
 from cli.views.plain import say
 from fleet.aws.bootstrap import ensure_resources
@@ -37,6 +39,7 @@ from fleet.clock import Clock, SystemClock
 from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.config.load import dump_config, load_config
+from fleet.crawler_project import CrawlerProject
 from fleet.errors import UsageError
 from hub.control.local import LocalNodeControl
 from hub.loop import EXIT_OK, RunOutcome
@@ -201,6 +204,7 @@ class LocalEnv(StoresOf):
 
     @contextmanager
     def hold(self, run_id: str) -> Iterator[RunHold]:
+        self._install_crawlers()  # before the stack starts: a missing requirement is said in a moment
         state = self.stack.running()
         started_here = state is None
         adopted = state is not None and state.owner_run == run_id
@@ -210,29 +214,44 @@ class LocalEnv(StoresOf):
         hold = RunHold()
         try:
             self._attach(state)
-            self._ship_crawlers()
+            self._name_crawlers()
             ensure_resources(self.clients, visibility_timeout_s=int(max(30, self.config.run.heartbeat_timeout_s)))
             yield hold
         finally:
             if stack_stops(started_here, adopted, hold.ended):
                 self.stack.down(quiet=True)
 
-    #: Where the local nodes import the crawler project from (None: the config names none).
-    crawler_path: Path | None = None
+    #: Where the local nodes import the crawler project and its pinned requirements from (empty: the config
+    #: names no project), and the project installed there.
+    crawler_path: tuple[Path, ...] = ()
+    crawler_project: CrawlerProject | None = None
 
-    def _ship_crawlers(self) -> None:
-        """Install the crawler project for the local nodes (once per content hash), and give the hub and the
-        nodes the config that names it by its identity."""
+    def _install_crawlers(self) -> None:
+        """Install the crawler project and its pinned requirements for the local nodes (each once per hash), before
+        the stack starts: a requirement that neither the pins nor gridfleet provide is refused (exit 2) after
+        seconds, not after the stack's start-up."""
         project = project_of(self.config)
         if project is None:
             return
         assert self.config.crawlers is not None
-        self.crawler_path = install_local(project, self.config.crawlers.requirements, self.stack.dir / "crawlers")
-        self.config = installed_config(self.config, project)
+        requirements = self.config.crawlers.requirements
+        pins = install_requirements(requirements, requirements_root(self.home))
+        path = install_local(project, self.stack.dir / "crawlers", pins, requirements)
+        self.crawler_path = (path, pins) if pins is not None else (path,)
+        self.crawler_project = project
         b = project.build
         log.info(
-            "crawler project %s %s (%s): local nodes import it from %s", b.name, b.version, b.hash, self.crawler_path
+            "crawler project %s %s (%s): local nodes import it from %s",
+            b.name,
+            b.version,
+            b.hash,
+            os.pathsep.join(map(str, self.crawler_path)),
         )
+
+    def _name_crawlers(self) -> None:
+        """Give the hub and the nodes the config that names the crawler project by its identity."""
+        if self.crawler_project is not None:
+            self.config = installed_config(self.config, self.crawler_project)
 
     def config_path(self, run_id: str) -> Path:
         return self.stack.dir / "runs" / run_id / "fleet.yaml"
@@ -306,7 +325,7 @@ class LocalEnv(StoresOf):
                 cmd += ["--grid-user", user.name]
             return cmd
 
-        env = {"PYTHONPATH": str(self.crawler_path)} if self.crawler_path is not None else None
+        env = {"PYTHONPATH": os.pathsep.join(map(str, self.crawler_path))} if self.crawler_path else None
         return LocalProvider(stack.instances_dir, stack.stack_id, node_command, clock, extra_env=env)
 
     def control(self, run_id: str, clock: Clock) -> LocalNodeControl:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from cli.packaging.crawler_ship import CrawlerShipment, build_wheel, pinned
+from cli.packaging.crawler_ship import CrawlerShipment, build_wheel
+from cli.packaging.requirements import pinned
 from fleet.errors import GridfleetError, UsageError
 from fleet.platform import PLATFORM_FILE, BundlePlatform
 

@@ -1,10 +1,11 @@
 """The crawler project, made importable where the crawlers run.
 
 On the embedded default it is installed once per content hash into a directory of the local stack
-(`<home>/local/crawlers/<hash>/`), which the local nodes get on their `PYTHONPATH`: a changed project is a new
-hash, so the next run picks up the new version and a run in progress keeps the one it started with. For AWS,
-`gridfleet bundle` builds its wheel into the bundle beside the wheels of its pinned requirements (fetched for the
-instances' platform), and the instances install it beside gridfleet with `pip --no-index`.
+(`<home>/local/crawlers/<hash>/`), which the local nodes get on their `PYTHONPATH` beside its pinned requirements
+(installed once per hash of the pins, `<home>/local/requirements/<hash>/`: cli.packaging.requirements): a changed
+project is a new hash, so the next run picks up the new version and a run in progress keeps the one it started
+with. For AWS, `gridfleet bundle` builds its wheel into the bundle beside the wheels of its pinned requirements
+(fetched for the instances' platform), and the instances install it beside gridfleet with `pip --no-index`.
 
 What the project needs beyond gridfleet's own dependencies must be pinned in `crawlers.requirements`; anything
 its metadata requires that neither gridfleet's environment nor those requirements provide is refused here, before
@@ -13,26 +14,26 @@ a node could fail on it.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
-
+from cli.packaging.requirements import dists_in, pip, refuse_unmet, unmet
 from fleet.config import Config
 from fleet.config.crawlers import InstalledCrawlers
-from fleet.crawler_project import CrawlerProject, ProjectError, copy_shipped, pinned_requirements
+from fleet.crawler_project import CrawlerProject, ProjectError, copy_shipped
 from fleet.errors import UsageError
 
 log = logging.getLogger("gridfleet")
 
 #: A file in the bundle naming the crawler project (name, version, hash): what the instances install.
 MANIFEST = "crawlers.json"
+
+#: The file that marks a project's install as whole (an install without it is done again, as is one made before
+#: the pins were installed apart, which marked itself `.complete` and held them).
+INSTALLED = ".installed"
 
 
 @dataclass(frozen=True)
@@ -70,13 +71,6 @@ def installed_config(config: Config, project: CrawlerProject) -> Config:
     return config.model_copy(update={"crawlers": section})
 
 
-def _pip(args: list[str], what: str) -> None:
-    p = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
-    if p.returncode != 0:
-        tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-5:])
-        raise UsageError(f"crawler project: pip could not {what}: {tail}")
-
-
 def staged_source(project: CrawlerProject, into: Path) -> Path:
     """The project's shipped files copied into `into`, to install or build from; a plain package directory is
     wrapped in a Python project, so that it builds into a wheel like any other."""
@@ -104,11 +98,22 @@ def _copy_checked(project: CrawlerProject, into: Path) -> Path:
     return into
 
 
-def install_local(project: CrawlerProject, requirements: str | None, root: Path) -> Path:
-    """The directory local nodes import the project from, installed there once per content hash."""
+def install_local(
+    project: CrawlerProject, root: Path, requirements_site: Path | None = None, requirements: str | None = None
+) -> Path:
+    """The directory local nodes import the project from, installed there once per content hash; refused (one
+    line, exit 2) when the project needs what neither gridfleet's environment nor the installed pins
+    (`requirements_site`, cli.packaging.requirements.install, from the file `requirements`) provide. The check
+    runs on every call, as the pins beside an installed project may change."""
     target = root / project.build.short
-    if (target / ".complete").is_file():
-        return target
+    if not (target / INSTALLED).is_file():
+        _install_project(project, root, target)
+    provided = dists_in(requirements_site) if requirements_site is not None else []
+    refuse_unmet(unmet(dists_in(target), provided), f"crawler project {project.build.name}", requirements)
+    return target
+
+
+def _install_project(project: CrawlerProject, root: Path, target: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     log.info(
         "crawler project %s %s (%s): installing for the local nodes",
@@ -122,60 +127,13 @@ def install_local(project: CrawlerProject, requirements: str | None, root: Path)
             _copy_checked(project, staging / project.build.name)
         else:
             source = staged_source(project, Path(tmp) / "src")
-            _pip(["install", "-q", "--no-deps", "--target", str(staging), str(source)], "install it")
-        pins = pinned(requirements)
-        if pins:
-            _pip(["install", "-q", "--no-deps", "--target", str(staging), *pins], "install its requirements")
-        unmet = unmet_requirements(staging)
-        if unmet:
-            raise UsageError(
-                f"crawler project {project.build.name}: needs {', '.join(unmet)}, which neither gridfleet nor "
-                "crawlers.requirements provides: add them, pinned, to crawlers.requirements"
-            )
-        (staging / ".complete").write_text(project.build.hash + "\n")
+            pip(["install", "-q", "--no-deps", "--target", str(staging), str(source)], "install it")
+        (staging / INSTALLED).write_text(project.build.hash + "\n")
+        if (target / INSTALLED).is_file():  # another run installed the same hash meanwhile: theirs is in use
+            return
         if target.exists():
             shutil.rmtree(target)  # an interrupted install of the same hash
         staging.rename(target)
-    return target
-
-
-def unmet_requirements(site: Path) -> list[str]:
-    """Requirements of the distributions in `site` that neither `site` nor this environment satisfies."""
-    here = {_key(d.metadata["Name"]): d.version for d in importlib.metadata.distributions(path=[str(site)])}
-    unmet: list[str] = []
-    for dist in importlib.metadata.distributions(path=[str(site)]):
-        for text in dist.requires or []:
-            try:
-                req = Requirement(text)
-            except InvalidRequirement:
-                continue
-            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-                continue
-            version = here.get(_key(req.name)) or _installed_version(req.name)
-            if version is None or (req.specifier and not req.specifier.contains(version, prereleases=True)):
-                unmet.append(str(req))
-    return sorted(set(unmet))
-
-
-def _key(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
-
-
-def _installed_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def pinned(requirements: str | None) -> list[str]:
-    """The pinned lines of the requirements file (checked when the config loaded; read again here)."""
-    if not requirements:
-        return []
-    try:
-        return pinned_requirements(Path(requirements))
-    except ProjectError as e:
-        raise UsageError(str(e)) from None
 
 
 def build_wheel(project: CrawlerProject, wheels: Path) -> Path:
@@ -185,7 +143,7 @@ def build_wheel(project: CrawlerProject, wheels: Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         source = staged_source(project, Path(tmp) / "src")
         built = Path(tmp) / "wheel"
-        _pip(["wheel", "-q", "--no-deps", "--wheel-dir", str(built), str(source)], "build its wheel")
+        pip(["wheel", "-q", "--no-deps", "--wheel-dir", str(built), str(source)], "build its wheel")
         (wheel,) = built.glob("*.whl")
         wheels.mkdir(parents=True, exist_ok=True)
         return Path(shutil.move(wheel, wheels / wheel.name))

@@ -51,3 +51,24 @@ def make_project(root: Path, release: str = "r1", version: str = "1.0.0", depend
         )
     )
     return root
+
+
+def make_wheel(into: Path, name: str, version: str, requires: tuple[str, ...] = (), code: str = "") -> Path:
+    """A pure-Python wheel of one module `name` (its code `code`) that requires `requires`, written by hand into
+    `into`: a package index for pip (`PIP_FIND_LINKS` with `PIP_NO_INDEX`) that needs no network."""
+    import zipfile
+
+    into.mkdir(parents=True, exist_ok=True)
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": code or f'VERSION = "{version}"\n',
+        f"{info}/METADATA": "Metadata-Version: 2.1\n"
+        f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: gridfleet-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{f},,\n" for f in [*files, f"{info}/RECORD"])
+    path = into / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for arcname, text in files.items():
+            z.writestr(arcname, text)
+    return path

@@ -421,3 +421,24 @@ def test_a_run_config_key_with_a_positional_placeholder_is_one_line_exit_2(tmp_p
             "gridfleet: error: fleet.yaml:1: aws.run_config_key: placeholder '{0}' is not {run_id}, the only one "
             "it takes (e.g. runs/{run_id}/fleet.yaml)"
         ]
+
+
+def test_verbose_means_the_same_before_the_command_and_after_it():
+    from cli.main import build_parser
+
+    parser = build_parser()
+    commands = {
+        "run": ["run", "--local"],
+        "crawl": ["crawl", "shop"],
+        "validate": ["validate", "--config", "f.yaml"],
+        "check": ["check"],
+        "status": ["status"],
+        "local": ["local", "status"],
+    }
+    for name, argv in commands.items():
+        assert parser.parse_args(argv).verbose is False, name
+        assert parser.parse_args(["-v", *argv]).verbose is True, name
+        assert parser.parse_args([argv[0], "-v", *argv[1:]]).verbose is True, name
+        assert parser.parse_args([*argv, "--verbose"]).verbose is True, name
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert all("-v" in p._option_string_actions for n, p in sub.choices.items() if n != "node")  # every command

@@ -209,6 +209,11 @@ def test_a_crawler_bug_is_one_line_and_exit_1_its_traceback_only_with_verbose(tm
     assert code == 1 and out == ""
     assert err.splitlines()[-1] == "gridfleet: error: own: ValueError: the selector broke"
     assert "Traceback" not in err
+    for verbose in (["-v", "crawl", "own"], ["crawl", "-v", "own"], ["crawl", "own", "--verbose"]):
+        code, out, err = cli(*verbose, "--config", config)  # -v before the command or after it: the same
+        assert code == 1 and out == "", verbose
+        assert "Traceback (most recent call last)" in err and "in crawl" in err, verbose  # the debug log
+        assert err.splitlines()[-1] == "gridfleet: error: own: ValueError: the selector broke"
 
 
 def test_the_sites_rate_is_kept_as_a_pause_between_its_requests(tmp_path, cli, demo):

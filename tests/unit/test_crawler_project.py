@@ -10,14 +10,8 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from cli.packaging.crawler_ship import (
-    build_wheel,
-    install_local,
-    installed_config,
-    pinned,
-    project_of,
-    unmet_requirements,
-)
+from cli.packaging.crawler_ship import build_wheel, install_local, installed_config, project_of
+from cli.packaging.requirements import dists_in, pinned, unmet
 from fleet.config.bundle import bundle_mismatch
 from fleet.config.load import dump_config, load_config, parse_config
 from fleet.crawler_project import MAX_FILES, CrawlerProject, ProjectError, content_hash, shipped_files
@@ -144,7 +138,7 @@ def test_a_requirement_neither_gridfleet_nor_the_pins_provide_is_named(tmp_path)
         "Requires-Dist: selenium>=4\nRequires-Dist: no-such-dist-gf==1.0\n"
         'Requires-Dist: other-gf; extra == "dev"\n'
     )
-    assert unmet_requirements(site) == ["no-such-dist-gf==1.0"]  # selenium comes with gridfleet
+    assert unmet(dists_in(site)) == ["teamcrawlers 1.0.0 needs no-such-dist-gf==1.0"]  # selenium: gridfleet's
 
 
 def test_a_node_refuses_a_bundle_whose_crawler_project_is_not_the_runs(tmp_path):
@@ -209,7 +203,7 @@ def test_the_files_hashed_are_the_files_installed_for_the_local_nodes(tmp_path):
     root = plain_package(tmp_path / "mycrawlers")
     (root / "alias.py").symlink_to("shop.py")  # a link inside the project ships as the file
     project = CrawlerProject.at(root)
-    target = install_local(project, None, tmp_path / "installed")
+    target = install_local(project, tmp_path / "installed")
     installed = files_under(target / "mycrawlers")
     assert installed == set(shipped_files(root))
     assert Path("sub/util.py") in installed and Path("alias.py") in installed
