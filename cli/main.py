@@ -221,11 +221,14 @@ def _check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="assert a finished run kept every promise (exit 0) or list what broke (exit 1)",
         description="Every site terminal; attempts within max_attempts and never overlapping; one "
         "result per COMPLETED site; no instance or message of the run left; the DLQ "
-        "reported; on the embedded default, the demo server's own count of fetches.",
+        "reported; on the embedded default, the demo server's own count of fetches. A finished local run "
+        "whose stack has stopped is checked from runs/<run_id>/ (its exported results, and what the run's own "
+        "check found in the stores at its end).",
     )
     p.add_argument("--run-id", type=_run_id, help="default: the latest run")
     p.add_argument("--config", help="the run is on AWS, in the resources this fleet.yaml names")
     p.add_argument("--local", action="store_true", help="the run is on the local stack (the default without --config)")
+    _runs_out(p, "where a finished local run's summary is, once its stack has stopped (default: %(default)s)")
 
 
 def _teardown(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

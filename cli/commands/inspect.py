@@ -11,7 +11,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -27,6 +27,9 @@ from fleet.errors import MissingResource, UsageError
 from fleet.summary import build_summary, counts, export, site_entry, write_json
 from hub.loop import EXIT_ERROR, EXIT_OK
 from hub.teardown import teardown_run
+
+if TYPE_CHECKING:
+    from cli.report.check import CheckReport
 
 log = logging.getLogger("gridfleet")
 
@@ -196,24 +199,30 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     from cli.commands.run import demo_stats
     from cli.report.check import check_archived, check_run
 
-    env, run_id = _run_to_act_on(args, "check")
-    provider = env.provider(run_id, SystemClock())
-    stats = demo_stats(env.demo_url) if env.demo_url else None
-    if env.reads_archive and env.table.get_run(run_id) is None:
+    env = choose.for_reading(args, load_config)
+    run_id = args.run_id or latest(env)
+    stats = None
+    if env is None:  # no local stack with the run is up: the finished run as it was exported
+        report = _check_exported(args)
+        run_id = report.run_id
+    elif not run_id:
+        raise MissingResource("no run to check (pass --run-id)")
+    elif env.reads_archive and env.table.get_run(run_id) is None:
         report = check_archived(
             archived(env, run_id, args.config),
             results=env.results,
             queue=env.queue,
-            provider=provider,
+            provider=env.provider(run_id, SystemClock()),
             config=env.config,
         )
     else:
+        stats = demo_stats(env.demo_url) if env.demo_url else None
         report = check_run(
             run_id,
             table=env.table,
             queue=env.queue,
             results=env.results,
-            provider=provider,
+            provider=env.provider(run_id, SystemClock()),
             config=env.config,
             demo_stats=stats,
             demo_url=env.demo_url,
@@ -230,6 +239,27 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         f"{', demo server fetches' if stats is not None else ''}; false_losses {report.false_losses})"
     )
     return EXIT_OK if report.ok else EXIT_ERROR
+
+
+def _check_exported(args: argparse.Namespace) -> CheckReport:
+    """A finished local run, from `runs/<run_id>/` (default: the latest summary there), as `status` and `report`
+    read it once its stack has stopped: nothing is started."""
+    from cli.envs.local import local_nodes
+    from cli.report.check import check_export
+
+    path = args.out / args.run_id / "summary.json" if args.run_id else latest_summary(args.out)
+    if path is None or not path.is_file():
+        raise MissingResource(
+            f"no run to check: no local stack with {'run ' + args.run_id if args.run_id else 'a run'} is up, and no "
+            f"{path or args.out / '*' / 'summary.json'} (for a run on AWS pass --config)"
+        )
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(summary, dict) or not isinstance(summary.get("sites"), dict) or "run_id" not in summary:
+            raise ValueError("no run_id and sites")
+        return check_export(summary, path.parent, nodes=local_nodes())
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"{path}: not a run summary: {e}") from None
 
 
 def cmd_teardown(args: argparse.Namespace, console: Console) -> int:

@@ -404,6 +404,13 @@ def for_reading(run_id: str | None) -> LocalEnv | None:
     return LocalEnv(config, stack=stack, state=state)
 
 
+def local_nodes() -> LocalProvider:
+    """The local nodes as the provider lists them, with or without a stack: a run's node still running is found
+    (`check` of a finished run, from runs/)."""
+    stack = make_stack(gridfleet_home(), need_jar=False)
+    return LocalProvider(stack.instances_dir, stack.stack_id, lambda *_: [], SystemClock())
+
+
 def for_rerun(run_id: str | None, config: Config | None) -> LocalEnv:
     """The run (default: the latest) on the local stack that is up, with `config` (else the run's own) for the
     specs of the sites it reopens. UsageError when there is no such stack or run."""

@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fleet.config import Config
 from fleet.logs import event
@@ -134,10 +134,7 @@ def check_archived(
     v, note = report.violations.append, report.notes.append
     max_attempts = config.run.max_attempts if config else 3
     records = [record_of(run_id, name, entry) for name, entry in sorted(summary["sites"].items())]
-    run_date = str(summary.get("run_date") or "")
-    if not run_date:
-        keys = [r.result_key for r in records if r.result_key]
-        run_date = keys[0].split("/")[1] if keys else ""
+    run_date = _run_date(summary, records)
     for r in records:
         _check_site(r, max_attempts, run_date, results, v, note)
     report.checked["sites"] = len(records)
@@ -145,6 +142,74 @@ def check_archived(
     note("checked from the archived summary: the table no longer holds this run")
     report.false_loss_details = losses(records, ())
     return report
+
+
+def check_export(summary: Mapping[str, Any], run_dir: Path, nodes: ComputeProvider | None = None) -> CheckReport:
+    """Check a finished run from its export alone (`runs/<run_id>/`: a local run once its stack has stopped and
+    moto forgot it): the same promises about its sites, against the results exported beside the summary; a node
+    of the run still running (`nodes`: the local provider, which needs no stack); and, as they were found at the
+    run's end, what only the stores could show then (the queue and the DLQ, instances, the demo server's count
+    of fetches, the hub's history), taken from the `check` the run wrote into its summary."""
+    run_id = str(summary["run_id"])
+    report = CheckReport(run_id)
+    v, note = report.violations.append, report.notes.append
+    if not summary.get("finished_at"):
+        v(f"run {run_id}: not finished ({run_dir / 'summary.json'} has no finished_at)")
+    max_attempts = summary.get("max_attempts")
+    if not isinstance(max_attempts, int):
+        max_attempts = 10**6
+        note("attempts not bounded by max_attempts: the summary does not record it (an older run's)")
+    records = [record_of(run_id, name, entry) for name, entry in sorted((summary.get("sites") or {}).items())]
+    run_date = _run_date(summary, records)
+    results = ExportedResults(run_dir, run_date, run_id)
+    for r in records:
+        _check_site(r, max_attempts, run_date, results, v, note)
+    report.checked["sites"] = len(records)
+    if nodes is not None:
+        live = sorted(i.id for i in nodes.list(run_id) if i.live)
+        if live:
+            v(f"nodes of the run still running: {', '.join(live)}")
+    at_end = summary.get("check")
+    if isinstance(at_end, Mapping):
+        seen = set(report.violations)
+        for text in at_end.get("violations") or []:
+            if text not in seen:
+                v(f"at the run's end: {text}")
+        for text in at_end.get("notes") or []:
+            note(f"at the run's end: {text}")
+        report.false_loss_details = [str(t) for t in at_end.get("false_loss_details") or []]
+        for key in ("instances", "history_events", "kills"):
+            if key in (at_end.get("checked") or {}):
+                report.checked[key] = int(at_end["checked"][key])
+    else:
+        note("the run wrote no check of its own at its end: its queue and instances went unchecked")
+        report.false_loss_details = losses(records, ())
+    note(f"checked from {run_dir}: the stores went with the local stack")
+    return report
+
+
+class ExportedResults:
+    """The results a run exported (`<run_dir>/results/<site>.json`), seen under the keys they had in the bucket:
+    what `_check_site` asks of a result store."""
+
+    def __init__(self, run_dir: Path, run_date: str, run_id: str):
+        self.dir = run_dir / "results"
+        self.run_id = run_id
+        self.run_date = run_date
+
+    def keys(self, prefix: str) -> list[str]:
+        site = prefix.split("/", 1)[0]
+        key = result_key(site, self.run_date, self.run_id)
+        return [key] if key.startswith(prefix) and (self.dir / f"{site}.json").is_file() else []
+
+
+def _run_date(summary: Mapping[str, Any], records: list[SiteRecord]) -> str:
+    """The run's YYYYMMDD: the summary's, else (a summary written before it kept one) read off a result key."""
+    run_date = str(summary.get("run_date") or "")
+    if not run_date:
+        keys = [r.result_key for r in records if r.result_key]
+        run_date = keys[0].split("/")[1] if keys else ""
+    return run_date
 
 
 def record_of(run_id: str, site: str, entry: Mapping[str, Any]) -> SiteRecord:
@@ -208,7 +273,13 @@ def _check_leftovers(run_id: str, queue: SiteQueue, provider: ComputeProvider, r
             note(f"DLQ: {dead.site} attempt {dead.attempt} of run {dead.run_id} (received {dead.receive_count} times)")
 
 
-def _check_site(r: SiteRecord, max_attempts: int, run_date: str, results: ResultStore, v, note) -> None:
+class Keys(Protocol):
+    """What the check asks of a result store: the keys under a prefix."""
+
+    def keys(self, prefix: str) -> list[str]: ...
+
+
+def _check_site(r: SiteRecord, max_attempts: int, run_date: str, results: Keys, v, note) -> None:
     name = r.site
     if not r.is_terminal:
         v(f"{name}: not terminal ({r.run_status}/{r.site_status})")

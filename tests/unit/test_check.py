@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from cli.report.check import check_run, demo_hits
+import json
+
+from cli.report.check import attach, check_export, check_run, demo_hits
 from fleet import ops
 from fleet.checkpoint import Segment, part_keys
 from fleet.codec import RunInfo
 from fleet.results import EVIDENCE_FILES, evidence_key, evidence_prefix, is_daily_run, result_key
 from fleet.state import SiteSpec, SiteStatus
+from fleet.summary import build_summary, export
 from hub.plan import run_date_for
+from hub.snapshot import Instance
 from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 
 DEMO = "http://127.0.0.1:8800"
@@ -104,3 +108,40 @@ def test_each_run_counts_only_its_own_result_object():
     for run_id in ("2026-11-21", "b"):
         report = check_run(run_id, table=table, queue=queue, results=results, provider=NoInstances())
         assert report.violations == [], (run_id, report.violations)
+
+
+def test_a_finished_run_is_checked_from_its_export_alone_once_its_stores_are_gone(tmp_path):
+    """The local stack stopped: moto forgot the run, runs/<run_id>/ is what is left. The same promises hold
+    there, against the results exported beside the summary, and what only the stores could show is taken from
+    the check the run made of itself at its end."""
+    table, queue, results = MemoryStateTable(), MemoryQueue(), MemoryResults()
+    _finished_run(table, results, "a", 1000.0)
+    rows = table.read_run("a")
+    assert rows.run is not None
+    summary = build_summary(rows.run, rows.sites, left_running=0, finished_at=1020.0, finish_reason="done")
+    summary["max_attempts"] = 3
+    path = export(tmp_path, summary, rows.sites, results)
+    at_end = check_run("a", table=table, queue=queue, results=results, provider=NoInstances())
+    attach(at_end, path)
+
+    report = check_export(json.loads(path.read_text()), path.parent, nodes=NoInstances())
+    assert report.ok, report.violations
+    assert report.checked == {**at_end.checked, "sites": 1}
+
+    class StillRunning:
+        def list(self, run_id):
+            return [Instance("n-1", "running", "node", {"gridfleet:run_id": run_id})]
+
+    data = json.loads(path.read_text())
+    [first] = data["sites"]["inc"]["attempts"]
+    later = [{**first, "start": first["start"] + 20 * n, "end": first["end"] + 20 * n} for n in (1, 2, 3)]
+    data["sites"]["inc"].update(attemptCount=4, attempts=[first, *later])
+    data["check"]["violations"] = ["DLQ: something the run's own check saw"]
+    (path.parent / "results" / "inc.json").unlink()
+    report = check_export(data, path.parent, nodes=StillRunning())
+    assert report.violations == [
+        "inc: 4 attempts counted (attemptCount 4), more than max_attempts 3",
+        "inc: COMPLETED but 0 result objects in inc/20261121/a/ (want exactly inc/20261121/a/result.json)",
+        "nodes of the run still running: n-1",
+        "at the run's end: DLQ: something the run's own check saw",
+    ]

@@ -442,3 +442,49 @@ def test_verbose_means_the_same_before_the_command_and_after_it():
         assert parser.parse_args([*argv, "--verbose"]).verbose is True, name
     sub = next(a for a in parser._actions if a.dest == "command")
     assert all("-v" in p._option_string_actions for n, p in sub.choices.items() if n != "node")  # every command
+
+
+def test_check_of_a_finished_local_run_reads_runs_without_the_stack(tmp_path):
+    import json
+
+    run_dir = tmp_path / "runs" / "r1"
+    (run_dir / "results").mkdir(parents=True)
+    (run_dir / "results" / "a.json").write_text('{"items": []}')
+    attempt = {"instance_id": "n1", "start": 1.0, "end": 2.0, "outcome": "completed"}
+    site = {
+        "run_status": "COMPLETED",
+        "site_status": "COMPLETED",
+        "attemptCount": 1,
+        "attempts": [attempt],
+        "failure_reason": None,
+        "result_key": "a/20261121/r1/result.json",
+    }
+    at_end = {"ok": True, "violations": [], "notes": [], "checked": {"sites": 1, "instances": 1}, "false_losses": 0}
+    summary = {
+        "run_id": "r1",
+        "run_date": "20261121",
+        "started_at": 0.5,
+        "finished_at": 3.0,
+        "sites": {"a": site},
+        "max_attempts": 3,
+        "check": {**at_end, "false_loss_details": []},
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+    for argv in (["check", "--run-id", "r1"], ["check"], ["check", "--local"]):
+        p = gridfleet(tmp_path, *argv)
+        assert p.returncode == 0, (argv, p.stdout, p.stderr)
+        assert "run r1: OK (1 sites, 1 instances; false_losses 0)" in p.stdout, p.stdout
+        assert "runs/r1: the stores went with the local stack" in p.stdout
+    assert not (tmp_path / "home" / "local").exists()  # nothing was started
+
+    (run_dir / "results" / "a.json").unlink()
+    p = gridfleet(tmp_path, "check", "--run-id", "r1")
+    assert p.returncode == 1 and "a: COMPLETED but 0 result objects" in p.stdout, p.stdout
+
+    p = gridfleet(tmp_path, "check", "--run-id", "r2")
+    assert p.returncode == 1 and "no run to check" in p.stderr and "runs/r2/summary.json" in p.stderr, p.stderr
+    (tmp_path / "runs" / "r3").mkdir()
+    (tmp_path / "runs" / "r3" / "summary.json").write_text("[1]")
+    p = gridfleet(tmp_path, "check", "--run-id", "r3")
+    assert p.returncode == 2 and "runs/r3/summary.json: not a run summary" in p.stderr, p.stderr
