@@ -6,12 +6,17 @@ node until the agent's cleanup kills it. In between, the agent asks the Grid
 for the session's last URL, a screenshot, the page's HTML and the browser's
 console log: plain WebDriver HTTP calls, so one path covers all three ends
 whatever the crawler was doing. A hung page usually keeps chromedriver busy
-with its navigation, so the browser does not answer: the record then says so
-(`answered: false` and why) instead of waiting.
+with its navigation, so WebDriver does not answer: after `FIRST_ANSWER_S` of
+silence the screenshot (and the URL being loaded) is read over the Chrome
+DevTools protocol instead (node.devtools, the Grid's `se/cdp` endpoint of the
+session, which does not go through chromedriver), and the record says what
+WebDriver did not answer (`answered: false` and why) and where the screenshot
+came from (`screenshot_from`).
 
 Everything is bounded: the calls share one time budget (`CAPTURE_BUDGET_S`),
-each a plain HTTP timeout of what is left of it; a response is read up to
-`MAX_RESPONSE_BYTES`; the HTML and the console are capped before they are kept.
+each a plain HTTP or websocket timeout of what is left of it; a response is
+read up to `MAX_RESPONSE_BYTES`; the HTML and the console are capped before
+they are kept.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from fleet.results import PAGE_TEXT, ResultStore, evidence_key
 
 #: The time all calls of one capture share; the attempt's kill never waits for it (the crawler is killed first).
 CAPTURE_BUDGET_S = 5.0
+#: How long the first WebDriver call may take before chromedriver is taken for busy (a hung navigation) and the
+#: rest of the budget goes to the screenshot over DevTools. A browser that answers does so in milliseconds.
+FIRST_ANSWER_S = 2.5
 #: A WebDriver response read beyond this is dropped (a screenshot of a huge viewport, a page of many MB).
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 #: The page's HTML kept, in characters (the rest is cut, and the record says so).
@@ -58,6 +66,10 @@ class NoAnswer(Exception):
     """The browser (or its Grid) did not answer in time, or not at all; args[0] says how."""
 
 
+class Busy(NoAnswer):
+    """No answer within the call's timeout: chromedriver (or the Grid) is there but busy."""
+
+
 @dataclass
 class Evidence:
     answered: bool
@@ -68,6 +80,7 @@ class Evidence:
     console: list[dict[str, Any]] = field(default_factory=list)
     truncated: list[str] = field(default_factory=list)  # what was cut or dropped to stay bounded
     elapsed_s: float = 0.0
+    screenshot_from: str | None = None  # "webdriver", or "devtools" when WebDriver did not answer
 
     def files(self, meta: dict[str, Any]) -> dict[str, tuple[bytes, str]]:
         """name -> (body, content type): the record (`meta` plus what was captured) and what was captured."""
@@ -83,6 +96,7 @@ class Evidence:
             "answered": self.answered,
             "why": self.why,
             "url": self.url,
+            "screenshot_from": self.screenshot_from if self.screenshot is not None else None,
             "files": sorted(out),
             "truncated": self.truncated,
             "console_entries": len(self.console),
@@ -143,10 +157,13 @@ class _Session:
         self.start = monotonic()
         self.deadline = self.start + budget_s
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None, within: float | None = None) -> Any:
+        """The call's WebDriver value, waited for at most what is left of the budget (and at most `within`)."""
         left = self.deadline - self.monotonic()
         if left <= 0:
             raise NoAnswer("the capture's time budget is spent")
+        if within is not None:
+            left = min(left, within)
         data = None if body is None else json.dumps(body).encode()
         req = grid_request(f"{self.base}/{path}", self.secret, method=method, data=data)
         req.add_header("Content-Type", "application/json; charset=utf-8")
@@ -156,11 +173,11 @@ class _Session:
         except urllib.error.HTTPError as e:  # WebDriver's error (no such session, unknown command): no value
             raise ValueError(f"{path}: HTTP {e.code}") from None
         except TimeoutError:
-            raise NoAnswer(f"no answer to {path} within {self.deadline - self.start:.1f} s") from None
+            raise Busy(f"no answer to {path} within {left:.1f} s") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             if isinstance(reason, TimeoutError):
-                raise NoAnswer(f"no answer to {path} within {self.deadline - self.start:.1f} s") from None
+                raise Busy(f"no answer to {path} within {left:.1f} s") from None
             raise NoAnswer(f"{path}: {reason}") from None
         if len(raw) > MAX_RESPONSE_BYTES:
             raise ValueError(f"{path}: answer over {MAX_RESPONSE_BYTES} bytes")
@@ -183,15 +200,33 @@ def capture(
     s = _Session(grid_url, session_id, budget_s, monotonic, secret)
     ev = Evidence(answered=False)
     try:
-        url = s.call("GET", "url")
+        url = s.call("GET", "url", within=FIRST_ANSWER_S)
         ev.answered, ev.url = True, url if isinstance(url, str) else None
         _read_rest(s, ev)
+    except Busy as e:  # chromedriver waits on the page: the browser itself still answers DevTools
+        ev.why = str(e.args[0])
+        _devtools_screenshot(grid_url, session_id, s, ev)
     except NoAnswer as e:
         ev.why = str(e.args[0])
     except ValueError as e:  # the first call answered with an error: the session is gone
         ev.why = f"the session did not answer: {e}"
     ev.elapsed_s = monotonic() - s.start
     return ev
+
+
+def _devtools_screenshot(grid_url: str, session_id: str, s: _Session, ev: Evidence) -> None:
+    """The screenshot and the URL being loaded, over DevTools, within what is left of the budget; a failure is
+    noted beside why WebDriver did not answer."""
+    from node import devtools
+
+    try:
+        ev.screenshot, url = devtools.screenshot(
+            grid_url, session_id, s.deadline, s.monotonic, s.secret, max_bytes=MAX_RESPONSE_BYTES
+        )
+    except devtools.DevToolsFailed as e:
+        ev.truncated.append(f"screenshot over DevTools: {e.args[0]}")
+        return
+    ev.screenshot_from, ev.url = "devtools", url
 
 
 def _read_rest(s: _Session, ev: Evidence) -> None:
@@ -202,6 +237,8 @@ def _read_rest(s: _Session, ev: Evidence) -> None:
                 ev.screenshot = png_of(s.call("GET", "screenshot"))
                 if ev.screenshot is None:
                     ev.truncated.append("screenshot: not a PNG")
+                else:
+                    ev.screenshot_from = "webdriver"
             elif part == HTML:
                 source = s.call("GET", "source")
                 if isinstance(source, str):

@@ -88,6 +88,11 @@ def test_errors_hangs_and_kills_leave_evidence_and_the_report_links_it(gf, chrom
     assert hang["end"] == "hang" and "page=2" in hang["last_reported_url"]
     assert hang["answered"] or hang["why"]
     assert hang["elapsed_s"] <= 6
+    # and either way photographed: over WebDriver, or over DevTools while chromedriver waits on the navigation
+    assert "screenshot.png" in hang["files"] and hang["screenshot_from"] in ("webdriver", "devtools"), hang
+    assert hang["answered"] or ("page=2" in hang["url"] and hang["screenshot_from"] == "devtools"), hang
+    shot = gf.cwd / "runs" / "ev-watchdog" / "evidence" / "hangs" / "1" / "screenshot.png"
+    assert shot.read_bytes().startswith(PNG_MAGIC)
 
     cfg = gf.write_config("hub-kill.yaml", HUB_KILL)
     p = gf.run("run", "--local", "--config", str(cfg), "--run-id", "ev-hub-kill", timeout=240)

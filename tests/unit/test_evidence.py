@@ -13,12 +13,14 @@ import pytest
 
 from cli.report.data import evidence_links
 from cli.report.page import render_report, write_report
+from fleet.grid_auth import GridSecret
 from fleet.results import EVIDENCE_FILES, evidence_key, evidence_prefix, parse_evidence_key, result_key
 from fleet.state import Reason
 from fleet.summary import export
 from node import evidence
 from node.evidence import Evidence, cap_console, cap_html, capture, png_of
 from sim.memory import MemoryResults
+from tests.helpers.fake_cdp import BusyGrid
 from tests.helpers.fake_node import HANG, RUN, Rig, pages_script, status
 from tests.unit.test_agent import hub_marks_before_each_beat
 
@@ -61,6 +63,45 @@ def test_a_grid_that_is_gone_is_recorded_at_once():
         port = s.getsockname()[1]  # closed when the block ends: nothing listens there
     ev = capture(f"http://127.0.0.1:{port}", "sess-1", budget_s=5)
     assert ev.answered is False and "url:" in ev.why and ev.elapsed_s < 2
+
+
+def test_a_page_that_keeps_webdriver_busy_is_photographed_over_devtools_within_the_budget():
+    # WebDriver on the session never answers (chromedriver waits on a hung navigation); the browser's DevTools
+    # endpoint, which the Grid proxies per session, still does.
+    secret = GridSecret.make()
+    with BusyGrid(PNG) as grid:
+        started = time.monotonic()
+        ev = capture(grid.url, "sess-1", budget_s=4, secret=secret)
+        took = time.monotonic() - started
+    assert ev.answered is False and "no answer to url within 2.5 s" in (ev.why or "")
+    assert 2.4 <= took < 3.5  # the first call's share of the budget, then DevTools at once
+    assert (ev.screenshot, ev.screenshot_from, ev.url) == (PNG, "devtools", "http://site.test/hangs/2")
+    assert grid.requests == ["GET /session/sess-1/url HTTP/1.1", "GET /session/sess-1/se/cdp HTTP/1.1"]
+    assert grid.authorization == [secret.authorization] * 2
+    assert [c["method"] for c in grid.cdp_calls] == [
+        "Target.getTargets",
+        "Target.attachToTarget",
+        "Page.captureScreenshot",
+    ]
+    assert grid.cdp_calls[1]["params"] == {"targetId": "tab", "flatten": True}  # the page chromedriver drives
+    assert grid.cdp_calls[2]["sessionId"] == "s-tab"
+    files = ev.files({"site": "s1", "attempt": 1})
+    record = json.loads(files["evidence.json"][0])
+    assert (record["answered"], record["files"], record["screenshot_from"]) == (False, ["screenshot.png"], "devtools")
+    assert files["screenshot.png"][0] == PNG
+
+
+def test_a_devtools_endpoint_that_does_not_answer_either_costs_no_more_than_the_budget():
+    with BusyGrid(PNG, cdp=False) as grid:
+        started = time.monotonic()
+        ev = capture(grid.url, "sess-1", budget_s=3.5)
+        took = time.monotonic() - started
+    assert ev.answered is False and ev.screenshot is None and ev.screenshot_from is None
+    assert 3.3 <= took < 4.5
+    assert len(ev.truncated) == 1 and ev.truncated[0].startswith("screenshot over DevTools: se/cdp:"), ev.truncated
+    with BusyGrid(b"not a png") as grid:
+        ev = capture(grid.url, "sess-1", budget_s=3)
+    assert ev.screenshot is None and ev.truncated == ["screenshot over DevTools: se/cdp: the screenshot is not a PNG"]
 
 
 # --- what is kept -------------------------------------------------------------------------------------------------
