@@ -253,11 +253,12 @@ def _check_exported(args: argparse.Namespace) -> CheckReport:
             f"no run to check: no local stack with {'run ' + args.run_id if args.run_id else 'a run'} is up, and no "
             f"{path or args.out / '*' / 'summary.json'} (for a run on AWS pass --config)"
         )
+    nodes = local_nodes()
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(summary, dict) or not isinstance(summary.get("sites"), dict) or "run_id" not in summary:
             raise ValueError("no run_id and sites")
-        return check_export(summary, path.parent, nodes=local_nodes())
+        return check_export(summary, path.parent, nodes=nodes)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise UsageError(f"{path}: not a run summary: {e}") from None
 
