@@ -108,6 +108,11 @@ def test_mixed_sites_on_a_running_stack_end_as_their_behaviour_implies(gf):
     down = gf.run("local", "down", timeout=60)
     assert down.returncode == 0
     assert gf.wait_no_leftovers() == []
+    # moto forgot the run with its stack: `check` reads it from runs/mixed/, as `status` and `report` do
+    check = gf.run("check", "--run-id", "mixed")
+    assert check.returncode == 0 and "run mixed: OK (" in check.stdout, check.stdout + check.stderr
+    assert "the stores went with the local stack" in check.stdout
+    assert gf.run("local", "status").returncode != 0  # and nothing was started for it
 
 
 def metrics_while_running(log: Path, hub, timeout: float = 60) -> str:
