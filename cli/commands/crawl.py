@@ -7,6 +7,10 @@ stdout as JSON lines while the crawl goes; each page (URL, HTTP status, time), e
 stored) and the end go to stderr. The crawl's `pace` is where the site's rate becomes a local pause (no fleet-wide
 slot: nothing else shares it here) and where `--max-pages` stops the crawler before its next request.
 
+A crawler project's code is imported straight from its directory (an edit shows at the next crawl), its pinned
+`crawlers.requirements` from their install under `$GRIDFLEET_HOME/local/requirements/<hash>/`, made by pip once
+per hash of the pins and shared with `run --local` (cli.packaging.requirements).
+
 Run as root, chromedriver and Chromium run as the crawl user with Chromium's sandbox on, as on the nodes
 (`cli.commands.crawl_browser`). The node agent, the Chromium sandbox decision and the profile store are imported
 inside the functions that use them, so `gridfleet --help` loads none of them.
