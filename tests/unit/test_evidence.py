@@ -65,16 +65,18 @@ def test_a_grid_that_is_gone_is_recorded_at_once():
     assert ev.answered is False and "url:" in ev.why and ev.elapsed_s < 2
 
 
-def test_a_page_that_keeps_webdriver_busy_is_photographed_over_devtools_within_the_budget():
+def test_a_page_that_keeps_webdriver_busy_is_photographed_over_devtools_within_the_budget(monkeypatch):
     # WebDriver on the session never answers (chromedriver waits on a hung navigation); the browser's DevTools
-    # endpoint, which the Grid proxies per session, still does.
+    # endpoint, which the Grid proxies per session, still does. The budget and the first call's share are scaled
+    # down by the same measure as the real ones (5 s, 2.5 s).
+    monkeypatch.setattr(evidence, "FIRST_ANSWER_S", 0.3)
     secret = GridSecret.make()
     with BusyGrid(PNG) as grid:
         started = time.monotonic()
-        ev = capture(grid.url, "sess-1", budget_s=4, secret=secret)
+        ev = capture(grid.url, "sess-1", budget_s=0.6, secret=secret)
         took = time.monotonic() - started
-    assert ev.answered is False and "no answer to url within 2.5 s" in (ev.why or "")
-    assert 2.4 <= took < 3.5  # the first call's share of the budget, then DevTools at once
+    assert ev.answered is False and "no answer to url within 0.3 s" in (ev.why or "")
+    assert 0.25 <= took < 0.6  # the first call's share of the budget, then DevTools at once
     assert (ev.screenshot, ev.screenshot_from, ev.url) == (PNG, "devtools", "http://site.test/hangs/2")
     assert grid.requests == ["GET /session/sess-1/url HTTP/1.1", "GET /session/sess-1/se/cdp HTTP/1.1"]
     assert grid.authorization == [secret.authorization] * 2
@@ -91,16 +93,17 @@ def test_a_page_that_keeps_webdriver_busy_is_photographed_over_devtools_within_t
     assert files["screenshot.png"][0] == PNG
 
 
-def test_a_devtools_endpoint_that_does_not_answer_either_costs_no_more_than_the_budget():
+def test_a_devtools_endpoint_that_does_not_answer_either_costs_no_more_than_the_budget(monkeypatch):
+    monkeypatch.setattr(evidence, "FIRST_ANSWER_S", 0.3)
     with BusyGrid(PNG, cdp=False) as grid:
         started = time.monotonic()
-        ev = capture(grid.url, "sess-1", budget_s=3.5)
+        ev = capture(grid.url, "sess-1", budget_s=0.6)
         took = time.monotonic() - started
     assert ev.answered is False and ev.screenshot is None and ev.screenshot_from is None
-    assert 3.3 <= took < 4.5
+    assert 0.5 <= took < 1.2
     assert len(ev.truncated) == 1 and ev.truncated[0].startswith("screenshot over DevTools: se/cdp:"), ev.truncated
     with BusyGrid(b"not a png") as grid:
-        ev = capture(grid.url, "sess-1", budget_s=3)
+        ev = capture(grid.url, "sess-1", budget_s=0.6)
     assert ev.screenshot is None and ev.truncated == ["screenshot over DevTools: se/cdp: the screenshot is not a PNG"]
 
 
@@ -290,3 +293,4 @@ def test_the_report_links_a_thumbnail_of_each_failed_attempt(tmp_path):
 
 def test_the_capture_budget_is_small_and_every_file_has_a_type():
     assert evidence.CAPTURE_BUDGET_S <= 5 and set(evidence.CONTENT_TYPES) == set(EVIDENCE_FILES)
+    assert evidence.FIRST_ANSWER_S == evidence.CAPTURE_BUDGET_S / 2  # the rest is DevTools' when WebDriver is busy
