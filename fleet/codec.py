@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from fleet.state import Attempt, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.state import Attempt, Counts, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 
 RUN_ITEM = "#run"  # Site key of the run-level item
 NODE_PREFIX = "#node#"  # Site key prefix of per-node items
@@ -86,6 +86,7 @@ def site_to_item(r: SiteRecord) -> dict[str, Any]:
         "expireAt": r.expire_at,
         "checkpoint": encode_checkpoint(r.checkpoint) if r.checkpoint is not None else None,
         "mark": list(r.mark) if r.mark is not None else None,
+        "items": r.items,
     }
     for k, v in optional.items():
         if v is not None:
@@ -101,7 +102,27 @@ def _attempt_to_item(a: Attempt) -> dict[str, Any]:
         out["outcome"] = a.outcome
     if a.kill_path is not None:
         out["kill_path"] = a.kill_path
+    if a.counts is not None:
+        c = a.counts
+        out.update(items=num(c.items), pages=num(c.pages), collisions=num(c.collisions), skipped=num(c.skipped))
+        if c.collided:
+            out["collided"] = list(c.collided)
     return out
+
+
+def _item_to_attempt(a: Mapping[str, Any]) -> Attempt:
+    counts = None
+    if "items" in a:  # an attempt of an older node has no counts
+        counts = Counts(
+            int(a.get("items") or 0),
+            int(a.get("pages") or 0),
+            int(a.get("collisions") or 0),
+            int(a.get("skipped") or 0),
+            tuple(str(i) for i in a.get("collided") or ()),
+        )
+    return Attempt(
+        int(a["n"]), a["instance_id"], a["start"], a.get("end"), a.get("outcome"), a.get("kill_path"), counts
+    )
 
 
 def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
@@ -136,13 +157,11 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
         receipt=i.get("receipt"),
         spot_requeues=int(i.get("spot_requeues", 0)),
         attempt_base=int(i.get("attemptBase", 0)),
-        attempts=tuple(
-            Attempt(int(a["n"]), a["instance_id"], a["start"], a.get("end"), a.get("outcome"), a.get("kill_path"))
-            for a in i.get("attempts", [])
-        ),
+        attempts=tuple(_item_to_attempt(a) for a in i.get("attempts", [])),
         expire_at=i.get("expireAt"),
         checkpoint=decode_checkpoint(i["checkpoint"]) if i.get("checkpoint") else None,
         mark=tuple(i["mark"]) if i.get("mark") is not None else None,
+        items=int(i["items"]) if i.get("items") is not None else None,
     )
 
 

@@ -24,6 +24,7 @@ import importlib.machinery
 import importlib.util
 import os
 import re
+import string
 import sys
 from collections.abc import Mapping
 from typing import Annotated, Any, Self
@@ -36,6 +37,8 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails
@@ -157,6 +160,51 @@ FieldSpec = Annotated[StrictStr, AfterValidator(_field_spec)]
 Fields = Annotated[dict[StrictStr, FieldSpec], Field(max_length=MAX_FIELDS), AfterValidator(_field_names)]
 
 
+#: What an item without `fields` holds besides its id, so what a `links` `id` may name.
+PLAIN_FIELDS = ("text", "href")
+#: `links` `id` as written is at most this long.
+MAX_ID_TEMPLATE_CHARS = 500
+
+
+def id_template(spec: str) -> list[tuple[str, str]]:
+    """A `links` `id` as written -> [(literal text, field name)...]; a last piece of text alone has the name "".
+
+    A field name alone ("link") is that field; anything else is a template of `{field}`s ("{link}#{name}"), `{{`
+    and `}}` standing for braces. ValueError when it is neither, names no field, or a placeholder is not a plain
+    field name (no conversion, format, index or attribute)."""
+    if _FIELD_NAME.fullmatch(spec):
+        return [("", spec)]
+    try:
+        pieces = list(string.Formatter().parse(spec))
+    except ValueError as e:
+        raise ValueError(f"{quote(spec)} is not a field name or a template of {{field}}s: {e}") from None
+    out: list[tuple[str, str]] = []
+    for text, name, fmt, conversion in pieces:
+        if name is None:
+            out.append((text, ""))
+            continue
+        if fmt or conversion or not _FIELD_NAME.fullmatch(name):
+            raise ValueError(f"{quote(spec)}: {{{name}}} is not a plain {{field}} (a field name, nothing more)")
+        out.append((text, name))
+    if not any(name for _, name in out):
+        raise ValueError(f"{quote(spec)} names no field: every item would have the same id")
+    return out
+
+
+def item_fields(fields: Mapping[str, str]) -> tuple[str, ...]:
+    """The fields an item of `links` has on its listing page: those of `fields`, else text and href."""
+    return tuple(fields) if fields else PLAIN_FIELDS
+
+
+def render_id(template: list[tuple[str, str]], values: Mapping[str, Any]) -> str:
+    """An item's id from its fields by `id_template`'s pieces: a null field reads as nothing, and an id whose
+    every field is null or empty is "" (the item has no id)."""
+    read = {name: "" if values.get(name) is None else str(values.get(name)) for _, name in template if name}
+    if not any(read.values()):
+        return ""
+    return "".join(text + read.get(name, "") for text, name in template)
+
+
 class DetailOptions(BaseModel):
     """`links` `detail`: open each new item's link and read more fields there."""
 
@@ -190,6 +238,35 @@ class LinksOptions(CrawlerOptions):
         default_factory=dict, description="name -> CSS selector[@attribute] within the item; none: id, text, href"
     )
     detail: DetailOptions | None = Field(None, description="open each new item's link and read fields there")
+    id: Annotated[StrictStr, Field(max_length=MAX_ID_TEMPLATE_CHARS)] | None = Field(
+        None,
+        description="an item's id: a field name, or a template of fields such as '{link}#{name}'; "
+        "null: its data-id, else its link",
+    )
+
+    @property
+    def item_fields(self) -> tuple[str, ...]:
+        """The fields an item has on its listing page (what `id` may name)."""
+        return item_fields(self.fields)
+
+    @field_validator("id")
+    @classmethod
+    def _id_fits(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """Said of `id` (declared after `fields` and `detail`, so both are read by now): every field it names is
+        one the item has on its listing page."""
+        if v is None:
+            return v
+        names = [name for _, name in id_template(v) if name]
+        if "fields" not in info.data:  # `fields` itself is wrong: said there
+            return v
+        known = item_fields(info.data["fields"])
+        detail = info.data.get("detail")
+        for name in names:
+            if name not in known:
+                late = detail is not None and name in detail.fields
+                where = "a detail field (ids are read on the listing page)" if late else "not a field of the item"
+                raise ValueError(f"{quote(name)} in {quote(v)} is {where}; the item's fields: {', '.join(known)}")
+        return v
 
     @model_validator(mode="after")
     def _detail_fits(self) -> Self:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from fleet.logs import event
+from fleet.summary import totals
 
 log = logging.getLogger("gridfleet.notify")
 
@@ -92,6 +93,29 @@ def failed_sites(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def totals_of(summary: Mapping[str, Any]) -> dict[str, int]:
+    """A summary's `totals`, or (an older summary has none) those its sites' entries give."""
+    given = summary.get("totals")
+    if isinstance(given, Mapping) and all(isinstance(given.get(k), int) for k in ("items", "pages")):
+        return {k: int(v) for k, v in given.items() if isinstance(v, int) and not isinstance(v, bool)}
+    sites = summary.get("sites")
+    return totals(sites if isinstance(sites, Mapping) else {})
+
+
+def totals_lines(summary: Mapping[str, Any], previous: Mapping[str, Any] | None) -> list[str]:
+    """The run's items and pages (against the previous run's items), and the items its attempts left out."""
+    t = totals_of(summary)
+    line = f"items: {t.get('items', 0):,} from {t.get('pages', 0):,} pages"
+    if previous:
+        before = totals_of(previous).get("items", 0)
+        change = f", {(t.get('items', 0) - before) / before:+.0%}" if before else ""
+        line += f" (previous run {before:,}{change})"
+    line += f"; {t.get('pages_fetched', 0):,} pages fetched, retries included"
+    left = f"left out: {t.get('collisions', 0):,} collisions (same id, other content), "
+    left += f"{t.get('skipped', 0):,} items without an id"
+    return [line, left]
+
+
 def run_message(summary: Mapping[str, Any], previous: Mapping[str, Any] | None, report_at: str) -> Message:
     """The message of a finished run: counts, each FAILED site with its reason, what changed, where the report is."""
     run_id = str(summary.get("run_id") or "?")
@@ -101,6 +125,7 @@ def run_message(summary: Mapping[str, Any], previous: Mapping[str, Any] | None, 
     outcome = "all COMPLETED" if not failed else f"{failed} FAILED"
     subject = f"gridfleet run {run_id} finished: {outcome} ({done}/{total} COMPLETED)"
     lines = [subject, f"finish: {summary.get('finish_reason') or '-'}; COMPLETED {done}, FAILED {failed}"]
+    lines += totals_lines(summary, previous)
     fails = failed_sites(summary)
     if fails:
         lines += ["", f"FAILED ({len(fails)}):", *_listed([f"- {s}: {why}" for s, why in fails])]

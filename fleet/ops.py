@@ -9,6 +9,7 @@ it sent" (a crash between the last two is repaired by the hub, see `plan`).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,8 +27,11 @@ from fleet.codec import (
 from fleet.errors import StaleWrite
 from fleet.messages import SiteQueue
 from fleet.state import (
+    COLLIDED_ID_MAX_CHARS,
     GIVEN_BACK,
+    MAX_COLLIDED,
     Attempt,
+    Counts,
     Outcome,
     Reason,
     RunStatus,
@@ -94,9 +98,28 @@ def claim(table: StateTable, rec: SiteRecord, instance_id: str, now: float, rece
         kill_reason=None,
         error=None,
         receipt=receipt,
-        attempts=rec.attempts + (Attempt(rec.attempt + 1, instance_id, now),),
+        attempts=rec.attempts + (Attempt(rec.attempt + 1, instance_id, now, counts=Counts()),),
     )
     return table.write(rec, new)
+
+
+def bounded(counts: Counts) -> Counts:
+    """`counts` as a record keeps them: at most MAX_COLLIDED collided ids, each cut to COLLIDED_ID_MAX_CHARS (a
+    crawler's output is not trusted to be small), no count below 0."""
+    ids = tuple(capped(i, COLLIDED_ID_MAX_CHARS) for i in counts.collided[:MAX_COLLIDED])
+    c = counts
+    return Counts(max(0, c.items), max(0, c.pages), max(0, c.collisions), max(0, c.skipped), ids)
+
+
+def _counted(rec: SiteRecord, counts: Counts | None) -> dict[str, Any]:
+    """The record's changes that put `counts` on its current attempt (none when unchanged or there is none)."""
+    cur = rec.current_attempt
+    if counts is None or cur is None:
+        return {}
+    kept = bounded(counts)
+    if cur.counts == kept:
+        return {}
+    return {"attempts": rec.attempts[:-1] + (dataclasses.replace(cur, counts=kept),)}
 
 
 def report(
@@ -132,9 +155,18 @@ class Progress:
     pages: int | None = None
 
 
-def beat(table: StateTable, rec: SiteRecord, now: float, progress: Progress | None = None, **extra: Any) -> SiteRecord:
+def beat(
+    table: StateTable,
+    rec: SiteRecord,
+    now: float,
+    progress: Progress | None = None,
+    counts: Counts | None = None,
+    **extra: Any,
+) -> SiteRecord:
     """The node's heartbeat on its attempt; fenced. Alone it moves no version; with the crawler's progress since
-    the last write (one write for any number of steps: the hub needs the latest, not each) it does."""
+    the last write (one write for any number of steps: the hub needs the latest, not each) it does. `counts`
+    (what the attempt found so far) ride on the same write, on the current attempt's entry."""
+    extra = {**extra, **_counted(rec, counts)}
     if progress is None or (progress.site_status, progress.at) == (rec.site_status, rec.last_update):
         return table.write(rec, transition(rec, bump=False, heartbeat=now, **extra))
     changes = _step(progress.site_status, progress.at, progress.url, progress.pages)
@@ -142,7 +174,12 @@ def beat(table: StateTable, rec: SiteRecord, now: float, progress: Progress | No
 
 
 def save_checkpoint(
-    table: StateTable, rec: SiteRecord, now: float, progress: Progress | None, checkpoint: Mapping[str, Any]
+    table: StateTable,
+    rec: SiteRecord,
+    now: float,
+    progress: Progress | None,
+    checkpoint: Mapping[str, Any],
+    counts: Counts | None = None,
 ) -> SiteRecord:
     """Where the crawl got to, with the heartbeat and progress: a retry of the site resumes from it. A node
     writes the cursor and counts (`fleet.checkpoint`: the items are in parts beside the result). A checkpoint of
@@ -153,7 +190,7 @@ def save_checkpoint(
         ckpt["items"] = _cut_item_ids(ckpt["items"])
     if len(encode_checkpoint(ckpt)) > CHECKPOINT_MAX_CHARS:
         ckpt = {"next": ckpt.get("next"), "pages": ckpt.get("pages"), "items": [], "partial": True}
-    return beat(table, rec, now, progress, checkpoint=ckpt)
+    return beat(table, rec, now, progress, counts, checkpoint=ckpt)
 
 
 def _cut_item_ids(items: Any) -> list[Any]:
@@ -178,8 +215,20 @@ def mark_enqueued(table: StateTable, rec: SiteRecord) -> SiteRecord:
     return table.write(rec, transition(rec, bump=False, enqueued=True))
 
 
-def complete(table: StateTable, rec: SiteRecord, result_key: str, now: float, *, skipped: bool = False) -> SiteRecord:
-    attempts = _close(rec, now, Outcome.SKIPPED if skipped else Outcome.COMPLETED)
+def complete(
+    table: StateTable,
+    rec: SiteRecord,
+    result_key: str,
+    now: float,
+    *,
+    skipped: bool = False,
+    counts: Counts | None = None,
+    items: int | None = None,
+    pages: int | None = None,
+) -> SiteRecord:
+    """The result is in S3: COMPLETED, with the attempt's `counts` and the result's `items` and `pages` (None:
+    not known, e.g. a result an earlier attempt left that could not be read)."""
+    attempts = _close(rec, now, Outcome.SKIPPED if skipped else Outcome.COMPLETED, counts=counts)
     new = transition(
         rec,
         run_status=RunStatus.COMPLETED,
@@ -191,6 +240,8 @@ def complete(table: StateTable, rec: SiteRecord, result_key: str, now: float, *,
         attempts=attempts,
         receipt=None,
         checkpoint=None,
+        items=None if items is None else max(0, int(items)),
+        pages=rec.pages if pages is None else max(0, int(pages)),
     )
     return table.write(rec, new)
 
@@ -210,9 +261,11 @@ def end_attempt(
     spot_cap: int,
     kill_path: str | None = None,
     error: str | None = None,
+    counts: Counts | None = None,
 ) -> SiteRecord:
-    """The current attempt ended without a result: requeue (QUEUED, message not yet sent) or FAILED."""
-    attempts = _close(rec, now, Outcome.of(reason), kill_path)
+    """The current attempt ended without a result: requeue (QUEUED, message not yet sent) or FAILED. The node
+    that ends its own attempt gives its `counts`; the hub's end keeps those the node last wrote."""
+    attempts = _close(rec, now, Outcome.of(reason), kill_path, counts)
     common: dict[str, Any] = {
         "last_update": now,
         "kill_reason": None,
@@ -291,6 +344,7 @@ def reopen(table: StateTable, rec: SiteRecord, now: float, spec: SiteSpec | None
         error=None,
         kill_reason=None,
         result_key=None,
+        items=None,
         url=None,
         receipt=None,
         last_update=now,
@@ -308,8 +362,10 @@ def send_next(table: StateTable, queue: SiteQueue, rec: SiteRecord) -> SiteRecor
     return mark_enqueued(table, rec)
 
 
-def _close(rec: SiteRecord, now: float, outcome: Outcome, kill_path: str | None = None):
+def _close(
+    rec: SiteRecord, now: float, outcome: Outcome, kill_path: str | None = None, counts: Counts | None = None
+) -> tuple[Attempt, ...]:
     cur = rec.current_attempt
     if cur is None:
         return rec.attempts
-    return rec.attempts[:-1] + (cur.finished(now, outcome, kill_path),)
+    return rec.attempts[:-1] + (cur.finished(now, outcome, kill_path, None if counts is None else bounded(counts)),)

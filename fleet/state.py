@@ -175,6 +175,24 @@ class SiteSpec:
     per_s: float | None = None  # that group's requests per second
 
 
+#: Collided item ids an attempt's counts list (the rest are counted), and the characters kept of each.
+MAX_COLLIDED = 5
+COLLIDED_ID_MAX_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What one attempt found: the items it saved (not those of the checkpoint it resumed from), the pages it
+    fetched, the items it did not emit because another of the same id and other content came first
+    (`collisions`, the first ids in `collided`) and those it did not emit for want of an id (`skipped`)."""
+
+    items: int = 0
+    pages: int = 0
+    collisions: int = 0
+    skipped: int = 0
+    collided: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Attempt:
     n: int
@@ -183,9 +201,14 @@ class Attempt:
     end: float | None = None
     outcome: str | None = None
     kill_path: str | None = None
+    counts: Counts | None = None  # None: not recorded (an attempt of an older node)
 
-    def finished(self, now: float, outcome: Outcome, kill_path: str | None = None) -> Attempt:
-        return dataclasses.replace(self, end=now, outcome=str(outcome), kill_path=kill_path)
+    def finished(
+        self, now: float, outcome: Outcome, kill_path: str | None = None, counts: Counts | None = None
+    ) -> Attempt:
+        """The attempt ended; its counts as the node last wrote them unless `counts` are given."""
+        kept = self.counts if counts is None else counts
+        return dataclasses.replace(self, end=now, outcome=str(outcome), kill_path=kill_path, counts=kept)
 
 
 @dataclass(frozen=True)
@@ -205,7 +228,8 @@ class SiteRecord:
     error: str | None = None
     result_key: str | None = None
     url: str | None = None  # the page of the current URL_CALL/CALL_DONE
-    pages: int = 0  # pages fetched by the current attempt
+    pages: int = 0  # pages the crawl got to (a resumed attempt counts its checkpoint's); COMPLETED: the result's
+    items: int | None = None  # COMPLETED: the items of its result (None: not known, or not COMPLETED)
     kill_reason: str | None = None  # set by the hub before it kills the current attempt
     kill_path: str | None = None  # how the last kill was done: watchdog, local, ssm, ssh, terminate
     receipt: str | None = None  # the SQS receipt handle of the current attempt's message (to delete it)

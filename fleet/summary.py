@@ -26,9 +26,26 @@ from typing import Any
 from fleet.codec import RunInfo
 from fleet.ids import check_run_id, is_site_id
 from fleet.results import ResultStore, checked_result_key, evidence_prefix, parse_evidence_key
-from fleet.state import RunStatus, SiteRecord
+from fleet.state import Attempt, RunStatus, SiteRecord
 
 log = logging.getLogger("gridfleet.hub")
+
+
+def attempt_entry(a: Attempt) -> dict[str, Any]:
+    """One attempt as summaries show it; its counts null when its node recorded none (an older node)."""
+    c = a.counts
+    out: dict[str, Any] = {"instance_id": a.instance_id, "start": a.start, "end": a.end, "outcome": a.outcome}
+    if a.kill_path:
+        out["kill_path"] = a.kill_path
+    out.update(
+        items=c.items if c else None,
+        pages=c.pages if c else None,
+        collisions=c.collisions if c else None,
+        skipped=c.skipped if c else None,
+    )
+    if c and c.collided:
+        out["collided"] = list(c.collided)
+    return out
 
 
 def site_entry(r: SiteRecord) -> dict[str, Any]:
@@ -38,16 +55,9 @@ def site_entry(r: SiteRecord) -> dict[str, Any]:
         "attemptCount": r.attempt,
         "failure_reason": r.failure_reason if r.run_status is not RunStatus.COMPLETED else None,
         "result_key": r.result_key,
-        "attempts": [
-            {
-                "instance_id": a.instance_id,
-                "start": a.start,
-                "end": a.end,
-                "outcome": a.outcome,
-                **({"kill_path": a.kill_path} if a.kill_path else {}),
-            }
-            for a in r.attempts
-        ],
+        "items": r.items,  # COMPLETED: the items of its result
+        "pages": r.pages,  # the pages the crawl got to (COMPLETED: those of its result)
+        "attempts": [attempt_entry(a) for a in r.attempts],
         "error": r.error,
         "instance_id": r.instance_id,
         "lastUpdateEpoch": r.last_update,
@@ -63,17 +73,42 @@ def counts(sites: Iterable[SiteRecord]) -> dict[str, int]:
     return out
 
 
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def totals(sites: Mapping[str, Any]) -> dict[str, int]:
+    """The run's counts from its sites' entries (`site_entry`; an older summary's lack them, and count 0): the
+    items and pages of the COMPLETED sites' results, the pages every attempt fetched (retries included), and the
+    items its attempts left out (collisions, items without an id)."""
+    out = {"items": 0, "pages": 0, "pages_fetched": 0, "collisions": 0, "skipped": 0}
+    for e in sites.values():
+        if not isinstance(e, Mapping):
+            continue
+        if e.get("run_status") == RunStatus.COMPLETED.value:
+            out["items"] += _count(e.get("items"))
+            out["pages"] += _count(e.get("pages"))
+        for a in e.get("attempts") or []:
+            if isinstance(a, Mapping):
+                out["pages_fetched"] += _count(a.get("pages"))
+                out["collisions"] += _count(a.get("collisions"))
+                out["skipped"] += _count(a.get("skipped"))
+    return out
+
+
 def build_summary(
     run: RunInfo, sites: list[SiteRecord], *, left_running: int, finished_at: float, finish_reason: str
 ) -> dict[str, Any]:
+    entries = {r.site: site_entry(r) for r in sorted(sites, key=lambda r: r.site)}
     return {
         "run_id": run.run_id,
         "run_date": run.run_date,  # YYYYMMDD of its result keys
         "started_at": run.started_at,
         "finished_at": finished_at,
-        "sites": {r.site: site_entry(r) for r in sorted(sites, key=lambda r: r.site)},
+        "sites": entries,
         "nodes": {"launched": run.nodes_launched, "left_running": left_running},
         "counts": counts(sites),
+        "totals": totals(entries),
         "finish_reason": finish_reason,
     }
 

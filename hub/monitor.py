@@ -27,7 +27,7 @@ from fleet.clock import Clock
 from fleet.config import Config
 from fleet.messages import QueueDepth, SiteQueue
 from fleet.state import RunStatus
-from fleet.summary import site_entry
+from fleet.summary import site_entry, totals
 from hub.snapshot import Snapshot
 
 log = logging.getLogger("gridfleet.hub")
@@ -64,6 +64,11 @@ def last_beat(snap: Snapshot, node: Any) -> float:
     if rec is not None and rec.run_status is RunStatus.RUN and rec.instance_id == node.instance_id and rec.heartbeat:
         return max(node.heartbeat, rec.heartbeat)
     return node.heartbeat
+
+
+def run_totals(snap: Snapshot) -> dict[str, int]:
+    """The run's item and page counts (`fleet.summary.totals`) from the snapshot's records."""
+    return totals({name: site_entry(r) for name, r in snap.sites.items()})
 
 
 def by_path(kills: list[dict[str, Any]]) -> dict[str, int]:
@@ -128,6 +133,7 @@ class HubMonitor:
                 "updated_at": None,
                 "counts": {},
                 "sites": {},
+                "totals": totals({}),
                 "nodes": [],
                 "kills": [],
                 "queue": None,
@@ -146,12 +152,14 @@ class HubMonitor:
                 }
             )
         d = self._depth
+        sites = {name: site_entry(r) for name, r in sorted(snap.sites.items())}
         return {
             "run_id": self.run_id,
             "finished": finished,
             "updated_at": now,
             "counts": snap.counts(),
-            "sites": {name: site_entry(r) for name, r in sorted(snap.sites.items())},
+            "sites": sites,
+            "totals": totals(sites),
             "nodes": nodes,
             "kills": kills_of(snap)[:RECENT_KILLS],
             "queue": {"visible": d.visible, "in_flight": d.in_flight, "dlq": d.dlq} if d else None,
@@ -169,6 +177,13 @@ class HubMonitor:
             Datum("SitesCompleted", c[RunStatus.COMPLETED.value]),
             Datum("SitesFailed", c[RunStatus.FAILED.value]),
             Datum("RunProgress", 100.0 * (c["COMPLETED"] + c["FAILED"]) / total, "Percent"),
+        ]
+        t = run_totals(snap)
+        data += [
+            Datum("ItemsCompleted", t["items"]),
+            Datum("PagesFetched", t["pages_fetched"]),
+            Datum("ItemCollisions", t["collisions"]),
+            Datum("ItemsSkipped", t["skipped"]),
         ]
         if self._depth is not None:
             data += [
@@ -217,6 +232,7 @@ class _Families(Collector):
         yield GaugeMetricFamily(
             "gridfleet_nodes_active", "Nodes of the run that are pending or running", value=len(snap.live_instances)
         )
+        yield from self._item_families(snap)
         if depth is not None:
             q = GaugeMetricFamily(
                 "gridfleet_queue_messages", "Site messages: waiting, in flight, dead-lettered", labels=["state"]
@@ -248,6 +264,24 @@ class _Families(Collector):
                 value=statistics.median(durations),
             )
         yield from self._node_families(snap)
+
+    def _item_families(self, snap: Snapshot) -> Iterator[Any]:
+        t = run_totals(snap)
+        yield GaugeMetricFamily(
+            "gridfleet_items_completed", "Items in the results of the COMPLETED sites", value=t["items"]
+        )
+        yield CounterMetricFamily(
+            "gridfleet_pages_fetched", "Pages the run's attempts fetched, retries included", value=t["pages_fetched"]
+        )
+        left = CounterMetricFamily(
+            "gridfleet_items_left_out",
+            "Items the run's attempts did not emit: another of the same id and other content came first "
+            "(collision), or it had no id (skipped)",
+            labels=["why"],
+        )
+        left.add_metric(["collision"], t["collisions"])
+        left.add_metric(["skipped"], t["skipped"])
+        yield left
 
     def _node_families(self, snap: Snapshot) -> Iterator[Any]:
         done = CounterMetricFamily(

@@ -32,9 +32,10 @@ from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, Stop, Watch
 from fleet.results import result_key
 from fleet.state import SiteRecord, SiteStatus
 from node import evidence, parts
+from node.counts import AttemptCounter
 from node.kit import NodeKit
 from node.phases import phase_timings
-from node.result import merged_items, result_body
+from node.result import merged_items, result_body, result_counts
 from node.runner import CrawlProcess, Exited
 from profiles import HeldProfile, ProfileBusy
 
@@ -68,6 +69,7 @@ class Attempt:
         # the checkpoint this attempt starts from, its items read from the parts it names
         self.parts, self.resume = parts.load(node.results, rec, node.run_date)
         self.items: list[dict[str, Any]] = list(self.resume.get("items") or []) if self.resume else []
+        self.counter = AttemptCounter.resumed(self.resume)  # what this attempt found, for its attempt entry
         self.fields: dict[str, Any] = {"run_id": rec.run_id, "site": rec.site, "attempt": rec.attempt}
         self.fields["node"] = self.s.instance_id
         self.timed: dict[str, float] = {"ckpt_s": 0.0}  # seconds measured apart from the marks
@@ -93,7 +95,8 @@ class Attempt:
         node, rec = self.node, self.rec
         key = result_key(rec.site, node.run_date, rec.run_id)
         if node.results.exists(key):
-            self._write(ops.complete, key, node.clock.now(), skipped=True)
+            items, pages = result_counts(node.results, key)
+            self._write(ops.complete, key, node.clock.now(), skipped=True, items=items, pages=pages)
             node.job_ended(self.marks["claim"], None, None)
             node.queue.delete(self.msg)
             event(log, "skip", **self.fields, why="result already in S3", key=key)
@@ -224,6 +227,7 @@ class Attempt:
         if not isinstance(ev, dict):
             return None
         kind = ev.get("event")
+        self.counter.heard(ev)
         if kind == "status":
             self.watch = self.watch.stepped(
                 SiteStatus(ev["site_status"]), ev.get("url"), ev.get("pages"), self.node.clock.now(), mono
@@ -263,7 +267,9 @@ class Attempt:
             self.node.job_ended(claimed_at, end.kind, end.error)
             if end.kind is CrawlEndKind.FENCED:
                 raise Fenced(end.current)
-            new = self._write(ops.end_attempt, **crawl_end.end_attempt_args(end, self.s, self.node.clock.now()))
+            args = crawl_end.end_attempt_args(end, self.s, self.node.clock.now())
+            self.counter.told(log, self.fields)
+            new = self._write(ops.end_attempt, **args, counts=self.counter.counts())
             self._follow_up(end, new)
         except Fenced as f:
             if end.kind is CrawlEndKind.RESULT:  # a zombie's result, never written
@@ -311,14 +317,17 @@ class Attempt:
         items = merged_items(self.items, (end.result or {}).get("items", []))
         body = result_body(rec, self.s.instance_id, node.clock.now(), {**(end.result or {}), "items": items})
         wrote = node.results.put_new(key, body)
-        self._write(ops.complete, key, node.clock.now())
+        resumed = len(self.resume.get("items") or []) if self.resume else 0
+        counts = self.counter.counts(items=len(items) - resumed)  # what this attempt added to its checkpoint's
+        self._write(ops.complete, key, node.clock.now(), counts=counts, items=len(items), pages=self.counter.pages)
         node.job_ended(self.marks["claim"], None, None)
         node.queue.delete(self.msg)
         self.marks["saved"] = node.clock.monotonic()
         if rec.spec.incremental and wrote:
             self._new_mark(items)
         fields: dict[str, Any] = {**self.fields, "pages": (end.result or {}).get("pages"), "items": len(items)}
-        fields["key"] = key
+        fields.update(collisions=counts.collisions, skipped=counts.skipped, key=key)
+        self.counter.told(log, self.fields)
         if self.resume:
             fields["resumed_at_page"] = self.resume.get("pages")
         if not wrote:
@@ -360,6 +369,7 @@ class Attempt:
         """Keep the page's items, store them as a part, then write where the crawl got to (a heartbeat, too)."""
         new = [i for i in ev.get("items") or [] if isinstance(i, dict)]
         self.items.extend(new)
+        self.counter.saved(len(new))
         self.parts.stage(new)
         # if missed, the items stay staged for the next checkpoint's part, and the record is not written
         if not self.parts.store(lambda key, body: self._missable("part-missed", self.node.results.put_part, key, body)):
@@ -367,9 +377,8 @@ class Attempt:
         ckpt = self.parts.checkpoint(ev.get("next"), ev.get("pages"))
         self.watch = self.watch.beaten(self.node.clock.monotonic())
         # if missed, the next checkpoint names every part this one did
-        self._missable(
-            "checkpoint-missed", self._write, ops.save_checkpoint, self.node.clock.now(), self.watch.progress, ckpt
-        )
+        now, counts = self.node.clock.now(), self.counter.counts()
+        self._missable("checkpoint-missed", self._write, ops.save_checkpoint, now, self.watch.progress, ckpt, counts)
 
     def _report(self) -> None:
         """Write the crawler's latest step now (without node watchdogs, where the hub times each step)."""
@@ -382,7 +391,8 @@ class Attempt:
         The node item is not written while busy (the hub watches a busy node through its site's heartbeat)."""
         self.watch = self.watch.beaten(self.node.clock.monotonic())
         # a missed heartbeat is made up by the next; a fenced one is not (Fenced propagates)
-        if self._missable("heartbeat-missed", self._write, ops.beat, self.node.clock.now(), self.watch.progress):
+        now, counts = self.node.clock.now(), self.counter.counts()
+        if self._missable("heartbeat-missed", self._write, ops.beat, now, self.watch.progress, counts):
             self._extend_visibility()
             self.node.metric_beat()
 

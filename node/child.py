@@ -75,6 +75,12 @@ def context(job: dict[str, Any], emit: Callable[..., None]) -> CrawlContext:
     )
 
 
+def _tally(crawler: Any) -> dict[str, Any]:
+    """What a failed crawl had left out so far (collisions, items without an id), for the attempt's counts."""
+    tally = getattr(crawler, "tally", None)
+    return tally.plain() if tally is not None and hasattr(tally, "plain") else {}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gridfleet-crawler")
     ap.add_argument("--event-fd", type=int, required=True)
@@ -106,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except CrawlError as e:
         failed = True
-        emit(event="error", kind="crawl", message=str(e))
+        emit(event="error", kind="crawl", message=str(e), **_tally(crawler))
         return 1
     except Exception as e:  # the outermost frame of the crawler process: report, never hide
         failed = True
@@ -115,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             kind=type(e).__name__,
             message=f"{type(e).__name__}: {e}",
             trace=traceback.format_exc(limit=8),
+            **_tally(crawler),
         )
         return 1
     finally:

@@ -12,6 +12,11 @@ keeps it on the site record), `self.resume` is the checkpoint a retried attempt
 starts from, `self.known` the item ids an incremental site saw last time (stop
 there), and every request waits for its slot of the site's fleet-wide rate
 limit (`pace()`, done by `open()` and `get_json()`).
+
+And that no item vanishes silently (`node.itemids`): `fresh()` and what `run()` hands out give each item id
+once; another item of the same id is a duplicate (the same content, dropped) or a collision (other content,
+dropped, counted and listed in `self.tally`), and an item without an id is skipped (dropped, counted, shown).
+The tally rides on every checkpoint and on the result, for the attempt's counts.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import abc
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,7 @@ from urllib.parse import urljoin, urlsplit
 
 from fleet.grid_auth import GRID_USER, GridSecret
 from node.browser import capabilities, chrome_args
+from node.itemids import Ledger, Tally, item_id
 
 Emit = Callable[..., None]
 #: Called after each page has answered: (the WebDriver, or None for `get_json`; the URL; its HTTP status or None).
@@ -93,10 +99,12 @@ class BaseCrawler(abc.ABC):
         self.resume: Mapping[str, Any] | None = ctx.checkpoint
         self.pages = int(ctx.checkpoint.get("pages") or 0) if ctx.checkpoint else 0
         self.known: frozenset[str] = frozenset(ctx.mark)
-        #: ids of the items collected so far (those of the checkpoint too): a resumed crawl adds no duplicate
-        self.collected: set[str] = {
-            str(i.get("id")) for i in (ctx.checkpoint or {}).get("items", []) if isinstance(i, Mapping)
-        }
+        #: what the crawl left out (collisions, items without an id), as its events report it (`node.itemids`)
+        self.tally = Tally()
+        earlier = [i for i in (ctx.checkpoint or {}).get("items", []) if isinstance(i, Mapping)]
+        #: the items `fresh` gave out so far, by id (those of the checkpoint too): a resumed crawl adds no duplicate
+        self.collected = Ledger(self.tally, earlier)
+        self._emitted = Ledger(self.tally, earlier)  # the items the crawl handed out (`emitted`)
         self._driver: Any = None
 
     # --- the browser ------------------------------------------------------------
@@ -147,21 +155,33 @@ class BaseCrawler(abc.ABC):
         self.ctx.emit(event="status", site_status=site_status, url=url, pages=self.pages)
 
     def save(self, next_ref: str | None, items: Iterable[Mapping[str, Any]]) -> None:
-        """A checkpoint after a page: where the next page is (URL or token; None: the end) and its new items."""
-        self.ctx.emit(event="checkpoint", next=next_ref, pages=self.pages, items=[dict(i) for i in items])
+        """A checkpoint after a page: where the next page is (URL or token; None: the end) and its new items (with
+        what the crawl left out so far: collisions, items without an id)."""
+        saved = [dict(i) for i in items if item_id(i) is not None]  # one without an id is counted where it is seen
+        self.ctx.emit(event="checkpoint", next=next_ref, pages=self.pages, items=saved, **self.tally.plain())
 
     def fresh(self, items: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
         """The page's items not collected yet, up to the first one an incremental site saw last time; and
-        whether that one was reached (stop paging)."""
+        whether that one was reached (stop paging). Each id is given out once: an item of an id given out
+        before is a duplicate (the same content: left out) or a collision (other content: left out, counted and
+        listed in `tally`); an item without an id is skipped (left out, counted, the first kept to show)."""
         out: list[dict[str, Any]] = []
         for item in items:
-            key = str(item.get("id"))
-            if key in self.known:
+            key = item_id(item)
+            if key is not None and key in self.known:
                 return out, True
-            if key not in self.collected:
-                self.collected.add(key)
-                out.append(dict(item))
+            kept = self.collected.admit(item)
+            if kept is not None:
+                out.append(kept)
         return out, False
+
+    def emitted(self, items: Iterable[Mapping[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The items a crawl hands out, by `fresh`'s rules: what `run` returns and `gridfleet crawl` prints, so a
+        crawler that does not call `fresh` loses no item silently either."""
+        for item in items:
+            kept = self._emitted.admit(item)
+            if kept is not None:
+                yield kept
 
     def pace(self) -> None:
         """Wait for this request's slot in the site's fleet-wide rate limit (if it has one)."""
@@ -215,5 +235,5 @@ class BaseCrawler(abc.ABC):
         if self.needs_browser:
             _ = self.driver  # the session starts while the site is still PENDING
         self.status("RUNNING")
-        items = [dict(i) for i in self.crawl()]
-        return {"items": items, "pages": self.pages}
+        items = list(self.emitted(self.crawl()))
+        return {"items": items, "pages": self.pages, **self.tally.plain()}

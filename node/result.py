@@ -4,11 +4,15 @@ document."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from fleet.codec import ITEM_ID_MAX_CHARS, capped
+from fleet.results import ResultStore
 from fleet.state import SiteRecord
+
+log = logging.getLogger("gridfleet.node")
 
 
 def merged_items(before: list[dict[str, Any]], now: list[Any]) -> list[dict[str, Any]]:
@@ -46,3 +50,18 @@ def result_body(rec: SiteRecord, instance_id: str, finished_at: float, result: M
         "items": result.get("items", []),
     }
     return json.dumps(body, indent=1).encode()
+
+
+def result_counts(results: ResultStore, key: str) -> tuple[int | None, int | None]:
+    """(items, pages) of a result already in the store (an earlier attempt's): (None, None) when it cannot be read
+    or is not a result document. Counting it is not worth failing the attempt."""
+    try:
+        body = json.loads(results.get(key))
+    except Exception as e:  # noqa: BLE001 - a count is a report, the result stands
+        log.warning("result-uncounted key=%s error=%s", key, capped(e, 300))
+        return None, None
+    if not isinstance(body, Mapping):
+        return None, None
+    items, pages = body.get("items"), body.get("pages")
+    whole = isinstance(pages, int) and not isinstance(pages, bool) and pages >= 0
+    return (len(items) if isinstance(items, list) else None), (pages if whole else None)

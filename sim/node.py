@@ -23,6 +23,7 @@ from fleet.messages import BadMessage, SiteMessage
 from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, MessageAction, NodeCard, NodeRules, Stop, Watch
 from fleet.results import result_key
 from fleet.state import NodeState, SiteRecord
+from node.counts import AttemptCounter
 from sim.engine import Engine
 from sim.model import Crawl, VInstance
 from sim.world import World
@@ -52,6 +53,7 @@ class SimNode:
     msg: SiteMessage | None = None  # the running attempt's message
     rec: SiteRecord | None = None  # the record as this node last wrote it
     parts: ck.ClaimParts | None = None  # the running attempt's checkpoint parts
+    counter: AttemptCounter | None = None  # what the running attempt found (`node.counts`, as the agent counts)
     gen: int = 0  # wake-ups scheduled under an older generation are void
     waiting: bool = False
 
@@ -167,6 +169,7 @@ class SimNode:
             return
         self._node_item(self.card.moved(NodeState.BUSY, rec))
         self.parts = self._claim_parts(rec)
+        self.counter = AttemptCounter.resumed(ops.resumable(rec))
         self.crawl = self.sim.workload.attempt(self, rec, now)
         self._schedule()
 
@@ -214,6 +217,8 @@ class SimNode:
         at = self.sim.clock.now()
         if kind == "status":
             status, url, pages = payload
+            if self.counter is not None:
+                self.counter.heard({"pages": pages})
             self.watch = self.watch.stepped(status, url, pages, at, now)
             if self.watch.writes_each_step:
                 self._write(ops.report, status, at, url=url, pages=pages)
@@ -223,8 +228,14 @@ class SimNode:
             assert parts is not None
             self.sim.node_results.put_part(parts.next_key(), bytes(_json_list_bytes(p.items_per_page, p.item_bytes)))
             parts.stored(p.items_per_page)
+            counts = None
+            if self.counter is not None:
+                self.counter.heard({"pages": payload})
+                self.counter.saved(p.items_per_page)
+                counts = self.counter.counts()
             self.watch = self.watch.beaten(now)
-            self._write(ops.save_checkpoint, at, self.watch.progress, parts.checkpoint(f"p{payload + 1}", payload))
+            ckpt = parts.checkpoint(f"p{payload + 1}", payload)
+            self._write(ops.save_checkpoint, at, self.watch.progress, ckpt, counts)
 
     def crawler_killed(self, site: str, attempt: int) -> None:
         c = self.crawl
@@ -262,11 +273,14 @@ class SimNode:
             items = self.parts.saved_items if self.parts else 0  # every page was checkpointed
             body = bytes(RESULT_HEAD_BYTES + _json_list_bytes(items, self.sim.params.item_bytes))
             self.sim.node_results.put_new(key, body)
-            self._write(ops.complete, key, self.sim.clock.now())
+            c = self.counter
+            counts, pages = (c.counts(), c.pages) if c is not None else (None, None)
+            self._write(ops.complete, key, self.sim.clock.now(), counts=counts, items=items, pages=pages)
             self.sim.node_queue.delete(msg)
             return
         claimed, args = rec.attempt, crawl_end.end_attempt_args(end, self.rules, self.sim.clock.now())
-        self._follow_up(end, claimed, self._write(ops.end_attempt, **args), msg)
+        counts = self.counter.counts() if self.counter is not None else None
+        self._follow_up(end, claimed, self._write(ops.end_attempt, **args, counts=counts), msg)
 
     def _follow_up(self, end: CrawlEnd, attempt: int, new: SiteRecord, msg: SiteMessage) -> None:
         step = crawl_end.settle(end, attempt, new)
@@ -279,7 +293,7 @@ class SimNode:
         self.sim.node_queue.delete(msg)
 
     def _after_attempt(self) -> None:
-        self.crawl, self.rec, self.msg, self.watch, self.parts = None, None, None, None, None
+        self.crawl, self.rec, self.msg, self.watch, self.parts, self.counter = None, None, None, None, None, None
         self._node_item(self.card.moved(NodeState.IDLE))
         self.sites_done += 1
         self.idle_since = self.engine.now
@@ -297,7 +311,8 @@ class SimNode:
         now = self.engine.now
         self.sim.stats.heartbeats += 1
         self.watch = self.watch.beaten(now)
-        self._write(ops.beat, self.sim.clock.now(), self.watch.progress)
+        counts = self.counter.counts() if self.counter is not None else None
+        self._write(ops.beat, self.sim.clock.now(), self.watch.progress, counts)
         self._extend_visibility()
 
     def _extend_visibility(self) -> None:

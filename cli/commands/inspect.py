@@ -24,7 +24,7 @@ from fleet.aws.archive import S3RunArchive
 from fleet.clock import SystemClock
 from fleet.config.load import load_config
 from fleet.errors import MissingResource, UsageError
-from fleet.summary import build_summary, counts, export, site_entry, write_json
+from fleet.summary import build_summary, counts, export, site_entry, totals, write_json
 from hub.loop import EXIT_ERROR, EXIT_OK
 from hub.teardown import teardown_run
 
@@ -118,6 +118,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     data = status_data(env, run_id, args)
     if args.json:
         data.pop("finished")
+        data["totals"] = totals(data["sites"])
         print(json.dumps(data, indent=2))
     else:
         print_sites(console, data["run_id"], data["sites"], data["counts"], limit_full=10**6)

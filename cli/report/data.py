@@ -54,6 +54,11 @@ def num(value: object) -> float | None:
     return float(value)
 
 
+def whole_count(value: object) -> int | None:
+    """A count from JSON: a whole number of at least 0, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def as_dict(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -75,6 +80,8 @@ class Attempt:
     outcome: str  # UNFINISHED when none was recorded
     kill_path: str | None
     unfinished: bool
+    items: int | None = None  # what the attempt found (None: a summary of an older gridfleet)
+    pages: int | None = None
 
     @property
     def seconds(self) -> float:
@@ -89,6 +96,8 @@ class Attempt:
         if self.kill_path:
             parts.append(f"killed via {self.kill_path}")
         parts.append(fmt_duration(self.seconds))
+        if self.items is not None:
+            parts.append(f"{self.items:,} items from {self.pages or 0:,} pages")
         if self.unfinished:
             parts.append("no end recorded")
         return ", ".join(parts)
@@ -144,6 +153,8 @@ def attempts_of(summary: Mapping[str, Any]) -> list[Attempt]:
                     outcome=str(a.get("outcome") or UNFINISHED),
                     kill_path=str(a["kill_path"]) if a.get("kill_path") else None,
                     unfinished=end is None,
+                    items=whole_count(a.get("items")),
+                    pages=whole_count(a.get("pages")),
                 )
             )
     return out

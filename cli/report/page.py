@@ -45,6 +45,7 @@ from cli.report.data import (
     run_bounds,
     sites_of,
 )
+from cli.report.items import items_chart, run_totals, site_counts
 from cli.report.timeline import timeline
 from fleet.archive import RunArchive
 from fleet.archive import previous as archive_previous
@@ -163,6 +164,7 @@ def _site_rows(
                 "reason": ": ".join(str(p) for p in (reason, error) if p),
                 "node": str(e.get("instance_id") or (mine[-1].instance_id if mine else "-")),
                 "evidence": list(evidence.get(name, [])),
+                **site_counts(e),
             }
         )
     return sorted(rows, key=lambda r: (not r["failed"], r["site"]))
@@ -236,7 +238,9 @@ def render_report(
         "cost": _cost(nodes, prices),
         "timeline": timeline(nodes, attempts, run_bounds(summary)),
         "sites": _site_rows(summary, attempts, evidence or {}),
+        "totals": run_totals(summary),
         "diff": _diff(summary, previous),
+        "items_chart": items_chart(summary, previous) if previous is not None else None,
         "generated": fmt_utc(time.time() if generated_at is None else generated_at),
     }
     return _environment().get_template(TEMPLATE).render(context)

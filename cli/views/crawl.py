@@ -66,7 +66,7 @@ class CrawlOutput:
         crawler.status("RUNNING")
         stopped = False
         try:
-            for item in crawler.crawl():
+            for item in crawler.emitted(crawler.crawl()):  # by `fresh`'s rules, whether the crawler calls it or not
                 self.item(item)
         except Enough:
             stopped = True
@@ -76,7 +76,11 @@ class CrawlOutput:
         took = self.clock.monotonic() - start
         why = f", stopped after --max-pages {self.max_pages}" if stopped else ""
         pages = f"{self.pages} page" + ("" if self.pages == 1 else "s")
-        self.note(f"done: {self.items} items from {pages} in {took:.1f} s{why}")
+        tally = crawler.tally
+        for line in tally.lines():  # what was left out, and why: never silently
+            self.note(line)
+        left = f"{tally.collisions} collisions, {tally.skipped} skipped (no id)"
+        self.note(f"done: {self.items} items from {pages} in {took:.1f} s; left out: {left}{why}")
 
     def item(self, item: Mapping[str, Any]) -> None:
         self._printed.add(str(item.get("id")))

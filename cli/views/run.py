@@ -18,6 +18,7 @@ from rich.table import Table
 
 from cli.views.plain import markup as _markup
 from cli.views.plain import text as _text
+from fleet.summary import totals
 
 STYLE = {"COMPLETED": "green", "FAILED": "red", "RUN": "yellow", "QUEUED": "cyan"}
 
@@ -29,26 +30,58 @@ def _age(epoch: float | None, now: float) -> str:
     return f"{s}s" if s < 120 else (f"{s // 60}m" if s < 7200 else f"{s // 3600}h")
 
 
+def _whole(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def items_of(s: Mapping[str, Any]) -> str:
+    """A site's items: its result's when COMPLETED, the current attempt's so far while it runs, else "-"."""
+    items = _whole(s.get("items"))
+    if items is not None:
+        return str(items)
+    attempts = s.get("attempts") or []
+    last = attempts[-1] if attempts and isinstance(attempts[-1], Mapping) else {}
+    now = _whole(last.get("items"))
+    return f"{now} so far" if s.get("run_status") == "RUN" and now is not None else "-"
+
+
+def left_out(s: Mapping[str, Any]) -> str:
+    """The items a site's attempts left out: collisions (same id, other content) and items without an id."""
+    collisions = skipped = 0
+    for a in s.get("attempts") or []:
+        if isinstance(a, Mapping):
+            collisions += _whole(a.get("collisions")) or 0
+            skipped += _whole(a.get("skipped")) or 0
+    parts = [f"{collisions} collisions" if collisions else "", f"{skipped} no id" if skipped else ""]
+    return ", ".join(p for p in parts if p)
+
+
 def sites_table(
     run_id: str, sites: Mapping[str, Mapping[str, Any]], *, only_notable: bool = False, now: float | None = None
 ) -> Table:
     now = time.time() if now is None else now
     t = Table(title=_text(f"run {run_id}"), title_justify="left")
-    for col in ("site", "run_status", "site_status", "attempt", "node", "updated", "reason"):
-        t.add_column(col, no_wrap=col in ("site", "node"))
+    for col in ("site", "run_status", "site_status", "attempt", "items", "pages", "node", "updated", "reason"):
+        t.add_column(col, no_wrap=col in ("site", "node"), justify="right" if col in ("items", "pages") else "left")
     for name, s in sorted(sites.items()):
-        if only_notable and s["run_status"] == "COMPLETED" and s["attemptCount"] <= 1:
+        if only_notable and s["run_status"] == "COMPLETED" and s["attemptCount"] <= 1 and not left_out(s):
             continue
         st = str(s["run_status"])
         reason = str(s.get("failure_reason") or "")
         error = str(s.get("error") or "")[:60]
         if error and st != "COMPLETED":
             reason = f"{reason}: {error}" if reason else error
+        lost = left_out(s)
+        if lost:
+            reason = f"{reason}; {lost}" if reason else lost
+        pages = _whole(s.get("pages"))
         t.add_row(
             _text(name),
             _text(st, STYLE.get(st, "")),
             _text(s["site_status"]),
             _text(s["attemptCount"]),
+            _text(items_of(s)),
+            _text(pages if pages else "-"),
             _text(s.get("instance_id") or "-"),
             _age(s.get("lastUpdateEpoch"), now),
             _text(reason),
@@ -63,6 +96,15 @@ def counts_line(counts: Mapping[str, int]) -> str:
     return f"{done}/{total} sites finished: " + ", ".join(parts)
 
 
+def totals_line(sites: Mapping[str, Mapping[str, Any]]) -> str:
+    """The run's counts in one line (`fleet.summary.totals`): items and pages of the results, pages fetched,
+    and the items left out."""
+    t = totals(sites)
+    line = f"items {t['items']:,} from {t['pages']:,} pages (pages fetched, retries included: {t['pages_fetched']:,})"
+    line += f"; left out: {t['collisions']:,} collisions, {t['skipped']:,} without an id"
+    return line
+
+
 def print_sites(
     console: Console,
     run_id: str,
@@ -75,9 +117,10 @@ def print_sites(
     table = sites_table(run_id, sites, only_notable=notable)
     if table.row_count:
         if notable:
-            table.caption = "sites completed on their first attempt are not listed"
+            table.caption = "sites completed on their first attempt, leaving no item out, are not listed"
         console.print(table)
     console.print(counts_line(counts))
+    console.print(totals_line(sites), highlight=False)
 
 
 class WatchView:

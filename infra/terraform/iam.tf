@@ -503,7 +503,7 @@ data "aws_iam_policy_document" "node" {
       values = [
         "run_id", "Site", "openSite",
         "run_status", "site_status", "attemptCount", "version", "instance_id", "enqueued", "receipt",
-        "lastUpdateEpoch", "heartbeatEpoch", "url", "pages", "checkpoint", "attempts", "spot_requeues",
+        "lastUpdateEpoch", "heartbeatEpoch", "url", "pages", "items", "checkpoint", "attempts", "spot_requeues",
         "failure_reason", "error", "kill_reason", "kill_path", "result_key",
         "state", "started_at", "sites_done", "site", "attempt", "expireAt", "stats",
         "next_at",
@@ -586,9 +586,9 @@ data "aws_iam_policy_document" "node" {
 
   # What a node reads, and nothing else: the boot script's bundle/ (the code bundle and the
   # amazon-efs-utils .deb beside it) and the run's nodes' config (runs/<run id>/fleet.yaml, which
-  # holds no secret); node.attempt's look for its result (HeadObject) and node.parts' read of the
-  # checkpoint parts a retry resumes from. Never the hub's config (hub/fleet.yaml, with the
-  # webhook), the runs' summaries and reports, or evidence.
+  # holds no secret); node.attempt's look for its result (HeadObject; a result found there is read
+  # for its counts) and node.parts' read of the checkpoint parts a retry resumes from. Never the
+  # hub's config (hub/fleet.yaml, with the webhook), the runs' summaries and reports, or evidence.
   statement {
     sid     = "BucketRead"
     actions = ["s3:GetObject"]

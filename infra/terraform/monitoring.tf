@@ -205,6 +205,22 @@ locals {
       yAxis   = { left = { min = 0, max = 100, showUnits = false } }
     },
     {
+      title = "Items and pages"
+      stat  = "Maximum"
+      metrics = [
+        [var.metrics_namespace, "ItemsCompleted", { label = "items of the completed sites' results" }],
+        [var.metrics_namespace, "PagesFetched", { label = "pages fetched, retries included" }],
+      ]
+    },
+    {
+      title = "Items left out"
+      stat  = "Maximum"
+      metrics = [
+        [var.metrics_namespace, "ItemCollisions", { label = "collisions (same id, other content)" }],
+        [var.metrics_namespace, "ItemsSkipped", { label = "skipped (no id)" }],
+      ]
+    },
+    {
       title = "Kills"
       stat  = "Sum"
       metrics = [

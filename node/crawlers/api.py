@@ -25,6 +25,15 @@ def with_param(url: str, key: str, value: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
+def _with_id(raw: Any, id_key: str) -> dict[str, Any]:
+    """An item of the response with its id as a string (a value that is not an object is its own id); an item
+    whose `id_key` is missing or null has no id (`fresh` skips it, counted)."""
+    if not isinstance(raw, Mapping):
+        return {"id": str(raw)}
+    key = raw.get(id_key)
+    return {**raw, "id": None if key is None else str(key)}
+
+
 class ApiCrawler(BaseCrawler):
     needs_browser = False
 
@@ -44,7 +53,7 @@ class ApiCrawler(BaseCrawler):
             raw = data.get(items_key) if isinstance(data, Mapping) else None
             if not isinstance(raw, list):
                 raise CrawlError(f"{url}: no list under {items_key!r}")
-            found = [{**i, "id": str(i.get(id_key))} if isinstance(i, Mapping) else {"id": str(i)} for i in raw]
+            found = [_with_id(i, id_key) for i in raw]
             items, reached = self.fresh(found)
             yield from items
             nxt = data.get(next_key)

@@ -1,16 +1,18 @@
 """The generic `links` crawler: items by CSS selector, pages by a "next" link, no code per site.
 
-Options (per site in fleet.yaml): `item`, `next` (null: one page only), `max_pages` (listing pages), `fields`
-and `detail`, as `fleet.crawlers.LinksOptions` defines them with their defaults; the config is checked against
+Options (per site in fleet.yaml): `item`, `next` (null: one page only), `max_pages` (listing pages), `fields`,
+`detail` and `id`, as `fleet.crawlers.LinksOptions` defines them with their defaults; the config is checked against
 it when it loads (each CSS selector parsed, `fleet.css`), and the crawler reads them through it. The page
 scripts still try each selector in the browser before using it (`bad`): one the config's parser passed and
 Chromium refuses fails the attempt naming it.
 
 Without `fields` an item is {"id", "text", "href"}. With `fields` it is {"id", <field>...}: each field is a CSS
 selector within the item element, its trimmed text, or with "@attr" that attribute (`href` and `src` as absolute
-URLs); a selector that matches nothing gives null. An item's id is its `data-id`, else its link: the field
-`detail.link` names, else the element's absolute href, else the first field read from "@href". Ids are absolute
-URLs, so two pages that both link to a relative "a1/index.html" give two items.
+URLs); a selector that matches nothing gives null. An item's id is `id` when given (a field name, or a template
+of the item's fields such as "{link}#{name}"), else its `data-id`, else its link: the field `detail.link` names,
+else the element's absolute href, else the first field read from "@href". Ids are absolute URLs, so two pages that
+both link to a relative "a1/index.html" give two items. Items of one id are given out once (`BaseCrawler.fresh`):
+another of the same id and other content is a collision, one without an id is skipped, both counted and shown.
 
 After each listing page it saves a checkpoint (the next page's URL and the page's new items): a retried attempt
 resumes at that URL. With `detail`, each new item's link is opened too (through `open`, so paced by the site's
@@ -27,7 +29,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from fleet.crawlers import LinksOptions, OptionsError, split_field
+from fleet.crawlers import LinksOptions, OptionsError, id_template, render_id, split_field
 from node.crawler import BaseCrawler, CrawlError, web_url
 
 #: Reads fields (arguments: a root element, [[name, selector, attribute or null]...]); shared by both scripts.
@@ -105,11 +107,17 @@ def item_link(raw: Mapping[str, Any], opts: LinksOptions) -> str | None:
 
 
 def make_item(raw: Mapping[str, Any], opts: LinksOptions) -> dict[str, Any]:
-    """One item from what the page script read of its element: its id (`data-id`, else its link) and fields."""
-    item_id = raw.get("data_id") or item_link(raw, opts) or ""
-    if not opts.fields:
-        return {"id": item_id, "text": raw.get("text", ""), "href": raw.get("href")}
-    return {"id": item_id, **(raw.get("fields") or {})}
+    """One item from what the page script read of its element: its id and fields. The id is `opts.id` made of
+    the item's fields when given, else its `data-id`, else its link; "" when there is none (the item is skipped)."""
+    if opts.fields:
+        values = dict(raw.get("fields") or {})
+    else:
+        values = {"text": raw.get("text", ""), "href": raw.get("href")}
+    if opts.id is not None:
+        item_id = render_id(id_template(opts.id), values)
+    else:
+        item_id = raw.get("data_id") or item_link(raw, opts) or ""
+    return {"id": item_id, **values}
 
 
 def resume_token(listings: int, details: int, url: str | None) -> str | None:
@@ -156,7 +164,9 @@ class LinksCrawler(BaseCrawler):
                 yield from items
                 self.save(nxt, items)
             else:
-                links = {str(item["id"]): item_link(raw, opts) for item, raw in found}
+                links: dict[str, str | None] = {}
+                for item, raw in found:  # the first item of an id is the one kept (`fresh`)
+                    links.setdefault(str(item["id"]), item_link(raw, opts))
                 yield from self._details_of(opts, items, links, listings, url, nxt)
             url = nxt
 

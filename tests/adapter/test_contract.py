@@ -26,7 +26,7 @@ from fleet.messages import BadMessage, QueueDepth, SiteMessage
 from fleet.results import result_key
 from fleet.run_item import RunWatch
 from fleet.stamp import record_stamp
-from fleet.state import Attempt, Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.state import Attempt, Counts, Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from fleet.table import RunIndexEntry
 
 NOW = 1_800_000_000.0
@@ -86,10 +86,17 @@ def full_record(run_id: str = RUN, site: str = "s-full") -> SiteRecord:
         result_key=result_key(site, "20270115"),
         url="https://full.example.test/p/3",
         pages=3,
+        items=16,
         kill_reason="hang",
         kill_path="watchdog",
         spot_requeues=1,
-        attempts=(Attempt(1, "i-0aaa", NOW, NOW + 5.5, "hang", "local"), Attempt(2, "i-0abc", NOW + 6.75)),
+        attempts=(
+            Attempt(1, "i-0old", NOW - 9, NOW - 4, "spot"),  # an attempt of an older node: no counts
+            Attempt(
+                1, "i-0aaa", NOW, NOW + 5.5, "hang", "local", Counts(12, 2, 1, 3, ("https://full.example.test/a",))
+            ),
+            Attempt(2, "i-0abc", NOW + 6.75, counts=Counts(items=4, pages=1)),
+        ),
         expire_at=1_800_086_400,
         checkpoint={
             "next": "https://full.example.test/p/4",

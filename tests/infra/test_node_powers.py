@@ -59,7 +59,8 @@ def test_it_can_write_its_own_attempts_attributes(node):
     fence = {"version": 4, "attemptCount": 1, "instance_id": "i-1"}
     assert update(node, (RUN, "a"), **fence, heartbeatEpoch=1.0) == ALLOW  # beat
     assert update(node, (RUN, "a"), **fence, site_status="URL_CALL", url="u", pages=2, checkpoint="c") == ALLOW
-    assert update(node, (RUN, "a"), **fence, run_status="COMPLETED", result_key="k", attempts=[]) == ALLOW  # end
+    end = {"run_status": "COMPLETED", "result_key": "k", "attempts": [], "items": 30, "pages": 3}
+    assert update(node, (RUN, "a"), **fence, **end) == ALLOW  # the end, with its result's counts
     assert update(node, (RUN, "#node#i-1"), state="busy", site="a", attempt=1, stats={}) == ALLOW  # its node item
 
 

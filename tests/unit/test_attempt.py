@@ -9,7 +9,7 @@ from botocore.exceptions import ClientError
 
 from fleet import ops
 from fleet.codec import ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, URL_MAX_CHARS
-from fleet.state import RunStatus, SiteSpec
+from fleet.state import Counts, RunStatus, SiteSpec
 from tests.helpers.fake_node import HANG, RUN, Rig, pages_script, spied, status
 
 # --- checkpoints and incremental marks ------------------------------------------------------------
@@ -50,6 +50,29 @@ def test_a_retry_resumes_from_the_checkpoint_and_the_result_has_each_item_once(t
     assert [i["id"] for i in resumed["items"]] == ["i1a", "i1b", "i2a", "i2b"]
     body = json.loads(rig.results.get("s1/20261121/result.json"))
     assert [i["id"] for i in body["items"]] == ["i1a", "i1b", "i2a", "i2b", "i3a", "i3b"]
+
+
+def test_each_attempt_records_what_it_found_and_the_completed_site_its_result(tmp_path):
+    """Attempt 1 fetched 2 pages and saved 4 items before it hung; attempt 2 resumed at page 3: 1 page, 2 items
+    of its own. The site's result holds 6 items from 3 pages."""
+    start = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
+    first = (
+        start
+        + page_with_checkpoint(1, 1, "p2")
+        + page_with_checkpoint(2, 2, "p3")
+        + [(3.0, status("URL_CALL", "http://x.test/?page=3", 2)), HANG]
+    )
+    result = {"event": "result", "items": [{"id": "i3a"}, {"id": "i3b"}], "pages": 3, "collisions": 2}
+    result.update(skipped=1, collided=["i3a"], first_skipped='{"title": "no link"}')
+    second = start + page_with_checkpoint(3, 1, None) + [(2.0, result)]
+    rig = Rig(tmp_path, [first, second])
+    rig.seed()
+    rig.agent.run()
+    rec = rig.site()
+    assert (rec.items, rec.pages) == (6, 3)
+    hung, done = rec.attempts
+    assert hung.outcome == "hang" and hung.counts == Counts(items=4, pages=2)
+    assert done.outcome == "completed" and done.counts == Counts(2, 1, 2, 1, ("i3a",))
 
 
 def test_a_checkpoint_is_written_with_each_page_and_counts_as_a_heartbeat(tmp_path):

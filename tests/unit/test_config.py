@@ -132,7 +132,8 @@ def test_built_in_crawlers_options_are_checked_at_load_and_dotted_paths_keep_fre
         """)
     assert sorted(found) == sorted(
         [
-            "fleet.yaml:2: sites[0].options.itme: unknown key 'itme' (allowed: item, next, max_pages, fields, detail)",
+            "fleet.yaml:2: sites[0].options.itme: unknown key 'itme' "
+            "(allowed: item, next, max_pages, fields, detail, id)",
             "fleet.yaml:2: sites[0].options.max_pages: Input should be greater than or equal to 1",
             "fleet.yaml:3: sites[1].options.next: must not be empty",
             "fleet.yaml:3: sites[1].options.max_pages: Input should be a valid integer",

@@ -49,6 +49,19 @@ class SavedAtTheEndCrawler(BaseCrawler):
         return items
 
 
+class SharedIdCrawler(BaseCrawler):
+    """Three functions documented on one page, each found by that page's link; one entry without a link."""
+
+    needs_browser = False
+
+    def crawl(self):
+        self.pace()
+        found = [{"id": "http://a.test/str", "name": f"fn{i}"} for i in range(3)] + [{"id": None, "name": "orphan"}]
+        items, _ = self.fresh(found)
+        self.save(None, items)
+        return items
+
+
 class ProfileWriterCrawler(BaseCrawler):
     """Leaves a file in its profile, as Chromium does."""
 
@@ -185,6 +198,26 @@ def test_a_crawler_that_hands_out_its_items_at_the_end_still_prints_the_pages_do
     assert (
         len(pages) == 2 and pages[0].startswith("page 1: HTTP - in ") and pages[0].endswith(": http://a.test/?page=1")
     )
+
+
+def test_items_left_out_are_shown_and_counted_at_the_end(tmp_path, cli):
+    crawler = f"{__name__}:SharedIdCrawler"
+    config = write_config(tmp_path, f'- {{id: own, start_url: "http://a.test/", crawler: "{crawler}"}}\n')
+
+    code, out, err = cli("crawl", "own", "--config", config)
+
+    assert code == 0, err
+    assert [json.loads(line)["name"] for line in out.splitlines()] == ["fn0"]
+    said = err.splitlines()
+    assert said[-4:-1] == [
+        'collision: id \'http://a.test/str\': kept {"id": "http://a.test/str", "name": "fn0"}, '
+        'dropped {"id": "http://a.test/str", "name": "fn1"}',
+        'collision: id \'http://a.test/str\': kept {"id": "http://a.test/str", "name": "fn0"}, '
+        'dropped {"id": "http://a.test/str", "name": "fn2"}',
+        'skipped 1 items with no id (first: {"id": null, "name": "orphan"})',
+    ]
+    assert said[-1].startswith("done: 1 items from 0 pages in ")
+    assert said[-1].endswith("; left out: 2 collisions, 1 skipped (no id)")
 
 
 def test_an_http_error_ends_the_crawl_with_one_line_and_exit_1(tmp_path, cli, demo):

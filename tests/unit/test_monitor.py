@@ -75,6 +75,9 @@ def test_prometheus_families_tell_the_run_as_the_table_does(tmp_path):
     hangs = sum(1 for r in cloud.table.read_run(RUN).sites for a in r.attempts if a.outcome == "hang")
     assert hangs == 4 and sum(f["gridfleet_kills_total"].values()) == hangs  # every hang was killed, by some path
     assert f["gridfleet_attempts_total"][(("outcome", "error"),)] == 3
+    # a and b COMPLETED with 3 items from 3 pages each; the hung and failed attempts fetched no page
+    assert f["gridfleet_items_completed"][()] == 6 and f["gridfleet_pages_fetched_total"][()] == 6
+    assert f["gridfleet_items_left_out_total"] == {(("why", "collision"),): 0, (("why", "skipped"),): 0}
     # The nodes' own counters, pushed on their node items: one WorkerId label per node.
     completed = f["gridfleet_node_jobs_completed_total"]
     assert sum(completed.values()) == 2 and all(k[0][0] == "worker_id" for k in completed)
@@ -99,6 +102,8 @@ def test_status_view_has_the_status_json_shape_plus_nodes_kills_and_queue(tmp_pa
     )
     assert {k["site"] for k in st["kills"]} == {"b", "e"} and all(k["reason"] == "hang" for k in st["kills"])
     assert st["queue"] == {"visible": 0, "in_flight": 0, "dlq": 0}
+    assert st["totals"] == {"items": 6, "pages": 6, "pages_fetched": 6, "collisions": 0, "skipped": 0}
+    assert (st["sites"]["a"]["items"], st["sites"]["a"]["attempts"][-1]["pages"]) == (3, 3)
     json.dumps(st)  # served as is
     cloud.clock.shutdown()
 
@@ -110,6 +115,8 @@ def test_cloudwatch_gets_the_hub_gauges_once_per_interval_and_kills_as_new_since
     data = {d["MetricName"]: d for d in cw.calls[0]["MetricData"] if "Dimensions" not in d}
     assert data["SitesCompleted"]["Value"] == 2 and data["SitesFailed"]["Value"] == 2
     assert data["ActiveNodes"]["Value"] == 0 and data["RunProgress"]["Unit"] == "Percent"
+    counted = [data[k]["Value"] for k in ("ItemsCompleted", "PagesFetched", "ItemCollisions", "ItemsSkipped")]
+    assert counted == [6, 6, 0, 0]
     assert "Kills" not in data  # the first publish sets the baseline: a restarted hub does not count old kills
     snap, _ = mon.snapshot()
     mon.observe(snap)  # within the interval: nothing sent

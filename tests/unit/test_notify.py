@@ -85,6 +85,24 @@ def test_a_run_without_failures_or_previous_run():
     assert changes(ok, None).previous_run is None
 
 
+def test_the_message_gives_the_runs_totals_against_the_previous_runs_items():
+    today = {**TODAY, "totals": {"items": 1260, "pages": 63, "pages_fetched": 70, "collisions": 14, "skipped": 2}}
+    yesterday = {**YESTERDAY, "totals": {"items": 1400, "pages": 70, "pages_fetched": 70}}
+    lines = run_message(today, yesterday, "here").text.splitlines()
+    assert lines[2] == "items: 1,260 from 63 pages (previous run 1,400, -10%); 70 pages fetched, retries included"
+    assert lines[3] == "left out: 14 collisions (same id, other content), 2 items without an id"
+
+
+def test_a_summary_without_totals_is_counted_from_its_sites():
+    counted = site("COMPLETED")
+    counted.update(items=7, pages=2, attempts=[{"pages": 2, "collisions": 1, "skipped": 0}])
+    lines = run_message(summary("r2", 5.0, a=counted, b=site("COMPLETED")), None, "here").text.splitlines()
+    assert lines[2:4] == [
+        "items: 7 from 2 pages; 2 pages fetched, retries included",
+        "left out: 1 collisions (same id, other content), 0 items without an id",
+    ]
+
+
 def test_long_lists_are_cut_and_the_subject_fits_sns():
     many = summary("r" * 90, 5.0, **{f"s{i:04d}": site("FAILED", "hang", "x" * 1000) for i in range(MAX_LISTED + 7)})
     m = run_message(many, None, "here")

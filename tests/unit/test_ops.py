@@ -4,7 +4,7 @@ import pytest
 
 from fleet import ops
 from fleet.errors import StaleWrite
-from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
+from fleet.state import COLLIDED_ID_MAX_CHARS, MAX_COLLIDED, Counts, Reason, RunStatus, SiteSpec, SiteStatus
 from sim.memory import MemoryQueue, MemoryStateTable
 
 NOW = 1_800_000_000.0
@@ -110,3 +110,42 @@ def test_complete_and_fail_now(table):
     other = seeded(table, "s2")
     failed = ops.fail_now(table, other, Reason.DEADLINE, NOW)
     assert (failed.run_status, failed.failure_reason) == (RunStatus.FAILED, "deadline")
+
+
+# --- what an attempt found ------------------------------------------------------------------------------------
+
+
+def test_an_attempt_starts_counting_at_its_claim_and_its_counts_ride_on_heartbeats(table):
+    r = ops.claim(table, seeded(table), "i-1", NOW)
+    assert r.current_attempt.counts == Counts()
+    progress = ops.Progress(SiteStatus.CALL_DONE, NOW + 1, "http://x.test/p2", 2)
+    r = ops.beat(table, r, NOW + 2, progress, Counts(items=40, pages=2, collisions=1, collided=("x",)))
+    assert table.get_site("r1", "s1").current_attempt.counts == Counts(40, 2, 1, 0, ("x",))
+    quiet = ops.beat(table, r, NOW + 3, None, Counts(40, 2, 1, 0, ("x",)))  # unchanged: no version moved
+    assert quiet.version == r.version
+
+
+def test_the_hub_ending_an_attempt_keeps_the_counts_its_node_last_wrote(table):
+    r = ops.claim(table, seeded(table), "i-1", NOW)
+    ops.beat(table, r, NOW + 2, None, Counts(items=12, pages=3))
+    ended = end(table, table.get_site("r1", "s1"), reason=Reason.LOST)  # the hub's end: no counts of its own
+    assert ended.attempts[0].outcome == "lost" and ended.attempts[0].counts == Counts(items=12, pages=3)
+    again = ops.claim(table, ended, "i-2", NOW + 10)
+    mine = end(table, again, counts=Counts(items=5, pages=1, skipped=2))  # the node's own end gives its counts
+    assert mine.attempts[1].counts == Counts(5, 1, 0, 2)
+
+
+def test_a_completed_site_records_its_items_and_pages_and_a_rerun_forgets_them(table):
+    r = ops.claim(table, seeded(table), "i-1", NOW)
+    done = ops.complete(table, r, "s1/20261121/result.json", NOW + 9, counts=Counts(30, 3), items=30, pages=3)
+    assert (done.items, done.pages, done.attempts[0].counts) == (30, 3, Counts(30, 3))
+    assert table.get_site("r1", "s1") == done
+    reopened = ops.reopen(table, done, NOW + 20)
+    assert reopened.items is None
+
+
+def test_counts_are_bounded_as_a_record_keeps_them(table):
+    many = Counts(items=-1, collisions=9, collided=tuple("x" * 300 + str(i) for i in range(9)))
+    kept = ops.bounded(many)
+    assert kept.items == 0 and len(kept.collided) == MAX_COLLIDED
+    assert all(len(i) == COLLIDED_ID_MAX_CHARS for i in kept.collided)

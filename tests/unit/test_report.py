@@ -206,7 +206,7 @@ def test_text_from_the_summary_is_escaped(summary):
     doc = parse(html)
     assert text(doc.find(".//h1")) == "Run <b>run</b>"
     beta = next(r for r in rows(doc, "sites") if r[0] == "beta")
-    assert beta[5] == " ".join(f"error: {EVIL}".split())
+    assert beta[7] == " ".join(f"error: {EVIL}".split())
 
 
 def test_site_table_lists_failed_sites_first_then_by_name(summary):
@@ -215,15 +215,19 @@ def test_site_table_lists_failed_sites_first_then_by_name(summary):
         "site",
         "status",
         "attempts",
+        "items",
+        "pages",
         "final attempt",
         "all attempts",
         "failure reason / error",
+        "items left out",
         "node",
         "evidence",
     ]
     assert [r[0] for r in table[1:]] == ["beta", "alpha", "delta", "gamma"]
-    assert table[2] == ["alpha", "COMPLETED", "2", "60 s", "2 m 00 s", "", "i-b", ""]
-    assert table[3][3:5] == ["90 s", "3 m 10 s"]
+    # a summary of an older gridfleet counts no items: "-", never 0
+    assert table[2] == ["alpha", "COMPLETED", "2", "-", "-", "60 s", "2 m 00 s", "", "", "i-b", ""]
+    assert table[3][5:7] == ["90 s", "3 m 10 s"]
 
 
 def test_cost_is_node_time_times_the_hourly_price(summary):
@@ -343,3 +347,54 @@ def test_write_report_compares_with_the_run_before(tmp_path, summary):
     doc = parse(out.read_text(encoding="utf-8"))
     assert [text(li) for li in doc.find(".//ul[@id='newly-failing']")] == ["beta"]
     assert [p.name for p in out.parent.iterdir()] == ["report.html"]
+
+
+# --- item counts ----------------------------------------------------------------------------------
+
+
+def counted(summary: dict[str, Any], site_name: str, items: int | None, pages: int, **left: Any) -> None:
+    """Give a site of `summary` the counts a summary of this gridfleet holds (its last attempt's, and the site's)."""
+    entry = summary["sites"][site_name]
+    entry.update(items=items, pages=pages)
+    entry["attempts"][-1].update({"items": items or 0, "pages": pages, "collisions": 0, "skipped": 0, **left})
+
+
+def test_sites_show_their_items_pages_and_what_their_attempts_left_out(summary):
+    counted(summary, "alpha", 40, 4, collisions=7, collided=["https://a.test/p#1", "https://a.test/p#2"])
+    counted(summary, "delta", 3, 1, skipped=2)
+    doc = parse(render(summary))
+    table = {r[0]: r for r in rows(doc, "sites")}
+    assert table["alpha"][3:5] == ["40", "4"]
+    assert table["alpha"][8] == "7 collisions (https://a.test/p#1, https://a.test/p#2, ...)"
+    assert table["delta"][3:5] == ["3", "1"] and table["delta"][8] == "2 without an id"
+    assert table["beta"][3:5] == ["-", "-"]  # FAILED: no result, so no items
+    assert facts(doc)["items"] == "43 from 5 pages (COMPLETED sites' results); 5 pages fetched, retries included"
+    assert facts(doc)["items left out"] == "7 collisions (same id, other content), 2 without an id"
+    bar = bar_titled(doc, "site alpha attempt 2")
+    assert bar.find(f"{SVG}title").text == "site alpha attempt 2: completed, 60 s, 40 items from 4 pages"
+
+
+def test_items_per_site_are_drawn_against_the_previous_run_and_big_drops_named(summary):
+    before = previous_of(summary)
+    before["sites"]["alpha"]["run_status"] = "COMPLETED"
+    before["sites"]["delta"] = copy.deepcopy(summary["sites"]["delta"])
+    counted(before, "alpha", 100, 5)
+    counted(before, "delta", 10, 1)
+    counted(summary, "alpha", 40, 4)
+    counted(summary, "delta", 10, 1)
+    doc = parse(render(summary, previous=before))
+    chart = doc.find(f".//{SVG}svg[@class='items']")
+    labels = [t.find(f"{SVG}title").tail for t in chart.iter(f"{SVG}text") if t.get("class") == "label"]
+    assert labels[:2] == ["alpha", "delta"]  # the largest change first
+    counts = [t.text for t in chart.iter(f"{SVG}text") if t.get("class") == "count"]
+    assert counts[:4] == ["100", "40", "10", "10"]
+    widths = [float(r.get("width")) for r in chart.iter(f"{SVG}rect") if r.get("class", "").startswith("items-")]
+    assert widths[0] > widths[1] > 0 and widths[2] == widths[3]
+    assert text(doc.find(".//p[@id='item-drops']")) == "Items fell by half or more: alpha"
+
+
+def test_no_chart_against_a_run_whose_summary_counts_no_items(summary):
+    counted(summary, "alpha", 40, 4)
+    doc = parse(render(summary, previous=previous_of(summary)))
+    assert doc.find(f".//{SVG}svg[@class='items']") is None
+    assert "has no item counts to compare with" in text(doc.find(".//section[@id='diff']"))
