@@ -27,6 +27,10 @@ article is ``/news/shop/p<N>/a<K>/index.html``. ``per_page`` is 1-50 (default 5)
 ``hang_article=N-K`` with ``hang_attempts`` makes article K of listing page N
 hang as ``hang_page`` does.
 
+``GET /robots.txt`` allows everything but two sites, so that robots.txt can be tried end to end: every page of
+the site ``robots-denied`` (its start URL, as HTML, API or news) and every next page of ``robots-later`` (its
+first page is allowed).
+
 ``GET /_stats`` tells what was fetched, per site: ``hits`` (requests per page:
 ``"1"``, ``"2"``... for ``/s/`` and API pages, ``"p1"`` and ``"p1/a3"`` for a news
 site's listing pages and articles), ``times`` (arrival times) and ``requests``
@@ -71,6 +75,15 @@ from embedded.demo_pages import (
 from fleet.httpd import TOKEN_ENV, TOKEN_HEADER, QuietHandler, token_ok
 
 log = logging.getLogger(__name__)
+
+#: The demo's robots.txt: everything allowed but the two sites named, for every user agent.
+ROBOTS_TXT = b"""# gridfleet demo sites
+User-agent: *
+Disallow: /s/robots-denied/
+Disallow: /api/robots-denied
+Disallow: /news/robots-denied/
+Disallow: /s/robots-later/*page=
+"""
 
 MAX_REQUESTS_KEPT = 10_000  # per site, in /_stats "requests"
 _NAME = r"[A-Za-z0-9._-]+"
@@ -150,6 +163,8 @@ class _Handler(QuietHandler):
                 self._send_json({"ok": True})
         elif method == "GET" and url.path == "/_stats":
             self._send_json(state.stats())
+        elif method == "GET" and url.path == "/robots.txt":
+            self._send(200, ROBOTS_TXT, "text/plain; charset=utf-8")
         elif method == "GET" and (match := _SITE_PATH.fullmatch(url.path)):
             self._site_page(match.group(1), url.path, url.query)
         elif method == "GET" and (match := _API_PATH.fullmatch(url.path)):

@@ -105,6 +105,8 @@ def _attempt_to_item(a: Attempt) -> dict[str, Any]:
     if a.counts is not None:
         c = a.counts
         out.update(items=num(c.items), pages=num(c.pages), collisions=num(c.collisions), skipped=num(c.skipped))
+        if c.robots_skipped:
+            out["robots_skipped"] = num(c.robots_skipped)
         if c.collided:
             out["collided"] = list(c.collided)
     return out
@@ -119,6 +121,7 @@ def _item_to_attempt(a: Mapping[str, Any]) -> Attempt:
             int(a.get("collisions") or 0),
             int(a.get("skipped") or 0),
             tuple(str(i) for i in a.get("collided") or ()),
+            int(a.get("robots_skipped") or 0),
         )
     return Attempt(
         int(a["n"]), a["instance_id"], a["start"], a.get("end"), a.get("outcome"), a.get("kill_path"), counts
@@ -138,6 +141,7 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
             bool(spec.get("incremental", False)),
             spec.get("rate_limit"),
             spec.get("per_s"),
+            bool(spec.get("robots", True)),
         ),
         run_status=RunStatus(i["run_status"]),
         site_status=SiteStatus(i["site_status"]),
@@ -176,6 +180,8 @@ def spec_to_item(spec: SiteSpec) -> dict[str, Any]:
     if spec.rate_limit is not None:
         out["rate_limit"] = spec.rate_limit
         out["per_s"] = num(float(spec.per_s or 0))
+    if not spec.robots:
+        out["robots"] = False
     return out
 
 

@@ -30,6 +30,7 @@ from fleet.state import (
     COLLIDED_ID_MAX_CHARS,
     GIVEN_BACK,
     MAX_COLLIDED,
+    NOT_RETRIED,
     Attempt,
     Counts,
     Outcome,
@@ -108,7 +109,9 @@ def bounded(counts: Counts) -> Counts:
     crawler's output is not trusted to be small), no count below 0."""
     ids = tuple(capped(i, COLLIDED_ID_MAX_CHARS) for i in counts.collided[:MAX_COLLIDED])
     c = counts
-    return Counts(max(0, c.items), max(0, c.pages), max(0, c.collisions), max(0, c.skipped), ids)
+    return Counts(
+        max(0, c.items), max(0, c.pages), max(0, c.collisions), max(0, c.skipped), ids, max(0, c.robots_skipped)
+    )
 
 
 def _counted(rec: SiteRecord, counts: Counts | None) -> dict[str, Any]:
@@ -263,7 +266,8 @@ def end_attempt(
     error: str | None = None,
     counts: Counts | None = None,
 ) -> SiteRecord:
-    """The current attempt ended without a result: requeue (QUEUED, message not yet sent) or FAILED. The node
+    """The current attempt ended without a result: requeue (QUEUED, message not yet sent) or FAILED (out of
+    attempts, or a reason no retry changes: `NOT_RETRIED`). The node
     that ends its own attempt gives its `counts`; the hub's end keeps those the node last wrote."""
     attempts = _close(rec, now, Outcome.of(reason), kill_path, counts)
     common: dict[str, Any] = {
@@ -288,7 +292,7 @@ def end_attempt(
             spot_requeues=rec.spot_requeues + 1,
             **common,
         )
-    elif rec.attempt - rec.attempt_base < max_attempts:
+    elif reason not in NOT_RETRIED and rec.attempt - rec.attempt_base < max_attempts:
         new = transition(rec, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False, **common)
     else:
         new = transition(rec, run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED, **common)

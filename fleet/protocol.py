@@ -75,6 +75,7 @@ class CrawlEndKind(StrEnum):
     FENCED = "fenced"  # the hub moved the record on: the attempt is the hub's to end
     SPOT = "spot"  # a spot interruption notice: the attempt is given back
     BUSY = "busy"  # the site's profile was locked elsewhere: the attempt is given back, tried again later
+    ROBOTS = "robots"  # the site's robots.txt disallows its start URL: the site FAILED, not retried
 
     @property
     def reason(self) -> Reason | None:
@@ -87,6 +88,7 @@ _REASONS = {
     CrawlEndKind.ERROR: Reason.ERROR,
     CrawlEndKind.SPOT: Reason.SPOT,
     CrawlEndKind.BUSY: Reason.BUSY,
+    CrawlEndKind.ROBOTS: Reason.ROBOTS,
 }
 
 

@@ -67,6 +67,7 @@ class Reason(StrEnum):
     KILLED = "killed"  # an operator tore the run down
     NO_NODES = "no-nodes"  # no node of the run could start, so nothing could crawl it
     BUSY = "busy"  # the site's profile was locked elsewhere (a node cut off but still alive): tried again later
+    ROBOTS = "robots"  # the site's robots.txt disallows its start URL for the crawler's user agent: not retried
 
 
 def known_reason(value: object) -> Reason | None:
@@ -79,6 +80,9 @@ def known_reason(value: object) -> Reason | None:
 
 #: Attempts that end for these reasons are given back (not counted), up to `run.spot_requeue_cap`.
 GIVEN_BACK = frozenset({Reason.SPOT, Reason.BUSY})
+
+#: Attempts that end for these reasons end the site FAILED whatever attempts remain: a retry gets the same answer.
+NOT_RETRIED = frozenset({Reason.ROBOTS})
 
 
 class Outcome(StrEnum):
@@ -94,6 +98,7 @@ class Outcome(StrEnum):
     KILLED = "killed"
     NO_NODES = "no-nodes"
     BUSY = "busy"
+    ROBOTS = "robots"
 
     @classmethod
     def of(cls, reason: Reason) -> Outcome:
@@ -173,6 +178,7 @@ class SiteSpec:
     incremental: bool = False  # keep a high-water mark; the crawler stops at items already seen
     rate_limit: str | None = None  # the fleet-wide rate limit group its requests count against
     per_s: float | None = None  # that group's requests per second
+    robots: bool = True  # honour the site's robots.txt (fleet.yaml's `politeness: {robots: false}` turns it off)
 
 
 #: Collided item ids an attempt's counts list (the rest are counted), and the characters kept of each.
@@ -184,13 +190,15 @@ COLLIDED_ID_MAX_CHARS = 200
 class Counts:
     """What one attempt found: the items it saved (not those of the checkpoint it resumed from), the pages it
     fetched, the items it did not emit because another of the same id and other content came first
-    (`collisions`, the first ids in `collided`) and those it did not emit for want of an id (`skipped`)."""
+    (`collisions`, the first ids in `collided`), those it did not emit for want of an id (`skipped`), and the
+    pages it did not fetch because the site's robots.txt disallows them (`robots_skipped`)."""
 
     items: int = 0
     pages: int = 0
     collisions: int = 0
     skipped: int = 0
     collided: tuple[str, ...] = ()
+    robots_skipped: int = 0
 
 
 @dataclass(frozen=True)

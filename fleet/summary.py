@@ -42,6 +42,7 @@ def attempt_entry(a: Attempt) -> dict[str, Any]:
         pages=c.pages if c else None,
         collisions=c.collisions if c else None,
         skipped=c.skipped if c else None,
+        robots_skipped=c.robots_skipped if c else None,
     )
     if c and c.collided:
         out["collided"] = list(c.collided)
@@ -63,6 +64,7 @@ def site_entry(r: SiteRecord) -> dict[str, Any]:
         "lastUpdateEpoch": r.last_update,
         "spot_requeues": r.spot_requeues,  # attempts given back (spot, busy profile): not counted
         "attemptBase": r.attempt_base,  # attemptCount when an operator last reran it
+        "robots": r.spec.robots,  # false: its robots.txt was ignored (fleet.yaml's politeness.robots)
     }
 
 
@@ -80,8 +82,8 @@ def _count(value: object) -> int:
 def totals(sites: Mapping[str, Any]) -> dict[str, int]:
     """The run's counts from its sites' entries (`site_entry`; an older summary's lack them, and count 0): the
     items and pages of the COMPLETED sites' results, the pages every attempt fetched (retries included), and the
-    items its attempts left out (collisions, items without an id)."""
-    out = {"items": 0, "pages": 0, "pages_fetched": 0, "collisions": 0, "skipped": 0}
+    items its attempts left out (collisions, items without an id) and the pages robots.txt disallowed."""
+    out = {"items": 0, "pages": 0, "pages_fetched": 0, "collisions": 0, "skipped": 0, "robots_skipped": 0}
     for e in sites.values():
         if not isinstance(e, Mapping):
             continue
@@ -93,6 +95,7 @@ def totals(sites: Mapping[str, Any]) -> dict[str, int]:
                 out["pages_fetched"] += _count(a.get("pages"))
                 out["collisions"] += _count(a.get("collisions"))
                 out["skipped"] += _count(a.get("skipped"))
+                out["robots_skipped"] += _count(a.get("robots_skipped"))
     return out
 
 

@@ -24,7 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from fleet import crawlerfile, ops, protocol
 from fleet import protocol as crawl_end  # how an attempt ends (CrawlEnd, settle) is part of the protocol
 from fleet.aws.clients import error_code, is_transient
-from fleet.codec import ERROR_MAX_CHARS, capped
+from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, capped
 from fleet.errors import StaleWrite
 from fleet.logs import event
 from fleet.messages import SiteMessage
@@ -190,6 +190,8 @@ class Attempt:
             "chromium": s.chromium,
             "chrome_args": list(s.chrome_args),
             "page_load_timeout_s": s.page_load_timeout_s,
+            "user_agent": s.user_agent,
+            "robots": rec.spec.robots,
             "checkpoint": dict(self.resume) if self.resume else None,
             "mark": list(rec.mark) if rec.spec.incremental and rec.mark else None,
             "rate_limit": limits if rec.spec.rate_limit else None,
@@ -243,11 +245,14 @@ class Attempt:
             if isinstance(ev.get("request_s"), (int, float)):
                 self.timed["request_s"] = float(ev["request_s"])
             self.node.prepare_crawl()
+        elif kind == "robots-skipped":
+            event(log, "robots-skipped", **self.fields, url=capped(str(ev.get("url")), URL_MAX_CHARS))
         elif kind == "result":
             self.marks["result"] = mono
             return CrawlEnd(CrawlEndKind.RESULT, result=ev)
         elif kind == "error":
-            return CrawlEnd(CrawlEndKind.ERROR, error=capped(ev.get("message", "crawler error"), ERROR_MAX_CHARS))
+            how = CrawlEndKind.ROBOTS if ev.get("kind") == "robots" else CrawlEndKind.ERROR
+            return CrawlEnd(how, error=capped(ev.get("message", "crawler error"), ERROR_MAX_CHARS))
         return None
 
     # --- settling -----------------------------------------------------------------------------

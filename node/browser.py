@@ -78,9 +78,11 @@ USERNS_SWITCHES = (
 )
 
 
-def chrome_args(profile_dir: Path, extra: tuple[str, ...] = ()) -> list[str]:
-    """Chromium's arguments for a crawl; `extra` carries `--no-sandbox` when the node found it needed."""
-    return [*BASE_ARGS, f"--user-data-dir={profile_dir}", *extra]
+def chrome_args(profile_dir: Path, extra: tuple[str, ...] = (), user_agent: str = "") -> list[str]:
+    """Chromium's arguments for a crawl; `extra` carries `--no-sandbox` when the node found it needed, `user_agent`
+    the crawl's user agent (fleet.yaml's `politeness`; "": Chromium's own)."""
+    agent = [f"--user-agent={user_agent}"] if user_agent else []
+    return [*BASE_ARGS, f"--user-data-dir={profile_dir}", *agent, *extra]
 
 
 def sandbox_problem(

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.grid_auth import GridSecret
-from node.crawler import CrawlContext, CrawlError
+from node.crawler import CrawlContext, CrawlError, RobotsDenied
 from node.registry import load_crawler
 
 
@@ -67,6 +67,8 @@ def context(job: dict[str, Any], emit: Callable[..., None]) -> CrawlContext:
         chromium=job.get("chromium", "/usr/bin/chromium"),
         chrome_extra_args=tuple(job.get("chrome_args", ())),
         page_load_timeout_s=job.get("page_load_timeout_s", 600),
+        user_agent=job.get("user_agent") or "",
+        robots=bool(job.get("robots", True)),
         emit=emit,
         checkpoint=job.get("checkpoint"),
         mark=tuple(job.get("mark") or ()),
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except CrawlError as e:
         failed = True
-        emit(event="error", kind="crawl", message=str(e), **_tally(crawler))
+        kind = "robots" if isinstance(e, RobotsDenied) else "crawl"  # robots: the site FAILED, not retried
+        emit(event="error", kind=kind, message=str(e), **_tally(crawler))
         return 1
     except Exception as e:  # the outermost frame of the crawler process: report, never hide
         failed = True

@@ -29,6 +29,7 @@ class AttemptCounter:
     items: int = 0  # items this attempt saved in checkpoints
     collisions: int = 0
     skipped: int = 0
+    robots_skipped: int = 0
     collided: tuple[str, ...] = ()
     first_skipped: str | None = None
 
@@ -44,7 +45,7 @@ class AttemptCounter:
         pages = _whole(ev.get("pages"))
         if pages is not None:
             self.pages = max(self.pages, pages)
-        for name in ("collisions", "skipped"):
+        for name in ("collisions", "skipped", "robots_skipped"):
             n = _whole(ev.get(name))
             if n is not None:
                 setattr(self, name, max(getattr(self, name), n))
@@ -62,7 +63,8 @@ class AttemptCounter:
     def counts(self, items: int | None = None) -> Counts:
         """The attempt's counts; `items` when its result says how many it added (else those it saved)."""
         added = self.items if items is None else max(0, items)
-        return Counts(added, max(0, self.pages - self.base_pages), self.collisions, self.skipped, self.collided)
+        pages = max(0, self.pages - self.base_pages)
+        return Counts(added, pages, self.collisions, self.skipped, self.collided, self.robots_skipped)
 
     def told(self, log: logging.Logger, fields: Mapping[str, Any]) -> None:
         """One WARNING line when the crawl left items out: how many collided (the first ids) and how many had no

@@ -17,6 +17,12 @@ And that no item vanishes silently (`node.itemids`): `fresh()` and what `run()` 
 once; another item of the same id is a duplicate (the same content, dropped) or a collision (other content,
 dropped, counted and listed in `self.tally`), and an item without an id is skipped (dropped, counted, shown).
 The tally rides on every checkpoint and on the result, for the attempt's counts.
+
+And that the crawl is a good citizen: every request sends the crawl's user agent (fleet.yaml's `politeness`), and
+`open()` and `get_json()` ask the site's robots.txt first (`node.robots`), unless the site turns that off. A
+disallowed start URL ends the crawl with `RobotsDenied` (the site FAILED, reason `robots`, not retried); a
+disallowed later page raises `Disallowed` after counting it (`tally.robots_skipped`): a crawler that catches it
+goes on without the page, and one that does not ends its crawl there with the items it handed out.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from urllib.parse import urljoin, urlsplit
 from fleet.grid_auth import GRID_USER, GridSecret
 from node.browser import capabilities, chrome_args
 from node.itemids import Ledger, Tally, item_id
+from node.robots import ROBOTS_TIMEOUT_S, Robots, fetch_robots
 
 Emit = Callable[..., None]
 #: Called after each page has answered: (the WebDriver, or None for `get_json`; the URL; its HTTP status or None).
@@ -69,6 +76,18 @@ class CrawlError(Exception):
     """The site answered, but not with what the crawl needs (HTTP error, missing element...)."""
 
 
+class RobotsDenied(CrawlError):
+    """The site's robots.txt disallows its start URL for the crawl's user agent: a retry gets the same answer."""
+
+
+class Disallowed(Exception):  # noqa: N818 - it reads as what happened to the page, like StopIteration
+    """The site's robots.txt disallows this page (not the start URL): it was skipped and counted."""
+
+    def __init__(self, url: str):
+        super().__init__(f"robots.txt disallows {url}")
+        self.url = url
+
+
 @dataclass(frozen=True)
 class CrawlContext:
     site: str
@@ -87,6 +106,8 @@ class CrawlContext:
     pace: Callable[[], None] = field(default=lambda: None, repr=False)  # wait for a rate-limit slot
     on_page: OnPage | None = field(default=None, repr=False)  # `gridfleet crawl`'s page lines and screenshots
     grid_secret: GridSecret | None = field(default=None, repr=False)  # the router's credentials come from it
+    user_agent: str = ""  # sent by every request of the crawl ("": Chromium's and urllib's own)
+    robots: bool = True  # ask the site's robots.txt before each request
 
 
 class BaseCrawler(abc.ABC):
@@ -106,6 +127,13 @@ class BaseCrawler(abc.ABC):
         self.collected = Ledger(self.tally, earlier)
         self._emitted = Ledger(self.tally, earlier)  # the items the crawl handed out (`emitted`)
         self._driver: Any = None
+        fields = {"site": ctx.site, "node": ctx.node_id, "attempt": ctx.attempt}
+        #: the robots.txt rules of the hosts this crawl visits (None: the site does not ask them)
+        self.robots = (
+            Robots(ctx.user_agent, lambda url: fetch_robots(url, ctx.user_agent, ROBOTS_TIMEOUT_S), self.pace, **fields)
+            if ctx.robots
+            else None
+        )
 
     # --- the browser ------------------------------------------------------------
     @property
@@ -117,7 +145,7 @@ class BaseCrawler(abc.ABC):
             opts = Options()
             caps = capabilities(
                 self.ctx.chromium,
-                chrome_args(Path(self.ctx.profile_dir), self.ctx.chrome_extra_args),
+                chrome_args(Path(self.ctx.profile_dir), self.ctx.chrome_extra_args, self.ctx.user_agent),
                 self.ctx.node_id,
                 self.ctx.page_load_timeout_s,
             )
@@ -187,8 +215,22 @@ class BaseCrawler(abc.ABC):
         """Wait for this request's slot in the site's fleet-wide rate limit (if it has one)."""
         self.ctx.pace()
 
+    def allow(self, url: str) -> None:
+        """Raise unless the site's robots.txt lets the crawl fetch `url`: RobotsDenied for the start URL,
+        Disallowed (the page counted as skipped) for any other."""
+        if self.robots is None or self.robots.allowed(url):
+            return
+        if url == self.ctx.start_url:
+            agent = self.ctx.user_agent or "any user agent"
+            raise RobotsDenied(f"robots.txt disallows the start URL {url} for {agent}")
+        self.tally.robots_skipped += 1
+        self.ctx.emit(event="robots-skipped", url=url, robots_skipped=self.tally.robots_skipped)
+        raise Disallowed(url)
+
     def open(self, url: str) -> None:
-        """Navigate to `url`, reporting URL_CALL before and CALL_DONE after; raise CrawlError on HTTP >= 400."""
+        """Navigate to `url`, reporting URL_CALL before and CALL_DONE after; raise CrawlError on HTTP >= 400, and
+        RobotsDenied or Disallowed when the site's robots.txt disallows it (`allow`)."""
+        self.allow(url)
         self.pace()
         self.status("URL_CALL", url)
         self.driver.get(url)
@@ -204,10 +246,12 @@ class BaseCrawler(abc.ABC):
             self.ctx.on_page(driver, url, code if isinstance(code, int) else None)
 
     def get_json(self, url: str, headers: Mapping[str, str] | None = None) -> Any:
-        """GET `url` without a browser and parse its JSON, reported and paced like `open`."""
+        """GET `url` without a browser and parse its JSON, reported, paced and asked of robots.txt like `open`."""
+        self.allow(url)
         self.pace()
         self.status("URL_CALL", url)
-        req = urllib.request.Request(url, headers={"Accept": "application/json", **(headers or {})})
+        agent = {"User-Agent": self.ctx.user_agent} if self.ctx.user_agent else {}
+        req = urllib.request.Request(url, headers={"Accept": "application/json", **agent, **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=self.ctx.page_load_timeout_s) as resp:  # noqa: S310 - http(s)
                 body = resp.read()
@@ -231,9 +275,16 @@ class BaseCrawler(abc.ABC):
     def crawl(self) -> Iterable[Mapping[str, Any]]:
         """Walk the site from `self.ctx.start_url`; return (or yield) its items."""
 
+    def walk(self) -> Iterator[dict[str, Any]]:
+        """The items the crawl hands out (`emitted`); a disallowed page the crawler did not catch ends it there."""
+        try:
+            yield from self.emitted(self.crawl())
+        except Disallowed:
+            return
+
     def run(self) -> dict[str, Any]:
         if self.needs_browser:
             _ = self.driver  # the session starts while the site is still PENDING
         self.status("RUNNING")
-        items = list(self.emitted(self.crawl()))
+        items = list(self.walk())
         return {"items": items, "pages": self.pages, **self.tally.plain()}

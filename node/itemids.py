@@ -56,12 +56,14 @@ class Collision:
 
 @dataclass
 class Tally:
-    """What a crawl left out: collisions (the first MAX_COLLIDED listed) and items skipped for want of an id."""
+    """What a crawl left out: collisions (the first MAX_COLLIDED listed), items skipped for want of an id, and
+    pages its site's robots.txt disallows."""
 
     collisions: int = 0
     skipped: int = 0
     collided: list[Collision] = field(default_factory=list)
     first_skipped: Mapping[str, Any] | None = None
+    robots_skipped: int = 0  # pages not fetched: the site's robots.txt disallows them (`BaseCrawler.allow`)
 
     def collide(self, key: str, kept: Mapping[str, Any], dropped: Mapping[str, Any]) -> None:
         self.collisions += 1
@@ -80,6 +82,7 @@ class Tally:
             "skipped": self.skipped,
             "collided": [c.id for c in self.collided],
             "first_skipped": shown(self.first_skipped) if self.first_skipped is not None else None,
+            "robots_skipped": self.robots_skipped,
         }
 
     def lines(self) -> list[str]:

@@ -63,6 +63,7 @@ class AgentSettings(NodeRules):
     chromium: str = "/usr/bin/chromium"
     chrome_args: tuple[str, ...] = ()
     page_load_timeout_s: float = 600
+    user_agent: str = ""  # every request of the crawl sends it ("": Chromium's own); robots.txt is read for it
     #: how a crawler reaches the state table for its rate-limit slots: {table, region, endpoint_url, local}
     limits_table: tuple[tuple[str, Any], ...] = ()
 
@@ -77,6 +78,7 @@ class AgentSettings(NodeRules):
             chromium=c.browser.chromium,
             chrome_args=c.browser.extra_args,
             page_load_timeout_s=c.browser.page_load_timeout_s,
+            user_agent=c.politeness.agent,
             limits_table=(
                 ("table", c.aws.table),
                 ("region", c.aws.region),

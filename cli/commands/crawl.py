@@ -37,7 +37,7 @@ from cli.commands.crawl_browser import LocalBrowser, local_browser
 from cli.packaging.crawler_ship import project_of
 from cli.views.crawl import CrawlOutput, one_line
 from fleet.clock import SystemClock
-from fleet.config import BrowserConfig, Config, SiteConfig
+from fleet.config import Config, SiteConfig
 from fleet.config.load import load_config
 from fleet.errors import GridfleetError, UsageError
 
@@ -124,9 +124,9 @@ def cmd_crawl(args: argparse.Namespace, console: Console) -> int:
     out = CrawlOutput(sys.stdout, sys.stderr, SystemClock(), shots=shots, max_pages=args.max_pages, per_s=per_s)
     with _profile(site.id, profiles_root, out.note) as profile_dir:
         if not getattr(crawler_class, "needs_browser", True):
-            return crawl_site(site, start_url, crawler_class, out, config.browser, None, profile_dir)
+            return crawl_site(site, start_url, crawler_class, out, config, None, profile_dir)
         with local_browser(config.browser, config.fleet.crawl_user, profile_dir, out.note) as browser:
-            return crawl_site(site, start_url, crawler_class, out, config.browser, browser, profile_dir)
+            return crawl_site(site, start_url, crawler_class, out, config, browser, profile_dir)
 
 
 # --- what the command resolves before anything starts (bad input: exit 2) ------------------------------------
@@ -262,15 +262,16 @@ def crawl_site(
     start_url: str,
     crawler_class: type[Any],
     out: CrawlOutput,
-    config: BrowserConfig,
+    fleet_config: Config,
     browser: LocalBrowser | None,
     profile_dir: Path,
 ) -> int:
-    """Run the site's crawler once (`browser` None: a crawler that needs none); 0 when it ended, CrawlFailed
-    (exit 1) when it failed."""
+    """Run the site's crawler once (`browser` None: a crawler that needs none), with the fleet's user agent and
+    the site's robots.txt as the nodes have them; 0 when it ended, CrawlFailed (exit 1) when it failed."""
     from node.browser import kill_browser
     from node.crawler import CrawlContext, CrawlError
 
+    config = fleet_config.browser
     ctx = CrawlContext(
         site=site.id,
         start_url=start_url,
@@ -285,8 +286,11 @@ def crawl_site(
         emit=out.event,
         pace=out.pace,
         on_page=out.page,
+        user_agent=fleet_config.politeness.agent,
+        robots=site.politeness.robots,
     )
-    out.note(f"crawl {site.id}: crawler {site.crawler}, from {start_url}")
+    robots = "" if site.politeness.robots else "; robots.txt ignored (politeness.robots: false)"
+    out.note(f"crawl {site.id}: crawler {site.crawler}, from {start_url}, as {ctx.user_agent}{robots}")
     crawler = None
     try:
         crawler = crawler_class(ctx)

@@ -19,7 +19,7 @@ from urllib.parse import quote
 from fleet.ids import is_site_id
 
 #: Outcomes with a colour of their own in the template's stylesheet; any other is drawn as "other".
-OUTCOMES = ("completed", "skipped", "hang", "lost", "error", "deadline", "spot", "killed", "no-nodes", "busy")
+OUTCOMES = ("completed", "skipped", "hang", "lost", "error", "deadline", "spot", "killed", "no-nodes", "busy", "robots")
 UNFINISHED = "unfinished"  # an attempt whose end was never recorded: drawn to the run's end
 
 

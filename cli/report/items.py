@@ -35,15 +35,18 @@ def site_items(entry: Mapping[str, Any]) -> int | None:
 
 
 def left_out(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """What a site's attempts left out: collisions (the first ids) and items without an id."""
-    collisions = skipped = 0
+    """What a site's attempts left out: collisions (the first ids), items without an id and pages robots.txt
+    disallowed; and whether its robots.txt was ignored (politeness.robots: false)."""
+    collisions = skipped = robots = 0
     ids: list[str] = []
     for raw in entry.get("attempts") or []:
         a = as_dict(raw)
         collisions += whole(a.get("collisions")) or 0
         skipped += whole(a.get("skipped")) or 0
+        robots += whole(a.get("robots_skipped")) or 0
         ids += [str(i) for i in a.get("collided") or [] if str(i) not in ids]
-    return {"collisions": collisions, "skipped": skipped, "collided": ids[:MAX_COLLIDED]}
+    out = {"collisions": collisions, "skipped": skipped, "collided": ids[:MAX_COLLIDED], "robots_skipped": robots}
+    return {**out, "robots_ignored": entry.get("robots") is False}
 
 
 def site_counts(entry: Mapping[str, Any]) -> dict[str, Any]:

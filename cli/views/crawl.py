@@ -66,7 +66,7 @@ class CrawlOutput:
         crawler.status("RUNNING")
         stopped = False
         try:
-            for item in crawler.emitted(crawler.crawl()):  # by `fresh`'s rules, whether the crawler calls it or not
+            for item in crawler.walk():  # by `fresh`'s rules, whether the crawler calls it or not
                 self.item(item)
         except Enough:
             stopped = True
@@ -80,6 +80,7 @@ class CrawlOutput:
         for line in tally.lines():  # what was left out, and why: never silently
             self.note(line)
         left = f"{tally.collisions} collisions, {tally.skipped} skipped (no id)"
+        left += f", {tally.robots_skipped} pages skipped (robots.txt)" if tally.robots_skipped else ""
         self.note(f"done: {self.items} items from {pages} in {took:.1f} s; left out: {left}{why}")
 
     def item(self, item: Mapping[str, Any]) -> None:
@@ -93,6 +94,8 @@ class CrawlOutput:
             self._url_at, self._page_seen = self.clock.monotonic(), False
         elif e.get("event") == "status" and e.get("site_status") == "CALL_DONE" and not self._page_seen:
             self._page_line(str(e.get("url")), None)  # a crawler that reports its pages without open()/get_json()
+        elif e.get("event") == "robots-skipped":
+            self.note(f"skipped: robots.txt disallows {e.get('url')}")
         elif e.get("event") == "checkpoint":
             items = list(e.get("items") or [])
             self._saved.extend(items)

@@ -46,13 +46,17 @@ def items_of(s: Mapping[str, Any]) -> str:
 
 
 def left_out(s: Mapping[str, Any]) -> str:
-    """The items a site's attempts left out: collisions (same id, other content) and items without an id."""
-    collisions = skipped = 0
+    """The items a site's attempts left out: collisions (same id, other content) and items without an id; the
+    pages its robots.txt disallowed, or that it was ignored."""
+    collisions = skipped = robots = 0
     for a in s.get("attempts") or []:
         if isinstance(a, Mapping):
             collisions += _whole(a.get("collisions")) or 0
             skipped += _whole(a.get("skipped")) or 0
+            robots += _whole(a.get("robots_skipped")) or 0
     parts = [f"{collisions} collisions" if collisions else "", f"{skipped} no id" if skipped else ""]
+    parts.append(f"{robots} pages robots.txt disallows" if robots else "")
+    parts.append("robots.txt ignored" if s.get("robots") is False else "")
     return ", ".join(p for p in parts if p)
 
 
@@ -102,6 +106,7 @@ def totals_line(sites: Mapping[str, Mapping[str, Any]]) -> str:
     t = totals(sites)
     line = f"items {t['items']:,} from {t['pages']:,} pages (pages fetched, retries included: {t['pages_fetched']:,})"
     line += f"; left out: {t['collisions']:,} collisions, {t['skipped']:,} without an id"
+    line += f", {t['robots_skipped']:,} pages robots.txt disallows" if t.get("robots_skipped") else ""
     return line
 
 

@@ -12,6 +12,7 @@ The package holds the rest of the config: the `aws:` and `crawlers:` sections
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -213,6 +214,62 @@ class NotifyConfig(_Model):
         return self.sns_topic_arn is not None or self.webhook_url is not None
 
 
+USER_AGENT_MAX_CHARS = 300
+
+
+def _header_line(v: str) -> str:
+    """A value sent in an HTTP header: printable ASCII on one line, not blank."""
+    bad = next((c for c in v if not " " <= c <= "~"), None)
+    if bad is not None:
+        raise ValueError(f"must be printable ASCII on one line, got {quote(v)} (with {bad!r})")
+    if not v.strip():
+        raise ValueError("must not be blank")
+    return v
+
+
+def _contact_url(v: str) -> str:
+    parts = urlsplit(v)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http(s) URL, got {quote(v)}")
+    return _header_line(v)
+
+
+HeaderLine = Annotated[str, Field(max_length=USER_AGENT_MAX_CHARS), AfterValidator(_header_line)]
+
+
+class PolitenessConfig(_Model):
+    """How the crawl introduces itself: the user agent every request sends (Chromium's, the crawlers' own
+    requests', robots.txt's), and whose robots.txt rules it follows."""
+
+    contact_url: Annotated[str, Field(max_length=USER_AGENT_MAX_CHARS), AfterValidator(_contact_url)] | None = Field(
+        None,
+        description="where a site's operator learns who crawls and how to reach them (a page of yours), in the "
+        "default user agent",
+    )
+    user_agent: HeaderLine | None = Field(
+        None, description="the whole user agent; default `gridfleet/<version> (+<contact_url>)`"
+    )
+
+    @property
+    def agent(self) -> str:
+        """The user agent the crawl sends."""
+        if self.user_agent:
+            return self.user_agent
+        try:
+            version = importlib.metadata.version("gridfleet")
+        except importlib.metadata.PackageNotFoundError:
+            version = "0"
+        return f"gridfleet/{version} (+{self.contact_url})" if self.contact_url else f"gridfleet/{version}"
+
+
+class SitePoliteness(_Model):
+    robots: bool = Field(
+        True,
+        strict=True,
+        description="follow the site's robots.txt for the crawl's user agent; false ignores it (the report says so)",
+    )
+
+
 class SiteConfig(_Model):
     id: str
     start_url: str
@@ -224,6 +281,7 @@ class SiteConfig(_Model):
         description="keep a high-water mark (the newest item ids) after each successful "
         "crawl; the next crawl stops at items already seen (`run --full` ignores it)",
     )
+    politeness: SitePoliteness = Field(default_factory=SitePoliteness)
 
     @field_validator("id")
     @classmethod
@@ -281,6 +339,7 @@ class Config(_Model):
     hub: HubConfig = Field(default_factory=HubConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     notify: NotifyConfig = Field(default_factory=NotifyConfig)
+    politeness: PolitenessConfig = Field(default_factory=PolitenessConfig)
     rate_limits: dict[str, RateLimitConfig] = Field(
         default_factory=dict, description="fleet-wide rate limits by group name; a site joins one by `rate_limit`"
     )

@@ -43,6 +43,7 @@ def spec_of(site: SiteConfig, config: Config) -> SiteSpec:
         site.incremental,
         site.rate_limit if limit else None,
         limit.per_s if limit else None,
+        site.politeness.robots,
     )
 
 

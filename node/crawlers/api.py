@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from fleet.crawlers import ApiOptions, OptionsError
-from node.crawler import BaseCrawler, CrawlError
+from node.crawler import BaseCrawler, CrawlError, Disallowed
 
 
 def with_param(url: str, key: str, value: str) -> str:
@@ -49,7 +49,10 @@ class ApiCrawler(BaseCrawler):
         token: str | None = self.resume["next"] if self.resume else None
         while self.pages < max_pages:
             url = self.ctx.start_url if token is None else with_param(self.ctx.start_url, token_param, token)
-            data = self.get_json(url, dict(headers))
+            try:
+                data = self.get_json(url, dict(headers))
+            except Disallowed:  # robots.txt: a next page the crawl may not fetch ends it (counted)
+                return
             raw = data.get(items_key) if isinstance(data, Mapping) else None
             if not isinstance(raw, list):
                 raise CrawlError(f"{url}: no list under {items_key!r}")

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fleet.crawlers import LinksOptions, OptionsError, id_template, render_id, split_field
-from node.crawler import BaseCrawler, CrawlError, web_url
+from node.crawler import BaseCrawler, CrawlError, Disallowed, web_url
 
 #: Reads fields (arguments: a root element, [[name, selector, attribute or null]...]); shared by both scripts.
 _FIELDS_JS = """
@@ -152,7 +152,10 @@ class LinksCrawler(BaseCrawler):
         else:
             listings, self._details, url = 0, 0, self.ctx.start_url
         while url and listings < opts.max_pages:
-            self.open(url)
+            try:
+                self.open(url)
+            except Disallowed:  # robots.txt: a next page the crawl may not fetch ends the listing (counted)
+                return
             listings += 1
             found = [
                 (make_item(raw, opts), raw) for raw in self._script(_ITEMS_JS, opts.item, field_specs(opts.fields))
@@ -188,9 +191,12 @@ class LinksCrawler(BaseCrawler):
             link = web_url(links.get(str(item["id"])), url)
             opened = link is not None and (limit is None or self._details < limit)
             if opened and link is not None:  # `opened` says so; spelled out for the type checker
-                self.open(link)
-                self._details += 1
-                item.update(self._script(_DETAIL_JS, specs))
+                try:
+                    self.open(link)
+                    self._details += 1
+                    item.update(self._script(_DETAIL_JS, specs))
+                except Disallowed:  # robots.txt: the item keeps its listing's fields (the page counted)
+                    opened = False
             pending.append(item)
             yield item
             if opened and n < len(items) - 1:

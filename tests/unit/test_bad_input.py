@@ -67,6 +67,25 @@ def render_node(content: str, expected: str) -> Case:
 
 
 CASES: dict[str, Case] = {
+    "user_agent on two lines": validate(
+        'politeness: {user_agent: "gridfleet/1\\nX-Evil: 1"}\n' + SITE,
+        "{F}:1: politeness.user_agent: must be printable ASCII on one line",
+    ),
+    "user_agent blank": validate(
+        'politeness: {user_agent: "  "}\n' + SITE, "{F}:1: politeness.user_agent: must not be blank"
+    ),
+    "contact_url not a URL": validate(
+        "politeness: {contact_url: mailto:ops@x.test}\n" + SITE,
+        "{F}:1: politeness.contact_url: must be an http(s) URL",
+    ),
+    "site politeness.robots not a boolean": validate(
+        'sites: [{id: a, start_url: "http://a.test", politeness: {robots: "no"}}]\n',
+        "{F}:1: sites[0].politeness.robots: Input should be a valid boolean",
+    ),
+    "site politeness unknown key": validate(
+        'sites: [{id: a, start_url: "http://a.test", politeness: {robot: false}}]\n',
+        "{F}:1: sites[0].politeness.robot: unknown key 'robot' (allowed: robots)",
+    ),
     "extra_args --no-sandbox": refused_switch("--no-sandbox", "no-sandbox"),
     "extra_args --no-sandbox=1, spaced": refused_switch("  --No-Sandbox=1 ", "no-sandbox"),
     "extra_args --remote-debugging-address": refused_switch(

@@ -59,6 +59,7 @@ def test_the_summary_shows_each_attempts_counts_and_the_sites_result():
         "pages": 1,
         "collisions": 3,
         "skipped": 1,
+        "robots_skipped": 0,
         "collided": ["https://x.test/p"],
     }
     old = site_entry(SITES[1])["attempts"][0]  # an attempt of an older node: its counts are not known
@@ -68,7 +69,14 @@ def test_the_summary_shows_each_attempts_counts_and_the_sites_result():
 def test_the_runs_totals_count_results_fetches_and_what_was_left_out():
     run = RunInfo(RUN, "FINISHED", 0.0, 100.0, "20261121")
     summary = build_summary(run, SITES, left_running=0, finished_at=10.0, finish_reason="done")
-    assert summary["totals"] == {"items": 30, "pages": 5, "pages_fetched": 5, "collisions": 3, "skipped": 1}
+    assert summary["totals"] == {
+        "items": 30,
+        "pages": 5,
+        "pages_fetched": 5,
+        "collisions": 3,
+        "skipped": 1,
+        "robots_skipped": 0,
+    }
     assert totals({"x": "not an entry", "y": {"run_status": "COMPLETED", "items": True}})["items"] == 0
     json.dumps(summary)
 

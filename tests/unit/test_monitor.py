@@ -102,7 +102,14 @@ def test_status_view_has_the_status_json_shape_plus_nodes_kills_and_queue(tmp_pa
     )
     assert {k["site"] for k in st["kills"]} == {"b", "e"} and all(k["reason"] == "hang" for k in st["kills"])
     assert st["queue"] == {"visible": 0, "in_flight": 0, "dlq": 0}
-    assert st["totals"] == {"items": 6, "pages": 6, "pages_fetched": 6, "collisions": 0, "skipped": 0}
+    assert st["totals"] == {
+        "items": 6,
+        "pages": 6,
+        "pages_fetched": 6,
+        "collisions": 0,
+        "skipped": 0,
+        "robots_skipped": 0,
+    }
     assert (st["sites"]["a"]["items"], st["sites"]["a"]["attempts"][-1]["pages"]) == (3, 3)
     json.dumps(st)  # served as is
     cloud.clock.shutdown()
