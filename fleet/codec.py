@@ -142,6 +142,8 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
             spec.get("rate_limit"),
             spec.get("per_s"),
             bool(spec.get("robots", True)),
+            _expect(spec.get("expect")),
+            count_or_none(spec.get("baseline_items")),
         ),
         run_status=RunStatus(i["run_status"]),
         site_status=SiteStatus(i["site_status"]),
@@ -182,7 +184,27 @@ def spec_to_item(spec: SiteSpec) -> dict[str, Any]:
         out["per_s"] = num(float(spec.per_s or 0))
     if not spec.robots:
         out["robots"] = False
+    if spec.expect:  # as JSON text: a schema's numbers stay as written (the table's numbers are rounded)
+        out["expect"] = json.dumps(dict(spec.expect), sort_keys=True)
+    if spec.baseline_items is not None:
+        out["baseline_items"] = spec.baseline_items
     return out
+
+
+def count_or_none(value: object) -> int | None:
+    """`value` if it is a count (an int >= 0, not a bool), else None: a count read back from what a node could write."""
+    if isinstance(value, Decimal) and value == value.to_integral_value():
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _expect(text: object) -> dict[str, Any]:
+    """A spec's data contract as stored (JSON text): a mapping, else none."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 #: What a node may write into the table from what its crawler sent, whatever that was: the URL of a step, any

@@ -76,6 +76,7 @@ class CrawlEndKind(StrEnum):
     SPOT = "spot"  # a spot interruption notice: the attempt is given back
     BUSY = "busy"  # the site's profile was locked elsewhere: the attempt is given back, tried again later
     ROBOTS = "robots"  # the site's robots.txt disallows its start URL: the site FAILED, not retried
+    CONTRACT = "contract"  # the crawler's result broke the site's data contract: quarantined, the site FAILED
 
     @property
     def reason(self) -> Reason | None:
@@ -89,6 +90,7 @@ _REASONS = {
     CrawlEndKind.SPOT: Reason.SPOT,
     CrawlEndKind.BUSY: Reason.BUSY,
     CrawlEndKind.ROBOTS: Reason.ROBOTS,
+    CrawlEndKind.CONTRACT: Reason.CONTRACT,
 }
 
 

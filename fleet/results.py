@@ -7,6 +7,10 @@ manual run, a demo) stores its result beside it,
 (`20261121` is such another run: only the dashed date is the daily run's id).
 Within a run, a result already stored means the site is done (a retry skips it).
 
+A result that breaks its site's data contract (`fleet.contract`) is not the result: it is kept in quarantine,
+`<site>/<YYYYMMDD>[/<run_id>]/quarantine/<attempt>.json` (`quarantine_key`), a name no result key, listing of
+results or skip check ever takes for one.
+
 Evidence of an attempt that ended badly (a screenshot, the page's HTML, its
 console, a record) goes beside the run's result:
 `<site>/<YYYYMMDD>[/<run_id>]/evidence/<attempt>/<file>`, one of `EVIDENCE_FILES`.
@@ -59,6 +63,15 @@ def is_result_key(key: str) -> bool:
         return checked_result_key(parts[0], parts[1], parts[2] if len(parts) == 4 else None) == key
     except ValueError:
         return False
+
+
+def quarantine_key(key: str, attempt: int) -> str:
+    """Where attempt `attempt`'s result that broke the contract is kept, beside the result at `key` (a `result_key`):
+    `.../quarantine/<attempt>.json`. Not `quarantine/result.json`: that is the result of a run named `quarantine`."""
+    if not is_result_key(key):
+        raise ValueError(f"{key!r} is not a result key")
+    _count(attempt, "attempt", 1, 999_999)
+    return f"{key.rpartition('/')[0]}/quarantine/{attempt}.json"
 
 
 #: The files an evidence record may hold: every key written or read back under `evidence/` names one of them.

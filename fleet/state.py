@@ -68,6 +68,7 @@ class Reason(StrEnum):
     NO_NODES = "no-nodes"  # no node of the run could start, so nothing could crawl it
     BUSY = "busy"  # the site's profile was locked elsewhere (a node cut off but still alive): tried again later
     ROBOTS = "robots"  # the site's robots.txt disallows its start URL for the crawler's user agent: not retried
+    CONTRACT = "contract"  # the result broke the site's data contract (`expect`): quarantined, not retried
 
 
 def known_reason(value: object) -> Reason | None:
@@ -80,9 +81,9 @@ def known_reason(value: object) -> Reason | None:
 
 #: Attempts that end for these reasons are given back (not counted), up to `run.spot_requeue_cap`.
 GIVEN_BACK = frozenset({Reason.SPOT, Reason.BUSY})
-
-#: Attempts that end for these reasons end the site FAILED whatever attempts remain: a retry gets the same answer.
-NOT_RETRIED = frozenset({Reason.ROBOTS})
+#: Attempts that end for these reasons end the site FAILED whatever attempts remain: a retry gets the same answer
+#: (the same robots.txt, the same page breaking the same contract).
+NOT_RETRIED = frozenset({Reason.ROBOTS, Reason.CONTRACT})
 
 
 class Outcome(StrEnum):
@@ -99,6 +100,7 @@ class Outcome(StrEnum):
     NO_NODES = "no-nodes"
     BUSY = "busy"
     ROBOTS = "robots"
+    CONTRACT = "contract"
 
     @classmethod
     def of(cls, reason: Reason) -> Outcome:
@@ -179,6 +181,8 @@ class SiteSpec:
     rate_limit: str | None = None  # the fleet-wide rate limit group its requests count against
     per_s: float | None = None  # that group's requests per second
     robots: bool = True  # honour the site's robots.txt (fleet.yaml's `politeness: {robots: false}` turns it off)
+    expect: Mapping[str, Any] = field(default_factory=dict)  # the data contract (`fleet.contract`); empty: none
+    baseline_items: int | None = None  # the items of the site's previous COMPLETED run, for `max_drop` (the hub's)
 
 
 #: Collided item ids an attempt's counts list (the rest are counted), and the characters kept of each.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleet import ops
@@ -40,6 +40,7 @@ from hub.actions import (
 )
 from hub.control.base import KillResult, NodeControl
 from hub.end_executor import EndExecutor, Handler
+from hub.history import previous_items
 from hub.snapshot import Snapshot, held
 
 log = logging.getLogger("gridfleet.hub")
@@ -117,7 +118,10 @@ class Executor(EndExecutor):
         full = self.full or (snap.run is not None and snap.run.full)
         incremental = [name for name, spec in a.sites if spec.incremental]
         marks = self.table.get_marks(incremental) if incremental and not full else {}
-        created = [ops.new_site(self.run_id, name, spec, expire, marks.get(name)) for name, spec in a.sites]
+        judged = [name for name, spec in a.sites if "max_drop" in spec.expect]
+        baselines = previous_items(self.table, self.run_id, judged) if judged else {}
+        specs = [(name, replace(spec, baseline_items=baselines.get(name))) for name, spec in a.sites]
+        created = [ops.new_site(self.run_id, name, spec, expire, marks.get(name)) for name, spec in specs]
         fresh = [r for r in created if self.table.create_site(r)]
         if a.send:  # else a metered queue sends them later (`Feed`)
             self._send_first(fresh)
@@ -127,6 +131,7 @@ class Executor(EndExecutor):
             run_id=self.run_id,
             sites=len(fresh),
             **({"incremental": len(incremental), "marks": len(marks), "full": full} if incremental else {}),
+            **({"max_drop": len(judged), "baselines": len(baselines)} if judged else {}),
         )
         return Done(a, tuple(r.site for r in fresh))
 

@@ -1,4 +1,5 @@
-"""How long each site took last time: the order of a new run (longest expected first).
+"""How long each site took last time: the order of a new run (longest expected first); and how many items it
+found, the baseline of its data contract's `max_drop` (`previous_items`).
 
 The hub reads it once, when it seeds a run, from the most recent earlier run
 in the table; the simulator reads it from a past run's `summary.json`
@@ -14,8 +15,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fleet.codec import count_or_none
 from fleet.errors import UsageError
-from fleet.state import Outcome, SiteRecord
+from fleet.state import Outcome, RunStatus, SiteRecord
 from fleet.table import StateTable
 
 log = logging.getLogger("gridfleet.hub")
@@ -50,6 +52,21 @@ def previous_durations(table: StateTable, run_id: str) -> dict[str, float]:
             log.info("expected-durations run_id=%s from=%s sites=%d", run_id, entry.run_id, len(found))
             return found
     return {}
+
+
+def previous_items(table: StateTable, run_id: str, sites: Iterable[str]) -> dict[str, int]:
+    """The items of each of `sites` in its newest earlier COMPLETED run (of the last LOOK_BACK_RUNS runs). A count
+    is read back from a record a node wrote: only a count (an int >= 0) is one; a site with none has no entry."""
+    wanted, out = set(sites), {}
+    earlier = [e for e in table.list_runs() if e.run_id != run_id]
+    for entry in reversed(earlier[-LOOK_BACK_RUNS:]):
+        for r in table.read_run(entry.run_id).sites:
+            if r.site in wanted and r.site not in out and r.run_status is RunStatus.COMPLETED:
+                if (n := count_or_none(r.items)) is not None:
+                    out[r.site] = n
+        if wanted <= out.keys():
+            break
+    return out
 
 
 def durations_from_file(path: Path) -> dict[str, float]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from fleet import crawlerfile, ops, protocol
+from fleet import contract, crawlerfile, ops, protocol
 from fleet import protocol as crawl_end  # how an attempt ends (CrawlEnd, settle) is part of the protocol
 from fleet.aws.clients import error_code, is_transient
 from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, capped
@@ -29,8 +29,8 @@ from fleet.errors import StaleWrite
 from fleet.logs import event
 from fleet.messages import SiteMessage
 from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, Stop, Watch
-from fleet.results import result_key
-from fleet.state import SiteRecord, SiteStatus
+from fleet.results import quarantine_key, result_key
+from fleet.state import Counts, SiteRecord, SiteStatus
 from node import evidence, parts
 from node.counts import AttemptCounter
 from node.kit import NodeKit
@@ -75,6 +75,7 @@ class Attempt:
         self.timed: dict[str, float] = {"ckpt_s": 0.0}  # seconds measured apart from the marks
         self.settled = False  # a result is settled while its crawler still closes the browser
         self.stop: Stop | None = None
+        self.result_counts: Counts | None = None  # a quarantined result's counts, for the attempt it ends
         self.completed: dict[str, Any] | None = None  # the `completed` line's fields once the result is saved
         self.proc: CrawlProcess | None = None
 
@@ -265,8 +266,10 @@ class Attempt:
         try:
             if end.kind is CrawlEndKind.RESULT:
                 try:
-                    self._save_result(end)
-                    return stop
+                    broke = self._save_result(end)
+                    if broke is None:
+                        return stop
+                    end = broke  # quarantined: the attempt ends, and with it the site
                 except Refused as r:
                     end = crawl_end.refused_end(r)
             self.node.job_ended(claimed_at, end.kind, end.error)
@@ -274,7 +277,7 @@ class Attempt:
                 raise Fenced(end.current)
             args = crawl_end.end_attempt_args(end, self.s, self.node.clock.now())
             self.counter.told(log, self.fields)
-            new = self._write(ops.end_attempt, **args, counts=self.counter.counts())
+            new = self._write(ops.end_attempt, **args, counts=self.result_counts or self.counter.counts())
             self._follow_up(end, new)
         except Fenced as f:
             if end.kind is CrawlEndKind.RESULT:  # a zombie's result, never written
@@ -313,17 +316,21 @@ class Attempt:
             event(log, "node-exit", logging.WARNING, **self.fields, why=stop.detail)
         return stop
 
-    def _save_result(self, end: CrawlEnd) -> None:
-        """The result to S3, then COMPLETED, then the message deleted (and an incremental site's mark moved)."""
+    def _save_result(self, end: CrawlEnd) -> CrawlEnd | None:
+        """The result to S3, then COMPLETED, then the message deleted (and an incremental site's mark moved). A
+        result that breaks the site's data contract goes to quarantine instead: the end that says so is returned."""
         node, rec = self.node, self.rec
         self.marks["save"] = node.clock.monotonic()
         self.beat()  # still ours? (a zombie must not write a result)
         key = result_key(rec.site, node.run_date, rec.run_id)
         items = merged_items(self.items, (end.result or {}).get("items", []))
         body = result_body(rec, self.s.instance_id, node.clock.now(), {**(end.result or {}), "items": items})
-        wrote = node.results.put_new(key, body)
         resumed = len(self.resume.get("items") or []) if self.resume else 0
         counts = self.counter.counts(items=len(items) - resumed)  # what this attempt added to its checkpoint's
+        if rules := contract.broken(items, self.counter.pages, rec.spec.expect, rec.spec.baseline_items):
+            self.result_counts = counts
+            return self._quarantine(key, body, rules)
+        wrote = node.results.put_new(key, body)
         self._write(ops.complete, key, node.clock.now(), counts=counts, items=len(items), pages=self.counter.pages)
         node.job_ended(self.marks["claim"], None, None)
         node.queue.delete(self.msg)
@@ -338,6 +345,14 @@ class Attempt:
         if not wrote:
             fields["note"] = "result existed; kept"
         self.completed = fields
+        return None
+
+    def _quarantine(self, key: str, body: bytes, rules: list[str]) -> CrawlEnd:
+        """Keep a result that broke the contract in quarantine, never as the result; the end of the attempt."""
+        where = quarantine_key(key, self.n)
+        wrote = self.node.results.put_new(where, body)  # an earlier one of the same attempt number stays
+        event(log, "contract-broken", logging.WARNING, **self.fields, key=where, kept=wrote, rules=" | ".join(rules))
+        return CrawlEnd(CrawlEndKind.CONTRACT, error=capped(contract.summary(rules), ERROR_MAX_CHARS))
 
     def _new_mark(self, items: list[dict[str, Any]]) -> None:
         """An incremental site's high-water mark moves to the newest items this crawl found (none: unchanged)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleet import ops
 from fleet.codec import RunInfo
@@ -121,7 +121,8 @@ def reopen(
             aside = results.set_aside(aside_keys[name], f"{int(now)}")
             event(log, "result-set-aside", run_id=run_id, site=name, key=aside_keys[name], moved_to=aside)
         try:
-            spec = spec_of(config.site(name), config)  # the config may carry the fix (options, start_url)
+            spec = spec_of(config.site(name), config)  # the config may carry the fix (options, start_url, expect)
+            spec = replace(spec, baseline_items=rec.spec.baseline_items)  # the run's baseline, as the hub gave it
         except KeyError:
             spec = None
         try:

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from fleet import contract
 from fleet.config.aws import AwsConfig, image_problem
 from fleet.config.crawlers import PROJECT_PROBLEM, CrawlersConfig, crawler_roots
 from fleet.crawlers import BUILTIN_OPTIONS, crawler_problem
@@ -42,6 +43,41 @@ DEMO_PLACEHOLDER = "{demo}"
 class _Model(BaseModel):
     # allow_inf_nan: `.inf` or `1e309` as a duration would pass `gt=0` and break the first sleep or deadline
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class SchemaError(ValueError):
+    """The problems of an `expect.fields` schema, each where in it (raised so the loader locates each one)."""
+
+    def __init__(self, problems: list[tuple[tuple[str | int, ...], str]]):
+        super().__init__("; ".join(msg for _, msg in problems))
+        self.problems = problems
+
+
+class ExpectConfig(_Model):
+    """A site's data contract (`fleet.contract`): a result that breaks it is quarantined and the site FAILED."""
+
+    min_items: int | None = Field(None, ge=0, strict=True, description="the fewest items a result may have")
+    min_pages: int | None = Field(None, ge=0, strict=True, description="the fewest pages a result may have")
+    fields: dict[str, Any] | None = Field(None, description="a JSON Schema (draft 2020-12) every item must fit")
+    max_drop: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        strict=True,
+        description="the largest fall in items against the previous COMPLETED run (0.5: half)",
+    )
+
+    @field_validator("fields")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        problems = contract.schema_problems(v) if v is not None else []
+        if problems:
+            raise SchemaError(problems)
+        return v
+
+    def rules(self) -> dict[str, Any]:
+        """The keys set, as plain values."""
+        return self.model_dump(mode="json", exclude_none=True)
 
 
 class RunConfig(_Model):
@@ -59,6 +95,9 @@ class RunConfig(_Model):
         description="seeding order: longest expected crawl first (from the previous run), or the order of `sites`",
     )
     feed: Literal["metered", "all"] = Field("metered", description="first messages: as the nodes need them, or all")
+    expect: ExpectConfig | None = Field(
+        None, description="every site's data contract; a site's `expect` replaces its keys"
+    )
 
 
 class FleetConfig(_Model):
@@ -282,6 +321,7 @@ class SiteConfig(_Model):
         "crawl; the next crawl stops at items already seen (`run --full` ignores it)",
     )
     politeness: SitePoliteness = Field(default_factory=SitePoliteness)
+    expect: ExpectConfig | None = Field(None, description="the site's data contract, key by key over `run.expect`")
 
     @field_validator("id")
     @classmethod
@@ -411,6 +451,11 @@ class Config(_Model):
             if s.id == site_id:
                 return s
         raise KeyError(site_id)
+
+    def expect_of(self, site: SiteConfig) -> dict[str, Any]:
+        """The data contract of `site`: `run.expect`, each key the site's `expect` sets replaced."""
+        run = self.run.expect.rules() if self.run.expect else {}
+        return {**run, **(site.expect.rules() if site.expect else {})}
 
     def with_endpoint(self, endpoint_url: str) -> Config:
         return self.model_copy(update={"aws": self.aws.model_copy(update={"endpoint_url": endpoint_url})})

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from fleet.config import Config, DuplicateSiteError
+from fleet.config import Config, DuplicateSiteError, SchemaError
 from fleet.config.crawlers import project_context
 from fleet.config.guard import BOOL, MAX_FILE_BYTES, Composer, Loc, Problem, Refused, compose, field_name
 from fleet.crawlers import OptionsError, error_text
@@ -43,6 +43,8 @@ def _messages(err: ErrorDetails) -> list[tuple[Loc, str]]:
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, DuplicateSiteError):
         return [(("sites", cause.index, "id"), str(cause))]
+    if isinstance(cause, SchemaError):  # an `expect.fields` schema: each problem where it is in the schema
+        return [(loc + where, msg) for where, msg in cause.problems]
     if isinstance(cause, OptionsError):  # a built-in crawler's options: located within them
         return [(loc + tuple(inner["loc"]), _message(inner, list(cause.model.model_fields))) for inner in cause.errors]
     return [(loc, _message(err, _allowed_keys(loc)))]

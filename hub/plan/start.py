@@ -34,7 +34,8 @@ def run_date_for(run_id: str, now: float) -> str:
 
 
 def spec_of(site: SiteConfig, config: Config) -> SiteSpec:
-    """What a node needs to crawl `site`, copied onto its record (a rate limit only if its group exists)."""
+    """What a node needs to crawl `site`, copied onto its record (a rate limit only if its group exists). The
+    baseline of its `max_drop` is not the config's: the hub adds it when it seeds the site (`hub.history`)."""
     limit = config.rate_limits.get(site.rate_limit) if site.rate_limit else None
     return SiteSpec(
         site.start_url,
@@ -44,6 +45,7 @@ def spec_of(site: SiteConfig, config: Config) -> SiteSpec:
         site.rate_limit if limit else None,
         limit.per_s if limit else None,
         site.politeness.robots,
+        expect=config.expect_of(site),
     )
 
 

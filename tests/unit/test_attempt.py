@@ -237,3 +237,44 @@ def test_a_mark_keeps_no_id_longer_than_the_cap(tmp_path):
     ops.send_next(rig.table, rig.queue, rec)
     rig.agent.run()
     assert rig.table.get_marks(["s1"]) == {"s1": ("ok", "old")}  # the long id dropped, not cut
+
+
+# --- the data contract ----------------------------------------------------------------------------------------------
+
+
+def seed_with(rig: Rig, expect: dict, baseline: int | None = None) -> None:
+    spec = SiteSpec("http://x.test/", expect=expect, baseline_items=baseline)
+    rec = ops.new_site(RUN, "s1", spec, None)
+    rig.table.create_site(rec)
+    ops.send_next(rig.table, rig.queue, rec)
+
+
+def test_a_result_that_breaks_its_contract_is_quarantined_and_the_site_fails_at_once(tmp_path):
+    rig = Rig(tmp_path, [pages_script(2), pages_script(2)])  # a second crawl would be there if it were retried
+    seed_with(rig, {"min_items": 5, "fields": {"required": ["price"]}})
+    rig.agent.run()
+    rec = rig.site()
+    assert rec.run_status is RunStatus.FAILED and rec.failure_reason == "contract"
+    assert rec.attempt == 1 and len(rig.crawls) == 1 and rig.queue.depth().visible == 0
+    assert "min_items: 2 items < 5" in rec.error and "fields: item 0" in rec.error and "'price'" in rec.error
+    assert rec.attempts[0].outcome == "contract" and rec.attempts[0].counts.items == 2
+    assert rig.results.keys("s1/") == ["s1/20261121/quarantine/1.json"]
+    assert len(json.loads(rig.results.get("s1/20261121/quarantine/1.json"))["items"]) == 2
+    assert rec.result_key is None and rec.items is None
+
+
+def test_a_result_that_keeps_its_contract_is_the_result(tmp_path):
+    rig = Rig(tmp_path, [pages_script(2)])
+    seed_with(rig, {"min_items": 2, "min_pages": 2, "max_drop": 0.5, "fields": {"required": ["id"]}}, baseline=4)
+    rig.agent.run()
+    rec = rig.site()
+    assert rec.run_status is RunStatus.COMPLETED and rec.items == 2
+    assert rig.results.keys("s1/") == ["s1/20261121/result.json"]
+
+
+def test_max_drop_is_judged_against_the_baseline_the_record_carries(tmp_path):
+    rig = Rig(tmp_path, [pages_script(2)])
+    seed_with(rig, {"max_drop": 0.5}, baseline=5)
+    rig.agent.run()
+    rec = rig.site()
+    assert rec.failure_reason == "contract" and "max_drop: 2 items after 5" in rec.error

@@ -169,6 +169,7 @@ def test_only_ends_the_node_settles_itself_name_a_reason():
         CrawlEndKind.FENCED: None,
         CrawlEndKind.SPOT: Reason.SPOT,
         CrawlEndKind.ROBOTS: Reason.ROBOTS,
+        CrawlEndKind.CONTRACT: Reason.CONTRACT,
         CrawlEndKind.BUSY: Reason.BUSY,
     }
     args = protocol.end_attempt_args(protocol.spot_end({"action": "terminate"}), RULES, 500.0)
