@@ -600,12 +600,16 @@ data "aws_iam_policy_document" "node" {
     ]
   }
 
-  # fleet.aws.results.put_new: a result (<site>/<date>[/<run id>]/result.json) only as a new
-  # object (IfNoneMatch="*", S3's conditional write): a node can never replace a result.
+  # fleet.aws.results.put_new: a result (<site>/<date>[/<run id>]/result.json), and one that broke
+  # its site's data contract, kept beside it (.../quarantine/<attempt>.json), only as a new object
+  # (IfNoneMatch="*", S3's conditional write): a node can never replace either.
   statement {
-    sid       = "NewResultWrite"
-    actions   = ["s3:PutObject"]
-    resources = ["${aws_s3_bucket.results.arn}/*/result.json"]
+    sid     = "NewResultWrite"
+    actions = ["s3:PutObject"]
+    resources = [
+      "${aws_s3_bucket.results.arn}/*/result.json",
+      "${aws_s3_bucket.results.arn}/*/quarantine/*",
+    ]
 
     condition {
       test     = "StringEquals"
@@ -628,13 +632,14 @@ data "aws_iam_policy_document" "node" {
     ]
   }
 
-  # The tag every result, evidence file and part is written with (Tagging on PutObject), which
+  # The tag every result (a quarantined one too), evidence file and part is written with (Tagging on PutObject), which
   # the bucket's expiry rules select.
   statement {
     sid     = "ResultTagging"
     actions = ["s3:PutObjectTagging"]
     resources = [
       "${aws_s3_bucket.results.arn}/*/result.json",
+      "${aws_s3_bucket.results.arn}/*/quarantine/*",
       "${aws_s3_bucket.results.arn}/*/evidence/*",
       "${aws_s3_bucket.results.arn}/*/parts/*",
     ]

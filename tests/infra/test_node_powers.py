@@ -124,6 +124,16 @@ def test_it_can_create_a_new_result(node):
     assert s3(node, "s3:PutObject", f"b/{DATE}/result.json", **{"s3:if-none-match": "*"}) == ALLOW
 
 
+def test_it_can_quarantine_a_result_only_as_a_new_object_and_never_read_one(node):
+    """A result that broke its contract is kept beside the result (fleet.results.quarantine_key), as results are."""
+    key = f"b/{DATE}/quarantine/1.json"
+    assert s3(node, "s3:PutObject", key, **{"s3:if-none-match": "*"}) == ALLOW
+    assert s3(node, "s3:PutObjectTagging", key) == ALLOW
+    assert s3(node, "s3:PutObject", key) == IMPLICIT_DENY
+    assert s3(node, "s3:GetObject", key) == IMPLICIT_DENY
+    assert s3(node, "s3:DeleteObject", key) == IMPLICIT_DENY
+
+
 def test_it_can_replace_evidence_and_checkpoint_parts_but_nothing_else(node):
     assert s3(node, "s3:PutObject", f"b/{DATE}/parts/1-3/000001.json") == ALLOW
     assert s3(node, "s3:PutObject", f"b/{DATE}/evidence/1/page.html") == ALLOW
