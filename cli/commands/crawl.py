@@ -55,6 +55,28 @@ class CrawlFailed(GridfleetError):
     """The site answered with an error, or its crawler failed: one line, exit 1."""
 
 
+def judge_contract(site: str, expect: dict[str, Any], out: CrawlOutput, pages: int, stopped: bool) -> None:
+    """The crawl against the site's data contract (`expect`), as a node judges its result: each broken rule on
+    stderr, and CrawlFailed (exit 1) naming them. `max_drop` needs the previous run's count, which only the
+    fleet has: not judged here. A crawl `--max-pages` cut short is not judged."""
+    from fleet.contract import broken
+
+    if not expect:
+        return
+    if stopped:
+        out.note("contract: not judged (the crawl was stopped by --max-pages)")
+        return
+    rules = broken(out.kept, pages, expect)
+    drop = ", max_drop not judged here (it needs the previous run)" if "max_drop" in expect else ""
+    if not rules:
+        out.note(f"contract: kept ({', '.join(k for k in expect if k != 'max_drop') or 'no rule'}{drop})")
+        return
+    for rule in rules:
+        out.note(f"contract broken: {rule}")
+    more = f", and {len(rules) - 1} more above" if len(rules) > 1 else ""
+    raise CrawlFailed(f"{site}: the result breaks its contract, a node would quarantine it: {rules[0]}{more}")
+
+
 # --- the command line ---------------------------------------------------------------------------------------
 def _page_count(value: str) -> int:
     try:
@@ -294,7 +316,7 @@ def crawl_site(
     crawler = None
     try:
         crawler = crawler_class(ctx)
-        out.run(crawler)
+        stopped = out.run(crawler)
     except CrawlError as e:
         raise CrawlFailed(f"{site.id}: {one_line(e)}") from None
     except Exception as e:  # the crawler's own code or its browser: one line, the traceback with -v
@@ -310,4 +332,5 @@ def crawl_site(
             log.debug("closing the browser failed", exc_info=True)
         if browser is not None:
             kill_browser(profile_dir)  # a Chromium the session left behind (a crash, Ctrl-C mid-page)
+    judge_contract(site.id, fleet_config.expect_of(site), out, crawler.pages, stopped)
     return 0

@@ -49,6 +49,7 @@ class CrawlOutput:
         self.interval_s = PACE_MARGIN / per_s if per_s else 0.0
         self.pages = 0  # page lines printed
         self.items = 0
+        self.kept: list[Mapping[str, Any]] = []  # the items printed, for the site's contract at the end
         self._printed: set[str] = set()  # ids of the items printed
         self._saved: list[Mapping[str, Any]] = []  # the checkpoints' items, printed if a stop cuts the crawl short
         self._last_request: float | None = None
@@ -58,8 +59,9 @@ class CrawlOutput:
     def note(self, line: str) -> None:
         print(line, file=self.err, flush=True)
 
-    def run(self, crawler: Any) -> None:
-        """`BaseCrawler.run()`, with the items printed as they come and `--max-pages` able to stop it."""
+    def run(self, crawler: Any) -> bool:
+        """`BaseCrawler.run()`, with the items printed as they come and `--max-pages` able to stop it; whether
+        `--max-pages` stopped it."""
         start = self.clock.monotonic()
         if crawler.needs_browser:
             _ = crawler.driver  # the session first, as the node's crawl does
@@ -82,10 +84,12 @@ class CrawlOutput:
         left = f"{tally.collisions} collisions, {tally.skipped} skipped (no id)"
         left += f", {tally.robots_skipped} pages skipped (robots.txt)" if tally.robots_skipped else ""
         self.note(f"done: {self.items} items from {pages} in {took:.1f} s; left out: {left}{why}")
+        return stopped
 
     def item(self, item: Mapping[str, Any]) -> None:
         self._printed.add(str(item.get("id")))
         self.items += 1
+        self.kept.append(item)
         print(json.dumps(dict(item), ensure_ascii=False, default=str), file=self.out, flush=True)
 
     # --- CrawlContext's callbacks ---------------------------------------------------------------------------

@@ -220,6 +220,39 @@ def test_items_left_out_are_shown_and_counted_at_the_end(tmp_path, cli):
     assert said[-1].endswith("; left out: 2 collisions, 1 skipped (no id)")
 
 
+def test_a_crawl_that_breaks_its_sites_contract_names_each_broken_rule_and_exits_1(tmp_path, cli, demo):
+    url = f"{demo.base_url}/api/shop?pages=3&per_page=5"  # 15 items {id, title} on 3 pages
+    schema = '{type: object, required: [price], properties: {title: {type: string, pattern: "^Item "}}}'
+    sites = f'''- {{id: shop, start_url: "{url}", crawler: api, options: {API_OPTIONS},
+               expect: {{min_items: 20, max_drop: 0.5, fields: {schema}}}}}\n'''
+    config = write_config(tmp_path, sites, "run: {expect: {min_pages: 4}}\n")
+
+    code, out, err = cli("crawl", "shop", "--config", config)
+
+    assert code == 1 and len(out.splitlines()) == 15  # the items are printed all the same
+    broken = [line.removeprefix("contract broken: ") for line in err.splitlines() if line.startswith("contract ")]
+    assert broken[:2] == ["min_items: 15 items < 20", "min_pages: 3 pages < 4"], err
+    assert broken[2] == "fields: item 0 (\"shop-1-1\"): 'price' is a required property"
+    assert len(broken) == 8 and broken[-1] == "fields: 10 more items break it"  # 5 items named, the rest counted
+    assert err.splitlines()[-1] == (
+        "gridfleet: error: shop: the result breaks its contract, a node would quarantine it: "
+        "min_items: 15 items < 20, and 7 more above"
+    )
+
+
+def test_a_crawl_that_keeps_its_contract_says_so_and_one_cut_short_is_not_judged(tmp_path, cli, demo):
+    url = f"{demo.base_url}/api/shop?pages=3&per_page=5"
+    sites = f'- {{id: shop, start_url: "{url}", crawler: api, options: {API_OPTIONS}, expect: {{min_items: 15}}}}\n'
+    config = write_config(tmp_path, sites, "run: {expect: {min_pages: 3, max_drop: 0.5}}\n")
+
+    code, _, err = cli("crawl", "shop", "--config", config)
+    assert code == 0, err
+    assert "contract: kept (min_pages, min_items, max_drop not judged here (it needs the previous run))" in err
+
+    code, _, err = cli("crawl", "shop", "--config", config, "--max-pages", "1")
+    assert code == 0 and "contract: not judged (the crawl was stopped by --max-pages)" in err
+
+
 def test_an_http_error_ends_the_crawl_with_one_line_and_exit_1(tmp_path, cli, demo):
     url = f"{demo.base_url}/api/shop?pages=3&fail_attempts=99"
     config = write_config(tmp_path, f'- {{id: shop, start_url: "{url}", crawler: api, options: {API_OPTIONS}}}\n')
