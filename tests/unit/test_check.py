@@ -145,3 +145,28 @@ def test_a_finished_run_is_checked_from_its_export_alone_once_its_stores_are_gon
         "nodes of the run still running: n-1",
         "at the run's end: DLQ: something the run's own check saw",
     ]
+
+
+def test_a_quarantined_result_is_no_result_to_the_check():
+    """A contract's FAILED site with its result in quarantine is as it should be; a COMPLETED site whose only
+    object is in quarantine has no result."""
+    from fleet.results import quarantine_key
+    from fleet.state import Reason, RunStatus
+
+    table, queue, results = MemoryStateTable(), MemoryQueue(), MemoryResults()
+    table.create_run(RunInfo("b", "FINISHED", 1000.0, 4600.0, "20261121", finished_at=1020.0))
+    for site in ("broke", "forged"):
+        table.create_site(ops.new_site("b", site, SiteSpec(f"{DEMO}/s/{site}/"), None))
+        rec = ops.claim(table, table.get_site("b", site), "i-1", 1001.0)
+        results.put_new(quarantine_key(result_key(site, "20261121", "b"), 1), b"{}")
+        if site == "broke":
+            rec = ops.end_attempt(table, rec, reason=Reason.CONTRACT, now=1005.0, max_attempts=3, spot_cap=3,
+                                  error="min_items: 0 items < 1")  # fmt: skip
+            assert rec.run_status is RunStatus.FAILED and rec.attempt == 1  # not retried
+        else:
+            ops.complete(table, rec, result_key(site, "20261121", "b"), 1005.0)  # names a result never written
+
+    report = check_run("b", table=table, queue=queue, results=results, provider=NoInstances())
+
+    assert report.violations == ["forged: COMPLETED but 0 result objects in forged/20261121/b/ (want exactly "
+                                 "forged/20261121/b/result.json)"]  # fmt: skip
