@@ -76,6 +76,16 @@ def test_the_message_of_a_run_with_failures():
     assert lines[-1] == "report: s3://results/runs/2026-11-24/report.html"
 
 
+def test_a_site_whose_result_broke_its_contract_is_newly_failing_with_the_rules_it_broke():
+    today = summary(
+        "r2", 2000.0, shop=site("FAILED", "contract", "min_items: 0 items < 100; max_drop: 0 items after 120")
+    )
+    m = run_message(today, summary("r1", 1000.0, shop=site("COMPLETED")), None)
+    lines = m.text.splitlines()
+    assert "- shop: contract: min_items: 0 items < 100; max_drop: 0 items after 120" in lines
+    assert "newly failing (1): shop" in lines
+
+
 def test_a_run_without_failures_or_previous_run():
     ok = summary("r2", 5.0, a=site("COMPLETED"))
     m = run_message(ok, None, "/runs/r2/report.html")
