@@ -1,6 +1,6 @@
 """`gridfleet crawl SITE` with a real chromedriver and Chromium on a demo site server started here: the `links`
 crawler's items on stdout, a line per page on stderr, `--max-pages`, `--screenshot`, an HTTP 500 as exit 1, and
-no chromedriver or Chromium left behind."""
+no chromedriver or Chromium left behind; robots.txt honoured (or not, as a site says) and a site's contract judged."""
 
 from __future__ import annotations
 
@@ -151,3 +151,57 @@ def test_the_sites_own_profile_is_the_browsers_while_it_crawls_and_its_owners_af
     made = list(profile.rglob("*"))
     assert len(made) > 10  # Chromium's own files
     assert {(p.lstat().st_uid, p.lstat().st_gid) for p in [profile, *made]} == {(os.geteuid(), os.getegid())}
+
+
+GOOD_CITIZEN = """\
+sites:
+  - {id: denied, start_url: "{demo}/s/robots-denied/?pages=2", crawler: links, options: {item: a.item, next: a.next}}
+  - {id: later, start_url: "{demo}/s/robots-later/?pages=3", crawler: links, options: {item: a.item, next: a.next}}
+  - id: ignored
+    start_url: "{demo}/s/robots-later/?pages=3"
+    crawler: links
+    options: {item: a.item, next: a.next}
+    politeness: {robots: false}
+  - id: short
+    start_url: "{demo}/s/short/?pages=3"
+    crawler: links
+    options: {item: a.item, next: a.next}
+    expect: {min_items: 31, fields: {type: object, required: [href]}}
+"""
+
+
+def test_crawl_honours_robots_txt_and_judges_the_sites_contract_in_a_real_browser(tmp_path):
+    """The demo's robots.txt denies robots-denied's start URL and robots-later's next pages: the first fails in one
+    line, the second keeps its first page and counts the page it skipped, and `politeness: {robots: false}` crawls
+    all three pages. A site whose 30 items break `min_items: 31` exits 1 naming the rule."""
+    config = tmp_path / "fleet.yaml"
+    config.write_text(GOOD_CITIZEN)
+    env = {**os.environ, "GRIDFLEET_HOME": str(tmp_path / "home")}
+    with DemoServer() as demo:
+
+        def crawl(site: str) -> subprocess.CompletedProcess:
+            cmd = [
+                sys.executable,
+                "-m",
+                "cli.main",
+                "crawl",
+                site,
+                "--config",
+                str(config),
+                "--demo-url",
+                demo.base_url,
+            ]
+            return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+        denied, later, ignored, short = (crawl(site) for site in ("denied", "later", "ignored", "short"))
+
+    assert denied.returncode == 1 and denied.stdout == ""
+    assert denied.stderr.splitlines()[-1].startswith("gridfleet: error: denied: robots.txt disallows the start URL ")
+    assert later.returncode == 0 and len(later.stdout.splitlines()) == 10, later.stderr
+    assert f"skipped: robots.txt disallows {demo.base_url}/s/robots-later/?pages=3&page=2" in later.stderr
+    assert later.stderr.splitlines()[-1].endswith("1 pages skipped (robots.txt)")
+    assert ignored.returncode == 0 and len(ignored.stdout.splitlines()) == 30, ignored.stderr
+    assert "robots.txt ignored (politeness.robots: false)" in ignored.stderr
+    assert short.returncode == 1 and len(short.stdout.splitlines()) == 30
+    assert "contract broken: min_items: 30 items < 31" in short.stderr.splitlines()
+    assert short.stderr.splitlines()[-1].endswith("a node would quarantine it: min_items: 30 items < 31")
