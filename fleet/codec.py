@@ -115,13 +115,14 @@ def _attempt_to_item(a: Attempt) -> dict[str, Any]:
 def _item_to_attempt(a: Mapping[str, Any]) -> Attempt:
     counts = None
     if "items" in a:  # an attempt of an older node has no counts
-        counts = Counts(
-            int(a.get("items") or 0),
-            int(a.get("pages") or 0),
-            int(a.get("collisions") or 0),
-            int(a.get("skipped") or 0),
-            tuple(str(i) for i in a.get("collided") or ()),
-            int(a.get("robots_skipped") or 0),
+        collided = a.get("collided")
+        counts = Counts(  # what a node wrote: a value that is no count reads as 0, never as a failed read
+            count_or_none(a.get("items")) or 0,
+            count_or_none(a.get("pages")) or 0,
+            count_or_none(a.get("collisions")) or 0,
+            count_or_none(a.get("skipped")) or 0,
+            tuple(str(i) for i in collided) if isinstance(collided, list | tuple) else (),
+            count_or_none(a.get("robots_skipped")) or 0,
         )
     return Attempt(
         int(a["n"]), a["instance_id"], a["start"], a.get("end"), a.get("outcome"), a.get("kill_path"), counts
@@ -157,7 +158,7 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
         error=i.get("error"),
         result_key=i.get("result_key"),
         url=i.get("url"),
-        pages=int(i.get("pages", 0)),
+        pages=count_or_none(i.get("pages")) or 0,  # a node's count: one that is none reads as 0
         kill_reason=i.get("kill_reason"),
         kill_path=i.get("kill_path"),
         receipt=i.get("receipt"),
@@ -167,7 +168,7 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
         expire_at=i.get("expireAt"),
         checkpoint=decode_checkpoint(i["checkpoint"]) if i.get("checkpoint") else None,
         mark=tuple(i["mark"]) if i.get("mark") is not None else None,
-        items=int(i["items"]) if i.get("items") is not None else None,
+        items=count_or_none(i.get("items")),  # a node's count: one that is none reads as none
     )
 
 

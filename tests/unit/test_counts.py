@@ -107,3 +107,17 @@ def test_the_node_counts_an_attempt_from_its_crawlers_events(caplog):
         counter.told(logging.getLogger("gridfleet.node"), {"site": "s1", "attempt": 2})
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("items-left-out site=s1 attempt=2 collisions=2 collided=a,b skipped=0")
+
+
+def test_counts_a_node_wrote_that_are_no_counts_read_as_nothing_not_as_a_failed_read():
+    from fleet.codec import item_to_site
+
+    rec = item_to_site({
+        "run_id": "r", "Site": "s", "run_status": "RUN", "site_status": "RUNNING", "pages": "many", "items": -3,
+        "attempts": [{"n": 1, "instance_id": "i-1", "start": 1.0, "items": "lots", "pages": 2.5, "collisions": True,
+                      "skipped": None, "collided": "not a list", "robots_skipped": -1}],
+    })  # fmt: skip
+    assert (rec.pages, rec.items) == (0, None)
+    counts = rec.attempts[0].counts
+    assert counts is not None and (counts.items, counts.pages, counts.collisions, counts.skipped) == (0, 0, 0, 0)
+    assert (counts.collided, counts.robots_skipped) == ((), 0)
