@@ -238,8 +238,10 @@ def test_run_starts_its_own_stack_and_leaves_nothing_running_even_across_a_crash
     assert gf.summary("own") == s and not gf.stack_file.exists()  # nothing crawled, nothing started
 
 
+# The long site's first attempt holds page 3 until the spot notice comes; hang_after_s is well beyond the time a
+# busy machine takes from seeing the crawl under way to the node reading the notice (the hang would win otherwise).
 SPOT = """\
-run: {max_attempts: 3, hang_after_s: 20, heartbeat_timeout_s: 20, watch_interval_s: 1, deadline_s: 240}
+run: {max_attempts: 3, hang_after_s: 90, heartbeat_timeout_s: 20, watch_interval_s: 1, deadline_s: 240}
 fleet: {max_nodes: 2, idle_exit_s: 6}
 sites:
   - {id: long, start_url: "{demo}/s/long/?pages=4&hang_page=3&hang_attempts=1"}

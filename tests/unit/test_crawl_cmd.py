@@ -290,8 +290,11 @@ def test_the_sites_rate_is_kept_as_a_pause_between_its_requests(tmp_path, cli, d
     code, _, err = cli("crawl", "shop", "--config", config)
 
     assert code == 0, err
+    # The server's clock, not the crawl's: a busy machine delays one request more than the next on its way, so
+    # the gaps it sees are the 0.11 s pause give or take that. Exact pacing is judged on an injected clock below;
+    # here each gap shows a pause (without one, requests to this server come milliseconds apart).
     times = demo.stats()["sites"]["shop"]["times"]
-    assert len(times) == 3 and all(b - a >= 0.1 for a, b in zip(times, times[1:], strict=False)), times
+    assert len(times) == 3 and all(b - a >= 0.05 for a, b in zip(times, times[1:], strict=False)), times
 
 
 def test_pace_waits_out_the_gap_on_the_clock_it_is_given_and_stops_after_max_pages():

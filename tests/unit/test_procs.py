@@ -277,7 +277,7 @@ def test_a_zombie_counts_as_dead(run_marker, tmp_path):
     marker, _ = run_marker
     p = spawn(run_marker, [sys.executable, "-c", "pass"], tmp_path)
     # not reaped: the exited child stays in the table as a zombie
-    zombie = wait_for(lambda: next((x for x in procs.scan() if x.pid == p.pid and x.state == "Z"), None))
+    zombie = wait_for(lambda: next((x for x in procs.scan() if x.pid == p.pid and x.state == "Z"), None), 60)
     assert not zombie.alive
     assert not procs.pid_alive(p.pid)
     assert procs.find([zombie], GRIDFLEET_RUN=marker) == []
