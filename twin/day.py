@@ -218,6 +218,10 @@ class TwinDay:
         for iid, run in list(ec2twin.running.items()):
             lines.append(f"{iid} ({run.spec.role}), booted {run.boots} time(s); its processes (pid state wchan argv):")
             lines += [f"  {network.describe(pid)}" for pid in run.sandbox.processes()]
+        for box in sorted((self.root / "twin" / "instances").glob("i-*")):  # running or not: how each boot went
+            log = box / "var-log" / "gridfleet-boot.log"
+            tail = log.read_text(errors="replace").splitlines()[-6:] if log.is_file() else ["(no boot log)"]
+            lines += [f"{box.name}'s boot log, its end:", *(f"  {line[:300]}" for line in tail)]
         return "\n".join(lines)
 
     def _run_object(self, run_id: str, name: str) -> bytes | None:
