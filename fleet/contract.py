@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 #: Items whose `fields` errors are listed one by one; the rest are counted.
 MAX_ITEM_ERRORS = 5
@@ -35,6 +35,8 @@ _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 def schema_problems(schema: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
     """Each way `schema` is not a JSON Schema one item can be checked with: (where in it, what), all of them. The
     metaschema of draft 2020-12 judges its shape; every `pattern` and `patternProperties` key is compiled too."""
+    from jsonschema import Draft202012Validator  # on first use: the Lambdas load the config and ship no jsonschema
+
     meta = Draft202012Validator(Draft202012Validator.META_SCHEMA)
     found = [(tuple(e.absolute_path), e.message) for e in meta.iter_errors(schema)]
     found.extend(_pattern_problems(schema, ()))
@@ -85,6 +87,8 @@ def broken(items: Sequence[Any], pages: int, expect: Mapping[str, Any], baseline
 
 
 def _field_errors(items: Sequence[Any], schema: Mapping[str, Any]) -> list[str]:
+    from jsonschema import Draft202012Validator  # on first use, as above
+
     validator = Draft202012Validator(schema)
     out: list[str] = []
     more = 0
