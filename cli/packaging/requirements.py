@@ -62,8 +62,16 @@ def pinned(requirements: str | None) -> list[str]:
         raise UsageError(str(e)) from None
 
 
+#: The longest a pip run (a dry run or an install of the pins) may take: an index that stops answering ends in
+#: one line, not a command that never returns.
+PIP_TIMEOUT_S = 900
+
+
 def pip(args: list[str], what: str) -> None:
-    p = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+    try:
+        p = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"crawler project: pip could not {what}: no end after {PIP_TIMEOUT_S} s") from None
     if p.returncode != 0:
         lines = [line.strip() for line in (p.stderr or p.stdout).splitlines() if line.strip()]
         said = [line.removeprefix("ERROR: ") for line in lines if line.startswith("ERROR:")] or lines[-3:]

@@ -269,3 +269,14 @@ def test_crawl_with_a_pinned_package_from_the_index_that_gridfleet_does_not_have
     [item] = [json.loads(line) for line in out.splitlines()]
     assert item["id"] == "grusse-aus-koln"
     assert Path(item["from"]).is_relative_to(requirements.requirements_root(tmp_path / "home")), item
+
+
+def test_a_pip_that_does_not_end_in_its_time_is_one_line(monkeypatch):
+    """pip is bounded: a run past PIP_TIMEOUT_S (here a millisecond, which no real pip meets) is a UsageError."""
+    from cli.packaging import requirements
+    from fleet.errors import UsageError
+
+    monkeypatch.setattr(requirements, "PIP_TIMEOUT_S", 0.001)
+    with pytest.raises(UsageError) as refused:
+        requirements.pip(["--version"], "answer")
+    assert str(refused.value) == "crawler project: pip could not answer: no end after 0.001 s"
