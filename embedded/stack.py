@@ -40,6 +40,12 @@ from fleet.httpd import TOKEN_ENV
 PREFERRED_PORTS = {"moto": 5000, "grid": 4444, "grid_publish": 4442, "grid_subscribe": 4443, "demo": 8800, "imds": 8169}
 #: Held by a stack from the choice of its ports until its components listen on them (see `_choosing_ports`).
 PORTS_LOCK = Path(tempfile.gettempdir()) / "gridfleet-stack-ports.lock"
+#: How many times `up` starts the stack when a component finds its port taken. A port is free when chosen
+#: and taken only when the component listens, seconds later (the Grid binds its HTTP port after its event
+#: bus): another program of this machine (a node, a browser's outgoing connection) may take it between.
+START_TRIES = 3
+#: What a component's log says when it could not listen on its port (Python's OSError, Java's BindException).
+PORT_TAKEN = ("Address already in use", "port is already in use")
 
 
 def stack_id_for(path: Path) -> str:
@@ -192,28 +198,43 @@ class LocalStack:
         logs = self.dir / "logs"
         token = secrets.token_urlsafe(32)
         grid_secret = GridSecret.make()
-        grid_secret.write(self.grid_secret_file)
-        write_private(self.grid_config_file, hub_toml(grid_secret))
-        started: dict[str, Component] = {}
-        try:
-            with _choosing_ports():
-                ports = {name: procs.free_port(p) for name, p in PREFERRED_PORTS.items()}
-                for name, cmd, url, extra in self._specs(ports):
-                    self.progress(f"starting {name} on {url}")
-                    p = procs.spawn(
-                        cmd,
-                        markers={"GRIDFLEET_STACK": self.stack_id, "GRIDFLEET_ROLE": f"stack-{name}"},
-                        log_path=logs / f"{name}.log",
-                        extra_env={TOKEN_ENV: token} if name in ("demo", "imds") else None,
-                    )
-                    started[name] = Component(name, p.pid, procs.start_ticks(p.pid), url, extra)
-                _await_healthy(started.values(), logs, timeout_s, grid_secret)
-        except BaseException:
-            self.down(quiet=True)
-            raise
+        for attempt in range(1, START_TRIES + 1):
+            try:
+                grid_secret.write(self.grid_secret_file)
+                write_private(self.grid_config_file, hub_toml(grid_secret))
+                # the preferred ports first; after one was taken, wherever the system finds room
+                started = self._start(logs, token, grid_secret, timeout_s, preferred=attempt == 1)
+                break
+            except PortTaken as e:
+                self.down(quiet=True)  # also removes the secret files: written again above
+                if attempt == START_TRIES:
+                    raise StackError(f"{e} (tried {START_TRIES} times)") from None
+                self.progress(f"{e}; starting again on other ports")
+            except BaseException:
+                self.down(quiet=True)
+                raise
         st = StackState(self.stack_id, str(self.dir), owner_run, started, time.time(), token, grid_secret.value)
         self._write_state(st)
         return st
+
+    def _start(
+        self, logs: Path, token: str, grid_secret: GridSecret, timeout_s: float, preferred: bool
+    ) -> dict[str, Component]:
+        """Start each component on ports chosen now and wait until all answer."""
+        started: dict[str, Component] = {}
+        with _choosing_ports():
+            ports = {name: procs.free_port(p if preferred else None) for name, p in PREFERRED_PORTS.items()}
+            for name, cmd, url, extra in self._specs(ports):
+                self.progress(f"starting {name} on {url}")
+                p = procs.spawn(
+                    cmd,
+                    markers={"GRIDFLEET_STACK": self.stack_id, "GRIDFLEET_ROLE": f"stack-{name}"},
+                    log_path=logs / f"{name}.log",
+                    extra_env={TOKEN_ENV: token} if name in ("demo", "imds") else None,
+                )
+                started[name] = Component(name, p.pid, procs.start_ticks(p.pid), url, extra)
+            _await_healthy(started.values(), logs, timeout_s, grid_secret)
+        return started
 
     def _specs(self, ports: dict[str, int]) -> list[tuple[str, list[str], str, dict[str, int]]]:
         """(name, command, url, extra ports) of each component, in the order they start."""
@@ -326,12 +347,34 @@ def _await_healthy(components: Iterable[Component], logs: Path, timeout_s: float
     for c in components:
         while not _healthy(c, secret):
             if not c.alive:
-                raise StackError(f"{c.name} exited while starting; see {logs / (c.name + '.log')}")
+                log = logs / (c.name + ".log")
+                cause = exit_cause(log)
+                said = f"{c.name} exited while starting" + (f" ({cause})" if cause else "") + f"; see {log}"
+                raise PortTaken(said) if cause and any(t in cause for t in PORT_TAKEN) else StackError(said)
             if time.monotonic() > deadline:
                 raise StackError(
                     f"{c.name} did not answer on {c.url} in {timeout_s:.0f}s; see {logs / (c.name + '.log')}"
                 )
             time.sleep(0.2)
+
+
+class PortTaken(StackError):
+    """A component exited while starting because another program listens on its port."""
+
+
+def exit_cause(log: Path, limit: int = 200) -> str:
+    """The line of a component's log that says why it ended: the last that names an error (a Java trace's
+    innermost `Caused by`, a Python traceback's last line), else its last line; "" if it has none."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - 16384))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    caused = [ln for ln in lines if ln.startswith("Caused by:")]
+    said = [ln for ln in lines if not ln.startswith(("at ", "...")) and ("Error" in ln or "Exception" in ln)]
+    line = (caused or said or lines or [""])[-1]
+    return " ".join(line.split())[:limit]
 
 
 def _healthy(c: Component, secret: GridSecret | None) -> bool:
