@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from fleet.blocked import MAX_MARKERS, marker_problem
+from fleet.failures import known_class, known_status
 from fleet.state import Attempt, Counts, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 
 RUN_ITEM = "#run"  # Site key of the run-level item
@@ -77,6 +79,10 @@ def site_to_item(r: SiteRecord) -> dict[str, Any]:
         "lastUpdateEpoch": r.last_update,
         "heartbeatEpoch": r.heartbeat,
         "failure_reason": r.failure_reason,
+        "failure_class": r.failure_class,
+        "http_status": r.http_status,
+        "retry_at": r.retry_at,
+        "avoid_instance": r.avoid_instance,
         "error": r.error,
         "result_key": r.result_key,
         "url": r.url,
@@ -102,6 +108,10 @@ def _attempt_to_item(a: Attempt) -> dict[str, Any]:
         out["outcome"] = a.outcome
     if a.kill_path is not None:
         out["kill_path"] = a.kill_path
+    if a.failure_class is not None:
+        out["failure_class"] = a.failure_class
+    if a.http_status is not None:
+        out["http_status"] = num(a.http_status)
     if a.counts is not None:
         c = a.counts
         out.update(items=num(c.items), pages=num(c.pages), collisions=num(c.collisions), skipped=num(c.skipped))
@@ -125,8 +135,32 @@ def _item_to_attempt(a: Mapping[str, Any]) -> Attempt:
             count_or_none(a.get("robots_skipped")) or 0,
         )
     return Attempt(
-        int(a["n"]), a["instance_id"], a["start"], a.get("end"), a.get("outcome"), a.get("kill_path"), counts
+        int(a["n"]),
+        a["instance_id"],
+        a["start"],
+        a.get("end"),
+        a.get("outcome"),
+        a.get("kill_path"),
+        counts,
+        _class_or_none(a.get("failure_class")),  # nodes write these: what is not a class or a status is none
+        known_status(a.get("http_status")),
     )
+
+
+def _class_or_none(value: object) -> str | None:
+    cls = known_class(value)
+    return None if cls is None else str(cls)
+
+
+def _epoch_or_none(value: object) -> float | None:
+    """A time read back (epoch seconds), or None if it is none."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e11
+    return float(value) if ok else None  # type: ignore[arg-type]
+
+
+def _instance_or_none(value: object) -> str | None:
+    """An instance id read back, only ever compared with a node's own: any short string, else None."""
+    return value if isinstance(value, str) and 0 < len(value) <= 64 else None
 
 
 def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
@@ -145,6 +179,7 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
             bool(spec.get("robots", True)),
             _expect(spec.get("expect")),
             count_or_none(spec.get("baseline_items")),
+            _markers(spec.get("blocked_markers")),
         ),
         run_status=RunStatus(i["run_status"]),
         site_status=SiteStatus(i["site_status"]),
@@ -155,6 +190,10 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
         heartbeat=i.get("heartbeatEpoch"),
         enqueued=bool(i.get("enqueued", False)),
         failure_reason=i.get("failure_reason"),
+        failure_class=_class_or_none(i.get("failure_class")),
+        http_status=known_status(i.get("http_status")),
+        retry_at=_epoch_or_none(i.get("retry_at")),
+        avoid_instance=_instance_or_none(i.get("avoid_instance")),
         error=i.get("error"),
         result_key=i.get("result_key"),
         url=i.get("url"),
@@ -189,7 +228,16 @@ def spec_to_item(spec: SiteSpec) -> dict[str, Any]:
         out["expect"] = json.dumps(dict(spec.expect), sort_keys=True)
     if spec.baseline_items is not None:
         out["baseline_items"] = spec.baseline_items
+    if spec.blocked_markers:
+        out["blocked_markers"] = list(spec.blocked_markers)
     return out
+
+
+def _markers(value: object) -> tuple[str, ...]:
+    """A spec's blocked markers as read back: each one usable, at most MAX_MARKERS (the rest are dropped)."""
+    if not isinstance(value, list | tuple):
+        return ()
+    return tuple(m for m in value[:MAX_MARKERS] if marker_problem(m) is None)
 
 
 def count_or_none(value: object) -> int | None:

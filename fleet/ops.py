@@ -25,12 +25,12 @@ from fleet.codec import (
     encode_checkpoint,
 )
 from fleet.errors import StaleWrite
+from fleet.failures import Failure, RetryPolicy, decide, of_reason
 from fleet.messages import SiteQueue
 from fleet.state import (
     COLLIDED_ID_MAX_CHARS,
     GIVEN_BACK,
     MAX_COLLIDED,
-    NOT_RETRIED,
     Attempt,
     Counts,
     Outcome,
@@ -98,6 +98,8 @@ def claim(table: StateTable, rec: SiteRecord, instance_id: str, now: float, rece
         pages=0,
         kill_reason=None,
         error=None,
+        retry_at=None,
+        avoid_instance=None,
         receipt=receipt,
         attempts=rec.attempts + (Attempt(rec.attempt + 1, instance_id, now, counts=Counts()),),
     )
@@ -265,16 +267,26 @@ def end_attempt(
     kill_path: str | None = None,
     error: str | None = None,
     counts: Counts | None = None,
+    failure: Failure | None = None,
+    policy: RetryPolicy | None = None,
 ) -> SiteRecord:
     """The current attempt ended without a result: requeue (QUEUED, message not yet sent) or FAILED (out of
-    attempts, or a reason no retry changes: `NOT_RETRIED`). The node
-    that ends its own attempt gives its `counts`; the hub's end keeps those the node last wrote."""
-    attempts = _close(rec, now, Outcome.of(reason), kill_path, counts)
+    attempts, or its failure's rule in `policy` says fail). A retry may wait (`retry_at`: the message is sent
+    then) and avoid this instance (`avoid_instance`). `failure` is the attempt's class, as the node saw it; without
+    one the reason gives it (`fleet.failures.of_reason`). The node that ends its own attempt gives its `counts`;
+    the hub's end keeps those the node last wrote."""
+    failed = failure if failure is not None else of_reason(reason)
+    pair = (str(failed.cls), failed.status) if failed is not None else (None, None)
+    attempts = _close(rec, now, Outcome.of(reason), kill_path, counts, pair)
     common: dict[str, Any] = {
         "last_update": now,
         "kill_reason": None,
         "attempts": attempts,
         "failure_reason": str(reason),
+        "failure_class": pair[0],
+        "http_status": pair[1],
+        "retry_at": None,
+        "avoid_instance": None,
         "url": None,
         "receipt": None,
     }
@@ -282,6 +294,7 @@ def end_attempt(
         common["kill_path"] = kill_path
     if error is not None:
         common["error"] = capped(error, ERROR_MAX_CHARS)
+    spent = rec.attempt - rec.attempt_base
     if reason in GIVEN_BACK and rec.spot_requeues < spot_cap:
         new = transition(
             rec,
@@ -292,7 +305,10 @@ def end_attempt(
             spot_requeues=rec.spot_requeues + 1,
             **common,
         )
-    elif reason not in NOT_RETRIED and rec.attempt - rec.attempt_base < max_attempts:
+        return table.write(rec, new)
+    step = decide(policy or RetryPolicy(), failed, failures=spent, now=now, instance_id=rec.instance_id)
+    if step.retry and spent < max_attempts:
+        common.update(retry_at=step.not_before, avoid_instance=step.avoid)
         new = transition(rec, run_status=RunStatus.QUEUED, site_status=SiteStatus.PENDING, enqueued=False, **common)
     else:
         new = transition(rec, run_status=RunStatus.FAILED, site_status=SiteStatus.FAILED, **common)
@@ -367,9 +383,15 @@ def send_next(table: StateTable, queue: SiteQueue, rec: SiteRecord) -> SiteRecor
 
 
 def _close(
-    rec: SiteRecord, now: float, outcome: Outcome, kill_path: str | None = None, counts: Counts | None = None
+    rec: SiteRecord,
+    now: float,
+    outcome: Outcome,
+    kill_path: str | None = None,
+    counts: Counts | None = None,
+    failure: tuple[str | None, int | None] = (None, None),
 ) -> tuple[Attempt, ...]:
     cur = rec.current_attempt
     if cur is None:
         return rec.attempts
-    return rec.attempts[:-1] + (cur.finished(now, outcome, kill_path, None if counts is None else bounded(counts)),)
+    kept = None if counts is None else bounded(counts)
+    return rec.attempts[:-1] + (cur.finished(now, outcome, kill_path, kept, failure),)

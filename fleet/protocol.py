@@ -19,12 +19,13 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from fleet import ops
 from fleet.codec import NodeInfo, RunInfo
+from fleet.failures import Failure, FailureClass, RetryPolicy
 from fleet.messages import BadMessage, SiteMessage
 from fleet.state import NodeState, Reason, RunStatus, SiteRecord, SiteStatus
 
@@ -60,6 +61,7 @@ class NodeRules:
     node_watchdog: bool = True
     receive_wait_s: float = 5
     claimed_visibility_s: float = CLAIMED_VISIBILITY_S
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # `run.retry`: each failure class's retry
 
 
 # --- how an attempt ends --------------------------------------------------------------------------------------------
@@ -102,12 +104,18 @@ class CrawlEnd:
     kill_path: str | None = None
     forced: bool = False  # the crawler was killed: its browser and Grid session must be ended for it
     current: SiteRecord | None = None  # fenced: the record as the hub left it
+    failure: Failure | None = None  # the attempt's class as the crawler or the node saw it (None: by the reason)
 
 
 def exited_end(code: int) -> CrawlEnd:
     """The crawler process ended without reporting a result or an error."""
     how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-    return CrawlEnd(CrawlEndKind.ERROR, error=f"crawler process ended without a result ({how})", forced=True)
+    return CrawlEnd(
+        CrawlEndKind.ERROR,
+        error=f"crawler process ended without a result ({how})",
+        forced=True,
+        failure=Failure(FailureClass.CRASH),
+    )
 
 
 def spot_end(notice: object) -> CrawlEnd:
@@ -135,6 +143,7 @@ def declared_lost(rec: SiteRecord, attempt: int, instance_id: str) -> bool:
 
 class FollowUp(enum.Enum):
     REQUEUE = "requeue"  # send the next attempt's message, then delete this one
+    DEFER = "defer"  # delete this message: the hub sends the next attempt's when its backoff (`retry_at`) ends
     RELEASE = "release"  # mark the site enqueued and let this message show again after `release_after_s`
     FAIL = "fail"  # the site is FAILED: delete the message
 
@@ -157,6 +166,8 @@ def end_attempt_args(end: CrawlEnd, rules: NodeRules, now: float) -> dict[str, A
         spot_cap=rules.spot_cap,
         kill_path=end.kill_path,
         error=end.error,
+        failure=end.failure,
+        policy=rules.retry,
     )
 
 
@@ -167,7 +178,7 @@ def settle(end: CrawlEnd, attempt: int, new: SiteRecord) -> Settle:
         return Settle(FollowUp.FAIL)
     if new.attempt < attempt:
         return Settle(FollowUp.RELEASE, BUSY_RETRY_S if end.kind is CrawlEndKind.BUSY else 0.0)
-    return Settle(FollowUp.REQUEUE)
+    return Settle(FollowUp.DEFER if new.retry_at is not None else FollowUp.REQUEUE)
 
 
 # --- a received message ---------------------------------------------------------------------------------------------
@@ -192,7 +203,14 @@ def record_of(msg: SiteMessage | BadMessage) -> tuple[str, str] | None:
     return None if isinstance(msg, BadMessage) else (msg.run_id, msg.site)
 
 
-def on_message(msg: SiteMessage | BadMessage, rec: SiteRecord | None, run_id: str, rules: NodeRules) -> MessageStep:
+#: A retry that should avoid a node (a blocked attempt's) is left to others for this many receives; then the node it
+#: avoids takes it anyway (there may be no other).
+AVOID_RECEIVES = 3
+
+
+def on_message(
+    msg: SiteMessage | BadMessage, rec: SiteRecord | None, run_id: str, rules: NodeRules, instance_id: str = ""
+) -> MessageStep:
     """What to do with a received message, given its site's record (None for a bad message or an unknown site)."""
     if isinstance(msg, BadMessage):
         return MessageStep(MessageAction.RELEASE, BAD_MESSAGE_HIDE_S)
@@ -200,6 +218,8 @@ def on_message(msg: SiteMessage | BadMessage, rec: SiteRecord | None, run_id: st
     if verdict is ops.Verdict.STALE:
         return MessageStep(MessageAction.DELETE)
     if verdict is ops.Verdict.WAIT or msg.run_id != run_id:
+        return MessageStep(MessageAction.HIDE, min(rules.visibility_s, WAIT_HIDE_S))
+    if rec is not None and instance_id and rec.avoid_instance == instance_id and msg.receive_count < AVOID_RECEIVES:
         return MessageStep(MessageAction.HIDE, min(rules.visibility_s, WAIT_HIDE_S))
     return MessageStep(MessageAction.CLAIM)
 
@@ -297,6 +317,7 @@ class Watch:
             kill_path="watchdog",
             forced=True,
             error=f"browser session did not start in {self.rules.browser_start_timeout_s:.0f}s",
+            failure=Failure(FailureClass.CRASH),
         )
 
 

@@ -81,9 +81,6 @@ def known_reason(value: object) -> Reason | None:
 
 #: Attempts that end for these reasons are given back (not counted), up to `run.spot_requeue_cap`.
 GIVEN_BACK = frozenset({Reason.SPOT, Reason.BUSY})
-#: Attempts that end for these reasons end the site FAILED whatever attempts remain: a retry gets the same answer
-#: (the same robots.txt, the same page breaking the same contract).
-NOT_RETRIED = frozenset({Reason.ROBOTS, Reason.CONTRACT})
 
 
 class Outcome(StrEnum):
@@ -183,6 +180,7 @@ class SiteSpec:
     robots: bool = True  # honour the site's robots.txt (fleet.yaml's `politeness: {robots: false}` turns it off)
     expect: Mapping[str, Any] = field(default_factory=dict)  # the data contract (`fleet.contract`); empty: none
     baseline_items: int | None = None  # the items of the site's previous COMPLETED run, for `max_drop` (the hub's)
+    blocked_markers: tuple[str, ...] = ()  # the site's own markers of a blocked page (`fleet.blocked`)
 
 
 #: Collided item ids an attempt's counts list (the rest are counted), and the characters kept of each.
@@ -214,13 +212,29 @@ class Attempt:
     outcome: str | None = None
     kill_path: str | None = None
     counts: Counts | None = None  # None: not recorded (an attempt of an older node)
+    failure_class: str | None = None  # why it failed, by class (`fleet.failures`); None: it did not fail
+    http_status: int | None = None  # the HTTP status it failed on, if it failed on one
 
     def finished(
-        self, now: float, outcome: Outcome, kill_path: str | None = None, counts: Counts | None = None
+        self,
+        now: float,
+        outcome: Outcome,
+        kill_path: str | None = None,
+        counts: Counts | None = None,
+        failure: tuple[str | None, int | None] = (None, None),
     ) -> Attempt:
-        """The attempt ended; its counts as the node last wrote them unless `counts` are given."""
+        """The attempt ended; its counts as the node last wrote them unless `counts` are given; `failure` is its
+        (class, HTTP status) if it failed."""
         kept = self.counts if counts is None else counts
-        return dataclasses.replace(self, end=now, outcome=str(outcome), kill_path=kill_path, counts=kept)
+        return dataclasses.replace(
+            self,
+            end=now,
+            outcome=str(outcome),
+            kill_path=kill_path,
+            counts=kept,
+            failure_class=failure[0],
+            http_status=failure[1],
+        )
 
 
 @dataclass(frozen=True)
@@ -237,6 +251,10 @@ class SiteRecord:
     heartbeat: float | None = None  # heartbeatEpoch, by the node's clock
     enqueued: bool = False  # the message for the next attempt is in the queue
     failure_reason: str | None = None
+    failure_class: str | None = None  # the class of the last failed attempt (`fleet.failures.FailureClass`)
+    http_status: int | None = None  # the HTTP status it failed on, if any
+    retry_at: float | None = None  # QUEUED after a failure: the next attempt's message is not sent before this
+    avoid_instance: str | None = None  # QUEUED after a blocked attempt: the instance the next one should not use
     error: str | None = None
     result_key: str | None = None
     url: str | None = None  # the page of the current URL_CALL/CALL_DONE

@@ -153,7 +153,8 @@ class Executor(EndExecutor):
     def _enqueue(self, a: Enqueue, snap: Snapshot) -> Done:
         rec = snap.sites[a.site]
         ops.send_next(self.table, self.queue, rec)
-        event(log, "enqueue", run_id=self.run_id, site=a.site, attempt=rec.attempt + 1, why="message never marked sent")
+        why = "its backoff ended" if rec.retry_at is not None else "message never marked sent"
+        event(log, "enqueue", run_id=self.run_id, site=a.site, attempt=rec.attempt + 1, why=why)
         self.history("enqueue", site=a.site, attempt=rec.attempt + 1)
         return Done(a, (a.site,))
 
@@ -214,6 +215,7 @@ class Executor(EndExecutor):
             max_attempts=self.config.run.max_attempts,
             spot_cap=self.config.run.spot_requeue_cap,
             kill_path=path,
+            policy=self.config.run.retry_policy,
         )
         if rec.receipt:  # the message of the attempt that ended (its node is dead or was stopped): not needed
             self.queue.delete_receipt(rec.receipt)

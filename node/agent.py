@@ -165,7 +165,7 @@ class Agent:
         """Deal with one message; True if it started an attempt."""
         key = protocol.record_of(msg)
         rec = None if key is None else self.table.get_site(*key)
-        step = protocol.on_message(msg, rec, self.s.run_id, self.s)
+        step = protocol.on_message(msg, rec, self.s.run_id, self.s, self.s.instance_id)
         if isinstance(msg, BadMessage) or step.action is not MessageAction.CLAIM:
             self._leave(msg, step)
             return False

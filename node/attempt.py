@@ -26,6 +26,7 @@ from fleet import protocol as crawl_end  # how an attempt ends (CrawlEnd, settle
 from fleet.aws.clients import error_code, is_transient
 from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, capped
 from fleet.errors import StaleWrite
+from fleet.failures import failure_of_event
 from fleet.logs import event
 from fleet.messages import SiteMessage
 from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, Stop, Watch
@@ -193,6 +194,7 @@ class Attempt:
             "page_load_timeout_s": s.page_load_timeout_s,
             "user_agent": s.user_agent,
             "robots": rec.spec.robots,
+            "blocked_markers": list(rec.spec.blocked_markers),
             "checkpoint": dict(self.resume) if self.resume else None,
             "mark": list(rec.mark) if rec.spec.incremental and rec.mark else None,
             "rate_limit": limits if rec.spec.rate_limit else None,
@@ -253,7 +255,8 @@ class Attempt:
             return CrawlEnd(CrawlEndKind.RESULT, result=ev)
         elif kind == "error":
             how = CrawlEndKind.ROBOTS if ev.get("kind") == "robots" else CrawlEndKind.ERROR
-            return CrawlEnd(how, error=capped(ev.get("message", "crawler error"), ERROR_MAX_CHARS))
+            said = capped(ev.get("message", "crawler error"), ERROR_MAX_CHARS)
+            return CrawlEnd(how, error=said, failure=failure_of_event(ev.get("failure")))
         return None
 
     # --- settling -----------------------------------------------------------------------------
@@ -302,6 +305,19 @@ class Attempt:
             ops.send_next(self.node.table, queue, new)
             nxt = new.attempt + 1
             event(log, "requeue", logging.WARNING, **self.fields, reason=reason, error=end.error, next_attempt=nxt)
+        elif step.follow is FollowUp.DEFER:
+            event(
+                log,
+                "retry-later",
+                logging.WARNING,
+                **self.fields,
+                reason=reason,
+                failure=new.failure_class,
+                http_status=new.http_status,
+                error=end.error,
+                retry_at=new.retry_at,
+                avoid=new.avoid_instance,
+            )
         else:
             event(log, "failed", logging.WARNING, **self.fields, reason=reason, error=end.error)
         queue.delete(self.msg)

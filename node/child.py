@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fleet.failures import Failure, FailureClass, failure_to_event, of_exception
 from fleet.grid_auth import GridSecret
 from node.crawler import CrawlContext, CrawlError, RobotsDenied
 from node.registry import load_crawler
@@ -69,6 +70,7 @@ def context(job: dict[str, Any], emit: Callable[..., None]) -> CrawlContext:
         page_load_timeout_s=job.get("page_load_timeout_s", 600),
         user_agent=job.get("user_agent") or "",
         robots=bool(job.get("robots", True)),
+        blocked_markers=tuple(job.get("blocked_markers") or ()),
         emit=emit,
         checkpoint=job.get("checkpoint"),
         mark=tuple(job.get("mark") or ()),
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     except CrawlError as e:
         failed = True
         kind = "robots" if isinstance(e, RobotsDenied) else "crawl"  # robots: the site FAILED, not retried
-        emit(event="error", kind=kind, message=str(e), **_tally(crawler))
+        failure = Failure(FailureClass.ROBOTS) if isinstance(e, RobotsDenied) else of_exception(e)
+        emit(event="error", kind=kind, message=str(e), failure=failure_to_event(failure), **_tally(crawler))
         return 1
     except Exception as e:  # the outermost frame of the crawler process: report, never hide
         failed = True
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             event="error",
             kind=type(e).__name__,
             message=f"{type(e).__name__}: {e}",
+            failure=failure_to_event(of_exception(e)),
             trace=traceback.format_exc(limit=8),
             **_tally(crawler),
         )

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from fleet.blocked import MARKED_CHARS, Markers
+from fleet.failures import Failure, FailureClass, of_os_error, of_status, retry_after
 from fleet.grid_auth import GRID_USER, GridSecret
 from node.browser import capabilities, chrome_args
 from node.itemids import Ledger, Tally, item_id
@@ -46,6 +48,11 @@ Emit = Callable[..., None]
 #: Called after each page has answered: (the WebDriver, or None for `get_json`; the URL; its HTTP status or None).
 OnPage = Callable[[Any, str, int | None], None]
 
+#: The page's title and the start of its HTML, for the blocked markers (`fleet.blocked`).
+_PAGE_JS = (
+    "return (document.title || '') + '\\n' + "
+    f"(document.documentElement ? document.documentElement.outerHTML : '').slice(0, {MARKED_CHARS});"
+)
 #: The HTTP status of the last navigation, from the Navigation Timing API.
 _STATUS_JS = (
     "const e = performance.getEntriesByType('navigation')[0]; return e && e.responseStatus ? e.responseStatus : null;"
@@ -73,7 +80,16 @@ def web_url(href: Any, page_url: str) -> str | None:
 
 
 class CrawlError(Exception):
-    """The site answered, but not with what the crawl needs (HTTP error, missing element...)."""
+    """The site answered, but not with what the crawl needs (HTTP error, missing element...). `failure` says how,
+    by class (`fleet.failures`); without one the crawl's failure is classed from the exception."""
+
+    def __init__(self, message: str, failure: Failure | None = None):
+        super().__init__(message)
+        self.failure = failure
+
+
+class Blocked(CrawlError):
+    """The site refused the crawler (401, 403, 429) or showed a challenge page: class `blocked`, not a crawled page."""
 
 
 class RobotsDenied(CrawlError):
@@ -108,6 +124,7 @@ class CrawlContext:
     grid_secret: GridSecret | None = field(default=None, repr=False)  # the router's credentials come from it
     user_agent: str = ""  # sent by every request of the crawl ("": Chromium's and urllib's own)
     robots: bool = True  # ask the site's robots.txt before each request
+    blocked_markers: tuple[str, ...] = ()  # the site's own markers of a blocked page, beside the defaults
 
 
 class BaseCrawler(abc.ABC):
@@ -127,6 +144,7 @@ class BaseCrawler(abc.ABC):
         self.collected = Ledger(self.tally, earlier)
         self._emitted = Ledger(self.tally, earlier)  # the items the crawl handed out (`emitted`)
         self._driver: Any = None
+        self.markers = Markers(ctx.blocked_markers)
         fields = {"site": ctx.site, "node": ctx.node_id, "attempt": ctx.attempt}
         #: the robots.txt rules of the hosts this crawl visits (None: the site does not ask them)
         self.robots = (
@@ -228,18 +246,30 @@ class BaseCrawler(abc.ABC):
         raise Disallowed(url)
 
     def open(self, url: str) -> None:
-        """Navigate to `url`, reporting URL_CALL before and CALL_DONE after; raise CrawlError on HTTP >= 400, and
+        """Navigate to `url`, reporting URL_CALL before and CALL_DONE after. Raises Blocked when the site refused the
+        crawler or showed a challenge page (not counted as a page), CrawlError on any other HTTP >= 400, and
         RobotsDenied or Disallowed when the site's robots.txt disallows it (`allow`)."""
         self.allow(url)
         self.pace()
         self.status("URL_CALL", url)
         self.driver.get(url)
-        self.pages += 1
         code = self.driver.execute_script(_STATUS_JS)
         self._page_seen(self.driver, url, code)
-        if isinstance(code, int) and code >= 400:
-            raise CrawlError(f"HTTP {code} from {url}")
+        self.refused(url, code if isinstance(code, int) else None, self.driver.execute_script(_PAGE_JS))
+        self.pages += 1
         self.status("CALL_DONE", url)
+
+    def refused(self, url: str, code: int | None, page: str | None, retry_after_s: float | None = None) -> None:
+        """Raise if the answer to `url` failed: Blocked for a blocking status or a page (title and HTML) that shows
+        a marker, CrawlError for any other HTTP >= 400 (with its class and Retry-After)."""
+        failure = of_status(code, retry_after_s) if code is not None else None
+        if failure is not None and failure.cls is FailureClass.BLOCKED:
+            raise Blocked(f"HTTP {code} from {url}: blocked", failure)
+        marker = self.markers.match(page) if isinstance(page, str) else None
+        if marker is not None:
+            raise Blocked(f"{url} shows a blocked page (marker {marker!r})", Failure(FailureClass.BLOCKED, code))
+        if failure is not None:
+            raise CrawlError(f"HTTP {code} from {url}", failure)
 
     def _page_seen(self, driver: Any, url: str, code: Any) -> None:
         if self.ctx.on_page is not None:
@@ -258,11 +288,13 @@ class BaseCrawler(abc.ABC):
                 code = resp.status
         except urllib.error.HTTPError as e:
             self._page_seen(None, url, e.code)
-            raise CrawlError(f"HTTP {e.code} from {url}") from None
+            self.refused(url, e.code, None, retry_after(e.headers.get("Retry-After") if e.headers else None))
+            raise CrawlError(f"HTTP {e.code} from {url}") from None  # < 400: a redirect urllib did not follow
         except (urllib.error.URLError, TimeoutError, OSError) as e:
-            raise CrawlError(f"{url}: {getattr(e, 'reason', e)}") from None
-        self.pages += 1
+            cls = of_os_error(e) or FailureClass.CONNECT
+            raise CrawlError(f"{url}: {getattr(e, 'reason', e)}", Failure(cls)) from None
         self._page_seen(None, url, code)
+        self.pages += 1
         try:
             data = json.loads(body)
         except ValueError:

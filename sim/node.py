@@ -137,7 +137,7 @@ class SimNode:
         """The protocol's step for a received message, carried out; True when it claimed an attempt."""
         queue, key = self.sim.node_queue, protocol.record_of(msg)
         rec = self.sim.node_table.get_site(*key) if key else None
-        step = protocol.on_message(msg, rec, self.sim.run_id, self.rules)
+        step = protocol.on_message(msg, rec, self.sim.run_id, self.rules, self.inst.id)
         if step.action is MessageAction.CLAIM and isinstance(msg, SiteMessage) and rec is not None:
             try:
                 rec = ops.claim(self.sim.node_table, rec, self.inst.id, self.sim.clock.now(), receipt=msg.receipt)
@@ -290,7 +290,7 @@ class SimNode:
             return
         if step.follow is FollowUp.REQUEUE:
             ops.send_next(self.sim.node_table, self.sim.node_queue, new)
-        self.sim.node_queue.delete(msg)
+        self.sim.node_queue.delete(msg)  # DEFER: the hub sends the next message when its backoff ends
 
     def _after_attempt(self) -> None:
         self.crawl, self.rec, self.msg, self.watch, self.parts, self.counter = None, None, None, None, None, None

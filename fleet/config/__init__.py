@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -29,10 +30,12 @@ from pydantic import (
 )
 
 from fleet import contract
+from fleet.blocked import MAX_MARKERS, marker_problem
 from fleet.config.aws import AwsConfig, image_problem
 from fleet.config.crawlers import PROJECT_PROBLEM, CrawlersConfig, crawler_roots
 from fleet.crawlers import BUILTIN_OPTIONS, crawler_problem
 from fleet.errors import quote
+from fleet.failures import RULE_KEY, RetryPolicy
 from fleet.ids import SITE_ID_RULE, is_site_id
 from fleet.platform import fleet_arch
 
@@ -80,6 +83,32 @@ class ExpectConfig(_Model):
         return self.model_dump(mode="json", exclude_none=True)
 
 
+class RetryRuleConfig(_Model):
+    """A `run.retry` rule: each key unset keeps the default rule's (README: "Failures by class")."""
+
+    retry: bool = Field(True, description="retry (while attempts remain) or fail at once")
+    backoff_s: float = Field(0, ge=0, le=86400, description="the wait before the first retry")
+    factor: float = Field(2.0, ge=1, le=10, description="each further retry waits this much longer")
+    max_s: float = Field(900, ge=0, le=86400, description="the longest wait, Retry-After included")
+    other_node: bool = Field(False, description="the retry avoids the node the attempt failed on")
+
+
+def _retry_rule(v: Any) -> Any:
+    """`fail` and `retry` are short for {retry: false} and {retry: true}."""
+    if isinstance(v, dict | RetryRuleConfig):
+        return v
+    if v in ("fail", "retry"):
+        return {"retry": v == "retry"}
+    raise ValueError("must be fail, retry, or a mapping of retry, backoff_s, factor, max_s, other_node")
+
+
+def _retry_keys(v: dict[str, Any]) -> dict[str, Any]:
+    for key in v:
+        if not RULE_KEY.fullmatch(key):
+            raise ValueError(f"{quote(key)} is no failure class or http_<status 400-599>")
+    return v
+
+
 class RunConfig(_Model):
     max_attempts: int = Field(3, ge=1, le=100, description="attempts (claims) per site before FAILED")
     hang_after_s: float = Field(120, gt=0, description="URL_CALL unchanged this long = hung")
@@ -98,6 +127,17 @@ class RunConfig(_Model):
     expect: ExpectConfig | None = Field(
         None, description="every site's data contract; a site's `expect` replaces its keys"
     )
+    retry: Annotated[
+        dict[str, Annotated[RetryRuleConfig, BeforeValidator(_retry_rule)]], AfterValidator(_retry_keys)
+    ] = Field(
+        default_factory=dict,
+        description="by failure class (or http_<status>): fail, retry, or {retry, backoff_s, factor, max_s, "
+        "other_node}, over the defaults",
+    )
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy.of({k: v.model_dump(exclude_unset=True) for k, v in self.retry.items()})
 
 
 class FleetConfig(_Model):
@@ -322,6 +362,20 @@ class SiteConfig(_Model):
     )
     politeness: SitePoliteness = Field(default_factory=SitePoliteness)
     expect: ExpectConfig | None = Field(None, description="the site's data contract, key by key over `run.expect`")
+    blocked_markers: tuple[str, ...] = Field(
+        (),
+        max_length=MAX_MARKERS,
+        description="regular expressions (case-insensitive) that mark a page as blocked, beside the defaults",
+    )
+
+    @field_validator("blocked_markers")
+    @classmethod
+    def _markers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for m in v:
+            problem = marker_problem(m)
+            if problem:
+                raise ValueError(problem)
+        return v
 
     @field_validator("id")
     @classmethod

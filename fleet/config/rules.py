@@ -22,6 +22,7 @@ def rule_fields(c: Config) -> dict[str, Any]:
         browser_start_timeout_s=c.run.browser_start_timeout_s,
         node_watchdog=c.fleet.node_watchdog,
         receive_wait_s=min(5.0, c.fleet.idle_exit_s),
+        retry=c.run.retry_policy,
     )
 
 

@@ -70,7 +70,10 @@ def watch_site(s: Snapshot, r: SiteRecord, now: float, config: Config) -> Verdic
 
 
 def unsent(s: Snapshot, r: SiteRecord, now: float, config: Config) -> Verdict:
-    """A QUEUED site whose message is not marked sent: a writer may be sending it, so wait a grace first."""
+    """A QUEUED site whose message is not marked sent: a writer may be sending it, so wait a grace first. A retry
+    with a backoff (`retry_at`: its failure's rule in `run.retry`) is the hub's to send, once the backoff ends."""
+    if r.retry_at is not None:
+        return (Enqueue(r.site, r.version), math.inf) if now >= r.retry_at else (None, r.retry_at)
     seen = s.obs.unsent.get(r.site)
     if seen is None:
         return NOTHING

@@ -46,6 +46,7 @@ def spec_of(site: SiteConfig, config: Config) -> SiteSpec:
         limit.per_s if limit else None,
         site.politeness.robots,
         expect=config.expect_of(site),
+        blocked_markers=site.blocked_markers,
     )
 
 

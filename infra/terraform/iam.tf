@@ -505,6 +505,7 @@ data "aws_iam_policy_document" "node" {
         "run_status", "site_status", "attemptCount", "version", "instance_id", "enqueued", "receipt",
         "lastUpdateEpoch", "heartbeatEpoch", "url", "pages", "items", "checkpoint", "attempts", "spot_requeues",
         "failure_reason", "error", "kill_reason", "kill_path", "result_key",
+        "failure_class", "http_status", "retry_at", "avoid_instance",
         "state", "started_at", "sites_done", "site", "attempt", "expireAt", "stats",
         "next_at",
       ]

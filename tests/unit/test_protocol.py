@@ -180,6 +180,8 @@ def test_only_ends_the_node_settles_itself_name_a_reason():
         spot_cap=3,
         kill_path=None,
         error="spot interruption notice: {'action': 'terminate'}",
+        failure=None,
+        policy=RULES.retry,
     )
     for kind in (CrawlEndKind.RESULT, CrawlEndKind.FENCED):
         with pytest.raises(ValueError):
