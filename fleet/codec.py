@@ -180,6 +180,7 @@ def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
             _expect(spec.get("expect")),
             count_or_none(spec.get("baseline_items")),
             _markers(spec.get("blocked_markers")),
+            float(spec["per_domain_s"]) if spec.get("per_domain_s") else None,
         ),
         run_status=RunStatus(i["run_status"]),
         site_status=SiteStatus(i["site_status"]),
@@ -230,6 +231,8 @@ def spec_to_item(spec: SiteSpec) -> dict[str, Any]:
         out["baseline_items"] = spec.baseline_items
     if spec.blocked_markers:
         out["blocked_markers"] = list(spec.blocked_markers)
+    if spec.per_domain_s:
+        out["per_domain_s"] = num(spec.per_domain_s)
     return out
 
 

@@ -181,6 +181,7 @@ class SiteSpec:
     expect: Mapping[str, Any] = field(default_factory=dict)  # the data contract (`fleet.contract`); empty: none
     baseline_items: int | None = None  # the items of the site's previous COMPLETED run, for `max_drop` (the hub's)
     blocked_markers: tuple[str, ...] = ()  # the site's own markers of a blocked page (`fleet.blocked`)
+    per_domain_s: float | None = None  # requests per second to its domain, fleet-wide (`fleet.pacing`); None: none
 
 
 #: Collided item ids an attempt's counts list (the rest are counted), and the characters kept of each.

@@ -270,6 +270,7 @@ class Hub:
             log.warning("instance-types-unavailable error=%s", e)
             types = {}
         summary["instances"] = instances_section(rows.nodes, types)
+        summary["pacing"] = self.table.read_pacing(self.run_id)  # each domain's pace, from the nodes' counters
         summary["max_attempts"] = self.config.run.max_attempts  # what `check` bounds attempts by, from runs/ too
         if self.config.crawlers is not None and self.config.crawlers.installed is not None:
             summary["crawlers"] = self.config.crawlers.installed.model_dump()  # which code produced the results

@@ -179,6 +179,8 @@ class Attempt:
     def _spawn(self, profile: Path) -> CrawlProcess:
         rec, s = self.rec, self.s
         limits = {**dict(s.limits_table), "group": rec.spec.rate_limit, "per_s": rec.spec.per_s}
+        pacing = {**dict(s.limits_table), "run_id": rec.run_id, "per_domain_s": rec.spec.per_domain_s}
+        pacing["expire_at"] = rec.expire_at
         job = {
             "site": rec.site,
             "start_url": rec.spec.start_url,
@@ -198,6 +200,7 @@ class Attempt:
             "checkpoint": dict(self.resume) if self.resume else None,
             "mark": list(rec.mark) if rec.spec.incremental and rec.mark else None,
             "rate_limit": limits if rec.spec.rate_limit else None,
+            "pacing": pacing if s.limits_table else None,
         }
         if self.resume:
             r = self.resume

@@ -24,27 +24,39 @@ from typing import Any
 from fleet.failures import Failure, FailureClass, failure_to_event, of_exception
 from fleet.grid_auth import GridSecret
 from node.crawler import CrawlContext, CrawlError, RobotsDenied
+from node.pacing import Pacer
 from node.registry import load_crawler
 
 
-def pacer(spec: dict[str, Any] | None) -> Callable[[], None]:
+def group_pacer(spec: dict[str, Any] | None) -> Callable[[], None] | None:
     """Waits for the next slot of the site's fleet-wide rate limit group, shared through the state table."""
     if not spec:
-        return lambda: None
-    from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+        return None
     from fleet.aws.ratelimit import DynamoRateLimiter
     from fleet.clock import SystemClock
-    from fleet.config.aws import AwsConfig
+    from node.pacing import table_client
 
-    aws = AwsConfig(region=spec["region"], endpoint_url=spec.get("endpoint_url"), table=spec["table"])
-    clients = AwsClients(aws, credentials=LOCAL_CREDENTIALS if spec.get("local") else None)
-    limiter = DynamoRateLimiter(clients.client("dynamodb"), aws.table, SystemClock())
+    limiter = DynamoRateLimiter(table_client(spec), spec["table"], SystemClock())
     group, per_s = spec["group"], float(spec["per_s"])
 
     def pace() -> None:
         limiter.wait(group, per_s)
 
     return pace
+
+
+def pacer(job: dict[str, Any]) -> Pacer | None:
+    """The crawl's pace: its site's group, then its domains, fleet-wide (None: a job that names no table)."""
+    spec = job.get("pacing")
+    if not spec:
+        return None
+    from fleet.aws.pacing import DynamoDomainPacer
+    from fleet.clock import SystemClock
+    from node.pacing import table_client
+
+    domains = DynamoDomainPacer(table_client(spec), spec["table"], SystemClock())
+    per_s = float(spec["per_domain_s"]) if spec.get("per_domain_s") else None
+    return Pacer(group_pacer(job.get("rate_limit")), domains, spec["run_id"], per_s, spec.get("expire_at"))
 
 
 def preload() -> None:
@@ -57,6 +69,7 @@ def preload() -> None:
 
 def context(job: dict[str, Any], emit: Callable[..., None]) -> CrawlContext:
     """The crawl's context from its job."""
+    paced = pacer(job)
     return CrawlContext(
         site=job["site"],
         start_url=job["start_url"],
@@ -74,7 +87,8 @@ def context(job: dict[str, Any], emit: Callable[..., None]) -> CrawlContext:
         emit=emit,
         checkpoint=job.get("checkpoint"),
         mark=tuple(job.get("mark") or ()),
-        pace=pacer(job.get("rate_limit")),
+        pace=paced.pace if paced is not None else lambda url, delay: None,
+        answered=paced.answered if paced is not None else lambda url, status: None,
         grid_secret=GridSecret.read(Path(job["grid_secret_file"])) if job.get("grid_secret_file") else None,
     )
 

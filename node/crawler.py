@@ -11,7 +11,9 @@ records a checkpoint (the next URL or token and the page's new items; the agent
 keeps it on the site record), `self.resume` is the checkpoint a retried attempt
 starts from, `self.known` the item ids an incremental site saw last time (stop
 there), and every request waits for its slot of the site's fleet-wide rate
-limit (`pace()`, done by `open()` and `get_json()`).
+limit and of its domain (`pace(url)`, done by `open()` and `get_json()`, which
+also report each answer's status with `answered(url, status)`: the domain's
+AutoThrottle, `fleet.pacing`).
 
 And that no item vanishes silently (`node.itemids`): `fresh()` and what `run()` hands out give each item id
 once; another item of the same id is a duplicate (the same content, dropped) or a collision (other content,
@@ -45,6 +47,10 @@ from node.itemids import Ledger, Tally, item_id
 from node.robots import ROBOTS_TIMEOUT_S, Robots, fetch_robots
 
 Emit = Callable[..., None]
+#: Waits for a request's slot: (its URL; the Crawl-delay robots.txt gives its host, or None).
+Pace = Callable[[str, float | None], None]
+#: Told each answer: (the URL; its HTTP status, or None when it did not say).
+Answered = Callable[[str, int | None], None]
 #: Called after each page has answered: (the WebDriver, or None for `get_json`; the URL; its HTTP status or None).
 OnPage = Callable[[Any, str, int | None], None]
 
@@ -119,7 +125,8 @@ class CrawlContext:
     emit: Emit = field(default=lambda **_: None, repr=False)
     checkpoint: Mapping[str, Any] | None = None  # resume from here: {next, pages, items}
     mark: tuple[str, ...] = ()  # incremental: item ids seen by the last successful crawl
-    pace: Callable[[], None] = field(default=lambda: None, repr=False)  # wait for a rate-limit slot
+    pace: Pace = field(default=lambda url, delay: None, repr=False)  # wait for the site's and the domain's slots
+    answered: Answered = field(default=lambda url, status: None, repr=False)  # each answer, for the domain's pace
     on_page: OnPage | None = field(default=None, repr=False)  # `gridfleet crawl`'s page lines and screenshots
     grid_secret: GridSecret | None = field(default=None, repr=False)  # the router's credentials come from it
     user_agent: str = ""  # sent by every request of the crawl ("": Chromium's and urllib's own)
@@ -229,9 +236,12 @@ class BaseCrawler(abc.ABC):
             if kept is not None:
                 yield kept
 
-    def pace(self) -> None:
-        """Wait for this request's slot in the site's fleet-wide rate limit (if it has one)."""
-        self.ctx.pace()
+    def pace(self, url: str | None = None) -> None:
+        """Wait for the slot of a request of `url` (default: the start URL) in the site's fleet-wide rate limit (if
+        it has one), then in its domain's pace (its host's Crawl-delay, once its robots.txt was read; the configured
+        rate; the back-off)."""
+        url = url or self.ctx.start_url
+        self.ctx.pace(url, self.robots.crawl_delay(url) if self.robots is not None else None)
 
     def allow(self, url: str) -> None:
         """Raise unless the site's robots.txt lets the crawl fetch `url`: RobotsDenied for the start URL,
@@ -250,10 +260,11 @@ class BaseCrawler(abc.ABC):
         crawler or showed a challenge page (not counted as a page), CrawlError on any other HTTP >= 400, and
         RobotsDenied or Disallowed when the site's robots.txt disallows it (`allow`)."""
         self.allow(url)
-        self.pace()
+        self.pace(url)
         self.status("URL_CALL", url)
         self.driver.get(url)
         code = self.driver.execute_script(_STATUS_JS)
+        self.ctx.answered(url, code if isinstance(code, int) else None)
         self._page_seen(self.driver, url, code)
         self.refused(url, code if isinstance(code, int) else None, self.driver.execute_script(_PAGE_JS))
         self.pages += 1
@@ -278,7 +289,7 @@ class BaseCrawler(abc.ABC):
     def get_json(self, url: str, headers: Mapping[str, str] | None = None) -> Any:
         """GET `url` without a browser and parse its JSON, reported, paced and asked of robots.txt like `open`."""
         self.allow(url)
-        self.pace()
+        self.pace(url)
         self.status("URL_CALL", url)
         agent = {"User-Agent": self.ctx.user_agent} if self.ctx.user_agent else {}
         req = urllib.request.Request(url, headers={"Accept": "application/json", **agent, **(headers or {})})
@@ -287,12 +298,14 @@ class BaseCrawler(abc.ABC):
                 body = resp.read()
                 code = resp.status
         except urllib.error.HTTPError as e:
+            self.ctx.answered(url, e.code)
             self._page_seen(None, url, e.code)
             self.refused(url, e.code, None, retry_after(e.headers.get("Retry-After") if e.headers else None))
             raise CrawlError(f"HTTP {e.code} from {url}") from None  # < 400: a redirect urllib did not follow
         except (urllib.error.URLError, TimeoutError, OSError) as e:
             cls = of_os_error(e) or FailureClass.CONNECT
             raise CrawlError(f"{url}: {getattr(e, 'reason', e)}", Failure(cls)) from None
+        self.ctx.answered(url, code)
         self._page_seen(None, url, code)
         self.pages += 1
         try:

@@ -2,7 +2,8 @@
 
 Each host's robots.txt (`<scheme>://<host>/robots.txt`) is fetched once per crawl, the first time a URL of that
 host is asked about: without the browser, with the crawl's user agent, a short timeout, and paced like every
-request of the site. protego reads it (groups by product token, `*` and `$` patterns, Allow/Disallow precedence).
+request of the site. protego reads it (groups by product token, `*` and `$` patterns, Allow/Disallow precedence,
+`Crawl-delay`, which paces the host's domain: `fleet.pacing`).
 What its answer means:
 - 2xx: its rules;
 - 4xx (none there, or not for us): no rules, everything allowed;
@@ -66,10 +67,10 @@ def robots_url(url: str) -> str | None:
 class Robots:
     """The robots.txt rules of each host a crawl visits, for its user agent; each fetched once.
 
-    `fetch` reads one robots.txt, `pace` waits for its slot of the site's rate limit; `fields` name the site,
-    node and attempt on the log lines."""
+    `fetch` reads one robots.txt, `pace` waits for its slot (given the robots.txt's URL) of the site's rate limit
+    and of its domain; `fields` name the site, node and attempt on the log lines."""
 
-    def __init__(self, user_agent: str, fetch: Fetch, pace: Callable[[], None], **fields: object):
+    def __init__(self, user_agent: str, fetch: Fetch, pace: Callable[[str], None], **fields: object):
         self.user_agent = user_agent or "*"
         self.fetch, self.pace, self.fields = fetch, pace, fields
         self._rules: dict[str, Protego | None] = {}  # robots.txt URL -> its rules (None: everything allowed)
@@ -83,8 +84,16 @@ class Robots:
         rules = self._rules[where]
         return rules is None or bool(rules.can_fetch(url, self.user_agent))
 
+    def crawl_delay(self, url: str) -> float | None:
+        """The `Crawl-delay` the robots.txt of `url`'s host gives the crawl's user agent, once it was read (never
+        reads it); None without one."""
+        where = robots_url(url)
+        rules = self._rules.get(where) if where is not None else None
+        delay = rules.crawl_delay(self.user_agent) if rules is not None else None
+        return float(delay) if delay is not None and delay > 0 else None
+
     def _read(self, where: str) -> Protego | None:
-        self.pace()
+        self.pace(where)
         got = self.fetch(where)
         if got.status is not None and 200 <= got.status < 300:
             return Protego.parse(got.text)

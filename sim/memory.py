@@ -35,6 +35,7 @@ from fleet.codec import (
     split_partition,
 )
 from fleet.errors import StaleWrite
+from fleet.pacing import PACING_PARTITION_PREFIX, pacing_section
 from fleet.results import aside_key
 from fleet.run_item import HUB_STARTS, RunExpect, RunFields, RunWatch, WatchFields, assign, holds, item_to_watch
 from fleet.stamp import Stamp, item_stamp
@@ -127,6 +128,10 @@ class MemoryStateTable:
 
     def read_nodes(self, run_id: str) -> list[NodeInfo]:
         return [item_to_node(self.items[(run_id, k)]) for k in sorted(self._nodes.get(run_id, ()))]
+
+    def read_pacing(self, run_id: str) -> dict[str, dict[str, Any]]:
+        partition = PACING_PARTITION_PREFIX + run_id
+        return pacing_section(item for (p, _), item in list(self.items.items()) if p == partition)
 
     def create_run(self, run: RunInfo) -> bool:
         with self._lock:

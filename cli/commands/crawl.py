@@ -142,7 +142,9 @@ def cmd_crawl(args: argparse.Namespace, console: Console) -> int:
     shots = _screenshot_dir(args.screenshot) if args.screenshot is not None else None
     _import_path(config)
     crawler_class = _crawler_class(site, args.config)
-    per_s = config.rate_limits[site.rate_limit].per_s if site.rate_limit else None
+    group_s = config.rate_limits[site.rate_limit].per_s if site.rate_limit else None
+    rates = [r for r in (group_s, site.politeness.per_domain_s or config.politeness.per_domain_s) if r]
+    per_s = min(rates) if rates else None  # the slower of its group's and its domain's, as a local pause
     out = CrawlOutput(sys.stdout, sys.stderr, SystemClock(), shots=shots, max_pages=args.max_pages, per_s=per_s)
     with _profile(site.id, profiles_root, out.note) as profile_dir:
         if not getattr(crawler_class, "needs_browser", True):

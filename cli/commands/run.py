@@ -66,6 +66,7 @@ def export_finished(table: StateTable, results: ResultStore, run_id: str, out: P
     summary = build_summary(
         rows.run, rows.sites, left_running=0, finished_at=rows.run.finished_at or time.time(), finish_reason="done"
     )
+    summary["pacing"] = table.read_pacing(run_id)
     path = export(out, summary, rows.sites, results)
     print_sites(console, run_id, summary["sites"], summary["counts"])
     console.print(f"run {run_id} had already finished; summary: {path}")

@@ -67,6 +67,26 @@ def sites_of(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {str(name): as_dict(entry) for name, entry in as_dict(summary.get("sites")).items()}
 
 
+def pacing_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """summary.json's `pacing` as the report's rows, by domain: requests, base spacing and where it came from,
+    back-offs, final spacing (a value that is not what it should be is shown unknown)."""
+    rows = []
+    for domain, entry in sorted(as_dict(summary.get("pacing")).items()):
+        e = as_dict(entry)
+        base, final = num(e.get("base_s")), num(e.get("spacing_s"))
+        rows.append(
+            {
+                "domain": str(domain),
+                "requests": whole_count(e.get("requests")),
+                "base": "-" if base is None else f"{base:g} s",
+                "base_from": str(e.get("base_from") or "-"),
+                "backoffs": whole_count(e.get("backoffs")),
+                "final": "-" if final is None else f"{final:g} s",
+            }
+        )
+    return rows
+
+
 # --- attempts and nodes -------------------------------------------------------------------------
 
 

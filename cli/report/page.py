@@ -42,6 +42,7 @@ from cli.report.data import (
     fmt_utc,
     nodes_of,
     num,
+    pacing_rows,
     run_bounds,
     sites_of,
 )
@@ -238,6 +239,7 @@ def render_report(
         "cost": _cost(nodes, prices),
         "timeline": timeline(nodes, attempts, run_bounds(summary)),
         "sites": _site_rows(summary, attempts, evidence or {}),
+        "pacing": pacing_rows(summary),
         "totals": run_totals(summary),
         "diff": _diff(summary, previous),
         "items_chart": items_chart(summary, previous) if previous is not None else None,

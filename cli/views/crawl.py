@@ -2,7 +2,8 @@
 
 `CrawlOutput` turns a crawler's events into lines: each item as a JSON line on stdout as soon as the crawler
 hands it out, each page (URL, HTTP status, time), checkpoint and the end on stderr. Its `pace` is the crawl's
-`CrawlContext.pace`: the site's rate as a local pause, and the stop after `--max-pages`; its `page` is the
+`CrawlContext.pace`: the site's rate (its group's or its domain's, the slower) or its host's Crawl-delay as a local
+pause, and the stop after `--max-pages`; its `page` is the
 crawl's `CrawlContext.on_page`: the page line and, with `--screenshot`, the page's PNG and HTML.
 """
 
@@ -112,12 +113,15 @@ class CrawlOutput:
             (self.shots / f"{n:03d}.png").write_bytes(driver.get_screenshot_as_png())
             (self.shots / f"{n:03d}.html").write_text(driver.page_source, encoding="utf-8")
 
-    def pace(self) -> None:
+    def pace(self, url: str, crawl_delay: float | None = None) -> None:
+        """The local pause before a request of `url`: the site's group's spacing, or its host's robots.txt
+        Crawl-delay, or the configured per-domain spacing, whichever is longest (no back-off: one crawl here)."""
         if self.max_pages is not None and self.pages >= self.max_pages:
             raise Enough
         now = self.clock.monotonic()
-        if self._last_request is not None and self.interval_s:
-            self.clock.sleep(self._last_request + self.interval_s - now)
+        gap = max(self.interval_s, crawl_delay or 0.0)
+        if self._last_request is not None and gap:
+            self.clock.sleep(self._last_request + gap - now)
             now = self.clock.monotonic()
         self._last_request = now
 

@@ -40,6 +40,7 @@ from fleet.codec import (
     split_partition,
 )
 from fleet.errors import GridfleetError, MissingResource, StaleWrite
+from fleet.pacing import PACING_PARTITION_PREFIX, pacing_section
 from fleet.run_item import RunFields, RunWatch
 from fleet.stamp import STAMP_ATTRS, Stamp, item_stamp
 from fleet.state import RunState, SiteRecord
@@ -244,6 +245,10 @@ class DynamoStateTable:
             ExpressionAttributeValues={":r": {"S": run_id}, ":p": {"S": NODE_PREFIX}},
         )
         return [item_to_node(i) for i in sorted(items, key=lambda i: i["Site"])]
+
+    def read_pacing(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """summary.json's `pacing`: the run's counters of each domain (`fleet.aws.pacing`), from their partition."""
+        return pacing_section(self._query(PACING_PARTITION_PREFIX + run_id))
 
     def put_node(self, node: NodeInfo) -> None:
         """The node's item, written as an UpdateItem of its own attributes (what it does not hold now removed): the

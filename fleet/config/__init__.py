@@ -41,6 +41,8 @@ from fleet.platform import fleet_arch
 
 #: Replaced by the demo site server's base URL on the embedded default.
 DEMO_PLACEHOLDER = "{demo}"
+#: The same demo server reached as `localhost`: another origin (its robots.txt has a Crawl-delay), another domain.
+DEMO_LOCALHOST_PLACEHOLDER = "{demo-localhost}"
 
 
 class _Model(BaseModel):
@@ -328,6 +330,14 @@ class PolitenessConfig(_Model):
     user_agent: HeaderLine | None = Field(
         None, description="the whole user agent; default `gridfleet/<version> (+<contact_url>)`"
     )
+    per_domain_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="requests per second to one domain (host[:port]), by the whole fleet together, for every site "
+        "(a site's politeness.per_domain_s overrides it); default none: a domain is paced by its robots.txt "
+        "Crawl-delay and by back-off on 429/503 only",
+    )
 
     @property
     def agent(self) -> str:
@@ -346,6 +356,12 @@ class SitePoliteness(_Model):
         True,
         strict=True,
         description="follow the site's robots.txt for the crawl's user agent; false ignores it (the report says so)",
+    )
+    per_domain_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="this site's requests per second to its domain, fleet-wide (default: politeness.per_domain_s)",
     )
 
 
@@ -387,10 +403,16 @@ class SiteConfig(_Model):
     @field_validator("start_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        probe = v.replace(DEMO_PLACEHOLDER, "http://demo.invalid", 1) if v.startswith(DEMO_PLACEHOLDER) else v
+        probe = v
+        for placeholder in (DEMO_PLACEHOLDER, DEMO_LOCALHOST_PLACEHOLDER):
+            if v.startswith(placeholder):
+                probe = v.replace(placeholder, "http://demo.invalid", 1)
         parts = urlsplit(probe)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"must be an http(s) URL or start with {DEMO_PLACEHOLDER}, got {quote(v)}")
+            raise ValueError(
+                f"must be an http(s) URL or start with {DEMO_PLACEHOLDER} or {DEMO_LOCALHOST_PLACEHOLDER}, "
+                f"got {quote(v)}"
+            )
         return v
 
     @field_validator("crawler")
@@ -414,14 +436,21 @@ class SiteConfig(_Model):
 
     @property
     def uses_demo(self) -> bool:
-        return self.start_url.startswith(DEMO_PLACEHOLDER)
+        return self.start_url.startswith((DEMO_PLACEHOLDER, DEMO_LOCALHOST_PLACEHOLDER))
 
     def url_for(self, demo_base_url: str | None) -> str:
+        """start_url, `{demo}` replaced by the demo server's base URL, `{demo-localhost}` by the same with the host
+        `localhost` (its port kept)."""
         if not self.uses_demo:
             return self.start_url
         if demo_base_url is None:
             raise ValueError(f"site {self.id}: {DEMO_PLACEHOLDER} needs the embedded default's demo server")
-        return demo_base_url.rstrip("/") + self.start_url[len(DEMO_PLACEHOLDER) :]
+        base = demo_base_url.rstrip("/")
+        if self.start_url.startswith(DEMO_LOCALHOST_PLACEHOLDER):
+            parts = urlsplit(base)
+            local = parts._replace(netloc=f"localhost:{parts.port}" if parts.port else "localhost").geturl()
+            return local + self.start_url[len(DEMO_LOCALHOST_PLACEHOLDER) :]
+        return base + self.start_url[len(DEMO_PLACEHOLDER) :]
 
 
 class Config(_Model):

@@ -47,6 +47,7 @@ def spec_of(site: SiteConfig, config: Config) -> SiteSpec:
         site.politeness.robots,
         expect=config.expect_of(site),
         blocked_markers=site.blocked_markers,
+        per_domain_s=site.politeness.per_domain_s or config.politeness.per_domain_s,
     )
 
 

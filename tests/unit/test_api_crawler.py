@@ -16,7 +16,7 @@ def demo():
         yield server
 
 
-def crawl(url: str, options=None, checkpoint=None, mark=(), pace=lambda: None):
+def crawl(url: str, options=None, checkpoint=None, mark=(), pace=lambda url, delay: None):
     events: list[dict] = []
     ctx = CrawlContext(
         site="shop",
@@ -93,7 +93,7 @@ def test_an_incremental_crawl_stops_at_the_first_item_seen_last_time(demo):
 def test_every_request_waits_for_its_rate_limit_slot_first(demo):
     order: list[str] = []
 
-    def pace():
+    def pace(url, delay):
         order.append("slot")
 
     _, events = crawl(f"{demo.base_url}/api/shop?pages=2", pace=pace)

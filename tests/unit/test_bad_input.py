@@ -84,7 +84,7 @@ CASES: dict[str, Case] = {
     ),
     "site politeness unknown key": validate(
         'sites: [{id: a, start_url: "http://a.test", politeness: {robot: false}}]\n',
-        "{F}:1: sites[0].politeness.robot: unknown key 'robot' (allowed: robots)",
+        "{F}:1: sites[0].politeness.robot: unknown key 'robot' (allowed: robots, per_domain_s)",
     ),
     "extra_args --no-sandbox": refused_switch("--no-sandbox", "no-sandbox"),
     "extra_args --no-sandbox=1, spaced": refused_switch("  --No-Sandbox=1 ", "no-sandbox"),
@@ -267,7 +267,8 @@ CASES: dict[str, Case] = {
     ),
     "100 KB start_url": validate(
         f'sites:\n  - {{id: a, start_url: "ftp://{BIG}"}}\n',
-        f"{{F}}:2: sites[0].start_url: must be an http(s) URL or start with {{demo}}, got 'ftp://{BIG[:58]}…' "
+        f"{{F}}:2: sites[0].start_url: must be an http(s) URL or start with {{demo}} or {{demo-localhost}}, "
+        f"got 'ftp://{BIG[:58]}…' "
         "(102406 characters)",
     ),
     "100 KB crawler": validate(

@@ -301,13 +301,13 @@ def test_pace_waits_out_the_gap_on_the_clock_it_is_given_and_stops_after_max_pag
     clock = FakeClock()
     out = CrawlOutput(sys.stdout, sys.stderr, clock, max_pages=2, per_s=2)
     start = clock.monotonic()
-    out.pace()
+    out.pace("http://a.test/1")
     assert clock.monotonic() == start  # the first request waits for nothing
-    out.pace()
+    out.pace("http://a.test/2")
     assert clock.monotonic() - start == pytest.approx(0.55)  # 1.1 / per_s, as the fleet paces a group
     out.pages = 2
     with pytest.raises(Enough):
-        out.pace()
+        out.pace("http://a.test/3")
 
 
 def test_the_sites_own_profile_is_used_under_its_lock_and_refused_while_another_process_holds_it(tmp_path, cli, demo):

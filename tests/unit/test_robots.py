@@ -48,7 +48,7 @@ def robots_of(answers: dict[str, Fetched]) -> tuple[Robots, list[str], list[str]
         fetched.append(url)
         return answers[url]
 
-    return Robots(UA, fetch, lambda: paced.append("slot"), site="s1", node="i-1", attempt=1), fetched, paced
+    return Robots(UA, fetch, lambda url: paced.append("slot"), site="s1", node="i-1", attempt=1), fetched, paced
 
 
 RULES = "User-agent: gridfleet\nDisallow: /private/\n\nUser-agent: *\nDisallow: /\n"
@@ -142,7 +142,7 @@ class TwoPages(BaseCrawler):
             yield {"id": path, **self.get_json(base + path)}
 
 
-def context(start_url: str, events: list[dict], robots: bool = True, pace=lambda: None) -> CrawlContext:
+def context(start_url: str, events: list[dict], robots: bool = True, pace=lambda url, delay: None) -> CrawlContext:
     return CrawlContext(
         site="s1",
         start_url=start_url,

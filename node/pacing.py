@@ -1,0 +1,74 @@
+"""How a crawler process paces its requests: the site's rate limit group, then the request's domain.
+
+A request waits for its slot of the site's fleet-wide group (`fleet.aws.ratelimit`, if the site joins one), then
+for its slot of its domain (`fleet.aws.pacing`): the domain's is taken last, so that no wait after it makes the
+request later than the slot the domain's pace gave it. Each answer's status moves the domain's AutoThrottle
+spacing and counts in the run's pacing of the domain (summary.json's `pacing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from fleet.aws.ratelimit import PACE_MARGIN
+from fleet.pacing import base_spacing, domain_of
+
+
+class Domains(Protocol):
+    """The fleet-wide pace of each domain (`fleet.aws.pacing.DynamoDomainPacer`)."""
+
+    def wait(self, domain: str, base: float) -> float: ...
+
+    def answered(self, domain: str, base: float, status: int | None) -> float: ...
+
+    def count(
+        self, run_id: str, domain: str, base: tuple[float, str], status: int | None, spacing_s: float,
+        expire_at: int | None,
+    ) -> None: ...  # fmt: skip
+
+
+class Pacer:
+    """`CrawlContext.pace` and `CrawlContext.answered` of one crawl.
+
+    `group` waits for the site's rate limit slot (None: the site has no group); `domains` paces domains for a
+    run (`run_id`) at the configured `per_domain_s` (None: no configured rate)."""
+
+    def __init__(
+        self,
+        group: Callable[[], None] | None,
+        domains: Domains,
+        run_id: str,
+        per_domain_s: float | None = None,
+        expire_at: int | None = None,
+    ):
+        self.group, self.domains, self.run_id = group, domains, run_id
+        self.per_domain_s, self.expire_at = per_domain_s, expire_at
+        #: Per domain: its base spacing and where it came from, as its last request had them.
+        self.bases: dict[str, tuple[float, str]] = {}
+
+    def pace(self, url: str, crawl_delay: float | None) -> None:
+        if self.group is not None:
+            self.group()
+        domain = domain_of(url)
+        if domain is None:
+            return
+        base = self.bases[domain] = base_spacing(crawl_delay, self.per_domain_s, PACE_MARGIN)
+        self.domains.wait(domain, base[0])
+
+    def answered(self, url: str, status: int | None) -> None:
+        domain = domain_of(url)
+        if domain is None:
+            return
+        base = self.bases.get(domain) or base_spacing(None, self.per_domain_s, PACE_MARGIN)
+        spacing = self.domains.answered(domain, base[0], status)
+        self.domains.count(self.run_id, domain, base, status, spacing, self.expire_at)
+
+
+def table_client(spec: dict[str, Any]) -> Any:
+    """The state table's DynamoDB client, as the job names it: {table, region, endpoint_url, local}."""
+    from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
+    from fleet.config.aws import AwsConfig
+
+    aws = AwsConfig(region=spec["region"], endpoint_url=spec.get("endpoint_url"), table=spec["table"])
+    return AwsClients(aws, credentials=LOCAL_CREDENTIALS if spec.get("local") else None).client("dynamodb")
