@@ -29,7 +29,9 @@ hang as ``hang_page`` does.
 
 ``GET /robots.txt`` allows everything but two sites, so that robots.txt can be tried end to end: every page of
 the site ``robots-denied`` (its start URL, as HTML, API or news) and every next page of ``robots-later`` (its
-first page is allowed).
+first page is allowed). Asked as ``localhost:<port>`` (a request whose Host is ``localhost``: another origin than
+``127.0.0.1:<port>``, so another domain), it also says ``Crawl-delay: 1``: the sites reached through
+``{demo-localhost}`` are paced by it, the rest not.
 
 ``GET /_stats`` tells what was fetched, per site: ``hits`` (requests per page:
 ``"1"``, ``"2"``... for ``/s/`` and API pages, ``"p1"`` and ``"p1/a3"`` for a news
@@ -84,6 +86,11 @@ Disallow: /api/robots-denied
 Disallow: /news/robots-denied/
 Disallow: /s/robots-later/*page=
 """
+
+#: What robots.txt adds when the server is reached as `localhost` (another origin, another domain): a Crawl-delay
+#: that paces that domain alone, so that per-domain pacing can be tried end to end without slowing every demo site.
+LOCALHOST_CRAWL_DELAY_S = 1
+LOCALHOST_ROBOTS_TXT = ROBOTS_TXT + f"Crawl-delay: {LOCALHOST_CRAWL_DELAY_S}\n".encode()
 
 MAX_REQUESTS_KEPT = 10_000  # per site, in /_stats "requests"
 _NAME = r"[A-Za-z0-9._-]+"
@@ -164,7 +171,8 @@ class _Handler(QuietHandler):
         elif method == "GET" and url.path == "/_stats":
             self._send_json(state.stats())
         elif method == "GET" and url.path == "/robots.txt":
-            self._send(200, ROBOTS_TXT, "text/plain; charset=utf-8")
+            local = urlsplit(f"//{self.headers.get('Host') or ''}").hostname == "localhost"
+            self._send(200, LOCALHOST_ROBOTS_TXT if local else ROBOTS_TXT, "text/plain; charset=utf-8")
         elif method == "GET" and (match := _SITE_PATH.fullmatch(url.path)):
             self._site_page(match.group(1), url.path, url.query)
         elif method == "GET" and (match := _API_PATH.fullmatch(url.path)):
