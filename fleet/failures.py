@@ -266,15 +266,19 @@ def decide(policy: RetryPolicy, failure: Failure | None, *, failures: int, now: 
     return Next(True, now + wait if wait > 0 else None, instance_id if rule.other_node else None)
 
 
+def failure_label(cls_value: object, status: object) -> str | None:
+    """The label of a (class, status) read back (`http_4xx 404`), None if the class is none."""
+    cls = known_class(cls_value)
+    return None if cls is None else Failure(cls, known_status(status)).label
+
+
 def failures_by_class(outcomes: list[tuple[str | None, int | None]]) -> dict[str, int]:
     """Counts of failed attempts by label (`http_4xx 404`, `timeout`), from (class, status) pairs read back."""
     out: dict[str, int] = {}
     for cls_value, status in outcomes:
-        cls = known_class(cls_value)
-        if cls is None:
-            continue
-        label = Failure(cls, known_status(status)).label
-        out[label] = out.get(label, 0) + 1
+        label = failure_label(cls_value, status)
+        if label is not None:
+            out[label] = out.get(label, 0) + 1
     return dict(sorted(out.items()))
 
 

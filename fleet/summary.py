@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.codec import RunInfo
+from fleet.failures import failures_by_class
 from fleet.ids import check_run_id, is_site_id
 from fleet.results import ResultStore, checked_result_key, evidence_prefix, parse_evidence_key
 from fleet.state import Attempt, RunStatus, SiteRecord
@@ -37,6 +38,8 @@ def attempt_entry(a: Attempt) -> dict[str, Any]:
     out: dict[str, Any] = {"instance_id": a.instance_id, "start": a.start, "end": a.end, "outcome": a.outcome}
     if a.kill_path:
         out["kill_path"] = a.kill_path
+    if a.failure_class:
+        out.update(failure_class=a.failure_class, http_status=a.http_status)
     out.update(
         items=c.items if c else None,
         pages=c.pages if c else None,
@@ -55,6 +58,9 @@ def site_entry(r: SiteRecord) -> dict[str, Any]:
         "site_status": str(r.site_status),
         "attemptCount": r.attempt,
         "failure_reason": r.failure_reason if r.run_status is not RunStatus.COMPLETED else None,
+        "failure_class": r.failure_class if r.run_status is not RunStatus.COMPLETED else None,
+        "http_status": r.http_status if r.run_status is not RunStatus.COMPLETED else None,
+        "retry_at": r.retry_at if r.run_status is RunStatus.QUEUED else None,  # a retry waiting out its backoff
         "result_key": r.result_key,
         "items": r.items,  # COMPLETED: the items of its result
         "pages": r.pages,  # the pages the crawl got to (COMPLETED: those of its result)
@@ -99,6 +105,18 @@ def totals(sites: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
+def failed_attempts(sites: Mapping[str, Any]) -> dict[str, int]:
+    """The run's failed attempts by class (`http_4xx 404`, `blocked 403`, `timeout`), from its sites' entries."""
+    pairs = [
+        (a.get("failure_class"), a.get("http_status"))
+        for e in sites.values()
+        if isinstance(e, Mapping)
+        for a in e.get("attempts") or []
+        if isinstance(a, Mapping)
+    ]
+    return failures_by_class(pairs)
+
+
 def build_summary(
     run: RunInfo, sites: list[SiteRecord], *, left_running: int, finished_at: float, finish_reason: str
 ) -> dict[str, Any]:
@@ -112,6 +130,7 @@ def build_summary(
         "nodes": {"launched": run.nodes_launched, "left_running": left_running},
         "counts": counts(sites),
         "totals": totals(entries),
+        "failures": failed_attempts(entries),
         "finish_reason": finish_reason,
     }
 

@@ -50,6 +50,8 @@ from cli.report.items import items_chart, run_totals, site_counts
 from cli.report.timeline import timeline
 from fleet.archive import RunArchive
 from fleet.archive import previous as archive_previous
+from fleet.failures import failure_label
+from fleet.summary import failed_attempts
 
 TEMPLATE = "report.html.j2"
 
@@ -152,6 +154,9 @@ def _site_rows(
         mine = by_site.get(name, [])
         status = str(e.get("run_status") or "-")
         reason = e.get("failure_reason")
+        label = failure_label(e.get("failure_class"), e.get("http_status"))
+        if reason and label and label != reason:
+            reason = f"{reason} ({label})"
         error = e.get("error") if status != "COMPLETED" else None  # a completed site's old error is history
         count = e.get("attemptCount")
         rows.append(
@@ -240,6 +245,7 @@ def render_report(
         "timeline": timeline(nodes, attempts, run_bounds(summary)),
         "sites": _site_rows(summary, attempts, evidence or {}),
         "pacing": pacing_rows(summary),
+        "failures": sorted(failed_attempts(sites_of(summary)).items(), key=lambda kv: (-kv[1], kv[0])),
         "totals": run_totals(summary),
         "diff": _diff(summary, previous),
         "items_chart": items_chart(summary, previous) if previous is not None else None,

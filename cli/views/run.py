@@ -18,6 +18,7 @@ from rich.table import Table
 
 from cli.views.plain import markup as _markup
 from cli.views.plain import text as _text
+from fleet.failures import failure_label
 from fleet.summary import totals
 
 STYLE = {"COMPLETED": "green", "FAILED": "red", "RUN": "yellow", "QUEUED": "cyan"}
@@ -72,6 +73,11 @@ def sites_table(
             continue
         st = str(s["run_status"])
         reason = str(s.get("failure_reason") or "")
+        label = failure_label(s.get("failure_class"), s.get("http_status"))
+        if label and label != reason:
+            reason = f"{reason} ({label})" if reason else label
+        if isinstance(s.get("retry_at"), int | float):
+            reason += f", retry in {max(0, round(s['retry_at'] - now))}s"
         error = str(s.get("error") or "")[:60]
         if error and st != "COMPLETED":
             reason = f"{reason}: {error}" if reason else error

@@ -507,7 +507,7 @@ data "aws_iam_policy_document" "node" {
         "failure_reason", "error", "kill_reason", "kill_path", "result_key",
         "failure_class", "http_status", "retry_at", "avoid_instance",
         "state", "started_at", "sites_done", "site", "attempt", "expireAt", "stats",
-        "next_at",
+        "next_at", "spacing", "requests", "backoffs", "base_s", "base_from", "spacing_s",
       ]
     }
 

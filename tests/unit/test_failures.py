@@ -5,6 +5,7 @@ blocked site's retry leaving the node it was blocked on."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
 import ssl
 import urllib.error
@@ -258,3 +259,28 @@ def test_markers_travel_on_the_record_and_bad_ones_are_dropped_on_the_way_back(t
 def test_the_site_configs_markers_are_checked_at_load():
     with pytest.raises(ValueError, match="not a regular expression"):
         Config.model_validate({"sites": [{"id": "a", "start_url": "https://a.example/", "blocked_markers": ["(x"]}]})
+
+
+# --- shown -------------------------------------------------------------------------------------------------------
+
+
+def test_the_summary_and_the_report_count_failed_attempts_by_class(table):
+    from cli.report.page import render_report
+    from fleet.codec import RunInfo, RunState
+    from fleet.summary import build_summary
+
+    gone = end(table, claimed(table), Failure(C.HTTP_4XX, 404))
+    r = ops.new_site("r1", "s2", SiteSpec("http://y.test/"), None)
+    table.create_site(r)
+    b = end(table, ops.claim(table, r, "i-1", NOW), Failure(C.BLOCKED, 403))
+    b = end(table, ops.claim(table, b, "i-2", NOW + 300), Failure(C.BLOCKED, 403))
+    run = RunInfo("r1", RunState.FINISHED, NOW, NOW + 3600, "20261121")
+    summary = build_summary(run, [gone, b], left_running=0, finished_at=NOW + 400, finish_reason="all sites done")
+    assert summary["failures"] == {"blocked 403": 2, "http_4xx 404": 1}
+    assert summary["sites"]["s1"]["failure_class"] == "http_4xx" and summary["sites"]["s1"]["http_status"] == 404
+    assert summary["sites"]["s2"]["retry_at"] == NOW + 600  # the second blocked attempt waits twice as long
+    assert [a["failure_class"] for a in summary["sites"]["s2"]["attempts"]] == ["blocked", "blocked"]
+    page = render_report(json.loads(json.dumps(summary)), generated_at=NOW + 500)
+    failures = page[page.index('id="failures"') : page.index('id="pacing"')]
+    assert ">blocked 403<" in failures and ">http_4xx 404<" in failures
+    assert "error (http_4xx 404)" in page
