@@ -13,7 +13,7 @@ MYPY := .venv/bin/mypy
 setup:
 	@bash scripts/setup.sh
 
-# A crawl of the 82 demo sites on the embedded default. Some demo sites are
+# A crawl of the 87 demo sites on the embedded default. Some demo sites are
 # built to fail, so exit code 3 ("finished, some sites FAILED") is the expected end.
 # Each demo is a run of its own (run id demo-<UTC time>), so it can be repeated.
 # No fault is injected into the demo, so no attempt may end `lost` or `spot` and no node may be taken for dead:

@@ -60,11 +60,16 @@ class PageRequest:
     hang_page: int | None
     hang_attempts: int | None  # None: every request for hang_page hangs
     fail_attempts: int
+    items: int = ITEMS_PER_PAGE  # items on each page
+    status: int | None = None  # every page answers this status (a 4xx or 5xx) instead of its content
+    retry_after: int | None = None  # with `status`: the Retry-After header, in seconds
+    challenge: bool = False  # every page is a bot-check interstitial, served with HTTP 200
 
     @classmethod
     def parse(cls, params: dict[str, str]) -> PageRequest:
         page = int_param(params, "page")  # out of range is a 404, not a 400
         pages = int_param(params, "pages", minimum=1)
+        items = int_param(params, "items", minimum=0, maximum=MAX_PER_PAGE)
         return cls(
             page=1 if page is None else page,
             pages=1 if pages is None else pages,
@@ -72,6 +77,10 @@ class PageRequest:
             hang_page=int_param(params, "hang_page", minimum=1),
             hang_attempts=int_param(params, "hang_attempts", minimum=0),
             fail_attempts=int_param(params, "fail_attempts", minimum=0) or 0,
+            items=ITEMS_PER_PAGE if items is None else items,
+            status=int_param(params, "status", minimum=400, maximum=599),
+            retry_after=int_param(params, "retry_after", minimum=0, maximum=86400),
+            challenge=int_param(params, "challenge", minimum=0, maximum=1) == 1,
         )
 
 
@@ -136,14 +145,27 @@ def document(title: str, body: str) -> bytes:
     ).encode()
 
 
-def page_html(name: str, page: int, next_href: str | None) -> bytes:
+def page_html(name: str, page: int, next_href: str | None, items: int = ITEMS_PER_PAGE) -> bytes:
     lines = [f"<h1>{html.escape(name)} page {page}</h1>", "<ul>"]
-    for item_id in map(html.escape, item_ids(name, page)):
+    for item_id in map(html.escape, item_ids(name, page, items)):
         lines.append(f'<li><a class="item" data-id="{item_id}" href="/item/{item_id}">Item {item_id}</a></li>')
     lines.append("</ul>")
     if next_href is not None:
         lines.append(f'<a class="next" href="{html.escape(next_href)}">Next</a>')
     return document(f"{name} page {page}", "\n".join(lines))
+
+
+#: A bot-check interstitial as common defences serve it (its title is one of `fleet.blocked`'s default markers).
+CHALLENGE_TITLE = "Just a moment..."
+
+
+def challenge_html() -> bytes:
+    return document(CHALLENGE_TITLE, "<p>Checking your browser before accessing this site.</p>")
+
+
+def refusal_html(status: int) -> bytes:
+    """A refusal page: "Access denied" for 401 and 403, else the status's plain message."""
+    return message_html("Access denied" if status in (401, 403) else f"HTTP {status} on purpose")
 
 
 def message_html(message: str) -> bytes:

@@ -27,6 +27,11 @@ article is ``/news/shop/p<N>/a<K>/index.html``. ``per_page`` is 1-50 (default 5)
 ``hang_article=N-K`` with ``hang_attempts`` makes article K of listing page N
 hang as ``hang_page`` does.
 
+A ``/s/`` site can also fail the way real sites do: ``status=404`` (any 400-599) answers every page with that
+status (401 and 403 with an "Access denied" page), ``retry_after=N`` adds a ``Retry-After: N`` header to it, and
+``challenge=1`` answers every page with HTTP 200 and a bot-check interstitial ("Just a moment...", as common
+defences show one). ``items=N`` (0-100, default 10) sets the items on each page.
+
 ``GET /robots.txt`` allows everything but two sites, so that robots.txt can be tried end to end: every page of
 the site ``robots-denied`` (its start URL, as HTML, API or news) and every next page of ``robots-later`` (its
 first page is allowed). Asked as ``localhost:<port>`` (a request whose Host is ``localhost``: another origin than
@@ -72,7 +77,9 @@ from embedded.demo_pages import (
     message_html,
     news_article_html,
     news_listing_html,
+    challenge_html,
     page_html,
+    refusal_html,
 )
 from fleet.httpd import TOKEN_ENV, TOKEN_HEADER, QuietHandler, token_ok
 
@@ -201,11 +208,18 @@ class _Handler(QuietHandler):
         if req.page == 1 and attempt <= req.fail_attempts:
             self._send_html(500, message_html(f"{name} failed on purpose (attempt {attempt})"))
             return
+        if req.status is not None:
+            after = {"Retry-After": str(req.retry_after)} if req.retry_after is not None else None
+            self._send(req.status, refusal_html(req.status), "text/html; charset=utf-8", after)
+            return
+        if req.challenge:
+            self._send_html(200, challenge_html())
+            return
         next_href = None
         if req.page < req.pages:
             kept = [(k, v) for k, v in pairs if k != "page"]
             next_href = f"{path}?{urlencode(kept + [('page', str(req.page + 1))])}"
-        self._send_html(200, page_html(name, req.page, next_href))
+        self._send_html(200, page_html(name, req.page, next_href, req.items))
 
     def _api_page(self, name: str, query: str) -> None:
         params = dict(parse_qsl(query, keep_blank_values=True))

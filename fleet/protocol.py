@@ -203,9 +203,10 @@ def record_of(msg: SiteMessage | BadMessage) -> tuple[str, str] | None:
     return None if isinstance(msg, BadMessage) else (msg.run_id, msg.site)
 
 
-#: A retry that should avoid a node (a blocked attempt's) is left to others for this many receives; then the node it
-#: avoids takes it anyway (there may be no other).
+#: A retry that should avoid a node (a blocked attempt's) is left to others for this many receives, each time hidden
+#: for AVOID_HIDE_S; then the node it avoids takes it anyway (there may be no other).
 AVOID_RECEIVES = 3
+AVOID_HIDE_S = 5.0
 
 
 def on_message(
@@ -220,7 +221,7 @@ def on_message(
     if verdict is ops.Verdict.WAIT or msg.run_id != run_id:
         return MessageStep(MessageAction.HIDE, min(rules.visibility_s, WAIT_HIDE_S))
     if rec is not None and instance_id and rec.avoid_instance == instance_id and msg.receive_count < AVOID_RECEIVES:
-        return MessageStep(MessageAction.HIDE, min(rules.visibility_s, WAIT_HIDE_S))
+        return MessageStep(MessageAction.HIDE, AVOID_HIDE_S)
     return MessageStep(MessageAction.CLAIM)
 
 

@@ -86,13 +86,13 @@ class ExpectConfig(_Model):
 
 
 class RetryRuleConfig(_Model):
-    """A `run.retry` rule: each key unset keeps the default rule's (README: "Failures by class")."""
+    """A `run.retry` rule: each key unset (None) keeps the default rule's (README: "Failures by class")."""
 
-    retry: bool = Field(True, description="retry (while attempts remain) or fail at once")
-    backoff_s: float = Field(0, ge=0, le=86400, description="the wait before the first retry")
-    factor: float = Field(2.0, ge=1, le=10, description="each further retry waits this much longer")
-    max_s: float = Field(900, ge=0, le=86400, description="the longest wait, Retry-After included")
-    other_node: bool = Field(False, description="the retry avoids the node the attempt failed on")
+    retry: bool | None = Field(None, description="retry (while attempts remain) or fail at once")
+    backoff_s: float | None = Field(None, ge=0, le=86400, description="the wait before the first retry")
+    factor: float | None = Field(None, ge=1, le=10, description="each further retry waits this much longer")
+    max_s: float | None = Field(None, ge=0, le=86400, description="the longest wait, Retry-After included")
+    other_node: bool | None = Field(None, description="the retry avoids the node the attempt failed on")
 
 
 def _retry_rule(v: Any) -> Any:
@@ -139,7 +139,7 @@ class RunConfig(_Model):
 
     @property
     def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy.of({k: v.model_dump(exclude_unset=True) for k, v in self.retry.items()})
+        return RetryPolicy.of({k: v.model_dump(exclude_none=True) for k, v in self.retry.items()})
 
 
 class FleetConfig(_Model):

@@ -120,7 +120,7 @@ def test_examples_are_valid():
     for path in sorted(root.glob("*.yaml")):
         load_config(path)
     demo = load_config(root / "demo.yaml")
-    assert len(demo.sites) == 82
+    assert len(demo.sites) == 87
 
 
 def test_built_in_crawlers_options_are_checked_at_load_and_dotted_paths_keep_free_options():

@@ -275,6 +275,11 @@ def test_not_found(server, path):
         ("hang_page=x", "hang_page"),
         ("hang_attempts=-1", "hang_attempts"),
         ("fail_attempts=1.5", "fail_attempts"),
+        ("status=200", "status"),
+        ("status=600", "status"),
+        ("retry_after=-1", "retry_after"),
+        ("challenge=2", "challenge"),
+        ("items=101", "items"),
     ],
 )
 def test_bad_params_are_rejected(server, query, param):
@@ -507,3 +512,18 @@ def test_api_bad_params_are_rejected(server):
         status, _, body = api(f"{server.base_url}/api/shop?{query}")
         assert (status, body) == (400, {"error": f"bad value for {param}"}), query
     assert server.stats() == {"sites": {}}
+
+
+def test_a_site_can_answer_a_status_a_challenge_or_fewer_items(server):
+    status, headers, body = fetch(f"{server.base_url}/s/gone/?pages=2&status=404")
+    assert status == 404 and headers.get("Retry-After") is None
+    status, headers, body = fetch(f"{server.base_url}/s/busy/?status=503&retry_after=7")
+    assert status == 503 and headers["Retry-After"] == "7"
+    status, _, body = fetch(f"{server.base_url}/s/walled/?status=403")
+    assert status == 403 and b"Access denied" in body
+    status, p = page(f"{server.base_url}/s/checked/?challenge=1")
+    assert status == 200 and p.title == "Just a moment..." and p.item_ids == []
+    status, p = page(f"{server.base_url}/s/thin/?pages=2&items=2")
+    assert status == 200 and len(p.item_ids) == 2 and p.next_hrefs
+    status, p = page(f"{server.base_url}/s/empty/?items=0")
+    assert status == 200 and p.item_ids == []

@@ -284,3 +284,16 @@ def test_the_summary_and_the_report_count_failed_attempts_by_class(table):
     failures = page[page.index('id="failures"') : page.index('id="pacing"')]
     assert ">blocked 403<" in failures and ">http_4xx 404<" in failures
     assert "error (http_4xx 404)" in page
+
+
+def test_run_retry_survives_the_run_configs_round_trip_to_the_nodes(tmp_path):
+    from fleet.config.load import dump_config, load_config
+
+    c = Config.model_validate(
+        {"run": {"retry": {"blocked": {"backoff_s": 1}}}, "sites": [{"id": "a", "start_url": "https://a.example/"}]}
+    )
+    path = tmp_path / "run.yaml"
+    path.write_text(dump_config(c))
+    back = load_config(path).run.retry_policy.rule(Failure(C.BLOCKED, 403))
+    assert back == c.run.retry_policy.rule(Failure(C.BLOCKED, 403))
+    assert back.other_node and back.backoff_s == 1  # what was not set keeps its default, after the trip too
