@@ -72,12 +72,12 @@ from embedded.demo_pages import (
     NewsRequest,
     PageRequest,
     PageTokens,
+    challenge_html,
     int_param,
     item_ids,
     message_html,
     news_article_html,
     news_listing_html,
-    challenge_html,
     page_html,
     refusal_html,
 )
