@@ -55,6 +55,16 @@ class CrawlFailed(GridfleetError):
     """The site answered with an error, or its crawler failed: one line, exit 1."""
 
 
+def _failed_as(e: BaseException, config: Config) -> str:
+    """`[<class>, a fleet would retry|fail] `: how a node would class the failure and what `run.retry` says."""
+    from fleet.failures import Failure, FailureClass, of_exception
+    from node.crawler import RobotsDenied
+
+    failure = Failure(FailureClass.ROBOTS) if isinstance(e, RobotsDenied) else of_exception(e)
+    rule = config.run.retry_policy.rule(failure)
+    return f"[{failure.label}, a fleet would {'retry' if rule.retry else 'fail'}] "
+
+
 def judge_contract(site: str, expect: dict[str, Any], out: CrawlOutput, pages: int, stopped: bool) -> None:
     """The crawl against the site's data contract (`expect`), as a node judges its result: each broken rule on
     stderr, and CrawlFailed (exit 1) naming them. `max_drop` needs the previous run's count, which only the
@@ -320,10 +330,11 @@ def crawl_site(
         crawler = crawler_class(ctx)
         stopped = out.run(crawler)
     except CrawlError as e:
-        raise CrawlFailed(f"{site.id}: {one_line(e)}") from None
+        raise CrawlFailed(f"{site.id}: {_failed_as(e, fleet_config)}{one_line(e)}") from None
     except Exception as e:  # the crawler's own code or its browser: one line, the traceback with -v
         log.debug("crawl failed site=%s", site.id, exc_info=True)
-        raise CrawlFailed(f"{site.id}: {type(e).__name__}: {one_line(getattr(e, 'msg', None) or e)}") from None
+        said = f"{type(e).__name__}: {one_line(getattr(e, 'msg', None) or e)}"
+        raise CrawlFailed(f"{site.id}: {_failed_as(e, fleet_config)}{said}") from None
     finally:
         # After a Ctrl-C at a terminal chromedriver is gone too: quitting the session then needs no retry chatter.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)

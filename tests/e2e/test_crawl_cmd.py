@@ -64,7 +64,10 @@ def test_crawl_runs_one_sites_crawler_with_a_local_chromium_and_leaves_nothing_r
 
     assert failed.returncode == 1 and failed.stdout == ""
     url = f"{demo.base_url}/s/broken/?fail_attempts=1000"
-    assert failed.stderr.splitlines()[-1] == f"gridfleet: error: broken: HTTP 500 from {url}"
+    assert (
+        failed.stderr.splitlines()[-1]
+        == f"gridfleet: error: broken: [http_5xx 500, a fleet would retry] HTTP 500 from {url}"
+    )
     assert "Traceback" not in failed.stderr
 
     left = [
@@ -196,7 +199,9 @@ def test_crawl_honours_robots_txt_and_judges_the_sites_contract_in_a_real_browse
         denied, later, ignored, short = (crawl(site) for site in ("denied", "later", "ignored", "short"))
 
     assert denied.returncode == 1 and denied.stdout == ""
-    assert denied.stderr.splitlines()[-1].startswith("gridfleet: error: denied: robots.txt disallows the start URL ")
+    assert denied.stderr.splitlines()[-1].startswith(
+        "gridfleet: error: denied: [robots, a fleet would fail] robots.txt disallows the start URL "
+    )
     assert later.returncode == 0 and len(later.stdout.splitlines()) == 10, later.stderr
     assert f"skipped: robots.txt disallows {demo.base_url}/s/robots-later/?pages=3&page=2" in later.stderr
     assert later.stderr.splitlines()[-1].endswith("1 pages skipped (robots.txt)")

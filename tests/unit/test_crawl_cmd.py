@@ -262,7 +262,7 @@ def test_an_http_error_ends_the_crawl_with_one_line_and_exit_1(tmp_path, cli, de
     assert code == 1 and out == ""
     pages = page_lines(err)
     assert len(pages) == 1 and pages[0].startswith("page 1: HTTP 500 in "), err
-    assert err.splitlines()[-1] == f"gridfleet: error: shop: HTTP 500 from {url}"
+    assert err.splitlines()[-1] == f"gridfleet: error: shop: [http_5xx 500, a fleet would retry] HTTP 500 from {url}"
     assert "Traceback" not in err
 
 
@@ -273,13 +273,15 @@ def test_a_crawler_bug_is_one_line_and_exit_1_its_traceback_only_with_verbose(tm
     code, out, err = cli("crawl", "own", "--config", config)
 
     assert code == 1 and out == ""
-    assert err.splitlines()[-1] == "gridfleet: error: own: ValueError: the selector broke"
+    assert err.splitlines()[-1] == "gridfleet: error: own: [error, a fleet would retry] ValueError: the selector broke"
     assert "Traceback" not in err
     for verbose in (["-v", "crawl", "own"], ["crawl", "-v", "own"], ["crawl", "own", "--verbose"]):
         code, out, err = cli(*verbose, "--config", config)  # -v before the command or after it: the same
         assert code == 1 and out == "", verbose
         assert "Traceback (most recent call last)" in err and "in crawl" in err, verbose  # the debug log
-        assert err.splitlines()[-1] == "gridfleet: error: own: ValueError: the selector broke"
+        assert (
+            err.splitlines()[-1] == "gridfleet: error: own: [error, a fleet would retry] ValueError: the selector broke"
+        )
 
 
 def test_the_sites_rate_is_kept_as_a_pause_between_its_requests(tmp_path, cli, demo):
