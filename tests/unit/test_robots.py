@@ -242,8 +242,9 @@ def test_the_demo_robots_txt_allows_the_demo_sites_and_denies_the_robots_sites()
     rules = Protego.parse(ROBOTS_TXT.decode())
     config = load_config("examples/demo.yaml")
     base = "http://127.0.0.1:8900"
-    urls = [s.url_for(base) for s in config.sites]
-    assert len(urls) >= 80 and all(rules.can_fetch(u, UA) for u in urls)
+    urls = {s.id: s.url_for(base) for s in config.sites}
+    denied = [site for site, u in urls.items() if not rules.can_fetch(u, UA)]
+    assert len(urls) >= 80 and denied == ["robots-denied"]  # the demo's one site robots.txt is built to deny
     assert not rules.can_fetch(f"{base}/s/robots-denied/?pages=2", UA)
     assert not rules.can_fetch(f"{base}/api/robots-denied?pages=2", UA)
     assert rules.can_fetch(f"{base}/s/robots-later/?pages=3", UA)
