@@ -8,7 +8,8 @@ one another.
 from __future__ import annotations
 
 from collections import Counter, deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from fleet.config import Config
@@ -28,6 +29,9 @@ class SimParams:
     drift: float = 0.15  # how much a site's time moves from the previous run (lognormal)
     page_s: float = 30.0  # time per page (progress reports per page)
     hang_rate: float = 0.01  # chance that an attempt hangs on one of its pages
+    # Failures by class, keyed as `run.retry` is (`sim.workload.failure_for`: `dns`, `blocked`, `http_404`...):
+    failure_rates: Mapping[str, float] = field(default_factory=dict)  # chance that an attempt fails so
+    failing_sites: Mapping[str, float] = field(default_factory=dict)  # share of sites whose every attempt fails so
     spot_per_hour: float = 0.05  # spot interruptions per instance-hour
     capacity_error_rate: float = 0.02  # chance a RunInstances for one instance type finds no capacity
     items_per_page: int = 20  # items a page gives (each checkpoint's part holds a page's)
@@ -73,7 +77,8 @@ class Crawl:
     site: str
     attempt: int
     claimed_at: float
-    events: deque  # (time, kind, payload): status / checkpoint / result; a hang is a URL_CALL with nothing after it
+    # (time, kind, payload): status / checkpoint / result / failed (a Failure); a hang is a URL_CALL with nothing after
+    events: deque
     hang_at: float | None = None  # when the hung page started
     killed: bool = False
 

@@ -19,6 +19,7 @@ from fleet import checkpoint as ck
 from fleet import ops, protocol
 from fleet import protocol as crawl_end  # how an attempt ends (CrawlEnd, settle) is part of the protocol
 from fleet.errors import StaleWrite
+from fleet.failures import Failure, FailureClass
 from fleet.messages import BadMessage, SiteMessage
 from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, MessageAction, NodeCard, NodeRules, Stop, Watch
 from fleet.results import result_key
@@ -36,6 +37,14 @@ RESULT_HEAD_BYTES = 300  # a result document's fields besides its items (`node.r
 def _json_list_bytes(items: int, item_bytes: int) -> int:
     """The bytes of a JSON list of `items` items of `item_bytes` each."""
     return 2 + items * (item_bytes + 1)
+
+
+def _failed_end(failure: Failure) -> CrawlEnd:
+    """How the agent ends an attempt whose crawler failed with `failure`: its process died (`crash`), or it reported
+    the error with its class (`node.crawler`)."""
+    if failure.cls is FailureClass.CRASH:
+        return crawl_end.exited_end(1)
+    return CrawlEnd(CrawlEndKind.ERROR, error=f"simulated failure: {failure.label}", failure=failure)
 
 
 @dataclass
@@ -108,6 +117,15 @@ class SimNode:
         self._wake(self.engine.now, self.poll)
         return True
 
+    def polled_by_visible_message(self) -> bool:
+        """A hidden message showed again while this node was in a long poll: it receives now (a long poll that
+        started earlier gets it before this node's own next turn, as SQS gives it to one of the waiting polls)."""
+        if not self.waiting or self.dead:
+            return False
+        self.gen += 1  # the long poll's end, scheduled, is void: this receive ends it
+        self.poll()
+        return True
+
     def poll(self) -> None:
         """One turn of the agent's main loop."""
         rules, now = self.rules, self.engine.now
@@ -150,6 +168,8 @@ class SimNode:
             queue.delete(msg)
         elif step.visibility_s is not None:
             queue.set_visibility(msg, step.visibility_s)
+            if step.action is MessageAction.HIDE:  # when it shows again, SQS hands it to a node in a long poll
+                self.engine.at(self.engine.now + step.visibility_s, self.sim.message_visible)
         return False
 
     def _start(self, rec: SiteRecord, msg: SiteMessage) -> None:
@@ -201,6 +221,8 @@ class SimNode:
                 _, kind, payload = c.events.popleft()
                 if kind == "result":
                     return self._settle(CrawlEnd(CrawlEndKind.RESULT))
+                if kind == "failed":
+                    return self._settle(_failed_end(payload))
                 self._crawler_said(kind, payload, now)
             if self.watch.beat_due(now):
                 self._beat()

@@ -21,6 +21,7 @@ from typing import Any
 
 from fleet.config import Config
 from fleet.config.rules import rules_from_config
+from fleet.summary import failed_attempts, site_entry
 from hub.control.base import KillResult
 from hub.loop import Hub
 from hub.plan import run_date_for
@@ -108,6 +109,13 @@ class Sim:
     def _message_sent(self) -> None:
         while self.waiters:
             if self.waiters.popleft().woken_by_message():
+                return
+
+    def message_visible(self) -> None:
+        """A message a node hid (`MessageAction.HIDE`) shows again: a node in a long poll receives it at once, the
+        one waiting longest first, rather than the node that hid it, whose turns fall on that very time."""
+        while self.waiters:
+            if self.waiters.popleft().polled_by_visible_message():
                 return
 
     def _hub_tick(self) -> None:
@@ -205,6 +213,7 @@ class SimResult:
     completed: int
     failed: int
     attempts: dict[str, int]
+    failures: dict[str, int]  # failed attempts by class, as summary.json's `failures` counts them (`http_4xx 404`)
     left_running: int
     sim_events: int
     wall_s: float
@@ -277,6 +286,7 @@ class SimResult:
             completed=completed,
             failed=failed,
             attempts=dict(sim.stats.outcomes),
+            failures=failed_attempts({r.site: site_entry(r) for r in sites}),
             left_running=left,
             sim_events=sim.engine.events,
             wall_s=round(wall, 2),

@@ -34,6 +34,8 @@ class Waiter(Protocol):
 
     def woken_by_message(self) -> bool: ...
 
+    def polled_by_visible_message(self) -> bool: ...
+
 
 class World(Protocol):
     """The running simulation, read-only, as its nodes and its cloud see it."""
@@ -66,3 +68,5 @@ class World(Protocol):
     def workload(self) -> Attempts: ...
     @property
     def cloud(self) -> Shutdowns: ...
+
+    def message_visible(self) -> None: ...  # a message a node hid shows again: a node in a long poll receives it

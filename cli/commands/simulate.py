@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleet.config.load import load_config
+from fleet.errors import UsageError
 from hub.history import durations_from_file
 
 if TYPE_CHECKING:
@@ -63,6 +64,26 @@ def _number(lo: float, hi: float | None, what: str, above: bool = False) -> Call
 
 
 _rate = _number(0, 1, "a fraction from 0 to 1")
+
+
+def _class_share(value: str) -> tuple[str, float]:
+    """CLASS=FRACTION, CLASS as `sim.workload.failure_for` reads it (the simulator, imported only when the command
+    is given one)."""
+    from sim.workload import failure_for
+
+    key, sep, share = value.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{value!r}: CLASS=FRACTION, e.g. http_404=0.05")
+    try:
+        failure_for(key)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    try:
+        return key, _rate(share)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{value!r}: the fraction is one from 0 to 1") from None
+
+
 _nonneg = _number(0, None, "a number of 0 or more")
 _pos = _number(0, None, "a number above 0", above=True)
 
@@ -102,7 +123,32 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="spread of crawl times (lognormal; 0 = all equal) (default: %(default)s)",
     )
     p.add_argument("--page-s", type=_pos, default=30.0, help="seconds per page (default: %(default)s)")
+    _add_faults(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _add_faults(p: argparse.ArgumentParser) -> None:
+    """The faults the run meets: hangs, failures by class, spot interruptions, capacity errors."""
     p.add_argument("--hang-rate", type=_rate, default=0.01, help="chance an attempt hangs (default: %(default)s)")
+    p.add_argument(
+        "--fail-rate",
+        type=_class_share,
+        action="append",
+        default=[],
+        metavar="CLASS=FRACTION",
+        help="chance an attempt fails with CLASS on one of its pages, repeatable; CLASS is dns, connect, tls, "
+        "timeout, blocked (a challenge page), error, crash, or http_<status> (http_503; http_403 is blocked 403), "
+        "and run.retry decides what follows",
+    )
+    p.add_argument(
+        "--fail-sites",
+        type=_class_share,
+        action="append",
+        default=[],
+        metavar="CLASS=FRACTION",
+        help="share of the sites that fail every attempt with CLASS on their first page (http_404=0.05: sites gone "
+        "today), repeatable; the shares add up to 1 at most",
+    )
     p.add_argument(
         "--spot-per-hour",
         type=_nonneg,
@@ -115,12 +161,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=0.02,
         help="chance a launch of one instance type finds no capacity (default: %(default)s)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def params_from(args: argparse.Namespace) -> SimParams:
     from sim.run import SimParams
+    from sim.workload import check_shares
 
+    failing_sites = dict(args.fail_sites)
+    try:
+        check_shares(failing_sites, "failing sites")
+    except ValueError as e:
+        raise UsageError(f"--fail-sites: {e}") from None
     history = durations_from_file(args.history) if args.history else None
     config = load_config(args.config) if args.config else None
     sites = args.sites or (len(history) if history else 80)
@@ -134,6 +185,8 @@ def params_from(args: argparse.Namespace) -> SimParams:
         sigma=args.sigma,
         page_s=args.page_s,
         hang_rate=args.hang_rate,
+        failure_rates=dict(args.fail_rate),
+        failing_sites=failing_sites,
         spot_per_hour=args.spot_per_hour,
         capacity_error_rate=args.capacity_errors,
         history=history,
@@ -171,7 +224,7 @@ def result_table(r: SimResult) -> Table:
     t.add_column("", style="dim")
     calls = r.api_calls_per_site
     rows = [
-        ("makespan", f"{r.makespan_s:,.0f} s", f"{r.makespan_s / 3600:.2f} h"),
+        ("makespan (run's end)", f"{r.makespan_s:,.0f} s", f"{r.makespan_s / 3600:.2f} h after its start"),
         ("lower bound", f"{r.lower_bound_s:,.0f} s", "max(boot + longest, boot + work / nodes)"),
         ("ratio", f"{r.ratio:.3f}", _mark("ratio", r.ratio)),
         (
@@ -211,14 +264,26 @@ def result_table(r: SimResult) -> Table:
             f"{r.tick_cpu_ms_p95:.1f} / {r.tick_cpu_ms_max:.1f} ms",
             f"{r.ticks} ticks; " + _mark("tick_cpu_ms_p95", r.tick_cpu_ms_p95),
         ),
-        (
-            "sites",
-            f"{r.completed:,} COMPLETED / {r.failed:,} FAILED",
-            ", ".join(f"{k} {v}" for k, v in sorted(r.attempts.items())) + " (attempt ends)",
-        ),
+        *_site_rows(r),
         ("left running", str(r.left_running), ""),
         ("wall time", f"{r.wall_s:.1f} s", f"{r.sim_events:,} events"),
     ]
     for row in rows:
         t.add_row(*row)
     return t
+
+
+def _site_rows(r: SimResult) -> list[tuple[str, str, str]]:
+    """How the sites ended, and the failed attempts by class (summary.json's `failures`)."""
+    return [
+        (
+            "sites",
+            f"{r.completed:,} COMPLETED / {r.failed:,} FAILED",
+            ", ".join(f"{k} {v}" for k, v in sorted(r.attempts.items())) + " (attempt ends)",
+        ),
+        (
+            "failed attempts by class",
+            f"{sum(r.failures.values()):,}",
+            ", ".join(f"{k} {v}" for k, v in r.failures.items()) or "none",
+        ),
+    ]
