@@ -48,7 +48,10 @@ def kill_the_hub_mid_run(day: TwinDay, run_id: str, hubs_before: int) -> str:
 
 
 #: One node a day: the API sites take a second each.
-WEEK = {"fleet": {"max_nodes": 1, "min_nodes": 1, "idle_exit_s": 10}, "run": {"max_attempts": 2}}
+WEEK = {
+    "fleet": {"max_nodes": 1, "min_nodes": 1, "idle_exit_s": 10},
+    "run": {"max_attempts": 2, "retry": {"http_5xx": {"backoff_s": 1}}},
+}
 
 
 @pytest.fixture(scope="module")
