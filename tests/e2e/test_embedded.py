@@ -21,7 +21,13 @@ from tests.e2e.conftest import assert_no_overlap, attempts
 pytestmark = pytest.mark.e2e
 
 MIXED = """\
-run: {max_attempts: 3, hang_after_s: 4, heartbeat_timeout_s: 15, watch_interval_s: 2, deadline_s: 240, retry: {http_5xx: {backoff_s: 1}}}
+run:
+  max_attempts: 3
+  hang_after_s: 4
+  heartbeat_timeout_s: 15
+  watch_interval_s: 2
+  deadline_s: 240
+  retry: {http_5xx: {backoff_s: 1}}  # the sites built to fail wait a second, not 30
 fleet: {max_nodes: 3, idle_exit_s: 5}
 hub: {port: 0}
 sites:

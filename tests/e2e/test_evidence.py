@@ -20,7 +20,13 @@ pytestmark = pytest.mark.e2e
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 WATCHDOG = """\
-run: {max_attempts: 1, hang_after_s: 5, heartbeat_timeout_s: 15, watch_interval_s: 1, deadline_s: 180, retry: {http_5xx: {backoff_s: 1}}}
+run:
+  max_attempts: 1
+  hang_after_s: 5
+  heartbeat_timeout_s: 15
+  watch_interval_s: 1
+  deadline_s: 180
+  retry: {http_5xx: {backoff_s: 1}}  # the sites built to fail wait a second, not 30
 fleet: {max_nodes: 2, idle_exit_s: 4}
 hub: {port: 0}
 sites:
@@ -31,7 +37,13 @@ sites:
 # No node watchdog: the hub sees the hang and kills the crawl; the retry completes, so the run ends after the node
 # kept the killed attempt's evidence (a kill that ends the run itself may race its export: see ARCHITECTURE).
 HUB_KILL = """\
-run: {max_attempts: 2, hang_after_s: 5, heartbeat_timeout_s: 15, watch_interval_s: 1, deadline_s: 180, retry: {http_5xx: {backoff_s: 1}}}
+run:
+  max_attempts: 2
+  hang_after_s: 5
+  heartbeat_timeout_s: 15
+  watch_interval_s: 1
+  deadline_s: 180
+  retry: {http_5xx: {backoff_s: 1}}  # the sites built to fail wait a second, not 30
 fleet: {max_nodes: 1, idle_exit_s: 4, node_watchdog: false}
 hub: {port: 0}
 sites:
