@@ -89,6 +89,7 @@ def context(job: dict[str, Any], emit: Callable[..., None]) -> CrawlContext:
         mark=tuple(job.get("mark") or ()),
         pace=paced.pace if paced is not None else lambda url, delay: None,
         answered=paced.answered if paced is not None else lambda url, status: None,
+        ended=paced.flush if paced is not None else lambda: None,
         grid_secret=GridSecret.read(Path(job["grid_secret_file"])) if job.get("grid_secret_file") else None,
     )
 
@@ -146,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     finally:
+        try:
+            ctx.ended()  # what the crawl's pacing still holds
+        except Exception:
+            logging.getLogger("gridfleet.crawler").warning("sending the pacing counters failed", exc_info=True)
         if crawler is not None and not failed:
             try:
                 crawler.close()

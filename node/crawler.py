@@ -127,6 +127,7 @@ class CrawlContext:
     mark: tuple[str, ...] = ()  # incremental: item ids seen by the last successful crawl
     pace: Pace = field(default=lambda url, delay: None, repr=False)  # wait for the site's and the domain's slots
     answered: Answered = field(default=lambda url, status: None, repr=False)  # each answer, for the domain's pace
+    ended: Callable[[], None] = field(default=lambda: None, repr=False)  # the crawl ended (sends pending counters)
     on_page: OnPage | None = field(default=None, repr=False)  # `gridfleet crawl`'s page lines and screenshots
     grid_secret: GridSecret | None = field(default=None, repr=False)  # the router's credentials come from it
     user_agent: str = ""  # sent by every request of the crawl ("": Chromium's and urllib's own)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from fleet.aws.ratelimit import PACE_MARGIN
-from fleet.pacing import base_spacing, domain_of
+from fleet.pacing import backs_off, base_spacing, domain_of
 
 
 class Domains(Protocol):
@@ -23,9 +23,14 @@ class Domains(Protocol):
     def answered(self, domain: str, base: float, status: int | None) -> float: ...
 
     def count(
-        self, run_id: str, domain: str, base: tuple[float, str], status: int | None, spacing_s: float,
+        self, run_id: str, domain: str, base: tuple[float, str], answers: tuple[int, int], spacing_s: float,
         expire_at: int | None,
     ) -> None: ...  # fmt: skip
+
+
+#: A crawl sends a domain's counters after this many answers, at a back-off, and when it ends (`flush`): a crawl
+#: killed in between leaves at most this many answers uncounted in the report's pacing.
+COUNT_EVERY = 10
 
 
 class Pacer:
@@ -46,6 +51,8 @@ class Pacer:
         self.per_domain_s, self.expire_at = per_domain_s, expire_at
         #: Per domain: its base spacing and where it came from, as its last request had them.
         self.bases: dict[str, tuple[float, str]] = {}
+        #: Per domain: the answers not sent yet (requests, back-offs) and the spacing after the last.
+        self.pending: dict[str, tuple[int, int, float]] = {}
 
     def pace(self, url: str, crawl_delay: float | None) -> None:
         if self.group is not None:
@@ -60,9 +67,21 @@ class Pacer:
         domain = domain_of(url)
         if domain is None:
             return
-        base = self.bases.get(domain) or base_spacing(None, self.per_domain_s, PACE_MARGIN)
+        base = self.bases.setdefault(domain, base_spacing(None, self.per_domain_s, PACE_MARGIN))
         spacing = self.domains.answered(domain, base[0], status)
-        self.domains.count(self.run_id, domain, base, status, spacing, self.expire_at)
+        n, backoffs, _ = self.pending.get(domain, (0, 0, spacing))
+        self.pending[domain] = (n + 1, backoffs + int(backs_off(status)), spacing)
+        if n + 1 >= COUNT_EVERY or backs_off(status):
+            self._send(domain)
+
+    def flush(self) -> None:
+        """Send every domain's counters not sent yet (the crawl ends)."""
+        for domain in list(self.pending):
+            self._send(domain)
+
+    def _send(self, domain: str) -> None:
+        n, backoffs, spacing = self.pending.pop(domain)
+        self.domains.count(self.run_id, domain, self.bases[domain], (n, backoffs), spacing, self.expire_at)
 
 
 def table_client(spec: dict[str, Any]) -> Any:

@@ -6,9 +6,9 @@ A domain holds one item beside the rate limit groups', `run_id = "#limits"`, `Si
 larger of its base spacing and the item's `spacing`, and moves `next_at` on in one UpdateItem conditional on
 `next_at` being what it read; an answer reads the item again and writes the new `spacing` (when it changes)
 conditional on the one read. A failed condition means another node moved first: read again, up to `MAX_ROUNDS`.
-A domain with no base spacing and no back-off costs two reads per request and no write to its item.
+A domain with no base spacing and no back-off costs one read per request and no write to its item.
 
-Each answer also adds to the run's counters of the domain, an item in the partition `#pacing:<run_id>` (`Site` the
+The answers also add to the run's counters of the domain (a crawler process sends them in batches, `node.pacing`), an item in the partition `#pacing:<run_id>` (`Site` the
 domain): `requests` and `backoffs` (ADD), `base_s`, `base_from` and `spacing_s` (SET), which the hub reads into
 summary.json's `pacing` when the run ends (`DynamoStateTable.read_pacing`).
 """
@@ -38,6 +38,8 @@ class DynamoDomainPacer:
         self.clock = clock or SystemClock()
         #: Per domain: its `spacing` as last read or written (None: never backed off).
         self.seen: dict[str, float | None] = {}
+        #: The domains whose item this process read for the slot of the request now waiting for its answer.
+        self.slotted: set[str] = set()
 
     def _key(self, domain: str) -> dict[str, Any]:
         return {"run_id": {"S": LIMITS_PARTITION}, "Site": {"S": DOMAIN_PREFIX + domain}}
@@ -51,6 +53,7 @@ class DynamoDomainPacer:
 
     def take(self, domain: str, base: float, now: float) -> float:
         """Reserve the domain's next slot at or after `now` for a request of base spacing `base`; return it."""
+        self.slotted.add(domain)
         for _ in range(MAX_ROUNDS):
             next_at, stored = self._read(domain)
             step = max(base, stored or 0.0)
@@ -80,7 +83,13 @@ class DynamoDomainPacer:
         return slot
 
     def answered(self, domain: str, base: float, status: int | None) -> float:
-        """The domain's spacing after an answer of `status`, written to its item when it changes."""
+        """The domain's spacing after an answer of `status`, written to its item when it changes. An answer that
+        does not back off, to a domain that was not backed off when this request took its slot, changes nothing:
+        it costs no call."""
+        slotted = domain in self.slotted
+        self.slotted.discard(domain)
+        if slotted and not backs_off(status) and self.seen.get(domain, 0.0) is None:
+            return base
         stored = self._read(domain)[1]
         for _ in range(MAX_ROUNDS):
             now = max(stored or 0.0, base)
@@ -97,12 +106,12 @@ class DynamoDomainPacer:
             stored = self._read(domain)[1]
         raise RateLimitContention(f"domain {domain!r}: its spacing kept changing under {MAX_ROUNDS} updates")
 
-    def count(self, run_id: str, domain: str, base: tuple[float, str], status: int | None, spacing_s: float,
+    def count(self, run_id: str, domain: str, base: tuple[float, str], answers: tuple[int, int], spacing_s: float,
               expire_at: int | None) -> None:  # fmt: skip
-        """Add one answer of `status` to the run's counters of the domain."""
+        """Add `answers` (requests, of which back-offs) to the run's counters of the domain."""
         values = {
-            ":one": _n(1),
-            ":b": _n(1 if backs_off(status) else 0),
+            ":one": _n(answers[0]),
+            ":b": _n(answers[1]),
             ":base": _n(base[0]),
             ":from": {"S": base[1]},
             ":sp": _n(max(spacing_s, base[0])),

@@ -79,9 +79,28 @@ def test_the_runs_counters_of_each_domain_are_what_the_summary_shows(shared_clie
     run = f"run-{uuid.uuid4().hex[:8]}"
     base = (1.0, FROM_CRAWL_DELAY)
     for p, status in ((a, 200), (b, 429), (a, 200)):
-        p.count(run, d, base, status, p.answered(d, 1.0, status), expire_at=2_000_000_000)
+        p.count(run, d, base, (1, int(status == 429)), p.answered(d, 1.0, status), expire_at=2_000_000_000)
     pacing = DynamoStateTable(ddb, table).read_pacing(run)  # spacing: 1, 2 (the 429), then 10% back: 1.9
     assert pacing == {
         d: {"requests": 3, "base_s": 1.0, "base_from": "crawl-delay", "backoffs": 1, "spacing_s": pytest.approx(1.9)}
     }
     assert DynamoStateTable(ddb, table).read_pacing("another-run") == {}
+
+
+def test_a_request_to_a_domain_never_backed_off_costs_one_read_and_its_answer_none(shared_clients, table):
+    ddb, clock, d = shared_clients.client("dynamodb"), FakeClock(), domain()
+    calls: list[str] = []
+
+    def record(model, **_):
+        calls.append(model.name)
+
+    ddb.meta.events.register("before-call.dynamodb.*", record)
+    try:
+        p = DynamoDomainPacer(ddb, table, clock)
+        p.take(d, 0.0, clock.now())
+        assert p.answered(d, 0.0, 200) == 0.0
+        assert calls == ["GetItem"]
+        assert p.answered(d, 0.0, 429) == 1.0  # a back-off reads and writes
+        assert calls == ["GetItem", "GetItem", "UpdateItem"]
+    finally:
+        ddb.meta.events.unregister("before-call.dynamodb.*", record)

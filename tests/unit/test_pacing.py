@@ -17,7 +17,7 @@ from fleet.pacing import (
     pacing_section,
     throttled,
 )
-from node.pacing import Pacer
+from node.pacing import COUNT_EVERY, Pacer
 from node.robots import Fetched, Robots
 
 UA = "gridfleet/1.0 (+https://crawl.example/about)"
@@ -103,8 +103,8 @@ class Domains:
         self.answers.append((domain, base, status))
         return throttled(base, base, status)
 
-    def count(self, run_id, domain, base, status, spacing_s, expire_at) -> None:
-        self.counted.append((run_id, domain, base, status, spacing_s, expire_at))
+    def count(self, run_id, domain, base, answers, spacing_s, expire_at) -> None:
+        self.counted.append((run_id, domain, base, answers, spacing_s, expire_at))
 
 
 def test_a_request_waits_for_its_group_then_its_domain_and_each_answer_is_counted_for_the_run():
@@ -114,8 +114,13 @@ def test_a_request_waits_for_its_group_then_its_domain_and_each_answer_is_counte
     pacer = Pacer(lambda: order.append("group"), domains, "run-1", per_domain_s=None, expire_at=99)
     pacer.pace("http://localhost:8900/s/a/", 2.0)
     assert order == ["group", "domain localhost:8900 2.2"]
-    pacer.answered("http://localhost:8900/s/a/", 429)
-    assert domains.counted == [("run-1", "localhost:8900", (pytest.approx(2.2), FROM_CRAWL_DELAY), 429, 4.4, 99)]
+    pacer.answered("http://localhost:8900/s/a/", 429)  # a back-off is sent at once
+    assert domains.counted == [("run-1", "localhost:8900", (pytest.approx(2.2), FROM_CRAWL_DELAY), (1, 1), 4.4, 99)]
+    for _ in range(COUNT_EVERY + 3):  # answers are sent COUNT_EVERY at a time, the rest when the crawl ends
+        pacer.answered("http://localhost:8900/s/a/", 200)
+    assert [c[3] for c in domains.counted] == [(1, 1), (COUNT_EVERY, 0)]
+    pacer.flush()
+    assert [c[3] for c in domains.counted] == [(1, 1), (COUNT_EVERY, 0), (3, 0)]
     pacer.pace("file:///etc/passwd", None)  # no domain: the group's slot only
     assert order[-1] == "group"
 
