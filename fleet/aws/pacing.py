@@ -8,9 +8,10 @@ larger of its base spacing and the item's `spacing`, and moves `next_at` on in o
 conditional on the one read. A failed condition means another node moved first: read again, up to `MAX_ROUNDS`.
 A domain with no base spacing and no back-off costs one read per request and no write to its item.
 
-The answers also add to the run's counters of the domain (a crawler process sends them in batches, `node.pacing`), an item in the partition `#pacing:<run_id>` (`Site` the
-domain): `requests` and `backoffs` (ADD), `base_s`, `base_from` and `spacing_s` (SET), which the hub reads into
-summary.json's `pacing` when the run ends (`DynamoStateTable.read_pacing`).
+The answers also add to the run's counters of the domain (a crawler process sends them in batches, `node.pacing`),
+an item in the partition `#pacing:<run_id>` (`Site` the domain): `requests` and `backoffs` (ADD), `base_s`,
+`base_from` and `spacing_s` (SET), which the hub reads into summary.json's `pacing` when the run ends
+(`DynamoStateTable.read_pacing`).
 """
 
 from __future__ import annotations
