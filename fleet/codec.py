@@ -471,3 +471,14 @@ def diff_items(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[dict[str
     sets = {k: v for k, v in new.items() if k not in ("run_id", "Site") and old.get(k) != v}
     removes = [k for k in old if k not in new and k not in ("run_id", "Site")]
     return sets, removes
+
+
+def site_update(old: SiteRecord, new: SiteRecord) -> tuple[dict[str, Any], list[str]]:
+    """What a fenced write of `new` over `old` SETs and REMOVEs. `enqueued` is the one field another writer may
+    change without moving the version (the mark of a sent message): a writer whose copy predates such a mark would
+    leave it standing by the diff alone, and a QUEUED site marked sent whose message is gone is never sent again.
+    So a transition (a new version) always writes it."""
+    sets, removes = diff_items(site_to_item(old), site_to_item(new))
+    if new.version != old.version:
+        sets["enqueued"] = new.enqueued
+    return sets, removes

@@ -23,7 +23,6 @@ from fleet.codec import (
     HistoryEvent,
     NodeInfo,
     RunInfo,
-    diff_items,
     history_to_item,
     item_to_node,
     item_to_run,
@@ -32,6 +31,7 @@ from fleet.codec import (
     num,
     run_to_item,
     site_to_item,
+    site_update,
     split_partition,
 )
 from fleet.errors import StaleWrite
@@ -102,7 +102,7 @@ class MemoryStateTable:
             )
             if cur is None or not fenced:
                 raise StaleWrite(old.run_id, old.site, old.fence(), item_to_site(copy.deepcopy(cur)) if cur else None)
-            sets, removes = diff_items(site_to_item(old), site_to_item(new))  # what DynamoDB would SET/REMOVE
+            sets, removes = site_update(old, new)  # what DynamoDB would SET/REMOVE
             cur.update({k: copy.deepcopy(v) if isinstance(v, (dict, list)) else v for k, v in sets.items()})
             for k in removes:
                 cur.pop(k, None)

@@ -214,7 +214,7 @@ class TwinDay:
         end is looked into with (a step of a boot script that neither succeeds nor fails, a hung crawl)."""
         ec2twin = self.twin.ec2twin
         assert ec2twin is not None
-        lines = [f"instance states: {self.instance_states()}"]
+        lines = [f"instance states: {self.instance_states()}", *self.open_sites()]
         for iid, run in list(ec2twin.running.items()):
             lines.append(f"{iid} ({run.spec.role}), booted {run.boots} time(s); its processes (pid state wchan argv):")
             lines += [f"  {network.describe(pid)}" for pid in run.sandbox.processes()]
@@ -223,6 +223,27 @@ class TwinDay:
             tail = log.read_text(errors="replace").splitlines()[-6:] if log.is_file() else ["(no boot log)"]
             lines += [f"{box.name}'s boot log, its end:", *(f"  {line[:300]}" for line in tail)]
         return "\n".join(lines)
+
+    def open_sites(self) -> list[str]:
+        """The latest run's sites that are not done, as the table has them: where a run that does not end waits."""
+        if not self.run_ids:
+            return []
+        ddb = self.twin.client("dynamodb")
+        out = ddb.query(
+            TableName=self.config["aws"]["table"],
+            KeyConditionExpression="run_id = :r",
+            ExpressionAttributeValues={":r": {"S": self.run_ids[-1]}},
+            ConsistentRead=True,
+        )
+        keep = ("run_status", "site_status", "attemptCount", "enqueued", "retry_at", "instance_id", "failure_class")
+        lines = []
+        for item in out.get("Items", []):
+            plain = {k: next(iter(v.values())) for k, v in item.items() if k in (*keep, "Site")}
+            if plain.get("run_status") in ("QUEUED", "RUN"):
+                lines.append(
+                    f"open site of {self.run_ids[-1]}: " + ", ".join(f"{k}={plain.get(k)}" for k in ("Site", *keep))
+                )
+        return lines
 
     def _run_object(self, run_id: str, name: str) -> bytes | None:
         """runs/<run_id>/<name> in the stack's bucket, or None while it is not there."""

@@ -28,7 +28,6 @@ from fleet.codec import (
     HistoryEvent,
     NodeInfo,
     RunInfo,
-    diff_items,
     history_to_item,
     item_to_node,
     item_to_run,
@@ -37,6 +36,7 @@ from fleet.codec import (
     num,
     run_to_item,
     site_to_item,
+    site_update,
     split_partition,
 )
 from fleet.errors import GridfleetError, MissingResource, StaleWrite
@@ -106,7 +106,7 @@ class DynamoStateTable:
         return item_to_site(self._dec(out["Item"])) if "Item" in out else None
 
     def write(self, old: SiteRecord, new: SiteRecord) -> SiteRecord:
-        sets, removes = diff_items(site_to_item(old), site_to_item(new))
+        sets, removes = site_update(old, new)
         if not sets and not removes:
             sets = {"version": num(old.version)}  # nothing to change, but the fence must still hold
         cond, values, names = fence_condition(old)

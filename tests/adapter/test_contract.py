@@ -976,3 +976,20 @@ def test_checkpoint_parts_carry_the_tag_of_their_own_expiry_rule(moto_endpoint):
     S3ResultStore(clients.client("s3"), f"b-{hx}").put_part(key, b"[]")
     tags = clients.client("s3").get_object_tagging(Bucket=f"b-{hx}", Key=key)["TagSet"]
     assert [f"{t['Key']}={t['Value']}" for t in tags] == [PART_TAG]
+
+
+@backends()
+def test_a_transition_from_a_copy_older_than_the_sent_mark_writes_enqueued_as_it_is(backend):
+    """The enqueued mark moves no version: a node may claim from a copy read before the hub marked the message
+    sent. Its claim, and its end of the attempt, must not leave the mark standing: a QUEUED site marked sent whose
+    message is gone is never sent again (the node's end of an attempt with a backoff sends none)."""
+    table = backend.table
+    rec = seed(table, site="s-mark")
+    node_copy = table.get_site(RUN, "s-mark")  # read before the hub's mark
+    ops.mark_enqueued(table, rec)  # the hub sent the first message and marks it, the version unmoved
+    assert table.get_site(RUN, "s-mark").enqueued
+    claimed = ops.claim(table, node_copy, "i-0aaa", NOW)
+    assert not table.get_site(RUN, "s-mark").enqueued
+    ops.end_attempt(table, claimed, reason=Reason.ERROR, now=NOW + 1, max_attempts=3, spot_cap=3)
+    after = table.get_site(RUN, "s-mark")
+    assert after.run_status is RunStatus.QUEUED and not after.enqueued
