@@ -21,7 +21,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
-from fleet.aws.ratelimit import LATE_S, LIMITS_PARTITION, MAX_LATE, MAX_ROUNDS, RateLimitContention
+from fleet.aws.ratelimit import LIMITS_PARTITION, MAX_ROUNDS, RateLimitContention, wait_for_slot
 from fleet.clock import Clock, SystemClock
 from fleet.pacing import DOMAIN_PREFIX, PACING_PARTITION_PREFIX, backs_off, throttled
 
@@ -73,15 +73,7 @@ class DynamoDomainPacer:
 
     def wait(self, domain: str, base: float) -> float:
         """Reserve the domain's next slot and sleep until it; a slot missed by more than LATE_S is taken again."""
-        slot = self.clock.now()
-        for _ in range(MAX_LATE):
-            slot = self.take(domain, base, self.clock.now())
-            delay = slot - self.clock.now()
-            if delay > 0:
-                self.clock.sleep(delay)
-            if self.clock.now() - slot <= LATE_S:
-                break
-        return slot
+        return wait_for_slot(lambda now: self.take(domain, base, now), self.clock)
 
     def answered(self, domain: str, base: float, status: int | None) -> float:
         """The domain's spacing after an answer of `status`, written to its item when it changes. An answer that

@@ -25,6 +25,7 @@ a node whose clock runs ahead takes idle slots early, by its skew, which `PACE_M
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
@@ -75,6 +76,20 @@ class RateLimiter(Protocol):
         """Reserve the next slot of `group` and sleep until it; return the slot."""
 
 
+def wait_for_slot(take: Callable[[float], float], clock: Clock) -> float:
+    """Take a slot (`take(now)` reserves one at or after `now`) and sleep until it; taken again while the caller
+    would leave more than `LATE_S` after it (`MAX_LATE` times). Returns the slot."""
+    slot = clock.now()
+    for _ in range(MAX_LATE):
+        slot = take(clock.now())
+        delay = slot - clock.now()
+        if delay > 0:
+            clock.sleep(delay)
+        if clock.now() - slot <= LATE_S:
+            break
+    return slot
+
+
 class _Waiting:
     clock: Clock
 
@@ -82,15 +97,7 @@ class _Waiting:
         raise NotImplementedError
 
     def wait(self, group: str, per_s: float) -> float:
-        """The slot, taken again while the caller would leave more than `LATE_S` after it (`MAX_LATE` times)."""
-        for _ in range(MAX_LATE):
-            slot = self.take(group, per_s, self.clock.now())
-            delay = slot - self.clock.now()
-            if delay > 0:
-                self.clock.sleep(delay)
-            if self.clock.now() - slot <= LATE_S:
-                break
-        return slot
+        return wait_for_slot(lambda now: self.take(group, per_s, now), self.clock)
 
 
 class MemoryRateLimiter(_Waiting):

@@ -154,6 +154,20 @@ def _memory_backend() -> Backend:
     )
 
 
+@pytest.fixture(scope="module")
+def limits_table(shared_clients, moto_endpoint) -> str:
+    """One state table (made as bootstrap makes it) for the module; each test uses its own group or domain names."""
+    aws = AwsConfig(
+        endpoint_url=moto_endpoint,
+        region=REGION,
+        table=f"t-{uuid.uuid4().hex}",
+        queue=f"q-{uuid.uuid4().hex}",
+        bucket=f"b-{uuid.uuid4().hex}",
+    )
+    ensure_resources(NamedClients(shared_clients, aws), visibility_timeout_s=30)
+    return aws.table
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> Backend:
     if request.param == "moto":

@@ -7,27 +7,16 @@ import uuid
 
 import pytest
 
-from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.pacing import DynamoDomainPacer
 from fleet.aws.ratelimit import LIMITS_PARTITION
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
-from fleet.config.aws import AwsConfig
 from fleet.pacing import DOMAIN_PREFIX, FROM_CRAWL_DELAY
-from tests.adapter.conftest import REGION, NamedClients
 
 
 @pytest.fixture(scope="module")
-def table(shared_clients, moto_endpoint) -> str:
-    aws = AwsConfig(
-        endpoint_url=moto_endpoint,
-        region=REGION,
-        table=f"t-{uuid.uuid4().hex}",
-        queue=f"q-{uuid.uuid4().hex}",
-        bucket=f"b-{uuid.uuid4().hex}",
-    )
-    ensure_resources(NamedClients(shared_clients, aws), visibility_timeout_s=30)
-    return aws.table
+def table(limits_table) -> str:
+    return limits_table
 
 
 def domain() -> str:

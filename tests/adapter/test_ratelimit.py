@@ -12,27 +12,12 @@ from typing import Any
 
 import pytest
 
-from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.ratelimit import LIMITS_PARTITION, DynamoRateLimiter, MemoryRateLimiter, RateLimiter, spacing
 from fleet.clock import FakeClock
 from fleet.config.aws import AwsConfig
-from tests.adapter.conftest import MOTO_CALLS, REGION, NamedClients
+from tests.adapter.conftest import MOTO_CALLS, REGION
 from tests.helpers.windows import max_in_window
-
-
-@pytest.fixture(scope="module")
-def limits_table(shared_clients, moto_endpoint) -> str:
-    """One state table (made as bootstrap makes it) for the module; each test uses its own group names."""
-    aws = AwsConfig(
-        endpoint_url=moto_endpoint,
-        region=REGION,
-        table=f"t-{uuid.uuid4().hex}",
-        queue=f"q-{uuid.uuid4().hex}",
-        bucket=f"b-{uuid.uuid4().hex}",
-    )
-    ensure_resources(NamedClients(shared_clients, aws), visibility_timeout_s=30)
-    return aws.table
 
 
 def group() -> str:
