@@ -6,7 +6,8 @@ A domain holds one item beside the rate limit groups', `run_id = "#limits"`, `Si
 larger of its base spacing and the item's `spacing`, and moves `next_at` on in one UpdateItem conditional on
 `next_at` being what it read; an answer reads the item again and writes the new `spacing` (when it changes)
 conditional on the one read. A failed condition means another node moved first: read again, up to `MAX_ROUNDS`.
-A domain with no base spacing and no back-off costs one read per request and no write to its item.
+A domain with no base spacing and no back-off is read at most once every `UNPACED_FOR_S` by a process, and
+never written.
 
 The answers also add to the run's counters of the domain (a crawler process sends them in batches, `node.pacing`),
 an item in the partition `#pacing:<run_id>` (`Site` the domain): `requests` and `backoffs` (ADD), `base_s`,
@@ -30,6 +31,12 @@ def _n(x: float) -> dict[str, str]:
     return {"N": repr(float(x))}
 
 
+#: A domain this process found unpaced (no base spacing, never backed off) is not read again for this long: its
+#: requests then cost no call and no wait, so a site's group slot is not delayed by a read. A back-off another node
+#: wrote reaches this one within it.
+UNPACED_FOR_S = 5.0
+
+
 class DynamoDomainPacer:
     """The slots and the AutoThrottle spacing of each domain, shared by every node using the same table."""
 
@@ -41,6 +48,8 @@ class DynamoDomainPacer:
         self.seen: dict[str, float | None] = {}
         #: The domains whose item this process read for the slot of the request now waiting for its answer.
         self.slotted: set[str] = set()
+        #: Per domain: when this process last read its item (the clock's `monotonic`).
+        self.read_at: dict[str, float] = {}
 
     def _key(self, domain: str) -> dict[str, Any]:
         return {"run_id": {"S": LIMITS_PARTITION}, "Site": {"S": DOMAIN_PREFIX + domain}}
@@ -48,13 +57,19 @@ class DynamoDomainPacer:
     def _read(self, domain: str) -> tuple[float | None, float | None]:
         """The domain's `next_at` and `spacing` (each None while the item has none)."""
         got = self._c.get_item(TableName=self.name, Key=self._key(domain), ConsistentRead=True).get("Item") or {}
+        self.read_at[domain] = self.clock.monotonic()
         next_at = float(got["next_at"]["N"]) if "next_at" in got else None
         self.seen[domain] = float(got["spacing"]["N"]) if "spacing" in got else None
         return next_at, self.seen[domain]
 
     def take(self, domain: str, base: float, now: float) -> float:
-        """Reserve the domain's next slot at or after `now` for a request of base spacing `base`; return it."""
+        """Reserve the domain's next slot at or after `now` for a request of base spacing `base`; return it. An
+        unpaced domain read less than UNPACED_FOR_S ago is not read again: its slot is `now`."""
         self.slotted.add(domain)
+        read_at = self.read_at.get(domain)
+        fresh = read_at is not None and self.clock.monotonic() - read_at < UNPACED_FOR_S
+        if base <= 0 and fresh and domain in self.seen and self.seen[domain] is None:
+            return now
         for _ in range(MAX_ROUNDS):
             next_at, stored = self._read(domain)
             step = max(base, stored or 0.0)

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from fleet.aws.pacing import DynamoDomainPacer
+from fleet.aws.pacing import UNPACED_FOR_S, DynamoDomainPacer
 from fleet.aws.ratelimit import LIMITS_PARTITION
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
@@ -91,5 +91,29 @@ def test_a_request_to_a_domain_never_backed_off_costs_one_read_and_its_answer_no
         assert calls == ["GetItem"]
         assert p.answered(d, 0.0, 429) == 1.0  # a back-off reads and writes
         assert calls == ["GetItem", "GetItem", "UpdateItem"]
+    finally:
+        ddb.meta.events.unregister("before-call.dynamodb.*", record)
+
+
+def test_an_unpaced_domain_is_read_once_in_a_while_and_a_back_off_elsewhere_reaches_it(shared_clients, table):
+    ddb, clock, d = shared_clients.client("dynamodb"), FakeClock(), domain()
+    calls: list[str] = []
+
+    def record(model, **_):
+        calls.append(model.name)
+
+    a, b = DynamoDomainPacer(ddb, table, clock), DynamoDomainPacer(ddb, table, clock)
+    ddb.meta.events.register("before-call.dynamodb.*", record)
+    try:
+        for _ in range(5):  # five requests within UNPACED_FOR_S: one read, no wait
+            assert a.take(d, 0.0, clock.now()) == clock.now()
+            a.answered(d, 0.0, 200)
+        assert calls == ["GetItem"]
+        b.take(d, 0.0, clock.now())
+        assert b.answered(d, 0.0, 429) == 1.0  # another node is told to slow down
+        clock.advance(UNPACED_FOR_S)
+        t = clock.now()
+        first, second = a.take(d, 0.0, t), a.take(d, 0.0, t)
+        assert second - first == pytest.approx(1.0)  # read again: the back-off paces this node too
     finally:
         ddb.meta.events.unregister("before-call.dynamodb.*", record)

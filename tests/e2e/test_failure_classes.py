@@ -23,7 +23,7 @@ run:
   watch_interval_s: 1
   deadline_s: 300
   retry: {{blocked: {{backoff_s: 1}}}}
-fleet: {{max_nodes: 2, idle_exit_s: 30}}  # both nodes stay: a blocked retry has another
+fleet: {{max_nodes: 2, min_nodes: 2, idle_exit_s: 30}}  # both nodes run and stay: a blocked retry has another
 hub: {{port: 0}}
 sites:
   - {{id: gone, start_url: "{{demo}}/s/gone/?pages=2&status=404"}}
