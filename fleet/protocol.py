@@ -196,6 +196,7 @@ class MessageAction(enum.Enum):
 class MessageStep:
     action: MessageAction
     visibility_s: float | None = None
+    step_back_s: float = 0.0  # the node receives nothing for this long (the hidden message shows to others first)
 
 
 def record_of(msg: SiteMessage | BadMessage) -> tuple[str, str] | None:
@@ -204,9 +205,11 @@ def record_of(msg: SiteMessage | BadMessage) -> tuple[str, str] | None:
 
 
 #: A retry that should avoid a node (a blocked attempt's) is left to others for this many receives, each time hidden
-#: for AVOID_HIDE_S; then the node it avoids takes it anyway (there may be no other).
+#: for AVOID_HIDE_S while the node it avoids receives nothing for AVOID_STEP_BACK_S more (so the message shows
+#: again to the others' polls alone); then that node takes it anyway (there may be no other).
 AVOID_RECEIVES = 3
 AVOID_HIDE_S = 5.0
+AVOID_STEP_BACK_S = 1.0
 
 
 def on_message(
@@ -221,7 +224,7 @@ def on_message(
     if verdict is ops.Verdict.WAIT or msg.run_id != run_id:
         return MessageStep(MessageAction.HIDE, min(rules.visibility_s, WAIT_HIDE_S))
     if rec is not None and instance_id and rec.avoid_instance == instance_id and msg.receive_count < AVOID_RECEIVES:
-        return MessageStep(MessageAction.HIDE, AVOID_HIDE_S)
+        return MessageStep(MessageAction.HIDE, AVOID_HIDE_S, step_back_s=AVOID_HIDE_S + AVOID_STEP_BACK_S)
     return MessageStep(MessageAction.CLAIM)
 
 

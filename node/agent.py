@@ -220,6 +220,18 @@ class Agent:
                 event(log, "stale-message", logging.DEBUG, run_id=msg.run_id, site=msg.site, attempt=msg.attempt)
         elif step.visibility_s is not None:
             self.queue.set_visibility(msg, step.visibility_s)
+        if step.step_back_s and isinstance(msg, SiteMessage):
+            event(
+                log,
+                "left-to-others",
+                run_id=msg.run_id,
+                site=msg.site,
+                attempt=msg.attempt,
+                node=self.s.instance_id,
+                receives=msg.receive_count,
+                pause_s=step.step_back_s,
+            )
+            self.clock.sleep(step.step_back_s)
 
     def _claim(self, rec: SiteRecord, msg: SiteMessage) -> SiteRecord | None:
         """The claimed record, or None when another node won the race or the record takes no more attempts."""

@@ -147,12 +147,14 @@ class SimNode:
             self.sim.waiters.append(self)
             self._wake(now + rules.receive_wait_s, self.poll)
             return
-        if self._handle(msg):
+        handled = self._handle(msg)
+        if handled is True:
             return  # an attempt started; its end calls poll again
-        self._wake(now, self.poll)
+        self._wake(now + handled, self.poll)  # at once, or after stepping back from a message left to others
 
-    def _handle(self, msg: SiteMessage | BadMessage) -> bool:
-        """The protocol's step for a received message, carried out; True when it claimed an attempt."""
+    def _handle(self, msg: SiteMessage | BadMessage) -> bool | float:
+        """The protocol's step for a received message, carried out; True when it claimed an attempt, else how long
+        the node receives nothing (its step back)."""
         queue, key = self.sim.node_queue, protocol.record_of(msg)
         rec = self.sim.node_table.get_site(*key) if key else None
         step = protocol.on_message(msg, rec, self.sim.run_id, self.rules, self.inst.id)
@@ -170,7 +172,7 @@ class SimNode:
             queue.set_visibility(msg, step.visibility_s)
             if step.action is MessageAction.HIDE:  # when it shows again, SQS hands it to a node in a long poll
                 self.engine.at(self.engine.now + step.visibility_s, self.sim.message_visible)
-        return False
+        return step.step_back_s
 
     def _start(self, rec: SiteRecord, msg: SiteMessage) -> None:
         """The claimed attempt: skip it if its result is in S3 already, else start its crawler."""

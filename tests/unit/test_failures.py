@@ -213,6 +213,8 @@ def test_a_blocked_retry_leaves_the_node_it_was_blocked_on_for_a_few_receives(ta
     def step(node, receives):
         return protocol.on_message(SiteMessage("r1", "s1", 2, "rh", "m", receives), new, "r1", rules, node).action
 
+    left = protocol.on_message(SiteMessage("r1", "s1", 2, "rh", "m", 1), new, "r1", rules, "i-aaaa1111")
+    assert left.visibility_s == protocol.AVOID_HIDE_S and left.step_back_s > left.visibility_s  # shows to others
     assert step("i-aaaa1111", 1) is MessageAction.HIDE
     assert step("i-bbbb2222", 1) is MessageAction.CLAIM
     assert step("i-aaaa1111", protocol.AVOID_RECEIVES) is MessageAction.CLAIM  # no other node took it
