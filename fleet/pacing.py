@@ -61,13 +61,21 @@ def domain_of(url: str) -> str | None:
 
 def base_spacing(crawl_delay: float | None, per_s: float | None, margin: float) -> tuple[float, str]:
     """A domain's base spacing in seconds and where it came from: the larger of `margin` times its Crawl-delay
-    and `margin / per_s` (the configured rate); (0, "none") with neither. The margin is the rate limit groups'
-    headroom for the request path's varying delay (`fleet.aws.ratelimit.PACE_MARGIN`)."""
-    delay = margin * float(crawl_delay) if crawl_delay is not None and crawl_delay > 0 else 0.0
+    and `margin / per_s` (the configured rate); (0, "none") with neither. A Crawl-delay over MAX_SPACING_S counts
+    as MAX_SPACING_S: a crawl waiting minutes between pages could not be told from a stuck one. The margin is the
+    rate limit groups' headroom for the request path's varying delay (`fleet.aws.ratelimit.PACE_MARGIN`)."""
+    delay = margin * min(float(crawl_delay), MAX_SPACING_S) if crawl_delay is not None and crawl_delay > 0 else 0.0
     configured = margin / per_s if per_s else 0.0
     if delay <= 0 and configured <= 0:
         return 0.0, FROM_NONE
     return (delay, FROM_CRAWL_DELAY) if delay >= configured else (configured, FROM_CONFIG)
+
+
+def spacing_read_back(value: object) -> float | None:
+    """A domain's stored spacing as a node may have written it: a number within (0, MAX_SPACING_S], else none."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == value and value > 0:
+        return min(float(value), MAX_SPACING_S)
+    return None
 
 
 def backs_off(status: int | None) -> bool:

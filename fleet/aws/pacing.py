@@ -24,7 +24,15 @@ from botocore.exceptions import ClientError
 from fleet.aws.clients import error_code
 from fleet.aws.ratelimit import LIMITS_PARTITION, MAX_ROUNDS, RateLimitContention, wait_for_slot
 from fleet.clock import Clock, SystemClock
-from fleet.pacing import DOMAIN_PREFIX, PACING_PARTITION_PREFIX, backs_off, throttled
+from fleet.pacing import DOMAIN_PREFIX, PACING_PARTITION_PREFIX, backs_off, spacing_read_back, throttled
+
+
+def _number(attr: object) -> float | None:
+    """A stored N attribute as a float (None: absent, or not a number)."""
+    try:
+        return float(attr["N"]) if isinstance(attr, dict) and "N" in attr else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _n(x: float) -> dict[str, str]:
@@ -59,7 +67,7 @@ class DynamoDomainPacer:
         got = self._c.get_item(TableName=self.name, Key=self._key(domain), ConsistentRead=True).get("Item") or {}
         self.read_at[domain] = self.clock.monotonic()
         next_at = float(got["next_at"]["N"]) if "next_at" in got else None
-        self.seen[domain] = float(got["spacing"]["N"]) if "spacing" in got else None
+        self.seen[domain] = spacing_read_back(_number(got.get("spacing")))
         return next_at, self.seen[domain]
 
     def take(self, domain: str, base: float, now: float) -> float:

@@ -148,3 +148,11 @@ def test_a_sites_per_domain_rate_overrides_the_fleets_and_rides_on_its_spec():
     assert (specs["a"].per_domain_s, specs["b"].per_domain_s) == (2, 0.5)
     rec = new_site("run-1", "b", specs["b"], expire_at=99)
     assert item_to_site(site_to_item(rec)).spec.per_domain_s == 0.5
+
+
+def test_a_crawl_delay_or_a_stored_spacing_past_the_cap_counts_as_the_cap():
+    from fleet.pacing import MAX_SPACING_S, spacing_read_back
+
+    assert base_spacing(86400, None, 1.0) == (MAX_SPACING_S, FROM_CRAWL_DELAY)  # one a day would look stuck
+    assert spacing_read_back(1e12) == MAX_SPACING_S and spacing_read_back(2.5) == 2.5
+    assert spacing_read_back(float("nan")) is None and spacing_read_back(-1) is None and spacing_read_back(True) is None
