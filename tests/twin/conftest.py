@@ -90,7 +90,7 @@ DAY_SITES = {
 @pytest.fixture(scope="session")
 def twin_stack(twin_ok, tmp_path_factory):
     """A stack deployed on the twin (stack `gftwin`, the day's sites), its schedules firing, the watchdog's
-    `hub_stale_s` 30 s; every instance runs sshd for the key `ssh_private_key`. Its nodes boot a node image baked
+    `hub_stale_s` 90 s; every instance runs sshd for the key `ssh_private_key`. Its nodes boot a node image baked
     for it (infra/packer's bake script), its hubs the stock image, so both boot paths run (the week then boots
     its hubs from the baked one)."""
     from twin.day import TwinDay
@@ -98,6 +98,8 @@ def twin_stack(twin_ok, tmp_path_factory):
     root = tmp_path_factory.mktemp("twin-stack")
     # the twin's thread logs as long as the tests run, also after the capture of the test that made a log handler closed
     logging.raiseExceptions = False
-    variables = {"hub_stale_s": 30}
+    # 90 s: a stock image's hub installs the bundle and starts its Grid before it writes its run item, which a busy
+    # machine stretches past 30 s; the watchdog ends an instance whose run has no item after hub_stale_s
+    variables = {"hub_stale_s": 90}
     with TwinDay(root, "gftwin", DAY_FLEET, DAY_SITES, variables=variables, ssh_user="admin", node_image=True) as d:
         yield d
