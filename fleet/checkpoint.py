@@ -82,10 +82,30 @@ def make(next_ref: Any, pages: Any, items: int, segs: Iterable[Segment]) -> dict
     return {"next": next_ref, "pages": pages, "items": items, "parts": [s.to_plain() for s in segs if s.parts]}
 
 
+#: A claim saves its checkpointed pages as one part, and the record's checkpoint with them, every this many pages
+#: or this many seconds after the first page not yet saved, whichever comes first (`run.checkpoint_pages`,
+#: `run.checkpoint_s`). A retry after a node that vanished repeats at most those pages; an attempt its node ends
+#: (an error, its watchdog, a spot notice) saves what it holds first, so its retry repeats at most the page it
+#: was on.
+SAVE_PAGES = 25
+SAVE_S = 120.0
+
+
+@dataclass(frozen=True)
+class SaveEvery:
+    """When staged pages are due to be saved: `pages` pages staged, or `seconds` since the first of them."""
+
+    pages: int = SAVE_PAGES
+    seconds: float = SAVE_S
+
+
 @dataclass
 class ClaimParts:
     """The parts one claim of a site writes after those of earlier claims: the key of its next part, and the
-    checkpoint naming them all. The agent and the simulator's node both keep their parts with it."""
+    checkpoint naming them all. The agent and the simulator's node both keep their parts with it.
+
+    The crawler's checkpoints are staged (`page`) and saved in batches (`due`): the record's checkpoint always
+    names the cursor of the last page whose items are in a stored part, never a later one."""
 
     where: tuple[str, str, str]  # (site, run date, run id)
     attempt: int
@@ -93,18 +113,44 @@ class ClaimParts:
     earlier: list[Segment] = field(default_factory=list)
     saved_items: int = 0  # items in the parts the checkpoint names (earlier claims' and this one's)
     written: int = 0  # parts this claim has stored
+    cursor: tuple[Any, Any] | None = None  # (next, pages) of the last page staged, saved by the next part
+    staged_pages: int = 0  # pages checkpointed by the crawler whose items no stored part holds yet
+    staged_since: float | None = None  # monotonic time of the first of them
+
+    def page(self, next_ref: Any, pages: Any, mono: float) -> None:
+        """The crawler checkpointed a page: its cursor waits for the next save."""
+        self.cursor = (next_ref, pages)
+        self.staged_pages += 1
+        if self.staged_since is None:
+            self.staged_since = mono
+
+    def due(self, every: SaveEvery, mono: float) -> bool:
+        """Whether the staged pages are due to be saved at `mono` (a heartbeat asks with its next beat's time, so
+        that a save due before then rides on this beat instead of a write of its own)."""
+        if not self.staged_pages:
+            return False
+        assert self.staged_since is not None
+        return self.staged_pages >= every.pages or mono - self.staged_since >= every.seconds
 
     def next_key(self) -> str:
         site, run_date, run_id = self.where
         return part_key(site, run_date, run_id, self.attempt, self.claim, self.written + 1)
 
     def stored(self, items: int) -> None:
-        """The part `next_key` names is in the store, holding `items` items."""
-        self.written += 1
-        self.saved_items += items
+        """The part `next_key` names is in the store, holding `items` items (none: the staged pages had none, and
+        no part was written)."""
+        if items:
+            self.written += 1
+            self.saved_items += items
+        self.staged_pages, self.staged_since = 0, None
 
     def checkpoint(self, next_ref: Any, pages: Any) -> dict[str, Any]:
         return make(next_ref, pages, self.saved_items, [*self.earlier, Segment(self.attempt, self.claim, self.written)])
+
+    def saved(self) -> dict[str, Any]:
+        """The checkpoint of the staged cursor, once its pages' part is stored."""
+        assert self.cursor is not None
+        return self.checkpoint(*self.cursor)
 
     def earlier_keys(self) -> list[str]:
         """The keys of the parts earlier claims saved, which a resumed claim reads."""

@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 from fleet import ops
+from fleet.checkpoint import SaveEvery
 from fleet.codec import NodeInfo, RunInfo
 from fleet.failures import Failure, FailureClass, RetryPolicy
 from fleet.messages import BadMessage, SiteMessage
@@ -62,6 +63,7 @@ class NodeRules:
     receive_wait_s: float = 5
     claimed_visibility_s: float = CLAIMED_VISIBILITY_S
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # `run.retry`: each failure class's retry
+    save_every: SaveEvery = field(default_factory=SaveEvery)  # when staged checkpoints are saved
 
 
 # --- how an attempt ends --------------------------------------------------------------------------------------------

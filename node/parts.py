@@ -50,7 +50,8 @@ class Parts:
         """Store the staged items as the next part with `save(key, body)`; False when it was not stored (they stay
         staged, so the checkpoint never names a part that is not there). Nothing staged: True."""
         part = self.next_part()
-        if part is None:
+        if part is None:  # the staged pages found no items: nothing to store, their cursor may be saved
+            self.claim.stored(0)
             return True
         if not save(*part):
             return False

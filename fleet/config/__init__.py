@@ -31,6 +31,7 @@ from pydantic import (
 
 from fleet import contract
 from fleet.blocked import MAX_MARKERS, marker_problem
+from fleet.checkpoint import SAVE_PAGES, SAVE_S
 from fleet.config.aws import AwsConfig, image_problem
 from fleet.config.crawlers import PROJECT_PROBLEM, CrawlersConfig, crawler_roots
 from fleet.crawlers import BUILTIN_OPTIONS, crawler_problem
@@ -121,6 +122,16 @@ class RunConfig(_Model):
     enqueue_grace_s: float = Field(15, gt=0, description="a QUEUED site without its message this long gets one")
     browser_start_timeout_s: float = Field(120, gt=0, description="a crawl whose browser has not started by then fails")
     lock_timeout_s: float = Field(60, ge=0, description="longest wait for a site's profile lock")
+    checkpoint_pages: int = Field(
+        SAVE_PAGES, ge=1, le=10000, description="a crawl's checkpointed pages are saved every this many pages"
+    )
+    checkpoint_s: float = Field(
+        SAVE_S,
+        gt=0,
+        le=3600,
+        description="... or this many seconds after the first unsaved page, whichever first: a retry after a "
+        "node vanished repeats at most those pages",
+    )
     order: Literal["longest_first", "config"] = Field(
         "longest_first",
         description="seeding order: longest expected crawl first (from the previous run), or the order of `sites`",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleet.checkpoint import SaveEvery
 from fleet.config import Config
 from fleet.protocol import NodeRules
 
@@ -23,6 +24,7 @@ def rule_fields(c: Config) -> dict[str, Any]:
         node_watchdog=c.fleet.node_watchdog,
         receive_wait_s=min(5.0, c.fleet.idle_exit_s),
         retry=c.run.retry_policy,
+        save_every=SaveEvery(c.run.checkpoint_pages, c.run.checkpoint_s),
     )
 
 
