@@ -63,6 +63,7 @@ class SimNode:
     rec: SiteRecord | None = None  # the record as this node last wrote it
     parts: ck.ClaimParts | None = None  # the running attempt's checkpoint parts
     counter: AttemptCounter | None = None  # what the running attempt found (`node.counts`, as the agent counts)
+    staged_items: int = 0  # items of the pages staged since the last save
     gen: int = 0  # wake-ups scheduled under an older generation are void
     waiting: bool = False
 
@@ -227,7 +228,7 @@ class SimNode:
                     return self._settle(_failed_end(payload))
                 self._crawler_said(kind, payload, now)
             if self.watch.beat_due(now):
-                self._beat()
+                self._beat_or_save(now)
             end = crawl_end.spot_end(self.notice) if self.notice else self.watch.timed_out(now)
             if end is not None:
                 return self._settle(end)
@@ -246,20 +247,29 @@ class SimNode:
             self.watch = self.watch.stepped(status, url, pages, at, now)
             if self.watch.writes_each_step:
                 self._write(ops.report, status, at, url=url, pages=pages)
-        elif kind == "checkpoint":  # the page's items to a part, then the checkpoint naming it
-            self.sim.stats.checkpoints += 1
+        elif kind == "checkpoint":  # the page's items staged; saved as a part and a checkpoint when due
             parts, p = self.parts, self.sim.params
             assert parts is not None
-            self.sim.node_results.put_part(parts.next_key(), bytes(_json_list_bytes(p.items_per_page, p.item_bytes)))
-            parts.stored(p.items_per_page)
-            counts = None
+            parts.page(f"p{payload + 1}", payload, now)
+            self.staged_items += p.items_per_page
             if self.counter is not None:
                 self.counter.heard({"pages": payload})
                 self.counter.saved(p.items_per_page)
-                counts = self.counter.counts()
-            self.watch = self.watch.beaten(now)
-            ckpt = parts.checkpoint(f"p{payload + 1}", payload)
-            self._write(ops.save_checkpoint, at, self.watch.progress, ckpt, counts)
+            if parts.due(self.rules.save_every, now):
+                self._save()
+
+    def _save(self) -> None:
+        """The staged pages' items as one part, then the checkpoint naming it (a heartbeat, too)."""
+        parts, p, now = self.parts, self.sim.params, self.engine.now
+        assert parts is not None and self.watch is not None
+        self.sim.stats.checkpoints += 1
+        if self.staged_items:
+            self.sim.node_results.put_part(parts.next_key(), bytes(_json_list_bytes(self.staged_items, p.item_bytes)))
+        parts.stored(self.staged_items)
+        self.staged_items = 0
+        self.watch = self.watch.beaten(now)
+        counts = self.counter.counts() if self.counter is not None else None
+        self._write(ops.save_checkpoint, self.sim.clock.now(), self.watch.progress, parts.saved(), counts)
 
     def crawler_killed(self, site: str, attempt: int) -> None:
         c = self.crawl
@@ -302,6 +312,8 @@ class SimNode:
             self._write(ops.complete, key, self.sim.clock.now(), counts=counts, items=items, pages=pages)
             self.sim.node_queue.delete(msg)
             return
+        if self.parts is not None and self.parts.staged_pages:  # the node ends it: what it holds is saved first
+            self._save()
         claimed, args = rec.attempt, crawl_end.end_attempt_args(end, self.rules, self.sim.clock.now())
         counts = self.counter.counts() if self.counter is not None else None
         self._follow_up(end, claimed, self._write(ops.end_attempt, **args, counts=counts), msg)
@@ -318,6 +330,7 @@ class SimNode:
 
     def _after_attempt(self) -> None:
         self.crawl, self.rec, self.msg, self.watch, self.parts, self.counter = None, None, None, None, None, None
+        self.staged_items = 0
         self._node_item(self.card.moved(NodeState.IDLE))
         self.sites_done += 1
         self.idle_since = self.engine.now
@@ -328,6 +341,15 @@ class SimNode:
         """A fenced write of the attempt's record (StaleWrite: the hub moved it on)."""
         self.rec = op(self.sim.node_table, self.rec, *args, **kw)
         return self.rec
+
+    def _beat_or_save(self, now: float) -> None:
+        """A due heartbeat carries the staged pages' save when it would fall due before the next beat."""
+        parts = self.parts
+        if parts is not None and parts.due(self.rules.save_every, now + self.rules.heartbeat_interval_s):
+            self._save()
+            self._extend_visibility()
+        else:
+            self._beat()
 
     def _beat(self) -> None:
         """As the agent's: one write with the progress since the last; the node item is not written while busy."""

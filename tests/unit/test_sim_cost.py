@@ -1,5 +1,6 @@
 """The simulator counts bytes, request units and dollars, not only calls, and its nodes checkpoint as the agent:
-a part per page beside the result, a small checkpoint on the record, the parts read back by a retry."""
+staged pages saved as a part beside the result and a small checkpoint on the record (every
+`run.checkpoint_pages` pages or `run.checkpoint_s` seconds), the parts read back by a retry."""
 
 import dataclasses
 import json
@@ -11,6 +12,7 @@ import pytest
 from cli.main import main
 from fleet import ops, units
 from fleet.codec import site_to_item
+from fleet.config import Config
 from fleet.state import SiteSpec
 from sim.cost import Meter, SimResults
 from sim.engine import RESULT_CALLS, TABLE_CALLS, Counted
@@ -32,16 +34,35 @@ COST_KEYS = (
 )
 
 
+def per_page(p: SimParams) -> SimParams:
+    """`p` with a save after every page (`run.checkpoint_pages: 1`)."""
+    one = {"sites": [{"id": "x", "start_url": "https://x.test/"}], "run": {"checkpoint_pages": 1}}
+    return dataclasses.replace(p, config=Config.model_validate(one))
+
+
 def test_a_sites_state_grows_in_proportion_to_its_pages():
-    short, long = simulate(CALM), simulate(dataclasses.replace(CALM, site_s=1200))  # 10 and 40 pages a site
+    short, long = simulate(per_page(CALM)), simulate(per_page(dataclasses.replace(CALM, site_s=1200)))
     pages_short, pages_long = short.checkpoint_calls_per_site, long.checkpoint_calls_per_site
     assert (pages_short, pages_long) == (10, 40)
-    per_page = CALM.items_per_page * (CALM.item_bytes + 1) + 2
+    page_bytes = CALM.items_per_page * (CALM.item_bytes + 1) + 2
     for r, p in ((short, pages_short), (long, pages_long)):
-        assert per_page * p < r.state_bytes_per_site < (per_page + 200) * p  # a part and a small checkpoint a page
+        assert page_bytes * p < r.state_bytes_per_site < (page_bytes + 200) * p  # a part and a small checkpoint a page
         assert r.state_write_units_per_site == p  # one write unit per checkpoint, whatever the page
         assert r.s3_requests_per_site["put"] == p + 1  # a part per page, and the result
     assert long.state_usd_per_site == pytest.approx(4 * short.state_usd_per_site, rel=0.01)
+
+
+def test_saves_in_batches_cost_a_part_and_a_write_per_batch_and_keep_every_item():
+    """30-s pages saved every 120 s (the default) or 25 pages: about one save for four pages, the rest of a site's
+    items go with its result; the bytes are those of saving page by page, less the pages the result carries."""
+    for site_s in (300, 1200):  # 10 and 40 pages a site
+        one, batched = (simulate(q(dataclasses.replace(CALM, site_s=site_s))) for q in (per_page, lambda p: p))
+        pages, saves = one.checkpoint_calls_per_site, batched.checkpoint_calls_per_site
+        assert 0 < saves <= pages / 4
+        assert batched.state_write_units_per_site == saves  # one write unit per save
+        assert batched.s3_requests_per_site["put"] == saves + 1  # a part per save, and the result
+        assert batched.requests_usd_per_site < one.requests_usd_per_site / 2
+        assert (batched.completed, batched.attempts) == (one.completed, one.attempts)
 
 
 def test_retries_read_the_parts_their_checkpoint_names_and_a_calm_run_reads_none():
