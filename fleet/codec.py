@@ -26,6 +26,11 @@ NODE_PREFIX = "#node#"  # Site key prefix of per-node items
 NODE_ATTRS = ("state", "heartbeatEpoch", "started_at", "sites_done", "site", "attempt", "expireAt", "error", "stats")
 RUNS_PARTITION = "#runs"  # run_id of the index of runs (one item per run)
 OPEN_ATTR = "openSite"  # set (to the site id) while a site is QUEUED or RUN: the key of the sparse index `open`
+#: A site as seeded and not yet sent (QUEUED, never sent, never written since its creation) sorts apart in the index:
+#: `openSite` is this prefix and its id. A site id starts with a letter or a digit, which all sort before it, so
+#: the hub's Query of what can change (`openSite < HELD_PREFIX`) leaves out the sites it holds itself, however
+#: many: at 100,000 sites a metered queue holds nearly all of them at first, and only its own feed sends them.
+HELD_PREFIX = "~"
 OPEN_INDEX = "open"  # local secondary index over OPEN_ATTR: the sites that can still change, nothing else
 MARKS_PARTITION = "#sites"  # run_id of what outlives runs, one item per site: its incremental high-water mark
 HISTORY_PREFIX = "#h#"  # Site key prefix of the run's history events: #h#<epoch ms>#<n>
@@ -73,7 +78,7 @@ def site_to_item(r: SiteRecord) -> dict[str, Any]:
         "attempts": [_attempt_to_item(a) for a in r.attempts],
     }
     if not r.is_terminal:
-        item[OPEN_ATTR] = r.site
+        item[OPEN_ATTR] = open_key(r)
     optional = {
         "instance_id": r.instance_id,
         "lastUpdateEpoch": r.last_update,
@@ -98,6 +103,16 @@ def site_to_item(r: SiteRecord) -> dict[str, Any]:
         if v is not None:
             item[k] = num(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
     return item
+
+
+def as_seeded(r: SiteRecord) -> bool:
+    """A site as its seeding created it: QUEUED, its message never sent, never written since (version 0)."""
+    return r.run_status is RunStatus.QUEUED and not r.enqueued and not r.attempts and r.version == 0
+
+
+def open_key(r: SiteRecord) -> str:
+    """The value of OPEN_ATTR on an open record: its id, or HELD_PREFIX and its id for a site as seeded."""
+    return HELD_PREFIX + r.site if as_seeded(r) else r.site
 
 
 def _attempt_to_item(a: Attempt) -> dict[str, Any]:

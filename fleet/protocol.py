@@ -409,9 +409,10 @@ def idle_restarts(idle_s: float, rules: NodeRules) -> bool:
     return idle_s >= rules.idle_exit_s
 
 
-def has_queued(stamps: Mapping[str, tuple]) -> bool:
-    """Whether one of the run's open sites (their stamps, from the index `open`) is QUEUED."""
-    return any(stamp[2] == str(RunStatus.QUEUED) for stamp in stamps.values())
+def has_queued(stamps: Mapping[str, tuple], held: Callable[[], bool]) -> bool:
+    """Whether one of the run's open sites is QUEUED: one of `stamps` (the index `open`, which leaves out the sites
+    as seeded), else `held()` (one of those: the hub holds it until its feed sends it)."""
+    return any(stamp[2] == str(RunStatus.QUEUED) for stamp in stamps.values()) or held()
 
 
 def run_stop(run: RunInfo | None) -> Stop | None:

@@ -143,3 +143,12 @@ class Done:
     acted_on: tuple[str, ...] = ()
     kill_path: str | None = None
     conflicts: int = 0
+
+
+def action_sites(action: Action) -> tuple[str, ...]:
+    """The sites an action writes (none for one about the run or the fleet)."""
+    sites = getattr(action, "sites", None)
+    if sites is not None:
+        return tuple(x if isinstance(x, str) else x[0] for x in sites)  # SeedSites holds (site, spec) pairs
+    site = getattr(action, "site", None)
+    return (site,) if isinstance(site, str) else ()

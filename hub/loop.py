@@ -9,6 +9,7 @@ ending), which a restarted hub decides afresh.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -25,7 +26,7 @@ from fleet.results import ResultStore
 from fleet.state import RunStatus
 from fleet.summary import build_summary, export, instances_section
 from fleet.table import StateTable
-from hub.actions import Ending, Plan
+from hub.actions import Ending, Plan, action_sites
 from hub.control.base import NodeControl
 from hub.end_executor import Finished
 from hub.executor import Executor
@@ -126,7 +127,7 @@ class Hub:
                 io(self.table.open_stamps, self.run_id), lambda names: io(self.table.get_sites, self.run_id, names)
             )
         instances = {i.id: i for i in io(self.provider.list, self.run_id)}
-        sites = dict(cache.sites)
+        sites = cache.sites  # the cache's own: the plan only reads it, and the next refresh is after this tick
         nodes = {n.instance_id: n for n in node_rows}
         expected = self._expected(sites)
         held = cache.held if not metering(self.config, expected) else ()  # unsent ones to repair, unless fed
@@ -141,8 +142,9 @@ class Hub:
             self.obs,
             queue=depth,
             watch=frozenset(cache.watch),
-            hold=frozenset(cache.held),
+            hold=cache.held,
             tally=dict(cache.tally),
+            unseen=frozenset(cache.unseen),
             expected=expected,
             ending=self.ending,
         )
@@ -183,6 +185,7 @@ class Hub:
         self.decision_s = time.perf_counter() - t0 - self.io_s
         try:
             for action in p.actions:
+                self.cache.recheck(action_sites(action))
                 self.executor.execute(action, snap)
                 if self.executor.finished:
                     break
@@ -199,8 +202,8 @@ class Hub:
     def _monitor(self, snap: Snapshot, finished: bool = False) -> None:
         if self.monitor is None:
             return
-        try:
-            self.monitor.observe(snap, finished)
+        try:  # the monitor's views read the snapshot from other threads: its own copy of the cache's records
+            self.monitor.observe(dataclasses.replace(snap, sites=dict(snap.sites)), finished)
         except Exception as e:  # noqa: BLE001 - the dashboard and metrics never stop a run
             log.warning("monitor-failed error=%s: %s", type(e).__name__, e)
 

@@ -16,12 +16,13 @@ imports this module and must run without boto3.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+import heapq
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableSet
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from fleet.codec import NodeInfo, RunInfo
+from fleet.codec import NodeInfo, RunInfo, as_seeded
 from fleet.instance import Instance
 from fleet.messages import QueueDepth
 from fleet.stamp import TRANSITION_FIELDS, Stamp, patch_from_stamp, record_stamp
@@ -121,6 +122,7 @@ class Snapshot:
     watch: Collection[str] | None = None  # the watched sites (see `watched`); None: found from `sites`
     hold: Collection[str] | None = None  # the held sites (see `held`); None: found from `sites`
     tally: Mapping[str, int] | None = None  # sites per run status; None: counted from `sites`
+    unseen: Collection[str] | None = None  # configured sites not read yet (none: every one is in `sites`)
     expected: Mapping[str, float] = field(default_factory=dict)  # site -> seconds its last successful crawl took
     ending: Ending | None = None  # the run is being ended (decided by an earlier plan, or a teardown request)
 
@@ -136,10 +138,10 @@ class Snapshot:
         return sorted(n for n, r in self.sites.items() if watched(r))
 
     @cached_property
-    def held(self) -> frozenset[str]:
-        """The held sites (see `held`)."""
+    def held(self) -> Collection[str]:
+        """The held sites (see `held`): the cache's `RankedSet`, or found from `sites`."""
         if self.hold is not None:
-            return frozenset(self.hold)
+            return self.hold
         return frozenset(n for n, r in self.sites.items() if held(r))
 
     def counts(self) -> dict[str, int]:
@@ -152,6 +154,51 @@ class Snapshot:
         return out
 
 
+class RankedSet(MutableSet[str]):
+    """A set of site names that also gives its first few by a rank, kept by delta: each name on a heap under its
+    rank, a name that left dropped when the heap meets it. `first(n, rank)` costs in proportion to `n` and to the
+    names that left since, not to the set's size (the metered feed asks it each tick of a 100,000-site run)."""
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        self._names: set[str] = set(names)
+        self._rank: Mapping[str, int] | None = None
+        self._heap: list[tuple[int, str]] = []
+
+    def add(self, name: str) -> None:
+        if name not in self._names:
+            self._names.add(name)
+            if self._rank is not None:
+                heapq.heappush(self._heap, (self._rank[name], name))
+
+    def discard(self, name: str) -> None:
+        self._names.discard(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def first(self, n: int, rank: Mapping[str, int]) -> list[str]:
+        """The `n` names of least `rank` (then by name), in that order. A new `rank` (another mapping) ranks anew."""
+        if rank is not self._rank:
+            self._rank = rank
+            self._heap = [(rank[x], x) for x in self._names]
+            heapq.heapify(self._heap)
+        out: list[tuple[int, str]] = []
+        names, heap = self._names, self._heap
+        while heap and len(out) < n:
+            entry = heapq.heappop(heap)
+            if entry[1] in names and (not out or out[-1] != entry):  # a name back again is on the heap twice
+                out.append(entry)
+        for entry in out:
+            heapq.heappush(heap, entry)
+        return [name for _, name in out]
+
+
 class SiteCache:
     """The hub's copy of a run's site records, refreshed by reading only what can have changed.
 
@@ -159,13 +206,18 @@ class SiteCache:
     paginated Query of the sparse index, see `fleet.codec.STAMP_ATTRS`) and fetches, in batches, the
     records that went through a transition, are new, or left the index (they became terminal). A stamp
     that moved only by a node's progress, heartbeat or the enqueued mark is patched without a read.
+    Sites as seeded are not in that Query (`fleet.codec.HELD_PREFIX`): nobody but the hub's feed moves one
+    on, and the sites the hub itself wrote are named to `recheck`, so a tick costs what is crawled and
+    queued, however many sites wait their turn.
     """
 
     def __init__(self) -> None:
         self.sites: dict[str, SiteRecord] = {}
         self.watch: set[str] = set()
-        self.held: set[str] = set()  # see `held`
-        self.open: set[str] = set()  # not terminal
+        self.held = RankedSet()  # see `held`
+        self.open: set[str] = set()  # not terminal, and in the Query of open stamps (not as seeded)
+        self.seeded: set[str] = set()  # open, and as seeded: not in that Query (`fleet.codec.as_seeded`)
+        self.rechecks: set[str] = set()  # sites as seeded the hub wrote: read by name at the next refresh
         self.stamps: dict[str, Stamp] = {}  # the stamp of each cached open record
         self.tally: dict[str, int] = {s.value: 0 for s in RunStatus}
         self.loaded = False
@@ -191,9 +243,15 @@ class SiteCache:
             self.held.discard(r.site)
         if r.is_terminal:
             self.open.discard(r.site)
+            self.seeded.discard(r.site)
             self.stamps.pop(r.site, None)
+        elif as_seeded(r):
+            self.open.discard(r.site)
+            self.seeded.add(r.site)
+            self.stamps[r.site] = record_stamp(r)
         else:
             self.open.add(r.site)
+            self.seeded.discard(r.site)
             self.stamps[r.site] = record_stamp(r)
 
     def expect(self, names: Iterable[str]) -> None:
@@ -203,7 +261,8 @@ class SiteCache:
 
     def load(self, records: Iterable[SiteRecord]) -> None:
         """A full read (the first tick, or a restarted hub)."""
-        self.sites, self.watch, self.held, self.open, self.stamps, self.beats = {}, set(), set(), set(), {}, {}
+        self.sites, self.watch, self.held, self.open, self.stamps, self.beats = {}, set(), RankedSet(), set(), {}, {}
+        self.seeded, self.rechecks = set(), set()
         self.tally = {s.value: 0 for s in RunStatus}
         n = 0
         for r in records:
@@ -224,8 +283,15 @@ class SiteCache:
                 need.append(name)
         need.extend(n for n in self.open if n not in stamps)  # closed since the last read
         need.extend(n for n in self.unseen if n not in stamps)
+        need.extend(n for n in self.rechecks if n in self.seeded and n not in stamps)  # the hub ended it, say
+        self.rechecks.clear()
         for r in fetch(need) if need else ():
             self._put(r)
         if self.unseen:
             self.unseen.difference_update(self.sites)
         self.fetched = len(need)
+
+    def recheck(self, names: Iterable[str]) -> None:
+        """Sites the hub wrote: one as seeded that is no longer so, and not open either (ended by the hub's own
+        write), is in no Query of stamps, so the next refresh reads it by name."""
+        self.rechecks.update(n for n in names if n in self.seeded)

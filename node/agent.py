@@ -150,7 +150,8 @@ class Agent:
                 idle_since = self.clock.monotonic()
 
     def _site_queued(self) -> bool:
-        return protocol.has_queued(self.table.open_stamps(self.s.run_id))
+        run_id = self.s.run_id
+        return protocol.has_queued(self.table.open_stamps(run_id), lambda: self.table.has_held(run_id))
 
     def _exit(self, stop: Stop) -> int:
         """Log why the node stops (a stop an attempt asked for was logged then), mark it exiting; the exit status."""

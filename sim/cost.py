@@ -110,7 +110,7 @@ class Meter:
             n["write_units"] += 2
         elif name in ("put_node", "update_run", "add_launched", "put_mark"):
             n["write_units"] += 1
-        elif name in ("get_run", "list_runs", "get_marks"):
+        elif name in ("get_run", "list_runs", "get_marks", "has_held"):
             n["read_units"] += 1
 
     def s3(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:

@@ -92,6 +92,7 @@ TABLE_CALLS: dict[str, tuple[str, Cost]] = {
     "write": _one("UpdateItem"),
     "read_run": ("Query", lambda a, k, r: _pages(len(r.sites) + len(r.nodes) + len(r.history) + 1, QUERY_PAGE_ITEMS)),
     "open_stamps": ("Query", lambda a, k, r: _pages(len(r), OPEN_INDEX_PAGE_ITEMS)),
+    "has_held": _one("Query"),
     "get_sites": ("BatchGetItem", _n_arg(1, 100)),
     "read_nodes": ("Query", lambda a, k, r: _pages(len(r), QUERY_PAGE_ITEMS)),
     "create_run": ("PutItem", lambda a, k, r: 2),

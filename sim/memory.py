@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Unpack
 
 from fleet.codec import (
+    HELD_PREFIX,
     MARKS_PARTITION,
     NODE_PREFIX,
     OPEN_ATTR,
@@ -50,14 +51,20 @@ class MemoryStateTable:
     def __init__(self) -> None:
         self.items: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
-        self._open: dict[str, dict[str, Stamp]] = {}  # the sparse index `open`: run -> site -> its stamp
+        self._open: dict[str, dict[str, Stamp]] = {}  # the sparse index `open` below HELD_PREFIX: run -> site -> stamp
+        self._held: dict[str, set[str]] = {}  # the index's held range: run -> sites as seeded
         self._nodes: dict[str, set[str]] = {}  # run -> node item keys (a begins_with Query)
 
     def _index(self, run_id: str, site: str, item: dict[str, Any]) -> None:
-        if OPEN_ATTR in item:
+        key = item.get(OPEN_ATTR)
+        if key is not None and not key.startswith(HELD_PREFIX):
             self._open.setdefault(run_id, {})[site] = item_stamp(item)
         else:
             self._open.get(run_id, {}).pop(site, None)
+        if key is not None and key.startswith(HELD_PREFIX):
+            self._held.setdefault(run_id, set()).add(site)
+        else:
+            self._held.get(run_id, set()).discard(site)
 
     def create_site(self, rec: SiteRecord) -> bool:
         with self._lock:
@@ -114,9 +121,13 @@ class MemoryStateTable:
         return RunRows(*split_partition(items))
 
     def open_stamps(self, run_id: str) -> dict[str, Stamp]:
-        """The stamps of the sites that can still change (QUEUED or RUN): the Query of the index `open`."""
+        """The stamps of the sites that can still change (QUEUED or RUN) but for those as seeded: the Query of the
+        index `open` below HELD_PREFIX."""
         with self._lock:
             return dict(self._open.get(run_id, {}))
+
+    def has_held(self, run_id: str) -> bool:
+        return bool(self._held.get(run_id))
 
     def get_sites(self, run_id: str, sites: Iterable[str]) -> list[SiteRecord]:
         out = []

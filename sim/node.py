@@ -136,7 +136,8 @@ class SimNode:
         msg = self.sim.node_queue.receive(rules.receive_wait_s, rules.visibility_s)
         self._node_item()
         if msg is None:
-            queued = lambda: protocol.has_queued(self.sim.node_table.open_stamps(self.sim.run_id))  # noqa: E731
+            table, run_id = self.sim.node_table, self.sim.run_id
+            queued = lambda: protocol.has_queued(table.open_stamps(run_id), lambda: table.has_held(run_id))  # noqa: E731
             if protocol.idle_stop(now - self.idle_since, rules, queued) or protocol.run_stop(
                 self.sim.node_table.get_run(self.sim.run_id)
             ):

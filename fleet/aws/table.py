@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 from fleet import run_item
 from fleet.aws.clients import error_code
 from fleet.codec import (
+    HELD_PREFIX,
     MARKS_PARTITION,
     NODE_ATTRS,
     NODE_PREFIX,
@@ -146,21 +147,25 @@ class DynamoStateTable:
         return RunRows(*split_partition(self._query(run_id)))
 
     def open_stamps(self, run_id: str) -> dict[str, Stamp]:
-        """The stamps of the sites that can still change (QUEUED or RUN): a Query of the sparse index `open`.
+        """The stamps of the sites that can still change (QUEUED or RUN) but for those still as seeded (the hub's
+        own, see `fleet.codec.HELD_PREFIX`): a Query of the sparse index `open` below that prefix.
 
         The index holds only the items carrying OPEN_ATTR, with the few attributes of a stamp, so the read
-        costs in proportion to the open sites, not to the run. A table made before the index existed is
-        read whole instead (and a warning says how to get the index).
+        costs in proportion to the sites being crawled or waiting in the queue, not to the run. A table made
+        before the index existed is read whole instead (and a warning says how to get the index).
         """
         if self._has_open_index is not False:
             try:
                 items = list(
                     self._pages(
                         IndexName=OPEN_INDEX,
-                        KeyConditionExpression="run_id = :r",
-                        ExpressionAttributeValues={":r": {"S": run_id}},
+                        KeyConditionExpression="run_id = :r AND #o < :h",
+                        ExpressionAttributeValues={":r": {"S": run_id}, ":h": {"S": HELD_PREFIX}},
                         ProjectionExpression=", ".join(f"#a{i}" for i in range(len(STAMP_ATTRS) + 1)),
-                        ExpressionAttributeNames={f"#a{i}": a for i, a in enumerate(("Site",) + STAMP_ATTRS)},
+                        ExpressionAttributeNames={
+                            "#o": OPEN_ATTR,
+                            **{f"#a{i}": a for i, a in enumerate(("Site",) + STAMP_ATTRS)},
+                        },
                     )
                 )
             except ClientError as e:
@@ -179,8 +184,28 @@ class DynamoStateTable:
         return {
             i["Site"]: item_stamp(i)
             for i in self._query(run_id)
-            if not str(i["Site"]).startswith("#") and OPEN_ATTR in i
+            if not str(i["Site"]).startswith("#") and not str(i.get(OPEN_ATTR, HELD_PREFIX)).startswith(HELD_PREFIX)
         }
+
+    def has_held(self, run_id: str) -> bool:
+        """Whether a site of the run is still as seeded (held by the hub for its feed): one item of the index's
+        held range, or of the whole partition on a table without the index."""
+        if self._has_open_index is not False:
+            try:
+                page = self._c.query(
+                    TableName=self.name,
+                    IndexName=OPEN_INDEX,
+                    KeyConditionExpression="run_id = :r AND begins_with(#o, :h)",
+                    ExpressionAttributeNames={"#o": OPEN_ATTR},
+                    ExpressionAttributeValues={":r": {"S": run_id}, ":h": {"S": HELD_PREFIX}},
+                    ProjectionExpression="Site",
+                    Limit=1,
+                )
+                return bool(page.get("Items"))
+            except ClientError as e:
+                if not self._is_missing_index(e):
+                    raise
+        return any(str(i.get(OPEN_ATTR, "")).startswith(HELD_PREFIX) for i in self._query(run_id))
 
     @staticmethod
     def _is_missing_index(e: ClientError) -> bool:

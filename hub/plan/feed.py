@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 from fleet.config import Config
 from fleet.state import RunStatus
 from hub.actions import Action, Feed
-from hub.snapshot import Snapshot
+from hub.snapshot import RankedSet, Snapshot
 
 #: The shortest expected duration the feed reckons with, so a burst of tiny sites does not ask for a huge batch.
 MIN_EXPECTED_S = 1.0
@@ -62,7 +62,15 @@ def feed_order(held: Collection[str], expected: Mapping[str, float], config: Con
     in the config's order (as `seeding_order`)."""
     if count <= 0 or not held:
         return []
-    return heapq.nsmallest(count, held, key=_ranking(expected, config)[1].__getitem__)
+    return _first(held, _ranking(expected, config)[1], count)
+
+
+def _first(held: Collection[str], rank: _Rank, count: int) -> list[str]:
+    """The first `count` of `held` by `rank`: from the hub's cache, whose set keeps them ranked by delta (each tick
+    costs what was fed, not what is held), else by a pass over them."""
+    if isinstance(held, RankedSet):
+        return held.first(count, rank)
+    return heapq.nsmallest(count, held, key=rank.__getitem__)
 
 
 def wanted_depth(nodes: int, running: int, next_expected_s: float, horizon_s: float) -> int:
@@ -86,10 +94,9 @@ def feed_rule(s: Snapshot, now: float, config: Config, nodes: int) -> tuple[list
     if not s.held or not metering(config, s.expected):
         return [], math.inf
     median, rank = _ranking(s.expected, config)
-    key = rank.__getitem__
-    next_s = s.expected.get(min(s.held, key=key), median)
+    next_s = s.expected.get(_first(s.held, rank, 1)[0], median)
     horizon = config.run.watch_interval_s
     missing = wanted_depth(nodes, s.counts()[RunStatus.RUN.value], next_s, horizon) - sent_waiting(s)
     if missing <= 0:
         return [], now + horizon
-    return [Feed(tuple(heapq.nsmallest(missing, s.held, key=key)))], math.inf
+    return [Feed(tuple(_first(s.held, rank, missing)))], math.inf

@@ -62,7 +62,10 @@ def seeding_order(sites: Seeds, expected: Mapping[str, float], order: str) -> Se
 
 
 def missing_sites(s: Snapshot, config: Config) -> Seeds:
-    """The configured sites the table holds no record of yet, in the config's order."""
+    """The configured sites the table holds no record of yet, in the config's order (none to look for once the
+    hub's cache has read every configured site: a tick of a seeded run does not walk the config)."""
+    if s.unseen is not None and not s.unseen:
+        return ()
     return tuple((site.id, spec_of(site, config)) for site in config.sites if site.id not in s.sites)
 
 

@@ -289,8 +289,11 @@ def test_an_empty_receive_stops_an_idle_node_or_one_whose_run_is_over():
     assert idle is not None and idle.why is StopWhy.IDLE and idle.detail == "no work for 3s"
     assert protocol.idle_stop(3.0, RULES, lambda: True) is None  # a QUEUED site: its message is on its way
     assert protocol.idle_restarts(3.0, RULES) and not protocol.idle_restarts(2.9, RULES)
-    assert protocol.has_queued({"a": (1, "i-1", "RUN"), "b": (0, None, "QUEUED")})
-    assert not protocol.has_queued({"a": (1, "i-1", "RUN")})
+    held: list[bool] = []
+    assert protocol.has_queued({"a": (1, "i-1", "RUN"), "b": (0, None, "QUEUED")}, lambda: held.append(True) or True)
+    assert not held  # a QUEUED stamp is enough: the held range is not asked
+    assert not protocol.has_queued({"a": (1, "i-1", "RUN")}, lambda: False)
+    assert protocol.has_queued({"a": (1, "i-1", "RUN")}, lambda: True)  # a site the hub still holds
     running = RunInfo(RUN, "RUNNING", 0.0, 3600.0, "20261121")
     assert protocol.run_stop(running) is None
     for over in (None, RunInfo(RUN, "FINISHED", 0.0, 3600.0, "20261121")):

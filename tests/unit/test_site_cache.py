@@ -59,6 +59,8 @@ def test_a_site_claimed_and_finished_between_two_reads_is_found():
     table = seeded(2)
     cache, reads = SiteCache(), Reads(table)
     cache.load(table.read_run(RUN).sites)
+    ops.mark_enqueued(table, table.get_site(RUN, "s001"))  # sent (a node claims only a site whose message it has)
+    reads.refresh(cache)
     rec = ops.claim(table, table.get_site(RUN, "s001"), "i-1", T)
     ops.complete(table, rec, "s001/20270115/result.json", T + 5)
     reads.refresh(cache)
@@ -82,6 +84,23 @@ def test_sites_created_and_finished_before_the_first_read_are_found_by_name():
     assert cache.sites == full(table) and cache.unseen == set()
 
 
+def test_sites_as_seeded_are_not_read_each_tick_and_one_the_hub_ended_is_read_once():
+    table = seeded(1000)
+    cache, reads = SiteCache(), Reads(table)
+    cache.load(table.read_run(RUN).sites)
+    assert table.open_stamps(RUN) == {} and table.has_held(RUN)  # the index's Query leaves the held sites out
+    reads.refresh(cache)
+    assert reads.fetched == [] and len(cache.held) == 1000
+    ops.fail_now(table, table.get_site(RUN, "s007"), Reason.DEADLINE, T)  # the hub ends one it held (an end plan)
+    cache.recheck(["s007", "s008"])
+    reads.refresh(cache)
+    assert sorted(reads.fetched) == ["s007", "s008"] and cache.sites == full(table)  # each named one, read once
+    assert "s007" not in cache.held and len(cache.held) == 999 and cache.tally["FAILED"] == 1
+    reads.fetched.clear()
+    reads.refresh(cache)
+    assert reads.fetched == []
+
+
 def test_random_histories_agree_with_a_full_read_every_tick():
     rnd = random.Random(5)
     table = seeded(40)
@@ -91,7 +110,10 @@ def test_random_histories_agree_with_a_full_read_every_tick():
         for _ in range(rnd.randrange(6)):
             rec = table.get_site(RUN, f"s{rnd.randrange(40):03d}")
             now = T + tick
-            if rec.run_status is RunStatus.QUEUED and not rec.enqueued:
+            if rec.run_status is RunStatus.QUEUED and not rec.enqueued and rnd.random() < 0.1:
+                ops.fail_now(table, rec, Reason.DEADLINE, now)  # the hub ends a site it holds, and says so
+                cache.recheck([rec.site])
+            elif rec.run_status is RunStatus.QUEUED and not rec.enqueued:
                 ops.mark_enqueued(table, rec)
             elif rec.run_status is RunStatus.QUEUED:
                 ops.claim(table, rec, f"i-{rnd.randrange(3)}", now)
