@@ -71,7 +71,7 @@ def one_attempt(pages: list[Items], save: Save) -> tuple[Meter, int | None]:
     """A claim, a checkpoint per page (`save`), then a retry's reads, the last beat and the completion: the meter,
     and the first page whose checkpoint was too large to keep its items (None: none was)."""
     results, records = SimResults(), MemoryStateTable()
-    meter = Meter(results, records.items)
+    meter = Meter(results, records)
     table = Counted(records, "dynamodb", TABLE_CALLS, Counter(), meter.table)
     store = Counted(results, "s3", RESULT_CALLS, Counter(), meter.s3)
     rec = ops.new_site(RUN, SITE, SiteSpec(f"https://{SITE}.example/"), None)

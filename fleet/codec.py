@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -62,46 +62,83 @@ def _plain_to_item(x: Any) -> Any:
     raise TypeError(f"cannot store {type(x).__name__} in a site record")
 
 
+def _number(v: Any) -> Any:
+    return num(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+#: Each attribute of a site item but its keys, encoded from a record (None: absent): what `site_to_item` writes,
+#: and what `site_update` encodes of the fields a write changed.
+_ENCODE: dict[str, Callable[[SiteRecord], Any]] = {
+    "run_status": lambda r: str(r.run_status),
+    "site_status": lambda r: str(r.site_status),
+    "attemptCount": lambda r: num(r.attempt),
+    "version": lambda r: num(r.version),
+    "enqueued": lambda r: r.enqueued,
+    "pages": lambda r: num(r.pages),
+    "spot_requeues": lambda r: num(r.spot_requeues),
+    "attemptBase": lambda r: num(r.attempt_base),
+    "spec": lambda r: spec_to_item(r.spec),
+    "attempts": lambda r: [_attempt_to_item(a) for a in r.attempts],
+    OPEN_ATTR: lambda r: None if r.is_terminal else open_key(r),
+    "instance_id": lambda r: r.instance_id,
+    "lastUpdateEpoch": lambda r: _number(r.last_update),
+    "heartbeatEpoch": lambda r: _number(r.heartbeat),
+    "failure_reason": lambda r: r.failure_reason,
+    "failure_class": lambda r: r.failure_class,
+    "http_status": lambda r: _number(r.http_status),
+    "retry_at": lambda r: _number(r.retry_at),
+    "avoid_instance": lambda r: r.avoid_instance,
+    "error": lambda r: r.error,
+    "result_key": lambda r: r.result_key,
+    "url": lambda r: r.url,
+    "kill_reason": lambda r: r.kill_reason,
+    "kill_path": lambda r: r.kill_path,
+    "receipt": lambda r: r.receipt,
+    "expireAt": lambda r: _number(r.expire_at),
+    "checkpoint": lambda r: encode_checkpoint(r.checkpoint) if r.checkpoint is not None else None,
+    "mark": lambda r: list(r.mark) if r.mark is not None else None,
+    "items": lambda r: _number(r.items),
+}
+
+#: The attributes each field of a record is encoded in (`OPEN_ATTR` from several).
+_FIELD_ATTRS: dict[str, tuple[str, ...]] = {
+    "run_status": ("run_status", OPEN_ATTR),
+    "site_status": ("site_status",),
+    "attempt": ("attemptCount",),
+    "version": ("version", OPEN_ATTR),
+    "enqueued": ("enqueued", OPEN_ATTR),
+    "pages": ("pages",),
+    "spot_requeues": ("spot_requeues",),
+    "attempt_base": ("attemptBase",),
+    "spec": ("spec",),
+    "attempts": ("attempts", OPEN_ATTR),
+    "instance_id": ("instance_id",),
+    "last_update": ("lastUpdateEpoch",),
+    "heartbeat": ("heartbeatEpoch",),
+    "failure_reason": ("failure_reason",),
+    "failure_class": ("failure_class",),
+    "http_status": ("http_status",),
+    "retry_at": ("retry_at",),
+    "avoid_instance": ("avoid_instance",),
+    "error": ("error",),
+    "result_key": ("result_key",),
+    "url": ("url",),
+    "kill_reason": ("kill_reason",),
+    "kill_path": ("kill_path",),
+    "receipt": ("receipt",),
+    "expire_at": ("expireAt",),
+    "checkpoint": ("checkpoint",),
+    "mark": ("mark",),
+    "items": ("items",),
+}
+
+
 def site_to_item(r: SiteRecord) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        "run_id": r.run_id,
-        "Site": r.site,
-        "run_status": str(r.run_status),
-        "site_status": str(r.site_status),
-        "attemptCount": num(r.attempt),
-        "version": num(r.version),
-        "enqueued": r.enqueued,
-        "pages": num(r.pages),
-        "spot_requeues": num(r.spot_requeues),
-        "attemptBase": num(r.attempt_base),
-        "spec": spec_to_item(r.spec),
-        "attempts": [_attempt_to_item(a) for a in r.attempts],
-    }
-    if not r.is_terminal:
-        item[OPEN_ATTR] = open_key(r)
-    optional = {
-        "instance_id": r.instance_id,
-        "lastUpdateEpoch": r.last_update,
-        "heartbeatEpoch": r.heartbeat,
-        "failure_reason": r.failure_reason,
-        "failure_class": r.failure_class,
-        "http_status": r.http_status,
-        "retry_at": r.retry_at,
-        "avoid_instance": r.avoid_instance,
-        "error": r.error,
-        "result_key": r.result_key,
-        "url": r.url,
-        "kill_reason": r.kill_reason,
-        "kill_path": r.kill_path,
-        "receipt": r.receipt,
-        "expireAt": r.expire_at,
-        "checkpoint": encode_checkpoint(r.checkpoint) if r.checkpoint is not None else None,
-        "mark": list(r.mark) if r.mark is not None else None,
-        "items": r.items,
-    }
-    for k, v in optional.items():
-        if v is not None:
-            item[k] = num(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    item: dict[str, Any] = {"run_id": r.run_id, "Site": r.site}
+    for attr, encode in _ENCODE.items():
+        value = encode(r)
+        if value is not None:
+            item[attr] = value
     return item
 
 
@@ -492,8 +529,24 @@ def site_update(old: SiteRecord, new: SiteRecord) -> tuple[dict[str, Any], list[
     """What a fenced write of `new` over `old` SETs and REMOVEs. `enqueued` is the one field another writer may
     change without moving the version (the mark of a sent message): a writer whose copy predates such a mark would
     leave it standing by the diff alone, and a QUEUED site marked sent whose message is gone is never sent again.
-    So a transition (a new version) always writes it."""
-    sets, removes = diff_items(site_to_item(old), site_to_item(new))
+    So a transition (a new version) always writes it.
+
+    Only the attributes of the fields that changed are encoded (a heartbeat encodes two numbers, not the record):
+    the result is the diff of the two whole items (`diff_items`), which the tests hold it to."""
+    attrs: set[str] = set()
+    for f, names in _FIELD_ATTRS.items():
+        a, b = getattr(old, f), getattr(new, f)
+        if a is not b and a != b:
+            attrs.update(names)
+    sets: dict[str, Any] = {}
+    removes: list[str] = []
+    for attr in sorted(attrs):
+        before, after = _ENCODE[attr](old), _ENCODE[attr](new)
+        if after is None:
+            if before is not None:
+                removes.append(attr)
+        elif before != after:
+            sets[attr] = after
     if new.version != old.version:
         sets["enqueued"] = new.enqueued
     return sets, removes

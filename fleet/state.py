@@ -292,7 +292,11 @@ def transition(old: SiteRecord, *, bump: bool = True, reopen: bool = False, **ch
     mark): they stay fenced by version but do not move it, so they never make a
     concurrent state write of the hub or a claim fail.
     """
-    new = dataclasses.replace(old, **changes)
+    if bump:
+        if "version" in changes:
+            raise IllegalTransition(old.site, "version", old.version, changes["version"])
+        changes["version"] = old.version + 1
+    new = _replaced(old, changes)
     if new.run_status != old.run_status or new.site_status != old.site_status:
         if not bump:
             raise IllegalTransition(old.site, "status change without a version bump", old.run_status, new.run_status)
@@ -307,10 +311,23 @@ def transition(old: SiteRecord, *, bump: bool = True, reopen: bool = False, **ch
         new.attempt != old.attempt and new.run_status is RunStatus.RUN and old.run_status is RunStatus.RUN
     ):
         raise IllegalTransition(old.site, "attemptCount during an attempt", old.attempt, new.attempt)
-    if bump:
-        new = dataclasses.replace(new, version=old.version + 1)
-    elif new.version != old.version:
+    if not bump and new.version != old.version:
         raise IllegalTransition(old.site, "version", old.version, new.version)
+    return new
+
+
+_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(SiteRecord))
+
+
+def _replaced(old: SiteRecord, changes: dict[str, Any]) -> SiteRecord:
+    """`dataclasses.replace(old, **changes)` without running the constructor again (a record has no checks of its
+    own in it: `transition` makes them), a few times faster: nodes write a record on every heartbeat."""
+    unknown = changes.keys() - _RECORD_FIELDS
+    if unknown:
+        raise TypeError(f"SiteRecord has no field {sorted(unknown)[0]!r}")
+    new = object.__new__(SiteRecord)
+    new.__dict__.update(old.__dict__)
+    new.__dict__.update(changes)
     return new
 
 

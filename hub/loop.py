@@ -33,7 +33,7 @@ from hub.executor import Executor
 from hub.history import previous_durations
 from hub.plan import metering, plan
 from hub.providers.base import ComputeProvider
-from hub.snapshot import Observations, SiteCache, Snapshot, observe
+from hub.snapshot import Observations, SiteCache, Snapshot, observe_changes
 
 if TYPE_CHECKING:  # the Lambda package imports this module without prometheus_client
     from hub.monitor import HubMonitor
@@ -131,7 +131,9 @@ class Hub:
         nodes = {n.instance_id: n for n in node_rows}
         expected = self._expected(sites)
         held = cache.held if not metering(self.config, expected) else ()  # unsent ones to repair, unless fed
-        self.obs = observe(self.obs, sites, nodes, instances, now, watch=cache.watch, beats=cache.beats, held=held)
+        self.obs = observe_changes(
+            self.obs, sites, cache.changed, cache.watch, nodes, instances, now, cache.beats, held
+        )
         depth = io(self.queue.depth) if self.ending is not None else None
         return Snapshot(
             self.run_id,

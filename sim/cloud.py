@@ -34,14 +34,20 @@ class VirtualCloud:
         self.instances: dict[str, VInstance] = {}
         self._ids = itertools.count(1)
         self.run_instances_calls = 0
+        self._listed: dict[str, Instance] = {}  # each instance as last listed (an Instance is frozen)
 
     # --- ComputeProvider ---------------------------------------------------------------
     def list(self, run_id: str) -> list[Instance]:
-        return [
-            Instance(v.id, v.state, "node", {}, v.instance_type, v.interrupted)
-            for v in self.instances.values()
-            if v.state != "terminated" or self.sim.engine.now - (v.ended_at or 0) < 3600
-        ]
+        """The run's instances, a terminated one for an hour after it ended (as DescribeInstances shows them)."""
+        now, out, listed = self.sim.engine.now, [], self._listed
+        for v in self.instances.values():
+            if v.state == "terminated" and now - (v.ended_at or 0) >= 3600:
+                continue
+            seen = listed.get(v.id)
+            if seen is None or seen.state != v.state or seen.interrupted != v.interrupted:
+                seen = listed[v.id] = Instance(v.id, v.state, "node", {}, v.instance_type, v.interrupted)
+            out.append(seen)
+        return out
 
     def launch(self, run_id: str, count: int, target: int | None = None) -> LaunchResult:
         p, fleet = self.sim.params, self.sim.config.fleet

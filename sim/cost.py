@@ -23,7 +23,7 @@ from typing import Any
 from fleet import units
 from fleet.codec import encode_checkpoint, site_to_item
 from fleet.state import SiteRecord
-from sim.memory import MemoryResults
+from sim.memory import MemoryResults, MemoryStateTable
 
 STAMP_BYTES = 150  # a stamp of the open index (its projection: a dozen small attributes)
 NODE_ITEM_BYTES = 400  # a node item with its counters
@@ -51,9 +51,10 @@ class SimResults(MemoryResults):
 class Meter:
     """Bytes, units and requests of the calls made through `engine.Counted(..., meter=...)`."""
 
-    def __init__(self, results: SimResults, stored: dict[tuple[str, str], dict[str, Any]] | None = None):
+    def __init__(self, results: SimResults, table: MemoryStateTable | None = None):
         self.results = results
-        self.stored = stored  # the in-memory table's items (`MemoryStateTable.items`): sized without encoding again
+        self.records = table  # the in-memory table: its items are sized without encoding again, its writes by delta
+        self.stored = table.items if table is not None else None
         self.n: Counter[str] = Counter()  # write_units, read_units, s3_put, s3_get, s3_put_bytes, s3_get_bytes, state_*
         self._size: dict[tuple[str, str], int] = {}  # the last size of each site record written or read
         # per stored item, each attribute's value and size: the table replaces only the attributes a write
@@ -77,6 +78,20 @@ class Meter:
         self._size[key] = s
         return s
 
+    def _resized(self, key: tuple[str, str], sets: dict[str, Any], removes: list[str]) -> int:
+        """The size of a stored item after a write that SET `sets` and REMOVEd `removes`: only those sized again."""
+        sized, s = self._attrs[key], self._size[key]
+        for name, value in sets.items():
+            hit = sized.get(name)
+            s -= hit[1] if hit is not None else 0
+            hit = sized[name] = (value, units.attribute_size(name, value))
+            s += hit[1]
+        for name in removes:
+            hit = sized.pop(name, None)
+            s -= hit[1] if hit is not None else 0
+        self._size[key] = s
+        return s
+
     def _read(self, size: int) -> None:
         self.n["read_units"] += units.read_units(size)  # type: ignore[assignment]  # a Counter adds fractions too
 
@@ -84,8 +99,14 @@ class Meter:
         n = self.n
         if name == "write":
             old, new = args[0], args[1]
-            before = self._size.get((old.run_id, old.site)) or self.size(old, stored=False)
-            wu = units.write_units(max(before, self.size(new)))
+            key = (old.run_id, old.site)
+            before = self._size.get(key) or self.size(old, stored=False)
+            last = self.records.last_write if self.records is not None else None
+            if last is not None and last[0] == key and key in self._attrs and key in self._size:
+                after = self._resized(key, last[1], last[2])
+            else:
+                after = self.size(new)
+            wu = units.write_units(max(before, after))
             n["write_units"] += wu
             if new.checkpoint is not None and new.checkpoint != old.checkpoint:
                 n["state_write_units"] += wu

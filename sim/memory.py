@@ -54,6 +54,8 @@ class MemoryStateTable:
         self._open: dict[str, dict[str, Stamp]] = {}  # the sparse index `open` below HELD_PREFIX: run -> site -> stamp
         self._held: dict[str, set[str]] = {}  # the index's held range: run -> sites as seeded
         self._nodes: dict[str, set[str]] = {}  # run -> node item keys (a begins_with Query)
+        self.last_write: tuple[tuple[str, str], dict[str, Any], list[str]] | None = None  # for the simulator's meter
+        self._node_info: dict[tuple[str, str], NodeInfo] = {}  # each node item as read back (decoded once per write)
 
     def _index(self, run_id: str, site: str, item: dict[str, Any]) -> None:
         key = item.get(OPEN_ATTR)
@@ -95,7 +97,7 @@ class MemoryStateTable:
 
     def get_site(self, run_id: str, site: str) -> SiteRecord | None:
         item = self.items.get((run_id, site))
-        return item_to_site(copy.deepcopy(item)) if item else None
+        return item_to_site(item) if item else None  # decoding builds new objects: nothing shared with the store
 
     def write(self, old: SiteRecord, new: SiteRecord) -> SiteRecord:
         with self._lock:
@@ -110,7 +112,8 @@ class MemoryStateTable:
             if cur is None or not fenced:
                 raise StaleWrite(old.run_id, old.site, old.fence(), item_to_site(copy.deepcopy(cur)) if cur else None)
             sets, removes = site_update(old, new)  # what DynamoDB would SET/REMOVE
-            cur.update({k: copy.deepcopy(v) if isinstance(v, (dict, list)) else v for k, v in sets.items()})
+            self.last_write = (key, sets, removes)
+            cur.update(sets)  # encoded afresh by site_update: nothing in them is shared with a record or a caller
             for k in removes:
                 cur.pop(k, None)
             self._index(old.run_id, old.site, cur)
@@ -138,7 +141,13 @@ class MemoryStateTable:
         return out
 
     def read_nodes(self, run_id: str) -> list[NodeInfo]:
-        return [item_to_node(self.items[(run_id, k)]) for k in sorted(self._nodes.get(run_id, ()))]
+        out = []
+        for k in sorted(self._nodes.get(run_id, ())):
+            info = self._node_info.get((run_id, k))
+            if info is None:  # NodeInfo is frozen: one decoding serves every read until the next write
+                info = self._node_info[(run_id, k)] = item_to_node(self.items[(run_id, k)])
+            out.append(info)
+        return out
 
     def read_pacing(self, run_id: str) -> dict[str, dict[str, Any]]:
         partition = PACING_PARTITION_PREFIX + run_id
@@ -194,6 +203,7 @@ class MemoryStateTable:
     def put_node(self, node: NodeInfo) -> None:
         with self._lock:
             self.items[(node.run_id, NODE_PREFIX + node.instance_id)] = node_to_item(node)
+            self._node_info.pop((node.run_id, NODE_PREFIX + node.instance_id), None)
             self._nodes.setdefault(node.run_id, set()).add(NODE_PREFIX + node.instance_id)
 
     def add_history(self, events: Sequence[HistoryEvent]) -> None:

@@ -81,7 +81,7 @@ class Sim:
         self.hub_calls: Counter = Counter()
         self.node_calls: Counter = Counter()
         table, results = MemoryStateTable(), SimResults()
-        self.meter = Meter(results, table.items)
+        self.meter = Meter(results, table)
         # the nodes' long polls are events on the heap: an empty receive returns at once, a send wakes a waiter
         queue = MemoryQueue(self.clock, self.config.aws.max_receive_count, long_poll=False, on_send=self._message_sent)
         self.queue = queue

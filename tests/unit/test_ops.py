@@ -1,13 +1,17 @@
 """Record operations on the in-memory table: claims, fencing, requeue rules, message verdicts."""
 
+import random
+
 import pytest
 
 from fleet import ops
+from fleet.codec import diff_items, site_to_item, site_update
 from fleet.errors import StaleWrite
 from fleet.state import COLLIDED_ID_MAX_CHARS, MAX_COLLIDED, Counts, Reason, RunStatus, SiteSpec, SiteStatus
 from sim.memory import MemoryQueue, MemoryStateTable
 
 NOW = 1_800_000_000.0
+RUN = "r1"
 
 
 @pytest.fixture
@@ -149,3 +153,46 @@ def test_counts_are_bounded_as_a_record_keeps_them(table):
     kept = ops.bounded(many)
     assert kept.items == 0 and len(kept.collided) == MAX_COLLIDED
     assert all(len(i) == COLLIDED_ID_MAX_CHARS for i in kept.collided)
+
+
+def test_an_update_encodes_only_what_changed_and_is_the_diff_of_the_whole_items():
+    """`site_update` encodes the attributes of the fields a write changed; over random histories of every operation
+    it is exactly the diff of the two whole items (and a transition writes `enqueued`)."""
+    rnd = random.Random(11)
+    mem = MemoryStateTable()
+    updates = 0
+    for n in range(60):
+        rec = ops.new_site(RUN, f"s{n}", SiteSpec("https://x.test/", options={"max_pages": n}), expire_at=n or None)
+        mem.create_site(rec)
+        for step in range(12):
+            now = 1000.0 + step * 1.7
+            if rec.is_terminal:
+                old, rec = rec, ops.reopen(mem, rec, now)
+            elif rec.run_status is RunStatus.QUEUED and not rec.enqueued:
+                old, rec = rec, ops.mark_enqueued(mem, rec)
+            elif rec.run_status is RunStatus.QUEUED:
+                old, rec = rec, ops.claim(mem, rec, f"i-{rnd.randrange(3)}", now, receipt=f"r{step}")
+            else:
+                pick = rnd.randrange(6)
+                old = rec
+                if pick == 0:
+                    rec = ops.beat(mem, rec, now, counts=Counts(items=step, pages=step))
+                elif pick == 1:
+                    ckpt = {"next": f"p{step}", "pages": step, "items": step, "parts": [[rec.attempt, 1, 1]]}
+                    rec = ops.save_checkpoint(mem, rec, now, None, ckpt)
+                elif pick == 2:
+                    rec = ops.report(mem, rec, SiteStatus.URL_CALL, now, url=f"https://x.test/{step}", pages=step)
+                elif pick == 3:
+                    rec = ops.complete(mem, rec, f"s{n}/r.json", now, items=step, pages=step)
+                elif pick == 4:
+                    rec = ops.request_kill(mem, rec, Reason.HANG, now)
+                else:
+                    rec = ops.end_attempt(mem, rec, reason=Reason.ERROR, now=now, max_attempts=2, spot_cap=1)
+            sets, removes = site_update(old, rec)
+            whole_sets, whole_removes = diff_items(site_to_item(old), site_to_item(rec))
+            if rec.version != old.version:
+                whole_sets["enqueued"] = rec.enqueued
+            assert (sets, sorted(removes)) == (whole_sets, sorted(whole_removes)), (n, step)
+            assert mem.items[(RUN, rec.site)] == site_to_item(rec)  # the table holds what the record encodes
+            updates += 1
+    assert updates == 60 * 12

@@ -5,7 +5,7 @@ import random
 
 from fleet import ops
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
-from hub.snapshot import SiteCache, watched
+from hub.snapshot import Observations, SiteCache, observe, observe_changes, watched
 from sim.memory import MemoryStateTable
 
 RUN = "2027-01-15"
@@ -106,6 +106,7 @@ def test_random_histories_agree_with_a_full_read_every_tick():
     table = seeded(40)
     cache, reads = SiteCache(), Reads(table)
     cache.load(table.read_run(RUN).sites)
+    obs = whole = Observations()
     for tick in range(200):
         for _ in range(rnd.randrange(6)):
             rec = table.get_site(RUN, f"s{rnd.randrange(40):03d}")
@@ -136,5 +137,9 @@ def test_random_histories_agree_with_a_full_read_every_tick():
         reads.refresh(cache)
         truth = full(table)
         assert cache.sites == truth, f"tick {tick}"
+        # the hub's observations by delta are those of a look at every watched site
+        obs = observe_changes(obs, cache.sites, cache.changed, cache.watch, {}, {}, T + tick, cache.beats)
+        whole = observe(whole, truth, {}, {}, T + tick, watch={n for n, r in truth.items() if watched(r)})
+        assert (obs.progress, obs.heartbeat, obs.unsent) == (whole.progress, whole.heartbeat, whole.unsent), tick
         assert cache.watch == {n for n, r in truth.items() if watched(r)}
         assert cache.tally == {s.value: sum(1 for r in truth.values() if r.run_status is s) for s in RunStatus}
