@@ -6,7 +6,6 @@ its stamp moved by a transition; a stamp that moved by progress patches the hub'
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,9 +74,9 @@ def record_stamp(r: SiteRecord) -> Stamp:
 def patch_from_stamp(r: SiteRecord, st: Stamp) -> SiteRecord:
     """`r` with the progress fields of a newer stamp whose transition fields are the same as `r`'s (a copy
     with those fields set: many per tick, and the fields need no validation, they were read back as written)."""
-    new = copy.copy(r)
-    for name, value in zip(_PATCHED, (st[4], SiteStatus(st[5]), st[6], st[7], st[8], st[9], st[10]), strict=True):
-        object.__setattr__(new, name, value)
+    new = object.__new__(SiteRecord)
+    new.__dict__.update(r.__dict__)
+    new.__dict__.update(zip(_PATCHED, (st[4], SiteStatus(st[5]), st[6], st[7], st[8], st[9], st[10]), strict=True))
     return new
 
 

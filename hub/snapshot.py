@@ -17,6 +17,7 @@ imports this module and must run without boto3.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Collection, Iterable, Iterator, Mapping, MutableSet
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -164,6 +165,9 @@ class Snapshot:
     hold: Collection[str] | None = None  # the held sites (see `held`); None: found from `sites`
     tally: Mapping[str, int] | None = None  # sites per run status; None: counted from `sites`
     unseen: Collection[str] | None = None  # configured sites not read yet (none: every one is in `sites`)
+    # The watched sites that can need something now (`hub.loop.Attention`); None: every one. With node watchdogs,
+    # a running site whose record and node did not change needs nothing before its `recheck_at`.
+    attend: Collection[str] | None = None
     expected: Mapping[str, float] = field(default_factory=dict)  # site -> seconds its last successful crawl took
     ending: Ending | None = None  # the run is being ended (decided by an earlier plan, or a teardown request)
 
@@ -265,10 +269,16 @@ class SiteCache:
         self.unseen: set[str] = set()  # sites the run should have that the cache has not read yet
         self.fetched = 0  # records read by the last refresh (for tests and the simulator)
         self.changed: set[str] = set()  # sites whose records the last load or refresh put (`observe_changes`)
+        self.by_instance: dict[str, set[str]] = {}  # instance -> the RUN sites it holds
         self.beats: dict[str, float] = {}  # node -> the newest heartbeat it wrote on any cached record
 
     def _put(self, r: SiteRecord) -> None:
         self.changed.add(r.site)
+        was = self.sites.get(r.site)
+        if was is not None and was.instance_id and was.run_status is RunStatus.RUN:
+            self.by_instance.get(was.instance_id, set()).discard(r.site)
+        if r.instance_id and r.run_status is RunStatus.RUN:
+            self.by_instance.setdefault(r.instance_id, set()).add(r.site)
         if r.instance_id and r.heartbeat is not None and r.heartbeat > self.beats.get(r.instance_id, float("-inf")):
             self.beats[r.instance_id] = r.heartbeat
         old = self.sites.get(r.site)
@@ -305,7 +315,7 @@ class SiteCache:
     def load(self, records: Iterable[SiteRecord]) -> None:
         """A full read (the first tick, or a restarted hub)."""
         self.sites, self.watch, self.held, self.open, self.stamps, self.beats = {}, set(), RankedSet(), set(), {}, {}
-        self.seeded, self.rechecks, self.changed = set(), set(), set()
+        self.seeded, self.rechecks, self.changed, self.by_instance = set(), set(), set(), {}
         self.tally = {s.value: 0 for s in RunStatus}
         n = 0
         for r in records:
@@ -322,7 +332,15 @@ class SiteCache:
         for name in [n for n, st in stamps.items() if own.get(n) != st]:
             st, mine = stamps[name], own.get(name)
             if mine is not None and mine[:TRANSITION_FIELDS] == st[:TRANSITION_FIELDS]:
-                self._put(patch_from_stamp(self.sites[name], st))  # progress, a heartbeat, the enqueued mark
+                old = self.sites[name]
+                new = patch_from_stamp(old, st)  # progress, a heartbeat, the enqueued mark
+                if old.run_status is RunStatus.RUN:  # still RUN, on the same node: only what a beat moves
+                    self.sites[name], self.stamps[name] = new, st
+                    self.changed.add(name)
+                    if new.heartbeat is not None and new.heartbeat > self.beats.get(new.instance_id or "", -math.inf):
+                        self.beats[new.instance_id or ""] = new.heartbeat
+                else:
+                    self._put(new)
             else:
                 need.append(name)
         need.extend(n for n in self.open if n not in stamps)  # closed since the last read

@@ -139,6 +139,7 @@ class Sim:
             self.engine.run(until=self.config.run.deadline_s + 3600)
         finally:
             logger.setLevel(level)
+            self.hub.release_memory()
             self._out.cleanup()
         wall = time.perf_counter() - wall0
         self.hub_calls[("ec2", "RunInstances")] += self.cloud.run_instances_calls

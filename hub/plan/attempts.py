@@ -12,7 +12,7 @@ from fleet.config import Config
 from fleet.state import Reason, RunStatus, SiteRecord, SiteStatus, known_reason
 from hub.actions import Action, EndAttempt, Enqueue, KillAttempt, KillLadder
 from hub.plan.feed import metering
-from hub.snapshot import Snapshot
+from hub.snapshot import Observations, Snapshot
 
 #: With node watchdogs on, the hub is the backup for a hang: it waits this much longer, so the node's own
 #: (cheaper, exact) kill normally wins and the two do not race.
@@ -46,7 +46,12 @@ def attempt_rules(s: Snapshot, now: float, config: Config) -> tuple[list[Action]
     the feed's while it meters the queue; otherwise one is a seeding a hub did not finish: unsent, as any."""
     actions: list[Action] = []
     wake = math.inf
-    names = s.watched if not s.held or metering(config, s.expected) else sorted([*s.watched, *s.held])
+    if s.held and not metering(config, s.expected):
+        names = sorted([*s.watched, *s.held])
+    elif s.attend is not None and config.fleet.node_watchdog:  # the hub's: those that can need something now
+        names = sorted(s.attend)
+    else:
+        names = s.watched
     for name in names:
         action, at = watch_site(s, s.sites[name], now, config)
         if action is not None:
@@ -81,6 +86,19 @@ def unsent(s: Snapshot, r: SiteRecord, now: float, config: Config) -> Verdict:
     if now - seen.since >= grace:
         return Enqueue(r.site, r.version), math.inf
     return None, seen.since + grace
+
+
+def recheck_at(obs: Observations, r: SiteRecord, config: Config) -> float:
+    """When a running site whose record and node do not change could next need something (`running`): its hang, or
+    its heartbeat's timeout. Until then, with node watchdogs on, the plan need not look at it (`Snapshot.attend`)."""
+    at = math.inf
+    progress = obs.progress.get(r.site)
+    if r.site_status is SiteStatus.URL_CALL and progress is not None:
+        at = progress.since + hang_after_s(config)
+    beat = obs.heartbeat.get(r.site)
+    if beat is not None:
+        at = min(at, beat.since + config.run.heartbeat_timeout_s)
+    return at
 
 
 def running(s: Snapshot, r: SiteRecord, now: float, config: Config) -> Verdict:
