@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+import hub.attention
 import hub.loop
 from cli.main import main
 from fleet import ops
@@ -217,3 +218,39 @@ def test_a_simulated_node_the_hub_declared_lost_takes_no_more_work():
     sites = table.read_run(sim.run_id).sites
     assert [a.outcome for r in sites for a in r.attempts] == ["lost"]  # one attempt, ended by the hub; no other
     assert sim.stats.outcomes == {"fenced": 1}
+
+
+SAME_RUN = (
+    "makespan_s",
+    "attempts",
+    "failures",
+    "completed",
+    "failed",
+    "hangs",
+    "hang_lag_max_s",
+    "instances_launched",
+    "api_calls_by_operation",
+    "retry_wait_max_s",
+)
+
+
+def test_a_hub_that_looks_only_at_what_changed_or_fell_due_decides_as_one_that_looks_at_everything(monkeypatch):
+    """`hub.attention`: under hangs, spot reclaims and failures, the same seed gives the same run, call for call,
+    whether the plan looks at the sites that changed or fell due, or at every watched site each tick."""
+    p = SimParams(sites=150, nodes=12, seed=4, hang_rate=0.1, spot_per_hour=1.0, failure_rates={"http_503": 0.05})
+    looked = []
+    sites = hub.attention.Attention.sites
+
+    def counted(self, cache, *args):
+        out = sites(self, cache, *args)
+        looked.append((len(out), len(cache.watch)))
+        return out
+
+    monkeypatch.setattr(hub.attention.Attention, "sites", counted)
+    some = simulate(p)
+    monkeypatch.setattr(hub.attention.Attention, "sites", lambda self, *args: None)
+    every = simulate(p)
+    assert some.attempts.get("hang") and some.attempts.get("spot") and some.failures.get("http_5xx 503")
+    assert {k: getattr(some, k) for k in SAME_RUN} == {k: getattr(every, k) for k in SAME_RUN}
+    assert all(n <= w for n, w in looked) and sum(n for n, _ in looked) < sum(w for _, w in looked)
+    assert sum(1 for n, w in looked if w and n <= w / 2) >= 10  # ticks that looked at half the running sites or fewer
