@@ -11,7 +11,9 @@ read request unit per 4 KB (an eventually consistent one half that).
 Prices are AWS's published on-demand prices for us-east-1 (N. Virginia), USD:
 DynamoDB $0.625 per million write request units and $0.125 per million read
 request units (the on-demand pricing page, since November 2024); S3 Standard
-$0.005 per 1,000 PUT/COPY/POST/LIST and $0.0004 per 1,000 GET requests.
+$0.005 per 1,000 PUT/COPY/POST/LIST and $0.0004 per 1,000 GET requests; SQS
+$0.40 per million requests of a standard queue (the first million each month
+free, not counted here). EC2 and SSM API calls cost nothing.
 Other regions differ by a factor, not in shape.
 """
 
@@ -30,6 +32,7 @@ USD_PER_WRITE_UNIT = 0.625 / 1e6
 USD_PER_READ_UNIT = 0.125 / 1e6
 USD_PER_S3_PUT = 0.005 / 1000
 USD_PER_S3_GET = 0.0004 / 1000
+USD_PER_SQS_REQUEST = 0.40 / 1e6
 
 
 def _number_size(v: int | float | Decimal) -> int:
@@ -77,11 +80,14 @@ def read_units(size: int, consistent: bool = True) -> float:
     return float(units) if consistent else units / 2
 
 
-def usd(write_units: float = 0, read_units: float = 0, s3_puts: float = 0, s3_gets: float = 0) -> float:
+def usd(
+    write_units: float = 0, read_units: float = 0, s3_puts: float = 0, s3_gets: float = 0, sqs_requests: float = 0
+) -> float:
     """What those requests cost at the on-demand prices above."""
     return (
         write_units * USD_PER_WRITE_UNIT
         + read_units * USD_PER_READ_UNIT
         + s3_puts * USD_PER_S3_PUT
         + s3_gets * USD_PER_S3_GET
+        + sqs_requests * USD_PER_SQS_REQUEST
     )

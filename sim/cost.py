@@ -150,7 +150,10 @@ class Meter:
 
     def usd(self, state_only: bool = False) -> float:
         n, p = self.n, "state_" if state_only else ""
-        return units.usd(n[f"{p}write_units"], 0 if state_only else n["read_units"], n[f"{p}s3_put"], n[f"{p}s3_get"])
+        sqs = 0 if state_only else n["sqs_requests"]
+        return units.usd(
+            n[f"{p}write_units"], 0 if state_only else n["read_units"], n[f"{p}s3_put"], n[f"{p}s3_get"], sqs
+        )
 
     def figures(self, sites: int) -> dict[str, Any]:
         """SimResult's cost figures (per site unless named otherwise)."""

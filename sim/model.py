@@ -37,6 +37,7 @@ class SimParams:
     items_per_page: int = 20  # items a page gives (each checkpoint's part holds a page's)
     item_bytes: int = 500  # bytes of one item as stored (JSON)
     history: dict[str, float] | None = None  # site -> seconds, from a past run (replaces the drawn times)
+    hub_restart_at: float | None = None  # the hub dies at this second of the run and a new one takes over
     config: Config | None = None  # run and fleet settings (its sites are not used)
 
 

@@ -90,21 +90,34 @@ class Sim:
         self.node_queue = Counted(queue, "sqs", QUEUE_CALLS, self.node_calls)
         self.node_results = Counted(results, "s3", RESULT_CALLS, self.node_calls, self.meter.s3)
         self.table = table
+        self.results = results
         self._out = tempfile.TemporaryDirectory(prefix="gridfleet-sim-")
-        self.hub = Hub(
+        self.hub_restarts = 0
+        self.hub = self._new_hub()
+        self.finished_at: float | None = None
+
+    def _new_hub(self) -> Hub:
+        """A hub as the run's instance starts it: all it knows is read back from the table and the cloud."""
+        return Hub(
             run_id=self.run_id,
             config=self.config,
-            table=Counted(table, "dynamodb", TABLE_CALLS, self.hub_calls, self.meter.table),
-            queue=Counted(queue, "sqs", QUEUE_CALLS, self.hub_calls),
-            results=Counted(results, "s3", RESULT_CALLS, self.hub_calls, self.meter.s3),
+            table=Counted(self.table, "dynamodb", TABLE_CALLS, self.hub_calls, self.meter.table),
+            queue=Counted(self.queue, "sqs", QUEUE_CALLS, self.hub_calls),
+            results=Counted(self.results, "s3", RESULT_CALLS, self.hub_calls, self.meter.s3),
             provider=Counted(self.cloud, "ec2", EC2_CALLS, self.hub_calls),
             control=_CountedControl(self),
             clock=self.clock,
             out_dir=Path(self._out.name),
-            hub_id="sim-hub",
+            hub_id=f"sim-hub-{self.hub_restarts}",
             expected=self.workload.expected if self.config.run.order == "longest_first" else {},
         )
-        self.finished_at: float | None = None
+
+    def _restart_hub(self) -> None:
+        """The hub dies between two ticks (its memory with it) and a new one takes over at its next tick."""
+        if self.finished_at is None:
+            self.hub.release_memory()
+            self.hub_restarts += 1
+            self.hub = self._new_hub()
 
     def _message_sent(self) -> None:
         while self.waiters:
@@ -124,6 +137,7 @@ class Sim:
         self.stats.tick_ms.append(self.hub.decision_s * 1000)
         if self.hub.executor.finished:
             self.finished_at = now
+            self.hub.executor.mark_finished(self.clock.now())  # as the hub's end does (`gridfleet check` reads it)
             self.engine.stop = True
             return
         pause = SEED_POLL_S if self.params.policy == "seed" else self.hub.pause(p, now)
@@ -136,6 +150,8 @@ class Sim:
         wall0, cpu0 = time.perf_counter(), time.process_time()
         try:
             self.engine.at(0.0, self._hub_tick)
+            if self.params.hub_restart_at is not None:
+                self.engine.at(self.params.hub_restart_at, self._restart_hub)
             self.engine.run(until=self.config.run.deadline_s + 3600)
         finally:
             logger.setLevel(level)
@@ -209,6 +225,7 @@ class SimResult:
     heartbeat_interval_s: float
     checkpoint_calls_per_site: float
     ticks: int
+    hub_restarts: int
     tick_cpu_ms_p95: float
     tick_cpu_ms_max: float
     completed: int
@@ -229,6 +246,7 @@ class SimResult:
     s3_bytes_per_site: dict[str, float] = field(default_factory=dict)  # put, get
     requests_usd_per_site: float = 0.0  # DynamoDB units and S3 requests, in USD
     requests_usd: float = 0.0  # the same for the whole run
+    requests_share: float = 0.0  # requests_usd over the fleet's EC2 cost (cost_usd)
     # Where the time above the lower bound goes: how long retried sites waited for their next attempt, and the
     # sites that ended after the lower bound (with how many of them had been retried).
     retry_wait_p95_s: float = 0.0
@@ -253,6 +271,7 @@ class SimResult:
         for (service, _), c in calls.items():
             by_service[service] += c
         total = sum(by_service.values())
+        sim.meter.n["sqs_requests"] = by_service["sqs"]  # (EC2 and SSM calls cost nothing)
         sites = sim.table.read_run(sim.run_id).sites
         completed = sum(1 for r in sites if r.run_status.value == "COMPLETED")
         failed = sum(1 for r in sites if r.run_status.value == "FAILED")
@@ -282,6 +301,7 @@ class SimResult:
             heartbeat_interval_s=sim.settings.heartbeat_interval_s,
             checkpoint_calls_per_site=round(sim.stats.checkpoints / n, 2),
             ticks=len(sim.stats.tick_ms),
+            hub_restarts=sim.hub_restarts,
             tick_cpu_ms_p95=round(_pct(sim.stats.tick_ms, 0.95), 2),
             tick_cpu_ms_max=round(max(sim.stats.tick_ms, default=0.0), 2),
             completed=completed,
@@ -293,6 +313,7 @@ class SimResult:
             wall_s=round(wall, 2),
             cpu_s=round(cpu, 2),
             **sim.meter.figures(n),
+            requests_share=round(sim.meter.usd() / cost, 4) if cost else 0.0,
             **_tail(sites, lb),
         )
 

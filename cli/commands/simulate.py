@@ -20,6 +20,7 @@ from fleet.errors import UsageError
 from hub.history import durations_from_file
 
 if TYPE_CHECKING:
+    from cli.report.check import CheckReport
     from sim.run import SimParams, SimResult
 
 #: The simulator's policies (sim.run.POLICIES).
@@ -156,6 +157,13 @@ def _add_faults(p: argparse.ArgumentParser) -> None:
         help="spot interruptions per instance-hour (default: %(default)s)",
     )
     p.add_argument(
+        "--hub-restart-at",
+        type=_nonneg,
+        default=None,
+        metavar="SECONDS",
+        help="the hub dies this many seconds into the run and a new one takes over from the table (default: never)",
+    )
+    p.add_argument(
         "--capacity-errors",
         type=_rate,
         default=0.02,
@@ -191,23 +199,35 @@ def params_from(args: argparse.Namespace) -> SimParams:
         capacity_error_rate=args.capacity_errors,
         history=history,
         config=config,
+        hub_restart_at=args.hub_restart_at,
     )
 
 
-def cmd_simulate(args: argparse.Namespace, console: Console) -> int:
-    from sim.run import simulate
+def checked(p: SimParams) -> tuple[SimResult, CheckReport]:
+    """Simulate, then read the run back as `gridfleet check` reads a real one: what gridfleet promises of it."""
+    from cli.report.check import check_run
+    from sim.run import Sim
 
+    sim = Sim(p)
+    r = sim.run()
+    report = check_run(
+        sim.run_id, table=sim.table, queue=sim.queue, results=sim.results, provider=sim.cloud, config=sim.config
+    )
+    return r, report
+
+
+def cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     p = params_from(args)
     err = Console(stderr=True)
     if not args.json and err.is_terminal:
         with err.status(f"simulating {p.sites:,} sites on {p.nodes:,} nodes ({p.policy})..."):
-            r = simulate(p)
+            r, report = checked(p)
     else:
-        r = simulate(p)
+        r, report = checked(p)
     if args.json:
-        print(json.dumps(r.to_json(), sort_keys=False))
+        print(json.dumps({**r.to_json(), "check": report.as_json()}, sort_keys=False))
     else:
-        console.print(result_table(r))
+        console.print(result_table(r, report))
     return 0
 
 
@@ -217,7 +237,7 @@ def _mark(key: str, value: float) -> str:
     return f"{'ok' if ok else 'over' if op == '<=' else 'under'} (target {op} {limit:g})"
 
 
-def result_table(r: SimResult) -> Table:
+def result_table(r: SimResult, report: CheckReport | None = None) -> Table:
     t = Table(title=f"simulated run: {r.sites:,} sites, {r.nodes:,} nodes, policy {r.policy}, seed {r.seed}")
     t.add_column("figure")
     t.add_column("value", justify="right")
@@ -256,21 +276,35 @@ def result_table(r: SimResult) -> Table:
         (
             "  of which checkpoints",
             f"{r.checkpoint_calls_per_site:.2f}",
-            "one write per page (a retry resumes there); without these and heartbeats "
-            f"{calls['total'] - r.heartbeat_calls_per_site - r.checkpoint_calls_per_site:.1f}",
+            "one save per run.checkpoint_pages pages or run.checkpoint_s s (a retry resumes there); without these "
+            f"and heartbeats {calls['total'] - r.heartbeat_calls_per_site - r.checkpoint_calls_per_site:.1f}",
+        ),
+        (
+            "requests / EC2 spend",
+            f"${r.requests_usd:,.2f} / ${r.cost_usd:,.2f}",
+            f"{100 * r.requests_share:.1f}%: DynamoDB units, S3 and SQS requests at on-demand prices",
         ),
         (
             "hub work per tick p95 / max",
             f"{r.tick_cpu_ms_p95:.1f} / {r.tick_cpu_ms_max:.1f} ms",
-            f"{r.ticks} ticks; " + _mark("tick_cpu_ms_p95", r.tick_cpu_ms_p95),
+            f"{r.ticks} ticks, {r.hub_restarts} hub restarts; " + _mark("tick_cpu_ms_p95", r.tick_cpu_ms_p95),
         ),
         *_site_rows(r),
         ("left running", str(r.left_running), ""),
+        *([_check_row(report)] if report is not None else []),
         ("wall time", f"{r.wall_s:.1f} s", f"{r.sim_events:,} events"),
     ]
     for row in rows:
         t.add_row(*row)
     return t
+
+
+def _check_row(report: CheckReport) -> tuple[str, str, str]:
+    """What `gridfleet check` finds of the simulated run: its violations (none: every promise held)."""
+    if report.ok:
+        return ("gridfleet check", "ok", f"{report.checked.get('sites', 0):,} sites, no violation")
+    first = report.violations[0]
+    return ("gridfleet check", f"{len(report.violations)} violations", first)
 
 
 def _site_rows(r: SimResult) -> list[tuple[str, str, str]]:
