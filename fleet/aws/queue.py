@@ -66,15 +66,19 @@ class SqsSiteQueue:
     def send(self, run_id: str, site: str, attempt: int, given_back: int = 0) -> None:
         self._c.send_message(QueueUrl=self.url, **self._fields(run_id, site, attempt, given_back))
 
-    def send_many(self, items: Iterable[tuple[str, str, int]]) -> None:
+    def send_many(self, items: Iterable[tuple[str, str, int]]) -> int:
+        """Send each, ten to a SendMessageBatch; the number sent."""
         batch: list[tuple[str, str, int]] = []
+        sent = 0
         for item in items:
             batch.append(item)
+            sent += 1
             if len(batch) == 10:
                 self._send_batch(batch)
                 batch = []
         if batch:
             self._send_batch(batch)
+        return sent
 
     def _send_batch(self, batch: list[tuple[str, str, int]]) -> None:
         entries = [{"Id": str(i), **self._fields(*item)} for i, item in enumerate(batch)]
