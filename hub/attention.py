@@ -28,7 +28,7 @@ class Attention:
         self._queued: set[str] = set()  # watched sites QUEUED without their message
         self._acted: set[str] = set()  # sites the last plan acted on
         self._overdue: set[str] = set()  # running sites past their recheck_at: looked at each tick until they move
-        self._instances: dict[str, tuple[str, bool]] = {}  # instance -> (state, interrupted) as last seen
+        self._instances: dict[str, Instance] = {}  # each instance as last seen
 
     def sites(
         self, cache: SiteCache, obs: Observations, instances: Mapping[str, Instance], now: float, config: Config
@@ -66,10 +66,10 @@ class Attention:
     def _instances_changed(self, instances: Mapping[str, Instance]) -> list[str]:
         seen, out = self._instances, []
         for iid, inst in instances.items():
-            now = (inst.state, inst.interrupted)
-            if seen.get(iid) != now:
-                seen[iid] = now
+            was = seen.get(iid)
+            if was is not inst and (was is None or (was.state, was.interrupted) != (inst.state, inst.interrupted)):
                 out.append(iid)
+            seen[iid] = inst
         for iid in [i for i in seen if i not in instances]:
             del seen[iid]
             out.append(iid)

@@ -44,6 +44,8 @@ log = logging.getLogger("gridfleet.hub")
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_SITES = 0, 1, 2, 3
 HUB_BEAT_S = 5.0  # how often the hub writes its heartbeat on the run item (the watchdog reads it)
+#: The records a tick should find changed, at most: at scale the hub looks again before more have (`pause`).
+TICK_CHANGES = 1000
 #: From this many site records on, the hub runs the cyclic garbage collector itself, once at the end of each tick,
 #: and sets what survives apart from it (`gc.freeze`): a hub holds its run's records for the whole run, and the
 #: automatic collector, walking them at random moments, stopped ticks for 100-200 ms at 10,000 sites and made
@@ -80,6 +82,7 @@ class Hub:
         monitor: HubMonitor | None = None,
         expected: Mapping[str, float] | None = None,
         full: bool = False,
+        manage_gc: bool = True,
     ):
         self.run_id = run_id
         self.config = config
@@ -117,6 +120,9 @@ class Hub:
         self.decision_s = 0.0
         self.io_s = 0.0
         self._collecting = False  # the hub runs the garbage collector itself (FREEZE_AT_SITES)
+        self.manage_gc = manage_gc  # False: the process around the hub does (the simulator)
+        self._change_rate = 0.0  # site records changed per second, as the ticks see them
+        self._last_tick_at: float | None = None
 
     def _expire_at(self, t: float) -> int:
         return int(t + self.config.aws.result_ttl_days * 86400)
@@ -153,11 +159,13 @@ class Hub:
             instances,
             self.obs,
             queue=depth,
-            watch=frozenset(cache.watch),
+            watch=cache.watch,
             hold=cache.held,
             tally=dict(cache.tally),
             unseen=frozenset(cache.unseen),
             attend=attend,
+            busy=cache.by_instance,
+            retrying=cache.retrying,
             expected=expected,
             ending=self.ending,
         )
@@ -193,6 +201,7 @@ class Hub:
             left = sum(1 for i in snap.instances.values() if i.live)
             self.executor.finished = Finished("teardown", left)
             return snap, Plan((), now)
+        self._count_changes(now)
         p = plan(snap, now, self.config)
         # The hub's own work this tick (its cache, observations and plan), apart from its reads and its actions.
         self.decision_s = time.thread_time() - t0 - self.io_s
@@ -218,6 +227,8 @@ class Hub:
 
     def _collect(self) -> None:
         """The garbage collection of a large run (see FREEZE_AT_SITES), between two decisions."""
+        if not self.manage_gc:
+            return
         if not self._collecting and len(self.cache.sites) >= FREEZE_AT_SITES and gc.isenabled():
             gc.disable()
             self._collecting = True
@@ -292,11 +303,21 @@ class Hub:
 
     def pause(self, p: Plan, now: float) -> float:
         """How long to sleep after a tick: briefly after acting (its effects are worth a look), else until the
-        plan's next deadline, never longer than the watch interval."""
+        plan's next deadline, never longer than the watch interval, nor than it takes the fleet to change about
+        TICK_CHANGES records (at 5,000 nodes a few seconds: each look then costs a few hundred changes)."""
         busy = bool(p.actions) or self.executor.conflicts
         self.executor.conflicts = 0
         pause = self.min_sleep_s if busy else max(self.min_sleep_s, p.wake_at - now)
+        if self._change_rate > 0:
+            pause = min(pause, max(self.min_sleep_s, TICK_CHANGES / self._change_rate))
         return min(pause, self.config.run.watch_interval_s)
+
+    def _count_changes(self, now: float) -> None:
+        """The rate at which the run's records change, per second of the hub's clock (smoothed over ticks)."""
+        if self._last_tick_at is not None and now > self._last_tick_at:
+            rate = len(self.cache.changed) / (now - self._last_tick_at)
+            self._change_rate = rate if self._change_rate == 0 else 0.5 * self._change_rate + 0.5 * rate
+        self._last_tick_at = now
 
     def _finish(self, fin: Finished) -> RunOutcome:
         rows = self.table.read_run(self.run_id)

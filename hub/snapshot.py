@@ -144,11 +144,13 @@ def observe_changes(
             unsent[name] = _seen(unsent, name, r.version, now)
         elif name not in held:
             unsent.pop(name, None)
-    node_beat = {}
+    node_beat, before = {}, prev.node_beat
     for iid, inst in instances.items():
         if inst.live:
             n = nodes.get(iid)
-            node_beat[iid] = _seen(prev.node_beat, iid, (n.heartbeat if n else None, beats.get(iid)), now)
+            value = (n.heartbeat if n else None, beats.get(iid))
+            old = before.get(iid)
+            node_beat[iid] = old if old is not None and old.value == value else Seen(value, now)
     return Observations(progress, heartbeat, unsent, node_beat)
 
 
@@ -168,6 +170,8 @@ class Snapshot:
     # The watched sites that can need something now (`hub.loop.Attention`); None: every one. With node watchdogs,
     # a running site whose record and node did not change needs nothing before its `recheck_at`.
     attend: Collection[str] | None = None
+    busy: Collection[str] | None = None  # instances holding a RUN site; None: found from `sites`
+    retrying: Collection[str] | None = None  # watched QUEUED sites (message not sent); None: found from `sites`
     expected: Mapping[str, float] = field(default_factory=dict)  # site -> seconds its last successful crawl took
     ending: Ending | None = None  # the run is being ended (decided by an earlier plan, or a teardown request)
 
@@ -269,16 +273,25 @@ class SiteCache:
         self.unseen: set[str] = set()  # sites the run should have that the cache has not read yet
         self.fetched = 0  # records read by the last refresh (for tests and the simulator)
         self.changed: set[str] = set()  # sites whose records the last load or refresh put (`observe_changes`)
-        self.by_instance: dict[str, set[str]] = {}  # instance -> the RUN sites it holds
+        self.by_instance: dict[str, set[str]] = {}  # instance -> the RUN sites it holds (none: not there)
+        self.retrying: set[str] = set()  # watched sites QUEUED: their message for a next attempt not sent
         self.beats: dict[str, float] = {}  # node -> the newest heartbeat it wrote on any cached record
 
     def _put(self, r: SiteRecord) -> None:
         self.changed.add(r.site)
         was = self.sites.get(r.site)
         if was is not None and was.instance_id and was.run_status is RunStatus.RUN:
-            self.by_instance.get(was.instance_id, set()).discard(r.site)
+            holds = self.by_instance.get(was.instance_id)
+            if holds is not None:
+                holds.discard(r.site)
+                if not holds:
+                    del self.by_instance[was.instance_id]
         if r.instance_id and r.run_status is RunStatus.RUN:
             self.by_instance.setdefault(r.instance_id, set()).add(r.site)
+        if r.run_status is RunStatus.QUEUED and watched(r):
+            self.retrying.add(r.site)
+        else:
+            self.retrying.discard(r.site)
         if r.instance_id and r.heartbeat is not None and r.heartbeat > self.beats.get(r.instance_id, float("-inf")):
             self.beats[r.instance_id] = r.heartbeat
         old = self.sites.get(r.site)
@@ -315,7 +328,7 @@ class SiteCache:
     def load(self, records: Iterable[SiteRecord]) -> None:
         """A full read (the first tick, or a restarted hub)."""
         self.sites, self.watch, self.held, self.open, self.stamps, self.beats = {}, set(), RankedSet(), set(), {}, {}
-        self.seeded, self.rechecks, self.changed, self.by_instance = set(), set(), set(), {}
+        self.seeded, self.rechecks, self.changed, self.by_instance, self.retrying = set(), set(), set(), {}, set()
         self.tally = {s.value: 0 for s in RunStatus}
         n = 0
         for r in records:

@@ -27,9 +27,15 @@ class Engine:
         self._seq = itertools.count()
         self.stop = False
         self.events = 0
+        self._upkeep: tuple[int, Callable[[], None]] | None = None
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self._heap, (max(t, self.now), next(self._seq), fn))
+
+    def after_events(self, n: int, fn: Callable[[], None]) -> None:
+        """Call `fn` between two events, once `n` more have run (not on the virtual clock: upkeep of the
+        simulation itself)."""
+        self._upkeep = (self.events + n, fn)
 
     def run(self, until: float) -> None:
         heap = self._heap
@@ -41,6 +47,9 @@ class Engine:
             self.now = t
             self.events += 1
             fn()
+            if self._upkeep is not None and self.events >= self._upkeep[0]:
+                upkeep, self._upkeep = self._upkeep[1], None
+                upkeep()
 
 
 class SimClock:

@@ -84,7 +84,10 @@ def wanted_depth(nodes: int, running: int, next_expected_s: float, horizon_s: fl
 
 def sent_waiting(s: Snapshot) -> int:
     """QUEUED sites whose message is in the queue (sent and marked): the queue's depth as the records tell it."""
-    unsent_retries = sum(1 for n in s.watched if s.sites[n].run_status is RunStatus.QUEUED)
+    if s.retrying is not None:
+        unsent_retries = len(s.retrying)
+    else:
+        unsent_retries = sum(1 for n in s.watched if s.sites[n].run_status is RunStatus.QUEUED)
     return max(0, s.counts()[RunStatus.QUEUED.value] - len(s.held) - unsent_retries)
 
 

@@ -142,4 +142,7 @@ def test_random_histories_agree_with_a_full_read_every_tick():
         whole = observe(whole, truth, {}, {}, T + tick, watch={n for n, r in truth.items() if watched(r)})
         assert (obs.progress, obs.heartbeat, obs.unsent) == (whole.progress, whole.heartbeat, whole.unsent), tick
         assert cache.watch == {n for n, r in truth.items() if watched(r)}
+        assert cache.retrying == {n for n in cache.watch if truth[n].run_status is RunStatus.QUEUED}
+        running = {r.instance_id for r in truth.values() if r.run_status is RunStatus.RUN}
+        assert cache.by_instance.keys() == running and all(cache.by_instance.values())
         assert cache.tally == {s.value: sum(1 for r in truth.values() if r.run_status is s) for s in RunStatus}
