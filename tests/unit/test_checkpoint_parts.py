@@ -353,3 +353,44 @@ def test_a_claim_stages_pages_and_tells_when_they_are_due():
     claim.stored(0)  # the page found no items: no part, the cursor still saved
     assert claim.written == 1 and not claim.due(every, 1e9)
     assert claim.saved() == {"next": None, "pages": 4, "items": 9, "parts": [[1, 3, 2], [2, 7, 1]]}
+
+
+def slow_down(key, body):
+    """S3's answer to a request rate it will not take, past botocore's retries."""
+    slow = {"Error": {"Code": "SlowDown", "Message": "Reduce your request rate."}}
+    raise ClientError({**slow, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
+
+
+def test_a_save_whose_part_is_missed_is_tried_again_with_the_next_page(tmp_path):
+    script = START + pages(1, 3) + [(4.0, {"event": "result", "items": [], "pages": 3})]
+    rig = Rig(tmp_path, [script], heartbeat_interval_s=1000, save_every=ck.SaveEvery(pages=2))
+    put, calls = rig.results.put_part, []
+    rig.results.put_part = lambda key, body: calls.append(key) or (slow_down if len(calls) == 1 else put)(key, body)
+    rig.seed()
+    saves = record_checkpoints(rig)
+    rig.agent.run()
+    assert [(c["pages"], c["items"]) for _, c, _ in saves] == [(3, 6)]  # due at page 2, missed, saved at page 3
+    assert part_sizes(rig) == [6] and result_ids(rig) == ids(1, 3)
+
+
+@pytest.mark.parametrize("fault", ["part", "record"])
+def test_an_end_is_written_even_when_the_save_before_it_fails(tmp_path, fault):
+    first = START + pages(1, 2) + [(3.0, {"event": "error", "message": "boom"})]
+    rig = Rig(tmp_path, [first, START + [(1.0, {"event": "result", "items": [], "pages": 0})]])
+    if fault == "part":
+        rig.results.put_part = slow_down
+    else:  # the table refuses the checkpoint as invalid (ValidationException)
+        write = rig.table.write
+
+        def refusing(old, new):
+            if new.checkpoint and new.checkpoint != old.checkpoint:
+                raise ClientError({"Error": {"Code": "ValidationException", "Message": "too large"}}, "UpdateItem")
+            return write(old, new)
+
+        rig.table.write = refusing
+    rig.seed()
+    rig.agent.run()
+    rec = rig.site()
+    assert [a.outcome for a in rec.attempts] == ["error", "completed"]
+    assert rec.attempts[0].counts is not None and rec.attempts[0].counts.items == 4  # the end, with its counts
+    assert rig.crawls[1].job["checkpoint"] is None  # nothing saved: the retry started over
