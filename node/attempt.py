@@ -157,6 +157,8 @@ class Attempt:
             end = self._follow(self.proc, session)
             if end.kind is CrawlEndKind.RESULT:  # saved while the crawler quits its browser (it does so by itself)
                 self.settled, self.stop = True, self._settle(end)
+            else:  # the node ends it: the staged pages are saved at once, not after the evidence and the browser
+                self._save_before_end()  # (with node watchdogs the hub's backup kill comes 2 s after the node's)
         except Fenced as f:
             end = CrawlEnd(CrawlEndKind.FENCED, forced=True, current=f.current)
         return end
@@ -269,7 +271,6 @@ class Attempt:
         the attempt once its heartbeat stops. Returns the stop the end asks for."""
         stop = protocol.stop_after(end)
         claimed_at = self.marks["claim"]
-        ended_here = end.kind is not CrawlEndKind.RESULT  # by the node: not by a result, nor yet known to be fenced
         try:
             if end.kind is CrawlEndKind.RESULT:
                 try:
@@ -282,8 +283,6 @@ class Attempt:
             self.node.job_ended(claimed_at, end.kind, end.error)
             if end.kind is CrawlEndKind.FENCED:
                 raise Fenced(end.current)
-            if ended_here:
-                self._save_before_end()
             args = crawl_end.end_attempt_args(end, self.s, self.node.clock.now())
             self.counter.told(log, self.fields)
             new = self._write(ops.end_attempt, **args, counts=self.result_counts or self.counter.counts())

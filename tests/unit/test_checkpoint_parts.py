@@ -290,8 +290,13 @@ def test_an_attempt_its_node_ends_saves_its_staged_pages_first(tmp_path, how):
         spot_after(rig, 6.0)
     rig.seed()
     saves = record_checkpoints(rig)
+    write, browsers_ended = rig.table.write, []  # how many browsers were ended when the checkpoint was written
+    rig.table.write = lambda o, n: (n.checkpoint != o.checkpoint and browsers_ended.append(len(rig.cleanups))) or write(
+        o, n
+    )
     rig.agent.run()
     assert [(c["next"], c["pages"], c["items"]) for _, c, _ in saves][:1] == [("p5", 4, 8)]
+    assert browsers_ended[0] == 0  # saved at once, before the evidence and the browser (the hub's backup kill is near)
     assert rig.site().attempts[0].outcome == {"exited": "error"}.get(how, how)
     if how == "spot":  # given back, and the node leaves: the record holds where the retry starts
         assert rig.site().checkpoint["next"] == "p5"
