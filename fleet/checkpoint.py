@@ -8,8 +8,9 @@ counts only, a few dozen bytes whatever the crawl's length:
 
     {"next": <URL or token>, "pages": 12, "items": 240, "parts": [[<attempt>, <claim>, <n>], ...]}
 
-and each checkpoint's new items go first, as one part object, to the results
-store beside the run's result (`fleet.results.part_key`):
+and the new items of the pages each save covers (`SaveEvery`: a batch of pages)
+go first, as one part object, to the results store beside the run's result
+(`fleet.results.part_key`):
 `<site>/<YYYYMMDD>[/<run_id>]/parts/<attempt>-<claim>/<seq>.json`, seq 1..n. An
 entry of `parts` names the parts one claim of the site saved (`claim`: the
 record's version its claim wrote, unique per claim), so `parts` grows with the

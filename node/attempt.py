@@ -157,6 +157,8 @@ class Attempt:
             end = self._follow(self.proc, session)
             if end.kind is CrawlEndKind.RESULT:  # saved while the crawler quits its browser (it does so by itself)
                 self.settled, self.stop = True, self._settle(end)
+            else:  # the node ends it: the staged pages are saved at once, not after the evidence and the browser
+                self._save_before_end()  # (with node watchdogs the hub's backup kill comes 2 s after the node's)
         except Fenced as f:
             end = CrawlEnd(CrawlEndKind.FENCED, forced=True, current=f.current)
         return end
@@ -222,7 +224,7 @@ class Attempt:
             if end is not None:
                 return end
             if self.watch.beat_due(mono):
-                self.beat()
+                self.beat(save=True)
             notice = self.node.spot_notice()
             end = crawl_end.spot_end(notice) if notice else self.watch.timed_out(mono)
             if end is not None:
@@ -405,19 +407,41 @@ class Attempt:
             return False
 
     def _checkpoint(self, ev: dict[str, Any]) -> None:
-        """Keep the page's items, store them as a part, then write where the crawl got to (a heartbeat, too)."""
+        """Keep the page's items and stage them with its cursor; once the staged pages are due (`run.checkpoint_pages`
+        pages, or `run.checkpoint_s` since the first of them), save them."""
         new = [i for i in ev.get("items") or [] if isinstance(i, dict)]
         self.items.extend(new)
         self.counter.saved(len(new))
         self.parts.stage(new)
-        # if missed, the items stay staged for the next checkpoint's part, and the record is not written
-        if not self.parts.store(lambda key, body: self._missable("part-missed", self.node.results.put_part, key, body)):
-            return
-        ckpt = self.parts.checkpoint(ev.get("next"), ev.get("pages"))
+        mono = self.node.clock.monotonic()
+        self.parts.claim.page(ev.get("next"), ev.get("pages"), mono)
+        if self.parts.claim.due(self.s.save_every, mono) and self._store_staged():
+            self._write_checkpoint()
+
+    def _store_staged(self) -> bool:
+        """Every staged item as one part; if missed (False), they stay staged for the next save, and the record's
+        checkpoint is not written (it never names a part that is not there)."""
+        return self.parts.store(lambda key, body: self._missable("part-missed", self.node.results.put_part, key, body))
+
+    def _write_checkpoint(self) -> bool:
+        """Write where the crawl got to, naming the part just stored: fenced, and a heartbeat too. If missed (False),
+        the next save names every part this one did."""
         self.watch = self.watch.beaten(self.node.clock.monotonic())
-        # if missed, the next checkpoint names every part this one did
-        now, counts = self.node.clock.now(), self.counter.counts()
-        self._missable("checkpoint-missed", self._write, ops.save_checkpoint, now, self.watch.progress, ckpt, counts)
+        now, counts, ckpt = self.node.clock.now(), self.counter.counts(), self.parts.claim.saved()
+        return self._missable(
+            "checkpoint-missed", self._write, ops.save_checkpoint, now, self.watch.progress, ckpt, counts
+        )
+
+    def _save_before_end(self) -> None:
+        """The node ends the attempt while it owns it: the staged pages are saved first, so that its retry repeats at
+        most the page the crawl was on. Missable: the end is written whatever becomes of this save."""
+        if not self.parts.claim.staged_pages:
+            return
+        try:
+            if self._store_staged():
+                self._write_checkpoint()
+        except (ClientError, BotoCoreError, Refused) as e:
+            event(log, "checkpoint-missed", logging.WARNING, **self.fields, error=capped(e, ERROR_MAX_CHARS))
 
     def _report(self) -> None:
         """Write the crawler's latest step now (without node watchdogs, where the hub times each step)."""
@@ -425,13 +449,21 @@ class Attempt:
         assert p is not None  # if missed (throttling), the next heartbeat carries the step
         self._missable("status-missed", self._write, ops.report, p.site_status, p.at, url=p.url, pages=p.pages)
 
-    def beat(self) -> None:
+    def beat(self, save: bool = False) -> None:
         """The attempt's heartbeat: one fenced write of heartbeatEpoch and the crawler's progress since the last.
-        The node item is not written while busy (the hub watches a busy node through its site's heartbeat)."""
-        self.watch = self.watch.beaten(self.node.clock.monotonic())
-        # a missed heartbeat is made up by the next; a fenced one is not (Fenced propagates)
-        now, counts = self.node.clock.now(), self.counter.counts()
-        if self._missable("heartbeat-missed", self._write, ops.beat, now, self.watch.progress, counts):
+        The node item is not written while busy (the hub watches a busy node through its site's heartbeat). With
+        `save` (the crawl's own beat, never the result's "still ours?"), staged pages that would be due before the
+        next beat are saved now, their checkpoint written with this beat: one write, not two."""
+        mono = self.node.clock.monotonic()
+        due = save and self.parts.claim.due(self.s.save_every, mono + self.s.heartbeat_interval_s)
+        if due and self._store_staged():
+            wrote = self._write_checkpoint()
+        else:
+            self.watch = self.watch.beaten(mono)
+            # a missed heartbeat is made up by the next; a fenced one is not (Fenced propagates)
+            now, counts = self.node.clock.now(), self.counter.counts()
+            wrote = self._missable("heartbeat-missed", self._write, ops.beat, now, self.watch.progress, counts)
+        if wrote:
             self._extend_visibility()
             self.node.metric_beat()
 

@@ -3,9 +3,9 @@
 A resumed attempt reads the parts its checkpoint names (its ids checked before
 they become keys) and hands their items to the crawler, which skips them, and to
 the result, which holds each once. After each page the new items are staged;
-the next part carries every staged item, and only once it is stored does the
-record's checkpoint count it: a part that could not be written stays staged for
-the next checkpoint, and a checkpoint never names a part that is not there.
+the next save's part carries every staged item, and only once it is stored does
+the record's checkpoint count it: a part that could not be written stays staged
+for the next save, and a checkpoint never names a part that is not there.
 """
 
 from __future__ import annotations
@@ -57,9 +57,6 @@ class Parts:
             return False
         self.stored()
         return True
-
-    def checkpoint(self, next_ref: Any, pages: Any) -> dict[str, Any]:
-        return self.claim.checkpoint(next_ref, pages)
 
 
 def load(results: ResultStore, rec: SiteRecord, run_date: str) -> tuple[Parts, Mapping[str, Any] | None]:

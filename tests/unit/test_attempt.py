@@ -8,6 +8,7 @@ import json
 from botocore.exceptions import ClientError
 
 from fleet import ops
+from fleet.checkpoint import SaveEvery
 from fleet.codec import ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, URL_MAX_CHARS
 from fleet.state import Counts, RunStatus, SiteSpec
 from tests.helpers.fake_node import HANG, RUN, Rig, pages_script, spied, status
@@ -79,7 +80,8 @@ def test_a_checkpoint_is_written_with_each_page_and_counts_as_a_heartbeat(tmp_pa
     start = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
     pages = sum((page_with_checkpoint(p, float(p), f"p{p + 1}") for p in range(1, 4)), [])
     script = start + pages + [(3.0 + 0.6, status("URL_CALL", "http://x.test/?page=4", 3)), HANG]
-    rig = spied(Rig(tmp_path, [script, start + [(1.0, {"event": "result", "items": [], "pages": 3})]]))
+    rest = start + [(1.0, {"event": "result", "items": [], "pages": 3})]
+    rig = spied(Rig(tmp_path, [script, rest], save_every=SaveEvery(pages=1)))
     rig.seed()
     rig.agent.run()
     saved = [new.checkpoint for old, new in rig.table_spy.named("write") if new.checkpoint != old.checkpoint]
