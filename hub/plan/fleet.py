@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from fleet.config import Config
-from fleet.state import RunStatus, SiteRecord
+from fleet.state import RunStatus
 from hub.actions import Action, Launch, Terminate
 from hub.snapshot import NO_SIGN, Snapshot
 
@@ -27,16 +27,14 @@ def launch_backoff_s(failures: int) -> float:
     return min(LAUNCH_BACKOFF_MAX_S, 2.0**failures)
 
 
-def running(r: SiteRecord | None) -> bool:
-    return r is not None and r.run_status is RunStatus.RUN
-
-
 def silent_nodes(s: Snapshot, now: float, config: Config) -> tuple[list[str], float]:
     """Live nodes that never showed a sign of life within boot_timeout_s, or stopped for heartbeat_timeout_s while
     holding no attempt (an attempt's own heartbeat rules a busy node), and when the next boot timeout falls."""
     doomed: list[str] = []
     wake = math.inf
-    busy = s.busy if s.busy is not None else {r.instance_id for r in map(s.sites.get, s.watched) if running(r)}
+    busy = s.busy
+    if busy is None:
+        busy = {r.instance_id for n in s.watched if (r := s.sites[n]).run_status is RunStatus.RUN}
     for inst in s.live_instances:
         seen = s.obs.node_beat.get(inst.id)
         if seen is None:
