@@ -9,6 +9,7 @@ restarted hub backs off the same way.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 from fleet.config import Config
 from fleet.state import RunStatus
@@ -32,7 +33,7 @@ def silent_nodes(s: Snapshot, now: float, config: Config) -> tuple[list[str], fl
     holding no attempt (an attempt's own heartbeat rules a busy node), and when the next boot timeout falls."""
     doomed: list[str] = []
     wake = math.inf
-    busy = s.busy
+    busy: Collection[str | None] | None = s.busy
     if busy is None:
         busy = {r.instance_id for n in s.watched if (r := s.sites[n]).run_status is RunStatus.RUN}
     for inst in s.live_instances:
