@@ -10,7 +10,13 @@ then shutdown). Prints the rows, then each baseline over gridfleet (above 1:
 gridfleet is better) for makespan, ratio to the lower bound, node-hours, cost
 and API calls per site.
 
-    .venv/bin/python bench/simulate.py                  # 80/20 and 10,000/500
+Each gridfleet run is read back by `gridfleet check`'s own function (its
+violations printed, none expected); the largest scenario runs once more with its
+hub replaced halfway through (`--hub-restart-at`), and is checked the same way.
+Requests are priced against the fleet (`requests_share`: DynamoDB, S3 and SQS
+over EC2).
+
+    .venv/bin/python bench/simulate.py                  # 80/20, 10,000/500 and 100,000/5,000 (about 20 min)
     .venv/bin/python bench/simulate.py --quick          # 80/20 and 1,000/50
 """
 
@@ -24,9 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.run import POLICIES, SimParams, SimResult, simulate  # noqa: E402
+from cli.commands.simulate import checked  # noqa: E402
+from sim.run import POLICIES, SimParams, SimResult  # noqa: E402
 
-SCENARIOS = {"full": [(80, 20), (10_000, 500)], "quick": [(80, 20), (1_000, 50)]}
+SCENARIOS = {"full": [(80, 20), (10_000, 500), (100_000, 5_000)], "quick": [(80, 20), (1_000, 50)]}
 KEYS = (
     "makespan_s",
     "lower_bound_s",
@@ -37,6 +44,7 @@ KEYS = (
     "cost_usd",
     "hang_lag_max_s",
     "tick_cpu_ms_p95",
+    "requests_share",
     "wall_s",
 )
 
@@ -69,15 +77,29 @@ def main() -> int:
     args = ap.parse_args()
     base = SimParams(seed=args.seed, hang_rate=args.hang_rate, spot_per_hour=args.spot_per_hour)
     print(f"{'scenario':>14} {'policy':>10} " + " ".join(f"{k:>16}" for k in KEYS) + f" {'calls/site':>11}")
-    for sites, nodes in SCENARIOS["quick" if args.quick else "full"]:
+    scenarios = SCENARIOS["quick" if args.quick else "full"]
+    for sites, nodes in scenarios:
         rows = {}
         for policy in POLICIES:
-            rows[policy] = simulate(dataclasses.replace(base, sites=sites, nodes=nodes, policy=policy))
-            print(row(f"{sites}/{nodes}", policy, rows[policy]), flush=True)
+            rows[policy], report = checked(dataclasses.replace(base, sites=sites, nodes=nodes, policy=policy))
+            print(row(f"{sites}/{nodes}", policy, rows[policy]) + verdict(report), flush=True)
         ours = rows["gridfleet"]
         for name in POLICIES[1:]:
             print(against(name, rows[name], ours), flush=True)
+    sites, nodes = scenarios[-1]
+    restart_at = round(rows["gridfleet"].makespan_s / 2)
+    again, report = checked(dataclasses.replace(base, sites=sites, nodes=nodes, hub_restart_at=restart_at))
+    print(row(f"{sites}/{nodes}", "restarted", again) + verdict(report), flush=True)
+    print(f"{'':>14} {'':>10} the hub replaced at {restart_at:,} s: makespan {again.makespan_s:,.0f} s against "
+          f"{ours.makespan_s:,.0f} s, ratio {again.ratio:.3f}", flush=True)
     return 0
+
+
+def verdict(report) -> str:
+    """`gridfleet check` of the simulated run: ok, or its violations (the first named)."""
+    if report.ok:
+        return "  check ok"
+    return f"  check: {len(report.violations)} violations, first: {report.violations[0]}"
 
 
 if __name__ == "__main__":
