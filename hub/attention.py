@@ -25,6 +25,7 @@ from hub.snapshot import Observations, SiteCache
 class Attention:
     def __init__(self) -> None:
         self._due: list[tuple[float, str]] = []  # (recheck_at, site) of running sites, some out of date
+        self._at: dict[str, float] = {}  # each running site's latest recheck_at (an entry of another is stale)
         self._queued: set[str] = set()  # watched sites QUEUED without their message
         self._acted: set[str] = set()  # sites the last plan acted on
         self._overdue: set[str] = set()  # running sites past their recheck_at: looked at each tick until they move
@@ -40,19 +41,24 @@ class Attention:
             self._overdue.discard(name)
             if name not in watch:
                 self._queued.discard(name)
+                self._at.pop(name, None)
                 continue
             attend.add(name)
             r = sites[name]
             if r.run_status is RunStatus.RUN:
                 self._queued.discard(name)
-                heapq.heappush(self._due, (recheck_at(obs, r, config), name))
+                at = self._at[name] = recheck_at(obs, r, config)
+                heapq.heappush(self._due, (at, name))
             else:
+                self._at.pop(name, None)
                 self._queued.add(name)
         for iid in self._instances_changed(instances):
             attend.update(cache.by_instance.get(iid, ()))
         due = self._due
         while due and due[0][0] <= now:
-            self._overdue.add(heapq.heappop(due)[1])  # (an entry of an older record only costs one look)
+            at, name = heapq.heappop(due)
+            if self._at.get(name) == at:  # else an entry of an older record of the site: stale
+                self._overdue.add(name)
         self._overdue.intersection_update(watch)
         attend.update(self._overdue)
         attend.update(self._queued)

@@ -35,7 +35,7 @@ from hub.executor import Executor
 from hub.history import previous_durations
 from hub.plan import metering, plan
 from hub.providers.base import ComputeProvider
-from hub.snapshot import Observations, SiteCache, Snapshot, observe_changes
+from hub.snapshot import NodeMoves, Observations, SiteCache, Snapshot, observe_changes
 
 if TYPE_CHECKING:  # the Lambda package imports this module without prometheus_client
     from hub.monitor import HubMonitor
@@ -100,6 +100,7 @@ class Hub:
         self.ending: Ending | None = None  # the last plan's: the run is ending (see `hub.plan.end`)
         self.cache = SiteCache()
         self.attention = Attention()  # which watched sites a plan looks at
+        self.node_moves = NodeMoves()  # which nodes' signs may have moved since the last tick
         self.cache.expect(s.id for s in config.sites)
         self.expected = dict(expected) if expected is not None else None  # read once, when the run is seeded
         self.executor = Executor(
@@ -147,7 +148,10 @@ class Hub:
         nodes = {n.instance_id: n for n in node_rows}
         expected = self._expected(sites)
         held = cache.held if not metering(self.config, expected) else ()  # unsent ones to repair, unless fed
-        obs = observe_changes(self.obs, sites, cache.changed, cache.watch, nodes, instances, now, cache.beats, held)
+        moved = self.node_moves.since_last(nodes, instances, cache)
+        obs = observe_changes(
+            self.obs, sites, cache.changed, cache.watch, nodes, instances, now, cache.beats, held, moved
+        )
         self.obs = obs
         attend = self.attention.sites(cache, obs, instances, now, self.config)
         depth = io(self.queue.depth) if self.ending is not None else None

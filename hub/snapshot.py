@@ -121,11 +121,13 @@ def observe_changes(
     now: float,
     beats: Mapping[str, float],
     held: Iterable[str] = (),
+    moved: Collection[str] | None = None,
 ) -> Observations:
     """`observe` by delta, for the hub's site cache: only the sites whose records changed since `prev` (`changed`)
-    are looked at again (a record that did not change shows the same values, first seen when they were); `prev`'s
-    site maps are taken over and changed in place. Its result is what `observe` gives (the tests hold it to that).
-    The nodes are looked at each time, as in `observe`."""
+    are looked at again (a record that did not change shows the same values, first seen when they were), and only
+    the instances in `moved` (those whose node item, state or newest heartbeat on a record may have moved; None:
+    every one); `prev`'s maps are taken over and changed in place. Its result is what `observe` gives (the tests
+    hold it to that)."""
     progress, heartbeat, unsent = (
         m if isinstance(m, dict) else dict(m) for m in (prev.progress, prev.heartbeat, prev.unsent)
     )
@@ -144,14 +146,51 @@ def observe_changes(
             unsent[name] = _seen(unsent, name, r.version, now)
         elif name not in held:
             unsent.pop(name, None)
-    node_beat, before = {}, prev.node_beat
-    for iid, inst in instances.items():
-        if inst.live:
-            n = nodes.get(iid)
-            value = (n.heartbeat if n else None, beats.get(iid))
-            old = before.get(iid)
-            node_beat[iid] = old if old is not None and old.value == value else Seen(value, now)
+    node_beat = prev.node_beat if isinstance(prev.node_beat, dict) and moved is not None else {}
+    before = prev.node_beat
+    for iid in moved if moved is not None else instances:
+        inst = instances.get(iid)
+        if inst is None or not inst.live:
+            node_beat.pop(iid, None)
+            continue
+        n = nodes.get(iid)
+        value = (n.heartbeat if n else None, beats.get(iid))
+        old = before.get(iid)
+        node_beat[iid] = old if old is not None and old.value == value else Seen(value, now)
     return Observations(progress, heartbeat, unsent, node_beat)
+
+
+class NodeMoves:
+    """The instances whose signs may have moved since the last tick (`observe_changes`' `moved`): a node item
+    written again, an instance new, gone or in another state, a record of theirs changed. Finding them costs a
+    comparison of each node item and instance by identity (the simulator's and the memory table's are the same
+    objects until they change), else by value."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, NodeInfo] = {}
+        self._instances: dict[str, Instance] = {}
+
+    def since_last(
+        self, nodes: Mapping[str, NodeInfo], instances: Mapping[str, Instance], cache: SiteCache
+    ) -> set[str]:
+        out: set[str] = set()
+        seen_nodes, seen_instances = self._nodes, self._instances
+        for iid, n in nodes.items():
+            was = seen_nodes.get(iid)
+            if was is not n and (was is None or was.heartbeat != n.heartbeat):
+                out.add(iid)
+        for iid, inst in instances.items():
+            was_i = seen_instances.get(iid)
+            if was_i is not inst and (was_i is None or was_i.state != inst.state):
+                out.add(iid)
+        out.update(iid for iid in seen_instances if iid not in instances)
+        sites = cache.sites
+        for name in cache.changed:
+            iid = sites[name].instance_id
+            if iid:
+                out.add(iid)
+        self._nodes, self._instances = dict(nodes), dict(instances)
+        return out
 
 
 @dataclass(frozen=True)

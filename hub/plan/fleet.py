@@ -36,13 +36,16 @@ def silent_nodes(s: Snapshot, now: float, config: Config) -> tuple[list[str], fl
     busy: Collection[str | None] | None = s.busy
     if busy is None:
         busy = {r.instance_id for n in s.watched if (r := s.sites[n]).run_status is RunStatus.RUN}
+    node_beat = s.obs.node_beat
     for inst in s.live_instances:
-        seen = s.obs.node_beat.get(inst.id)
+        if inst.id in busy:  # an attempt's own heartbeat rules a busy node (and a booting one holds none)
+            continue
+        seen = node_beat.get(inst.id)
         if seen is None:
             continue
         booting = seen.value == NO_SIGN
         limit = config.fleet.boot_timeout_s if booting else config.run.heartbeat_timeout_s
-        if now - seen.since >= limit and inst.id not in busy:
+        if now - seen.since >= limit:
             doomed.append(inst.id)
         elif booting:  # boot timeouts wake the hub; idle nodes' heartbeats are checked each tick
             wake = min(wake, seen.since + limit)

@@ -7,6 +7,7 @@ import pytest
 
 import hub.attention
 import hub.loop
+import hub.snapshot
 from cli.main import main
 from fleet import ops
 from fleet.codec import RunInfo
@@ -235,8 +236,9 @@ SAME_RUN = (
 
 
 def test_a_hub_that_looks_only_at_what_changed_or_fell_due_decides_as_one_that_looks_at_everything(monkeypatch):
-    """`hub.attention`: under hangs, spot reclaims and failures, the same seed gives the same run, call for call,
-    whether the plan looks at the sites that changed or fell due, or at every watched site each tick."""
+    """`hub.attention` and `NodeMoves`: under hangs, spot reclaims and failures, the same seed gives the same run,
+    call for call, whether the hub looks at the sites and nodes that changed or fell due, or at every watched site
+    and every node each tick."""
     p = SimParams(sites=150, nodes=12, seed=4, hang_rate=0.1, spot_per_hour=1.0, failure_rates={"http_503": 0.05})
     looked = []
     sites = hub.attention.Attention.sites
@@ -249,6 +251,7 @@ def test_a_hub_that_looks_only_at_what_changed_or_fell_due_decides_as_one_that_l
     monkeypatch.setattr(hub.attention.Attention, "sites", counted)
     some = simulate(p)
     monkeypatch.setattr(hub.attention.Attention, "sites", lambda self, *args: None)
+    monkeypatch.setattr(hub.snapshot.NodeMoves, "since_last", lambda self, *args: None)  # every node, every tick
     every = simulate(p)
     assert some.attempts.get("hang") and some.attempts.get("spot") and some.failures.get("http_5xx 503")
     assert {k: getattr(some, k) for k in SAME_RUN} == {k: getattr(every, k) for k in SAME_RUN}
