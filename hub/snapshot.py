@@ -186,9 +186,9 @@ class NodeMoves:
         out.update(iid for iid in seen_instances if iid not in instances)
         sites = cache.sites
         for name in cache.changed:
-            iid = sites[name].instance_id
-            if iid:
-                out.add(iid)
+            holder = sites[name].instance_id
+            if holder:
+                out.add(holder)
         self._nodes, self._instances = dict(nodes), dict(instances)
         return out
 
