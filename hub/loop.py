@@ -46,12 +46,31 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_SITES = 0, 1, 2, 3
 HUB_BEAT_S = 5.0  # how often the hub writes its heartbeat on the run item (the watchdog reads it)
 #: The records a tick should find changed, at most: at scale the hub looks again before more have (`pause`).
 TICK_CHANGES = 1000
+#: After acting the hub looks again soon (`min_sleep_s`), but not sooner than this many seconds per live node: at
+#: 5,000 nodes the feed acts at nearly every look, and a look every 0.2 s would cost the hub its whole core.
+BUSY_S_PER_NODE = 0.0005
 #: From this many site records on, the hub runs the cyclic garbage collector itself, once at the end of each tick,
 #: and sets what survives apart from it (`gc.freeze`): a hub holds its run's records for the whole run, and the
 #: automatic collector, walking them at random moments, stopped ticks for 100-200 ms at 10,000 sites and made
 #: every tick's decision twice as slow. Records hold no cycles: one replaced is freed by its reference count,
 #: frozen or not. `release_memory` gives the collector back.
 FREEZE_AT_SITES = 5000
+
+
+@dataclass
+class Pace:
+    """How fast the run changes as the ticks see it: site records changed per second of the hub's clock (smoothed
+    over ticks), and the live nodes."""
+
+    change_rate: float = 0.0
+    live_nodes: int = 0
+    last_tick_at: float | None = None
+
+    def ticked(self, now: float, changed: int, live_nodes: int) -> None:
+        if self.last_tick_at is not None and now > self.last_tick_at:
+            rate = changed / (now - self.last_tick_at)
+            self.change_rate = rate if self.change_rate == 0 else 0.5 * self.change_rate + 0.5 * rate
+        self.last_tick_at, self.live_nodes = now, live_nodes
 
 
 @dataclass(frozen=True)
@@ -122,8 +141,7 @@ class Hub:
         self.io_s = 0.0
         self._collecting = False  # the hub runs the garbage collector itself (FREEZE_AT_SITES)
         self.manage_gc = manage_gc  # False: the process around the hub does (the simulator)
-        self._change_rate = 0.0  # site records changed per second, as the ticks see them
-        self._last_tick_at: float | None = None
+        self._pace = Pace()  # how fast the run changes, for `pause`
 
     def _expire_at(self, t: float) -> int:
         return int(t + self.config.aws.result_ttl_days * 86400)
@@ -205,7 +223,7 @@ class Hub:
             left = sum(1 for i in snap.instances.values() if i.live)
             self.executor.finished = Finished("teardown", left)
             return snap, Plan((), now)
-        self._count_changes(now)
+        self._pace.ticked(now, len(self.cache.changed), len(snap.live_instances))
         p = plan(snap, now, self.config)
         # The hub's own work this tick (its cache, observations and plan), apart from its reads and its actions.
         self.decision_s = time.thread_time() - t0 - self.io_s
@@ -311,17 +329,12 @@ class Hub:
         TICK_CHANGES records (at 5,000 nodes a few seconds: each look then costs a few hundred changes)."""
         busy = bool(p.actions) or self.executor.conflicts
         self.executor.conflicts = 0
-        pause = self.min_sleep_s if busy else max(self.min_sleep_s, p.wake_at - now)
-        if self._change_rate > 0:
-            pause = min(pause, max(self.min_sleep_s, TICK_CHANGES / self._change_rate))
+        pace = self._pace
+        soon = max(self.min_sleep_s, BUSY_S_PER_NODE * pace.live_nodes)
+        pause = soon if busy else max(self.min_sleep_s, p.wake_at - now)
+        if pace.change_rate > 0:
+            pause = min(pause, max(self.min_sleep_s, TICK_CHANGES / pace.change_rate))
         return min(pause, self.config.run.watch_interval_s)
-
-    def _count_changes(self, now: float) -> None:
-        """The rate at which the run's records change, per second of the hub's clock (smoothed over ticks)."""
-        if self._last_tick_at is not None and now > self._last_tick_at:
-            rate = len(self.cache.changed) / (now - self._last_tick_at)
-            self._change_rate = rate if self._change_rate == 0 else 0.5 * self._change_rate + 0.5 * rate
-        self._last_tick_at = now
 
     def _finish(self, fin: Finished) -> RunOutcome:
         rows = self.table.read_run(self.run_id)

@@ -167,8 +167,8 @@ class NodeMoves:
     objects until they change), else by value."""
 
     def __init__(self) -> None:
-        self._nodes: dict[str, NodeInfo] = {}
-        self._instances: dict[str, Instance] = {}
+        self._nodes: Mapping[str, NodeInfo] = {}
+        self._instances: Mapping[str, Instance] = {}
 
     def since_last(
         self, nodes: Mapping[str, NodeInfo], instances: Mapping[str, Instance], cache: SiteCache
@@ -189,7 +189,7 @@ class NodeMoves:
             holder = sites[name].instance_id
             if holder:
                 out.add(holder)
-        self._nodes, self._instances = dict(nodes), dict(instances)
+        self._nodes, self._instances = nodes, instances  # (the hub makes both afresh each tick)
         return out
 
 

@@ -11,6 +11,7 @@ to termination (at least 60 s, as EC2 bills Linux). Each instance runs a
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Sequence
 
@@ -35,19 +36,33 @@ class VirtualCloud:
         self._ids = itertools.count(1)
         self.run_instances_calls = 0
         self._listed: dict[str, Instance] = {}  # each instance as last listed (an Instance is frozen)
+        self.changes = 0  # launches and changes of state so far (`changed`)
+        self._list: tuple[int, float, list[Instance]] | None = None  # the last list: at which changes, until when
 
     # --- ComputeProvider ---------------------------------------------------------------
     def list(self, run_id: str) -> list[Instance]:
-        """The run's instances, a terminated one for an hour after it ended (as DescribeInstances shows them)."""
-        now, out, listed = self.sim.engine.now, [], self._listed
+        """The run's instances, a terminated one for an hour after it ended (as DescribeInstances shows them). The
+        list is made again only when an instance changed or one ended an hour ago."""
+        now = self.sim.engine.now
+        if self._list is not None and self._list[0] == self.changes and now < self._list[1]:
+            return list(self._list[2])
+        out, listed, expires = [], self._listed, math.inf
         for v in self.instances.values():
-            if v.state == "terminated" and now - (v.ended_at or 0) >= 3600:
-                continue
+            if v.state == "terminated":
+                gone_at = (v.ended_at or 0) + 3600
+                if now >= gone_at:
+                    continue
+                expires = min(expires, gone_at)
             seen = listed.get(v.id)
             if seen is None or seen.state != v.state or seen.interrupted != v.interrupted:
                 seen = listed[v.id] = Instance(v.id, v.state, "node", {}, v.instance_type, v.interrupted)
             out.append(seen)
-        return out
+        self._list = (self.changes, expires, out)
+        return list(out)
+
+    def changed(self) -> None:
+        """An instance was launched or changed its state."""
+        self.changes += 1
 
     def launch(self, run_id: str, count: int, target: int | None = None) -> LaunchResult:
         p, fleet = self.sim.params, self.sim.config.fleet
@@ -83,6 +98,7 @@ class VirtualCloud:
         boot = max(5.0, self.rng.gauss(p.boot_s, p.boot_s * 0.15))
         v = VInstance(iid, itype, now, boot, spot)
         self.instances[iid] = v
+        self.changed()
         v.node = SimNode(self.sim, v)
         self.sim.engine.at(now + boot, v.node.boot)
         if spot and p.spot_per_hour > 0:
@@ -98,6 +114,7 @@ class VirtualCloud:
             return
         v.state, v.ended_at = "terminated", self.sim.engine.now
         v.interrupted = v.interrupted or interrupted
+        self.changed()
         if v.node is not None:
             v.node.dead = True
 
@@ -106,6 +123,7 @@ class VirtualCloud:
         v = self.instances[iid]
         if v.state != "terminated":
             v.state = "shutting-down"
+            self.changed()
             self.sim.engine.at(self.sim.engine.now + SHUTDOWN_S, lambda: self.end(iid))
 
 

@@ -55,6 +55,7 @@ class MemoryStateTable:
         self._held: dict[str, set[str]] = {}  # the index's held range: run -> sites as seeded
         self._nodes: dict[str, set[str]] = {}  # run -> node item keys (a begins_with Query)
         self.last_write: tuple[tuple[str, str], dict[str, Any], list[str]] | None = None  # for the simulator's meter
+        self._node_keys: dict[str, list[str]] = {}  # run -> its node item keys, sorted
         self._node_info: dict[tuple[str, str], NodeInfo] = {}  # each node item as read back (decoded once per write)
 
     def _index(self, run_id: str, site: str, item: dict[str, Any]) -> None:
@@ -142,7 +143,10 @@ class MemoryStateTable:
 
     def read_nodes(self, run_id: str) -> list[NodeInfo]:
         out = []
-        for k in sorted(self._nodes.get(run_id, ())):
+        keys = self._node_keys.get(run_id)
+        if keys is None:  # sorted again only when a node is new
+            keys = self._node_keys[run_id] = sorted(self._nodes.get(run_id, ()))
+        for k in keys:
             info = self._node_info.get((run_id, k))
             if info is None:  # NodeInfo is frozen: one decoding serves every read until the next write
                 info = self._node_info[(run_id, k)] = item_to_node(self.items[(run_id, k)])
@@ -204,7 +208,10 @@ class MemoryStateTable:
         with self._lock:
             self.items[(node.run_id, NODE_PREFIX + node.instance_id)] = node_to_item(node)
             self._node_info.pop((node.run_id, NODE_PREFIX + node.instance_id), None)
-            self._nodes.setdefault(node.run_id, set()).add(NODE_PREFIX + node.instance_id)
+            keys = self._nodes.setdefault(node.run_id, set())
+            if NODE_PREFIX + node.instance_id not in keys:
+                keys.add(NODE_PREFIX + node.instance_id)
+                self._node_keys.pop(node.run_id, None)
 
     def add_history(self, events: Sequence[HistoryEvent]) -> None:
         with self._lock:

@@ -91,6 +91,7 @@ class SimNode:
         if self.dead:
             return
         self.inst.state = "running"
+        self.sim.cloud.changed()
         if self.sim.node_table.get_run(self.sim.run_id) is None:
             return self._exit()
         self._node_item(self.card.moved(NodeState.IDLE))

@@ -22,6 +22,8 @@ class Shutdowns(Protocol):
 
     def shutdown(self, iid: str) -> None: ...
 
+    def changed(self) -> None: ...
+
 
 class Attempts(Protocol):
     """The workload as a node sees it: the timeline of the attempt it claimed."""
