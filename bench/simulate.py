@@ -90,8 +90,11 @@ def main() -> int:
     restart_at = round(rows["gridfleet"].makespan_s / 2)
     again, report = checked(dataclasses.replace(base, sites=sites, nodes=nodes, hub_restart_at=restart_at))
     print(row(f"{sites}/{nodes}", "restarted", again) + verdict(report), flush=True)
-    print(f"{'':>14} {'':>10} the hub replaced at {restart_at:,} s: makespan {again.makespan_s:,.0f} s against "
-          f"{ours.makespan_s:,.0f} s, ratio {again.ratio:.3f}", flush=True)
+    print(
+        f"{'':>14} {'':>10} the hub replaced at {restart_at:,} s: makespan {again.makespan_s:,.0f} s against "
+        f"{ours.makespan_s:,.0f} s, ratio {again.ratio:.3f}",
+        flush=True,
+    )
     return 0
 
 
