@@ -26,6 +26,7 @@ from rich.console import Console
 from fleet import ops
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import CLIENT_HOOKS, LOCAL_CREDENTIALS, AwsClients
+from fleet.checkpoint import SaveEvery
 from fleet.clock import FakeClock, SystemClock
 from fleet.codec import NodeInfo, RunInfo
 from fleet.config import Config, NotifyConfig
@@ -268,6 +269,7 @@ def node_calls(endpoint: str, tmp: Path, requests: list[tuple[str, dict[str, Any
             idle_exit_s=1,
             receive_wait_s=0,
             hang_after_s=30,
+            save_every=SaveEvery(pages=1),  # a part per page: the parts' keys are among the calls recorded
         ),
         table=DynamoStateTable(clients.client("dynamodb"), aws.table),
         queue=SqsSiteQueue(clients.client("sqs"), aws.queue, aws.dlq_name),
