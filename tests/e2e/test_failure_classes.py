@@ -1,9 +1,9 @@
 """Failures by class, end to end: two runs on one stack of the embedded default, real Grid and Chromium.
 
 Run `a`: a 404 fails at once; a 403 and a bot-check page served with 200 are `blocked`, never counted as pages,
-retried after their backoff on the other node, then FAILED; a start URL robots.txt disallows fails at once; a page
-with no items breaks `min_items` and is quarantined; a site that will shrink crawls whole. Run `b`: that site
-answers a fifth of its items, breaking `max_drop` against run `a`. The summary and the report count the failed
+retried after their backoff (left to the other node first), then FAILED; a start URL robots.txt disallows fails at
+once; a page with no items breaks `min_items` and is quarantined; a site that will shrink crawls whole. Run `b`:
+that site answers a fifth of its items, breaking `max_drop` against run `a`. The summary and the report count the failed
 attempts by class. No fault is injected: no attempt is lost, none is a spot.
 """
 
