@@ -9,6 +9,7 @@ simulator's own (`sim.queue`): one model of SQS for both.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import threading
 from collections.abc import Iterable, Sequence
@@ -227,6 +228,9 @@ class MemoryResults:
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
         self.refused = 0
+        self._names: list[str] = []  # the keys in order, as of the last listing (`keys`)
+        self._named = -1  # how many objects there were then: a key added or removed since makes it stale
+        self._moved = False  # a key renamed since (`set_aside`), which leaves the count as it was
 
     def exists(self, key: str) -> bool:
         return key in self.objects
@@ -253,11 +257,21 @@ class MemoryResults:
         self.objects[key] = body
 
     def keys(self, prefix: str) -> list[str]:
-        return sorted(k for k in self.objects if k.startswith(prefix))
+        """The keys under `prefix`, in order. The order is kept between listings (checking a run lists one folder
+        per site, of a bucket with a million parts at 100,000 sites) and made again after objects come or go."""
+        if self._named != len(self.objects) or self._moved:
+            self._names, self._named, self._moved = sorted(self.objects), len(self.objects), False
+        names, out = self._names, []
+        i = bisect.bisect_left(names, prefix)
+        while i < len(names) and names[i].startswith(prefix):
+            out.append(names[i])
+            i += 1
+        return out
 
     def set_aside(self, key: str, suffix: str) -> str | None:
         if key not in self.objects:
             return None
         new = aside_key(key, suffix)
         self.objects[new] = self.objects.pop(key)
+        self._moved = True
         return new
