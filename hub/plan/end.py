@@ -22,7 +22,8 @@ from hub.snapshot import Snapshot
 #: Launches in a row that started nothing (with backoff between them) before the run gives up.
 LAUNCH_GIVE_UP = 5
 
-#: Nodes that end before their first heartbeat, with none ever booted, after which the run gives up.
+#: Nodes that end before their first heartbeat (not reclaimed by EC2), with none ever booted, after which the run
+#: gives up.
 NO_NODES_AFTER = 3
 
 #: How long the end waits for the run's instances to leave pending/running, and its open sites to fail.
@@ -56,8 +57,12 @@ def no_nodes_error(s: Snapshot) -> str | None:
         return None  # a node booted once: this run can run
     if s.run.launch_failures >= LAUNCH_GIVE_UP and not s.live_instances:
         return f"no node could be launched ({s.run.launch_failures} tries): {s.run.launch_error}"
+    # A spot instance EC2 reclaimed while it booted says nothing of the install: at 5,000 spot nodes a few are
+    # reclaimed in the first seconds of a healthy run.
     never_booted = [
-        i.id for i in s.instances.values() if not i.live and (i.id not in s.nodes or s.nodes[i.id].state == BOOT_FAILED)
+        i.id
+        for i in s.instances.values()
+        if not i.live and not i.interrupted and (i.id not in s.nodes or s.nodes[i.id].state == BOOT_FAILED)
     ]
     if len(never_booted) < NO_NODES_AFTER:
         return None

@@ -242,6 +242,15 @@ def test_nodes_that_booted_once_are_not_a_reason_to_give_up():
     assert not any(isinstance(a, (FailSites, Finish)) for a in w.plan(T0).actions)
 
 
+def test_spot_instances_reclaimed_while_booting_are_not_a_reason_to_give_up():
+    w = World(config(2), [site("s0"), site("s1")], instances=(), nodes={})
+    w.instances = {f"i-{k}": Instance(f"i-{k}", "terminated", interrupted=True) for k in range(5)}
+    w.instances["i-9"] = Instance("i-9", "pending")
+    assert not any(isinstance(a, (FailSites, Finish)) for a in w.plan(T0).actions)
+    w.instances.update({f"i-{k}": Instance(f"i-{k}", "terminated") for k in range(5, 8)})  # three that simply died
+    assert any(isinstance(a, FailSites) for a in w.plan(T0 + 1).actions)
+
+
 def test_a_node_that_reports_a_failed_boot_is_terminated_and_its_reason_surfaces():
     failed = {"i-1": NodeInfo("r1", "i-1", "boot-failed", 1.0, 0.0, error="mount of fs-1 timed out")}
     w = World(config(1), [site("s0")], instances=("i-1",), nodes=failed)
