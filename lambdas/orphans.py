@@ -1,6 +1,7 @@
 """Which of the stack's instances the watchdog ends: those of runs that are over, and those left stopped.
 
-An instance tagged with a run id whose run is FINISHED, abandoned (RUNNING past its deadline and the grace) or
+An instance tagged with a run id whose run is FINISHED (its hub only once it has had the time to archive the
+run, `FINISHING_HUB_S`), abandoned (RUNNING past its deadline and the grace) or
 has no run item at all (after `hub_stale_s` from launch, the time a new hub has to create it) is terminated, and
 so is every stopped hub or node of the stack that no configuration keeps (a stopped instance bills for its
 volume every day). The configured reusable hub is stopped instead, so the starter can start it again. Instances
@@ -27,15 +28,24 @@ def is_abandoned(run: RunInfo, now: float, settings: LambdaSettings) -> bool:
     return run.status == RunState.RUNNING and now > float(run.deadline_at) + settings.run_grace_s
 
 
-def orphan_reason(run: RunInfo | None, launched_at: float | None, now: float, settings: LambdaSettings) -> str | None:
-    """Why an instance of `run` must go, or None when it belongs to a live run."""
+#: A hub marks its run FINISHED, then checks the run, puts its summary and report in the bucket and ends its own
+#: instance: seconds, or minutes on a busy instance. Its instance is left that long after `finished_at`, so that a
+#: pass falling between the two never costs the run its archived summary.
+FINISHING_HUB_S = 900.0
+
+
+def orphan_reason(
+    run: RunInfo | None, launched_at: float | None, now: float, settings: LambdaSettings, role: str | None = None
+) -> str | None:
+    """Why an instance of `run` must go, or None when it belongs to a live run (or is a hub still finishing it)."""
     if run is None:
         # A new hub creates its run item shortly after boot; give it the time a hub has to show a heartbeat.
         if launched_at is None or now - launched_at >= settings.hub_stale_s:
             return "no run item"
         return None
     if run.status == RunState.FINISHED:
-        return "run FINISHED"
+        finishing = role == ROLE_HUB and run.finished_at is not None and now - run.finished_at < FINISHING_HUB_S
+        return None if finishing else "run FINISHED"
     if is_abandoned(run, now, settings):
         return "run abandoned (RUNNING past deadline + grace)"
     return None
@@ -80,7 +90,7 @@ def doomed(
     elif not inst.run_id or not is_run_id(inst.run_id):
         return None
     else:
-        reason = orphan_reason(run_of(inst.run_id), inst.launched_at, now, settings)
+        reason = orphan_reason(run_of(inst.run_id), inst.launched_at, now, settings, inst.role)
     return None if reason is None else Orphan(inst.id, inst.run_id, inst.role, reason, inst.state)
 
 

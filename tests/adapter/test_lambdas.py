@@ -31,6 +31,7 @@ from fleet.config.aws import AwsConfig
 from fleet.state import RunState, SiteSpec
 from fleet.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from lambdas import starter, watchdog
+from lambdas.orphans import FINISHING_HUB_S
 from lambdas.starter import LambdaSettings, client_token, run_starter, start_hub
 from lambdas.watchdog import claim_restart, heartbeat_token, orphan_reason, release_restart, watch
 from tests.helpers.wait import wait_for
@@ -154,8 +155,8 @@ class Rig:
                 hub_heartbeat=heartbeat or now,
             )
         )
-        if status != "RUNNING":
-            self.table.update_run(run_id, status=status, finished_at=now)
+        if status != "RUNNING":  # ended long enough ago that its hub has had the time to archive it and go
+            self.table.update_run(run_id, status=status, finished_at=now - FINISHING_HUB_S - 1)
 
     def beat(self, run_id: str, value: float) -> None:
         self.table.update_run(run_id, hub_heartbeat=value)

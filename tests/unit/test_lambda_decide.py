@@ -17,7 +17,7 @@ from fleet.instance import Instance
 from fleet.run_item import RunWatch
 from fleet.state import Reason, RunState, RunStatus, SiteSpec
 from fleet.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
-from lambdas.orphans import Orphan, Orphans
+from lambdas.orphans import FINISHING_HUB_S, Orphan, Orphans
 from lambdas.settings import LambdaSettings
 from lambdas.starter import Fallback, Launch, Refuse, Skip, StarterView, StartStopped
 from lambdas.starter import decide as decide_start
@@ -271,6 +271,17 @@ def test_a_pass_ends_abandoned_runs_and_retires_their_instances_at_once():
         Orphans("r-old", "no run item", (orphan(old, "no run item"),), ()),
         Terminate(("i-3", "i-1", "i-2", "i-5")),
     ]
+
+
+def test_a_hub_that_just_finished_its_run_is_left_to_archive_it_and_end_itself():
+    # The race this closes: a pass between the hub's FINISHED mark and its upload of summary.json ended the hub,
+    # and the run's summary never reached the bucket.
+    hub, node = inst("i-h", run_id="r-done"), inst("i-n", run_id="r-done", role="node")
+    just = run("r-done", status=RunState.FINISHED)
+    for finished_at, gone in ((NOW - 60, ("i-n",)), (NOW - FINISHING_HUB_S, ("i-n", "i-h")), (None, ("i-n", "i-h"))):
+        view = WatchView((), (hub, node), {"r-done": watched(dataclasses.replace(just, finished_at=finished_at))})
+        ended = [set(a.instance_ids) for a in decide(view, NOW, S) if isinstance(a, Terminate)]
+        assert ended == [set(gone)], finished_at
 
 
 @pytest.mark.parametrize(
