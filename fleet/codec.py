@@ -541,14 +541,6 @@ def site_update(old: SiteRecord, new: SiteRecord) -> tuple[dict[str, Any], list[
     sets: dict[str, Any] = {}
     removes: list[str] = []
     for attr in sorted(attrs):
-        if attr == "attempts":  # a heartbeat's counts change the last attempt alone: only that one is compared
-            after = _ENCODE[attr](new)
-            if len(old.attempts) != len(new.attempts) or any(
-                a is not b and _attempt_to_item(a) != item
-                for a, b, item in zip(old.attempts, new.attempts, after, strict=True)
-            ):
-                sets[attr] = after
-            continue
         before, after = _ENCODE[attr](old), _ENCODE[attr](new)
         if after is None:
             if before is not None:
