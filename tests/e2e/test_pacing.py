@@ -39,7 +39,11 @@ def test_two_nodes_keep_to_the_crawl_delay_of_one_domain_together(gf):
     assert len(times) == 6
     gaps = [b - a for a, b in pairwise(times)]
     print(f"paced: 6 requests from {len(nodes)} nodes, gaps {[round(g, 2) for g in gaps]}")
-    assert min(gaps) >= 0.9 * LOCALHOST_CRAWL_DELAY_S, gaps  # both nodes' requests together, a Crawl-delay apart
+    # Both nodes' requests together, a Crawl-delay apart. Each request leaves at its slot; the server sees it when
+    # it arrives, and on a busy machine one that arrives late shortens the next gap (0.77 s seen): the span holds
+    # every slot, and no gap comes near what two unpaced nodes would make (both at once).
+    assert times[-1] - times[0] >= 0.9 * len(gaps) * LOCALHOST_CRAWL_DELAY_S, gaps
+    assert min(gaps) >= 0.5 * LOCALHOST_CRAWL_DELAY_S, gaps
 
     domain = f"localhost:{urlsplit(gf.demo_url()).port}"
     pace = s["pacing"][domain]
