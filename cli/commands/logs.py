@@ -41,8 +41,13 @@ READ_CHUNK = 64 * 1024
 READ_BUDGET = 1024 * 1024  # per file and poll: one busy file does not hold up the others, nor a signal
 LINE_HEAD_BYTES = cwlogs.MAX_MESSAGE_BYTES - 100  # a longer line keeps this much, and a note of its length
 SHIP_MAX_RETRIES = 2  # botocore's, per call; watchtower tries each batch 5 times, and the files wait anyway
+FLUSH_WAIT_S = 8.0  # how long a flush waits for CloudWatch's answer; twice unanswered, the sink is replaced
+#: From SIGTERM, the most the shipper spends on its last lines: inside the unit's TimeoutStopSec (30 s) and the
+#: 20 s an instance's processes get from the twin. Half of it goes to the sink in use, the rest to a new one.
+STOP_WAIT_S = 15.0
 
 Stopping = Callable[[], bool]
+NewSink = Callable[[], cwlogs.LogSink]
 
 
 class Tail:
@@ -166,12 +171,16 @@ class Shipper:
         group: str,
         once: bool,
         say: Callable[[str], None],
+        new_sink: NewSink | None = None,
     ):
         self.tails, self.sink, self.offsets, self.clock = tails, sink, offsets, clock
         self.group, self.once, self.say = group, once, say
+        self.new_sink = new_sink  # a sink on a new connection, for one whose batch never got an answer
+        self.abandoned: list[cwlogs.LogSink] = []
         self.window = cwlogs.Batch()
         self.retry_at: float | None = None
         self.retry_wait = RETRY_FIRST_S  # the wait after the next failure
+        self.stop_by: float | None = None  # at a stop: when the shipper gives up on what is not shipped yet
         self.last_try = False  # at a stop, the files get one more try even while shipping fails
         self.problem: str | None = None  # what was said about the current failure, said once
         self.missing: set[Path] = set()
@@ -180,8 +189,12 @@ class Shipper:
         """Exit codes: 0; 1 with --once when lines could not be shipped."""
         while True:
             stop = stopping()
+            if stop and self.stop_by is None:
+                self.stop_by = self.clock.monotonic() + STOP_WAIT_S
             if self.retry_at is not None:
                 if self.once or (stop and self.last_try):
+                    if stop:
+                        self.say("stopping: the lines not confirmed by now stay in the files, past the offsets kept")
                     return 1 if self.once else 0
                 if stop:
                     self.last_try = True  # the instance is going: what is read is worth one more try now
@@ -245,9 +258,7 @@ class Shipper:
     def _flush(self) -> None:
         """Send the window and wait for the answer: the marks move when every event arrived, else NotShipped."""
         if self.window.count:
-            flushed = self.sink.flush()
-            if not flushed.settled:
-                flushed = self.sink.flush()  # one more wait: a slow answer is not yet a failure
+            flushed = self._answer()
             if not flushed.ok:
                 self._failed(flushed)
                 raise NotShipped
@@ -260,6 +271,15 @@ class Shipper:
         self.window = cwlogs.Batch()
         if any([t.commit() for t in self.tails]):
             self.offsets.save((t.path, t.mark) for t in self.tails)
+
+    def _answer(self) -> cwlogs.Flushed:
+        """The sink's answer to the window. Running, a slow answer is waited for twice (it is not yet a failure);
+        at a stop, the first try waits half of the stop's time left and the last try the rest."""
+        if self.stop_by is None:
+            flushed = self.sink.flush()
+            return flushed if flushed.settled else self.sink.flush()
+        left = max(0.0, self.stop_by - self.clock.monotonic())
+        return self.sink.flush(left if self.last_try else left / 2)
 
     def _wait(self) -> float:
         """The wait before the next try: doubled after each failure, up to RETRY_MAX_S."""
@@ -276,6 +296,14 @@ class Shipper:
             t.rewind()
         self.window = cwlogs.Batch()
         self.retry_at = self.clock.monotonic() + self._wait()
+        if not flushed.settled and self.new_sink is not None:
+            # A batch with no answer holds the sink's one thread, and every batch after waits behind it, as long
+            # as botocore's timeouts and retries and watchtower's tries allow (minutes, on a connection that went
+            # dead). The next try goes through a new sink; were the old batch to land late, its lines are there
+            # twice (at least once, as after any failed batch).
+            self.sink.abandon()
+            self.abandoned.append(self.sink)
+            self.sink = self.new_sink()
 
 
 def cmd_ship_logs(
@@ -299,16 +327,21 @@ def cmd_ship_logs(
         print(f"gridfleet ship-logs: {line}", file=sys.stderr, flush=True)
 
     aws = config.aws.model_copy(update={"max_retries": min(config.aws.max_retries, SHIP_MAX_RETRIES)})
-    sink = cwlogs.LogSink(AwsClients(aws).client("logs"), args.group, args.stream)
+
+    def new_sink() -> cwlogs.LogSink:
+        return cwlogs.LogSink(AwsClients(aws).client("logs"), args.group, args.stream, flush_wait_s=FLUSH_WAIT_S)
+
     offsets = cwlogs.Offsets(state, say)
     marks = offsets.load()
     tails = [Tail(p, marks.get(str(p))) for p in paths]
-    shipper = Shipper(tails, sink, offsets, clock or SystemClock(), group=args.group, once=args.once, say=say)
+    shipper = Shipper(tails, new_sink(), offsets, clock or SystemClock(), group=args.group, once=args.once, say=say,
+                      new_sink=new_sink)  # fmt: skip
     with _stop_signals() as stopped, cwlogs.handler_warnings_off():
         try:
             return shipper.run(stopping or stopped.is_set)
         finally:
-            sink.close()
+            for sink in (*shipper.abandoned, shipper.sink):
+                sink.close()
             for t in tails:
                 t.close()
 

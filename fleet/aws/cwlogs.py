@@ -206,9 +206,10 @@ class Flushed:
 class LogSink:
     """One stream of a group, through watchtower: `put` lines, then `flush` to learn whether they all arrived."""
 
-    def __init__(self, client: Any, group: str, stream: str, *, flush_wait_s: int = 8):
+    def __init__(self, client: Any, group: str, stream: str, *, flush_wait_s: float = 8.0):
         self._client = _Confirming(client)
         self._pending = 0
+        self.flush_wait_s = flush_wait_s
         self.handler = CloudWatchLogHandler(
             log_group_name=group,
             log_stream_name=stream.replace("{", "{{").replace("}", "}}"),  # watchtower formats it with str.format
@@ -218,7 +219,6 @@ class LogSink:
             max_batch_size=HANDLER_MAX_BATCH_BYTES,
             max_batch_count=HANDLER_MAX_BATCH_EVENTS,
         )
-        self.handler.FLUSH_TIMEOUT = flush_wait_s  # how long one flush waits for the batch's answer
 
     def put(self, message: str, when: float) -> None:
         """Queue one event (a non-empty message) filed at `when` (seconds since the epoch)."""
@@ -229,8 +229,10 @@ class LogSink:
         self.handler.handle(record)
         self._pending += 1
 
-    def flush(self) -> Flushed:
-        """Send what is queued and wait (up to `flush_wait_s`) for the answer."""
+    def flush(self, wait_s: float | None = None) -> Flushed:
+        """Send what is queued and wait (up to `wait_s`, else `flush_wait_s`) for the answer."""
+        wait = self.flush_wait_s if wait_s is None else wait_s
+        self.handler.FLUSH_TIMEOUT = wait  # type: ignore[assignment]  # typed int; a Condition waits any number
         self.handler.flush()
         if any(q.unfinished_tasks for q in self.handler.queues.values()):
             return Flushed(settled=False, ok=False)
@@ -240,6 +242,12 @@ class LogSink:
 
     def close(self) -> None:
         self.handler.close()
+
+    def abandon(self) -> None:
+        """Give up on this sink: a batch still out is left to its thread, and no later flush or close (logging's
+        own, at exit) waits for it."""
+        self.flush_wait_s = 0.0
+        self.handler.FLUSH_TIMEOUT = 0
 
 
 # --- where shipping stopped -------------------------------------------------------------------------------

@@ -7,12 +7,15 @@ shipper's time without waiting for any.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -260,6 +263,75 @@ def test_a_restarted_shipper_resumes_from_its_offsets_and_stops_cleanly_on_sigte
     assert got[0] == "l-1" and got.count("l-1") == 1  # confirmed before the crash: never sent again
     assert [m for m in got[1:] if m != "l-2"] == ["l-3, while no shipper ran", "l-4"]
     assert 1 <= got.count("l-2") <= 2  # at least once: it may have left before the crash, and is sent again
+    assert marks(state)[str(log)]["offset"] == log.stat().st_size
+
+
+# --- ship-logs, when a connection goes dead ------------------------------------------------------------------------
+class DeadFirstConnection:
+    """A TCP relay to the moto server whose first connection is taken and never answered, as a connection through a
+    NAT that dropped it: requests go out, no byte comes back, and botocore waits its read timeout. Every later
+    connection is relayed. (A real server cannot be told to leave one connection unanswered on demand.)"""
+
+    def __init__(self, target: str):
+        host, _, port = target.removeprefix("http://").partition(":")
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted = 0
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            self.accepted += 1
+            if self.accepted == 1:
+                self.held.append(conn)  # read by nobody, answered never
+                continue
+            upstream = socket.create_connection(self.target)
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.filterwarnings("ignore::watchtower.WatchtowerWarning")  # the dead batch's thread, at the relay's close
+def test_a_batch_on_a_dead_connection_is_sent_again_on_a_new_one_and_every_line_arrives(stack, tmp_path, monkeypatch):
+    """Without a new sink, every batch waits behind the first one for botocore's 40 s read timeout, its retries
+    and watchtower's five tries: minutes in which an instance that shuts down loses what it wrote last."""
+    relay = DeadFirstConnection(yaml.safe_load(stack.config.read_text())["aws"]["endpoint_url"])
+    config = yaml.safe_load(stack.config.read_text())
+    config["aws"]["endpoint_url"] = relay.url
+    stack.config.write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(logs_cmd, "FLUSH_WAIT_S", 0.5)  # the real waits of this test: two of these
+    log, state = tmp_path / "boot.log", tmp_path / "state"
+    log.write_text("step: imds\n")
+    clock = Polls(*[idle] * 8, lambda: append(log, "gridfleet run exited with status 0\n"), *[idle] * 8)
+    try:
+        assert ship(stack, [log], state, clock=clock, stopping=clock.done) == 0
+    finally:
+        relay.close()
+    got = stack.messages()
+    assert relay.accepted >= 2  # the dead one, and the new sink's
+    assert [m for m in dict.fromkeys(got)] == ["step: imds", "gridfleet run exited with status 0"]
     assert marks(state)[str(log)]["offset"] == log.stat().st_size
 
 

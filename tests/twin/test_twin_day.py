@@ -171,7 +171,10 @@ def test_the_logs_of_the_hub_and_the_nodes_are_in_cloudwatch_logs(day):
     hub = next(b.instance_id for b in day.day_boots if b.role == "hub")
     killed = day.summary(day.run_id)["sites"]["hang"]["attempts"][0]["instance_id"]
     assert {hub, killed} <= instances, instances
-    assert "step: install-gridfleet" in out and "gridfleet run exited with status" in out  # boot logs, to the end
+    shipper = day.root / "twin" / "instances" / hub / "var-log" / "gridfleet-logs.log"  # what the hub's shipper said
+    said = shipper.read_text(errors="replace")[-3000:] if shipper.is_file() else f"no {shipper}"
+    assert "step: install-gridfleet" in out, said  # boot logs, from the start...
+    assert "gridfleet run exited with status" in out, said  # ...to the end, shipped at the hub's shutdown
     hang = day.deployed.gridfleet("logs", "--run-id", day.run_id, "--config", config, "--site", "hang").stdout
     assert hang and all('"site": "hang"' in line or "site=hang" in line for line in hang.splitlines())
     print(hang[-3000:])

@@ -194,8 +194,37 @@ class LateSink:
     def put(self, message: str, when: float) -> None:
         self.puts.append(message)
 
-    def flush(self) -> cwlogs.Flushed:
+    def flush(self, wait_s: float | None = None) -> cwlogs.Flushed:
         return self.answers.pop(0) if self.answers else cwlogs.Flushed(settled=True, ok=True)
+
+
+class WedgedSink:
+    """A sink whose first batch never gets an answer, as on a connection that went dead: every flush after waits
+    behind it. Each flush takes the time it waits on `clock` (FLUSH_WAIT_S unless told)."""
+
+    def __init__(self, clock: FakeClock, *, wedged: bool = True) -> None:
+        self.clock, self.wedged = clock, wedged
+        self.puts: list[str] = []
+        self.waits: list[float] = []
+        self.abandoned = False
+
+    def put(self, message: str, when: float) -> None:
+        self.puts.append(message)
+
+    def flush(self, wait_s: float | None = None) -> cwlogs.Flushed:
+        assert not self.abandoned, "a sink given up on is flushed no more"
+        wait = logs_cmd.FLUSH_WAIT_S if wait_s is None else wait_s
+        self.waits.append(wait)
+        if self.wedged:
+            self.clock.advance(wait)
+            return cwlogs.Flushed(settled=False, ok=False)
+        return cwlogs.Flushed(settled=True, ok=True)
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+    def close(self) -> None:
+        pass
 
 
 class Polls(FakeClock):
@@ -237,6 +266,61 @@ def test_at_a_stop_the_lines_read_get_one_more_try_even_while_shipping_fails(tmp
     # tried again at once: no wait beyond the first flush's (after FLUSH_AFTER_S)
     assert sink.puts == ["l-1", "l-1"] and clock.monotonic() - first <= FLUSH_AFTER_S + POLL_S
     assert cwlogs.Offsets(tmp_path, said.append).load()[str(log)].offset == 4
+
+
+def test_a_sink_whose_batch_never_gets_an_answer_is_replaced_and_the_lines_go_through_the_new_one(tmp_path: Path):
+    """Without a new sink, every try would wait behind the batch that has no answer, for as long as the run."""
+    log = tmp_path / "a.log"
+    log.write_text("l-1\nl-2\n")
+    said: list[str] = []
+    clock = Polls(80)
+    wedged, made = WedgedSink(clock), []
+
+    def new_sink() -> WedgedSink:
+        made.append(WedgedSink(clock, wedged=False))
+        return made[-1]
+
+    shipper = Shipper([Tail(log, None)], wedged, cwlogs.Offsets(tmp_path, said.append), clock, group="/s/hub",  # type: ignore[arg-type]
+                      once=False, say=said.append, new_sink=new_sink)  # type: ignore[arg-type]  # fmt: skip
+    assert shipper.run(lambda: clock.left <= 0) == 0
+    assert wedged.abandoned and wedged.waits == [logs_cmd.FLUSH_WAIT_S] * 2  # a slow answer is waited for twice
+    assert len(made) == 1 and made[0].puts == ["l-1", "l-2"] and not made[0].abandoned
+    assert shipper.abandoned == [wedged] and shipper.sink is made[0]
+    assert cwlogs.Offsets(tmp_path, said.append).load()[str(log)].offset == len("l-1\nl-2\n")
+    assert said[-1] == "shipping to /s/hub works again"
+
+
+def test_at_a_stop_the_last_lines_take_at_most_the_stop_time_and_a_new_sink_when_the_old_one_is_wedged(tmp_path):
+    """SIGTERM while the sink in use has a batch with no answer: half of STOP_WAIT_S for it, the rest for a new
+    one, which ships the lines; the offsets move past them."""
+    log = tmp_path / "a.log"
+    log.write_text("l-1\n")
+    said: list[str] = []
+    clock = Polls(1000)
+    wedged, fresh = WedgedSink(clock), WedgedSink(clock, wedged=False)
+    shipper = Shipper([Tail(log, None)], wedged, cwlogs.Offsets(tmp_path, said.append), clock, group="/s/hub",  # type: ignore[arg-type]
+                      once=False, say=said.append, new_sink=lambda: fresh)  # type: ignore[arg-type,return-value]  # fmt: skip
+    first = clock.monotonic()
+    assert shipper.run(lambda: True) == 0
+    assert wedged.waits == [logs_cmd.STOP_WAIT_S / 2] and wedged.abandoned
+    assert fresh.puts == ["l-1"] and fresh.waits == [pytest.approx(logs_cmd.STOP_WAIT_S / 2)]
+    assert clock.monotonic() - first <= logs_cmd.STOP_WAIT_S
+    assert cwlogs.Offsets(tmp_path, said.append).load()[str(log)].offset == 4
+
+
+def test_at_a_stop_lines_no_sink_confirms_are_given_up_within_the_stop_time_and_said(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("l-1\n")
+    said: list[str] = []
+    clock = Polls(1000)
+    sinks = [WedgedSink(clock), WedgedSink(clock), WedgedSink(clock)]
+    shipper = Shipper([Tail(log, None)], sinks[0], cwlogs.Offsets(tmp_path, said.append), clock, group="/s/hub",  # type: ignore[arg-type]
+                      once=False, say=said.append, new_sink=lambda: sinks.pop(1))  # type: ignore[arg-type,return-value]  # fmt: skip
+    first = clock.monotonic()
+    assert shipper.run(lambda: True) == 0
+    assert clock.monotonic() - first <= logs_cmd.STOP_WAIT_S + 1e-6
+    assert said[-1].startswith("stopping: the lines not confirmed by now stay in the files")
+    assert not (tmp_path / "offsets.json").exists()  # nothing confirmed, no offset moved
 
 
 def test_the_wait_between_tries_doubles_up_to_a_minute(tmp_path: Path):
