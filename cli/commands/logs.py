@@ -176,7 +176,6 @@ class Shipper:
         self.tails, self.sink, self.offsets, self.clock = tails, sink, offsets, clock
         self.group, self.once, self.say = group, once, say
         self.new_sink = new_sink  # a sink on a new connection, for one whose batch never got an answer
-        self.abandoned: list[cwlogs.LogSink] = []
         self.window = cwlogs.Batch()
         self.retry_at: float | None = None
         self.retry_wait = RETRY_FIRST_S  # the wait after the next failure
@@ -302,7 +301,6 @@ class Shipper:
             # dead). The next try goes through a new sink; were the old batch to land late, its lines are there
             # twice (at least once, as after any failed batch).
             self.sink.abandon()
-            self.abandoned.append(self.sink)
             self.sink = self.new_sink()
 
 
@@ -340,8 +338,7 @@ def cmd_ship_logs(
         try:
             return shipper.run(stopping or stopped.is_set)
         finally:
-            for sink in (*shipper.abandoned, shipper.sink):
-                sink.close()
+            shipper.sink.close()
             for t in tails:
                 t.close()
 

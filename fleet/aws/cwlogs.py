@@ -244,10 +244,11 @@ class LogSink:
         self.handler.close()
 
     def abandon(self) -> None:
-        """Give up on this sink: a batch still out is left to its thread, and no later flush or close (logging's
-        own, at exit) waits for it."""
+        """Give up on this sink, waiting for nothing: its thread ends once the batch still out has its answer or
+        its last error, and the sink goes with it."""
         self.flush_wait_s = 0.0
         self.handler.FLUSH_TIMEOUT = 0
+        self.handler.close()
 
 
 # --- where shipping stopped -------------------------------------------------------------------------------

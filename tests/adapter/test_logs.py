@@ -303,9 +303,10 @@ class DeadFirstConnection:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
+            for s in (src, dst):  # the other direction's pump then ends too
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+                s.close()
 
     def close(self) -> None:
         self.listener.close()
