@@ -33,6 +33,11 @@ NETNS_PREFIX = f"gftwin{NET}-"
 VETH_PREFIX = f"gft{NET}v"
 SUBNET = ipaddress.IPv4Network(f"10.{77 + NET}.0.0/16")
 HOST_ADDRESS = str(SUBNET.network_address + 1)
+#: The bridge's own MAC, set once (locally administered). A bridge left to choose takes the lowest MAC of its
+#: ports, which changes as instances come and go; every running instance's ARP entry for the host then names a
+#: MAC that no port has once its veth is gone, and the instance's connections to the twin's AWS go dead until
+#: the entry expires (half a minute or more). A VPC's router keeps its address.
+BRIDGE_MAC = f"02:67:66:74:00:{NET:02x}"
 METADATA_ADDRESS = "169.254.169.254"
 _IP_TIMEOUT_S = 20
 
@@ -54,9 +59,11 @@ def _namespaces() -> list[str]:
 
 
 def ensure_bridge() -> None:
-    """The bridge, with the host's address, up; idempotent."""
+    """The bridge, with its fixed MAC and the host's address, up; idempotent."""
     if BRIDGE not in _links():
-        ip("link", "add", BRIDGE, "type", "bridge")
+        ip("link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge")
+    elif BRIDGE_MAC not in ip("-br", "link", "show", "dev", BRIDGE):
+        ip("link", "set", "dev", BRIDGE, "address", BRIDGE_MAC)  # a bridge a run before this fix left behind
     if f"{HOST_ADDRESS}/" not in ip("-4", "-o", "addr", "show", "dev", BRIDGE):
         ip("addr", "add", f"{HOST_ADDRESS}/{SUBNET.prefixlen}", "dev", BRIDGE)
     ip("link", "set", BRIDGE, "up")

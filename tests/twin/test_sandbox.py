@@ -190,3 +190,36 @@ def test_an_instance_reaches_the_twins_aws_with_its_instance_profile(sandboxes):
         assert "Unable to locate credentials" in bare.run(["python3", "-I", "-c", get]).stderr
     finally:
         server.stop()
+
+
+def test_an_instance_keeps_reaching_the_host_when_another_instance_comes_and_goes(twin_ok):
+    """A bridge left to choose its MAC takes its ports' lowest, so an instance that came and went could take the
+    host's MAC with it: the other instances' connections to the twin's AWS went dead for as long as their ARP
+    entry lived (seen as a log shipper's batch with no answer). The host's MAC stays put, as a VPC router's."""
+    import socket
+
+    first, passing = network.NETNS_PREFIX + "i-0000000000000f0a1", network.NETNS_PREFIX + "i-0000000000000f0a2"
+    network.add_instance(first, 241)
+    server = socket.create_server((network.HOST_ADDRESS, 0))
+    server.settimeout(5)
+    port = server.getsockname()[1]
+    connect = f"import socket; socket.create_connection(({network.HOST_ADDRESS!r}, {port}), timeout=3).close()"
+
+    def reaches() -> bool:
+        out = subprocess.run(["ip", "netns", "exec", first, "python3", "-I", "-c", connect], capture_output=True,
+                             timeout=30)  # fmt: skip
+        if out.returncode == 0:
+            server.accept()[0].close()
+        return out.returncode == 0
+
+    try:
+        network.add_instance(passing, 242)
+        network.ip("link", "set", "dev", f"{network.VETH_PREFIX}242", "address", "02:00:00:00:00:01")  # the lowest
+        assert reaches()  # the first instance learns the host's MAC now, while the other is there
+        network.remove_instance(passing, 242)
+        assert reaches()  # and the host is still at it once the other is gone
+        assert network.BRIDGE_MAC in network.ip("-br", "link", "show", "dev", network.BRIDGE)
+    finally:
+        server.close()
+        network.remove_instance(passing, 242)
+        network.remove_instance(first, 241)
