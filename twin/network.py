@@ -63,7 +63,7 @@ def ensure_bridge() -> None:
     if BRIDGE not in _links():
         ip("link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge")
     elif BRIDGE_MAC not in ip("-br", "link", "show", "dev", BRIDGE):
-        ip("link", "set", "dev", BRIDGE, "address", BRIDGE_MAC)  # a bridge a run before this fix left behind
+        ip("link", "set", "dev", BRIDGE, "address", BRIDGE_MAC)  # one made without it, left by a crashed run
     if f"{HOST_ADDRESS}/" not in ip("-4", "-o", "addr", "show", "dev", BRIDGE):
         ip("addr", "add", f"{HOST_ADDRESS}/{SUBNET.prefixlen}", "dev", BRIDGE)
     ip("link", "set", BRIDGE, "up")
