@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 #: instance whose clock runs ahead of this machine's has its copy (readable by every user of the instance).
 CLOCK_LIB = Path(__file__).resolve().parents[1] / ".tools" / "twin" / "libclockshift.so"
 CLOCK_GUEST_PATH = "/var/lib/cloud/twin/clockshift.so"
+#: At a stop with a grace, how long the guest has to say how its boot ended once the boot's processes are gone.
+GUEST_WORD_S = 2.0
 INSTANCE_ID_RE = re.compile(r"i-[0-9a-f]{8,17}")
 GUEST = Path(__file__).with_name("guest.py")
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -365,6 +367,9 @@ class InstanceSandbox:
         IMDS, delete its veth and namespace; idempotent. The boot's result, if the guest gave one, stays readable."""
         if grace_s > 0 and self._proc is not None and self._proc.poll() is None:
             self._terminate(grace_s)
+            # the guest outlives the processes its boot started: once they are gone (ended, or killed mid-step)
+            # it ends its stages and says how the boot ended; SIGKILL at once would race its word
+            self.wait_boot(GUEST_WORD_S)
         if self._proc is not None:
             try:
                 os.killpg(self._proc.pid, signal.SIGKILL)  # unshare; its child, the init, follows it
