@@ -22,7 +22,8 @@ The twin's clock is this machine's, moved ahead by `TwinClock.jump`: a week of d
 a jump to another day, an instance runs with its wall clock as far ahead (`InstanceSandbox(clock_offset_s=)`:
 a preload library of ours moves the wall clock of every process of the instance, not its monotonic clock), so
 the times it writes agree with the Lambdas'; an instance's offset is fixed at its boot, so the twin jumps a day
-only while nothing runs.
+only while nothing runs. CloudWatch Logs, which takes an event from 14 days before its own now to 2 hours after,
+has the twin's clock for its now (`logs_on_twin_clock`), as AWS's is the day the instances live in.
 """
 
 from __future__ import annotations
@@ -110,6 +111,20 @@ class Boot:
         return self.sandbox.image is not None
 
 
+@contextlib.contextmanager
+def logs_on_twin_clock(clock: TwinClock) -> Iterator[None]:
+    """moto's CloudWatch Logs judges an event's time by `clock` while in the block (this process's moto only:
+    its now is read by its models module alone)."""
+    from moto.logs import models
+
+    real = models.utcnow
+    models.utcnow = lambda: real() + timedelta(seconds=clock.offset)
+    try:
+        yield
+    finally:
+        models.utcnow = real
+
+
 @dataclass
 class TwinStack:
     root: Path
@@ -136,6 +151,7 @@ class TwinStack:
         self.ssm: TwinSsmAgent | None = None
         self.schedules: Any = None
         self._consoles: dict[str, int] = {}  # instance id -> the console's size when last published
+        self._patches = contextlib.ExitStack()  # what start() changed of moto in this process, undone by stop()
 
     # --- AWS --------------------------------------------------------------------------------------
     @property
@@ -174,6 +190,7 @@ class TwinStack:
         network.ensure_bridge()
         install_limits(self.limits)  # before moto's server makes its routes
         make_dynamodb_writes_atomic()  # conditional writes atomic, as DynamoDB's are
+        self._patches.enter_context(logs_on_twin_clock(self.clock))
         self.root.mkdir(parents=True, exist_ok=True)
         self._server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=self.moto_port, verbose=False)
         self._server.start()
@@ -270,6 +287,7 @@ class TwinStack:
         if self._server is not None:
             self._server.stop()
             self._server = None
+        self._patches.close()
         network.cleanup_leftovers()
 
     def __enter__(self) -> TwinStack:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -203,8 +204,10 @@ def test_a_node_refuses_a_bundle_built_for_another_platform_and_says_so_everywhe
     box = wait_for(lambda: twin.running(iid), timeout=30, interval=0.1)
     ec2 = twin.client("ec2")
     state = lambda: ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]  # noqa: E731
-    wait_for(lambda: state() == "stopped", timeout=240, interval=0.2)  # the failed boot shuts the instance down
-    result = box.wait_boot(0)  # read after the twin stopped it: the guest's word outlives its processes
+    # the failed boot shuts the instance down; moto says stopped before the twin has ended its processes (their
+    # SIGTERM grace), and the twin reads the guest's word as it ends them
+    wait_for(lambda: state() == "stopped" and twin.running(iid) is None, timeout=240, interval=0.2)
+    result = box.wait_boot(0)  # the guest's word outlives its processes
     assert result is not None and result.exit_code != 0
     line = "node bootstrap failed at check-platform: the bundle is built for linux aarch64, CPython 3.11 but this "
     line += "instance is linux x86_64, CPython 3.11"
@@ -213,3 +216,19 @@ def test_a_node_refuses_a_bundle_built_for_another_platform_and_says_so_everywhe
     assert item["state"]["S"] == "boot-failed" and item["error"]["S"].startswith("check-platform: the bundle is built")
     events = logs.get_log_events(logGroupName=group, logStreamName=f"{run_id}/{iid}", startFromHead=True)["events"]
     assert any(line in e["message"] for e in events) and any("step: install-ssm-agent" in e["message"] for e in events)
+
+
+def test_cloudwatch_logs_takes_the_events_of_a_day_the_twin_jumped_to(twin):
+    """An instance booted after a jump writes at the twin's time, days past this machine's: CloudWatch Logs judges
+    an event's time by the twin's clock, as AWS by the day's, and still refuses one over 2 hours ahead of it.
+    (Last in the module: the clock only moves ahead.)"""
+    twin.clock.jump(time.time() + 3 * 86400)
+    logs, group, stream = twin.client("logs"), "/fidelity/node", "2026-11-30/i-0123456789abcdef0"
+    logs.create_log_group(logGroupName=group)
+    logs.create_log_stream(logGroupName=group, logStreamName=stream)
+    at = int(twin.clock.now() * 1000)
+    events = [{"timestamp": at, "message": "at the twin's time"}, {"timestamp": at + 3 * 3600_000, "message": "3 h on"}]
+    answer = logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=events)
+    assert answer.get("rejectedLogEventsInfo") == {"tooNewLogEventStartIndex": 1}
+    got = logs.get_log_events(logGroupName=group, logStreamName=stream, startFromHead=True)["events"]
+    assert [e["message"] for e in got] == ["at the twin's time"]
