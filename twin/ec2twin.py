@@ -57,10 +57,26 @@ class InstanceSpec:
     instance_profile: str | None = None  # its name
     availability_zone: str | None = None
     image_id: str | None = None
+    security_groups: tuple[str, ...] = ()  # the ids of the groups it was launched in
 
     @property
     def role(self) -> str | None:
         return self.tags.get(TAG_ROLE)
+
+
+def _groups(instance: dict[str, Any], template: dict[str, Any]) -> tuple[str, ...]:
+    """The security groups an instance was launched in. moto starts an instance of a template whose network
+    interface names the subnet and groups (the hub's) in its default VPC's default group; EC2 launches it with
+    the interface's groups (a call may not name groups beside a template's interface)."""
+    nics: list[dict[str, Any]] = template.get("NetworkInterfaces") or []
+    named = [g for n in nics if int(n.get("DeviceIndex", 0)) == 0 for g in n.get("Groups") or []]
+    if named:
+        return tuple(str(g) for g in named)
+    # an instance launched without groups is in its VPC's default group: moto says so on its interface only
+    own: list[dict[str, Any]] = instance.get("SecurityGroups") or []
+    for nic in (instance.get("NetworkInterfaces") or [])[:1]:
+        own = own or nic.get("Groups") or []
+    return tuple(str(g["GroupId"]) for g in own)
 
 
 def _profile_name(profile: dict[str, Any]) -> str | None:
@@ -130,6 +146,7 @@ class Ec2Twin:
             instance_profile=profile,
             availability_zone=(instance.get("Placement") or {}).get("AvailabilityZone"),
             image_id=instance.get("ImageId"),
+            security_groups=_groups(instance, template),
         )
 
     def _template_data(self, tags: dict[str, str]) -> dict[str, Any]:

@@ -2,10 +2,11 @@
 
 The bridge `BRIDGE` holds `HOST_ADDRESS` (10.77.0.1/16); instance N gets 10.77.N/16 (N from 2) on its
 `eth0`, and `METADATA_ADDRESS` on its own loopback, where its metadata service listens. No namespace has a
-default route and nothing forwards or NATs: an instance reaches the bridge's subnet, its own loopback
-and nothing else. Names carry fixed prefixes so that what a crashed run left behind is found and removed
-(`cleanup_leftovers`). `GRIDFLEET_TWIN_NET` (0-9, default 0) picks one of ten such networks, so twins on one
-machine (e.g. two test runs) never take each other's down: network N is 10.(77+N).0.0/16 on bridge gftwin<N>.
+default route and nothing forwards or NATs: an instance reaches the bridge's subnet (what of it its security
+groups let it, `twin.firewall`), its own loopback and nothing else. Names carry fixed prefixes so that what a
+crashed run left behind is found and removed (`cleanup_leftovers`). `GRIDFLEET_TWIN_NET` (0-9, default 0) picks
+one of ten such networks, so twins on one machine (e.g. two test runs) never take each other's down: network N
+is 10.(77+N).0.0/16 on bridge gftwin<N>.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ HOST_ADDRESS = str(SUBNET.network_address + 1)
 #: the entry expires (half a minute or more). A VPC's router keeps its address.
 BRIDGE_MAC = f"02:67:66:74:00:{NET:02x}"
 METADATA_ADDRESS = "169.254.169.254"
+#: Where the host serves what stands for the web the nodes crawl (the demo sites): a web port, since the stack's
+#: security groups let the instances out to the web on 80 and 443 only (`twin.firewall`).
+WEB_PORT = 80
 _IP_TIMEOUT_S = 20
 
 
