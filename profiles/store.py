@@ -1,10 +1,21 @@
 """Per-site Chrome profiles on a shared file system, one Chrome at a time.
 
 Each site has a persistent Chrome user-data-dir and a lock file under a root
-directory (``/efs`` on AWS, a local directory on one machine)::
+directory. On one machine every site's are in one local directory::
 
     <root>/profiles/<site>      the profile (user-data-dir) of the site
     <root>/locks/<site>.lock    the lock file guarding it
+
+On AWS (``per_site``) each site has a directory of its own on EFS, which root
+mounts at ``<root>/<site>`` for the crawl that claimed the site and unmounts
+after it (`profiles.mounts`), so that a crawl sees no other site's files; the
+lock is inside that directory, beside the profile::
+
+    <root>/<site>/profile       the profile of the site
+    <root>/<site>/.lock         the lock file guarding it
+
+An NFS lock is the server's, per file: two nodes that mount the same site's
+directory lock the same file, and exclude each other as with one directory.
 
 Several node processes, possibly on several hosts, may be asked to crawl the
 same site; `ProfileStore.acquire` takes the site's lock so that only one of
@@ -122,18 +133,23 @@ class _Slot:
 class ProfileStore:
     """The profiles and lock files under one root directory."""
 
-    def __init__(self, root: str | Path, owner: tuple[int, int] | None = None):
+    def __init__(self, root: str | Path, owner: tuple[int, int] | None = None, *, per_site: bool = False):
         self.root = Path(root)
         self.owner = owner  # (uid, gid) the profile directories belong to; None: whoever makes them
+        self.per_site = per_site  # each site in a directory of its own, <root>/<site>, mounted for its crawl
         self._mutex = threading.Lock()
         self._slots: dict[str, _Slot] = {}
 
     # -- layout --------------------------------------------------------------
 
     def profile_dir(self, site: str) -> Path:
+        if self.per_site:
+            return self.root / check_site_id(site) / "profile"
         return self.root / "profiles" / check_site_id(site)
 
     def lock_path(self, site: str) -> Path:
+        if self.per_site:
+            return self.root / check_site_id(site) / ".lock"
         return self.root / "locks" / f"{check_site_id(site)}.lock"
 
     # -- locking -------------------------------------------------------------
@@ -172,9 +188,12 @@ class ProfileStore:
         if poll_s <= 0:
             raise ValueError(f"poll_s must be > 0, got {poll_s}")
 
+        if self.per_site and not self.lock_path(site).parent.is_dir():  # its mount: never made here (fasteners would)
+            raise FileNotFoundError(f"{self.lock_path(site).parent} is not there: the site's directory is not mounted")
         slot = self._reserve(site)
         try:
-            slot.lock_path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.per_site:
+                slot.lock_path.parent.mkdir(parents=True, exist_ok=True)
             self._wait_for_lock(site, slot.lock, timeout_s, poll_s, on_wait, monotonic, sleep)
         except BaseException:
             _close_lock_file(slot.lock)

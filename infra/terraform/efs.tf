@@ -1,6 +1,10 @@
-# EFS: the browser profiles (profiles/) and the locks (locks/) the nodes share,
-# under /gridfleet, reached through one access point. Only the nodes mount it:
-# the hub never does.
+# EFS: each site's browser profile and its lock, in a directory of that site
+# alone (/gridfleet/sites/<site>), reached through the site's own access point.
+# The hub makes those access points at the start of a run (fleet/aws/efs.py:
+# tagged gridfleet:stack and gridfleet:site, POSIX user the crawl user, the
+# directory created as that user's, 0700) and never mounts; a node's root helper
+# mounts the one of the site the node claims, for that crawl (node/site_mounts.py).
+# Terraform makes none: sites come and go with the config.
 
 resource "aws_efs_file_system" "main" {
   creation_token   = var.name_prefix
@@ -36,29 +40,12 @@ resource "aws_efs_mount_target" "private" {
   security_groups = [aws_security_group.efs.id]
 }
 
-# A node's agent, Grid node and Chromium run as the crawl user (fleet.yaml
-# fleet.crawl_uid = var.crawl_uid): every request through the access point is
-# made as that user, whatever the client's own identity, and the directory EFS
-# creates for it is that user's (0750: its group may read, others nothing).
-resource "aws_efs_access_point" "main" {
-  file_system_id = aws_efs_file_system.main.id
-
-  posix_user {
-    uid = var.crawl_uid
-    gid = var.crawl_uid
-  }
-
-  root_directory {
-    path = "/gridfleet"
-
-    creation_info {
-      owner_uid   = var.crawl_uid
-      owner_gid   = var.crawl_uid
-      permissions = "0750"
-    }
-  }
-
-  tags = { Name = "${var.name_prefix}-shared" }
+# Every access point of the file system, as IAM's elasticfilesystem:AccessPointArn
+# names them: an access point's ARN does not name its file system, but a mount of
+# this file system (the resource) can only go through one of its own.
+locals {
+  efs_access_point_arns = "arn:${local.partition}:elasticfilesystem:${local.region}:${local.account_id}:access-point/*"
+  tag_site              = "gridfleet:site" # fleet/tags.py TAG_SITE: the site a site's access point is of
 }
 
 data "aws_iam_policy_document" "efs" {
@@ -80,10 +67,14 @@ data "aws_iam_policy_document" "efs" {
     }
   }
 
-  # The nodes, through the access point only. No ClientRootAccess: the access
-  # point's POSIX user is the crawl user, never root.
+  # The nodes, through an access point only (a site's: the only ones the stack
+  # makes), never the file system's root. No ClientRootAccess: every site's access
+  # point has the crawl user as its POSIX user, never root. ClientMount and
+  # ClientWrite take no tag condition (the Service Authorization Reference lists
+  # only AccessPointArn and AccessedViaMountTarget for them), so IAM cannot tell
+  # one site's access point from another's: the node's root helper does.
   statement {
-    sid    = "NodesMountThroughAccessPoint"
+    sid    = "NodesMountThroughSiteAccessPoints"
     effect = "Allow"
     actions = [
       "elasticfilesystem:ClientMount",
@@ -97,9 +88,9 @@ data "aws_iam_policy_document" "efs" {
     }
 
     condition {
-      test     = "StringEquals"
+      test     = "ArnLike"
       variable = "elasticfilesystem:AccessPointArn"
-      values   = [aws_efs_access_point.main.arn]
+      values   = [local.efs_access_point_arns]
     }
 
     condition {

@@ -32,7 +32,7 @@ def node_user_data() -> str:
 def test_rendered_node_user_data_is_planned_with_the_real_script():
     plan = plan_user_data(node_user_data())
     files = {f["path"]: f for f in plan["write_files"]}
-    units = {f"/etc/systemd/system/gridfleet-{name}.service" for name in ("node", "logs")}
+    units = {f"/etc/systemd/system/gridfleet-{name}.service" for name in ("node", "logs", "mounts")}
     assert set(files) == {NODE_BOOT_SCRIPT, NODE_ENV_FILE, *units}
     script = base64.b64decode(files[NODE_BOOT_SCRIPT]["data_b64"]).decode()  # the gz+b64 content, decoded
     assert script.startswith("#!/bin/bash") and "step start-agent" in script

@@ -213,7 +213,8 @@ def test_a_node_refuses_a_bundle_built_for_another_platform_and_says_so_everywhe
     line += "instance is linux x86_64, CPython 3.11"
     assert line in box.console.read_text()
     item = ddb.get_item(TableName=table, Key={"run_id": {"S": run_id}, "Site": {"S": f"#node#{iid}"}})["Item"]
-    assert item["state"]["S"] == "boot-failed" and item["error"]["S"].startswith("check-platform: the bundle is built")
+    assert item["node_state"]["S"] == "boot-failed"
+    assert item["error"]["S"].startswith("check-platform: the bundle is built")
     events = logs.get_log_events(logGroupName=group, logStreamName=f"{run_id}/{iid}", startFromHead=True)["events"]
     assert any(line in e["message"] for e in events) and any("step: install-ssm-agent" in e["message"] for e in events)
 

@@ -383,3 +383,43 @@ def test_a_store_without_an_owner_leaves_ownership_alone(tmp_path):
     with ProfileStore(tmp_path).acquire("site-a", 0) as held:
         st = held.path.stat()
         assert (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid())
+
+
+# -- a site's own directory (AWS: mounted for its crawl) ------------------------------------------------------------
+
+
+def test_the_per_site_layout_keeps_the_lock_beside_the_profile_in_the_sites_directory(tmp_path: Path):
+    store = ProfileStore(tmp_path, per_site=True)
+    assert store.profile_dir("example.com") == tmp_path / "example.com" / "profile"
+    assert store.lock_path("example.com") == tmp_path / "example.com" / ".lock"
+    (tmp_path / "example.com").mkdir()  # what the site-mount helper mounted
+    with store.acquire("example.com", 0) as held:
+        assert held.path == tmp_path / "example.com" / "profile" and held.path.is_dir()
+        assert sorted(p.name for p in (tmp_path / "example.com").iterdir()) == [".lock", "profile"]
+        with pytest.raises(ProfileBusy):  # one lock object per site for the whole crawl, as in one directory
+            store.acquire("example.com", 0)
+        other = subprocess.run(  # another process (another node, on EFS) locks the same file: refused
+            [sys.executable, "-c", PER_SITE_PROBE, str(tmp_path)], capture_output=True, text=True, env=_env(),
+            cwd=REPO, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        assert other.strip() == "busy"
+    assert store.held() == []
+
+
+def test_a_site_whose_directory_is_not_mounted_is_not_made_under_the_mount_points(tmp_path: Path):
+    """The site's directory is its mount: an acquire without it fails, and makes nothing where the mount goes."""
+    store = ProfileStore(tmp_path, per_site=True)
+    with pytest.raises(FileNotFoundError):
+        store.acquire("example.com", 0)
+    assert list(tmp_path.iterdir()) == [] and store.held() == []
+
+
+PER_SITE_PROBE = """
+import sys
+from profiles import ProfileBusy, ProfileStore
+try:
+    ProfileStore(sys.argv[1], per_site=True).acquire("example.com", 0)
+    print("held")
+except ProfileBusy:
+    print("busy")
+"""
