@@ -3,6 +3,11 @@
 A message is `{"run_id", "site", "attempt"}`: "attempt N of this site may start". On a FIFO queue each carries a
 deterministic deduplication id of its (run, site, attempt) and a message group per site. The SQS adapter is
 `fleet.aws.queue`; the tests and the simulator use an in-memory one.
+
+Anyone allowed to send to the queue can send any body (a node whose browser a page took over has the node's role),
+so `decode` trusts nothing in one: a site message is one only with ids of their shape (`fleet.ids`, checked before
+they become a key) and a whole attempt number in range; anything else is a `BadMessage` whose problem is one short
+line, whatever the body holds.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from fleet.errors import quote
+from fleet.ids import RUN_ID_RULE, SITE_ID_RULE, is_run_id, is_site_id
 
 
 @dataclass(frozen=True)
@@ -29,11 +37,12 @@ class SiteMessage:
 class BadMessage:
     """A body that is not a site message (a poison message)."""
 
-    body: str
+    body: str  # its first BAD_BODY_KEEP characters
     receipt: str
     message_id: str
     receive_count: int
     problem: str
+    size: int = 0  # the whole body's length, in characters
 
 
 @dataclass(frozen=True)
@@ -74,17 +83,56 @@ def encode(run_id: str, site: str, attempt: int) -> str:
     return json.dumps({"run_id": run_id, "site": site, "attempt": attempt}, sort_keys=True)
 
 
+#: The highest attempt a message may name: far above any run's (`run.max_attempts` is at most 100, and an attempt
+#: given back keeps its number), and a number every store takes.
+MAX_ATTEMPT = 10_000
+#: How much of a bad body a BadMessage keeps (the DLQ's report shows it).
+BAD_BODY_KEEP = 200
+
+
 def decode(body: str, receipt: str, message_id: str, receive_count: int) -> SiteMessage | BadMessage:
+    """`body` as a site message, or a BadMessage saying in one short line what is wrong with it. Never raises."""
+    fields = _fields(body)
+    if isinstance(fields, str):
+        return BadMessage(body[:BAD_BODY_KEEP], receipt, message_id, receive_count, fields, len(body))
+    return SiteMessage(*fields, receipt, message_id, receive_count)
+
+
+def _fields(body: str) -> tuple[str, str, int] | str:
+    """(run id, site, attempt) of a site message's body, else what is wrong with it."""
     try:
         data = json.loads(body)
-        msg = SiteMessage(
-            str(data["run_id"]), str(data["site"]), int(data["attempt"]), receipt, message_id, receive_count
-        )
-    except (ValueError, KeyError, TypeError) as e:
-        return BadMessage(body[:200], receipt, message_id, receive_count, f"not a site message: {e}")
-    if msg.attempt < 1:
-        return BadMessage(body[:200], receipt, message_id, receive_count, "attempt must be >= 1")
-    return msg
+    except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the parser goes (a 256 KB "[[[")
+        return f"not JSON ({quote(str(e), bare=True)})"
+    if not isinstance(data, dict):
+        return f"a JSON {_kind(data)}, not an object"
+    missing = [k for k in ("run_id", "site", "attempt") if k not in data]
+    if missing:
+        return f"no {' and no '.join(missing)}"
+    run_id, site, attempt = data["run_id"], data["site"], data["attempt"]
+    if not is_run_id(run_id):
+        return f"run_id {_shown(run_id)} is not a run id ({RUN_ID_RULE})"
+    if not is_site_id(site):
+        return f"site {_shown(site)} is not a site id ({SITE_ID_RULE})"
+    if type(attempt) is not int:  # a bool is an int to Python, and 1.0 a float: neither is an attempt's number
+        return f"attempt {_shown(attempt)} is not a whole number"
+    if not 1 <= attempt <= MAX_ATTEMPT:
+        return f"attempt {_shown(attempt)} is not from 1 to {MAX_ATTEMPT}"
+    return run_id, site, attempt
+
+
+def _kind(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number"
+    )
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as a problem quotes it: a string or a number cut (`fleet.errors.quote`), else its kind alone (the
+    repr of a deeply nested array could itself fail)."""
+    if isinstance(value, (str, int, float)):  # bool too; an int has at most 4300 digits once parsed
+        return quote(value)
+    return f"(a JSON {_kind(value)})"
 
 
 class SiteQueue(Protocol):
