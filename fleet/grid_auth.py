@@ -1,9 +1,14 @@
 """The Grid's secret: what a Grid node must show to register, and what a client must show to the router.
 
-One random secret per stack (the embedded default) or per hub boot (AWS, where the hub keeps it in SSM Parameter
+One random secret per stack (the embedded default) or per run (AWS, where the hub keeps it in SSM Parameter
 Store) yields two values: the registration secret Grid nodes send with their events, and the password of the
 router's HTTP basic authentication. Every process that holds the secret reads it from a file only its user can
 read; it is never put on a command line, in a URL or in user-data, and its repr shows nothing of it.
+
+On AWS the parameter holds the run's id beside the secret (`parameter_value`). A Grid node learns the secret
+once, when its node boots, and a Grid hub refuses every event of a node that shows another: so a hub that boots
+for a run whose secret is there already (the replacement of a hub that died) keeps it, and the nodes still
+crawling register with its Grid; a hub of another run makes a new one.
 """
 
 from __future__ import annotations
@@ -117,14 +122,41 @@ def curl_config(secret: GridSecret) -> str:
     return f"user = {json.dumps(f'{GRID_USER}:{secret.password}')}\n"  # curl's quoted strings take JSON's escapes
 
 
-def make_hub_files(secret_file: Path, hub_config: Path, curl_file: Path) -> GridSecret:
-    """A new secret in `secret_file`, the Grid hub's config derived from it in `hub_config` and the router's
-    credentials in the curl config `curl_file`, each readable by its owner only (the AWS hub's boot)."""
-    secret = GridSecret.make()
+def parameter_value(run_id: str, secret: GridSecret) -> str:
+    """What the SSM parameter holds: the run's id, a space, the secret (neither has a space in it)."""
+    return f"{run_id} {secret.value}"
+
+
+def secret_of_run(value: str, run_id: str) -> GridSecret | None:
+    """The secret the parameter's `value` holds for `run_id`; None when it is another run's, or no such value (a
+    parameter made before it held the run's id, or not by gridfleet)."""
+    fields = value.split()
+    if len(fields) != 2 or fields[0] != run_id:
+        return None
+    try:
+        return GridSecret(fields[1])
+    except ValueError:
+        return None
+
+
+def make_hub_files(
+    secret_file: Path, hub_config: Path, curl_file: Path, *, run_id: str, current: str | None, parameter_file: Path
+) -> bool:
+    """The AWS hub's boot: the run's secret in `secret_file`, the Grid hub's config derived from it in `hub_config`
+    and the router's credentials in the curl config `curl_file`, each readable by its owner only. The secret is
+    the one `current` (the parameter's value as the boot read it; None: none could be read) holds for `run_id`,
+    whose nodes already have it; else a new one, whose parameter value goes to `parameter_file` for the boot to
+    put (absent when the secret was kept: there is nothing to put). True when the secret was kept."""
+    kept = secret_of_run(current, run_id) if current is not None else None
+    secret = kept or GridSecret.make()
     secret.write(secret_file)
     write_private(hub_config, hub_toml(secret))
     write_private(curl_file, curl_config(secret))
-    return secret
+    if kept is None:
+        write_private(parameter_file, parameter_value(run_id, secret))
+    else:
+        parameter_file.unlink(missing_ok=True)
+    return kept is not None
 
 
 def grid_request(

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import MissingResource
-from fleet.grid_auth import GRID_USER, GridSecret, grid_request, hub_toml
+from fleet.grid_auth import (
+    GRID_USER,
+    GridSecret,
+    grid_request,
+    hub_toml,
+    make_hub_files,
+    parameter_value,
+    secret_of_run,
+)
 from node import main as node_main
 from node.grid_node import GridNodeSpec, render_toml
 
@@ -69,3 +77,45 @@ def test_a_node_whose_secret_file_cannot_be_read_stops_before_it_starts(tmp_path
     args = ["--config", str(cfg), "--run-id", "r1", "--instance-id", "i-1", "--grid-url", "http://127.0.0.1:9"]
     assert node_main.main([*args, "--local", "--grid-secret-file", str(missing), "--state-dir", str(tmp_path)]) == 2
     assert f"cannot read the Grid secret file {missing}" in capsys.readouterr().err
+
+
+# --- the AWS hub's secret: one per run ----------------------------------------------------------------------------
+def hub_files(tmp_path: Path, run_id: str, current: str | None) -> tuple[bool, GridSecret, Path]:
+    value = tmp_path / "grid-secret.value"
+    kept = make_hub_files(
+        tmp_path / "grid-secret",
+        tmp_path / "grid-hub.toml",
+        tmp_path / "grid-curl.conf",
+        run_id=run_id,
+        current=current,
+        parameter_file=value,
+    )
+    return kept, GridSecret.read(tmp_path / "grid-secret"), value
+
+
+def test_the_parameter_holds_the_run_id_beside_the_secret_and_gives_it_to_that_run_only():
+    s = GridSecret.make()
+    value = parameter_value("2026-11-20", s)
+    assert value == f"2026-11-20 {s.value}"
+    assert secret_of_run(value, "2026-11-20") == s and secret_of_run(value + "\n", "2026-11-20") == s
+    for other in ("2026-11-21", "2026-11-2", "2026-11-20x", ""):
+        assert secret_of_run(value, other) is None, other
+    for bad in (s.value, f"2026-11-20 {s.value} x", "2026-11-20 short", "2026-11-20", "", "\n"):
+        assert secret_of_run(bad, "2026-11-20") is None, bad
+
+
+def test_a_hub_of_a_run_whose_secret_is_there_keeps_it_and_has_nothing_to_put(tmp_path):
+    s = GridSecret.make()
+    (tmp_path / "grid-secret.value").write_text("left by an earlier boot")
+    kept, secret, value = hub_files(tmp_path, "r1", parameter_value("r1", s) + "\n")
+    assert kept and secret == s and not value.exists()
+    assert (tmp_path / "grid-hub.toml").read_text() == hub_toml(s)
+    assert all(stat.S_IMODE((tmp_path / f).stat().st_mode) == 0o600 for f in ("grid-secret", "grid-hub.toml"))
+
+
+@pytest.mark.parametrize("current", [None, "", "r0 " + "x" * 43, "x" * 43])
+def test_any_other_hub_makes_a_new_secret_and_the_value_to_put(tmp_path, current):
+    kept, secret, value = hub_files(tmp_path, "r1", current)
+    assert not kept and value.read_text() == f"r1 {secret.value}"
+    assert stat.S_IMODE(value.stat().st_mode) == 0o600
+    assert current is None or secret.value not in current
