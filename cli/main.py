@@ -26,7 +26,7 @@ from cli.commands import run as run_cmd
 from cli.commands import simulate as sim_cli
 from fleet.aws.errors import aws_failure
 from fleet.errors import GridfleetError, quote
-from fleet.ids import RUN_ID_RULE, is_run_id
+from fleet.ids import RUN_ID_RULE, SITE_ID_RULE, is_run_id, is_site_id
 from fleet.logs import setup
 from hub.loop import EXIT_ERROR
 
@@ -39,6 +39,12 @@ Command = Callable[[argparse.Namespace, Console], int]
 def _run_id(value: str) -> str:
     if not is_run_id(value):
         raise argparse.ArgumentTypeError(f"{quote(value)} is not a run id: {RUN_ID_RULE}, e.g. 2026-11-21")
+    return value
+
+
+def _site_id(value: str) -> str:
+    if not is_site_id(value):
+        raise argparse.ArgumentTypeError(f"{quote(value)} is not a site id: {SITE_ID_RULE}")
     return value
 
 
@@ -99,7 +105,7 @@ def _rerun(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "local stack; on AWS it starts a hub from aws.hub_launch_template when none runs. "
         "With --config on the embedded default, reopened sites take their spec from it.",
     )
-    p.add_argument("sites", nargs="*", metavar="SITE", help="site ids to crawl again")
+    p.add_argument("sites", nargs="*", metavar="SITE", type=_site_id, help="site ids to crawl again")
     p.add_argument("--failed", action="store_true", help="every FAILED site of the run")
     p.add_argument(
         "--force",
@@ -287,14 +293,29 @@ def _ship_logs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _grid_secret(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "grid-secret",
-        help="what the hub instance runs: a new Grid secret, the Grid hub's config and curl's credentials from it",
-        description="Make a random Grid secret and write it, the Selenium Grid hub's config (its nodes' "
-        "registration secret and its router's user and password) and a curl config holding that user and "
-        "password, each file mode 0600. Nothing secret is printed.",
+        help="what the hub instance runs: the run's Grid secret, the Grid hub's config and curl's credentials from it",
+        description="Write the run's Grid secret, the Selenium Grid hub's config (its nodes' registration secret "
+        "and its router's user and password) and a curl config holding that user and password, each file mode "
+        "0600. The secret is the one --current holds for --run-id (the run's nodes have it), else a new random "
+        "one, whose SSM parameter value then goes to --parameter-file. Nothing secret is printed.",
+    )
+    p.add_argument("--run-id", required=True, help="the run the hub boots for (its instance tag gridfleet:run_id)")
+    p.add_argument(
+        "--current",
+        type=Path,
+        help="the SSM parameter's value as read at this boot (`aws ssm get-parameter` into a 0600 file); "
+        "default: none could be read",
     )
     p.add_argument("--secret-file", type=Path, required=True, help="where the secret goes")
     p.add_argument("--hub-config", type=Path, required=True, help="the Grid hub's config (its --config)")
     p.add_argument("--curl-config", type=Path, required=True, help="the router's credentials for `curl -K`")
+    p.add_argument(
+        "--parameter-file",
+        type=Path,
+        required=True,
+        help="the parameter's new value (the run id and the secret), to put when the secret is new; "
+        "removed when the secret was kept",
+    )
 
 
 def _node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

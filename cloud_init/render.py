@@ -46,9 +46,10 @@ NODE_AGENT_LOG = "/var/log/gridfleet-node.log"  # gridfleet-node.service's outpu
 
 SELF_STOP_CHOICES = ("shutdown", "terminate", "none")
 
+# _REGION_RE, _EFS_ID_RE and _HOST_RE copy the rules the config is loaded by (fleet.config.aws.USER_DATA_RULES: a
+# test holds each copy to its rule), so `validate` refuses what is refused here; here they are the last check.
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # the same rule as `gridfleet run --run-id`
 _EFS_ID_RE = re.compile(r"fs-[0-9a-f]{8,40}")
-_EFS_AP_RE = re.compile(r"fsap-[0-9a-f]{8,40}")
 _REGION_RE = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]+")
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")  # a DNS name or an IPv4 address
@@ -181,9 +182,8 @@ class NodeUserData:
     efs_mount: str = "/efs"
     boot_timeout_s: int = 600  # give up (report + shut down) if the bootstrap is not done by then
     imds_url: str = "http://169.254.169.254"
-    efs_access_point_id: str | None = None  # mount through this access point (its file-system policy may require it)
     crawl_user: str = "gridfleet"  # the agent, its Grid node and Chromium run as this user, never as root
-    crawl_uid: int = 2000  # its uid and gid: the EFS access point's POSIX user
+    crawl_uid: int = 2000  # its uid and gid: the POSIX user of every site's EFS access point
     table: str = "TrendlyzeStatus"  # a bootstrap that fails before gridfleet is installed reports there
     log_group: str = ""  # CloudWatch Logs group of the node's logs ("": not shipped)
 
@@ -191,8 +191,6 @@ class NodeUserData:
         _match("run_id", self.run_id, _RUN_ID_RE, "a run id (letters, digits, '.', '_' or '-', max 64)")
         _match("table", self.table, _TABLE_RE, "a DynamoDB table name")
         _crawl_user(self.crawl_user, self.crawl_uid)
-        if self.efs_access_point_id is not None:
-            _match("efs_access_point_id", self.efs_access_point_id, _EFS_AP_RE, "an EFS access point id (fsap-<hex>)")
         _check_common(self)
         _s3_key("config_key", self.config_key)
         _match("efs_id", self.efs_id, _EFS_ID_RE, "an EFS file system id (fs-<hex>)")
@@ -309,7 +307,6 @@ def render_node(p: NodeUserData) -> str:
     ctx = dataclasses.asdict(p)
     # amazon-efs-utils.deb, when the AMI and apt lack it, sits beside the bundle.
     ctx["efs_utils_key"] = posixpath.join(posixpath.dirname(p.bundle_key), "amazon-efs-utils.deb")
-    ctx["efs_options"] = "tls,iam" + (f",accesspoint={p.efs_access_point_id}" if p.efs_access_point_id else "")
     ctx["crawl_home"] = posixpath.join(p.state_dir, "home")
     return _cloud_config(
         "node.yaml.j2", NODE_BOOT_SCRIPT, _render("node-boot.sh.j2", ctx), NODE_ENV_FILE, _render("node.env.j2", ctx)

@@ -6,15 +6,18 @@ write of the site record cost more than the one before: the bytes of a site's
 state grew with the square of its pages. The record now holds the cursor and
 counts only, a few dozen bytes whatever the crawl's length:
 
-    {"next": <URL or token>, "pages": 12, "items": 240, "parts": [[<attempt>, <claim>, <n>], ...]}
+    {"next": <URL or token>, "pages": 12, "items": 240, "parts": [[<attempt>, <claim>, <n>, <node>], ...]}
 
 and the new items of the pages each save covers (`SaveEvery`: a batch of pages)
-go first, as one part object, to the results store beside the run's result
-(`fleet.results.part_key`):
-`<site>/<YYYYMMDD>[/<run_id>]/parts/<attempt>-<claim>/<seq>.json`, seq 1..n. An
-entry of `parts` names the parts one claim of the site saved (`claim`: the
-record's version its claim wrote, unique per claim), so `parts` grows with the
-attempts, never with the pages. A retry reads the parts its checkpoint names and
+go first, as one part object, to the results store, under the prefix of the node
+that holds the claim (`fleet.results.part_key`):
+`staging/<writer>/<site>/<YYYYMMDD>[/<run_id>]/parts/<attempt>-<claim>/<seq>.json`,
+seq 1..n, each a new object (no node can write another's prefix, nor replace a
+part). An entry of `parts` names the parts one claim of the site saved (`claim`:
+the record's version its claim wrote, unique per claim; `node`: the node that
+held it, whose prefix they are under), so `parts` grows with the attempts, never
+with the pages. An entry of three (no node) names parts an older node kept
+beside the result. A retry reads the parts its checkpoint names and
 continues; the parts of an attempt that was fenced off past its last accepted
 checkpoint (a zombie) are named by no checkpoint and never read.
 
@@ -29,7 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.results import part_key
+from fleet.errors import quote
+from fleet.ids import is_node_id
+from fleet.results import LOCAL_ROLE, part_key, writer_id, writer_node
 
 #: Claims of one site a checkpoint may name (attempts, given-back attempts and reruns together): far beyond
 #: any max_attempts; a longer list read back is refused rather than read.
@@ -38,14 +43,17 @@ MAX_SEGMENTS = 1000
 
 @dataclass(frozen=True)
 class Segment:
-    """The parts one claim saved: `<attempt>-<claim>/000001.json` .. `<n>`."""
+    """The parts one claim saved: `<attempt>-<claim>/000001.json` .. `<n>`, under the prefix of `node` (None: beside
+    the result, where an older node kept them)."""
 
     attempt: int
     claim: int
     parts: int
+    node: str | None = None
 
-    def to_plain(self) -> list[int]:
-        return [self.attempt, self.claim, self.parts]
+    def to_plain(self) -> list[Any]:
+        head: list[Any] = [self.attempt, self.claim, self.parts]
+        return head if self.node is None else [*head, self.node]
 
 
 def is_legacy(ckpt: Mapping[str, Any]) -> bool:
@@ -67,15 +75,26 @@ def segments(ckpt: Mapping[str, Any]) -> list[Segment]:
         raise ValueError(f"checkpoint parts is not a list of at most {MAX_SEGMENTS} claims")
     out = []
     for entry in raw:
-        if not isinstance(entry, list) or len(entry) != 3:
-            raise ValueError(f"checkpoint part entry {entry!r} is not [attempt, claim, parts]")
-        out.append(Segment(*(_whole(v, "number") for v in entry)))
+        if not isinstance(entry, list) or len(entry) not in (3, 4):
+            raise ValueError(f"checkpoint part entry {quote(entry)} is not [attempt, claim, parts, node]")
+        node = entry[3] if len(entry) == 4 else None
+        if node is not None and not is_node_id(node):
+            raise ValueError(f"checkpoint part entry names {quote(node)}, which is no node")
+        attempt, claim, parts = (_whole(v, "number") for v in entry[:3])
+        out.append(Segment(attempt, claim, parts, node))
     return out
 
 
-def part_keys(site: str, run_date: str, run_id: str | None, segs: Iterable[Segment]) -> list[str]:
-    """The keys of every part the segments name, in the order they were saved (ValueError for a bad one)."""
-    return [part_key(site, run_date, run_id, s.attempt, s.claim, i) for s in segs for i in range(1, s.parts + 1)]
+def part_keys(
+    site: str, run_date: str, run_id: str | None, segs: Iterable[Segment], role: str = LOCAL_ROLE
+) -> list[str]:
+    """The keys of every part the segments name, in the order they were saved, each under the prefix of the node
+    that held its claim (its writer id: `role` and that node); ValueError for a bad one."""
+    out: list[str] = []
+    for s in segs:
+        writer = None if s.node is None else writer_id(role, s.node)
+        out.extend(part_key(site, run_date, run_id, s.attempt, s.claim, i, writer) for i in range(1, s.parts + 1))
+    return out
 
 
 def make(next_ref: Any, pages: Any, items: int, segs: Iterable[Segment]) -> dict[str, Any]:
@@ -111,6 +130,7 @@ class ClaimParts:
     where: tuple[str, str, str]  # (site, run date, run id)
     attempt: int
     claim: int  # the record's version the claim wrote
+    writer: str = ""  # the writer id of the node that holds the claim (`fleet.results.writer_id`): its parts' prefix
     earlier: list[Segment] = field(default_factory=list)
     saved_items: int = 0  # items in the parts the checkpoint names (earlier claims' and this one's)
     written: int = 0  # parts this claim has stored
@@ -133,9 +153,14 @@ class ClaimParts:
         assert self.staged_since is not None
         return self.staged_pages >= every.pages or mono - self.staged_since >= every.seconds
 
+    @property
+    def node(self) -> str | None:
+        """The node whose prefix this claim's parts are under (None: no writer, the older layout beside the result)."""
+        return writer_node(self.writer) if self.writer else None
+
     def next_key(self) -> str:
         site, run_date, run_id = self.where
-        return part_key(site, run_date, run_id, self.attempt, self.claim, self.written + 1)
+        return part_key(site, run_date, run_id, self.attempt, self.claim, self.written + 1, self.writer or None)
 
     def stored(self, items: int) -> None:
         """The part `next_key` names is in the store, holding `items` items (none: the staged pages had none, and
@@ -146,7 +171,8 @@ class ClaimParts:
         self.staged_pages, self.staged_since = 0, None
 
     def checkpoint(self, next_ref: Any, pages: Any) -> dict[str, Any]:
-        return make(next_ref, pages, self.saved_items, [*self.earlier, Segment(self.attempt, self.claim, self.written)])
+        this = Segment(self.attempt, self.claim, self.written, self.node)
+        return make(next_ref, pages, self.saved_items, [*self.earlier, this])
 
     def saved(self) -> dict[str, Any]:
         """The checkpoint of the staged cursor, once its pages' part is stored."""
@@ -154,9 +180,10 @@ class ClaimParts:
         return self.checkpoint(*self.cursor)
 
     def earlier_keys(self) -> list[str]:
-        """The keys of the parts earlier claims saved, which a resumed claim reads."""
+        """The keys of the parts earlier claims saved, which a resumed claim reads (the nodes of a stack share one
+        role: each earlier node's prefix is this node's role and that node)."""
         site, run_date, run_id = self.where
-        return part_keys(site, run_date, run_id, self.earlier)
+        return part_keys(site, run_date, run_id, self.earlier, self.writer.partition(":")[0] or LOCAL_ROLE)
 
 
 def part_body(items: Sequence[Mapping[str, Any]]) -> bytes:
@@ -165,7 +192,10 @@ def part_body(items: Sequence[Mapping[str, Any]]) -> bytes:
 
 def part_items(body: bytes) -> list[dict[str, Any]]:
     """The items of a part read back: a JSON list of objects, else ValueError."""
-    items = json.loads(body)
+    try:
+        items = json.loads(body)
+    except RecursionError:
+        raise ValueError("a checkpoint part nests too deep") from None
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise ValueError("a checkpoint part is not a JSON list of items")
     return items

@@ -9,22 +9,32 @@ exact update to send.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from fleet.blocked import MAX_MARKERS, marker_problem
+from fleet.errors import quote
 from fleet.failures import known_class, known_status
-from fleet.state import Attempt, Counts, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.ids import is_site_id
+from fleet.readback import Notes, Reader, as_count, as_epoch, kind
+from fleet.state import (
+    COLLIDED_ID_MAX_CHARS,
+    MAX_COLLIDED,
+    SITE_FOR_RUN,
+    Attempt,
+    Counts,
+    Outcome,
+    RunStatus,
+    SiteRecord,
+    SiteSpec,
+    SiteStatus,
+    known_reason,
+)
 
-RUN_ITEM = "#run"  # Site key of the run-level item
-NODE_PREFIX = "#node#"  # Site key prefix of per-node items
-#: Every attribute of a node item but its key (`node_to_item`): what a node's UpdateItem of its item sets or removes.
-NODE_ATTRS = ("state", "heartbeatEpoch", "started_at", "sites_done", "site", "attempt", "expireAt", "error", "stats")
-RUNS_PARTITION = "#runs"  # run_id of the index of runs (one item per run)
 OPEN_ATTR = "openSite"  # set (to the site id) while a site is QUEUED or RUN: the key of the sparse index `open`
 #: A site as seeded and not yet sent (QUEUED, never sent, never written since its creation) sorts apart in the index:
 #: `openSite` is this prefix and its id. A site id starts with a letter or a digit, which all sort before it, so
@@ -33,7 +43,6 @@ OPEN_ATTR = "openSite"  # set (to the site id) while a site is QUEUED or RUN: th
 HELD_PREFIX = "~"
 OPEN_INDEX = "open"  # local secondary index over OPEN_ATTR: the sites that can still change, nothing else
 MARKS_PARTITION = "#sites"  # run_id of what outlives runs, one item per site: its incremental high-water mark
-HISTORY_PREFIX = "#h#"  # Site key prefix of the run's history events: #h#<epoch ms>#<n>
 
 
 def num(x: float | int) -> Decimal:
@@ -50,15 +59,15 @@ def unnum(x: Any) -> Any:
     return x
 
 
-def _plain_to_item(x: Any) -> Any:
+def plain_to_item(x: Any) -> Any:
     if isinstance(x, bool) or x is None or isinstance(x, str):
         return x
     if isinstance(x, (int, float)):
         return num(x)
     if isinstance(x, Mapping):
-        return {str(k): _plain_to_item(v) for k, v in x.items()}
+        return {str(k): plain_to_item(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_plain_to_item(v) for v in x]
+        return [plain_to_item(v) for v in x]
     raise TypeError(f"cannot store {type(x).__name__} in a site record")
 
 
@@ -98,6 +107,7 @@ _ENCODE: dict[str, Callable[[SiteRecord], Any]] = {
     "checkpoint": lambda r: encode_checkpoint(r.checkpoint) if r.checkpoint is not None else None,
     "mark": lambda r: list(r.mark) if r.mark is not None else None,
     "items": lambda r: _number(r.items),
+    "staged": lambda r: _number(r.staged),
 }
 
 #: The attributes each field of a record is encoded in (`OPEN_ATTR` from several).
@@ -130,6 +140,7 @@ _FIELD_ATTRS: dict[str, tuple[str, ...]] = {
     "checkpoint": ("checkpoint",),
     "mark": ("mark",),
     "items": ("items",),
+    "staged": ("staged",),
 }
 
 
@@ -174,29 +185,48 @@ def _attempt_to_item(a: Attempt) -> dict[str, Any]:
     return out
 
 
-def _item_to_attempt(a: Mapping[str, Any]) -> Attempt:
+#: Attempts a record's history may hold when read back (claims, given-back attempts and reruns together: far
+#: beyond any max_attempts); a longer list is not read.
+MAX_ATTEMPTS_READ = 1000
+
+
+def _item_to_attempt(a: object, r: Reader) -> Attempt | None:
+    """One entry of `attempts` as read back; None (noted) when it is no attempt: a map with a whole `n` from 1, an
+    `instance_id` and a `start` time. Its counts are what a node wrote: a value that is no count reads as 0."""
+    if not isinstance(a, Mapping):
+        r.bad("attempts", f"an entry is {kind(a)}, not a map")
+        return None
+    e = Reader(a, r.notes, r.partition, r.key)
+    n, iid, start = as_count(a.get("n")), a.get("instance_id"), as_epoch(a.get("start"))
+    if not n or not isinstance(iid, str) or not 0 < len(iid) <= 64 or start is None:
+        r.bad("attempts", "an entry has no whole n from 1, instance_id or start time")
+        return None
     counts = None
     if "items" in a:  # an attempt of an older node has no counts
-        collided = a.get("collided")
-        counts = Counts(  # what a node wrote: a value that is no count reads as 0, never as a failed read
-            count_or_none(a.get("items")) or 0,
-            count_or_none(a.get("pages")) or 0,
-            count_or_none(a.get("collisions")) or 0,
-            count_or_none(a.get("skipped")) or 0,
-            tuple(str(i) for i in collided) if isinstance(collided, list | tuple) else (),
-            count_or_none(a.get("robots_skipped")) or 0,
+        collided = e.listed("collided", MAX_COLLIDED) or []
+        counts = Counts(
+            e.count("items") or 0,
+            e.count("pages") or 0,
+            e.count("collisions") or 0,
+            e.count("skipped") or 0,
+            tuple(str(i)[:COLLIDED_ID_MAX_CHARS] for i in collided if isinstance(i, str)),
+            e.count("robots_skipped") or 0,
         )
+    outcome = e.word("outcome", 32)
     return Attempt(
-        int(a["n"]),
-        a["instance_id"],
-        a["start"],
-        a.get("end"),
-        a.get("outcome"),
-        a.get("kill_path"),
+        n,
+        iid,
+        start,
+        e.epoch("end"),
+        outcome if outcome in _OUTCOMES else None,
+        e.word("kill_path", 64),
         counts,
         _class_or_none(a.get("failure_class")),  # nodes write these: what is not a class or a status is none
         known_status(a.get("http_status")),
     )
+
+
+_OUTCOMES = frozenset(o.value for o in Outcome)
 
 
 def _class_or_none(value: object) -> str | None:
@@ -204,63 +234,147 @@ def _class_or_none(value: object) -> str | None:
     return None if cls is None else str(cls)
 
 
-def _epoch_or_none(value: object) -> float | None:
-    """A time read back (epoch seconds), or None if it is none."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e11
-    return float(value) if ok else None  # type: ignore[arg-type]
+#: What a site's `run_status` requires of its `site_status` when the pair read back is none that a record can
+#: hold: the pair is made whole with the first of these (the run status is what the fleet acts on).
+_SITE_STATUS_OF = {
+    RunStatus.QUEUED: SiteStatus.PENDING,
+    RunStatus.RUN: SiteStatus.RUNNING,
+    RunStatus.COMPLETED: SiteStatus.COMPLETED,
+    RunStatus.FAILED: SiteStatus.FAILED,
+}
 
 
-def _instance_or_none(value: object) -> str | None:
-    """An instance id read back, only ever compared with a node's own: any short string, else None."""
-    return value if isinstance(value, str) and 0 < len(value) <= 64 else None
-
-
-def item_to_site(item: Mapping[str, Any]) -> SiteRecord:
-    i = unnum(dict(item))
-    spec = i.get("spec") or {}
+def item_to_site(item: Mapping[str, Any], notes: Notes | None = None) -> SiteRecord:
+    """A site item as read back, each attribute checked (`fleet.readback`): one that cannot be read is absent (and
+    noted). An item no hub seeded (no spec: nodes cannot write one), whose key is no site id, or whose status or
+    fence (version, attemptCount, instance_id) cannot be read raises UnreadableItem: no write can be fenced on it."""
+    run_id, site = str(item.get("run_id", "")), item.get("Site")
+    r = Reader(item, notes, run_id, str(site))
+    if not isinstance(site, str) or not is_site_id(site):
+        raise r.unreadable("", "its key is not a site id")
+    spec = _spec(r)
+    run_status = r.enum("run_status", RunStatus)
+    if run_status is None:
+        raise r.unreadable("run_status", "none a site can be in")
+    version, attempt = r.count("version", None), r.count("attemptCount", None)
+    if ("version" in item and version is None) or ("attemptCount" in item and attempt is None):
+        raise r.unreadable("version" if version is None else "attemptCount", "the fence cannot be read")
+    instance_id = r.word("instance_id", 64)
+    if "instance_id" in item and instance_id is None:
+        raise r.unreadable("instance_id", "the fence cannot be read")
+    site_status = r.enum("site_status", SiteStatus)
+    if site_status is None or site_status not in SITE_FOR_RUN[run_status]:
+        if site_status is not None:
+            r.bad("site_status", f"{site_status} is not a status of a {run_status} site")
+        site_status = _SITE_STATUS_OF[run_status]
+    raw_attempts = r.listed("attempts", MAX_ATTEMPTS_READ) or []
     return SiteRecord(
-        run_id=i["run_id"],
-        site=i["Site"],
-        spec=SiteSpec(
-            spec.get("start_url", ""),
-            spec.get("crawler", "links"),
-            spec.get("options") or {},
-            bool(spec.get("incremental", False)),
-            spec.get("rate_limit"),
-            spec.get("per_s"),
-            bool(spec.get("robots", True)),
-            _expect(spec.get("expect")),
-            count_or_none(spec.get("baseline_items")),
-            _markers(spec.get("blocked_markers")),
-            float(spec["per_domain_s"]) if spec.get("per_domain_s") else None,
-        ),
-        run_status=RunStatus(i["run_status"]),
-        site_status=SiteStatus(i["site_status"]),
-        attempt=int(i.get("attemptCount", 0)),
-        instance_id=i.get("instance_id"),
-        version=int(i.get("version", 0)),
-        last_update=i.get("lastUpdateEpoch"),
-        heartbeat=i.get("heartbeatEpoch"),
-        enqueued=bool(i.get("enqueued", False)),
-        failure_reason=i.get("failure_reason"),
-        failure_class=_class_or_none(i.get("failure_class")),
-        http_status=known_status(i.get("http_status")),
-        retry_at=_epoch_or_none(i.get("retry_at")),
-        avoid_instance=_instance_or_none(i.get("avoid_instance")),
-        error=i.get("error"),
-        result_key=i.get("result_key"),
-        url=i.get("url"),
-        pages=count_or_none(i.get("pages")) or 0,  # a node's count: one that is none reads as 0
-        kill_reason=i.get("kill_reason"),
-        kill_path=i.get("kill_path"),
-        receipt=i.get("receipt"),
-        spot_requeues=int(i.get("spot_requeues", 0)),
-        attempt_base=int(i.get("attemptBase", 0)),
-        attempts=tuple(_item_to_attempt(a) for a in i.get("attempts", [])),
-        expire_at=i.get("expireAt"),
-        checkpoint=decode_checkpoint(i["checkpoint"]) if i.get("checkpoint") else None,
-        mark=tuple(i["mark"]) if i.get("mark") is not None else None,
-        items=count_or_none(i.get("items")),  # a node's count: one that is none reads as none
+        run_id=run_id,
+        site=site,
+        spec=spec,
+        run_status=run_status,
+        site_status=site_status,
+        attempt=attempt or 0,
+        instance_id=instance_id,
+        version=version or 0,
+        last_update=r.epoch("lastUpdateEpoch"),
+        heartbeat=r.epoch("heartbeatEpoch"),
+        enqueued=r.flag("enqueued"),
+        failure_reason=_reason(r),
+        failure_class=_class_or_none(item.get("failure_class")),
+        http_status=known_status(item.get("http_status")),
+        retry_at=r.epoch("retry_at"),
+        avoid_instance=r.word("avoid_instance", 64),
+        error=r.text("error", ERROR_MAX_CHARS),
+        result_key=r.text("result_key", 1024),
+        url=r.text("url", URL_MAX_CHARS),
+        pages=r.count("pages") or 0,  # a node's count: one that is none reads as 0
+        kill_reason=_kill_reason(r),
+        kill_path=r.word("kill_path", 64),
+        receipt=r.word("receipt", 8192),
+        spot_requeues=r.count("spot_requeues") or 0,
+        attempt_base=r.count("attemptBase") or 0,
+        attempts=tuple(a for a in (_item_to_attempt(x, r) for x in raw_attempts) if a is not None),
+        expire_at=r.count("expireAt", None),
+        checkpoint=_checkpoint(r),
+        mark=_mark(r),
+        items=r.count("items", None),  # a node's count: one that is none reads as none
+        staged=r.count("staged", None),
+    )
+
+
+def salvage_site(item: Mapping[str, Any]) -> tuple[int, int, int, tuple[Attempt, ...]]:
+    """What can still be read of a site item that cannot be read whole (`item_to_site` raised): its attempts so
+    far (`attemptCount`, or the highest attempt of its history), version, `attemptBase` and history, each 0 or
+    empty where it cannot be read either."""
+    r = Reader(item, None, str(item.get("run_id", "")), str(item.get("Site")))
+    history = tuple(a for a in (_item_to_attempt(x, r) for x in r.listed("attempts", MAX_ATTEMPTS_READ) or []) if a)
+    spent = max([r.count("attemptCount", 0) or 0, *(a.n for a in history)])
+    return spent, r.count("version", 0) or 0, r.count("attemptBase", 0) or 0, history
+
+
+def _reason(r: Reader) -> str | None:
+    reason = r.word("failure_reason", 32)
+    if reason is not None and known_reason(reason) is None:
+        r.bad("failure_reason", f"{quote(reason)} is no reason")
+        return None
+    return reason
+
+
+def _kill_reason(r: Reader) -> str | None:
+    """The hub's kill mark (only the hub writes it): a value that is no reason is no mark."""
+    reason = r.word("kill_reason", 32)
+    return reason if known_reason(reason) is not None else None
+
+
+def _checkpoint(r: Reader) -> dict[str, Any] | None:
+    text = r.text("checkpoint", CHECKPOINT_MAX_CHARS * 2)
+    if not text:
+        return None
+    try:
+        value = decode_checkpoint(text)
+    except (ValueError, RecursionError, zlib.error, binascii.Error) as e:
+        r.bad("checkpoint", f"not a checkpoint ({type(e).__name__})")
+        return None
+    if not isinstance(value, dict):
+        r.bad("checkpoint", "not a map")
+        return None
+    return value
+
+
+def _mark(r: Reader) -> tuple[str, ...] | None:
+    mark = r.listed("mark", 10 * MARK_READ)
+    if mark is None:
+        return None
+    return tuple(m[:ITEM_ID_MAX_CHARS] for m in mark if isinstance(m, str))
+
+
+#: Item ids a high-water mark read back may hold (`fleet.ops.MARK_SIZE` is what one keeps).
+MARK_READ = 100
+
+
+def _spec(r: Reader) -> SiteSpec:
+    """The site's spec, which only a hub writes (at seeding): an item without a readable one is none a hub made."""
+    spec = r.mapping("spec")
+    if spec is None:
+        raise r.unreadable("spec", "no spec: no hub seeded this site")
+    s = Reader(spec, r.notes, r.partition, r.key)
+    start_url, crawler = s.text("start_url", URL_MAX_CHARS), s.word("crawler", 512)
+    if not start_url or not crawler:
+        raise r.unreadable("spec", "no start_url or crawler")
+    per_domain = s.number("per_domain_s", 0, 1e6)
+    return SiteSpec(
+        start_url,
+        crawler,
+        unnum(dict(s.mapping("options") or {})),  # plain numbers, as the crawler's job (JSON) takes them
+        s.flag("incremental"),
+        s.word("rate_limit", 256),
+        s.number("per_s", 0, 1e9),
+        s.flag("robots", True),
+        _expect(spec.get("expect")),
+        s.count("baseline_items", None),
+        _markers(spec.get("blocked_markers")),
+        per_domain or None,
     )
 
 
@@ -268,7 +382,7 @@ def spec_to_item(spec: SiteSpec) -> dict[str, Any]:
     out: dict[str, Any] = {
         "start_url": spec.start_url,
         "crawler": spec.crawler,
-        "options": _plain_to_item(dict(spec.options)),
+        "options": plain_to_item(dict(spec.options)),
     }
     if spec.incremental:
         out["incremental"] = True
@@ -296,17 +410,16 @@ def _markers(value: object) -> tuple[str, ...]:
 
 
 def count_or_none(value: object) -> int | None:
-    """`value` if it is a count (an int >= 0, not a bool), else None: a count read back from what a node could write."""
-    if isinstance(value, Decimal) and value == value.to_integral_value():
-        value = int(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    """`value` if it is a count (a whole number >= 0, not a bool), else None: a count read back from what a node
+    could write (`fleet.readback.as_count`)."""
+    return as_count(value)
 
 
 def _expect(text: object) -> dict[str, Any]:
     """A spec's data contract as stored (JSON text): a mapping, else none."""
     try:
         value = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -336,186 +449,20 @@ def encode_checkpoint(ckpt: Mapping[str, Any]) -> str:
     return "z:" + base64.b64encode(zlib.compress(raw, 6)).decode()
 
 
+#: The most a stored checkpoint may inflate to: a node writes the compressed text, and a small text can hold a
+#: very large document (a zip bomb), so decompression stops here and such a checkpoint is not read.
+CHECKPOINT_MAX_BYTES = 16 * CHECKPOINT_MAX_CHARS
+
+
 def decode_checkpoint(text: str) -> dict[str, Any]:
+    """A stored checkpoint; ValueError (or zlib's, base64's, RecursionError) when the text is none."""
     if not text.startswith("z:"):
         raise ValueError("not a gridfleet checkpoint")
-    return json.loads(zlib.decompress(base64.b64decode(text[2:])))
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """The run-level item (`Site = "#run"`)."""
-
-    run_id: str
-    status: RunState
-    started_at: float
-    deadline_at: float
-    run_date: str  # YYYYMMDD, the date part of result keys
-    hub_id: str | None = None
-    hub_heartbeat: float | None = None
-    finished_at: float | None = None
-    nodes_launched: int = 0
-    expire_at: int | None = None
-    launch_failures: int = 0  # launches in a row that started no node
-    launch_error: str | None = None  # the last launch error
-    launch_retry_at: float | None = None  # hub clock: no launch before this (backoff)
-    reruns: int = 0  # times an operator reopened the run (`gridfleet rerun`); each brings a new launch budget
-    full: bool = False  # `run --full`: incremental sites ignore their high-water marks in this run
-
-    @property
-    def finished(self) -> bool:
-        return self.status == RunState.FINISHED
-
-
-def run_to_item(r: RunInfo) -> dict[str, Any]:
-    item = {
-        "run_id": r.run_id,
-        "Site": RUN_ITEM,
-        "status": str(r.status),
-        "started_at": num(r.started_at),
-        "deadline_at": num(r.deadline_at),
-        "run_date": r.run_date,
-        "nodes_launched": num(r.nodes_launched),
-        "launch_failures": num(r.launch_failures),
-        "reruns": num(r.reruns),
-    }
-    if r.full:
-        item["full"] = True
-    for k, v in (
-        ("hub_id", r.hub_id),
-        ("hub_heartbeat", r.hub_heartbeat),
-        ("finished_at", r.finished_at),
-        ("expireAt", r.expire_at),
-        ("launch_error", r.launch_error),
-        ("launch_retry_at", r.launch_retry_at),
-    ):
-        if v is not None:
-            item[k] = num(v) if isinstance(v, (int, float)) else v
-    return item
-
-
-def item_to_run(item: Mapping[str, Any]) -> RunInfo:
-    i = unnum(dict(item))
-    return RunInfo(
-        run_id=i["run_id"],
-        status=RunState(i["status"]),
-        started_at=i["started_at"],
-        deadline_at=i["deadline_at"],
-        run_date=i["run_date"],
-        hub_id=i.get("hub_id"),
-        hub_heartbeat=i.get("hub_heartbeat"),
-        finished_at=i.get("finished_at"),
-        nodes_launched=int(i.get("nodes_launched", 0)),
-        expire_at=i.get("expireAt"),
-        launch_failures=int(i.get("launch_failures", 0)),
-        launch_error=i.get("launch_error"),
-        full=bool(i.get("full", False)),
-        launch_retry_at=i.get("launch_retry_at"),
-        reruns=int(i.get("reruns", 0)),
-    )
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """A node's own item (`Site = "#node#<instance id>"`), written only by that node."""
-
-    run_id: str
-    instance_id: str
-    state: str  # booting | idle | busy | exiting
-    heartbeat: float
-    started_at: float
-    site: str | None = None
-    attempt: int | None = None
-    sites_done: int = 0
-    expire_at: int | None = None
-    error: str | None = None  # why it could not work (state boot-failed)
-    stats: Mapping[str, Any] | None = None  # the node's job counters (`fleet.aws.metrics.JobStats.to_plain`)
-
-
-def node_to_item(n: NodeInfo) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        "run_id": n.run_id,
-        "Site": NODE_PREFIX + n.instance_id,
-        "state": n.state,
-        "heartbeatEpoch": num(n.heartbeat),
-        "started_at": num(n.started_at),
-        "sites_done": num(n.sites_done),
-    }
-    if n.site is not None:
-        item["site"] = n.site
-    if n.attempt is not None:
-        item["attempt"] = num(n.attempt)
-    if n.expire_at is not None:
-        item["expireAt"] = num(n.expire_at)
-    if n.error is not None:
-        item["error"] = capped(n.error, ERROR_MAX_CHARS)
-    if n.stats:
-        item["stats"] = _plain_to_item(n.stats)
-    return item
-
-
-def item_to_node(item: Mapping[str, Any]) -> NodeInfo:
-    i = unnum(dict(item))
-    return NodeInfo(
-        run_id=i["run_id"],
-        instance_id=i["Site"][len(NODE_PREFIX) :],
-        state=i["state"],
-        heartbeat=i["heartbeatEpoch"],
-        started_at=i["started_at"],
-        site=i.get("site"),
-        attempt=i.get("attempt"),
-        sites_done=int(i.get("sites_done", 0)),
-        expire_at=i.get("expireAt"),
-        error=i.get("error"),
-        stats=i.get("stats"),
-    )
-
-
-@dataclass(frozen=True)
-class HistoryEvent:
-    """Something the hub did (launch, terminate, kill, requeue, failed, ...), by the hub's clock."""
-
-    run_id: str
-    at: float
-    kind: str
-    fields: Mapping[str, Any]
-    seq: int = 0
-
-    @property
-    def key(self) -> str:
-        return f"{HISTORY_PREFIX}{int(self.at * 1000):013d}#{self.seq:06d}"
-
-
-def history_to_item(e: HistoryEvent) -> dict[str, Any]:
-    return {
-        "run_id": e.run_id,
-        "Site": e.key,
-        "kind": e.kind,
-        "at": num(e.at),
-        "fields": _plain_to_item({k: v for k, v in e.fields.items() if v is not None}),
-    }
-
-
-def item_to_history(item: Mapping[str, Any]) -> HistoryEvent:
-    i = unnum(dict(item))
-    seq = int(str(i["Site"]).rsplit("#", 1)[-1] or 0)
-    return HistoryEvent(i["run_id"], i["at"], i["kind"], i.get("fields") or {}, seq)
-
-
-def split_partition(items) -> tuple[RunInfo | None, list[SiteRecord], list[NodeInfo], list[HistoryEvent]]:
-    """The items of one run's partition -> (run item, site records, node items, history in order)."""
-    run, sites, nodes, history = None, [], [], []
-    for item in items:
-        key = item["Site"]
-        if key == RUN_ITEM:
-            run = item_to_run(item)
-        elif key.startswith(NODE_PREFIX):
-            nodes.append(item_to_node(item))
-        elif key.startswith(HISTORY_PREFIX):
-            history.append(item_to_history(item))
-        elif not key.startswith("#"):
-            sites.append(item_to_site(item))
-    return run, sites, nodes, sorted(history, key=lambda e: (e.at, e.seq))
+    inflate = zlib.decompressobj()
+    raw = inflate.decompress(base64.b64decode(text[2:], validate=True), CHECKPOINT_MAX_BYTES)
+    if inflate.unconsumed_tail:
+        raise ValueError(f"a checkpoint inflates past {CHECKPOINT_MAX_BYTES} bytes")
+    return json.loads(raw)
 
 
 def diff_items(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -72,7 +72,7 @@ class IllegalTransition(GridfleetError):
 
     def __init__(self, site: str, what: str, old: Any, new: Any):
         self.site = site
-        super().__init__(f"site {site}: {what} {old} -> {new} is not a legal transition")
+        super().__init__(f"site {quote(site, bare=True)}: {what} {old} -> {new} is not a legal transition")
 
 
 class StaleWrite(GridfleetError):
@@ -85,4 +85,5 @@ class StaleWrite(GridfleetError):
         self.run_id = run_id
         self.site = site
         self.current = current
-        super().__init__(f"run {run_id} site {site}: write refused, record is not at {expected}")
+        run, name = quote(run_id, bare=True), quote(site, bare=True)  # ids read back: cut, as every id a line shows
+        super().__init__(f"run {run} site {name}: write refused, record is not at {expected}")

@@ -19,6 +19,7 @@ import ssl
 import urllib.error
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
@@ -49,7 +50,9 @@ def known_class(value: object) -> FailureClass | None:
 
 
 def known_status(value: object) -> int | None:
-    """`value` as an HTTP status (100-599), or None."""
+    """`value` as an HTTP status (100-599), or None (a number read back from the table is a Decimal)."""
+    if isinstance(value, Decimal) and value.is_finite() and value == value.to_integral_value():
+        value = int(value)
     return value if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599 else None
 
 

@@ -25,6 +25,15 @@ INSTANCE_ID_RE = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")
 INSTANCE_ID_RULE = "'i-' and 8 or 17 lowercase hex digits"
 
 
+#: A node's id as the hub and the nodes name it: an EC2 instance id, or a local or simulated node's (`i-local-<hex>`,
+#: `i-000042`). Node items are keyed by it; a key that names none is no node item.
+NODE_ID_RE = re.compile(r"i-[0-9A-Za-z-]{1,40}")
+
+
+def is_node_id(value: object) -> bool:
+    return isinstance(value, str) and NODE_ID_RE.fullmatch(value) is not None
+
+
 def is_run_id(value: object) -> bool:
     return isinstance(value, str) and RUN_ID_RE.fullmatch(value) is not None
 

@@ -23,10 +23,12 @@ from fleet.codec import (
     URL_MAX_CHARS,
     capped,
     encode_checkpoint,
+    salvage_site,
 )
 from fleet.errors import StaleWrite
 from fleet.failures import Failure, RetryPolicy, decide, of_reason
 from fleet.messages import SiteQueue
+from fleet.readback import UnreadableItem
 from fleet.state import (
     COLLIDED_ID_MAX_CHARS,
     GIVEN_BACK,
@@ -79,8 +81,10 @@ def classify(rec: SiteRecord | None, attempt: int) -> Verdict:
         if rec.attempt == attempt - 1:
             return Verdict.CLAIM
         return Verdict.STALE if rec.attempt >= attempt else Verdict.WAIT
-    # RUN
-    return Verdict.STALE if rec.attempt > attempt else Verdict.WAIT
+    # RUN: a SAVED attempt has been (its result is staged: only the hub's part is left)
+    if rec.attempt > attempt or (rec.site_status is SiteStatus.SAVED and rec.attempt == attempt):
+        return Verdict.STALE
+    return Verdict.WAIT
 
 
 def claim(table: StateTable, rec: SiteRecord, instance_id: str, now: float, receipt: str | None = None) -> SiteRecord:
@@ -101,6 +105,7 @@ def claim(table: StateTable, rec: SiteRecord, instance_id: str, now: float, rece
         retry_at=None,
         avoid_instance=None,
         receipt=receipt,
+        staged=None,
         attempts=rec.attempts + (Attempt(rec.attempt + 1, instance_id, now, counts=Counts()),),
     )
     return table.write(rec, new)
@@ -220,6 +225,32 @@ def mark_enqueued(table: StateTable, rec: SiteRecord) -> SiteRecord:
     return table.write(rec, transition(rec, bump=False, enqueued=True))
 
 
+def saved(
+    table: StateTable,
+    rec: SiteRecord,
+    now: float,
+    *,
+    staged: int,
+    counts: Counts | None = None,
+    items: int | None = None,
+    pages: int | None = None,
+) -> SiteRecord:
+    """The node staged the attempt's result under its own prefix (`staged`: the version its claim wrote, which names
+    the staged key; 0: the run's result was at its key already, nothing staged): SAVED, with the attempt's
+    `counts` and the result's `items` and `pages`. The hub makes it the site's result (`complete`): the node role
+    cannot write a result where readers take one from."""
+    changes: dict[str, Any] = {
+        "site_status": SiteStatus.SAVED,
+        "last_update": now,
+        "heartbeat": now,
+        "staged": max(0, int(staged)),
+        "items": None if items is None else max(0, int(items)),
+        "pages": rec.pages if pages is None else max(0, int(pages)),
+        **_counted(rec, counts),
+    }
+    return table.write(rec, transition(rec, **changes))
+
+
 def complete(
     table: StateTable,
     rec: SiteRecord,
@@ -231,8 +262,9 @@ def complete(
     items: int | None = None,
     pages: int | None = None,
 ) -> SiteRecord:
-    """The result is in S3: COMPLETED, with the attempt's `counts` and the result's `items` and `pages` (None:
-    not known, e.g. a result an earlier attempt left that could not be read)."""
+    """The result is at its key: COMPLETED, with the attempt's `counts` (None: those its node last wrote) and the
+    result's `items` and `pages` (None: not known, e.g. a result an earlier attempt left that could not be read).
+    The hub's, once it has made a SAVED attempt's staged result the site's result."""
     attempts = _close(rec, now, Outcome.SKIPPED if skipped else Outcome.COMPLETED, counts=counts)
     new = transition(
         rec,
@@ -245,6 +277,7 @@ def complete(
         attempts=attempts,
         receipt=None,
         checkpoint=None,
+        staged=None,
         items=None if items is None else max(0, int(items)),
         pages=rec.pages if pages is None else max(0, int(pages)),
     )
@@ -289,6 +322,7 @@ def end_attempt(
         "avoid_instance": None,
         "url": None,
         "receipt": None,
+        "staged": None,
     }
     if kill_path is not None:
         common["kill_path"] = kill_path
@@ -369,9 +403,41 @@ def reopen(table: StateTable, rec: SiteRecord, now: float, spec: SiteSpec | None
         receipt=None,
         last_update=now,
         checkpoint=None,
+        staged=None,
         spec=spec if spec is not None else rec.spec,
     )
     return table.write(rec, new)
+
+
+def repaired(
+    bad: UnreadableItem, spec: SiteSpec, now: float, *, max_attempts: int, expire_at: int | None
+) -> SiteRecord:
+    """The record the hub puts over a site item no one can read (`fleet.readback`: a node wrote what is no status
+    or fence into it): what can still be read of its history, the attempt under way ended as an error (the node
+    that held it is fenced off: the item is replaced), then QUEUED for the next attempt, or FAILED when none is
+    left. Not a `transition()`: there is no readable record to move from; the version moves past the one read."""
+    run_id, site = str((bad.raw or {}).get("run_id", "")), str((bad.raw or {}).get("Site", ""))
+    spent, version, base, history = salvage_site(bad.raw or {})
+    if history and history[-1].end is None:
+        history = history[:-1] + (history[-1].finished(now, Outcome.ERROR, failure=("error", None)),)
+    failed = spent - base >= max_attempts
+    why = f"its record could not be read ({bad.unread.attr or 'item'}: {bad.unread.why}); repaired by the hub"
+    return SiteRecord(
+        run_id=run_id,
+        site=site,
+        spec=spec,
+        run_status=RunStatus.FAILED if failed else RunStatus.QUEUED,
+        site_status=SiteStatus.FAILED if failed else SiteStatus.PENDING,
+        attempt=spent,
+        version=version + 1,
+        last_update=now,
+        failure_reason=str(Reason.ERROR),
+        failure_class="error",
+        error=capped(why, ERROR_MAX_CHARS),
+        attempt_base=base,
+        attempts=history,
+        expire_at=expire_at,
+    )
 
 
 def send_next(table: StateTable, queue: SiteQueue, rec: SiteRecord) -> SiteRecord:

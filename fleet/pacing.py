@@ -16,9 +16,12 @@ The arithmetic and the summary's shape are here; the DynamoDB items are `fleet.a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
+
+from fleet.readback import as_count, as_number
 
 #: The sort key (`Site`) of a domain's item in the rate limits' partition (`fleet.aws.ratelimit.LIMITS_PARTITION`).
 DOMAIN_PREFIX = "domain:"
@@ -93,17 +96,33 @@ def throttled(spacing: float, base: float, status: int | None) -> float:
     return base if recovered - base < SETTLED_S else recovered
 
 
+#: Domains the summary's pacing lists at most (the counters are the nodes' writes: a node can add any number).
+MAX_PACED_DOMAINS = 1000
+#: What a domain's key looks like (`domain_of`: a host, and a port when not the scheme's): anything else is no
+#: domain a crawl counted.
+_DOMAIN_KEY = re.compile(r"[a-z0-9.\[\]:_-]{1,300}")
+_FROMS = frozenset({FROM_NONE, FROM_CRAWL_DELAY, FROM_CONFIG})
+
+
 def pacing_section(items: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """summary.json's `pacing`: per domain, the pages it answered in the run, its base spacing and where it came
-    from, its back-offs and its spacing after the run's last answer (from the run's pacing counters)."""
+    from, its back-offs and its spacing after the run's last answer (from the run's pacing counters). The nodes
+    write those counters: a key that is no domain, or one with no count of requests, is left out, a value that is
+    none of its kind reads as 0, and at most MAX_PACED_DOMAINS are listed."""
     out: dict[str, dict[str, Any]] = {}
     for i in sorted(items, key=lambda i: str(i.get("Site"))):
-        domain = str(i.get("Site", ""))
+        domain = i.get("Site")
+        requests = as_count(i.get("requests"))
+        if not isinstance(domain, str) or not _DOMAIN_KEY.fullmatch(domain) or requests is None:
+            continue
+        if len(out) >= MAX_PACED_DOMAINS:
+            break
+        base_from = i.get("base_from")
         out[domain] = {
-            "requests": int(i.get("requests") or 0),
-            "base_s": float(i.get("base_s") or 0),
-            "base_from": str(i.get("base_from") or FROM_NONE),
-            "backoffs": int(i.get("backoffs") or 0),
-            "spacing_s": float(i.get("spacing_s") or 0),
+            "requests": requests,
+            "base_s": spacing_read_back(as_number(i.get("base_s"))) or 0.0,
+            "base_from": base_from if base_from in _FROMS else FROM_NONE,
+            "backoffs": as_count(i.get("backoffs")) or 0,
+            "spacing_s": spacing_read_back(as_number(i.get("spacing_s"))) or 0.0,
         }
     return out

@@ -25,9 +25,9 @@ from typing import Any
 
 from fleet import ops
 from fleet.checkpoint import SaveEvery
-from fleet.codec import NodeInfo, RunInfo
 from fleet.failures import Failure, FailureClass, RetryPolicy
 from fleet.messages import BadMessage, SiteMessage
+from fleet.partition import NodeInfo, RunInfo
 from fleet.state import NodeState, Reason, RunStatus, SiteRecord, SiteStatus
 
 #: AWS errors in a row (after botocore's retries) after which the node gives up and exits.
@@ -42,8 +42,8 @@ CLAIMED_VISIBILITY_S = 12 * 3600.0
 #: A message for an attempt running elsewhere (or for another run) is looked at again after at most this long.
 WAIT_HIDE_S = 30.0
 
-#: A message that is not a site message shows again after this long; it reaches the DLQ after
-#: max_receive_count receives.
+#: A message that is not a site message, or names a site that has no record, shows again after this long; it
+#: reaches the DLQ after max_receive_count receives (the node never deletes it: the run's summary reports the DLQ).
 BAD_MESSAGE_HIDE_S = 1.0
 
 
@@ -124,6 +124,12 @@ def spot_end(notice: object) -> CrawlEnd:
     return CrawlEnd(CrawlEndKind.SPOT, error=f"spot interruption notice: {notice}", forced=True)
 
 
+def grid_lost_end(end: CrawlEnd) -> CrawlEnd:
+    """A crawl that failed while the Grid hub does not answer (or no longer lists this node): not the site's fault,
+    nor the node's (its hub was lost and is being replaced), so the attempt is given back, as for a busy profile."""
+    return CrawlEnd(CrawlEndKind.BUSY, error=f"the Grid hub does not answer, so the crawl could not: {end.error}")
+
+
 def busy_end(site: str, lock_timeout_s: float) -> CrawlEnd:
     return CrawlEnd(CrawlEndKind.BUSY, error=f"profile lock of {site} held elsewhere for {lock_timeout_s:.0f}s")
 
@@ -199,6 +205,7 @@ class MessageStep:
     action: MessageAction
     visibility_s: float | None = None
     step_back_s: float = 0.0  # the node receives nothing for this long (the hidden message shows to others first)
+    refused: str = ""  # why the message is none of this node's to act on: said in the node's log, one line each time
 
 
 def record_of(msg: SiteMessage | BadMessage) -> tuple[str, str] | None:
@@ -217,13 +224,22 @@ AVOID_STEP_BACK_S = 1.0
 def on_message(
     msg: SiteMessage | BadMessage, rec: SiteRecord | None, run_id: str, rules: NodeRules, instance_id: str = ""
 ) -> MessageStep:
-    """What to do with a received message, given its site's record (None for a bad message or an unknown site)."""
+    """What to do with a received message, given its site's record (None for a bad message or an unknown site).
+
+    A message no record explains (a bad body; a site its run does not have, or a run there is not) is never the
+    node's to delete: the hub creates a site's record before its first message, so no one who seeded a run sent it.
+    It shows again soon and SQS moves it to the DLQ. A message of another run whose record is there is left to that
+    run's nodes, or dropped when its attempt has been and gone, as they would drop it."""
     if isinstance(msg, BadMessage):
-        return MessageStep(MessageAction.RELEASE, BAD_MESSAGE_HIDE_S)
+        return MessageStep(MessageAction.RELEASE, BAD_MESSAGE_HIDE_S, refused=msg.problem)
+    if rec is None:
+        return MessageStep(MessageAction.RELEASE, BAD_MESSAGE_HIDE_S, refused="no such site in its run")
     verdict = ops.classify(rec, msg.attempt)
     if verdict is ops.Verdict.STALE:
         return MessageStep(MessageAction.DELETE)
-    if verdict is ops.Verdict.WAIT or msg.run_id != run_id:
+    if msg.run_id != run_id:
+        return MessageStep(MessageAction.HIDE, min(rules.visibility_s, WAIT_HIDE_S), refused="a message of another run")
+    if verdict is ops.Verdict.WAIT:
         return MessageStep(MessageAction.HIDE, min(rules.visibility_s, WAIT_HIDE_S))
     if rec is not None and instance_id and rec.avoid_instance == instance_id and msg.receive_count < AVOID_RECEIVES:
         return MessageStep(MessageAction.HIDE, AVOID_HIDE_S, step_back_s=AVOID_HIDE_S + AVOID_STEP_BACK_S)

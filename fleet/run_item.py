@@ -12,7 +12,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from fleet.codec import RunInfo, item_to_run, num
+from fleet.codec import num
+from fleet.partition import RunInfo, item_to_run
 from fleet.state import RunState
 
 

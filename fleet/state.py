@@ -52,6 +52,7 @@ class SiteStatus(StrEnum):
     RUNNING = "RUNNING"  # the crawler started
     URL_CALL = "URL_CALL"  # a navigation is under way (the only status a hang is detected in)
     CALL_DONE = "CALL_DONE"  # the last navigation returned
+    SAVED = "SAVED"  # the node staged the attempt's result (under its own prefix): the hub makes it the site's result
     COMPLETED = "COMPLETED"  # the attempt produced the site's result
     FAILED = "FAILED"  # the site failed for good
 
@@ -115,7 +116,7 @@ RUN_TRANSITIONS: dict[RunStatus, dict[RunStatus, str]] = {
     RunStatus.RUN: {
         RunStatus.RUN: "node: crawler progress / heartbeat; hub: kill requested",
         RunStatus.QUEUED: "node or hub: the attempt ended without a result and attempts remain (or spot)",
-        RunStatus.COMPLETED: "node: result written to S3 (or found there)",
+        RunStatus.COMPLETED: "hub: the attempt's staged result (SAVED) is now the site's result (or one was there)",
         RunStatus.FAILED: "node or hub: the last attempt ended without a result, or deadline",
     },
     RunStatus.COMPLETED: {},
@@ -131,10 +132,11 @@ REOPEN_TRANSITIONS: dict[RunStatus, dict[RunStatus, str]] = {
 
 # Legal moves of site_status within an attempt; a new attempt always restarts at PENDING.
 SITE_TRANSITIONS: dict[SiteStatus, frozenset[SiteStatus]] = {
-    SiteStatus.PENDING: frozenset({SiteStatus.RUNNING, SiteStatus.COMPLETED, SiteStatus.FAILED}),
-    SiteStatus.RUNNING: frozenset({SiteStatus.URL_CALL, SiteStatus.COMPLETED, SiteStatus.FAILED}),
-    SiteStatus.URL_CALL: frozenset({SiteStatus.CALL_DONE, SiteStatus.FAILED}),
-    SiteStatus.CALL_DONE: frozenset({SiteStatus.URL_CALL, SiteStatus.COMPLETED, SiteStatus.FAILED}),
+    SiteStatus.PENDING: frozenset({SiteStatus.RUNNING, SiteStatus.SAVED, SiteStatus.FAILED}),
+    SiteStatus.RUNNING: frozenset({SiteStatus.URL_CALL, SiteStatus.SAVED, SiteStatus.FAILED}),
+    SiteStatus.URL_CALL: frozenset({SiteStatus.CALL_DONE, SiteStatus.SAVED, SiteStatus.FAILED}),
+    SiteStatus.CALL_DONE: frozenset({SiteStatus.URL_CALL, SiteStatus.SAVED, SiteStatus.FAILED}),
+    SiteStatus.SAVED: frozenset({SiteStatus.COMPLETED, SiteStatus.FAILED}),
     SiteStatus.COMPLETED: frozenset(),
     SiteStatus.FAILED: frozenset(),
 }
@@ -158,10 +160,16 @@ def _closure(edges: dict[SiteStatus, frozenset[SiteStatus]]) -> dict[SiteStatus,
 #: (not each step) moves the record along a path of SITE_TRANSITIONS in one write, never back.
 SITE_REACHABLE = _closure(SITE_TRANSITIONS)
 
-# What site_status must be once run_status is (or becomes) a given value.
-_SITE_FOR_RUN = {
+#: What site_status must be once run_status is (or becomes) a given value.
+SITE_FOR_RUN = {
     RunStatus.QUEUED: {SiteStatus.PENDING},
-    RunStatus.RUN: {SiteStatus.PENDING, SiteStatus.RUNNING, SiteStatus.URL_CALL, SiteStatus.CALL_DONE},
+    RunStatus.RUN: {
+        SiteStatus.PENDING,
+        SiteStatus.RUNNING,
+        SiteStatus.URL_CALL,
+        SiteStatus.CALL_DONE,
+        SiteStatus.SAVED,
+    },
     RunStatus.COMPLETED: {SiteStatus.COMPLETED},
     RunStatus.FAILED: {SiteStatus.FAILED},
 }
@@ -261,6 +269,9 @@ class SiteRecord:
     url: str | None = None  # the page of the current URL_CALL/CALL_DONE
     pages: int = 0  # pages the crawl got to (a resumed attempt counts its checkpoint's); COMPLETED: the result's
     items: int | None = None  # COMPLETED: the items of its result (None: not known, or not COMPLETED)
+    #: SAVED: the claim version the node staged its result under (`fleet.results.staged_result_key`); 0: the
+    #: run's result was already at its key (a retry found it), so nothing was staged. None otherwise.
+    staged: int | None = None
     kill_reason: str | None = None  # set by the hub before it kills the current attempt
     kill_path: str | None = None  # how the last kill was done: watchdog, local, ssm, ssh, terminate
     receipt: str | None = None  # the SQS receipt handle of the current attempt's message (to delete it)
@@ -305,7 +316,7 @@ def transition(old: SiteRecord, *, bump: bool = True, reopen: bool = False, **ch
                 raise IllegalTransition(old.site, "reopen", old.run_status, new.run_status)
         else:
             _check(old, new)
-    if new.site_status not in _SITE_FOR_RUN[new.run_status]:
+    if new.site_status not in SITE_FOR_RUN[new.run_status]:
         raise IllegalTransition(old.site, "run_status/site_status pair", new.run_status, new.site_status)
     if new.attempt < 0 or (
         new.attempt != old.attempt and new.run_status is RunStatus.RUN and old.run_status is RunStatus.RUN

@@ -19,14 +19,27 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fleet.codec import RunInfo
+from fleet.errors import quote
 from fleet.failures import failures_by_class
 from fleet.ids import check_run_id, is_site_id
-from fleet.results import ResultStore, checked_result_key, evidence_prefix, parse_evidence_key
+from fleet.partition import RunInfo
+from fleet.readback import Unread
+from fleet.results import (
+    EVIDENCE_TYPES,
+    LOCAL_ROLE,
+    ResultStore,
+    checked_result_key,
+    evidence_key,
+    evidence_prefix,
+    parse_evidence_key,
+    quarantine_key,
+    staged_quarantine_key,
+    writer_id,
+)
 from fleet.state import Attempt, RunStatus, SiteRecord
 
 log = logging.getLogger("gridfleet.hub")
@@ -117,9 +130,32 @@ def failed_attempts(sites: Mapping[str, Any]) -> dict[str, int]:
     return failures_by_class(pairs)
 
 
+#: The unreadable values and items `summary.json` lists by name (the rest are counted).
+UNREADABLE_LISTED = 20
+
+
+def unreadable_section(found: Sequence[Unread]) -> dict[str, Any]:
+    """What the run's last read could not read (`fleet.readback`): values read as absent, items left out (site items
+    no hub seeded, node items of no node, ...), and the first of them by name."""
+    items = sum(1 for u in found if not u.attr)
+    return {
+        "values": len(found) - items,
+        "items": items,
+        "first": [u.line() for u in found[:UNREADABLE_LISTED]],
+    }
+
+
 def build_summary(
-    run: RunInfo, sites: list[SiteRecord], *, left_running: int, finished_at: float, finish_reason: str
+    run: RunInfo,
+    sites: list[SiteRecord],
+    *,
+    left_running: int,
+    finished_at: float,
+    finish_reason: str,
+    unreadable: Sequence[Unread] = (),
 ) -> dict[str, Any]:
+    """The run's summary.json. `unreadable`: what the read the sites came from could not read (its `notes.found`);
+    its counts are in `unreadable` (0 and 0 when none)."""
     entries = {r.site: site_entry(r) for r in sorted(sites, key=lambda r: r.site)}
     return {
         "run_id": run.run_id,
@@ -132,6 +168,7 @@ def build_summary(
         "totals": totals(entries),
         "failures": failed_attempts(entries),
         "finish_reason": finish_reason,
+        "unreadable": unreadable_section(unreadable),
     }
 
 
@@ -155,7 +192,9 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def export(out_dir: Path, summary: dict[str, Any], sites: list[SiteRecord], results: ResultStore) -> Path:
+def export(
+    out_dir: Path, summary: dict[str, Any], sites: list[SiteRecord], results: ResultStore, role: str = LOCAL_ROLE
+) -> Path:
     """Write summary.json and results/<site>.json of every COMPLETED site; return the summary path.
 
     Nothing is written outside `<out_dir>/<run_id>/` (the hub may run as root): a run id that is not one raises
@@ -194,7 +233,7 @@ def export(out_dir: Path, summary: dict[str, Any], sites: list[SiteRecord], resu
                 staged.failed = True
                 continue
             target.write_bytes(body)
-    export_evidence(run_dir, str(summary.get("run_date") or ""), run_id, sites, results)
+    export_evidence(run_dir, str(summary.get("run_date") or ""), run_id, sites, results, role)
     write_json(run_dir / "summary.json", summary)
     return out_dir / run_id / "summary.json"
 
@@ -242,36 +281,61 @@ class Staged:
 CLEAN_OUTCOMES = frozenset({"completed", "skipped", "spot", "busy"})
 
 
-def export_evidence(run_dir: Path, run_date: str, run_id: str, sites: list[SiteRecord], results: ResultStore) -> None:
-    """`<run_dir>/evidence/<site>/<attempt>/<file>` for every site with an attempt that did not end cleanly: one
-    listing per such site. Keys are parsed back to (attempt, one of EVIDENCE_FILES) and the ids checked again, so
-    nothing lands outside `evidence/`."""
+def export_evidence(
+    run_dir: Path, run_date: str, run_id: str, sites: list[SiteRecord], results: ResultStore, role: str = LOCAL_ROLE
+) -> None:
+    """`<run_dir>/evidence/<site>/<attempt>/<file>` for every attempt that did not end cleanly, read from the prefix of
+    the node that held it (its writer id: `role` and the attempt's node), and stored again in the bucket beside the
+    run's result as the hub's copy (`evidence_headers`: the page's HTML, or anything a browser would open as a
+    page, as text to download), which the report links; a quarantined result likewise. What a node wrote is
+    never served as it wrote it. Keys are parsed back to (attempt, one of EVIDENCE_FILES) and the ids checked
+    again, so nothing lands outside `evidence/`."""
     with Staged(run_dir, "evidence") as staged:
-        out = staged.dir
         for r in sites:
-            if all(a.outcome in CLEAN_OUTCOMES for a in r.attempts):
-                continue
-            try:
-                prefix = evidence_prefix(r.site, run_date, run_id)
-                keys = results.keys(prefix)
-            except ValueError as e:
-                log.error("evidence-skipped site=%r why=%s", r.site, e)
-                continue
-            except Exception as e:  # evidence is a help: one unreadable listing must not lose the summary
-                log.error("evidence-failed site=%s error=%s", r.site, e)
-                staged.failed = True
-                continue
-            for key in keys:
-                parsed = parse_evidence_key(prefix, key)
-                if parsed is None:
-                    continue
-                attempt, name = parsed
-                try:
-                    body = results.get(key)
-                except Exception as e:
-                    log.error("evidence-failed site=%s key=%s error=%s", r.site, key, e)
-                    staged.failed = True
-                    continue
-                target = out / r.site / str(attempt) / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(body)
+            for a in r.attempts:
+                if a.outcome not in CLEAN_OUTCOMES:
+                    _attempt_evidence(staged, run_date, run_id, r, a, results, role)
+
+
+def _attempt_evidence(
+    staged: Staged, run_date: str, run_id: str, r: SiteRecord, a: Attempt, results: ResultStore, role: str
+) -> None:
+    """One attempt's evidence (and quarantined result) from its node's prefix, to the export and the hub's copy."""
+    try:
+        writer = writer_id(role, a.instance_id)
+        prefix = f"{evidence_prefix(r.site, run_date, run_id, writer)}{a.n}/"
+        keys = results.keys(prefix)
+    except ValueError as e:
+        log.error("evidence-skipped site=%s attempt=%d why=%s", quote(r.site), a.n, e)
+        return
+    except Exception as e:  # evidence is a help: one unreadable listing must not lose the summary
+        log.error("evidence-failed site=%s error=%s", r.site, e)
+        staged.failed = True
+        return
+    for key in keys:
+        parsed = parse_evidence_key(prefix[: -len(f"{a.n}/")], key)
+        if parsed is None or parsed[0] != a.n:
+            continue
+        name = parsed[1]
+        try:
+            body = results.get(key)
+            results.put_evidence(evidence_key(r.site, run_date, run_id, a.n, name), body, EVIDENCE_TYPES[name])
+        except Exception as e:
+            log.error("evidence-failed site=%s key=%s error=%s", r.site, key, e)
+            staged.failed = True
+            continue
+        target = staged.dir / r.site / str(a.n) / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(body)
+    if a.outcome == "contract":
+        _quarantined(r, a, run_date, run_id, writer, results)
+
+
+def _quarantined(r: SiteRecord, a: Attempt, run_date: str, run_id: str, writer: str, results: ResultStore) -> None:
+    """The hub's copy of a result an attempt kept in quarantine, beside the run's result (`quarantine_key`)."""
+    try:
+        staged = staged_quarantine_key(writer, r.site, run_date, run_id, a.n)
+        body = results.get(staged)
+        results.put_new(quarantine_key(checked_result_key(r.site, run_date, run_id), a.n), body)
+    except Exception as e:  # noqa: BLE001 - a quarantined result is a help to the crawler's authors, not the run's
+        log.warning("quarantine-not-copied site=%s attempt=%d error=%s", r.site, a.n, e)

@@ -5,7 +5,8 @@ name_prefix, fleet.yaml's `aws.stack`), a run (`gridfleet:run_id`) and a role
 (`gridfleet:role`: hub or node). Every listing, adoption and termination selects
 by the stack first, so two stacks in one account and region never touch each
 other's instances; the IAM policies that may terminate or stop instances carry a
-condition on the same tag.
+condition on the same tag. A site's EFS access point carries the stack's tag and
+its site's (`gridfleet:site`): the hub and the nodes find it by the two.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 TAG_STACK = "gridfleet:stack"
 TAG_RUN_ID = "gridfleet:run_id"
 TAG_ROLE = "gridfleet:role"
+TAG_SITE = "gridfleet:site"
 ROLE_HUB = "hub"
 ROLE_NODE = "node"
 
@@ -32,6 +34,11 @@ def instance_tags(stack: str, run_id: str, role: str) -> list[dict[str, str]]:
         {"Key": TAG_ROLE, "Value": role},
         {"Key": "Name", "Value": f"{stack}-{role}-{run_id}"},
     ]
+
+
+def site_tags(stack: str, site: str) -> list[dict[str, str]]:
+    """The tags of a site's EFS access point."""
+    return [{"Key": TAG_STACK, "Value": stack}, {"Key": TAG_SITE, "Value": site}]
 
 
 def filters(

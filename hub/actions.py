@@ -70,6 +70,23 @@ class EndAttempt:
 
 
 @dataclass(frozen=True)
+class Promote:
+    """The attempt's node staged the site's result (SAVED): make it the site's result (the hub's copy to the key the
+    site, date and run derive), then COMPLETED; the staged result missing ends the attempt as an error."""
+
+    site: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A site whose record no one can read (a node wrote what is no status or fence into it): put a record the
+    fleet can work with over it, its attempt in progress ended as an error (`hub.executor`)."""
+
+    site: str
+
+
+@dataclass(frozen=True)
 class FailSites:
     sites: tuple[str, ...]
     reason: Reason
@@ -111,7 +128,19 @@ class Finish:
 
 
 Action = (
-    StartRun | SeedSites | Feed | Enqueue | KillAttempt | EndAttempt | FailSites | Launch | Terminate | Drain | Finish
+    StartRun
+    | SeedSites
+    | Feed
+    | Enqueue
+    | KillAttempt
+    | EndAttempt
+    | Promote
+    | Repair
+    | FailSites
+    | Launch
+    | Terminate
+    | Drain
+    | Finish
 )
 
 

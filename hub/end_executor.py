@@ -15,9 +15,9 @@ from typing import Any
 
 from fleet import ops
 from fleet.clock import Clock
-from fleet.codec import HistoryEvent
 from fleet.errors import StaleWrite
 from fleet.logs import event
+from fleet.partition import HistoryEvent
 from fleet.state import RunState
 from fleet.table import StateTable
 from hub.actions import Action, Done, FailSites, Finish, Terminate

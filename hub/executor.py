@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fleet import ops
 from fleet.aws.notify import notify_finished
-from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
 from fleet.messages import BadMessage, SiteMessage, SiteQueue
+from fleet.partition import RunInfo
+from fleet.results import EXISTED, LOCAL_ROLE, MISSING, RESULT_MAX_BYTES, ResultStore
 from fleet.state import Reason, RunState, RunStatus, SiteRecord
 from hub.actions import (
     Action,
@@ -35,12 +36,16 @@ from hub.actions import (
     KillAttempt,
     KillLadder,
     Launch,
+    Promote,
+    Repair,
     SeedSites,
     StartRun,
 )
 from hub.control.base import KillResult, NodeControl
 from hub.end_executor import EndExecutor, Handler
 from hub.history import previous_items
+from hub.plan.start import spec_of
+from hub.promote import promote
 from hub.snapshot import Snapshot, held
 
 log = logging.getLogger("gridfleet.hub")
@@ -67,6 +72,9 @@ class Executor(EndExecutor):
     control: NodeControl
     hub_id: str
     expire_at: Callable[[float], int]
+    results: ResultStore | None = None  # where staged results are made the sites' results (Promote)
+    writer_role: str = LOCAL_ROLE  # the nodes' role id: a node's writer id is it and the node's id
+    completed: set[str] = field(default_factory=set)  # the sites this hub completed (Promote)
     teardown_timeout_s: float = 60.0
     full: bool = False  # `run --full`: seed incremental sites without their high-water marks
     out_dir: Path = Path("runs")  # where the run's files go on the embedded default (named in the end message)
@@ -86,6 +94,8 @@ class Executor(EndExecutor):
             Enqueue: self._enqueue,
             KillAttempt: self._kill_attempt,
             EndAttempt: self._end_attempt,
+            Repair: self._repair,
+            Promote: self._promote,
             Launch: self._launch,
             Drain: self._drain,
         }
@@ -202,11 +212,59 @@ class Executor(EndExecutor):
         self.history("terminate", nodes=[iid], why=f"kill {a.reason}", site=rec.site)
         return kill_path(result, True)
 
+    def _promote(self, a: Promote, snap: Snapshot) -> Done:
+        """A SAVED attempt: its staged result becomes the site's result (`hub.promote`), or, with nothing staged
+        where its record says, the attempt ends as an error."""
+        rec = snap.sites[a.site]
+        assert self.results is not None and snap.run is not None  # a hub's executor has both by a SAVED
+        now = self.clock.now()
+        answer, new = promote(self.table, self.results, self.queue, rec, snap.run.run_date, self.writer_role, now)
+        if new is None:
+            why = "no staged result" if answer == MISSING else f"its staged result is over {RESULT_MAX_BYTES} bytes"
+            event(log, "promote-refused", logging.WARNING, run_id=self.run_id, site=a.site, attempt=rec.attempt,
+                  node=rec.instance_id, why=why)  # fmt: skip
+            self._end(rec, Reason.ERROR, None, error=f"SAVED, but {why} under the node's prefix")
+            return Done(a, (a.site,))
+        self.completed.add(a.site)
+        event(log, "promoted", logging.DEBUG, run_id=self.run_id, site=a.site, attempt=rec.attempt,
+              kept=answer == EXISTED)  # fmt: skip
+        return Done(a, (a.site,))
+
+    def _repair(self, a: Repair, snap: Snapshot) -> Done:
+        """Make a record no one can read whole again (`ops.repaired`), then send the next attempt's message."""
+        bad = snap.repairs[a.site]
+        site = next((x for x in self.config.sites if x.id == a.site), None)
+        if site is None:
+            return Done(a)
+        new = ops.repaired(
+            bad,
+            spec_of(site, self.config),
+            self.clock.now(),
+            max_attempts=self.config.run.max_attempts,
+            expire_at=self.expire_at(snap.run.deadline_at if snap.run else self.clock.now()),
+        )
+        if not self.table.repair(bad, new):
+            return Done(a, conflicts=1)  # it changed since it was read: the next read decides again
+        event(
+            log,
+            "repaired",
+            logging.WARNING,
+            run_id=self.run_id,
+            site=a.site,
+            attempt=new.attempt,
+            status=new.run_status,
+            unreadable=bad.unread.line(),
+        )
+        self.history("repaired", site=a.site, attempt=new.attempt, status=str(new.run_status), why=bad.unread.why)
+        if new.run_status is RunStatus.QUEUED:
+            ops.send_next(self.table, self.queue, new)
+        return Done(a, (a.site,))
+
     def _end_attempt(self, a: EndAttempt, snap: Snapshot) -> Done:
         self._end(snap.sites[a.site], a.reason, None)
         return Done(a, (a.site,))
 
-    def _end(self, rec: SiteRecord, reason: Reason, path: str | None) -> None:
+    def _end(self, rec: SiteRecord, reason: Reason, path: str | None, error: str | None = None) -> None:
         new = ops.end_attempt(
             self.table,
             rec,
@@ -215,6 +273,7 @@ class Executor(EndExecutor):
             max_attempts=self.config.run.max_attempts,
             spot_cap=self.config.run.spot_requeue_cap,
             kill_path=path,
+            error=error,
             policy=self.config.run.retry_policy,
         )
         if rec.receipt:  # the message of the attempt that ended (its node is dead or was stopped): not needed

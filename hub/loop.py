@@ -20,10 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleet.clock import Clock
+from fleet.codec import site_to_item
 from fleet.config import Config
 from fleet.logs import event
 from fleet.messages import SiteQueue
-from fleet.results import ResultStore
+from fleet.partition import RunInfo
+from fleet.readback import Unread, UnreadableItem
+from fleet.results import LOCAL_ROLE, ResultStore, checked_result_key
 from fleet.state import RunStatus
 from fleet.summary import build_summary, export, instances_section
 from fleet.table import StateTable
@@ -102,19 +105,11 @@ class Hub:
         expected: Mapping[str, float] | None = None,
         full: bool = False,
         manage_gc: bool = True,
+        writer_role: str = LOCAL_ROLE,
     ):
-        self.run_id = run_id
-        self.config = config
-        self.table = table
-        self.queue = queue
-        self.results = results
-        self.provider = provider
-        self.clock = clock
-        self.out_dir = out_dir
-        self.hub_id = hub_id
-        self.min_sleep_s = min_sleep_s
-        self.max_tick_failures = max_tick_failures
-        self.monitor = monitor
+        self.run_id, self.config, self.table, self.queue, self.results = run_id, config, table, queue, results
+        self.provider, self.clock, self.out_dir, self.hub_id = provider, clock, out_dir, hub_id
+        self.min_sleep_s, self.max_tick_failures, self.monitor = min_sleep_s, max_tick_failures, monitor
         self.obs = Observations()
         self.ending: Ending | None = None  # the last plan's: the run is ending (see `hub.plan.end`)
         self.cache = SiteCache()
@@ -134,6 +129,8 @@ class Hub:
             expire_at=self._expire_at,
             full=full,
             out_dir=out_dir,
+            results=results,
+            writer_role=writer_role,
         )
         self._last_progress: tuple | None = None
         self._last_beat = float("-inf")
@@ -153,14 +150,16 @@ class Hub:
         cache, io = self.cache, self._io
         if not cache.loaded:
             rows = io(self.table.read_run, self.run_id)
-            cache.load(rows.sites)
+            cache.load(rows.sites, rows.notes)
             run, node_rows = rows.run, rows.nodes
         else:
             run = io(self.table.get_run, self.run_id)
             node_rows = io(self.table.read_nodes, self.run_id)
             cache.refresh(
-                io(self.table.open_stamps, self.run_id), lambda names: io(self.table.get_sites, self.run_id, names)
+                io(self.table.open_stamps, self.run_id),
+                lambda names, notes: io(self.table.get_sites, self.run_id, names, notes),
             )
+            self._unbacked_completions(run)
         instances = {i.id: i for i in io(self.provider.list, self.run_id)}
         sites = cache.sites  # the cache's own: the plan only reads it, and the next refresh is after this tick
         nodes = {n.instance_id: n for n in node_rows}
@@ -188,9 +187,28 @@ class Hub:
             attend=attend,
             busy=cache.by_instance,
             retrying=cache.retrying,
+            saving=cache.saving,
             expected=expected,
             ending=self.ending,
+            repairs=dict(cache.quarantined),
         )
+
+    def _unbacked_completions(self, run: RunInfo | None) -> None:
+        """Sites a record shows COMPLETED that this hub did not complete, with no result at the key their site, date
+        and run derive: only the hub completes a site (a node stages its result: `hub.promote`), so such a
+        record is a node's write into a site it does not hold. It is set apart for a repair like a record no one
+        can read (the attempt counted, the site queued again). One HEAD per completion seen, none in a run no node
+        writes into: the hub's own are known (`Executor.completed`)."""
+        if run is None:
+            return
+        for name in sorted(self.cache.changed):
+            r = self.cache.sites.get(name)
+            if r is None or r.run_status is not RunStatus.COMPLETED or name in self.executor.completed:
+                continue
+            if self._io(self.results.exists, checked_result_key(name, run.run_date, self.run_id)):
+                continue
+            why = Unread(self.run_id, name, "run_status", "COMPLETED, with no result at its key: no hub completed it")
+            self.cache.set_apart(name, UnreadableItem(why, site_to_item(r)))
 
     def _io(self, fn, *args):
         """Call an adapter, adding its time to `io_s` (the tick's reads, apart from the hub's own work)."""
@@ -292,6 +310,17 @@ class Hub:
                 nodes=live,
             )
 
+    def _stamp_expiry(self, deadline_at: float) -> None:
+        """The run's items no hub made (node items, pacing counters, items a node added) get the run's expiry: the
+        node role may not write `expireAt`. Best effort: an item left without one only outlives the run."""
+        try:
+            n = self.table.stamp_expiry(self.run_id, self._expire_at(deadline_at))
+        except Exception as e:  # noqa: BLE001 - expiry keeps the table small; the run's end does not wait on it
+            log.warning("expiry-not-stamped run_id=%s error=%s", self.run_id, e)
+            return
+        if n:
+            event(log, "expiry-stamped", logging.DEBUG, run_id=self.run_id, items=n)
+
     def run(self) -> RunOutcome:
         try:
             return self._run()
@@ -342,7 +371,12 @@ class Hub:
             raise RuntimeError(f"run {self.run_id} has no run item to finish")
         now = self.clock.now()
         summary = build_summary(
-            rows.run, rows.sites, left_running=fin.left_running, finished_at=now, finish_reason=fin.reason
+            rows.run,
+            rows.sites,
+            left_running=fin.left_running,
+            finished_at=now,
+            finish_reason=fin.reason,
+            unreadable=rows.notes.found,
         )
         try:
             types = {i.id: i.instance_type for i in self.provider.list(self.run_id)}
@@ -368,7 +402,8 @@ class Hub:
                 )
         except Exception as e:  # noqa: BLE001 - depths are a report, not a decision
             log.warning("queue-depth-unavailable error=%s", e)
-        path = export(self.out_dir, summary, rows.sites, self.results)
+        path = export(self.out_dir, summary, rows.sites, self.results, self.executor.writer_role)
+        self._stamp_expiry(rows.run.deadline_at)
         self.executor.mark_finished(now)
         if self.monitor is not None:
             self._monitor(self.snapshot(now), finished=True)

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from fleet.codec import NodeInfo, RunInfo, as_seeded
+from fleet.codec import as_seeded
 from fleet.instance import Instance
 from fleet.messages import QueueDepth
-from fleet.stamp import TRANSITION_FIELDS, Stamp, patch_from_stamp, record_stamp
-from fleet.state import RunStatus, SiteRecord
+from fleet.partition import NodeInfo, RunInfo
+from fleet.readback import Notes, UnreadableItem
+from fleet.stamp import TRANSITION_FIELDS, Stamp, patch_from_stamp, patchable, record_stamp
+from fleet.state import RunStatus, SiteRecord, SiteStatus
 from hub.actions import Ending
 
 
@@ -210,9 +212,12 @@ class Snapshot:
     # a running site whose record and node did not change needs nothing before its `recheck_at`.
     attend: Collection[str] | None = None
     busy: Collection[str] | None = None  # instances holding a RUN site; None: found from `sites`
+    saving: Collection[str] | None = None  # RUN sites SAVED (`SiteCache.saving`); None: found from `sites`
     retrying: Collection[str] | None = None  # watched QUEUED sites (message not sent); None: found from `sites`
     expected: Mapping[str, float] = field(default_factory=dict)  # site -> seconds its last successful crawl took
     ending: Ending | None = None  # the run is being ended (decided by an earlier plan, or a teardown request)
+    #: Configured sites whose record a hub seeded but no one can read now (`fleet.readback`): the hub repairs them.
+    repairs: Mapping[str, UnreadableItem] = field(default_factory=dict)
 
     @cached_property
     def live_instances(self) -> list[Instance]:
@@ -231,6 +236,15 @@ class Snapshot:
         if self.hold is not None:
             return self.hold
         return frozenset(n for n, r in self.sites.items() if held(r))
+
+    @cached_property
+    def saved(self) -> int:
+        """RUN sites whose node staged their result (SAVED): open until the hub makes it theirs, but no node's work."""
+        if self.saving is not None:
+            return len(self.saving)
+        return sum(
+            1 for r in self.sites.values() if r.run_status is RunStatus.RUN and r.site_status is SiteStatus.SAVED
+        )
 
     def counts(self) -> dict[str, int]:
         out = {s.value: 0 for s in RunStatus}
@@ -314,7 +328,11 @@ class SiteCache:
         self.changed: set[str] = set()  # sites whose records the last load or refresh put (`observe_changes`)
         self.by_instance: dict[str, set[str]] = {}  # instance -> the RUN sites it holds (none: not there)
         self.retrying: set[str] = set()  # watched sites QUEUED: their message for a next attempt not sent
+        self.saving: set[str] = set()  # RUN sites SAVED: their node staged the result and moved on (no node needed)
         self.beats: dict[str, float] = {}  # node -> the newest heartbeat it wrote on any cached record
+        self.names: frozenset[str] | None = None  # the run's sites (`expect`); None: any site read
+        #: Sites of the run whose item a hub seeded but the last read of it could not read: the hub repairs them.
+        self.quarantined: dict[str, UnreadableItem] = {}
 
     def _put(self, r: SiteRecord) -> None:
         self.changed.add(r.site)
@@ -331,6 +349,10 @@ class SiteCache:
             self.retrying.add(r.site)
         else:
             self.retrying.discard(r.site)
+        if r.run_status is RunStatus.RUN and r.site_status is SiteStatus.SAVED:
+            self.saving.add(r.site)
+        else:
+            self.saving.discard(r.site)
         if r.instance_id and r.heartbeat is not None and r.heartbeat > self.beats.get(r.instance_id, float("-inf")):
             self.beats[r.instance_id] = r.heartbeat
         old = self.sites.get(r.site)
@@ -362,28 +384,67 @@ class SiteCache:
     def expect(self, names: Iterable[str]) -> None:
         """The sites of the run: one created and finished between two reads never shows up open, so any the
         cache has not seen yet is read by name."""
-        self.unseen = {n for n in names if n not in self.sites}
+        self.names = frozenset(names)
+        self.unseen = {n for n in self.names if n not in self.sites}
 
-    def load(self, records: Iterable[SiteRecord]) -> None:
-        """A full read (the first tick, or a restarted hub)."""
+    def load(self, records: Iterable[SiteRecord], notes: Notes | None = None) -> None:
+        """A full read (the first tick, or a restarted hub); `notes`: what it could not read."""
         self.sites, self.watch, self.held, self.open, self.stamps, self.beats = {}, set(), RankedSet(), set(), {}, {}
         self.seeded, self.rechecks, self.changed, self.by_instance, self.retrying = set(), set(), set(), {}, set()
+        self.saving = set()
         self.tally = {s.value: 0 for s in RunStatus}
         n = 0
         for r in records:
-            self._put(r)
-            n += 1
+            if self.names is None or r.site in self.names:  # a record of a site no longer configured is not the run's
+                self._put(r)
+                n += 1
         self.unseen.difference_update(self.sites)
+        self.quarantined = {}
+        self._quarantine(notes, ())
         self.loaded, self.fetched = True, n
 
+    def _quarantine(self, notes: Notes | None, fetched: Iterable[str]) -> None:
+        """Keep the run's seeded sites that the read could not read (a record read back whole is one no longer)."""
+        for name in fetched:
+            if name in self.sites:
+                self.quarantined.pop(name, None)
+        for name, bad in (notes.quarantined if notes is not None else {}).items():
+            if (self.names is None or name in self.names) and "spec" in (bad.raw or {}):
+                self.quarantined[name] = bad
+                self._drop(name)
+
+    def set_apart(self, name: str, why: UnreadableItem) -> None:
+        """A record the hub cannot take as it reads (`hub.loop`: a completion no hub made): repaired like one no one
+        can read."""
+        self.quarantined[name] = why
+        self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        """Forget a site's record (it can no longer be read): the plan repairs it instead of acting on a copy."""
+        r = self.sites.pop(name, None)
+        if r is None:
+            return
+        self.tally[r.run_status.value] -= 1
+        for group in (self.watch, self.held, self.open, self.seeded, self.retrying, self.changed, self.saving):
+            group.discard(name)
+        self.stamps.pop(name, None)
+        if r.instance_id and name in self.by_instance.get(r.instance_id, ()):
+            self.by_instance[r.instance_id].discard(name)
+            if not self.by_instance[r.instance_id]:
+                del self.by_instance[r.instance_id]
+
     def refresh(self, stamps: Mapping[str, Stamp], fetch) -> None:
-        """Bring the cache up to date from the open sites' `stamps`; `fetch(names)` reads whole records."""
+        """Bring the cache up to date from the open sites' `stamps`; `fetch(names, notes)` reads whole records
+        (those it cannot read go into `notes`). A stamp of a site the run does not have (an item a node made) is
+        not looked at: what a node writes never makes the hub read more than its own sites."""
         self.changed = set()
+        if self.names is not None:
+            stamps = {n: st for n, st in stamps.items() if n in self.names}
         need: list[str] = []
         own = self.stamps
         for name in [n for n, st in stamps.items() if own.get(n) != st]:
             st, mine = stamps[name], own.get(name)
-            if mine is not None and mine[:TRANSITION_FIELDS] == st[:TRANSITION_FIELDS]:
+            if mine is not None and mine[:TRANSITION_FIELDS] == st[:TRANSITION_FIELDS] and patchable(st):
                 old = self.sites[name]
                 new = patch_from_stamp(old, st)  # progress, a heartbeat, the enqueued mark
                 if old.run_status is RunStatus.RUN:  # still RUN, on the same node: only what a beat moves
@@ -398,9 +459,12 @@ class SiteCache:
         need.extend(n for n in self.open if n not in stamps)  # closed since the last read
         need.extend(n for n in self.unseen if n not in stamps)
         need.extend(n for n in self.rechecks if n in self.seeded and n not in stamps)  # the hub ended it, say
+        need.extend(n for n in self.quarantined if n not in need)  # repaired, or made whole by its node since
         self.rechecks.clear()
-        for r in fetch(need) if need else ():
+        notes = Notes()
+        for r in fetch(need, notes) if need else ():
             self._put(r)
+        self._quarantine(notes, need)
         if self.unseen:
             self.unseen.difference_update(self.sites)
         self.fetched = len(need)

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.codec import RunInfo
 from fleet.ids import is_run_id
 from fleet.instance import Instance
+from fleet.partition import RunInfo
 from fleet.state import RunState
 from fleet.tags import LIVE_STATES, ROLE_HUB, ROLE_NODE
 from lambdas.settings import LambdaSettings

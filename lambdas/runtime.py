@@ -13,6 +13,7 @@ from typing import Any
 from fleet.aws.clients import AwsClients
 from fleet.aws.table import DynamoStateTable
 from fleet.config.aws import AwsConfig
+from fleet.errors import quote
 from fleet.ids import RUN_ID_RULE, is_run_id
 from fleet.logs import event
 from lambdas.settings import LambdaSettings
@@ -37,7 +38,7 @@ def event_run_id(event_in: Any) -> str | None:
         return None
     run_id = event_in["run_id"]
     if not is_run_id(run_id):
-        raise ValueError(f"event run_id {run_id!r}: {RUN_ID_RULE}")
+        raise ValueError(f"event run_id {quote(run_id)}: {RUN_ID_RULE}")
     return str(run_id)
 
 

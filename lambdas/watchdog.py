@@ -32,10 +32,10 @@ from fleet.aws.archive import S3RunArchive
 from fleet.aws.ec2 import STOPPED_STATES, Instance
 from fleet.aws.notify import notify_overdue
 from fleet.clock import Clock, SystemClock
-from fleet.codec import HistoryEvent, RunInfo
 from fleet.ids import is_run_id
 from fleet.logs import event
 from fleet.ops import fail_open_sites
+from fleet.partition import HistoryEvent, RunInfo
 from fleet.run_item import RunExpect, RunWatch
 from fleet.state import Reason, RunState
 from fleet.summary import build_summary
@@ -349,7 +349,12 @@ def end_abandoned(
     out: dict[str, Any] = {"run_id": run_id, "failed": failed, "summary": None}
     if rows.run is not None and archive is not None:
         summary = build_summary(
-            rows.run, rows.sites, left_running=0, finished_at=now, finish_reason="deadline (ended by the watchdog)"
+            rows.run,
+            rows.sites,
+            left_running=0,
+            finished_at=now,
+            finish_reason="deadline (ended by the watchdog)",
+            unreadable=rows.notes.found,
         )
         out["summary"] = f"s3://{settings.bucket}/{archive.put_summary(summary)}"
     event(

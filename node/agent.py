@@ -22,7 +22,7 @@ from fleet.aws.clients import error_code, is_transient
 from fleet.aws.metrics import CloudWatchSink, JobStats, node_heartbeat, node_job_data
 from fleet.clock import Clock
 from fleet.codec import ERROR_MAX_CHARS, capped
-from fleet.errors import StaleWrite
+from fleet.errors import StaleWrite, quote
 from fleet.logs import event
 from fleet.messages import BadMessage, SiteMessage, SiteQueue
 from fleet.protocol import CrawlEndKind, MessageAction, Stop, StopWhy
@@ -33,13 +33,19 @@ from node.attempt import Attempt
 from node.closing import Closer
 from node.evidence import Capture
 from node.kit import AgentSettings, Cleanup, NodeKit, StartCrawl
-from profiles import ProfileStore
+from profiles import NO_MOUNTS, ProfileStore, SiteMounts
 
 log = logging.getLogger("gridfleet.node")
 
 
 #: How often a node sends its Heartbeat metric to CloudWatch (its table heartbeat is more frequent).
 METRIC_BEAT_S = 60.0
+#: How often a node whose Grid hub does not list it looks again, and for how long at most: long enough for the
+#: watchdog to replace a lost hub (it passes every few minutes, and a hub boots in a few more).
+GRID_WAIT_S, GRID_WAIT_MAX_S = 5.0, 1800.0
+
+#: How much of a refused body the node's log line shows.
+BODY_SHOWN = 64
 
 _EXC_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception|Timeout))\b")
 
@@ -68,16 +74,19 @@ class Agent:
         state_dir: Path,
         spot_notice: Callable[[], object] = lambda: None,
         healthy: Callable[[], str | None] = lambda: None,
+        grid_up: Callable[[], bool] = lambda: True,
         metrics: CloudWatchSink | None = None,
         capture: Capture | None = None,
         prepare_crawl: Callable[[], None] = lambda: None,
         closer: Closer | None = None,
+        mounts: SiteMounts = NO_MOUNTS,
     ):
         self.s = s
         self.table = table
         self.queue = queue
         self.results = results
         self.profiles = profiles
+        self.mounts = mounts  # a site's own directory, mounted for its crawl by root's helper (AWS)
         self.start_crawl = start_crawl
         self.cleanup = cleanup
         self.prepare_crawl = prepare_crawl  # readies the next crawler process while this one's pages load
@@ -87,12 +96,12 @@ class Agent:
         self.spot_notice = spot_notice  # a truthy value once EC2 announced this spot instance's interruption
         self.capture = capture  # reads a Grid session's evidence before the cleanup ends it (None: none kept)
         self.healthy = healthy  # None when the node can crawl, else why not (e.g. its Grid node died)
+        self.grid_up = grid_up  # False while the Grid hub does not answer or list this node (a hub lost, replaced)
         self.started_at = clock.now()
         self.sites_done = 0
         self.run_date = ""
         self._stop_after: Stop | None = None  # asked for by an attempt's end: finish it, take no more
         self._card = protocol.NodeCard()
-        self._expire_at: int | None = None
         self.stats = JobStats()  # pushed on the node item with each heartbeat (the hub serves it to Prometheus)
         self.metrics = metrics or CloudWatchSink(None, "")
         self._next_metric_beat = 0.0
@@ -104,7 +113,6 @@ class Agent:
             event(log, "no-run", logging.ERROR, run_id=self.s.run_id, node=self.s.instance_id)
             return 1
         self.run_date = run.run_date
-        self._expire_at = run.expire_at
         self.set_node(NodeState.IDLE)
         idle_since = self.clock.monotonic()
         failures = 0
@@ -114,6 +122,12 @@ class Agent:
             )
             if stop is not None:
                 return self._exit(stop)
+            if not self.grid_up():  # its hub is lost: no site is taken until a hub's Grid lists this node again
+                stop = self._wait_for_grid()
+                if stop is not None:
+                    return self._exit(stop)
+                idle_since = self.clock.monotonic()
+                continue
             try:
                 msg = self.queue.receive(self.s.receive_wait_s, self.s.visibility_s)
                 self._node_beat()
@@ -148,6 +162,24 @@ class Agent:
             if worked:
                 self.sites_done += 1
                 idle_since = self.clock.monotonic()
+
+    def _wait_for_grid(self) -> Stop | None:
+        """Wait (its node item fresh) while the Grid hub does not list this node: a lost hub is replaced by the
+        watchdog, and this node's Grid node registers with the new one by itself (the run's Grid secret is the
+        same). A stop when the run is over meanwhile, or after GRID_WAIT_MAX_S."""
+        started = self.clock.monotonic()
+        event(log, "grid-lost", logging.WARNING, run_id=self.s.run_id, node=self.s.instance_id)
+        while not self.grid_up():
+            waited = self.clock.monotonic() - started
+            stop = protocol.run_stop(self.table.get_run(self.s.run_id))
+            if stop is None and waited >= GRID_WAIT_MAX_S:
+                stop = Stop(StopWhy.SICK, f"no Grid hub listed this node for {waited:.0f}s")
+            if stop is not None:
+                return stop
+            self._node_beat()
+            self.clock.sleep(GRID_WAIT_S)
+        event(log, "grid-back", run_id=self.s.run_id, node=self.s.instance_id)
+        return None
 
     def _site_queued(self) -> bool:
         run_id = self.s.run_id
@@ -200,21 +232,15 @@ class Agent:
             spot_notice=self.spot_notice,
             busy=lambda rec: self.set_node(NodeState.BUSY, rec),
             job_ended=self.job_ended,
+            grid_up=self.grid_up,
             metric_beat=self.metric_beat,
+            mounts=self.mounts,
         )
 
     def _leave(self, msg: SiteMessage | BadMessage, step: protocol.MessageStep) -> None:
         """Carry out a message step that starts no attempt."""
-        if isinstance(msg, BadMessage):
-            event(
-                log,
-                "bad-message",
-                logging.WARNING,
-                node=self.s.instance_id,
-                message_id=msg.message_id,
-                receives=msg.receive_count,
-                problem=msg.problem,
-            )
+        if step.refused:
+            self._refused(msg, step)
         if step.action is MessageAction.DELETE:
             self.queue.delete(msg)
             if isinstance(msg, SiteMessage):
@@ -233,6 +259,19 @@ class Agent:
                 pause_s=step.step_back_s,
             )
             self.clock.sleep(step.step_back_s)
+
+    def _refused(self, msg: SiteMessage | BadMessage, step: protocol.MessageStep) -> None:
+        """One line for each receive of a message the node refuses, short whatever the message holds (anyone who may
+        send to the queue wrote it): its values cut, its ids checked by `decode` already. A WARNING for one that
+        ends in the DLQ; a message of another run, left to its nodes, is no fault of anyone's."""
+        level = logging.WARNING if step.action is MessageAction.RELEASE else logging.INFO
+        said = {"message_id": quote(msg.message_id, bare=True), "receives": msg.receive_count}
+        if isinstance(msg, BadMessage):
+            body = {"body": quote(msg.body[:BODY_SHOWN]), "chars": msg.size}
+            event(log, "bad-message", level, node=self.s.instance_id, **said, problem=step.refused[:300], **body)
+            return
+        ids = {"run_id": msg.run_id, "site": msg.site, "attempt": msg.attempt}
+        event(log, "refused-message", level, **ids, node=self.s.instance_id, **said, why=step.refused[:300])
 
     def _claim(self, rec: SiteRecord, msg: SiteMessage) -> SiteRecord | None:
         """The claimed record, or None when another node won the race or the record takes no more attempts."""
@@ -283,7 +322,6 @@ class Agent:
             self.clock.now(),
             self.started_at,
             self.sites_done,
-            expire_at=self._expire_at,
             stats=self.stats.to_plain(),
         )
         try:

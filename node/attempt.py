@@ -30,7 +30,7 @@ from fleet.failures import failure_of_event
 from fleet.logs import event
 from fleet.messages import SiteMessage
 from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, Stop, Watch
-from fleet.results import quarantine_key, result_key
+from fleet.results import result_key, staged_quarantine_key, staged_result_key
 from fleet.state import Counts, SiteRecord, SiteStatus
 from node import evidence, parts
 from node.counts import AttemptCounter
@@ -38,7 +38,7 @@ from node.kit import NodeKit
 from node.phases import phase_timings
 from node.result import merged_items, result_body, result_counts
 from node.runner import CrawlProcess, Exited
-from profiles import HeldProfile, ProfileBusy
+from profiles import HeldProfile, ProfileBusy, SiteMountFailed
 
 log = logging.getLogger("gridfleet.node")
 
@@ -68,7 +68,7 @@ class Attempt:
         self.marks: dict[str, float] = {"claim": mono}  # phase -> monotonic time, for the timings on the log line
         self.watch = Watch.start(node.s, mono)
         # the checkpoint this attempt starts from, its items read from the parts it names
-        self.parts, self.resume = parts.load(node.results, rec, node.run_date)
+        self.parts, self.resume = parts.load(node.results, rec, node.run_date, node.s.writer_id)
         self.items: list[dict[str, Any]] = list(self.resume.get("items") or []) if self.resume else []
         self.counter = AttemptCounter.resumed(self.resume)  # what this attempt found, for its attempt entry
         self.fields: dict[str, Any] = {"run_id": rec.run_id, "site": rec.site, "attempt": rec.attempt}
@@ -96,20 +96,28 @@ class Attempt:
         """Skip check, profile lock, crawl; how the attempt ended, or None when it is settled already."""
         node, rec = self.node, self.rec
         key = result_key(rec.site, node.run_date, rec.run_id)
-        if node.results.exists(key):
+        if node.results.exists(key):  # the hub made an earlier attempt's result the run's: SAVED with nothing staged
             items, pages = result_counts(node.results, key)
-            self._write(ops.complete, key, node.clock.now(), skipped=True, items=items, pages=pages)
+            self._write(ops.saved, node.clock.now(), staged=0, items=items, pages=pages)
             node.job_ended(self.marks["claim"], None, None)
             node.queue.delete(self.msg)
             event(log, "skip", **self.fields, why="result already in S3", key=key)
             return None
         node.busy(rec)
         self.marks["checked"] = node.clock.monotonic()
+        try:  # the site's own directory, where its profile store looks (AWS: root mounts it for this claim)
+            node.mounts.mount(rec.site)
+        except SiteMountFailed as e:  # EFS or the node's helper, not the site: given back, tried again later
+            return CrawlEnd(CrawlEndKind.BUSY, error=capped(e, ERROR_MAX_CHARS))
         try:
             on_wait, mono, sleep = self._beat_quietly, node.clock.monotonic, node.clock.sleep
             held = node.profiles.acquire(rec.site, self.s.lock_timeout_s, on_wait=on_wait, monotonic=mono, sleep=sleep)
         except ProfileBusy:  # a node cut off mid-crawl may still hold it: not the site's fault, try again later
+            node.mounts.unmount(rec.site)
             return crawl_end.busy_end(rec.site, self.s.lock_timeout_s)
+        except BaseException:
+            node.mounts.unmount(rec.site)
+            raise
         self.marks["locked"] = node.clock.monotonic()
         if held.removed:
             event(log, "stale-profile", run_id=rec.run_id, site=rec.site, removed=",".join(held.removed))
@@ -137,6 +145,7 @@ class Attempt:
         self.marks["closed"] = node.clock.monotonic()
         node.cleanup(held.path, session_id, end.forced)
         held.release()
+        node.mounts.unmount(self.rec.site)  # once the lock's descriptor is closed and the crawl's processes are gone
         if self.completed is None:
             crawlerfile.remove(node.state_dir)
         self.marks["free"] = node.clock.monotonic()
@@ -170,7 +179,7 @@ class Attempt:
             return
         meta = {**self.fields, "end": str(end.kind), "error": end.error, "captured_at": node.clock.now()}
         meta["last_reported_url"] = p.url if p else None
-        where = (self.rec.site, node.run_date, self.rec.run_id, self.n)
+        where = (self.rec.site, node.run_date, self.rec.run_id, self.n, self.s.writer_id)
         try:
             ev, prefix = evidence.keep(node.capture, node.results, where, meta, session_id)
         except (ClientError, BotoCoreError, ValueError) as e:  # evidence is a help: the attempt settles without it
@@ -182,7 +191,6 @@ class Attempt:
         rec, s = self.rec, self.s
         limits = {**dict(s.limits_table), "group": rec.spec.rate_limit, "per_s": rec.spec.per_s}
         pacing = {**dict(s.limits_table), "run_id": rec.run_id, "per_domain_s": rec.spec.per_domain_s}
-        pacing["expire_at"] = rec.expire_at
         job = {
             "site": rec.site,
             "start_url": rec.spec.start_url,
@@ -269,6 +277,8 @@ class Attempt:
         """Record the result, or end the attempt (requeue, give back, FAILED), or leave it to the hub (fenced). A
         result the table refuses ends the attempt as an error; an end it refuses too is left to the hub, which ends
         the attempt once its heartbeat stops. Returns the stop the end asks for."""
+        if end.kind is CrawlEndKind.ERROR and not self.node.grid_up():  # its hub lost: no fault of the site's
+            end = crawl_end.grid_lost_end(end)
         stop = protocol.stop_after(end)
         claimed_at = self.marks["claim"]
         try:
@@ -338,40 +348,46 @@ class Attempt:
         return stop
 
     def _save_result(self, end: CrawlEnd) -> CrawlEnd | None:
-        """The result to S3, then COMPLETED, then the message deleted (and an incremental site's mark moved). A
-        result that breaks the site's data contract goes to quarantine instead: the end that says so is returned."""
+        """The result staged under the node's own prefix, then SAVED (the hub makes it the site's result), then the
+        message deleted (and an incremental site's mark moved). A result that breaks the site's data contract goes
+        to quarantine instead: the end that says so is returned."""
         node, rec = self.node, self.rec
         self.marks["save"] = node.clock.monotonic()
         self.beat()  # still ours? (a zombie must not write a result)
         key = result_key(rec.site, node.run_date, rec.run_id)
+        claim = self.parts.claim.claim
+        staged = staged_result_key(self.s.writer_id, rec.site, node.run_date, rec.run_id, self.n, claim)
         items = merged_items(self.items, (end.result or {}).get("items", []))
         body = result_body(rec, self.s.instance_id, node.clock.now(), {**(end.result or {}), "items": items})
         resumed = len(self.resume.get("items") or []) if self.resume else 0
         counts = self.counter.counts(items=len(items) - resumed)  # what this attempt added to its checkpoint's
         if rules := contract.broken(items, self.counter.pages, rec.spec.expect, rec.spec.baseline_items):
             self.result_counts = counts
-            return self._quarantine(key, body, rules)
-        wrote = node.results.put_new(key, body)
-        self._write(ops.complete, key, node.clock.now(), counts=counts, items=len(items), pages=self.counter.pages)
+            return self._quarantine(body, rules)
+        wrote = node.results.put_staged(staged, body)  # False: this claim staged it already (a save missed after)
+        now = node.clock.now()
+        self._write(ops.saved, now, staged=claim, counts=counts, items=len(items), pages=self.counter.pages)
         node.job_ended(self.marks["claim"], None, None)
         node.queue.delete(self.msg)
         self.marks["saved"] = node.clock.monotonic()
-        if rec.spec.incremental and wrote:
+        if rec.spec.incremental:
             self._new_mark(items)
         fields: dict[str, Any] = {**self.fields, "pages": (end.result or {}).get("pages"), "items": len(items)}
-        fields.update(collisions=counts.collisions, skipped=counts.skipped, key=key)
+        fields.update(collisions=counts.collisions, skipped=counts.skipped, key=key, staged=staged)
         self.counter.told(log, self.fields)
         if self.resume:
             fields["resumed_at_page"] = self.resume.get("pages")
         if not wrote:
-            fields["note"] = "result existed; kept"
+            fields["note"] = "staged already by this claim; kept"
         self.completed = fields
         return None
 
-    def _quarantine(self, key: str, body: bytes, rules: list[str]) -> CrawlEnd:
-        """Keep a result that broke the contract in quarantine, never as the result; the end of the attempt."""
-        where = quarantine_key(key, self.n)
-        wrote = self.node.results.put_new(where, body)  # an earlier one of the same attempt number stays
+    def _quarantine(self, body: bytes, rules: list[str]) -> CrawlEnd:
+        """Keep a result that broke the contract in quarantine (under the node's prefix: the hub copies it beside the
+        result when it exports), never as the result; the end of the attempt."""
+        rec, node = self.rec, self.node
+        where = staged_quarantine_key(self.s.writer_id, rec.site, node.run_date, rec.run_id, self.n)
+        wrote = node.results.put_staged(where, body)  # an earlier one of the same attempt number stays
         event(log, "contract-broken", logging.WARNING, **self.fields, key=where, kept=wrote, rules=" | ".join(rules))
         return CrawlEnd(CrawlEndKind.CONTRACT, error=capped(contract.summary(rules), ERROR_MAX_CHARS))
 
@@ -421,7 +437,19 @@ class Attempt:
     def _store_staged(self) -> bool:
         """Every staged item as one part; if missed (False), they stay staged for the next save, and the record's
         checkpoint is not written (it never names a part that is not there)."""
-        return self.parts.store(lambda key, body: self._missable("part-missed", self.node.results.put_part, key, body))
+        try:
+            return self.parts.store(self._put_part, self.node.results.get)
+        except (ValueError, ClientError, BotoCoreError) as e:  # the slot holds what this claim cannot account for
+            event(log, "part-missed", logging.WARNING, **self.fields, error=capped(e, ERROR_MAX_CHARS))
+            return False
+
+    def _put_part(self, key: str, body: bytes) -> bool | None:
+        """One part, a new object under the node's prefix: True if written, False if there already, None if missed
+        (logged as `part-missed`)."""
+        wrote: list[bool] = []
+        if self._missable("part-missed", lambda: wrote.append(self.node.results.put_staged(key, body))):
+            return wrote[0]
+        return None
 
     def _write_checkpoint(self) -> bool:
         """Write where the crawl got to, naming the part just stored: fenced, and a heartbeat too. If missed (False),

@@ -56,7 +56,7 @@ def pacer(job: dict[str, Any]) -> Pacer | None:
 
     domains = DynamoDomainPacer(table_client(spec), spec["table"], SystemClock())
     per_s = float(spec["per_domain_s"]) if spec.get("per_domain_s") else None
-    return Pacer(group_pacer(job.get("rate_limit")), domains, spec["run_id"], per_s, spec.get("expire_at"))
+    return Pacer(group_pacer(job.get("rate_limit")), domains, spec["run_id"], per_s)
 
 
 def preload() -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 from fleet.grid_auth import GridSecret, grid_request
 from fleet.protocol import CrawlEndKind
-from fleet.results import PAGE_TEXT, ResultStore, evidence_key
+from fleet.results import EVIDENCE_TYPES, ResultStore, evidence_key
 
 #: The time all calls of one capture share; the attempt's kill never waits for it (the crawler is killed first).
 CAPTURE_BUDGET_S = 5.0
@@ -52,14 +52,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: A WebDriver session id as the Grid makes them (a UUID, or chromedriver's hex): nothing that reshapes a URL.
 SESSION_ID_RE = re.compile(r"[A-Za-z0-9-]{1,128}")
 
-#: The files of an evidence record, with their content types (fleet.aws.results.EVIDENCE_FILES names the same).
+#: The files of an evidence record, with their content types (`fleet.results.EVIDENCE_TYPES`: the page's own HTML is
+#: kept as text, never served as a page).
 SCREENSHOT, HTML, CONSOLE, RECORD = "screenshot.png", "page.html", "console.json", "evidence.json"
-CONTENT_TYPES = {
-    SCREENSHOT: "image/png",
-    HTML: PAGE_TEXT,  # the page's own HTML, kept as text: never served as a page (fleet.results.evidence_headers)
-    CONSOLE: "application/json",
-    RECORD: "application/json",
-}
+CONTENT_TYPES = EVIDENCE_TYPES
 
 
 class NoAnswer(Exception):
@@ -265,17 +261,18 @@ Capture = Callable[[str], Evidence]  # a Grid session id -> what its browser sho
 def keep(
     capture: Capture,
     results: ResultStore,
-    where: tuple[str, str, str, int],
+    where: tuple[str, str, str, int, str],
     meta: dict[str, Any],
     session_id: str,
 ) -> tuple[Evidence, str]:
     """Capture the session's evidence and put its files in the bucket under `where` = (site, run_date, run_id,
-    attempt); returns it and the key prefix. The ids are checked before they become keys (ValueError)."""
-    site, run_date, run_id, attempt = where
-    key = evidence_key(site, run_date, run_id, attempt, RECORD)
+    attempt, writer): the node's own prefix, each file a new object (the hub stores them again beside the result
+    when it exports); returns it and the key prefix. The ids are checked before they become keys (ValueError)."""
+    site, run_date, run_id, attempt, writer = where
+    key = evidence_key(site, run_date, run_id, attempt, RECORD, writer)
     ev = capture(session_id)
     files = ev.files(meta)
     for name in sorted(files, key=lambda n: n == RECORD):  # the record last: it lists the files before it
         body, content_type = files[name]
-        results.put_evidence(evidence_key(site, run_date, run_id, attempt, name), body, content_type)
+        results.put_staged(evidence_key(site, run_date, run_id, attempt, name, writer), body, content_type)
     return ev, key.rpartition("/")[0] + "/"

@@ -12,13 +12,13 @@ from fleet.config import Config
 from fleet.config.rules import rule_fields
 from fleet.messages import SiteQueue
 from fleet.protocol import CrawlEndKind, NodeRules
-from fleet.results import ResultStore
+from fleet.results import LOCAL_ROLE, ResultStore, writer_id
 from fleet.state import SiteRecord
 from fleet.table import StateTable
 from node.closing import Closer
 from node.evidence import Capture
 from node.runner import CrawlProcess
-from profiles import ProfileStore
+from profiles import NO_MOUNTS, ProfileStore, SiteMounts
 
 StartCrawl = Callable[[dict[str, Any], Path], CrawlProcess]
 Cleanup = Callable[[Path, "str | None", bool], None]  # (profile, Grid session id, forced)
@@ -49,6 +49,8 @@ class NodeKit:
     busy: Callable[[SiteRecord], None]  # the node item says busy with this site
     job_ended: Callable[[float, CrawlEndKind | None, str | None], None]  # (claimed at, end kind or None, error)
     metric_beat: Callable[[], None]  # the node's CloudWatch heartbeat, when due
+    mounts: SiteMounts = NO_MOUNTS  # the site's own directory, mounted for its crawl (AWS; nothing locally)
+    grid_up: Callable[[], bool] = lambda: True  # the Grid hub answers and lists this node (False: its hub is lost)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +68,13 @@ class AgentSettings(NodeRules):
     user_agent: str = ""  # every request of the crawl sends it ("": Chromium's own); robots.txt is read for it
     #: how a crawler reaches the state table for its rate-limit slots: {table, region, endpoint_url, local}
     limits_table: tuple[tuple[str, Any], ...] = ()
+    #: whose prefix of the bucket the node writes under (`fleet.results.staging_prefix`): its credentials'
+    #: `aws:userid` on AWS, `<role id>:<instance id>`; "": a node with no IAM role (`local:<instance id>`)
+    writer: str = ""
+
+    @property
+    def writer_id(self) -> str:
+        return self.writer or writer_id(LOCAL_ROLE, self.instance_id)
 
     @classmethod
     def from_config(cls, c: Config, run_id: str, instance_id: str, grid_url: str, local: bool = False) -> AgentSettings:

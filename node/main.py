@@ -28,23 +28,25 @@ from fleet import crawlerfile
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.imds import Imds, ImdsError
 from fleet.aws.metrics import CloudWatchSink
+from fleet.aws.results import own_writer
 from fleet.aws.stores import open_stores
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import SystemClock
-from fleet.codec import NodeInfo
 from fleet.config import Config
 from fleet.config.bundle import bundle_mismatch
 from fleet.config.load import load_config
 from fleet.errors import ConfigError, GridfleetError, MissingResource, SandboxUnavailable
 from fleet.grid_auth import read_optional
 from fleet.logs import event, setup
+from fleet.partition import NodeInfo
 from node import browser, evidence
 from node.agent import Agent, AgentSettings
 from node.closing import Closer
 from node.grid_node import GridNode, GridNodeSpec, RunAs
 from node.runner import SpareCrawlers
+from node.site_mounts import ask_main, serve_main
 from node.spot import SpotWatcher
-from profiles import ProfileStore
+from profiles import NO_MOUNTS, ProfileStore, SocketMounts
 
 log = logging.getLogger("gridfleet.node")
 BOOT_FAILED = "boot-failed"  # the node item state the hub acts on (hub.plan.BOOT_FAILED)
@@ -54,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gridfleet node",
         description="Run the node agent: take sites from the queue and crawl them until the queue is empty. "
-        "`gridfleet node kill --site S --attempt N` ends one crawl on this node.",
+        "`gridfleet node kill --site S --attempt N` ends one crawl on this node; `gridfleet node site-mounts` is "
+        "the root helper that mounts a claimed site's EFS directory, `gridfleet node site-mount` asks it.",
     )
     ap.add_argument("--config", required=True, help="fleet.yaml (the hub's effective config)")
     ap.add_argument("--run-id", required=True, help="the run this node works for")
@@ -70,7 +73,13 @@ def parser() -> argparse.ArgumentParser:
         "--profiles-root",
         type=Path,
         default=Path("/efs"),
-        help="root of profiles/ and locks/ (EFS on AWS; default: %(default)s)",
+        help="root of profiles/ and locks/, or with --site-mounts of the sites' mount points (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--site-mounts",
+        type=Path,
+        help="the socket of the node's site-mount helper (AWS): each claimed site's own EFS directory is mounted "
+        "at <profiles root>/<site> for its crawl, with its profile and lock inside",
     )
     ap.add_argument("--grid-url", required=True, help="the Selenium Grid hub, e.g. http://127.0.0.1:4444")
     ap.add_argument(
@@ -196,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         return kill_main(argv[1:])
     if argv[:1] == ["report-failure"]:
         return report_failure_main(argv[1:])
+    if argv[:1] == ["site-mounts"]:
+        return serve_main(argv[1:])
+    if argv[:1] == ["site-mount"]:
+        return ask_main(argv[1:])
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
@@ -289,6 +302,17 @@ def _start_grid(args: argparse.Namespace, config: Config, run_as: RunAs | None) 
     return grid
 
 
+def _settings(args: argparse.Namespace, config: Config, sandbox: tuple[str, ...], clients) -> AgentSettings:
+    settings = AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url, local=args.local)
+    return dataclasses.replace(
+        settings,
+        chrome_args=(*settings.chrome_args, *sandbox),
+        grid_secret_file=str(args.grid_secret_file or ""),
+        # on AWS it writes under its credentials' own prefix; a local node has no IAM role
+        writer="" if args.local else own_writer(clients.client("sts"), args.instance_id),
+    )
+
+
 def _agent(
     args: argparse.Namespace,
     config: Config,
@@ -317,18 +341,15 @@ def _agent(
             if problem:
                 event(log, "browser-unsettled", logging.WARNING, profile=profile.name, problem=problem)
 
-    settings = AgentSettings.from_config(config, args.run_id, args.instance_id, args.grid_url, local=args.local)
-    settings = dataclasses.replace(
-        settings,
-        chrome_args=(*settings.chrome_args, *sandbox),
-        grid_secret_file=str(args.grid_secret_file or ""),
-    )
     return Agent(
-        settings,
+        _settings(args, config, sandbox, clients),
         table=stores.table,
         queue=stores.queue,
         results=stores.results,
-        profiles=ProfileStore(args.profiles_root, owner=(run_as.uid, run_as.gid) if run_as else None),
+        profiles=ProfileStore(
+            args.profiles_root, owner=(run_as.uid, run_as.gid) if run_as else None, per_site=bool(args.site_mounts)
+        ),
+        mounts=SocketMounts(args.site_mounts) if args.site_mounts else NO_MOUNTS,
         start_crawl=spares.start,
         prepare_crawl=spares.prepare,
         closer=closer,
@@ -337,6 +358,9 @@ def _agent(
         clock=clock,
         state_dir=args.state_dir,
         healthy=grid.problem if grid is not None else (lambda: None),
+        grid_up=(lambda: browser.grid_node_ready(args.grid_url, args.instance_id, secret=secret))
+        if grid is not None
+        else (lambda: True),
         spot_notice=SpotWatcher(imds, clock).notice,
         metrics=CloudWatchSink(
             clients.client("cloudwatch") if config.metrics.cloudwatch else None, config.metrics.namespace, clock

@@ -23,9 +23,8 @@ class Domains(Protocol):
     def answered(self, domain: str, base: float, status: int | None) -> float: ...
 
     def count(
-        self, run_id: str, domain: str, base: tuple[float, str], answers: tuple[int, int], spacing_s: float,
-        expire_at: int | None,
-    ) -> None: ...  # fmt: skip
+        self, run_id: str, domain: str, base: tuple[float, str], answers: tuple[int, int], spacing_s: float
+    ) -> None: ...
 
 
 #: A crawl sends a domain's counters after this many answers, at a back-off, and when it ends (`flush`): a crawl
@@ -45,10 +44,9 @@ class Pacer:
         domains: Domains,
         run_id: str,
         per_domain_s: float | None = None,
-        expire_at: int | None = None,
     ):
         self.group, self.domains, self.run_id = group, domains, run_id
-        self.per_domain_s, self.expire_at = per_domain_s, expire_at
+        self.per_domain_s = per_domain_s
         #: Per domain: its base spacing and where it came from, as its last request had them.
         self.bases: dict[str, tuple[float, str]] = {}
         #: Per domain: the answers not sent yet (requests, back-offs) and the spacing after the last.
@@ -81,7 +79,7 @@ class Pacer:
 
     def _send(self, domain: str) -> None:
         n, backoffs, spacing = self.pending.pop(domain)
-        self.domains.count(self.run_id, domain, self.bases[domain], (n, backoffs), spacing, self.expire_at)
+        self.domains.count(self.run_id, domain, self.bases[domain], (n, backoffs), spacing)
 
 
 def table_client(spec: dict[str, Any]) -> Any:

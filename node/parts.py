@@ -46,24 +46,37 @@ class Parts:
         self.claim.stored(len(self.staged))
         self.staged = []
 
-    def store(self, save: Callable[[str, bytes], bool]) -> bool:
-        """Store the staged items as the next part with `save(key, body)`; False when it was not stored (they stay
-        staged, so the checkpoint never names a part that is not there). Nothing staged: True."""
+    def store(self, save: Callable[[str, bytes], bool | None], read: Callable[[str], bytes] | None = None) -> bool:
+        """Store the staged items as the next part with `save(key, body)` (True: written; False: the key holds a
+        part already; None: not written, an error said); False when they are not all stored (what is not stays
+        staged, so the checkpoint never names a part that is not there). Nothing staged: True.
+
+        A part is a new object only, under this node's own prefix: a key that holds one already holds what this
+        claim wrote there when a save seemed to fail (a timeout after S3 took it), the first of the items staged
+        now. Those count as stored (`read` reads the part back), and the rest go into the next part."""
         part = self.next_part()
         if part is None:  # the staged pages found no items: nothing to store, their cursor may be saved
             self.claim.stored(0)
             return True
-        if not save(*part):
+        written = save(*part)
+        if written is None:
             return False
-        self.stored()
-        return True
+        if written:
+            self.stored()
+            return True
+        held = ck.part_items(read(part[0])) if read is not None else []
+        if not held or held != self.staged[: len(held)]:
+            raise ValueError(f"{part[0]} holds a part that is not this claim's staged items")
+        self.claim.stored(len(held))
+        self.staged = self.staged[len(held) :]
+        return self.store(save, read)
 
 
-def load(results: ResultStore, rec: SiteRecord, run_date: str) -> tuple[Parts, Mapping[str, Any] | None]:
-    """This claim's parts and the checkpoint it resumes from (for the crawler: its items listed), read from the
-    parts its record's checkpoint names. A checkpoint whose parts cannot be read is not resumed from: the crawl
-    starts over (its items are found again), which costs pages, never items."""
-    claim = ck.ClaimParts((rec.site, run_date, rec.run_id), rec.attempt, rec.version)
+def load(results: ResultStore, rec: SiteRecord, run_date: str, writer: str) -> tuple[Parts, Mapping[str, Any] | None]:
+    """This claim's parts (written under `writer`'s prefix) and the checkpoint it resumes from (for the crawler: its
+    items listed), read from the parts its record's checkpoint names. A checkpoint whose parts cannot be read is
+    not resumed from: the crawl starts over (its items are found again), which costs pages, never items."""
+    claim = ck.ClaimParts((rec.site, run_date, rec.run_id), rec.attempt, rec.version, writer)
     parts = Parts(claim)
     ckpt = ops.resumable(rec)
     if not ckpt:
@@ -87,6 +100,6 @@ def load(results: ResultStore, rec: SiteRecord, run_date: str) -> tuple[Parts, M
             attempt=rec.attempt,
             error=capped(e, ERROR_MAX_CHARS),
         )
-        return Parts(ck.ClaimParts(claim.where, claim.attempt, claim.claim)), None
+        return Parts(ck.ClaimParts(claim.where, claim.attempt, claim.claim, writer)), None
     claim.saved_items = len(items)
     return parts, {**ckpt, "items": items}

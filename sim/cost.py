@@ -22,6 +22,7 @@ from typing import Any
 
 from fleet import units
 from fleet.codec import encode_checkpoint, site_to_item
+from fleet.results import PROMOTED
 from fleet.state import SiteRecord
 from sim.memory import MemoryResults, MemoryStateTable
 
@@ -31,21 +32,24 @@ OTHER_ITEM_BYTES = 300  # the run item, a history line
 
 
 class SimResults(MemoryResults):
-    """Object sizes, not bytes: a result reads back as `{}` (the hub's export), a part as `[]`."""
+    """Object sizes, not bytes: a result reads back as `{}` (the hub's export), a part as `[]`. What nodes write goes
+    through `put_new` (`put_staged` is it), and `promote` keeps the size of what it copies."""
 
     def __init__(self) -> None:
         super().__init__()
         self.sizes: dict[str, int] = {}
 
     def put_new(self, key: str, body: bytes) -> bool:
-        if not super().put_new(key, b"{}"):
+        if not super().put_new(key, b"[]" if "/parts/" in key else b"{}"):
             return False
         self.sizes[key] = len(body)
         return True
 
-    def put_part(self, key: str, body: bytes) -> None:
-        super().put_part(key, b"[]")
-        self.sizes[key] = len(body)
+    def promote(self, staged: str, key: str) -> str:
+        answer = super().promote(staged, key)
+        if answer == PROMOTED:
+            self.sizes[key] = self.sizes.get(staged, 0)
+        return answer
 
 
 class Meter:
@@ -137,7 +141,10 @@ class Meter:
     def s3(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
         n, key = self.n, args[0]
         state = "/parts/" in key
-        if name in ("put_new", "put_part"):
+        if name == "promote":  # HEAD of the staged object and of the result's key, then the copy (a PUT)
+            n["s3_get"] += 2
+            n["s3_put"] += 1 if result == PROMOTED else 0
+        elif name in ("put_new", "put_staged"):
             n["s3_put"] += 1
             n["s3_put_bytes"] += len(args[1])
             if state:

@@ -124,7 +124,8 @@ QUEUE_CALLS: dict[str, tuple[str, Cost]] = {
 RESULT_CALLS: dict[str, tuple[str, Cost]] = {
     "exists": _one("HeadObject"),
     "put_new": _one("PutObject"),
-    "put_part": _one("PutObject"),
+    "put_staged": _one("PutObject"),
+    "promote": ("CopyObject", lambda a, k, r: 1),
     "get": _one("GetObject"),
 }
 EC2_CALLS: dict[str, tuple[str, Cost]] = {

@@ -15,37 +15,46 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, Unpack
 
-from fleet.codec import (
-    HELD_PREFIX,
-    MARKS_PARTITION,
+from fleet.codec import HELD_PREFIX, MARKS_PARTITION, OPEN_ATTR, item_to_site, num, site_to_item, site_update
+from fleet.errors import StaleWrite
+from fleet.pacing import PACING_PARTITION_PREFIX, pacing_section
+from fleet.partition import (
     NODE_PREFIX,
-    OPEN_ATTR,
     RUN_ITEM,
     RUNS_PARTITION,
     HistoryEvent,
     NodeInfo,
     RunInfo,
     history_to_item,
-    item_to_node,
+    hub_partition,
     item_to_run,
-    item_to_site,
     node_to_item,
-    num,
     run_to_item,
-    site_to_item,
-    site_update,
     split_partition,
 )
-from fleet.errors import StaleWrite
-from fleet.pacing import PACING_PARTITION_PREFIX, pacing_section
-from fleet.results import aside_key
+from fleet.readback import Notes, UnreadableItem
+from fleet.results import EXISTED, MISSING, PROMOTED, RESULT_MAX_BYTES, TOO_LARGE, aside_key, is_result_key
 from fleet.run_item import HUB_STARTS, RunExpect, RunFields, RunWatch, WatchFields, assign, holds, item_to_watch
 from fleet.stamp import Stamp, item_stamp
 from fleet.state import RunState, SiteRecord
-from fleet.table import RunIndexEntry, RunRows
+from fleet.table import REPAIR_FENCE, RunIndexEntry, RunRows, mark_of, nodes_of, runs_of
 from sim.queue import MemoryQueue
 
 __all__ = ["MemoryQueue", "MemoryResults", "MemoryStateTable"]
+
+
+_ABSENT = object()
+
+
+def _site_or_none(item: dict[str, Any] | None) -> SiteRecord | None:
+    """A site item as read back, None when there is none or none that can be read (as `DynamoStateTable`)."""
+    if not item:
+        return None
+    try:
+        return item_to_site(item)  # decoding builds new objects: nothing shared with the store
+    except UnreadableItem as e:
+        Notes().item(e)
+        return None
 
 
 class MemoryStateTable:
@@ -73,7 +82,7 @@ class MemoryStateTable:
     def create_site(self, rec: SiteRecord) -> bool:
         with self._lock:
             key = (rec.run_id, rec.site)
-            if key in self.items:
+            if key in self.items and "spec" in self.items[key]:  # one no hub seeded is taken over (as on DynamoDB)
                 return False
             self.items[key] = site_to_item(rec)
             self._index(rec.run_id, rec.site, self.items[key])
@@ -84,7 +93,7 @@ class MemoryStateTable:
         for s in sites:
             item = self.items.get((MARKS_PARTITION, s))
             if item is not None:
-                out[s] = tuple(item["mark"])
+                out[s] = mark_of(item)
         return out
 
     def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None:
@@ -98,8 +107,7 @@ class MemoryStateTable:
             }
 
     def get_site(self, run_id: str, site: str) -> SiteRecord | None:
-        item = self.items.get((run_id, site))
-        return item_to_site(item) if item else None  # decoding builds new objects: nothing shared with the store
+        return _site_or_none(self.items.get((run_id, site)))
 
     def write(self, old: SiteRecord, new: SiteRecord) -> SiteRecord:
         with self._lock:
@@ -112,7 +120,7 @@ class MemoryStateTable:
                 and cur.get("instance_id") == old.instance_id
             )
             if cur is None or not fenced:
-                raise StaleWrite(old.run_id, old.site, old.fence(), item_to_site(copy.deepcopy(cur)) if cur else None)
+                raise StaleWrite(old.run_id, old.site, old.fence(), _site_or_none(copy.deepcopy(cur)) if cur else None)
             sets, removes = site_update(old, new)  # what DynamoDB would SET/REMOVE
             self.last_write = (key, sets, removes)
             cur.update(sets)  # encoded afresh by site_update: nothing in them is shared with a record or a caller
@@ -122,8 +130,9 @@ class MemoryStateTable:
             return new
 
     def read_run(self, run_id: str) -> RunRows:
-        items = [copy.deepcopy(item) for (rid, _), item in sorted(self.items.items()) if rid == run_id]
-        return RunRows(*split_partition(items))
+        hub = hub_partition(run_id)
+        items = [copy.deepcopy(item) for (rid, _), item in sorted(self.items.items()) if rid in (run_id, hub)]
+        return RunRows.of(split_partition(items))
 
     def open_stamps(self, run_id: str) -> dict[str, Stamp]:
         """The stamps of the sites that can still change (QUEUED or RUN) but for those as seeded: the Query of the
@@ -134,13 +143,37 @@ class MemoryStateTable:
     def has_held(self, run_id: str) -> bool:
         return bool(self._held.get(run_id))
 
-    def get_sites(self, run_id: str, sites: Iterable[str]) -> list[SiteRecord]:
+    def get_sites(self, run_id: str, sites: Iterable[str], notes: Notes | None = None) -> list[SiteRecord]:
         out = []
+        notes = notes if notes is not None else Notes()
         for site in sites:
             item = self.items.get((run_id, site))
             if item is not None:
-                out.append(item_to_site(item))  # decoding builds new objects: nothing shared with the store
+                try:
+                    out.append(item_to_site(item, notes))  # decoding builds new objects: nothing shared with the store
+                except UnreadableItem as e:
+                    e.raw = copy.deepcopy(e.raw)  # as it was read: the stored item may change under it
+                    notes.item(e, site)
         return out
+
+    def repair(self, bad: UnreadableItem, new: SiteRecord) -> bool:
+        with self._lock:
+            key = (new.run_id, new.site)
+            cur, raw = self.items.get(key), bad.raw or {}
+            if cur is None or any(cur.get(a, _ABSENT) != raw.get(a, _ABSENT) for a in REPAIR_FENCE):
+                return False
+            self.items[key] = site_to_item(new)
+            self._index(new.run_id, new.site, self.items[key])
+            return True
+
+    def stamp_expiry(self, run_id: str, expire_at: int) -> int:
+        with self._lock:
+            n = 0
+            for (rid, _), item in self.items.items():
+                if rid in (run_id, PACING_PARTITION_PREFIX + run_id) and "expireAt" not in item:
+                    item["expireAt"] = num(expire_at)
+                    n += 1
+            return n
 
     def read_nodes(self, run_id: str) -> list[NodeInfo]:
         out = []
@@ -150,7 +183,10 @@ class MemoryStateTable:
         for k in keys:
             info = self._node_info.get((run_id, k))
             if info is None:  # NodeInfo is frozen: one decoding serves every read until the next write
-                info = self._node_info[(run_id, k)] = item_to_node(self.items[(run_id, k)])
+                found = nodes_of([self.items[(run_id, k)]], Notes())
+                if not found:
+                    continue
+                info = self._node_info[(run_id, k)] = found[0]
             out.append(info)
         return out
 
@@ -160,9 +196,9 @@ class MemoryStateTable:
 
     def create_run(self, run: RunInfo) -> bool:
         with self._lock:
-            if (run.run_id, RUN_ITEM) in self.items:
+            if (hub_partition(run.run_id), RUN_ITEM) in self.items:
                 return False
-            self.items[(run.run_id, RUN_ITEM)] = run_to_item(run)
+            self.items[(hub_partition(run.run_id), RUN_ITEM)] = run_to_item(run)
             self.items[(RUNS_PARTITION, run.run_id)] = {
                 "run_id": RUNS_PARTITION,
                 "Site": run.run_id,
@@ -171,15 +207,15 @@ class MemoryStateTable:
             return True
 
     def get_run(self, run_id: str) -> RunInfo | None:
-        item = self.items.get((run_id, RUN_ITEM))
+        item = self.items.get((hub_partition(run_id), RUN_ITEM))
         return item_to_run(copy.deepcopy(item)) if item else None
 
     def update_run(self, run_id: str, **fields: Unpack[RunFields]) -> None:
         with self._lock:
-            assign(self.items[(run_id, RUN_ITEM)], fields)
+            assign(self.items[(hub_partition(run_id), RUN_ITEM)], fields)
 
     def get_run_watch(self, run_id: str) -> RunWatch | None:
-        item = self.items.get((run_id, RUN_ITEM))
+        item = self.items.get((hub_partition(run_id), RUN_ITEM))
         return item_to_watch(copy.deepcopy(item)) if item else None
 
     def running_runs(self, last: int) -> list[RunWatch]:
@@ -188,7 +224,7 @@ class MemoryStateTable:
 
     def update_watch(self, run_id: str, expect: RunExpect, **fields: Unpack[WatchFields]) -> bool:
         with self._lock:
-            item = self.items.get((run_id, RUN_ITEM))
+            item = self.items.get((hub_partition(run_id), RUN_ITEM))
             if item is None or not holds(item, expect):
                 return False
             assign(item, fields)
@@ -196,13 +232,13 @@ class MemoryStateTable:
 
     def add_hub_start(self, run_id: str) -> None:
         with self._lock:
-            item = self.items.get((run_id, RUN_ITEM))
+            item = self.items.get((hub_partition(run_id), RUN_ITEM))
             if item is not None:
                 item[HUB_STARTS] = item.get(HUB_STARTS, num(0)) + 1
 
     def add_launched(self, run_id: str, count: int) -> None:
         with self._lock:
-            item = self.items[(run_id, RUN_ITEM)]
+            item = self.items[(hub_partition(run_id), RUN_ITEM)]
             item["nodes_launched"] = item.get("nodes_launched", num(0)) + count
 
     def put_node(self, node: NodeInfo) -> None:
@@ -217,11 +253,10 @@ class MemoryStateTable:
     def add_history(self, events: Sequence[HistoryEvent]) -> None:
         with self._lock:
             for event in events:
-                self.items[(event.run_id, event.key)] = history_to_item(event)
+                self.items[(hub_partition(event.run_id), event.key)] = history_to_item(event)
 
     def list_runs(self) -> list[RunIndexEntry]:
-        out = [RunIndexEntry(k, float(v["started_at"])) for (rid, k), v in self.items.items() if rid == RUNS_PARTITION]
-        return sorted(out, key=lambda e: e.started_at)
+        return runs_of(v for (rid, _), v in list(self.items.items()) if rid == RUNS_PARTITION)
 
 
 class MemoryResults:
@@ -253,8 +288,21 @@ class MemoryResults:
     def put_evidence(self, key: str, body: bytes, content_type: str) -> None:
         self.objects[key] = body
 
-    def put_part(self, key: str, body: bytes) -> None:
-        self.objects[key] = body
+    def put_staged(self, key: str, body: bytes, content_type: str = "application/json") -> bool:
+        """A node's write: a new object only (as on S3, where the node role may make no other)."""
+        return self.put_new(key, body)
+
+    def promote(self, staged: str, key: str) -> str:
+        if not is_result_key(key):
+            raise ValueError(f"{key!r} is not a result's key: nothing promoted to it")
+        if staged not in self.objects:
+            return MISSING
+        if len(self.objects[staged]) > RESULT_MAX_BYTES:
+            return TOO_LARGE
+        if key in self.objects:
+            return EXISTED
+        self.objects[key] = self.objects[staged]
+        return PROMOTED
 
     def keys(self, prefix: str) -> list[str]:
         """The keys under `prefix`, in order. The order is kept between listings (checking a run lists one folder

@@ -22,7 +22,7 @@ from fleet.errors import StaleWrite
 from fleet.failures import Failure, FailureClass
 from fleet.messages import BadMessage, SiteMessage
 from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, MessageAction, NodeCard, NodeRules, Stop, Watch
-from fleet.results import result_key
+from fleet.results import LOCAL_ROLE, result_key, staged_result_key, writer_id
 from fleet.state import NodeState, SiteRecord
 from node.counts import AttemptCounter
 from sim.engine import Engine
@@ -75,6 +75,11 @@ class SimNode:
     @property
     def rules(self) -> NodeRules:
         return self.sim.settings
+
+    @property
+    def writer(self) -> str:
+        """Whose prefix of the bucket this node writes under: a simulated node has no IAM role."""
+        return writer_id(LOCAL_ROLE, self.inst.id)
 
     def _wake(self, t: float, fn: Callable[[], None]) -> None:
         self.gen += 1
@@ -185,7 +190,7 @@ class SimNode:
         key = result_key(rec.site, self.sim.run_date, rec.run_id)
         if self.sim.node_results.exists(key):
             try:
-                self._write(ops.complete, key, self.sim.clock.now(), skipped=True)
+                self._write(ops.saved, self.sim.clock.now(), staged=0)
                 self.sim.node_queue.delete(msg)
             except StaleWrite as f:
                 self._settle(CrawlEnd(CrawlEndKind.FENCED, current=f.current))
@@ -200,7 +205,7 @@ class SimNode:
 
     def _claim_parts(self, rec: SiteRecord) -> ck.ClaimParts:
         """This claim's parts; a resumed claim first reads the parts its checkpoint names, as the agent does."""
-        claim = ck.ClaimParts((rec.site, self.sim.run_date, rec.run_id), rec.attempt, rec.version)
+        claim = ck.ClaimParts((rec.site, self.sim.run_date, rec.run_id), rec.attempt, rec.version, self.writer)
         resume = ops.resumable(rec)
         if resume and not ck.is_legacy(resume):
             claim.earlier = ck.segments(resume)
@@ -266,7 +271,7 @@ class SimNode:
         assert parts is not None and self.watch is not None
         self.sim.stats.checkpoints += 1
         if self.staged_items:
-            self.sim.node_results.put_part(parts.next_key(), bytes(_json_list_bytes(self.staged_items, p.item_bytes)))
+            self.sim.node_results.put_staged(parts.next_key(), bytes(_json_list_bytes(self.staged_items, p.item_bytes)))
         parts.stored(self.staged_items)
         self.staged_items = 0
         self.watch = self.watch.beaten(now)
@@ -305,13 +310,14 @@ class SimNode:
         assert rec is not None
         if end.kind is CrawlEndKind.RESULT:
             self._beat()
-            key = result_key(rec.site, self.sim.run_date, rec.run_id)
+            claim = self.parts.claim if self.parts else rec.version
+            staged = staged_result_key(self.writer, rec.site, self.sim.run_date, rec.run_id, rec.attempt, claim)
             items = self.parts.saved_items if self.parts else 0  # every page was checkpointed
             body = bytes(RESULT_HEAD_BYTES + _json_list_bytes(items, self.sim.params.item_bytes))
-            self.sim.node_results.put_new(key, body)
+            self.sim.node_results.put_staged(staged, body)
             c = self.counter
             counts, pages = (c.counts(), c.pages) if c is not None else (None, None)
-            self._write(ops.complete, key, self.sim.clock.now(), counts=counts, items=items, pages=pages)
+            self._write(ops.saved, self.sim.clock.now(), staged=claim, counts=counts, items=items, pages=pages)
             self.sim.node_queue.delete(msg)
             return
         if self.parts is not None and self.parts.staged_pages:  # the node ends it: what it holds is saved first

@@ -38,6 +38,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return parallel.make_scheduler(config, log)
 
 
+@pytest.fixture(autouse=True)
+def _unreadable_logged_afresh():
+    """What could not be read is logged once per process (`fleet.readback`): each test sees its own lines."""
+    from fleet import readback
+
+    readback.forget()
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint():
     """URL of an in-process moto server on 127.0.0.1 (any free port), up for the whole session. moto is imported

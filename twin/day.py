@@ -65,7 +65,7 @@ class TwinDay:
         self.run_ids: list[str] = []  # every run the starter started, in order
         self.variables = dict(variables or {})
         self.twin = TwinStack(root / "twin", region=REGION, stack=stack, ssh_key=self._ssh_key(ssh_user))
-        self.demo = DemoServer(host=network.HOST_ADDRESS)
+        self.demo = DemoServer(host=network.HOST_ADDRESS, port=network.WEB_PORT)
         self.deployed: Deployed | None = None
 
     def _ssh_key(self, user: str | None) -> tuple[str, str] | None:

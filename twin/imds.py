@@ -6,8 +6,11 @@ served as the one instance's ``/<id>/latest/...``, so the rendered ``imds_url`` 
 listening socket is made by a thread that has entered the instance's namespace (setns), so it exists only
 there, while the server runs in this process; tags are served when `tags` is given (EC2's
 ``InstanceMetadataTags``), and `spot_notice()` posts an interruption notice. With `role` (the instance
-profile's role) it also serves ``iam/security-credentials/<role>``: credentials made up per instance, which
-the AWS SDKs and CLI inside pick up by themselves, for the twin's AWS (a moto server), which takes any.
+profile's role) it also serves ``iam/security-credentials/<role>``: the credentials of that role's session named
+after the instance, as EC2 hands them (`mint`: the twin's STS, AssumeRole with the instance id as the session
+name), so that, as on AWS, the SDKs and CLI inside pick them up by themselves and `sts get-caller-identity` says
+`<role id>:<instance id>`, the `aws:userid` a node's own S3 prefix is named by. Without `mint`, keys made up per
+instance, which the twin's AWS (a moto server) takes as any.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import secrets
 import threading
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -55,22 +59,44 @@ class _InstanceHandler(_Handler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], state: _State, instance_id: str, role: str | None) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        state: _State,
+        instance_id: str,
+        role: str | None,
+        mint: Callable[[], Mapping[str, str]] | None = None,
+    ) -> None:
         self.state = state
         self.instance_id = instance_id
         self.role = role
-        self._key = (f"ASIATWIN{secrets.token_hex(6).upper()}", secrets.token_urlsafe(30))
+        self._mint = mint
+        self._key: tuple[str, str, str] | None = None
+        self._lock = threading.Lock()
         super().__init__(address, _InstanceHandler)
+
+    def _keys(self) -> tuple[str, str, str]:
+        """The instance's (key id, secret, token): its role session's, minted once, or made up."""
+        with self._lock:
+            if self._key is None:
+                if self._mint is not None:
+                    c = self._mint()
+                    self._key = (c["AccessKeyId"], c["SecretAccessKey"], c["SessionToken"])
+                else:
+                    key = f"ASIATWIN{secrets.token_hex(6).upper()}"
+                    self._key = (key, secrets.token_urlsafe(30), f"twin-{self.instance_id}")
+            return self._key
 
     def credentials(self) -> dict[str, str]:
         now = datetime.now(UTC)
+        key, secret, token = self._keys()
         return {
             "Code": "Success",
             "LastUpdated": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "Type": "AWS-HMAC",
-            "AccessKeyId": self._key[0],
-            "SecretAccessKey": self._key[1],
-            "Token": f"twin-{self.instance_id}",
+            "AccessKeyId": key,
+            "SecretAccessKey": secret,
+            "Token": token,
             "Expiration": (now + timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
 
@@ -111,6 +137,7 @@ class InstanceImds:
         role: str | None = None,
         port: int = 80,
         meta: dict[str, str] | None = None,
+        mint: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.instance_id = instance_id
         self.state = _State(token=secrets.token_urlsafe(32))  # no spot notice over HTTP
@@ -119,7 +146,7 @@ class InstanceImds:
         inst["tags"] = dict(tags or {})
         inst["meta"] = dict(meta or {})  # more of meta-data/, by path: placement/region, instance-type, ...
         self._httpd: _Server = _in_netns(
-            netns, lambda: _Server((METADATA_ADDRESS, port), self.state, instance_id, role)
+            netns, lambda: _Server((METADATA_ADDRESS, port), self.state, instance_id, role, mint)
         )
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self._thread.start()

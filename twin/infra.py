@@ -62,7 +62,6 @@ class StackOutputs:
     hub_security_group_id: str
     node_security_group_id: str
     efs_id: str
-    efs_access_point_id: str
     hub_launch_template: str
     hub_launch_template_id: str
     node_launch_template: str
@@ -275,7 +274,6 @@ class _Stack:
             hub_security_group_id=r("aws_security_group", "hub")["id"],
             node_security_group_id=r("aws_security_group", "node")["id"],
             efs_id=aws["efs_id"],
-            efs_access_point_id=aws["efs_access_point_id"],
             hub_launch_template=aws["hub_launch_template"],
             hub_launch_template_id=r("aws_launch_template", "hub")["id"],
             node_launch_template=aws["node_launch_template"],

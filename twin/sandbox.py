@@ -22,6 +22,9 @@ the guest runs the modules in Debian's order. With `clock_offset_s`, every proce
 wall clock that far ahead of this machine's (`CLOCK_LIB` preloaded; its monotonic clock is this machine's), as
 an instance of a twin whose clock jumped.
 
+With `firewall` (`twin.firewall.Firewalls`), the instance's `security_groups` are enforced in its network
+namespace from before its boot starts until the namespace is gone; without, nothing filters its traffic.
+
 A mount point missing on the host (e.g. /efs) is created there, empty, as mounts need one. Every process of
 the instance is in its PID namespace, so `stop()` ends them all by killing its init, after a SIGTERM to each
 when the stop is an instance's shutdown (services flush, as systemd lets them); what entered the network
@@ -41,6 +44,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,6 +57,7 @@ from twin.shims import SHIMS, SHUTDOWN_MARKER, aws_shim, shutdown_delay
 from twin.standins import AGENT_PID_FILE, EFS_IDS, EFS_SHARE
 
 if TYPE_CHECKING:
+    from twin.firewall import Firewalls
     from twin.images import BakedImage
 
 #: The instance clock's preload library (twin/native/clockshift.c, built by `make setup`), and where an
@@ -114,6 +119,7 @@ class InstanceSandbox:
         *,
         tags: dict[str, str] | None = None,
         role: str | None = None,
+        role_credentials: Callable[[], Mapping[str, str]] | None = None,
         env: dict[str, str] | None = None,
         boot_timeout_s: float = 900.0,
         install_dir: str = "/opt/gridfleet",
@@ -126,6 +132,8 @@ class InstanceSandbox:
         image: BakedImage | None = None,
         layers: dict[str, Path] | None = None,
         efs_ids: tuple[str, ...] = (),
+        security_groups: tuple[str, ...] = (),
+        firewall: Firewalls | None = None,
     ) -> None:
         if not isinstance(instance_id, str) or not INSTANCE_ID_RE.fullmatch(instance_id):
             raise TwinError(f"instance id {instance_id!r} is not i-<8 to 17 hex digits>")
@@ -136,6 +144,7 @@ class InstanceSandbox:
         self.netns = network.NETNS_PREFIX + instance_id
         self.tags = tags
         self.role = role
+        self.role_credentials = role_credentials  # the role session's credentials, minted when IMDS is first asked
         self.env = dict(env or {})
         self.boot_timeout_s = boot_timeout_s
         self.places = {"install": install_dir, "state": state_dir, "efs": efs_mount}
@@ -146,6 +155,8 @@ class InstanceSandbox:
         self.image = image
         self.layers = dict(layers or {})
         self.efs_ids = efs_ids
+        self.security_groups = security_groups
+        self.firewall = firewall  # enforces `security_groups` from the moment its network is up, if given
         if clock_offset_s:
             self.env |= {"LD_PRELOAD": CLOCK_GUEST_PATH, "GRIDFLEET_TWIN_CLOCK_OFFSET": f"{clock_offset_s:.3f}"}
         self.address: str | None = None
@@ -240,7 +251,8 @@ class InstanceSandbox:
             lib.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             shutil.copyfile(CLOCK_LIB, lib)
             lib.chmod(0o644)
-        self.efs_dir.mkdir(mode=0o755, exist_ok=True)
+        self.efs_dir.mkdir(mode=0o700, exist_ok=True)
+        self.efs_dir.chmod(0o700)  # the NFS server's tree: root's alone, here and inside every instance (EFS_SHARE)
         for m in self._mounts():
             if Path(m.source).is_dir() and not m.target.startswith("/var/lib/cloud/"):
                 Path(m.target).mkdir(parents=True, exist_ok=True)  # a bind mount needs a mount point
@@ -265,8 +277,16 @@ class InstanceSandbox:
         self._index = network.free_index()
         try:
             self.address = network.add_instance(self.netns, self._index)
+            if self.firewall is not None:  # before anything runs in the instance: EC2 filters from its first packet
+                self.firewall.joined(self.instance_id, self.netns, self.address, self.security_groups)
             self.imds = InstanceImds(
-                self.netns, self.instance_id, self.address, self.tags, self.role, meta=self.metadata
+                self.netns,
+                self.instance_id,
+                self.address,
+                self.tags,
+                self.role,
+                meta=self.metadata,
+                mint=self.role_credentials,
             )
             self._spawn(plan)
         except BaseException:
@@ -385,7 +405,11 @@ class InstanceSandbox:
             self.imds.stop()
             self.imds = None
         left = network.kill_all(self.netns)
-        network.remove_instance(self.netns, self._index)
+        try:
+            network.remove_instance(self.netns, self._index)
+        finally:
+            if self.firewall is not None:  # its address is free: no other instance's rules may name it now
+                self.firewall.left(self.instance_id)
         if left:
             raise TwinError(f"{self.instance_id}: processes {left} survived SIGKILL")
 

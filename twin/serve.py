@@ -81,7 +81,7 @@ def serve(home: Path, config: Path, stack: str, stop: threading.Event) -> None:
     from twin.stack import TwinStack
 
     twin = TwinStack(home / "root", stack=stack)
-    demo = DemoServer(host=network.HOST_ADDRESS)
+    demo = DemoServer(host=network.HOST_ADDRESS, port=network.WEB_PORT)
     try:
         twin.start()
         demo.start()

@@ -22,9 +22,7 @@ response class, and any other instance keeps moto's text.
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -118,20 +116,32 @@ def start_sshd(box: Instance, authorized_key: str, *, user: str = "root", timeou
     _run(box, 'printf %s "$2" > "$1"', "sshd config", CONFIG, config)
     _run(box, f"install -d -m 0755 /run/sshd\n{SSHD} -t -f {CONFIG}", "sshd -t")
     _run(box, f"{SSHD} -f {CONFIG} -E {LOG}", "sshd")
-    _wait_listening(box.address, 22, timeout_s)
+    _wait_listening(box, 22, timeout_s)
     return host_keys
 
 
-def _wait_listening(address: str, port: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((address, port), timeout=1):
-                return
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                raise TwinError(f"sshd does not answer on {address}:{port} after {timeout_s:g}s: {e}") from None
-        time.sleep(0.05)  # sshd binds its socket a moment after it daemonizes
+#: Connects to the address and port given until it answers, for up to the seconds given; else exits with the error.
+_LISTENING = """import socket, sys, time
+address, port, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+deadline = time.monotonic() + timeout_s
+while True:
+    try:
+        socket.create_connection((address, port), timeout=1).close()
+        break
+    except OSError as e:
+        if time.monotonic() >= deadline:
+            sys.exit(str(e))
+    time.sleep(0.05)  # sshd binds its socket a moment after it daemonizes
+"""
+
+
+def _wait_listening(box: Instance, port: int, timeout_s: float) -> None:
+    """Wait for sshd from inside the instance: its own address is reached over its loopback, which no security
+    group filters. From the host, the instance's groups drop it (on AWS, only the hub reaches a node's 22)."""
+    address = str(box.address)
+    out = box.run(["python3", "-I", "-c", _LISTENING, address, str(port), str(timeout_s)], timeout_s=timeout_s + 30)
+    if out.returncode != 0:
+        raise TwinError(f"sshd does not answer on {address}:{port} after {timeout_s:g}s: {out.stderr.strip()}")
 
 
 # --- GetConsoleOutput ------------------------------------------------------------------------------

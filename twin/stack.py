@@ -9,7 +9,8 @@ instances reach it and the twin can read and change moto's state. A loop thread 
   for its instance profile's role; moto is told the instance's address on the bridge and its launch time on
   the twin's clock, so what the code reads back from EC2 is where and when the instance really is; an
   instance of a baked node image (`bake_node_image`: infra/packer's bake script run once, an AMI id in moto)
-  starts with what the bake left (`twin.images`);
+  starts with what the bake left (`twin.images`); the security groups it was launched in filter its traffic
+  as EC2's do, each instance's rules rebuilt as instances come and go (`twin.firewall`);
 - runs the SSM commands sent to instances whose SSM agent runs inside them (`twin.ssm`; the agent is
   the twin's stand-in package, which the twin's S3 serves where AWS serves the real one: `twin.standins`);
   with `ssh_key`, every instance also runs a real sshd that admits that key (`twin.sshd`); each
@@ -35,7 +36,7 @@ import threading
 import time
 import traceback
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
 from pathlib import Path
@@ -46,6 +47,7 @@ from twin import network
 from twin.account import AccountLimits, publish_debian_images
 from twin.account import install as install_limits
 from twin.ec2twin import Ec2Twin, InstanceSpec
+from twin.firewall import Firewalls
 from twin.sandbox import InstanceSandbox
 from twin.sshd import publish_instance_console, start_sshd
 from twin.ssm import TwinSsmAgent
@@ -150,6 +152,7 @@ class TwinStack:
         self.ec2twin: Ec2Twin | None = None
         self.ssm: TwinSsmAgent | None = None
         self.schedules: Any = None
+        self.firewalls: Firewalls | None = None
         self._consoles: dict[str, int] = {}  # instance id -> the console's size when last published
         self._patches = contextlib.ExitStack()  # what start() changed of moto in this process, undone by stop()
 
@@ -196,6 +199,7 @@ class TwinStack:
         self._server.start()
         # moto's state is this process's, shared by every moto server it runs: the twin's AWS starts empty
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=30)
+        self.firewalls = Firewalls(self.client("ec2"), exempt=[self._server.get_host_and_port()])
         self.ec2twin = Ec2Twin(
             self.client("ec2"),
             self._boot,
@@ -307,6 +311,17 @@ class TwinStack:
         box = self.running(instance_id)
         return box if box is not None and box.ssm_agent_online() else None
 
+    def _minter(self, role: str, instance_id: str) -> Callable[[], Mapping[str, str]]:
+        """The credentials EC2 gives an instance of `role`: a session of the role named after the instance (its
+        `aws:userid` is then `<role id>:<instance id>`), from the twin's STS."""
+
+        def mint() -> Mapping[str, str]:
+            arn = self.client("iam").get_role(RoleName=role)["Role"]["Arn"]
+            sts = self.client("sts")
+            return sts.assume_role(RoleArn=arn, RoleSessionName=instance_id, DurationSeconds=43200)["Credentials"]
+
+        return mint
+
     def _role_of(self, profile: str | None) -> str | None:
         if not profile:
             return None
@@ -349,13 +364,16 @@ class TwinStack:
             spec.user_data,
             self.root,
             tags=spec.tags if spec.metadata_tags else None,
-            role=self._role_of(spec.instance_profile),
+            role=(role := self._role_of(spec.instance_profile)),
+            role_credentials=self._minter(role, spec.instance_id) if role else None,
             env=self._env(),
             aws_endpoint=self.endpoint,
             stock_users=self.stock_users,
             clock_offset_s=self.clock.instance_offset,
             image=self.images.get(spec.image_id or ""),
             efs_ids=self._efs_ids(),
+            security_groups=spec.security_groups,
+            firewall=self.firewalls,
             metadata={
                 "placement/region": self.region,
                 "placement/availability-zone": spec.availability_zone or f"{self.region}a",

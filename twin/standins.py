@@ -105,7 +105,8 @@ fi
 mount --bind "$root" "$target" || exit 32
 # EFS judges the access point's root by its POSIX user alone, not by the directories above it: asked at the mount
 # (an access point without one lets the client's own user through, root here)
-if [ "$uid" != None ] && ! setpriv --reuid="$uid" --regid="$gid" --clear-groups test -r "$target" -a -w "$target" -a -x "$target"; then
+if [ "$uid" != None ] &&
+  ! setpriv --reuid="$uid" --regid="$gid" --clear-groups test -r "$target" -a -w "$target" -a -x "$target"; then
   umount "$target"
   echo "mount.nfs4: access denied by server while mounting $spec" >&2; exit 32
 fi

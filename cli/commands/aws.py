@@ -27,9 +27,9 @@ from fleet.aws.bootstrap import ensure_resources
 from fleet.config import Config
 from fleet.config.bundle import platform_of
 from fleet.config.load import dump_config, load_config
-from fleet.errors import MissingResource, UsageError
+from fleet.errors import MissingResource, UsageError, quote
 from fleet.grid_auth import make_hub_files
-from fleet.ids import default_run_id
+from fleet.ids import RUN_ID_RULE, default_run_id, is_run_id
 from fleet.platform import S3_METADATA, BundlePlatform
 
 log = logging.getLogger("gridfleet")
@@ -73,10 +73,29 @@ def cmd_render(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_grid_secret(args: argparse.Namespace, console: Console) -> int:
-    """`gridfleet grid-secret`, which the hub's boot script runs: the files of a new Grid secret, nothing printed
-    of it."""
-    make_hub_files(args.secret_file, args.hub_config, args.curl_config)
-    console.print(f"a new Grid secret in {args.secret_file}; the Grid hub's config in {args.hub_config}")
+    """`gridfleet grid-secret`, which the hub's boot script runs: the files of the run's Grid secret, nothing
+    printed of it."""
+    if not is_run_id(args.run_id):
+        raise UsageError(f"--run-id {quote(args.run_id)} is not a run id ({RUN_ID_RULE})")
+    current = None
+    if args.current is not None:
+        try:
+            current = args.current.read_text()
+        except OSError as e:
+            raise MissingResource(f"cannot read --current {args.current}: {e.strerror}") from None
+    kept = make_hub_files(
+        args.secret_file,
+        args.hub_config,
+        args.curl_config,
+        run_id=args.run_id,
+        current=current,
+        parameter_file=args.parameter_file,
+    )
+    if kept:
+        said = f"the SSM parameter holds its Grid secret already, kept in {args.secret_file}"
+    else:
+        said = f"a new Grid secret in {args.secret_file}, the parameter's new value in {args.parameter_file}"
+    console.print(f"run {args.run_id}: {said}; the Grid hub's config in {args.hub_config}")
     return 0
 
 

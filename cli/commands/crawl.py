@@ -33,13 +33,13 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
-from cli.commands.crawl_browser import LocalBrowser, local_browser
+from cli.commands.crawl_browser import LocalBrowser, for_aws, local_browser, refuse_no_sandbox_on_aws
 from cli.packaging.crawler_ship import project_of
 from cli.views.crawl import CrawlOutput, one_line
 from fleet.clock import SystemClock
 from fleet.config import Config, SiteConfig
 from fleet.config.load import load_config
-from fleet.errors import GridfleetError, UsageError
+from fleet.errors import GridfleetError, UsageError, quote
 
 log = logging.getLogger("gridfleet")
 
@@ -146,6 +146,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def cmd_crawl(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config)
+    refuse_no_sandbox_on_aws(config, args.config)
     site = _site(config, args.site, args.config)
     start_url = _start_url(site, args.demo_url, args.config)
     profiles_root = _profiles_root(args)
@@ -159,7 +160,8 @@ def cmd_crawl(args: argparse.Namespace, console: Console) -> int:
     with _profile(site.id, profiles_root, out.note) as profile_dir:
         if not getattr(crawler_class, "needs_browser", True):
             return crawl_site(site, start_url, crawler_class, out, config, None, profile_dir)
-        with local_browser(config.browser, config.fleet.crawl_user, profile_dir, out.note) as browser:
+        aws = for_aws(config)
+        with local_browser(config.browser, config.fleet.crawl_user, profile_dir, out.note, on_aws=aws) as browser:
             return crawl_site(site, start_url, crawler_class, out, config, browser, profile_dir)
 
 
@@ -187,8 +189,10 @@ def _site(config: Config, site_id: str, path: str) -> SiteConfig:
     try:
         return config.site(site_id)
     except KeyError:
-        known = ", ".join(s.id for s in config.sites[:10]) + (", ..." if len(config.sites) > 10 else "")
-        raise UsageError(f"{path}: no site {site_id!r} (sites: {known})") from None
+        known = ", ".join(quote(s.id, 24, bare=True) for s in config.sites[:10]) + (
+            ", ..." if len(config.sites) > 10 else ""
+        )
+        raise UsageError(f"{path}: no site {quote(site_id)} (sites: {known})") from None
 
 
 def _start_url(site: SiteConfig, demo_url: str | None, path: str) -> str:

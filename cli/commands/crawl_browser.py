@@ -4,7 +4,9 @@ Run as root, the command starts chromedriver, and so Chromium, as the crawl user
 embedded default's nodes start their Grid node: Chromium then keeps its sandbox. That user gets a scratch HOME of
 its own and the profile for the crawl (the command gives a site's own profile back to its owner after). Run as
 any other user, everything runs as that user. Where Chromium cannot have its sandbox, the nodes' rule decides
-(`node.browser.sandbox_flags`): the crawl goes on with `--no-sandbox` only when `browser.allow_no_sandbox` says so.
+(`node.browser.sandbox_flags`): the crawl goes on with `--no-sandbox` only when `browser.allow_no_sandbox` says so,
+and never with a config for AWS (one with an `aws:` section), where no node's browser runs without its sandbox: such
+a config that sets it is refused before anything starts (`refuse_no_sandbox_on_aws`).
 
 Selenium and the node's modules are imported inside the functions, so `gridfleet --help` loads none of them.
 """
@@ -23,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from cli.envs.crawl_user import user_can
 from cli.views.crawl import one_line
-from fleet.config import BrowserConfig
-from fleet.errors import GridfleetError
+from fleet.config import BrowserConfig, Config
+from fleet.errors import GridfleetError, UsageError
 
 if TYPE_CHECKING:
     from node.grid_node import RunAs
@@ -40,6 +42,21 @@ class LocalBrowser:
 
     grid_url: str
     sandbox_args: tuple[str, ...] = ()
+
+
+def for_aws(config: Config) -> bool:
+    """Whether `config` is one for AWS: its file has an `aws:` section (the embedded default's needs none)."""
+    return "aws" in config.model_fields_set
+
+
+def refuse_no_sandbox_on_aws(config: Config, path: str) -> None:
+    """UsageError (exit 2) for a config for AWS that sets `browser.allow_no_sandbox`: a crawl here runs as a node
+    would, and on AWS a node's browser never runs without its sandbox, whatever the setting says."""
+    if config.browser.allow_no_sandbox and for_aws(config):
+        raise UsageError(
+            f"{path}: browser.allow_no_sandbox: true is refused with an aws: section: "
+            "on AWS the browser never runs without its sandbox (it is for the embedded default only)"
+        )
 
 
 def browser_user(crawl_user: str, profile: Path) -> tuple[RunAs | None, str | None]:
@@ -61,10 +78,15 @@ def browser_user(crawl_user: str, profile: Path) -> tuple[RunAs | None, str | No
 
 
 def sandbox_args(
-    browser: BrowserConfig, user: RunAs | None, why_not: str | None, note: Callable[[str], None]
+    browser: BrowserConfig,
+    user: RunAs | None,
+    why_not: str | None,
+    note: Callable[[str], None],
+    *,
+    on_aws: bool = False,
 ) -> tuple[str, ...]:
     """Chromium's sandbox arguments as `user` (None: this process's), by the nodes' rule; SandboxUnavailable when
-    it cannot have its sandbox and fleet.yaml does not let it go without."""
+    it cannot have its sandbox and fleet.yaml does not let it go without (`on_aws`, a config for AWS: never)."""
     from node.browser import sandbox_flags, sandbox_problem
 
     if user is None:
@@ -73,7 +95,7 @@ def sandbox_args(
         problem = sandbox_problem(user.uid, user.gid, user.groups)
     if problem is not None and why_not is not None:
         problem = f"{problem} ({why_not})"
-    flags = sandbox_flags(problem, on_aws=False, allow_no_sandbox=browser.allow_no_sandbox)
+    flags = sandbox_flags(problem, on_aws=on_aws, allow_no_sandbox=browser.allow_no_sandbox)
     if flags:
         note(f"WARNING: chromium without its sandbox (browser.allow_no_sandbox is true): {problem}")
     return flags
@@ -103,10 +125,10 @@ def _as_user(user: RunAs | None, profile: Path, note: Callable[[str], None]) -> 
 
 @contextlib.contextmanager
 def local_browser(
-    browser: BrowserConfig, crawl_user: str, profile: Path, note: Callable[[str], None]
+    browser: BrowserConfig, crawl_user: str, profile: Path, note: Callable[[str], None], *, on_aws: bool = False
 ) -> Iterator[LocalBrowser]:
     """A chromedriver on a free loopback port as the crawler's `grid_url`, run as the user Chromium may run as;
-    stopped at the end."""
+    stopped at the end. `on_aws`: the config is one for AWS (`for_aws`), whose rule for the sandbox holds here."""
     from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.chrome.service import Service
 
@@ -116,7 +138,7 @@ def local_browser(
             "or set browser.chromedriver"
         )
     user, why_not = browser_user(crawl_user, profile)
-    flags = sandbox_args(browser, user, why_not, note)
+    flags = sandbox_args(browser, user, why_not, note, on_aws=on_aws)
     with _as_user(user, profile, note) as as_user:
         service = Service(executable_path=browser.chromedriver, **as_user)  # it accepts local connections only
         try:

@@ -271,9 +271,14 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
     rows = env.table.read_run(run_id)
     assert rows.run is not None  # teardown_run refuses a run the table does not hold
     summary = build_summary(
-        rows.run, rows.sites, left_running=result.left_running, finished_at=clock.now(), finish_reason="teardown"
+        rows.run,
+        rows.sites,
+        left_running=result.left_running,
+        finished_at=clock.now(),
+        finish_reason="teardown",
+        unreadable=rows.notes.found,
     )
-    path = export(args.out, summary, rows.sites, env.results)
+    path = export(args.out, summary, rows.sites, env.results, env.node_role())
     console.print(
         f"run {run_id}: terminated {len(result.terminated)} nodes, {len(result.failed_sites)} open sites "
         f"marked FAILED (killed); summary: {path}"

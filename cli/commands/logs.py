@@ -29,8 +29,8 @@ from fleet.aws import cwlogs
 from fleet.aws.clients import AwsClients
 from fleet.clock import Clock, SystemClock
 from fleet.config.load import load_config
-from fleet.errors import UsageError
-from fleet.ids import is_site_id
+from fleet.errors import UsageError, quote
+from fleet.ids import SITE_ID_RULE, is_site_id
 
 POLL_S = 1.0
 FLUSH_AFTER_S = 5.0  # the longest a line read waits in the shipper before it is sent
@@ -309,9 +309,11 @@ def cmd_ship_logs(
 ) -> int:
     """Follow the files into the stream until SIGTERM or SIGINT, then send what was read; --once: what they hold."""
     if not cwlogs.is_group_name(args.group):
-        raise UsageError(f"--group {args.group!r} is not a log group name, e.g. /gridfleet/node")
+        raise UsageError(f"--group {quote(args.group)} is not a log group name, e.g. /gridfleet/node")
     if cwlogs.split_stream(args.stream) is None:
-        raise UsageError(f"--stream {args.stream!r} is not <run_id>/<instance id>, e.g. 2026-11-27/i-0123456789abcdef0")
+        raise UsageError(
+            f"--stream {quote(args.stream)} is not <run_id>/<instance id>, e.g. 2026-11-27/i-0123456789abcdef0"
+        )
     config = load_config(args.config)
     state: Path = args.state
     try:
@@ -379,9 +381,9 @@ def cmd_logs(args: argparse.Namespace, console: Console) -> int:
     """Print a run's log lines from the hub's and the nodes' groups, oldest first; exit 1 when there are none."""
     node, site = args.node, args.site
     if node is not None and not cwlogs.is_instance_id(node):
-        raise UsageError(f"--node {node!r} is not an instance id (i- and 8 or 17 hex digits)")
+        raise UsageError(f"--node {quote(node)} is not an instance id (i- and 8 or 17 hex digits)")
     if site is not None and not is_site_id(site):
-        raise UsageError(f"--site {site!r} is not a site id")
+        raise UsageError(f"--site {quote(site)} is not a site id ({SITE_ID_RULE})")
     config = load_config(args.config)
     client = AwsClients(config.aws).client("logs")
     prefix = f"{args.run_id}/{node}" if node else f"{args.run_id}/"

@@ -193,10 +193,7 @@ def resources(acct: Account) -> Answer:
         (f"queue {aws.queue_name}", lambda: env.queue.url),
         (f"DLQ {aws.dlq_name}", lambda: env.queue.dlq_url),
         (f"bucket {aws.bucket}", env.results.check_exists),
-        (
-            f"EFS {aws.efs_id}" + (f" (access point {aws.efs_access_point_id})" if aws.efs_access_point_id else ""),
-            lambda: _efs(acct),
-        ),
+        (f"EFS {aws.efs_id}", lambda: _efs(acct)),
         (f"{len(aws.subnet_ids)} subnet(s), {len(aws.security_group_ids)} security group(s)", lambda: _network(acct)),
     ]
     if aws.instance_profile:
@@ -220,20 +217,12 @@ def _efs(acct: Account) -> None:
     aws, efs = acct.config.aws, acct.client("efs")
     if not aws.efs_id:
         raise NotReady("aws.efs_id is not set: the nodes keep their Chrome profiles on EFS")
-    try:
+    try:  # each site's access point is the hub's to make, at the start of a run
         efs.describe_file_systems(FileSystemId=aws.efs_id)
-        points = (
-            efs.describe_access_points(AccessPointId=aws.efs_access_point_id)["AccessPoints"]
-            if (aws.efs_access_point_id)
-            else None
-        )
     except ClientError as e:
-        if error_code(e) not in ("FileSystemNotFound", "AccessPointNotFound"):
+        if error_code(e) != "FileSystemNotFound":
             raise
-        what = "file system" if error_code(e) == "FileSystemNotFound" else f"access point {aws.efs_access_point_id}"
-        raise NotReady(f"EFS {what} (aws.efs_id {aws.efs_id}) does not exist: apply infra/terraform") from None
-    if points is not None and (not points or points[0].get("FileSystemId") != aws.efs_id):
-        raise NotReady(f"EFS access point {aws.efs_access_point_id} is not one of {aws.efs_id}: check aws.efs_id")
+        raise NotReady(f"EFS file system (aws.efs_id {aws.efs_id}) does not exist: apply infra/terraform") from None
 
 
 def _network(acct: Account) -> None:

@@ -22,11 +22,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from fleet import ops
-from fleet.codec import RunInfo
 from fleet.config import Config
-from fleet.errors import StaleWrite, UsageError
+from fleet.errors import StaleWrite, UsageError, quote
 from fleet.logs import event
 from fleet.messages import SiteQueue
+from fleet.partition import RunInfo
 from fleet.results import ResultStore, checked_result_key
 from fleet.state import RunState, RunStatus, SiteRecord
 from fleet.table import StateTable
@@ -46,8 +46,9 @@ def choose(records: Mapping[str, SiteRecord], names: Iterable[str], *, failed: b
     names = list(dict.fromkeys(names))
     unknown = [n for n in names if n not in records]
     if unknown:
-        known = ", ".join(sorted(records)[:8]) + (", ..." if len(records) > 8 else "")
-        raise UsageError(f"no site {', '.join(map(repr, unknown))} in this run (its sites: {known})")
+        known = ", ".join(quote(s, 24, bare=True) for s in sorted(records)[:8]) + (", ..." if len(records) > 8 else "")
+        named = ", ".join(quote(n) for n in unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+        raise UsageError(f"no site {named} in this run (its sites: {known})")
     out = Choice()
     wanted = sorted(n for n, r in records.items() if r.run_status is RunStatus.FAILED) if failed else names
     for name in wanted:
@@ -75,10 +76,10 @@ def forced_keys(run_id: str, run_date: str, records: Mapping[str, SiteRecord], c
         try:
             key = checked_result_key(name, run_date, run_id)
         except ValueError as e:
-            refused.append(f"site {name!r}: {e}")
+            refused.append(f"site {quote(name)}: {e}")
             continue
         if rec.result_key is not None and rec.result_key != key:
-            refused.append(f"site {name!r} names result {rec.result_key!r}, not {key!r}")
+            refused.append(f"site {quote(name)} names result {quote(rec.result_key)}, not {key!r}")
             continue
         keys[name] = key
     if refused:

@@ -29,14 +29,14 @@ from cli.views.run import print_sites
 from fleet.aws.clients import AwsClients
 from fleet.aws.metrics import CloudWatchSink
 from fleet.clock import Clock, SystemClock
-from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.config.load import load_config
 from fleet.errors import UsageError
 from fleet.ids import default_run_id
 from fleet.logs import event
 from fleet.messages import SiteQueue
-from fleet.results import ResultStore
+from fleet.partition import RunInfo
+from fleet.results import LOCAL_ROLE, ResultStore
 from fleet.summary import build_summary, export, site_entry
 from fleet.table import StateTable
 from hub.loop import EXIT_OK, Hub, RunOutcome
@@ -60,14 +60,21 @@ def check_existing(
         raise UsageError(f"run {run_id} is held by a hub that is still running ({existing.hub_id})")
 
 
-def export_finished(table: StateTable, results: ResultStore, run_id: str, out: Path, console: Console) -> int:
+def export_finished(
+    table: StateTable, results: ResultStore, run_id: str, out: Path, console: Console, role: str = LOCAL_ROLE
+) -> int:
     rows = table.read_run(run_id)
     assert rows.run is not None
     summary = build_summary(
-        rows.run, rows.sites, left_running=0, finished_at=rows.run.finished_at or time.time(), finish_reason="done"
+        rows.run,
+        rows.sites,
+        left_running=0,
+        finished_at=rows.run.finished_at or time.time(),
+        finish_reason="done",
+        unreadable=rows.notes.found,
     )
     summary["pacing"] = table.read_pacing(run_id)
-    path = export(out, summary, rows.sites, results)
+    path = export(out, summary, rows.sites, results, role)
     print_sites(console, run_id, summary["sites"], summary["counts"])
     console.print(f"run {run_id} had already finished; summary: {path}")
     return 3 if summary["counts"]["FAILED"] else 0
@@ -232,7 +239,7 @@ def run(env: Environment, args: argparse.Namespace, run_id: str, console: Consol
         check_existing(existing, run_id, args.resume, env.hub_alive, hub_id)
         if existing is not None and existing.finished:
             hold.end()
-            return export_finished(env.table, env.results, run_id, args.out, console)
+            return export_finished(env.table, env.results, run_id, args.out, console, env.node_role())
         env.save_run_config(run_id)
         hub = Hub(
             run_id=run_id,
@@ -247,6 +254,7 @@ def run(env: Environment, args: argparse.Namespace, run_id: str, console: Consol
             hub_id=hub_id,
             monitor=monitor_for(run_id, env.config, env.queue, env.clients, clock),
             full=getattr(args, "full", False),
+            writer_role=env.node_role(),
         )
         env.announce(run_id)
         return _drive_to_end(env, hub, hold, provider, console, local=bool(getattr(args, "local", False)))

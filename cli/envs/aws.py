@@ -26,11 +26,13 @@ from cli.report.check import CheckReport
 from cloud_init import NodeUserData, RenderError, render_node
 from fleet.aws import ec2 as ec2_api
 from fleet.aws.clients import AwsClients, error_code
+from fleet.aws.efs import ensure_site_points
+from fleet.aws.results import node_role_id
 from fleet.clock import Clock, SystemClock
-from fleet.codec import RunInfo
 from fleet.config import Config, NotifyConfig
 from fleet.config.load import dump_config
 from fleet.errors import MissingResource, UsageError
+from fleet.partition import RunInfo
 from hub.control.aws import LadderControl, ec2_node_control
 from hub.loop import RunOutcome
 from hub.providers.ec2 import Ec2Provider
@@ -168,7 +170,19 @@ class AwsEnv(StoresOf):
 
     def save_run_config(self, run_id: str) -> str:
         self.node_user_data(run_id, self.hub_address)  # renders (and checks) the nodes' user-data before any start
+        self.ensure_site_access_points()
         return f"s3://{self.config.aws.bucket}/{self.upload_run_config(run_id)}"
+
+    def ensure_site_access_points(self) -> None:
+        """Every site of the config has its own EFS access point before any node starts: a node mounts the one
+        of the site it claims, and sees no other site's directory (`fleet.aws.efs`). Made once, reused later."""
+        aws = self.config.aws
+        if not aws.efs_id:
+            raise MissingResource("aws.efs_id is not set: nodes keep their Chrome profiles on EFS")
+        sites = [s.id for s in self.config.sites]
+        points, made = ensure_site_points(self.clients.client("efs"), aws.efs_id, aws.stack, sites,
+                                          self.config.fleet.crawl_uid)  # fmt: skip
+        log.info("EFS %s: %d sites have their access point, %d made now", aws.efs_id, len(points), len(made))
 
     def node_user_data(self, run_id: str, hub_address: str) -> str:
         try:
@@ -195,6 +209,9 @@ class AwsEnv(StoresOf):
 
     def hub_id(self) -> str:
         return self.identity.hub_id
+
+    def node_role(self) -> str:
+        return node_role_id(self.clients.client("iam"), self.config.aws.instance_profile)
 
     def hub_alive(self, hub_id: str) -> bool:
         inert = Ec2Provider(self.ec2, self.config, ami="", user_data=lambda r: "")
@@ -295,7 +312,6 @@ def node_params(config: Config, run_id: str, hub_address: str) -> NodeUserData:
         state_dir=aws.state_dir,
         efs_mount=aws.efs_mount,
         boot_timeout_s=int(config.fleet.boot_timeout_s),  # nodes use EC2's own metadata service
-        efs_access_point_id=aws.efs_access_point_id,
         crawl_user=config.fleet.crawl_user,
         crawl_uid=config.fleet.crawl_uid,
         table=aws.table,

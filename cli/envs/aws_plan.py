@@ -186,9 +186,8 @@ def _print_user_data(env: AwsRun, run_id: str, console: Console, problems: list[
     say(
         console,
         f"              fetches s3://{aws.bucket}/{aws.bundle_key} and s3://{aws.bucket}/"
-        f"{env.run_config_key(run_id)}, mounts EFS {aws.efs_id or '-'}"
-        f"{f' (access point {aws.efs_access_point_id})' if aws.efs_access_point_id else ''} at "
-        f"{aws.efs_mount}, joins the Grid on port {aws.grid_port}",
+        f"{env.run_config_key(run_id)}, mounts each claimed site's access point of EFS {aws.efs_id or '-'} at "
+        f"{aws.efs_mount}/<site>, joins the Grid on port {aws.grid_port}",
     )
     say(console, f"  hub:        {hub}")
 

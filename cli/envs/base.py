@@ -24,9 +24,9 @@ from fleet.aws.results import S3ResultStore
 from fleet.aws.stores import Stores, open_stores
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import Clock
-from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.messages import SiteQueue
+from fleet.partition import RunInfo
 from fleet.results import ResultStore
 from fleet.table import StateTable
 from hub.control.base import NodeControl
@@ -148,6 +148,10 @@ class Environment(Protocol):
         """This process as a hub: `local:<pid>:<ticks>`, `ec2:<instance>` or `host:<name>:<pid>:<ticks>`."""
 
     def hub_alive(self, hub_id: str) -> bool: ...
+
+    def node_role(self) -> str:
+        """The nodes' role id, the first half of each node's writer id (`fleet.results.writer_id`): the unique id of
+        the role of `aws.instance_profile` on AWS, `local` for nodes with no IAM role (the embedded default)."""
 
     def save_run_config(self, run_id: str) -> str:
         """Put the run's config where its nodes read it (the stack's runs/<id>/fleet.yaml, or the bucket);

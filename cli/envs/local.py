@@ -36,11 +36,12 @@ from cli.views.plain import say
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import Clock, SystemClock
-from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.config.load import dump_config, load_config
 from fleet.crawler_project import CrawlerProject
 from fleet.errors import UsageError
+from fleet.partition import RunInfo
+from fleet.results import LOCAL_ROLE
 from hub.control.local import LocalNodeControl
 from hub.loop import EXIT_OK, RunOutcome
 from hub.providers.local import LocalProvider, local_hub_id
@@ -333,6 +334,9 @@ class LocalEnv(StoresOf):
 
     def hub_id(self) -> str:
         return local_hub_id()
+
+    def node_role(self) -> str:
+        return LOCAL_ROLE
 
     def hub_alive(self, hub_id: str) -> bool:
         return self.provider("", SystemClock()).hub_alive(hub_id)  # a hub id reads the same for any run

@@ -104,9 +104,15 @@ def check_run(
             if s.id not in sites:
                 v(f"{s.id}: in the config but never seeded")
 
+    unread: dict[str, set[str]] = {}  # site -> the attributes of its record that could not be read
+    for u in rows.notes.found:
+        if u.partition == run_id:
+            unread.setdefault(u.key, set()).add(u.attr)
     for _name, r in sorted(sites.items()):
-        _check_site(r, max_attempts, rows.run.run_date, results, v, note)
+        _check_site(r, max_attempts, rows.run.run_date, results, v, note, unread.get(r.site, set()))
     report.checked["sites"] = len(sites)
+    if rows.notes.found:
+        note(f"{len(rows.notes.found)} values or items of the run could not be read (summary.json: unreadable)")
 
     _check_leftovers(run_id, queue, provider, report)
 
@@ -279,12 +285,22 @@ class Keys(Protocol):
     def keys(self, prefix: str) -> list[str]: ...
 
 
-def _check_site(r: SiteRecord, max_attempts: int, run_date: str, results: Keys, v, note) -> None:
+def _check_site(
+    r: SiteRecord,
+    max_attempts: int,
+    run_date: str,
+    results: Keys,
+    v,
+    note,
+    unread: set[str] | frozenset[str] = frozenset(),
+) -> None:
     name = r.site
     if not r.is_terminal:
         v(f"{name}: not terminal ({r.run_status}/{r.site_status})")
     counted = len(r.attempts) - r.spot_requeues  # attempts given back (spot, busy profile) do not count
-    if r.attempt - r.attempt_base > max_attempts or counted - r.attempt_base > max_attempts:
+    if unread & {"attempts", "spot_requeues", "attemptBase"}:  # a node wrote what no history is: not judged by it
+        note(f"{name}: its attempt history could not be read ({', '.join(sorted(unread))}): not judged")
+    elif r.attempt - r.attempt_base > max_attempts or counted - r.attempt_base > max_attempts:
         v(f"{name}: {counted} attempts counted (attemptCount {r.attempt}), more than max_attempts {max_attempts}")
     elif counted != r.attempt:
         v(f"{name}: {len(r.attempts)} attempts, {r.spot_requeues} given back, but attemptCount is {r.attempt}")

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.readback import as_count, as_number
+
 log = logging.getLogger("gridfleet.metrics")
 
 #: `put_metric_data` takes at most 1000 data per call (and 1 MB); stay well under both.
@@ -51,13 +53,21 @@ class JobStats:
 
     @classmethod
     def from_plain(cls, d: Mapping[str, Any] | None) -> JobStats:
-        d = d or {}
+        """The counters as a node item holds them, read back: a node writes them, so a value that is no count (or a
+        seconds sum that is no number) reads as 0, and at most MAX_ERROR_TYPES error types are kept."""
+        d = d if isinstance(d, Mapping) else {}
+        errors = d.get("errors")
+        kept = list(errors.items())[:MAX_ERROR_TYPES] if isinstance(errors, Mapping) else []
         return cls(
-            int(d.get("completed", 0)),
-            float(d.get("seconds_sum", 0.0)),
-            int(d.get("timed", 0)),
-            {str(k): int(v) for k, v in (d.get("errors") or {}).items()},
+            as_count(d.get("completed")) or 0,
+            as_number(d.get("seconds_sum")) or 0.0,
+            as_count(d.get("timed")) or 0,
+            {str(k)[:64]: as_count(v) or 0 for k, v in kept},
         )
+
+
+#: Error types a node item's counters are read back with (the rest are dropped: a Prometheus label each).
+MAX_ERROR_TYPES = 32
 
 
 @dataclass(frozen=True)

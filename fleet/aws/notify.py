@@ -191,7 +191,14 @@ def notify_finished(
         rows = table.read_run(run_id)
         if rows.run is None:
             raise LookupError(f"run {run_id} has no run item")
-        summary = build_summary(rows.run, rows.sites, left_running=left_running, finished_at=now, finish_reason=reason)
+        summary = build_summary(
+            rows.run,
+            rows.sites,
+            left_running=left_running,
+            finished_at=now,
+            finish_reason=reason,
+            unreadable=rows.notes.found,
+        )
         return notify_run_end(config, summary, table=table, out_dir=out_dir)
     except Exception as e:  # noqa: BLE001 - a lost message must never fail the run
         event(log, "notify-failed", logging.WARNING, run_id=run_id, channel="all", error=f"{type(e).__name__}: {e}")

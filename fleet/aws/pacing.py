@@ -122,9 +122,11 @@ class DynamoDomainPacer:
             stored = self._read(domain)[1]
         raise RateLimitContention(f"domain {domain!r}: its spacing kept changing under {MAX_ROUNDS} updates")
 
-    def count(self, run_id: str, domain: str, base: tuple[float, str], answers: tuple[int, int], spacing_s: float,
-              expire_at: int | None) -> None:  # fmt: skip
-        """Add `answers` (requests, of which back-offs) to the run's counters of the domain."""
+    def count(
+        self, run_id: str, domain: str, base: tuple[float, str], answers: tuple[int, int], spacing_s: float
+    ) -> None:
+        """Add `answers` (requests, of which back-offs) to the run's counters of the domain. No expiry: the node role
+        may not write `expireAt`; the hub gives the run's pacing items theirs when the run ends."""
         values = {
             ":one": _n(answers[0]),
             ":b": _n(answers[1]),
@@ -133,9 +135,6 @@ class DynamoDomainPacer:
             ":sp": _n(max(spacing_s, base[0])),
         }
         update = "ADD requests :one, backoffs :b SET base_s = :base, base_from = :from, spacing_s = :sp"
-        if expire_at is not None:
-            update += ", expireAt = :exp"
-            values[":exp"] = _n(expire_at)
         self._c.update_item(
             TableName=self.name,
             Key={"run_id": {"S": PACING_PARTITION_PREFIX + run_id}, "Site": {"S": domain}},

@@ -2,8 +2,9 @@
 
 `put_new` writes with `IfNoneMatch="*"`: of two writers (a zombie node and the
 attempt that replaced it) exactly one result lands and nothing is overwritten.
-Results and evidence carry `RESULT_TAG`, checkpoint parts `PART_TAG`: the
-bucket's expiry rules select objects by them. The page's HTML in evidence is
+Results and evidence carry `RESULT_TAG`, which the bucket's expiry rule
+selects them by; what nodes write (under `staging/`: `fleet.results`) carries
+no tag, and the bucket's rule for that prefix expires it. The page's HTML in evidence is
 stored as plain text to download (`fleet.results.evidence_headers`), never as
 a page of the bucket's origin.
 """
@@ -15,14 +16,51 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
-from fleet.errors import MissingResource
-from fleet.results import aside_key, evidence_headers, is_result_key
+from fleet.errors import MissingResource, quote
+from fleet.results import (
+    EXISTED,
+    MISSING,
+    PROMOTED,
+    RESULT_MAX_BYTES,
+    TOO_LARGE,
+    WRITER_RE,
+    aside_key,
+    evidence_headers,
+    is_result_key,
+    writer_node,
+)
 
 #: Every result carries this tag: the bucket's expiry rule selects results by it (results share no key prefix,
 #: and the bundle and configs live in the same bucket).
 RESULT_TAG = "gridfleet=result"
-#: Every checkpoint part carries this tag: parts are needed only while their run lasts, and expire sooner.
-PART_TAG = "gridfleet=part"
+
+
+def node_role_id(iam: Any, instance_profile: str | None) -> str:
+    """The unique id of the nodes' role (the role of `instance_profile`): the first half of every node's writer id,
+    its `aws:userid` (`fleet.results.writer_id`). MissingResource when there is no such profile or role."""
+    if not instance_profile:
+        raise MissingResource("aws.instance_profile is not set: the hub cannot tell whose prefix a node writes under")
+    try:
+        roles = iam.get_instance_profile(InstanceProfileName=instance_profile)["InstanceProfile"]["Roles"]
+    except ClientError as e:
+        if error_code(e) == "NoSuchEntity":
+            raise MissingResource(f"instance profile {instance_profile!r} does not exist") from None
+        raise
+    if not roles or WRITER_RE.fullmatch(f"{roles[0].get('RoleId', '')}:i-0") is None:
+        raise MissingResource(f"instance profile {instance_profile!r} has no role")
+    return str(roles[0]["RoleId"])
+
+
+def own_writer(sts: Any, instance_id: str) -> str:
+    """This node's writer id: its credentials' `aws:userid` (STS GetCallerIdentity, which needs no permission), which
+    for an instance's role is `<role id>:<instance id>`. MissingResource when they are not this instance's."""
+    user = str(sts.get_caller_identity().get("UserId", ""))
+    if writer_node(user) != instance_id:
+        raise MissingResource(
+            f"this node's credentials are not its instance's role session (aws:userid {quote(user)}): "
+            f"it could write nowhere it may ({instance_id} writes under staging/<role id>:{instance_id}/)"
+        )
+    return user
 
 
 class S3ResultStore:
@@ -69,8 +107,50 @@ class S3ResultStore:
         headers = evidence_headers(key, content_type)
         self._c.put_object(Bucket=self.bucket, Key=key, Body=body, Tagging=RESULT_TAG, **headers)
 
-    def put_part(self, key: str, body: bytes) -> None:
-        self._c.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json", Tagging=PART_TAG)
+    def put_staged(self, key: str, body: bytes, content_type: str = "application/json") -> bool:
+        """A node's write under its own prefix: a new object only, untagged (the bucket's rule for `staging/`
+        expires it), of the type the node says (the hub stores again what it serves: `promote`, `put_evidence`)."""
+        try:
+            self._c.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*", ContentType=content_type)
+            return True
+        except ClientError as e:
+            if error_code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+
+    def promote(self, staged: str, key: str) -> str:
+        """The hub's copy of a staged result to its key, within S3 (no byte through the hub): the copy is of the
+        object as it was looked at (CopySourceIfMatch), never over a result (IfNoneMatch; looked at first too, as
+        moto's CopyObject does not honour it), with the result's type and tag, whatever the node wrote."""
+        if not is_result_key(key):
+            raise ValueError(f"{key!r} is not a result's key: nothing promoted to it")
+        try:
+            head = self._c.head_object(Bucket=self.bucket, Key=staged)
+        except ClientError as e:
+            if error_code(e) in ("404", "NoSuchKey", "NotFound"):
+                return MISSING
+            raise
+        if int(head.get("ContentLength", 0)) > RESULT_MAX_BYTES:
+            return TOO_LARGE
+        if self.exists(key):
+            return EXISTED
+        try:
+            self._c.copy_object(
+                Bucket=self.bucket,
+                Key=key,
+                CopySource={"Bucket": self.bucket, "Key": staged},
+                CopySourceIfMatch=head["ETag"],
+                IfNoneMatch="*",
+                MetadataDirective="REPLACE",
+                ContentType="application/json",
+                TaggingDirective="REPLACE",
+                Tagging=RESULT_TAG,
+            )
+        except ClientError as e:
+            if error_code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return EXISTED if self.exists(key) else MISSING
+            raise
+        return PROMOTED
 
     def get(self, key: str) -> bytes:
         return self._c.get_object(Bucket=self.bucket, Key=key)["Body"].read()

@@ -20,32 +20,35 @@ from fleet.aws.clients import error_code
 from fleet.codec import (
     HELD_PREFIX,
     MARKS_PARTITION,
-    NODE_ATTRS,
-    NODE_PREFIX,
     OPEN_ATTR,
     OPEN_INDEX,
+    item_to_site,
+    num,
+    site_to_item,
+    site_update,
+)
+from fleet.errors import GridfleetError, MissingResource, StaleWrite
+from fleet.pacing import PACING_PARTITION_PREFIX, pacing_section
+from fleet.partition import (
+    NODE_ATTRS,
+    NODE_PREFIX,
     RUN_ITEM,
     RUNS_PARTITION,
     HistoryEvent,
     NodeInfo,
     RunInfo,
     history_to_item,
-    item_to_node,
+    hub_partition,
     item_to_run,
-    item_to_site,
     node_to_item,
-    num,
     run_to_item,
-    site_to_item,
-    site_update,
     split_partition,
 )
-from fleet.errors import GridfleetError, MissingResource, StaleWrite
-from fleet.pacing import PACING_PARTITION_PREFIX, pacing_section
+from fleet.readback import Notes, UnreadableItem
 from fleet.run_item import RunFields, RunWatch
 from fleet.stamp import STAMP_ATTRS, Stamp, item_stamp
 from fleet.state import RunState, SiteRecord
-from fleet.table import RunIndexEntry, RunRows
+from fleet.table import REPAIR_FENCE, RunIndexEntry, RunRows, mark_of, nodes_of, runs_of
 
 log = logging.getLogger("gridfleet.table")
 
@@ -90,11 +93,14 @@ class DynamoStateTable:
 
     # --- site records ---------------------------------------------------------
     def create_site(self, rec: SiteRecord) -> bool:
+        """Seed a site. An item of its key that no hub seeded (no spec: a node's UpdateItem can make one) is taken
+        over whole; one a hub seeded is left as it is (False)."""
         try:
             self._c.put_item(
                 TableName=self.name,
                 Item=self._enc(site_to_item(rec)),
-                ConditionExpression="attribute_not_exists(Site)",
+                ConditionExpression="attribute_not_exists(Site) OR attribute_not_exists(#spec)",
+                ExpressionAttributeNames={"#spec": "spec"},
             )
             return True
         except ClientError as e:
@@ -103,8 +109,18 @@ class DynamoStateTable:
             raise
 
     def get_site(self, run_id: str, site: str) -> SiteRecord | None:
+        """The site's record; None when there is none, or none that can be read (`fleet.readback`)."""
         out = self._c.get_item(TableName=self.name, Key=self._key(run_id, site), ConsistentRead=True)
-        return item_to_site(self._dec(out["Item"])) if "Item" in out else None
+        return self._site_or_none(out.get("Item"))
+
+    def _site_or_none(self, item: dict[str, Any] | None) -> SiteRecord | None:
+        if not item:
+            return None
+        try:
+            return item_to_site(self._dec(item))
+        except UnreadableItem as e:
+            Notes().item(e)
+            return None
 
     def write(self, old: SiteRecord, new: SiteRecord) -> SiteRecord:
         sets, removes = site_update(old, new)
@@ -137,14 +153,14 @@ class DynamoStateTable:
             )
         except ClientError as e:
             if error_code(e) == "ConditionalCheckFailedException":
-                item = e.response.get("Item")
-                current = item_to_site(self._dec(item)) if item else None
+                current = self._site_or_none(e.response.get("Item"))
                 raise StaleWrite(old.run_id, old.site, old.fence(), current) from None
             raise
         return new
 
     def read_run(self, run_id: str) -> RunRows:
-        return RunRows(*split_partition(self._query(run_id)))
+        """Both partitions of the run: its own (sites, node items) and its hub partition (run item, history)."""
+        return RunRows.of(split_partition([*self._query(run_id), *self._query(hub_partition(run_id))]))
 
     def open_stamps(self, run_id: str) -> dict[str, Stamp]:
         """The stamps of the sites that can still change (QUEUED or RUN) but for those still as seeded (the hub's
@@ -217,17 +233,80 @@ class DynamoStateTable:
             and "index" in str(err.get("Message", "")).lower()
         )
 
-    def get_sites(self, run_id: str, sites: Iterable[str]) -> list[SiteRecord]:
-        """The records of `sites` (strongly consistent), in the order given; unknown sites are left out."""
+    def get_sites(self, run_id: str, sites: Iterable[str], notes: Notes | None = None) -> list[SiteRecord]:
+        """The records of `sites` (strongly consistent), in the order given; unknown sites are left out, and so are
+        those that cannot be read (in `notes`, quarantined)."""
         names = list(sites)
         found: dict[str, SiteRecord] = {}
+        notes = notes if notes is not None else Notes()
         unique = list(dict.fromkeys(names))  # a BatchGetItem refuses a key twice
         for start in range(0, len(unique), self.BATCH_GET_MAX):
             keys = [self._key(run_id, s) for s in unique[start : start + self.BATCH_GET_MAX]]
             for item in self._batch_get(keys):
-                rec = item_to_site(self._dec(item))
+                i = self._dec(item)
+                try:
+                    rec = item_to_site(i, notes)
+                except UnreadableItem as e:
+                    notes.item(e, str(i.get("Site")))
+                    continue
                 found[rec.site] = rec
         return [found[s] for s in names if s in found]
+
+    def repair(self, bad: UnreadableItem, new: SiteRecord) -> bool:
+        """Put `new` over a site item that could not be read, if it is still as it was read (its status, fence and
+        spec the same values, of whatever type): the hub's repair of a record a node wrote what no one can read
+        into. False when it changed in between (the next read decides again)."""
+        raw = bad.raw or {}
+        names, values, conds = {}, {}, []
+        for n, attr in enumerate(REPAIR_FENCE):
+            names[f"#k{n}"] = attr
+            if attr in raw:
+                values[f":k{n}"] = raw[attr]
+                conds.append(f"#k{n} = :k{n}")
+            else:
+                conds.append(f"attribute_not_exists(#k{n})")
+        try:
+            self._c.put_item(
+                TableName=self.name,
+                Item=self._enc(site_to_item(new)),
+                ConditionExpression=" AND ".join(conds),
+                ExpressionAttributeNames=names,
+                **({"ExpressionAttributeValues": self._enc(values)} if values else {}),
+            )
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def stamp_expiry(self, run_id: str, expire_at: int) -> int:
+        """Give every item of the run's partition and of its pacing partition that has no expiry `expire_at` (node
+        items, pacing counters, items no hub made): the node role may not write `expireAt`, so the hub does, once
+        the run is over. Returns how many it stamped."""
+        n = 0
+        for partition in (run_id, PACING_PARTITION_PREFIX + run_id):
+            for item in self._pages(
+                KeyConditionExpression="run_id = :r",
+                ExpressionAttributeValues={":r": {"S": partition}},
+                ProjectionExpression="run_id, Site, #e",
+                ExpressionAttributeNames={"#e": "expireAt"},
+            ):
+                if "expireAt" in item:
+                    continue
+                try:
+                    self._c.update_item(
+                        TableName=self.name,
+                        Key=self._key(partition, str(item["Site"])),
+                        UpdateExpression="SET #e = :e",
+                        ConditionExpression="attribute_exists(Site) AND attribute_not_exists(#e)",
+                        ExpressionAttributeNames={"#e": "expireAt"},
+                        ExpressionAttributeValues={":e": {"N": str(int(expire_at))}},
+                    )
+                    n += 1
+                except ClientError as e:
+                    if error_code(e) != "ConditionalCheckFailedException":
+                        raise
+        return n
 
     # --- what outlives runs: incremental high-water marks ------------------------------
     def get_marks(self, sites: Iterable[str]) -> dict[str, tuple[str, ...]]:
@@ -238,7 +317,7 @@ class DynamoStateTable:
             keys = [self._key(MARKS_PARTITION, s) for s in unique[start : start + self.BATCH_GET_MAX]]
             for item in self._batch_get(keys):
                 i = self._dec(item)
-                out[i["Site"]] = tuple(i.get("mark") or ())
+                out[str(i["Site"])] = mark_of(i)
         return out
 
     def put_mark(self, site: str, mark: tuple[str, ...], run_id: str, at: float) -> None:
@@ -269,7 +348,7 @@ class DynamoStateTable:
             ExpressionAttributeNames={"#k": "Site"},
             ExpressionAttributeValues={":r": {"S": run_id}, ":p": {"S": NODE_PREFIX}},
         )
-        return [item_to_node(i) for i in sorted(items, key=lambda i: i["Site"])]
+        return nodes_of(sorted(items, key=lambda i: str(i["Site"])), Notes())
 
     def read_pacing(self, run_id: str) -> dict[str, dict[str, Any]]:
         """summary.json's `pacing`: the run's counters of each domain (`fleet.aws.pacing`), from their partition."""
@@ -314,7 +393,7 @@ class DynamoStateTable:
         return True
 
     def get_run(self, run_id: str) -> RunInfo | None:
-        out = self._c.get_item(TableName=self.name, Key=self._key(run_id, RUN_ITEM), ConsistentRead=True)
+        out = self._c.get_item(TableName=self.name, Key=self._run_key(run_id), ConsistentRead=True)
         return item_to_run(self._dec(out["Item"])) if "Item" in out else None
 
     def update_run(self, run_id: str, **fields: Unpack[RunFields]) -> None:
@@ -324,7 +403,7 @@ class DynamoStateTable:
         update = run_item.assignments(fields, names, values)
         self._c.update_item(
             TableName=self.name,
-            Key=self._key(run_id, RUN_ITEM),
+            Key=self._run_key(run_id),
             UpdateExpression=update,
             ConditionExpression="attribute_exists(Site)",
             ExpressionAttributeNames=names,
@@ -333,7 +412,7 @@ class DynamoStateTable:
 
     # --- the watchdog's bookkeeping on the run item ------------------------------------
     def get_run_watch(self, run_id: str) -> RunWatch | None:
-        out = self._c.get_item(TableName=self.name, Key=self._key(run_id, RUN_ITEM), ConsistentRead=True)
+        out = self._c.get_item(TableName=self.name, Key=self._run_key(run_id), ConsistentRead=True)
         return run_item.item_to_watch(self._dec(out["Item"])) if "Item" in out else None
 
     def running_runs(self, last: int) -> list[RunWatch]:
@@ -367,15 +446,14 @@ class DynamoStateTable:
     def add_launched(self, run_id: str, count: int) -> None:
         self._c.update_item(
             TableName=self.name,
-            Key=self._key(run_id, RUN_ITEM),
+            Key=self._run_key(run_id),
             UpdateExpression="ADD nodes_launched :n",
             ConditionExpression="attribute_exists(Site)",
             ExpressionAttributeValues={":n": {"N": str(count)}},
         )
 
     def list_runs(self) -> list[RunIndexEntry]:
-        out = [RunIndexEntry(i["Site"], float(i.get("started_at", 0))) for i in self._query(RUNS_PARTITION)]
-        return sorted(out, key=lambda e: e.started_at)
+        return runs_of(self._query(RUNS_PARTITION))
 
     # --- DynamoDB plumbing: typed items, keys, paginated Queries, batch writes ------------------
     def _enc(self, item: dict[str, Any]) -> dict[str, Any]:
@@ -386,6 +464,9 @@ class DynamoStateTable:
 
     def _key(self, run_id: str, site: str) -> dict[str, Any]:
         return {"run_id": {"S": run_id}, "Site": {"S": site}}
+
+    def _run_key(self, run_id: str) -> dict[str, Any]:
+        return self._key(hub_partition(run_id), RUN_ITEM)
 
     def _pages(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
         """The decoded items of a Query, page after page (following LastEvaluatedKey)."""
@@ -406,7 +487,7 @@ class DynamoStateTable:
     def _update_if(self, run_id: str, **kwargs: Any) -> bool:
         """An UpdateItem of the run item; False when its condition does not hold."""
         try:
-            self._c.update_item(TableName=self.name, Key=self._key(run_id, RUN_ITEM), **kwargs)
+            self._c.update_item(TableName=self.name, Key=self._run_key(run_id), **kwargs)
         except ClientError as e:
             if error_code(e) == "ConditionalCheckFailedException":
                 return False

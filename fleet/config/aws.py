@@ -8,13 +8,26 @@ import re
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from fleet.errors import quote
 from fleet.ids import check_run_id
 from fleet.platform import Arch, ami_parameter_arch, deb_arch, uname_machine
 
 AMI_PATTERN = r"^(ami-[0-9a-f]{8,17}|/[A-Za-z0-9_./-]{1,2047})$"  # an AMI id, or an SSM parameter name
+
+#: The rules of the values that reach a node's user-data as they are, each matched whole (`fullmatch`: a trailing
+#: newline is not valid), so that `validate` refuses what rendering would. `cloud_init.render` checks them again as
+#: it renders; a package that imports nothing of the project, it keeps copies, which a test holds to these
+#: (tests/unit/test_aws_values.py). Each rule: (pattern, what a value must be).
+REGION_RE = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]+")
+EFS_ID_RE = re.compile(r"fs-[0-9a-f]{8,40}")
+HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")  # a DNS name or an IPv4 address
+USER_DATA_RULES: dict[str, tuple[re.Pattern[str], str]] = {
+    "region": (REGION_RE, "an AWS region (e.g. ap-northeast-2)"),
+    "efs_id": (EFS_ID_RE, "an EFS file system id (fs-<hex>)"),
+    "hub_address": (HOST_RE, "a DNS name or an IPv4 address"),
+}
 
 #: The one placeholder of `aws.run_config_key`, replaced by the run's id (as plain text: no `str.format`).
 RUN_ID_PLACEHOLDER = "{run_id}"
@@ -43,8 +56,9 @@ class AwsConfig(BaseModel):
     dlq: str | None = Field(None, description="dead-letter queue name; default <queue>-dlq")
     max_receive_count: int = Field(10, ge=2, description="receives before a message goes to the DLQ")
     bucket: str = "trendlyze-results"
-    efs_id: str | None = None
-    efs_access_point_id: str | None = Field(None, description="nodes mount EFS through this access point")
+    efs_id: str | None = Field(
+        None, description="EFS file system of the sites' profiles: each site has its own access point on it"
+    )
     subnet_ids: tuple[str, ...] = ()
     security_group_ids: tuple[str, ...] = ()
     instance_profile: str | None = None
@@ -145,6 +159,15 @@ class AwsConfig(BaseModel):
         """The S3 key of run `run_id`'s config: `run_config_key` with {run_id} replaced (checked at load: the key
         has it and no other brace)."""
         return self.run_config_key.replace(RUN_ID_PLACEHOLDER, check_run_id(run_id))
+
+    @field_validator(*USER_DATA_RULES)
+    @classmethod
+    def _user_data_value(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """A value the nodes' user-data carries: of its rule, as `cloud_init.render` will check it (None: not set)."""
+        pattern, expected = USER_DATA_RULES[str(info.field_name)]
+        if v is not None and not pattern.fullmatch(v):
+            raise ValueError(f"{quote(v)} is not {expected}")
+        return v
 
     @field_validator("run_config_key")
     @classmethod

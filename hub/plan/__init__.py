@@ -62,7 +62,7 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
     missing = missing_sites(s, config) if s.ending is None else ()
     actions = start_rules(s, now, config, missing)
     tally = s.counts()
-    open_count = tally[RunStatus.QUEUED.value] + tally[RunStatus.RUN.value] + len(missing)
+    open_count = tally[RunStatus.QUEUED.value] + tally[RunStatus.RUN.value] + len(missing) + len(s.repairs)
     ending = ending_of(s, now, config, open_count)
     if ending is not None:
         return end_plan(s, now, ending, actions)
@@ -70,8 +70,9 @@ def plan(s: Snapshot, now: float, config: Config) -> Plan:
         wake = min(wake, s.run.deadline_at)
     site_actions, site_wake = attempt_rules(s, now, config)
     node_actions, doomed, node_wake = node_rules(s, now, config)
-    fleet_actions, fleet_wake = sizing(s, now, config, doomed, open_count)
-    nodes = max(len(s.live_instances) - len(doomed), nodes_wanted(config, open_count))
+    crawling = open_count - s.saved  # a SAVED site needs the hub only, no node
+    fleet_actions, fleet_wake = sizing(s, now, config, doomed, crawling)
+    nodes = max(len(s.live_instances) - len(doomed), nodes_wanted(config, crawling))
     feed_actions, feed_wake = feed_rule(s, now, config, nodes)
     wake = min(wake, site_wake, node_wake, fleet_wake, feed_wake)
     return Plan(tuple(actions + site_actions + feed_actions + node_actions + fleet_actions), max(now, wake))

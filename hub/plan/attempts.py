@@ -10,7 +10,7 @@ import math
 
 from fleet.config import Config
 from fleet.state import Reason, RunStatus, SiteRecord, SiteStatus, known_reason
-from hub.actions import Action, EndAttempt, Enqueue, KillAttempt, KillLadder
+from hub.actions import Action, EndAttempt, Enqueue, KillAttempt, KillLadder, Promote, Repair
 from hub.plan.feed import metering
 from hub.snapshot import Observations, Snapshot
 
@@ -57,6 +57,7 @@ def attempt_rules(s: Snapshot, now: float, config: Config) -> tuple[list[Action]
         if action is not None:
             actions.append(action)
         wake = min(wake, at)
+    actions.extend(Repair(name) for name in sorted(s.repairs))  # records no one can read: made whole again
     return actions, wake
 
 
@@ -65,6 +66,8 @@ def watch_site(s: Snapshot, r: SiteRecord, now: float, config: Config) -> Verdic
         return unsent(s, r, now, config)
     if r.run_status is not RunStatus.RUN:
         return NOTHING
+    if r.site_status is SiteStatus.SAVED:  # its result is staged: made the site's before anything else is looked at
+        return Promote(r.site, r.attempt), math.inf
     marked = known_reason(r.kill_reason)  # nodes write the site's item too: a mark that is no reason is none
     if marked is not None:  # a kill a hub marked and did not finish (it died in between): finish it
         return kill(r, marked), math.inf

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from fleet.config import Config
 from fleet.state import Reason
-from hub.actions import Action, Drain, Ending, FailSites, Finish, Plan, Terminate
+from hub.actions import Action, Drain, Ending, FailSites, Finish, Plan, Repair, Terminate
 from hub.plan.fleet import BOOT_FAILED
 from hub.snapshot import Snapshot
 
@@ -101,8 +101,9 @@ def end_plan(s: Snapshot, now: float, ending: Ending, before: Sequence[Action] =
         actions.append(Terminate(live, "finish" if ending.why == "done" else ending.why))
     if open_sites and ending.reason is not None:
         actions.append(FailSites(open_sites, ending.reason, ending.error))
+    actions.extend(Repair(n) for n in sorted(s.repairs))  # readable again first, then failed with the rest
     waited = now - ending.since
-    if (live or open_sites) and waited < END_WAIT_S:
+    if (live or open_sites or s.repairs) and waited < END_WAIT_S:
         return Plan(tuple(actions), now + TERMINATE_POLL_S, ending)
     if ending.drain_s is None:
         return Plan((*actions, Finish(ending.why, len(live))), now + 1.0, ending)

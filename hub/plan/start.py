@@ -66,7 +66,9 @@ def missing_sites(s: Snapshot, config: Config) -> Seeds:
     hub's cache has read every configured site: a tick of a seeded run does not walk the config)."""
     if s.unseen is not None and not s.unseen:
         return ()
-    return tuple((site.id, spec_of(site, config)) for site in config.sites if site.id not in s.sites)
+    return tuple(
+        (site.id, spec_of(site, config)) for site in config.sites if site.id not in s.sites and site.id not in s.repairs
+    )
 
 
 def start_rules(s: Snapshot, now: float, config: Config, missing: Seeds) -> list[Action]:

@@ -229,6 +229,20 @@ data "aws_iam_policy_document" "hub" {
     resources = ["${aws_s3_bucket.results.arn}/runs/*"]
   }
 
+  # hub.promote and fleet.summary.export_evidence: the hub's copies of what its nodes staged, where readers take
+  # them from: each site's result (<site>/<date>[/<run id>]/result.json, copied within S3 from the node's prefix
+  # with the result's own type and tag), its attempts' evidence and a quarantined result beside it. Tagging: the
+  # result tag the bucket's expiry rule selects (gridfleet=result), set by the copy and the evidence's PutObject.
+  statement {
+    sid     = "ResultCopies"
+    actions = ["s3:PutObject", "s3:PutObjectTagging"]
+    resources = [
+      "${aws_s3_bucket.results.arn}/*/result.json",
+      "${aws_s3_bucket.results.arn}/*/evidence/*",
+      "${aws_s3_bucket.results.arn}/*/quarantine/*",
+    ]
+  }
+
   # hub.providers.ec2.Ec2Provider: finding the run's nodes. Describe* has no resource-level permissions.
   statement {
     sid       = "DescribeInstances"
@@ -385,7 +399,9 @@ data "aws_iam_policy_document" "hub" {
     }
   }
 
-  # cli.envs.aws_plan.dry_run (`gridfleet run --dry-run` on the hub): the nodes' instance profile exists.
+  # cli.envs.aws_plan.dry_run (`gridfleet run --dry-run` on the hub): the nodes' instance profile exists; and
+  # cli.envs.aws.AwsEnv.node_role: its role's unique id, the first half of each node's own prefix of the bucket
+  # (staging/<role id>:<instance id>/), where the hub finds what the node staged.
   statement {
     sid       = "NodeInstanceProfile"
     actions   = ["iam:GetInstanceProfile"]
@@ -413,6 +429,67 @@ data "aws_iam_policy_document" "hub" {
     resources = [local.notify_topic_arn]
   }
 
+  # cli.envs.aws.AwsEnv.ensure_site_access_points (fleet.aws.efs), before a run's nodes start: every site's own
+  # access point on the stack's file system, found by its tags (DescribeAccessPoints of the file system)...
+  statement {
+    sid       = "SiteAccessPointsRead"
+    actions   = ["elasticfilesystem:DescribeAccessPoints"]
+    resources = [aws_efs_file_system.main.arn]
+  }
+
+  # ...and made where missing, on that file system only (CreateAccessPoint's resource), tagged with this stack
+  # and a site and no other tag (aws:RequestTag, aws:TagKeys: CreateAccessPoint's condition keys).
+  statement {
+    sid       = "SiteAccessPointsCreate"
+    actions   = ["elasticfilesystem:CreateAccessPoint"]
+    resources = [aws_efs_file_system.main.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.tag_stack}"
+      values   = [var.name_prefix]
+    }
+
+    condition {
+      test     = "Null"
+      variable = "aws:RequestTag/${local.tag_site}"
+      values   = ["false"]
+    }
+
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "aws:TagKeys"
+      values   = [local.tag_stack, local.tag_site]
+    }
+  }
+
+  # Tags given to CreateAccessPoint are authorized as TagResource on the new access point too: granted for that
+  # creation only (elasticfilesystem:CreateAction), with the same tags. An access point's ARN does not name its
+  # file system; the creation above holds it to the stack's. No tagging of an existing access point.
+  statement {
+    sid       = "TagSiteAccessPointsAtCreation"
+    actions   = ["elasticfilesystem:TagResource"]
+    resources = [local.efs_access_point_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "elasticfilesystem:CreateAction"
+      values   = ["CreateAccessPoint"]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.tag_stack}"
+      values   = [var.name_prefix]
+    }
+
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "aws:TagKeys"
+      values   = [local.tag_stack, local.tag_site]
+    }
+  }
+
   # The hub's log shipper (`gridfleet ship-logs`: watchtower, which makes the
   # stream on its first refused put) and its boot script (`aws logs
   # create-log-stream`, `put-log-events`): streams of the hub's group only. Each
@@ -424,18 +501,19 @@ data "aws_iam_policy_document" "hub" {
     resources = [local.hub_log_streams]
   }
 
-  # The hub's boot script (`aws ssm put-parameter --overwrite`): the Grid secret it makes, a SecureString, and
-  # no other parameter.
+  # The hub's boot script: the run's Grid secret, a SecureString, and no other parameter. It reads the parameter
+  # (`aws ssm get-parameter --with-decryption`): a hub that boots for a run whose secret is there keeps it, as the
+  # run's nodes hold it; else it puts a new one (`aws ssm put-parameter --overwrite`).
   statement {
-    sid       = "PutGridSecret"
-    actions   = ["ssm:PutParameter"]
+    sid       = "KeepGridSecret"
+    actions   = ["ssm:GetParameter", "ssm:PutParameter"]
     resources = [local.grid_secret_arn]
   }
 
-  # ...encrypted with the stack's key, through SSM and for that parameter only.
+  # ...encrypted and decrypted with the stack's key, through SSM and for that parameter only.
   statement {
     sid       = "KeyForGridSecret"
-    actions   = ["kms:Encrypt"]
+    actions   = ["kms:Decrypt", "kms:Encrypt"]
     resources = [aws_kms_key.main.arn]
 
     condition {
@@ -486,12 +564,16 @@ data "aws_iam_policy_document" "node" {
   }
 
   # What a node writes, and nothing else (fleet.ops through fleet.aws.table.write; put_node;
-  # fleet.aws.ratelimit): UpdateItem of the attributes of an attempt (claim, report, beat,
-  # checkpoint, end, requeue) and of its node item, and a rate-limit group's slot (next_at). Never
-  # a site's spec, mark or attemptBase, nor the run item's own attributes (status, deadline_at,
-  # hub_id, ...): dynamodb:Attributes must name only these (the keys run_id and Site and the
-  # index key openSite included, as DynamoDB requires), and the Null test keeps a request that
-  # names none from passing ForAllValues. ReturnValues may return only what was written.
+  # fleet.aws.ratelimit, fleet.aws.pacing): UpdateItem of the attributes of an attempt (claim,
+  # report, beat, checkpoint, SAVED, end, requeue) and of its node item, a rate-limit group's
+  # slot (next_at) and a domain's pace. Never a site's spec, mark or attemptBase, its result_key,
+  # the hub's kill mark (kill_reason), any item's expiry (expireAt), nor the run item's attributes
+  # (status, started_at, deadline_at, ...): dynamodb:Attributes must name only these (the keys
+  # run_id and Site and the index key openSite included, as DynamoDB requires), and the Null test
+  # keeps a request that names none from passing ForAllValues. Never an item of the hub's
+  # partitions either: the run item and history (#run:<run id>), the index of runs (#runs) and the
+  # high-water marks (#sites, PutItem only: HighWaterMarks), whatever attributes it names
+  # (dynamodb:LeadingKeys, the item's partition key). ReturnValues may return only what was written.
   statement {
     sid       = "AttemptAndNodeWrites"
     actions   = ["dynamodb:UpdateItem"]
@@ -504,9 +586,9 @@ data "aws_iam_policy_document" "node" {
         "run_id", "Site", "openSite",
         "run_status", "site_status", "attemptCount", "version", "instance_id", "enqueued", "receipt",
         "lastUpdateEpoch", "heartbeatEpoch", "url", "pages", "items", "checkpoint", "attempts", "spot_requeues",
-        "failure_reason", "error", "kill_reason", "kill_path", "result_key",
+        "failure_reason", "error", "kill_path", "staged",
         "failure_class", "http_status", "retry_at", "avoid_instance",
-        "state", "started_at", "sites_done", "site", "attempt", "expireAt", "stats",
+        "node_state", "booted_at", "sites_done", "site", "attempt", "stats",
         "next_at", "spacing", "requests", "backoffs", "base_s", "base_from", "spacing_s",
       ]
     }
@@ -514,6 +596,18 @@ data "aws_iam_policy_document" "node" {
     condition {
       test     = "Null"
       variable = "dynamodb:Attributes"
+      values   = ["false"]
+    }
+
+    condition {
+      test     = "ForAllValues:StringNotLike"
+      variable = "dynamodb:LeadingKeys"
+      values   = ["#run*", "#sites"]
+    }
+
+    condition {
+      test     = "Null"
+      variable = "dynamodb:LeadingKeys"
       values   = ["false"]
     }
 
@@ -588,8 +682,9 @@ data "aws_iam_policy_document" "node" {
   # What a node reads, and nothing else: the boot script's bundle/ (the code bundle and the
   # amazon-efs-utils .deb beside it) and the run's nodes' config (runs/<run id>/fleet.yaml, which
   # holds no secret); node.attempt's look for its result (HeadObject; a result found there is read
-  # for its counts) and node.parts' read of the checkpoint parts a retry resumes from. Never the
-  # hub's config (hub/fleet.yaml, with the webhook), the runs' summaries and reports, or evidence.
+  # for its counts) and node.parts' read of the checkpoint parts a retry resumes from (any node's:
+  # a retry goes on from the parts of the claims before it). Never the hub's config (hub/fleet.yaml,
+  # with the webhook), the runs' summaries and reports, or evidence.
   statement {
     sid     = "BucketRead"
     actions = ["s3:GetObject"]
@@ -597,20 +692,22 @@ data "aws_iam_policy_document" "node" {
       "${aws_s3_bucket.results.arn}/bundle/*",
       "${aws_s3_bucket.results.arn}/runs/*/fleet.yaml",
       "${aws_s3_bucket.results.arn}/*/result.json",
-      "${aws_s3_bucket.results.arn}/*/parts/*",
+      "${aws_s3_bucket.results.arn}/staging/*/parts/*",
     ]
   }
 
-  # fleet.aws.results.put_new: a result (<site>/<date>[/<run id>]/result.json), and one that broke
-  # its site's data contract, kept beside it (.../quarantine/<attempt>.json), only as a new object
-  # (IfNoneMatch="*", S3's conditional write): a node can never replace either.
+  # fleet.aws.results.put_staged: everything a node writes to the bucket (its staged result, its
+  # checkpoint parts, its attempts' evidence, a result that broke the data contract) under its own
+  # prefix alone, staging/<aws:userid>/ (for an instance's role: <role id>:<instance id>), and only
+  # as new objects (If-None-Match: *, which S3 refuses for an existing key): no node can write
+  # under another's prefix, replace what one wrote, or write where a reader takes a result or
+  # evidence from. The hub makes a staged result the site's result (hub.promote, a copy of its
+  # own) and stores evidence again when it exports. No tags: the bucket's rule for staging/
+  # expires it.
   statement {
-    sid     = "NewResultWrite"
-    actions = ["s3:PutObject"]
-    resources = [
-      "${aws_s3_bucket.results.arn}/*/result.json",
-      "${aws_s3_bucket.results.arn}/*/quarantine/*",
-    ]
+    sid       = "OwnPrefixWrites"
+    actions   = ["s3:PutObject"]
+    resources = ["${aws_s3_bucket.results.arn}/staging/$${aws:userid}/*"]
 
     condition {
       test     = "StringEquals"
@@ -619,44 +716,28 @@ data "aws_iam_policy_document" "node" {
     }
   }
 
-  # fleet.aws.results.put_evidence and put_part: failed attempts' evidence beside the result
-  # (<site>/<date>/evidence/<attempt>/<file>) and the checkpoints' item parts
-  # (<site>/<date>/parts/<attempt>-<claim>/<seq>.json), which a later write of the same
-  # attempt replaces; never the bundle or a config. Parts expire by their tag (s3.tf): a node
-  # deletes nothing.
-  statement {
-    sid     = "EvidenceAndPartsWrite"
-    actions = ["s3:PutObject"]
-    resources = [
-      "${aws_s3_bucket.results.arn}/*/evidence/*",
-      "${aws_s3_bucket.results.arn}/*/parts/*",
-    ]
-  }
-
-  # The tag every result (a quarantined one too), evidence file and part is written with (Tagging on PutObject), which
-  # the bucket's expiry rules select.
-  statement {
-    sid     = "ResultTagging"
-    actions = ["s3:PutObjectTagging"]
-    resources = [
-      "${aws_s3_bucket.results.arn}/*/result.json",
-      "${aws_s3_bucket.results.arn}/*/quarantine/*",
-      "${aws_s3_bucket.results.arn}/*/evidence/*",
-      "${aws_s3_bucket.results.arn}/*/parts/*",
-    ]
-  }
-
-  # node bootstrap: mounting the shared file system through the access point.
+  # node.site_mounts (root's helper, `mount -t efs -o tls,iam,accesspoint=...`): the stack's file system, through
+  # an access point only, never its root. ClientMount and ClientWrite take the file system as their resource and
+  # only elasticfilesystem:AccessPointArn and AccessedViaMountTarget as conditions (no tag key), so IAM cannot tell
+  # one site's access point from another's: the helper mounts only a site this node holds a claim of.
   statement {
     sid       = "SharedFileSystem"
     actions   = ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"]
     resources = [aws_efs_file_system.main.arn]
 
     condition {
-      test     = "StringEquals"
+      test     = "ArnLike"
       variable = "elasticfilesystem:AccessPointArn"
-      values   = [aws_efs_access_point.main.arn]
+      values   = [local.efs_access_point_arns]
     }
+  }
+
+  # node.site_mounts (fleet.aws.efs.site_points): finding a claimed site's access point by its tags, among those
+  # of the stack's file system (DescribeAccessPoints of it; the file system is the resource of that request).
+  statement {
+    sid       = "SiteAccessPointsRead"
+    actions   = ["elasticfilesystem:DescribeAccessPoints"]
+    resources = [aws_efs_file_system.main.arn]
   }
 
   # The node's log shipper and boot script, as the hub's (ShipHubLogs): streams of

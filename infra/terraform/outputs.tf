@@ -28,11 +28,6 @@ output "efs_id" {
   value       = aws_efs_file_system.main.id
 }
 
-output "efs_access_point_id" {
-  description = "EFS access point (rooted at /gridfleet) the nodes mount through: mount -t efs -o tls,iam,accesspoint=<id>."
-  value       = aws_efs_access_point.main.id
-}
-
 output "private_subnet_ids" {
   description = "Private subnets, one per availability zone, in the order of var.azs."
   value       = [for az in var.azs : aws_subnet.private[az].id]
@@ -111,7 +106,6 @@ output "gridfleet_aws" {
     dlq                  = aws_sqs_queue.sites_dlq.name
     bucket               = aws_s3_bucket.results.id
     efs_id               = aws_efs_file_system.main.id
-    efs_access_point_id  = aws_efs_access_point.main.id
     subnet_ids           = [for az in var.azs : aws_subnet.private[az].id]
     security_group_ids   = [aws_security_group.node.id]
     instance_profile     = aws_iam_instance_profile.node.name

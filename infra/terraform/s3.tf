@@ -59,8 +59,9 @@ resource "aws_s3_bucket_versioning" "results" {
 }
 
 # Results are keyed <site>/<date>/result.json, with no common prefix, and the
-# bundle and configs share the bucket: nodes tag every result gridfleet=result
-# (fleet.aws.results.RESULT_TAG), and only tagged objects expire.
+# bundle and configs share the bucket: the hub tags every result and evidence
+# file it stores gridfleet=result (fleet.aws.results.RESULT_TAG), and only tagged
+# objects and what nodes write (under staging/) expire.
 resource "aws_s3_bucket_lifecycle_configuration" "results" {
   bucket = aws_s3_bucket.results.id
 
@@ -80,17 +81,15 @@ resource "aws_s3_bucket_lifecycle_configuration" "results" {
     }
   }
 
-  # Checkpoint parts (<site>/<date>/parts/..., tagged gridfleet=part by
-  # fleet.aws.results.put_part): a retry within the run reads them, nothing after it.
+  # What nodes write (staging/<role id>:<instance id>/...: staged results, checkpoint parts, evidence; the node
+  # role may write nowhere else and tags nothing): the hub copies results as they are saved and evidence when the
+  # run ends, a retry within the run reads the parts, nothing reads any of it after the run.
   rule {
-    id     = "expire-checkpoint-parts"
+    id     = "expire-staging"
     status = "Enabled"
 
     filter {
-      tag {
-        key   = "gridfleet"
-        value = "part"
-      }
+      prefix = "staging/"
     }
 
     expiration {

@@ -226,7 +226,7 @@ variable "result_retention_days" {
 }
 
 variable "checkpoint_part_retention_days" {
-  description = "Days after which a checkpoint part (an object tagged gridfleet=part: the items a crawl saved before its result) expires. A retry within the run reads them; nothing reads them after it."
+  description = "Days after which what nodes write (under staging/: staged results, checkpoint parts, evidence) expires. The hub copies results and evidence where readers take them from, and a retry within the run reads the parts; nothing reads them after the run."
   type        = number
   default     = 3
 

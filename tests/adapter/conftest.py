@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from boto3.dynamodb.types import TypeDeserializer
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
@@ -25,6 +25,7 @@ from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
 from fleet.config.aws import AwsConfig
+from fleet.partition import NODE_PREFIX
 from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 
 REGION = "ap-northeast-2"
@@ -97,6 +98,9 @@ class Backend:
     raw_site: Callable[[str, str], dict[str, Any] | None]
     #: Let `seconds` pass for the queue's visibility timeouts.
     elapse: Callable[[float], None]
+    #: What a node's UpdateItem can do to any item of the partitions it may write: SET these attributes, of any
+    #: DynamoDB type (plain Python values, numbers as Decimal), creating the item if there is none.
+    scribble: Callable[[str, str, dict[str, Any]], None] = lambda run_id, site, values: None
     #: API calls made so far, by operation name (moto only; empty for memory).
     calls: dict[str, int] = field(default_factory=dict)
 
@@ -121,6 +125,17 @@ def _moto_backend(shared: AwsClients, make_config: Callable[..., AwsConfig]) -> 
         out = ddb.get_item(TableName=aws.table, Key={"run_id": {"S": run_id}, "Site": {"S": site}}, ConsistentRead=True)
         return {k: de.deserialize(v) for k, v in out["Item"].items()} if "Item" in out else None
 
+    ser = TypeSerializer()
+
+    def scribble(run_id: str, site: str, values: dict[str, Any]) -> None:
+        ddb.update_item(
+            TableName=aws.table,
+            Key={"run_id": {"S": run_id}, "Site": {"S": site}},
+            UpdateExpression="SET " + ", ".join(f"#a{n} = :a{n}" for n in range(len(values))),
+            ExpressionAttributeNames={f"#a{n}": k for n, k in enumerate(values)},
+            ExpressionAttributeValues={f":a{n}": ser.serialize(v) for n, v in enumerate(values.values())},
+        )
+
     return Backend(
         name="moto",
         table=DynamoStateTable(ddb, aws.table),
@@ -130,6 +145,7 @@ def _moto_backend(shared: AwsClients, make_config: Callable[..., AwsConfig]) -> 
         send_raw=send_raw,
         raw_site=raw_site,
         elapse=time.sleep,
+        scribble=scribble,
         calls=MOTO_CALLS,
     )
 
@@ -142,6 +158,17 @@ def _memory_backend() -> Backend:
         item = table.items.get((run_id, site))
         return dict(item) if item is not None else None
 
+    def scribble(run_id: str, site: str, values: dict[str, Any]) -> None:
+        """As DynamoDB takes the UpdateItem: the item made if absent, its index entry and node key kept."""
+        item = table.items.setdefault((run_id, site), {"run_id": run_id, "Site": site})
+        item.update(values)
+        if site.startswith(NODE_PREFIX):
+            table._nodes.setdefault(run_id, set()).add(site)
+            table._node_keys.pop(run_id, None)
+            table._node_info.pop((run_id, site), None)
+        elif not site.startswith("#"):
+            table._index(run_id, site, item)
+
     return Backend(
         name="memory",
         table=table,
@@ -151,6 +178,7 @@ def _memory_backend() -> Backend:
         send_raw=lambda q, body: q.send_raw(body),
         raw_site=raw_site,
         elapse=clock.advance,
+        scribble=scribble,
     )
 
 

@@ -18,13 +18,14 @@ from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import SystemClock
-from fleet.codec import RunInfo
 from fleet.config.aws import AwsConfig
+from fleet.partition import RunInfo
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from hub.control.local import LocalNodeControl
 from node.agent import Agent, AgentSettings
 from node.runner import ChildProcess
 from profiles import ProfileStore
+from tests.helpers.fake_node import promoted
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "2026-11-21"
@@ -88,7 +89,7 @@ def world(moto_url, tmp_path, monkeypatch):
 def test_a_real_crawler_process_reports_through_the_pipe_and_its_result_lands(world):
     world.seed("quick", "tests.helpers.crawlers:QuickCrawler")
     assert world.agent().run() == 0
-    rec = world.table.get_site(RUN, "quick")
+    rec = promoted(world.table, world.results, world.queue, RUN, "quick")  # the hub makes the staged result the site's
     assert (rec.run_status, rec.pages) == (RunStatus.COMPLETED, 2)
     body = json.loads(world.results.get("quick/20261121/result.json"))
     assert [i["id"] for i in body["items"]] == ["quick-0", "quick-1", "quick-2"]

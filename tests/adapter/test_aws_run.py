@@ -27,8 +27,8 @@ from fleet import ops
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.table import DynamoStateTable
-from fleet.codec import RunInfo
 from fleet.config.load import parse_config
+from fleet.partition import RunInfo
 from fleet.results import result_key
 from fleet.state import RunState, RunStatus, SiteSpec
 
@@ -53,6 +53,8 @@ def account(moto_url, tmp_path):
     iam = clients.client("iam")
     profile = f"gridfleet-node-{uuid.uuid4().hex[:6]}"
     iam.create_instance_profile(InstanceProfileName=profile)
+    iam.create_role(RoleName=profile, AssumeRolePolicyDocument="{}")  # the nodes' role: its id names their prefix
+    iam.add_role_to_instance_profile(InstanceProfileName=profile, RoleName=profile)
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     tag = uuid.uuid4().hex[:8]
     text = f"""\
@@ -128,7 +130,7 @@ def test_bootstrap_then_a_run_to_its_deadline_on_moto(account, tmp_path):
         user_data = base64.b64decode(raw).decode()
         assert user_data.startswith("#cloud-config") and account["efs_id"] in user_data
         script = boot_script(user_data)
-        assert "mount -t efs" in script and "tls" in script
+        assert "node site-mounts" in script and '--site-mounts "$SITE_MOUNTS"' in script  # a site's mount per claim
         ud_file = tmp_path / f"{i['InstanceId']}.yaml"
         ud_file.write_text(user_data)
         if shutil.which("cloud-init"):
@@ -137,6 +139,11 @@ def test_bootstrap_then_a_run_to_its_deadline_on_moto(account, tmp_path):
             )
             assert check.returncode == 0, check.stdout + check.stderr
 
+    # every site of the run got its own access point on the stack's file system before a node started
+    points = account["clients"].client("efs").describe_access_points(FileSystemId=account["efs_id"])["AccessPoints"]
+    tagged = sorted({t["Key"]: t["Value"] for t in p["Tags"]}["gridfleet:site"] for p in points)
+    assert tagged == sorted(summary["sites"])
+    assert points and all(p["RootDirectory"]["Path"].startswith("/gridfleet/sites/") for p in points)
     s3 = account["clients"].client("s3")  # the nodes' config was published where their user-data looks for it
     body = s3.get_object(Bucket=account["config"].aws.bucket, Key="runs/aws-1/fleet.yaml")["Body"].read()
     assert parse_config(body.decode()).aws.table == account["config"].aws.table
@@ -326,15 +333,18 @@ def test_node_metrics_round_trip_through_cloudwatch_on_moto(account):
 
 
 def _forget(clients, table: str, run_id: str) -> int:
-    """Delete a run's partition from the table, as its items' TTL eventually does (moto never expires them)."""
+    """Delete a run's partitions from the table (its sites and nodes, its run item and history), as their items'
+    TTL eventually does (moto never expires them)."""
     ddb = clients.client("dynamodb")
-    pages = ddb.get_paginator("query").paginate(
-        TableName=table,
-        KeyConditionExpression="run_id = :r",
-        ExpressionAttributeValues={":r": {"S": run_id}},
-        ProjectionExpression="run_id, Site",
-    )
-    keys = [item for page in pages for item in page["Items"]]
+    keys = []
+    for partition in (run_id, f"#run:{run_id}"):
+        pages = ddb.get_paginator("query").paginate(
+            TableName=table,
+            KeyConditionExpression="run_id = :r",
+            ExpressionAttributeValues={":r": {"S": partition}},
+            ProjectionExpression="run_id, Site",
+        )
+        keys += [item for page in pages for item in page["Items"]]
     for k in keys:
         ddb.delete_item(TableName=table, Key=k)
     return len(keys)

@@ -20,9 +20,10 @@ from botocore.exceptions import ClientError
 
 from fleet import ops
 from fleet.aws.table import DynamoStateTable, wait_table_active
-from fleet.codec import HELD_PREFIX, NODE_ATTRS, OPEN_ATTR, HistoryEvent, NodeInfo, RunInfo, node_to_item
+from fleet.codec import HELD_PREFIX, OPEN_ATTR
 from fleet.errors import GridfleetError, StaleWrite
 from fleet.messages import BadMessage, QueueDepth, SiteMessage
+from fleet.partition import NODE_ATTRS, HistoryEvent, NodeInfo, RunInfo, node_to_item
 from fleet.results import result_key
 from fleet.run_item import RunWatch
 from fleet.stamp import record_stamp
@@ -294,8 +295,8 @@ def test_read_run_separates_the_run_item_sites_and_nodes(table):
     sites = [seed(table, s) for s in ("b-site", "a-site", "c.site_2")]
     nodes = [
         NodeInfo(
-            RUN, "i-0001", "busy", NOW + 5.5, NOW, site="a-site", attempt=1, sites_done=2, expire_at=1_800_086_400
-        ),
+            RUN, "i-0001", "busy", NOW + 5.5, NOW, site="a-site", attempt=1, sites_done=2
+        ),  # no expiry: the node role may not write one (the hub's `stamp_expiry` gives it)
         NodeInfo(RUN, "i-0002", "booting", NOW + 1, NOW + 0.25),
     ]
     for n in nodes:
@@ -729,7 +730,7 @@ def test_read_nodes_reads_only_the_node_items(table):
     for s in ("a", "node-b", "z"):
         seed(table, s)
     later = NodeInfo(RUN, "i-0001", "idle", NOW + 60, NOW, sites_done=1)
-    other = NodeInfo(RUN, "i-0000", "booting", NOW + 2, NOW + 1.25, expire_at=1_800_086_400)
+    other = NodeInfo(RUN, "i-0000", "booting", NOW + 2, NOW + 1.25)
     table.put_node(later)  # overwrites the one seed_partition put
     table.put_node(other)
     table.put_node(NodeInfo("another-run", "i-0002", "busy", NOW, NOW))
@@ -949,28 +950,42 @@ def test_results_carry_the_tag_the_expiry_rule_selects(moto_endpoint):
     assert [f"{t['Key']}={t['Value']}" for t in tags] == [RESULT_TAG]
 
 
-def test_a_checkpoint_part_is_written_beside_the_result_replaced_by_a_fuller_one_and_a_missing_one_is_no_such_key(
-    results,
-):
+def test_what_a_node_writes_is_a_new_object_only_and_a_part_a_missing_one_is_no_such_key(results):
     from fleet.results import part_key
 
-    key = part_key("s-pt", "20270115", None, 1, 4, 1)
-    results.put_part(key, b'[{"id":"a"}]')
-    results.put_part(key, b'[{"id":"a"},{"id":"b"}]')  # a retried part carries what the first held, and more
-    assert results.get(key) == b'[{"id":"a"},{"id":"b"}]'
+    key = part_key("s-pt", "20270115", None, 1, 4, 1, "local:i-0aaa")
+    assert results.put_staged(key, b'[{"id":"a"}]')
+    assert not results.put_staged(key, b'[{"id":"a"},{"id":"b"}]')  # never replaced: the first stays
+    assert results.get(key) == b'[{"id":"a"}]'
     assert results.exists(result_key("s-pt", "20270115")) is False  # a part is not a result
     with pytest.raises(ClientError) as missing:
-        results.get(part_key("s-pt", "20270115", None, 1, 4, 2))
+        results.get(part_key("s-pt", "20270115", None, 1, 4, 2, "local:i-0aaa"))
     assert missing.value.response["Error"]["Code"] == "NoSuchKey"
 
 
-def test_checkpoint_parts_carry_the_tag_of_their_own_expiry_rule(moto_endpoint):
-    """moto only: parts are needed while their run lasts; infra/terraform expires objects with this tag sooner."""
+def test_a_staged_result_is_promoted_once_never_over_a_result_and_nothing_staged_is_missing(results):
+    from fleet.results import EXISTED, MISSING, PROMOTED, staged_result_key
+
+    staged = staged_result_key("local:i-0aaa", "s-pr", "20270115", None, 1, 3)
+    key = result_key("s-pr", "20270115")
+    assert results.promote(staged, key) == MISSING and not results.exists(key)
+    assert results.put_staged(staged, b'{"items": [1]}')
+    assert results.promote(staged, key) == PROMOTED and results.get(key) == b'{"items": [1]}'
+    other = staged_result_key("local:i-0bbb", "s-pr", "20270115", None, 2, 9)
+    results.put_staged(other, b'{"items": [2]}')
+    assert results.promote(other, key) == EXISTED and results.get(key) == b'{"items": [1]}'
+    with pytest.raises(ValueError):  # the hub copies to a result's key only, never to its config or bundle
+        results.promote(staged, "hub/fleet.yaml")
+
+
+def test_promoted_results_carry_the_result_tag_and_type_whatever_the_node_wrote(moto_endpoint):
+    """moto only: the hub's copy is tagged for the results' expiry rule and typed as JSON; the node's write has no
+    tag (the node role may tag nothing: its prefix's own rule expires it)."""
     from fleet.aws.bootstrap import ensure_resources
     from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
-    from fleet.aws.results import PART_TAG, S3ResultStore
+    from fleet.aws.results import RESULT_TAG, S3ResultStore
     from fleet.config.aws import AwsConfig
-    from fleet.results import part_key
+    from fleet.results import staged_result_key
 
     hx = uuid.uuid4().hex[:10]
     clients = AwsClients(
@@ -978,10 +993,15 @@ def test_checkpoint_parts_carry_the_tag_of_their_own_expiry_rule(moto_endpoint):
         credentials=LOCAL_CREDENTIALS,
     )
     ensure_resources(clients, 30)
-    key = part_key("s1", "20261121", None, 1, 3, 1)
-    S3ResultStore(clients.client("s3"), f"b-{hx}").put_part(key, b"[]")
-    tags = clients.client("s3").get_object_tagging(Bucket=f"b-{hx}", Key=key)["TagSet"]
-    assert [f"{t['Key']}={t['Value']}" for t in tags] == [PART_TAG]
+    s3, store = clients.client("s3"), S3ResultStore(clients.client("s3"), f"b-{hx}")
+    staged = staged_result_key("AROAX:i-0aaa", "s1", "20261121", None, 1, 3)
+    store.put_staged(staged, b"{}", "text/html")
+    assert s3.get_object_tagging(Bucket=f"b-{hx}", Key=staged)["TagSet"] == []
+    store.promote(staged, result_key("s1", "20261121"))
+    key = result_key("s1", "20261121")
+    tags = s3.get_object_tagging(Bucket=f"b-{hx}", Key=key)["TagSet"]
+    assert [f"{t['Key']}={t['Value']}" for t in tags] == [RESULT_TAG]
+    assert s3.head_object(Bucket=f"b-{hx}", Key=key)["ContentType"] == "application/json"
 
 
 @backends()
@@ -999,3 +1019,103 @@ def test_a_transition_from_a_copy_older_than_the_sent_mark_writes_enqueued_as_it
     ops.end_attempt(table, claimed, reason=Reason.ERROR, now=NOW + 1, max_attempts=3, spot_cap=3)
     after = table.get_site(RUN, "s-mark")
     assert after.run_status is RunStatus.QUEUED and not after.enqueued
+
+
+# --- what a node wrote, read back: reading is total -------------------------------------------------------------
+
+#: Values of every DynamoDB type, none of which the attribute they are put in can hold (the fuzzer in
+#: tests/adapter/test_hostile_node.py draws them at random; these are the shapes each reader must survive).
+WRONG = {
+    "run_status": "BOGUS",
+    "site_status": Decimal(3),
+    "attemptCount": "x",
+    "pages": "x",
+    "attempts": "x",
+    "heartbeatEpoch": {"m": [1]},
+    "lastUpdateEpoch": True,
+    "url": Decimal("1e30"),
+    "error": ["a"],
+    "checkpoint": "z:!!!not base64",
+    "items": Decimal("-1"),
+    "kill_path": b"\x00",
+    "failure_class": {"SS"},
+    "retry_at": "soon",
+}
+
+
+@backends()
+def test_no_read_raises_on_what_a_node_wrote_and_each_unreadable_value_reads_as_absent(backend):
+    table = backend.table
+    table.create_run(run_info())
+    good = seed(table, "good")
+    victim = seed(table, "victim")
+    ops.claim(table, victim, "i-0aaa", NOW)
+    for attr in ("pages", "attempts", "heartbeatEpoch", "lastUpdateEpoch", "url", "error", "checkpoint", "items"):
+        backend.scribble(RUN, "victim", {attr: WRONG[attr]})  # values that leave the fence and status readable
+    backend.scribble(RUN, "junk", {"run_status": "RUN", "openSite": "junk", "version": Decimal(1)})  # no spec
+    backend.scribble(RUN, "#node#i-0bad", {"node_state": 7, "heartbeatEpoch": "never"})
+    backend.scribble(RUN, "#node#../x", {"node_state": "idle"})
+    backend.scribble(RUN, "#h#0000000000001#000001", {"kind": "forged"})  # history lives in the hub's partition
+    rows = table.read_run(RUN)
+    assert sorted(r.site for r in rows.sites) == ["good", "victim"] and rows.run is not None
+    rec = next(r for r in rows.sites if r.site == "victim")
+    assert (rec.run_status, rec.attempt, rec.instance_id) == (RunStatus.RUN, 1, "i-0aaa")
+    assert (rec.pages, rec.attempts, rec.heartbeat, rec.url, rec.error, rec.checkpoint, rec.items) == (
+        0, (), None, None, None, None, None
+    )  # fmt: skip
+    assert [n.instance_id for n in rows.nodes] == ["i-0bad"] and rows.nodes[0].state == "booting"
+    noted = {(u.key, u.attr) for u in rows.notes.found}
+    assert {("victim", "pages"), ("victim", "checkpoint"), ("junk", "spec"), ("#node#../x", "")} <= noted
+    assert ("#h#0000000000001#000001", "") in noted and "junk" in rows.notes.quarantined
+    assert set(table.open_stamps(RUN)) >= {"victim", "junk"}  # the index holds what a node made, as any item
+    assert [r.site for r in table.get_sites(RUN, ["good", "victim", "junk"])] == ["good", "victim"]
+    assert table.get_site(RUN, "junk") is None and table.get_site(RUN, "good") == good
+    assert [n.instance_id for n in table.read_nodes(RUN)] == ["i-0bad"]
+
+
+@backends()
+def test_a_record_whose_fence_or_status_cannot_be_read_is_left_out_and_repaired_only_as_it_was_read(backend):
+    from fleet.readback import Notes
+
+    table = backend.table
+    table.create_run(run_info())
+    for name, attr in (("s-status", "run_status"), ("s-count", "attemptCount"), ("s-ver", "version")):
+        ops.claim(table, seed(table, name), "i-0aaa", NOW)
+        backend.scribble(RUN, name, {attr: WRONG[attr] if attr != "version" else "v"})
+    notes = Notes()
+    assert table.get_sites(RUN, ["s-status", "s-count", "s-ver"], notes) == []
+    assert set(notes.quarantined) == {"s-status", "s-count", "s-ver"}
+    for name, bad in notes.quarantined.items():
+        new = ops.repaired(bad, SiteSpec("https://x.test/"), NOW + 1, max_attempts=3, expire_at=1_800_086_400)
+        assert (new.run_status, new.attempt, new.failure_reason) == (RunStatus.QUEUED, 1, "error")
+        assert new.attempts[-1].outcome == "error"  # the attempt under way ended: its node is fenced off
+        backend.scribble(RUN, name, {"instance_id": ["moved"]})  # its fence changed since the read: not repaired
+        assert not table.repair(bad, new)
+        again = Notes()
+        table.get_sites(RUN, [name], again)
+        assert table.repair(again.quarantined[name], new)
+        assert table.get_site(RUN, name) == new
+
+
+@backends()
+def test_a_site_item_no_hub_seeded_is_taken_over_by_the_seeding_and_one_it_seeded_is_not(backend):
+    table = backend.table
+    backend.scribble(RUN, "early", {"run_status": "FAILED", "site_status": "FAILED", "version": Decimal(9)})
+    assert table.create_site(ops.new_site(RUN, "early", SiteSpec("https://early.test/"), None))
+    assert table.get_site(RUN, "early").run_status is RunStatus.QUEUED
+    assert not table.create_site(ops.new_site(RUN, "early", SiteSpec("https://other.test/"), None))
+
+
+@backends()
+def test_the_hub_gives_the_items_no_hub_made_the_runs_expiry(backend):
+    from fleet.pacing import PACING_PARTITION_PREFIX
+
+    table = backend.table
+    table.create_run(run_info())
+    seed(table, "s1")  # seeded with its expiry
+    table.put_node(NodeInfo(RUN, "i-0001", "idle", NOW, NOW))
+    backend.scribble(PACING_PARTITION_PREFIX + RUN, "example.test", {"requests": Decimal(3)})
+    assert table.stamp_expiry(RUN, 1_900_000_000) == 2
+    assert table.read_nodes(RUN)[0].expire_at == 1_900_000_000
+    assert table.get_site(RUN, "s1").expire_at == 1_800_086_400  # what had one keeps it
+    assert table.stamp_expiry(RUN, 1_900_000_000) == 0

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from fleet.aws.results import S3ResultStore
+from fleet.state import Attempt, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.summary import export_evidence
 from node.evidence import Evidence, keep
 
 from .conftest import REGION, moto_clients
@@ -19,6 +21,7 @@ from .conftest import REGION, moto_clients
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
 HOSTILE = "<html><script>fetch('report.html').then(r => r.text()).then(steal)</script></html>"
 PREFIX = "s1/20261121/evidence/1/"
+RUN = "2026-11-21"
 
 
 @pytest.fixture
@@ -34,13 +37,25 @@ def stored(s3: Any, store: S3ResultStore, name: str) -> tuple[str, str | None]:
     return head["ContentType"], head.get("ContentDisposition")
 
 
-def test_the_pages_html_is_stored_as_text_to_download(bucket):
+def test_the_pages_html_is_stored_as_text_to_download(bucket, tmp_path):
+    """The node writes its evidence under its own prefix, each file a new object; the hub's copy beside the result,
+    made as it exports the run (the one the report links), is stored by the file's name, whatever the node said:
+    the page's HTML as text to download."""
     s3, store = bucket
 
     def capture(session_id: str) -> Evidence:
         return Evidence(answered=True, url="http://x.test/", screenshot=PNG, html=HOSTILE)
 
-    keep(capture, store, ("s1", "20261121", "2026-11-21", 1), {"site": "s1"}, "session-1")
+    keep(capture, store, ("s1", "20261121", "2026-11-21", 1, "local:i-0aaa"), {"site": "s1"}, "session-1")
+    staged = f"staging/local:i-0aaa/{PREFIX}"
+    assert store.get(staged + "page.html") == HOSTILE.encode()
+    assert not store.put_staged(staged + "page.html", b"<script>later</script>", "text/html")  # never replaced
+    s3.put_object(Bucket=store.bucket, Key=staged + "screenshot.png", Body=PNG, ContentType="text/html")  # as if
+    spec = SiteSpec("http://x.test/")
+    rec = SiteRecord(
+        RUN, "s1", spec, RunStatus.FAILED, SiteStatus.FAILED, 1, attempts=(Attempt(1, "i-0aaa", 1.0, 2.0, "error"),)
+    )
+    export_evidence(tmp_path, "20261121", RUN, [rec], store)
 
     assert stored(s3, store, "page.html") == ("text/plain; charset=utf-8", "attachment")
     assert store.get(PREFIX + "page.html") == HOSTILE.encode()  # the bytes as the page wrote them

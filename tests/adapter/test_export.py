@@ -72,8 +72,9 @@ def fill(store: S3ResultStore, version: str) -> None:
     """Every site's result and site d's evidence, their bodies naming `version`."""
     for s in ("a", "b", "c"):
         store._c.put_object(Bucket=store.bucket, Key=result_key(s, DATE, RUN), Body=f'{{"v": "{version}"}}'.encode())
-    for name in ("evidence.json", "page.html"):
-        store.put_evidence(evidence_key("d", DATE, RUN, 1, name), f"{version} {name}".encode(), "text/plain")
+    for name in ("evidence.json", "page.html"):  # as node i-1 wrote it, under its own prefix (a local node's)
+        key = evidence_key("d", DATE, RUN, 1, name, "local:i-1")
+        store._c.put_object(Bucket=store.bucket, Key=key, Body=f"{version} {name}".encode())
 
 
 def tree(root: Path) -> dict[str, bytes]:

@@ -26,8 +26,8 @@ from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
-from fleet.codec import RunInfo
 from fleet.config.aws import AwsConfig
+from fleet.partition import RunInfo
 from fleet.state import RunState, SiteSpec
 from fleet.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from lambdas import starter, watchdog
@@ -440,14 +440,14 @@ def test_racing_watchdogs_start_one_hub(rig):
     rig.create_run(run_id)
     rig.watch()
     rig.clock.advance(STALE_S + 1)
-    key = {"run_id": {"S": run_id}, "Site": {"S": "#run"}}
+    key = {"run_id": {"S": f"#run:{run_id}"}, "Site": {"S": "#run"}}  # the run item, in the run's hub partition
     before = rig.ddb.get_item(TableName=rig.settings.table, Key=key, ConsistentRead=True)
 
     first = rig.watch()
     (restart,) = mine(first["restarted"], run_id)
     # The second watchdog read the run item and the instances before the first one's restart was visible.
     late_ec2 = HidingEc2(rig.ec2._client, hidden={restart["instance_id"]})
-    late_table = DynamoStateTable(FrozenReads(rig.ddb, {run_id: before}), rig.settings.table)
+    late_table = DynamoStateTable(FrozenReads(rig.ddb, {f"#run:{run_id}": before}), rig.settings.table)
     second = rig.watch(ec2=late_ec2, table=late_table, clock=FakeClock(start=rig.clock.now() + 0.5))
 
     assert mine(second["restarted"], run_id) == []

@@ -118,3 +118,40 @@ def test_making_the_writes_atomic_twice_wraps_them_once():
     moto_server.make_dynamodb_writes_atomic()
     assert DynamoHandler.update_item is first and first.gridfleet_atomic
     assert first.__wrapped__.__name__ == "update_item"
+
+
+def test_an_index_key_of_another_type_is_refused_as_dynamodb_refuses_it(moto_endpoint):
+    """DynamoDB refuses an UpdateItem that gives a secondary index's key a value of another type than the table
+    defines; moto does for an item that exists but stores it in one the write creates, and then every Query of the
+    index fails with an internal error. The project's moto refuses both and leaves the items as they were."""
+    from fleet.aws.bootstrap import ensure_resources
+
+    hx = uuid.uuid4().hex[:8]
+    aws = AwsConfig(endpoint_url=moto_endpoint, region=REGION, table=f"t-{hx}", queue=f"q-{hx}", bucket=f"b-{hx}")
+    clients = AwsClients(aws, credentials=LOCAL_CREDENTIALS)
+    ensure_resources(clients, 30)
+    ddb = clients.client("dynamodb")
+
+    def update(site: str, value: dict[str, Any]) -> None:
+        ddb.update_item(
+            TableName=aws.table,
+            Key={"run_id": {"S": "r"}, "Site": {"S": site}},
+            UpdateExpression="SET openSite = :o, pages = :p",
+            ExpressionAttributeValues={":o": value, ":p": {"N": "2"}},
+        )
+
+    update("kept", {"S": "kept"})
+    for site in ("new", "kept"):
+        for value in ({"N": "1"}, {"M": {"a": {"S": "x"}}}, {"L": []}, {"SS": ["a"]}, {"BOOL": True}):
+            with pytest.raises(ClientError) as refused:
+                update(site, value)
+            err = refused.value.response["Error"]
+            assert err["Code"] == "ValidationException" and "Type mismatch" in err["Message"], err
+    assert "Item" not in ddb.get_item(TableName=aws.table, Key={"run_id": {"S": "r"}, "Site": {"S": "new"}})
+    out = ddb.query(
+        TableName=aws.table,
+        IndexName="open",
+        KeyConditionExpression="run_id = :r",
+        ExpressionAttributeValues={":r": {"S": "r"}},
+    )
+    assert [i["openSite"] for i in out["Items"]] == [{"S": "kept"}]

@@ -16,7 +16,7 @@ from fleet import ops
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.table import DynamoStateTable
-from fleet.codec import RunInfo
+from fleet.partition import RunInfo
 from fleet.state import SiteSpec
 from node import browser
 from node import main as node_main

@@ -18,8 +18,8 @@ from fleet.aws.archive import S3RunArchive
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.notify import notify_overdue, previous_summary
 from fleet.aws.table import DynamoStateTable
-from fleet.codec import RunInfo
 from fleet.config import Config
+from fleet.partition import RunInfo
 from fleet.state import Reason
 from tests.unit.test_hub_loop import RUN, Rig, config
 

@@ -68,7 +68,7 @@ def test_the_runs_counters_of_each_domain_are_what_the_summary_shows(shared_clie
     run = f"run-{uuid.uuid4().hex[:8]}"
     base = (1.0, FROM_CRAWL_DELAY)
     for p, status in ((a, 200), (b, 429), (a, 200)):
-        p.count(run, d, base, (1, int(status == 429)), p.answered(d, 1.0, status), expire_at=2_000_000_000)
+        p.count(run, d, base, (1, int(status == 429)), p.answered(d, 1.0, status))
     pacing = DynamoStateTable(ddb, table).read_pacing(run)  # spacing: 1, 2 (the 429), then 10% back: 1.9
     assert pacing == {
         d: {"requests": 3, "base_s": 1.0, "base_from": "crawl-delay", "backoffs": 1, "spacing_s": pytest.approx(1.9)}

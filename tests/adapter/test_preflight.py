@@ -234,7 +234,6 @@ def ready(shared_clients, moto_endpoint, source_images, tmp_path) -> Any:
     _bucket(admin.client("s3"), names["bucket"])
     efs = admin.client("efs")
     fs = efs.create_file_system(CreationToken=stack)["FileSystemId"]
-    ap = efs.create_access_point(FileSystemId=fs)["AccessPointId"]
     admin.client("iam").create_instance_profile(InstanceProfileName=f"{stack}-node")
     _lambdas(admin, stack)
     _log_groups(admin.client("logs"), stack)
@@ -245,7 +244,6 @@ def ready(shared_clients, moto_endpoint, source_images, tmp_path) -> Any:
         "max_retries": 0,
         **{k: names[k] for k in ("table", "queue", "bucket")},
         "efs_id": fs,
-        "efs_access_point_id": ap,
         "subnet_ids": [names["subnet"]],
         "security_group_ids": [names["sg"]],
         "instance_profile": f"{stack}-node",
@@ -464,7 +462,6 @@ def tf_output(ready: Ready, path: Path, **change: Any) -> Path:
         "queue",
         "bucket",
         "efs_id",
-        "efs_access_point_id",
         "subnet_ids",
         "security_group_ids",
         "instance_profile",
@@ -482,7 +479,7 @@ def test_the_stack_outputs_equal_to_the_config_are_ok(gridfleet, ready, tmp_path
     assert code == 0, out
     assert checks["stack"] == (
         "ok",
-        f"the 17 keys of gridfleet_aws in {tmp_path / 'tf.json'} are the config's aws: section",
+        f"the 16 keys of gridfleet_aws in {tmp_path / 'tf.json'} are the config's aws: section",
     )
 
 

@@ -19,9 +19,9 @@ from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
-from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.config.aws import AwsConfig
+from fleet.partition import RunInfo
 from fleet.tags import TAG_STACK
 from hub.providers.ec2 import Ec2Provider
 from hub.teardown import teardown_run

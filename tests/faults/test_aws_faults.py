@@ -19,12 +19,12 @@ from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
-from fleet.codec import RunInfo
 from fleet.config.load import parse_config
+from fleet.partition import RunInfo
 from fleet.state import RunStatus, SiteSpec
 from node.agent import Agent, AgentSettings
 from profiles import ProfileStore
-from tests.helpers.fake_node import ScriptedCrawl, pages_script
+from tests.helpers.fake_node import ScriptedCrawl, pages_script, promoted
 
 RUN = "2026-11-21"
 
@@ -118,7 +118,8 @@ def test_a_node_under_throttling_beyond_retries_never_crawls_unclaimed_and_survi
     assert agent.run() == 0  # the node waited the throttling out instead of dying
     assert throttle.refused == 6
     assert crawl_starts and all(r.run_status is RunStatus.RUN and r.instance_id == "i-1" for r in crawl_starts)
-    assert table.get_site(RUN, "s1").run_status is RunStatus.COMPLETED
+    done = promoted(table, S3ResultStore(clients.client("s3"), config.aws.bucket), agent.queue, RUN, "s1")
+    assert done.run_status is RunStatus.COMPLETED  # once the hub made its staged result the site's
 
 
 def test_a_hub_under_throttling_beyond_retries_keeps_its_loop(moto_endpoint, tmp_path):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet.state import RunStatus
+from fleet.state import RunStatus, SiteStatus
 from tests.helpers.fake_node import pages_script
 from tests.helpers.fleet_sim import ATTEMPT_SCRIPTS, BEHAVIOURS, RUN, SimCloud, sim_config
 
@@ -74,9 +74,9 @@ def test_a_node_busy_past_the_heartbeat_timeout_that_finishes_and_claims_around_
         cur = r.current_attempt if r is not None else None
         return cur is not None and cloud.clock.now() - cur.start > 21
 
-    def long_done() -> bool:
+    def long_done() -> bool:  # the node's part of it: its result staged (the hub makes it COMPLETED)
         r = long_site()
-        return r is not None and r.run_status is RunStatus.COMPLETED
+        return r is not None and (r.run_status is RunStatus.COMPLETED or r.site_status is SiteStatus.SAVED)
 
     table = SlowTick(cloud.table, cloud, busy_past_timeout, long_done)
     cloud.start_hub(table=table)

@@ -83,9 +83,11 @@ case $1 in
     obj=$S3_ROOT/${src#s3://}
     [[ -f $obj ]] || { echo "fatal error: An error occurred (404) when calling the HeadObject operation" >&2; exit 1; }
     cp -- "$obj" "$dest" ;;
-  ssm)  # parameters are files under $SSM_ROOT, named as the parameter; STUB_SSM_FAILS: every call fails
+  ssm)  # parameters are files under $SSM_ROOT, named as the parameter; STUB_SSM_FAILS: every call fails,
+    # STUB_SSM_GET_FAILS: every get-parameter
     denied="An error occurred (AccessDeniedException) when calling the $2 operation"
     [[ -z ${STUB_SSM_FAILS:-} ]] || { echo "$denied" >&2; exit 254; }
+    [[ -z ${STUB_SSM_GET_FAILS:-} || $2 != get-parameter ]] || { echo "$denied" >&2; exit 254; }
     prev= name= value=
     for a in "$@"; do
       case $prev in --name) name=$a ;; --value) value=$a ;; esac
@@ -141,10 +143,9 @@ exit 2
     "id": 'ids=${STUB_IDS:-2000:2000}; [[ $1 == -u ]] && echo "${ids%:*}" || echo "${ids#*:}"\n',
     "chown": "exit 0\n",
     "install": 'mkdir -p -- "${@: -1}"\n',
-    # setpriv runs its command as this test's own user; STUB_CANNOT_WRITE: the crawl user's `test -w` fails.
+    # setpriv runs its command as this test's own user.
     "setpriv": r"""
 while [[ $1 == --* ]]; do shift; done
-[[ -n ${STUB_CANNOT_WRITE:-} && " $* " == *" test -w "* ]] && exit 1
 exec "$@"
 """,
     # java: the Grid hub, gone at once (a stub), or alive for a while when it is slow to answer (STUB_GRID_SLOW)
@@ -164,7 +165,10 @@ PIP_STUB = 'cp "$SANDBOX/gridfleet.stub" "$(dirname "$0")/gridfleet"\n'
 GRIDFLEET_STUB = r"""
 case $1 in
   validate) exit "${STUB_VALIDATE_RC:-0}" ;;
-  node) [[ $2 == report-failure ]] && exit 0; exit "${STUB_AGENT_RC:-0}" ;;
+  node)  # STUB_SITE_MOUNTS_RC: how the site-mount helper answers a `site-mount` request
+    [[ $2 == report-failure ]] && exit 0
+    [[ $2 == site-mount ]] && exit "${STUB_SITE_MOUNTS_RC:-0}"
+    exit "${STUB_AGENT_RC:-0}" ;;
   run) exit "${STUB_RUN_RC:-0}" ;;
   grid-secret)  # the project's own command
     PYTHONPATH=$GRIDFLEET_SRC exec "$REAL_PYTHON" -c 'import sys; from cli.main import main; sys.exit(main())' "$@" ;;

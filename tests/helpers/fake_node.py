@@ -9,12 +9,15 @@ the in-memory table, queue and result store, with such scripted crawls.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fleet import ops
 from fleet.clock import FakeClock
-from fleet.codec import RunInfo
-from fleet.state import SiteSpec
+from fleet.partition import RunInfo
+from fleet.results import LOCAL_ROLE
+from fleet.state import SiteSpec, SiteStatus
+from hub.promote import promote
 from node.agent import Agent, AgentSettings
 from node.runner import Exited
 from profiles import ProfileStore
@@ -76,6 +79,16 @@ def pages_script(n: int, step: float = 1.0) -> list:
     return out
 
 
+def promoted(table, results, queue, run_id: str, site: str, run_date: str = "20261121", role: str = LOCAL_ROLE):
+    """The site's record once the hub has looked: a result its node staged (SAVED) made the site's result
+    (`hub.promote`, what the hub's next tick does); the record as it is otherwise."""
+    rec = table.get_site(run_id, site)
+    if rec is not None and rec.site_status is SiteStatus.SAVED:
+        promote(table, results, queue, rec, run_date, role, time.time())
+        rec = table.get_site(run_id, site)
+    return rec
+
+
 class Rig:
     def __init__(self, tmp_path, scripts, **settings):
         self.clock = FakeClock()
@@ -123,7 +136,9 @@ class Rig:
         ops.send_next(self.table, self.queue, rec)
 
     def site(self, site="s1"):
-        return self.table.get_site(RUN, site)
+        """The site's record once the hub has looked: a result its node staged (SAVED) is made the site's result
+        (`hub.promote`), as the hub's next tick does."""
+        return promoted(self.table, self.results, self.queue, RUN, site)
 
 
 class Spy:

@@ -5,8 +5,9 @@ as tests/infra/test_iam.py reads it) and one request: the IAM action, the resour
 keys, as AWS would put them in the request context. An explicit Deny wins, then any Allow whose action, resource and
 every condition match; otherwise the request is implicitly denied. Wildcards are IAM's (`*`, `?`); actions and
 condition keys compare without case, resources and values with it. Only the condition operators the stack's
-policies use are known (StringEquals, StringLike, their IfExists forms, ForAllValues:StringEquals, Null, Bool); any
-other raises, so a policy that grows one cannot pass here by being misread.
+policies use are known (StringEquals, StringLike, ArnLike, their IfExists forms, ForAllValues:StringEquals and
+StringNotLike, Null, Bool); any other raises, so a policy that grows one cannot pass here by being misread. A
+resource's policy variables (`${aws:userid}`) take their values from the request's context.
 
 What AWS puts in a request's context for the calls the node makes is built by `dynamodb_context` and `s3_context`
 from the call's parameters, as botocore sends them.
@@ -97,24 +98,49 @@ def condition_holds(c: Condition, context: Mapping[str, ContextValue]) -> bool:
         return (value is None or value == ()) == (want.lower() == "true")
     if op.startswith("ForAllValues:"):
         inner = op.split(":", 1)[1]
-        if inner != "StringEquals":
-            raise ValueError(f"condition operator {op} is not known to this evaluator")
         found = () if value is None else ((value,) if isinstance(value, str) else value)
-        return all(v in c.values for v in found)  # an absent or empty key holds, as in AWS (hence Null beside it)
+        # an absent or empty key holds, as in AWS (hence Null beside it)
+        if inner == "StringEquals":
+            return all(v in c.values for v in found)
+        if inner == "StringNotLike":  # each value matches none of the patterns
+            return all(not any(_matches(p, v) for p in c.values) for v in found)
+        raise ValueError(f"condition operator {op} is not known to this evaluator")
     base, if_exists = (op[: -len("IfExists")], True) if op.endswith("IfExists") else (op, False)
-    if base not in ("StringEquals", "StringLike", "Bool"):
+    if base not in ("StringEquals", "StringLike", "ArnLike", "Bool"):
         raise ValueError(f"condition operator {op} is not known to this evaluator")
     if value is None:
         return if_exists
     if base == "Bool":
         return _single(tuple(v.lower() for v in c.values), str(value).lower(), like=False)
-    return _single(c.values, value, like=base == "StringLike")
+    # ArnLike matches an ARN as StringLike does (its six parts' wildcards, here: none spans a part it should not)
+    return _single(c.values, value, like=base in ("StringLike", "ArnLike"))
+
+
+_VARIABLE = re.compile(r"\$\{(aws:[A-Za-z]+)\}")  # IAM's own: `${aws_...}` in the .tf text is Terraform's
+
+
+def _resolved(pattern: str, context: Mapping[str, ContextValue]) -> str | None:
+    """A resource pattern with its policy variables (`${aws:userid}`) put in from the request's context, as IAM
+    does; None when one has no value there (IAM then takes the statement to match nothing)."""
+    missing = False
+
+    def value(m: re.Match[str]) -> str:
+        nonlocal missing
+        v = _context_value(context, m[1])
+        if not isinstance(v, str):
+            missing = True
+            return ""
+        return v  # (an aws:userid holds no wildcard character)
+
+    out = _VARIABLE.sub(value, pattern)
+    return None if missing else out
 
 
 def _applies(st: Statement, r: Request) -> bool:
+    resources = [p for p in (_resolved(p, r.context) for p in st.resources) if p is not None]
     return (
         any(_matches(a, r.action, ignore_case=True) for a in st.actions)
-        and any(_matches(p, r.resource) for p in st.resources)
+        and any(_matches(p, r.resource) for p in resources)
         and all(condition_holds(c, r.context) for c in st.conditions)
     )
 

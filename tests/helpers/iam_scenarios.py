@@ -28,9 +28,9 @@ from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import CLIENT_HOOKS, LOCAL_CREDENTIALS, AwsClients
 from fleet.checkpoint import SaveEvery
 from fleet.clock import FakeClock, SystemClock
-from fleet.codec import NodeInfo, RunInfo
 from fleet.config import Config, NotifyConfig
 from fleet.config.load import parse_config
+from fleet.partition import NodeInfo, RunInfo
 from fleet.state import SiteSpec
 from tests.helpers.iam_eval import request_context
 
@@ -46,7 +46,8 @@ OBJECT_CALL = "{call} on object/{key}"
 
 
 class Recorder:
-    def __init__(self) -> None:
+    def __init__(self, userid: str | None = None) -> None:
+        self.userid = userid  # the `aws:userid` AWS would see on the calls (an instance role's: role id, instance id)
         self.calls: set[str] = set()
         #: (call as in `calls`, its IAM request context: the condition keys AWS would see, `iam_eval`), every call.
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -63,7 +64,10 @@ class Recorder:
         elif service == "s3" and params.get("Key"):
             call = OBJECT_CALL.format(call=call, key=params["Key"])
         self.calls.add(call)
-        self.requests.append((call, request_context(service, params)))
+        context = request_context(service, params)
+        if self.userid is not None:
+            context["aws:userid"] = self.userid
+        self.requests.append((call, context))
 
     def clients(self, config: Config) -> AwsClients:
         return AwsClients(config.aws, credentials=LOCAL_CREDENTIALS, on_client=(self.hook,))
@@ -82,7 +86,10 @@ def _account(endpoint: str, tmp: Path) -> Config:
     sg = ec2.create_security_group(GroupName=f"g-{uuid.uuid4().hex[:6]}", Description="n", VpcId=vpc)["GroupId"]
     fs = setup.client("efs").create_file_system(CreationToken=uuid.uuid4().hex)["FileSystemId"]
     profile = f"node-{uuid.uuid4().hex[:6]}"
-    setup.client("iam").create_instance_profile(InstanceProfileName=profile)
+    iam = setup.client("iam")
+    iam.create_instance_profile(InstanceProfileName=profile)
+    iam.create_role(RoleName=profile, AssumeRolePolicyDocument="{}")  # the nodes' role: its id names their prefix
+    iam.add_role_to_instance_profile(InstanceProfileName=profile, RoleName=profile)
     setup.client("ssm").put_parameter(
         Name=f"/gridfleet/ami-{uuid.uuid4().hex[:6]}",
         Type="String",
@@ -151,6 +158,8 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     env.preflight()
     ami = env.resolve_ami()
     env.upload_run_config("iam-hub")
+    env.ensure_site_access_points()  # as `gridfleet run` does before any node starts: s1's and s2's made...
+    env.ensure_site_access_points()  # ...and found by their tags the next time
     provider = env.provider(ami, "10.9.1.10")
     clock = SystemClock()
     control = env.control("iam-hub", clock)
@@ -166,6 +175,7 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
         out_dir=tmp / "runs",
         hub_id="ec2:i-hub",
         monitor=monitor_for("iam-hub", config, env.queue, env.clients, clock),
+        writer_role=env.node_role(),
     )  # as `gridfleet run`
     hub.tick()  # start, seed, launch
     # The hub's per-tick read of what moved: the open sites' stamps (the table's index `open`), the records
@@ -174,7 +184,7 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     assert [r.site for r in env.table.get_sites("iam-hub", ["s1", "s2"])] == ["s1", "s2"]
     env.table.read_nodes("iam-hub")
     node = provider.list("iam-hub")[0].id
-    _act_as_a_node(config, node)  # s1 completed with its result, s2 hung in URL_CALL and marked for a kill
+    _act_as_a_node(config, node, env.node_role())  # s1's result staged (SAVED), s2 hung in URL_CALL, marked for a kill
     CLIENT_HOOKS.append(rec.hook)  # the end-of-run message goes through clients of its own (fleet.aws.notify)
     try:
         outcome = hub.run()  # kills s2 through SSM, requeues it; the deadline: the end message, export, teardown
@@ -210,20 +220,23 @@ def hub_calls(endpoint: str, tmp: Path) -> set[str]:
     return rec.calls
 
 
-def _act_as_a_node(config: Config, node: str) -> None:
-    """Unrecorded: what nodes would have written, so the hub takes its completion and kill paths."""
+def _act_as_a_node(config: Config, node: str, role: str) -> None:
+    """Unrecorded: what nodes would have written, so the hub takes its promotion and kill paths."""
     from fleet.aws.results import S3ResultStore
     from fleet.aws.table import DynamoStateTable
-    from fleet.results import result_key
+    from fleet.results import staged_result_key, writer_id
     from fleet.state import Reason, SiteStatus
 
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)
     table = DynamoStateTable(clients.client("dynamodb"), config.aws.table)
     now = time.time()
     s1 = ops.claim(table, table.get_site("iam-hub", "s1"), node, now)
-    key = result_key("s1", table.get_run("iam-hub").run_date, "iam-hub")  # as node.attempt derives it
-    S3ResultStore(clients.client("s3"), config.aws.bucket).put_new(key, b"{}")
-    ops.complete(table, s1, key, now)
+    run_date = table.get_run("iam-hub").run_date
+    staged = staged_result_key(
+        writer_id(role, node), "s1", run_date, "iam-hub", s1.attempt, s1.version
+    )  # as node.attempt
+    S3ResultStore(clients.client("s3"), config.aws.bucket).put_staged(staged, b"{}")
+    ops.saved(table, s1, now, staged=s1.version)
     s2 = ops.claim(table, table.get_site("iam-hub", "s2"), node, now)
     s2 = ops.report(table, ops.report(table, s2, SiteStatus.RUNNING, now), SiteStatus.URL_CALL, now)
     ops.request_kill(table, s2, Reason.HANG, now)
@@ -256,7 +269,8 @@ def node_calls(endpoint: str, tmp: Path, requests: list[tuple[str, dict[str, Any
     table.create_site(failing)
     ops.send_next(table, SqsSiteQueue(seed.client("sqs"), aws.queue, aws.dlq_name), failing)
 
-    rec = Recorder()
+    me = "AROANODEROLE0000:i-node"  # the instance role session's `aws:userid`, as STS says it on AWS
+    rec = Recorder(userid=me)
     clients = rec.clients(config)
     state = tmp / "state"
     state.mkdir(parents=True)
@@ -270,6 +284,7 @@ def node_calls(endpoint: str, tmp: Path, requests: list[tuple[str, dict[str, Any
             receive_wait_s=0,
             hang_after_s=30,
             save_every=SaveEvery(pages=1),  # a part per page: the parts' keys are among the calls recorded
+            writer=me,
         ),
         table=DynamoStateTable(clients.client("dynamodb"), aws.table),
         queue=SqsSiteQueue(clients.client("sqs"), aws.queue, aws.dlq_name),
@@ -286,7 +301,7 @@ def node_calls(endpoint: str, tmp: Path, requests: list[tuple[str, dict[str, Any
     )  # as node.main builds it
     sys.path.insert(0, str(ROOT))
     agent.run()
-    assert table.get_site("iam-node", "s1").run_status.value == "COMPLETED"
+    assert table.get_site("iam-node", "s1").site_status.value == "SAVED"  # the hub makes it COMPLETED
     metrics = published(config)
     assert {
         ("JobsCompleted", ("WorkerId",)),
@@ -299,6 +314,10 @@ def node_calls(endpoint: str, tmp: Path, requests: list[tuple[str, dict[str, Any
         NodeInfo("iam-node", "i-x", BOOT_FAILED, time.time(), time.time(), error="mount failed")
     )
     ship_logs(config, clients, aws.log_group_node, "iam-node/i-node")
+    # `gridfleet node site-mounts` (root's helper) finds a claimed site's access point by its tags
+    from fleet.aws.efs import site_points
+
+    site_points(clients.client("efs"), aws.efs_id or "", aws.stack, config.fleet.crawl_uid)
     if requests is not None:
         requests.extend(rec.requests)
     return rec.calls

@@ -34,8 +34,9 @@ SUITE_TWIN_NETS = range(1, 10)
 #: A test whose id starts with a key (a path from the root, with `::` and a name to pick tests of a file)
 #: belongs to that group; the first key that matches wins.
 GROUPS: dict[str, str] = {
-    # The day and the week run on one deployed stack (`twin_stack`, a session fixture: once per worker).
+    # The day, the lost hub and the week run on one deployed stack (`twin_stack`, a session fixture: once per worker).
     "tests/twin/test_twin_day.py::": "twin-stack",
+    "tests/twin/test_twin_hub_lost.py::": "twin-stack",
     "tests/twin/test_twin_week.py::": "twin-stack",
     # Both use the module's bundle built for graviton (a minute of pip): built once, not once per worker.
     "tests/adapter/test_bundle.py::test_a_bundle_built_here_for_graviton": "graviton-bundle",

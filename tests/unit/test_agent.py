@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from types import SimpleNamespace
 
 import pytest
 
 from fleet import ops
 from fleet.protocol import CLAIMED_VISIBILITY_S
-from fleet.state import Reason, RunStatus, SiteStatus
+from fleet.state import Reason, RunState, RunStatus, SiteStatus
 from tests.helpers.fake_node import HANG, RUN, Rig, pages_script, spied, status
 
 
@@ -243,12 +244,18 @@ def test_the_agent_stops_taking_sites_when_its_grid_node_is_gone(tmp_path):
     assert rig.site().run_status is RunStatus.QUEUED and rig.crawls == []  # nothing claimed, nothing burned
 
 
-def test_node_items_expire_with_the_run(tmp_path):
+def test_node_items_expire_with_the_run_by_the_hubs_hand(tmp_path):
+    """The node role may not write `expireAt`: a node item carries none until the hub stamps the run's items with
+    the run's expiry as the run ends (`StateTable.stamp_expiry`), which leaves items that have one alone."""
     rig = Rig(tmp_path, [])
     rig.table.update_run(RUN, expire_at=1_900_000_000)
     rig.agent.run()
     (node,) = rig.table.read_run(RUN).nodes
-    assert node.expire_at == 1_900_000_000 and node.state == "exiting"
+    assert node.expire_at is None and node.state == "exiting"
+    assert rig.table.stamp_expiry(RUN, 1_900_000_000) == 1
+    (node,) = rig.table.read_run(RUN).nodes
+    assert node.expire_at == 1_900_000_000
+    assert rig.table.stamp_expiry(RUN, 1_000) == 0
 
 
 def test_a_spot_notice_mid_crawl_gives_the_attempt_back_and_releases_the_message(tmp_path):
@@ -309,3 +316,35 @@ def test_an_idle_node_leaves_when_no_site_of_its_run_waits(tmp_path):
     rig = Rig(tmp_path, [], idle_exit_s=3)
     start = rig.clock.monotonic()
     assert rig.agent.run() == 0 and rig.clock.monotonic() < start + 10
+
+
+def test_a_crawl_that_fails_while_its_grid_hub_is_lost_is_given_back_and_the_node_waits_for_a_new_hub(tmp_path, caplog):
+    """Every command of a crawl goes through the Grid hub's router: a hub lost mid-run fails every crawl under way.
+    That is no fault of the site's: the attempt is given back, not spent, and the node takes no site until a hub's
+    Grid lists it again (the watchdog replaces the hub; the node's Grid node registers with it by itself)."""
+    fail = [(0.5, {"event": "session", "id": "sess-1"}), (1.0, {"event": "error", "message": "Connection refused"})]
+    rig = Rig(tmp_path, [fail, pages_script(1)], spot_cap=3)
+    down = {"until": None}
+
+    def grid_up() -> bool:
+        if rig.crawls and down["until"] is None:
+            down["until"] = rig.clock.monotonic() + 60  # the hub goes with the first crawl's error
+        return down["until"] is None or rig.clock.monotonic() >= down["until"]
+
+    rig.agent.grid_up = grid_up
+    rig.seed()
+    with caplog.at_level(logging.INFO, logger="gridfleet.node"):
+        assert rig.agent.run() == 0
+    rec = rig.site()
+    assert rec.run_status is RunStatus.COMPLETED and [a.outcome for a in rec.attempts] == ["busy", "completed"]
+    assert rec.spot_requeues == 1 and rec.attempt == 1  # given back: no attempt spent on it
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("grid-lost" in m for m in lines) and any("grid-back" in m for m in lines)
+    assert rig.crawls[1].started >= down["until"]  # no site taken while no hub listed the node
+
+
+def test_a_node_waiting_for_a_grid_hub_leaves_once_the_run_is_over(tmp_path):
+    rig = Rig(tmp_path, [])
+    rig.agent.grid_up = lambda: False
+    rig.table.update_run(RUN, status=RunState.FINISHED)
+    assert rig.agent.run() == 0

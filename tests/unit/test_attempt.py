@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 from fleet import ops
 from fleet.checkpoint import SaveEvery
 from fleet.codec import ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, URL_MAX_CHARS
-from fleet.state import Counts, RunStatus, SiteSpec
+from fleet.state import Counts, RunStatus, SiteSpec, SiteStatus
 from tests.helpers.fake_node import HANG, RUN, Rig, pages_script, spied, status
 
 # --- checkpoints and incremental marks ------------------------------------------------------------
@@ -179,12 +179,12 @@ def test_a_refused_write_leaves_its_reason_in_the_error_text(tmp_path):
 
 def test_a_result_the_table_refuses_ends_the_attempt_as_an_error(tmp_path):
     rig = Rig(tmp_path, [pages_script(1)], max_attempts=1)
-    rig.table.write = refusing(rig.table.write, lambda old, new: new.run_status is RunStatus.COMPLETED)
+    rig.table.write = refusing(rig.table.write, lambda old, new: new.site_status is SiteStatus.SAVED)
     rig.seed()
     assert rig.agent.run() == 0
     rec = rig.site()
     assert (rec.run_status, rec.attempts[0].outcome) == (RunStatus.FAILED, "error")
-    assert "complete" in rec.error and rig.agent.stats.completed == 0
+    assert "saved" in rec.error and rig.agent.stats.completed == 0
 
 
 def test_what_a_crawler_sends_is_cut_to_size_before_it_is_written(tmp_path):
@@ -204,7 +204,7 @@ def test_what_a_crawler_sends_is_cut_to_size_before_it_is_written(tmp_path):
     assert max(len(r.url or "") for r in written) == URL_MAX_CHARS
     ckpt = rig.site().checkpoint
     assert ckpt["items"] == 2 and long_id not in json.dumps(ckpt)  # the record counts the items, its size bounded
-    (part,) = [k for k in rig.results.keys("s1/20261121/parts/")]
+    (part,) = [k for k in rig.results.keys("staging/local:i-1/s1/20261121/parts/")]
     assert [i["id"] for i in json.loads(rig.results.get(part))] == [long_id, "short"]  # kept whole in its part
     assert rig.site().error == "E" * ERROR_MAX_CHARS
 
@@ -222,6 +222,7 @@ def test_a_resumed_crawl_meeting_an_item_with_a_long_id_again_keeps_it_once_with
     rig.seed()
     rig.agent.run()
     assert rig.crawls[1].job["checkpoint"]["items"][0]["id"] == long_id  # parts keep ids whole
+    rig.site()  # the hub makes the staged result the site's
     body = json.loads(rig.results.get("s1/20261121/result.json"))
     assert [i["id"] for i in body["items"]] == [long_id, "b"]
 
@@ -260,8 +261,9 @@ def test_a_result_that_breaks_its_contract_is_quarantined_and_the_site_fails_at_
     assert rec.attempt == 1 and len(rig.crawls) == 1 and rig.queue.depth().visible == 0
     assert "min_items: 2 items < 5" in rec.error and "fields: item 0" in rec.error and "'price'" in rec.error
     assert rec.attempts[0].outcome == "contract" and rec.attempts[0].counts.items == 2
-    assert rig.results.keys("s1/") == ["s1/20261121/quarantine/1.json"]
-    assert len(json.loads(rig.results.get("s1/20261121/quarantine/1.json"))["items"]) == 2
+    kept = "staging/local:i-1/s1/20261121/quarantine/1.json"  # under the node's own prefix; no result anywhere
+    assert rig.results.keys("s1/") == [] and rig.results.keys("staging/") == [kept]
+    assert len(json.loads(rig.results.get(kept))["items"]) == 2
     assert rec.result_key is None and rec.items is None
 
 

@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 
-from fleet.state import Reason, RunStatus
+from fleet.state import Reason, RunStatus, SiteStatus
 from node.closing import Closer
 from node.phases import phase_timings
 from node.runner import ChildProcess, Exited, SpareCrawlers
@@ -23,22 +23,22 @@ def recorded(rig):
     def held():
         return "s1" in rig.agent.profiles.held()
 
-    put, write, delete = rig.results.put_new, rig.table.write, rig.queue.delete
+    put, write, delete = rig.results.put_staged, rig.table.write, rig.queue.delete
 
-    def put_new(key, body):
+    def put_staged(key, body, *rest):
         steps.append(("put", held()))
-        return put(key, body)
+        return put(key, body, *rest)
 
     def table_write(old, new):
-        if new.run_status is RunStatus.COMPLETED:
-            steps.append(("completed", held()))
+        if new.site_status is SiteStatus.SAVED and old.site_status is not SiteStatus.SAVED:
+            steps.append(("saved", held()))
         return write(old, new)
 
     def queue_delete(msg):
         steps.append(("delete", held()))
         return delete(msg)
 
-    rig.results.put_new, rig.table.write, rig.queue.delete = put_new, table_write, queue_delete
+    rig.results.put_staged, rig.table.write, rig.queue.delete = put_staged, table_write, queue_delete
     start = rig.agent.start_crawl
 
     def start_crawl(job, log_path):
@@ -57,13 +57,13 @@ def recorded(rig):
     return steps
 
 
-def test_the_result_is_in_the_bucket_before_completed_and_both_before_the_browser_is_closed(tmp_path):
+def test_the_result_is_staged_before_saved_and_both_before_the_browser_is_closed(tmp_path):
     rig = Rig(tmp_path, [pages_script(2)])
     rig.seed()
     steps = recorded(rig)
     rig.agent.run()
     assert rig.site().run_status is RunStatus.COMPLETED
-    assert [name for name, _ in steps] == ["put", "completed", "delete", "close", "cleanup"]
+    assert [name for name, _ in steps] == ["put", "saved", "delete", "close", "cleanup"]
     assert all(held for _, held in steps)  # the profile stays locked until its browser is gone
     assert rig.agent.profiles.held() == []
     assert rig.crawls[0].closed_with and rig.crawls[0].closed_with > 0  # it quits its own browser meanwhile

@@ -289,6 +289,39 @@ CASES: dict[str, Case] = {
         f"argument --run-id: '{BIG[:64]}…' (102400 characters) is not a run id",
         SITE,
     ),
+    # --- every id a command takes, 100 KB of it: cut in its one line (ID_ARGUMENTS below holds them to the parser)
+    **{
+        f"100 KB id: {command} {arg}": Case(argv, f"'{BIG[:64]}…' (102400 characters)", content)
+        for (command, arg), (argv, content) in {
+            ("crawl", "SITE"): (["crawl", BIG, "--config", "{F}"], SITE),
+            ("rerun", "SITE"): (["rerun", "a", BIG], None),
+            **{
+                (command, "--run-id"): ([command, "--run-id", BIG], None)
+                for command in ("rerun", "status", "watch", "report", "check", "teardown", "logs")
+            },
+            ("render", "--run-id"): (["render", "node", "--config", "{F}", "--run-id", BIG], SITE),
+            ("logs", "--node"): (["logs", "--run-id", "r1", "--node", BIG], None),
+            ("logs", "--site"): (["logs", "--run-id", "r1", "--site", BIG], None),
+            ("ship-logs", "--stream"): (
+                ["ship-logs", "{F}", "--config", "{F}", "--group", "/g", "--stream", BIG, "--state", "{F}.d", "--once"],
+                SITE,
+            ),
+            ("grid-secret", "--run-id"): (
+                ["grid-secret", "--run-id", BIG]
+                + [
+                    x
+                    for name in ("secret-file", "hub-config", "curl-config", "parameter-file")
+                    for x in (f"--{name}", f"{{F}}.{name}")
+                ],
+                None,
+            ),
+        }.items()
+    },
+}
+
+#: The arguments of `gridfleet` that take an id, by command: the cases above give each 100 KB of one.
+ID_ARGUMENTS = {name.removeprefix("100 KB id: ") for name in CASES if name.startswith("100 KB id: ")} | {
+    "run --run-id"  # the case "100 KB --run-id"
 }
 
 
@@ -404,3 +437,19 @@ def test_the_examples_still_load_in_well_under_a_second(cli):
     for path in sorted(root.glob("*.yaml")):
         code, _, err, seconds, _ = cli(["validate", "--config", str(path)])
         assert code == 0 and seconds < 5, (path, err)
+
+
+def test_every_argument_that_takes_an_id_has_its_100_kb_case():
+    """The parser's own list: a command that takes a run, site, node or stream id is covered above."""
+    import argparse
+
+    from cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    found = set()
+    for command, parser in sub.choices.items():
+        for action in parser._actions:
+            named = action.option_strings[-1] if action.option_strings else (action.metavar or action.dest)
+            if action.dest in ("run_id", "site", "node", "stream") or named == "SITE":
+                found.add(f"{command} {named}")
+    assert found == ID_ARGUMENTS

@@ -3,7 +3,6 @@ what each step calls, in which order, and how each failure ends (logged, reporte
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 import os
@@ -21,7 +20,6 @@ from fleet import crawlerfile
 from fleet.grid_auth import GRID_USER, GridSecret, hub_toml
 from tests.helpers.boot_sandbox import (
     BASH,
-    EFS_ID,
     INSTANCE_ID,
     LOCAL_IP,
     SSM_AGENT_BUCKET,
@@ -68,9 +66,12 @@ def upload_node_objects(sb: Sandbox, p: NodeUserData, bundle: bool = True, confi
 
 
 SECRET = GridSecret("s3cr3t-" + "x" * 40)
+NODE_RUN = "2026-11-21"  # the run of `node_params()`
+HUB_RUN = "2026-11-20"  # the run tag of the hubs below
 
 
-def put_grid_secret(sb: Sandbox, name: str, value: str = SECRET.value + "\n") -> Path:
+def put_grid_secret(sb: Sandbox, name: str, value: str = f"{NODE_RUN} {SECRET.value}\n") -> Path:
+    """The parameter as the AWS CLI prints it (`--output text`): the run's id, then the secret, as a hub put it."""
     path = sb.ssm / name.lstrip("/")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(value)
@@ -88,7 +89,7 @@ def agent_argv(sb: Sandbox, p: NodeUserData) -> list[str]:
         "--grid-url", f"http://{hub}:4444", "--grid-jar", f"{p.install_dir}/selenium-server.jar",
         "--grid-publish", f"tcp://{hub}:4442", "--grid-subscribe", f"tcp://{hub}:4443", "--grid-host", LOCAL_IP,
         "--grid-port", "5555", "--state-dir", p.state_dir, "--profiles-root", p.efs_mount,
-        "--grid-secret-file", f"{sb.etc}/grid-secret",
+        "--site-mounts", f"{p.state_dir}/site-mounts.sock", "--grid-secret-file", f"{sb.etc}/grid-secret",
     ]  # fmt: skip
 
 
@@ -156,26 +157,30 @@ def test_node_bootstrap_hands_the_work_to_its_service(sandbox, keys):
     pip = sandbox.calls("pip")[0]
     assert pip[pip.index("--find-links") + 1] == f"{p.install_dir}/wheels" and "--no-index" in pip
     assert work_file(apts[4], "amazon-efs-utils.deb") and len(apts) == 5
-    # the log shipper starts once gridfleet is installed, the agent's service last of all
+    # the log shipper starts once gridfleet is installed, then the site-mount helper, the agent's service last of all
     assert systemctl[1:] == [
         ["systemctl", "start", "--no-block", "gridfleet-logs.service"],
+        ["systemctl", "start", "--no-block", "gridfleet-mounts.service"],
         ["systemctl", "start", "--no-block", "gridfleet-node.service"],
     ]
     calls = sandbox.calls()
     assert calls.index(pip) < calls.index(systemctl[1]) < calls.index(sandbox.calls("gridfleet")[0])
-    # EFS: mounted over TLS with IAM, retried every 5 s until it worked, prepared for the crawl user
-    mount = ["mount", "-t", "efs", "-o", "tls,iam", f"{EFS_ID}:/", p.efs_mount]
-    assert sandbox.calls("mount") == [mount] * 3 and sandbox.calls("sleep").count(["sleep", "5"]) == 2
-    chown_efs = ["chown", "2000:2000", f"{p.efs_mount}/profiles", f"{p.efs_mount}/locks"]
-    assert sandbox.calls("chown") == [["chown", "2000:2000", f"{sandbox.etc}/grid-secret.part"], chown_efs]
-    assert calls.index(sandbox.calls("useradd")[0]) < calls.index(mount) < calls.index(chown_efs)
+    # EFS: nothing is mounted at boot (the helper mounts a site's own access point per claim); the mount points'
+    # directory is root's, and the helper answers the crawl user before the agent starts
+    assert sandbox.calls("mount") == []
+    chown_root = ["chown", "root:root", p.efs_mount]
+    assert sandbox.calls("chown") == [["chown", "2000:2000", f"{sandbox.etc}/grid-secret.part"], chown_root]
     home = f"{p.state_dir}/home"
-    assert sandbox.calls("setpriv") == [
-        crawl_user(home) + ["test", "-w", f"{p.efs_mount}/profiles", "-a", "-w", f"{p.efs_mount}/locks"]
-    ]
+    ping = ["node", "site-mount", "ping", "--socket", f"{p.state_dir}/site-mounts.sock"]
+    assert sandbox.calls("setpriv") == [crawl_user(home) + [f"{p.install_dir}/venv/bin/gridfleet", *ping]]
+    assert calls.index(sandbox.calls("useradd")[0]) < calls.index(chown_root) < calls.index(systemctl[2])
+    assert calls.index(systemctl[2]) < calls.index(["gridfleet", *ping]) < calls.index(systemctl[3])
     # the bootstrap ends; the instance does not: its agent runs as a service
     assert calls[-1] == systemctl[-1] and SHUTDOWN not in calls
-    assert sandbox.calls("gridfleet") == [["gridfleet", "validate", "--config", f"{sandbox.etc}/fleet.yaml"]]
+    assert sandbox.calls("gridfleet") == [
+        ["gridfleet", "validate", "--config", f"{sandbox.etc}/fleet.yaml"],
+        ["gridfleet", *ping],
+    ]
     assert (sandbox.etc / "instance.env").read_text() == (
         f"INSTANCE_ID={INSTANCE_ID}\nLOCAL_IP={LOCAL_IP}\nINSTANCE_RUN_ID={p.run_id}\n"
     )
@@ -223,17 +228,14 @@ def test_the_log_service_ships_the_nodes_four_logs(sandbox):
     ]  # fmt: skip
 
 
-def test_node_mounts_through_the_access_point_when_one_is_given(sandbox):
-    ap = "fsap-0123456789abcdef0"
-    p = dataclasses.replace(sandbox_node(sandbox), efs_access_point_id=ap)
-    upload_node_objects(sandbox, p)
-    r = sandbox.run(boot_script(render_node(p)))
+def test_the_site_mounts_service_runs_the_helper_as_root(sandbox):
+    p = booted(sandbox)
+    r = sandbox.run(boot_script(render_node(p)), "site-mounts")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sandbox.calls("mount") == [
-        ["mount", "-t", "efs", "-o", f"tls,iam,accesspoint={ap}", f"{EFS_ID}:/", p.efs_mount]
-    ]
-    with pytest.raises(RenderError, match="efs_access_point_id"):
-        dataclasses.replace(p, efs_access_point_id="fsap-nothex!")
+    assert sandbox.calls() == [
+        ["gridfleet", "node", "site-mounts", "--config", f"{sandbox.etc}/fleet.yaml", "--run-id", p.run_id,
+         "--instance-id", INSTANCE_ID, "--socket", f"{p.state_dir}/site-mounts.sock"]
+    ]  # fmt: skip
 
 
 def test_a_baked_node_installs_no_package(sandbox):
@@ -286,7 +288,7 @@ def test_node_bundle_download_fails_and_is_reported_with_the_aws_cli(sandbox):
     assert update["UpdateExpression"] == "SET " + ", ".join(
         f"{n} = :{n[1:]}" for n in update["ExpressionAttributeNames"]
     )
-    assert item["state"] == {"S": "boot-failed"} and item["error"]["S"].startswith("fetch-bundle: cannot download")
+    assert item["node_state"] == {"S": "boot-failed"} and item["error"]["S"].startswith("fetch-bundle: cannot download")
     # and the boot log goes to the node's stream with the AWS CLI, its lines in time order
     logs = [c[1:3] for c in sandbox.calls("aws") if c[1] == "logs"]
     assert logs == [["logs", "create-log-stream"], ["logs", "put-log-events"]]
@@ -332,23 +334,22 @@ def test_a_bundle_for_another_platform_is_refused_before_anything_is_installed(s
     assert "check-platform: the bundle is built for linux aarch64" in failure_update(sandbox)[-1]
 
 
-def test_node_mount_never_succeeds(sandbox):
+def test_node_whose_site_mount_helper_never_answers(sandbox):
     # 6 s of boot timeout: on a busy machine one stubbed attempt can take seconds, and the test wants two
     p = sandbox_node(sandbox, boot_timeout_s=6)
     upload_node_objects(sandbox, p)
     started = time.monotonic()
-    r = sandbox.run(boot_script(render_node(p)), STUB_MOUNT_FAILS="1000000", STUB_SLEEP_REAL="0.3")
+    r = sandbox.run(boot_script(render_node(p)), STUB_SITE_MOUNTS_RC="1", STUB_SLEEP_REAL="0.3")
     assert time.monotonic() - started < 30  # bounded by the boot timeout, not endless
     assert r.returncode != 0
-    assert re.search(
-        r"gridfleet: node bootstrap failed at mount-efs: fs-0123456789abcdef0 is not mounted at "
-        r"\S+/efs after 6 s \(\d+ attempts\)",
-        failed(sandbox, "mount-efs"),
-    )
-    assert len(sandbox.calls("mount")) >= 2
+    assert (
+        f"gridfleet: node bootstrap failed at site-mounts: the site-mount helper does not answer gridfleet on "
+        f"{p.state_dir}/site-mounts.sock (see /var/log/gridfleet-mounts.log)"
+    ) in failed(sandbox, "site-mounts")
     gf = sandbox.calls("gridfleet")
-    assert [c[1:3] for c in gf] == [["validate", "--config"], ["node", "report-failure"]]
-    assert gf[1][gf[1].index("--message") + 1].startswith("mount-efs: ")
+    assert len([c for c in gf if c[1:3] == ["node", "site-mount"]]) >= 2
+    assert gf[-1][1:3] == ["node", "report-failure"]
+    assert gf[-1][gf[-1].index("--message") + 1].startswith("site-mounts: ")
     # the shipper runs: the boot log goes through it (at the shutdown), not through the AWS CLI
     assert [c for c in sandbox.calls("aws") if c[1] == "logs"] == []
 
@@ -428,16 +429,6 @@ def test_node_refuses_a_crawl_user_of_another_uid(sandbox):
     assert "user gridfleet is not uid and gid 2000" in failed(sandbox, "crawl-user")
     assert sandbox.calls("useradd") == [] and sandbox.calls("mount") == [] and sandbox.calls("setpriv") == []
     assert sandbox.calls("gridfleet")[-1][1:3] == ["node", "report-failure"]  # as root: never through setpriv
-
-
-def test_node_fails_when_the_crawl_user_cannot_write_on_efs(sandbox):
-    p = sandbox_node(sandbox)
-    upload_node_objects(sandbox, p)
-    r = sandbox.run(boot_script(render_node(p)), STUB_CANNOT_WRITE="1")
-    assert r.returncode != 0
-    assert (f"gridfleet cannot write to {p.efs_mount}/profiles and locks (access point user not uid 2000?)") in failed(
-        sandbox, "prepare-dirs"
-    )
 
 
 def test_logs_stay_on_the_instance_when_shipping_is_off(sandbox):
@@ -628,30 +619,125 @@ def mode(path: Path) -> int:
     return path.stat().st_mode & 0o777
 
 
+def ssm_calls(sb: Sandbox) -> list[list[str]]:
+    return [c for c in sb.calls("aws") if c[1] == "ssm"]
+
+
+def get_parameter_call(name: str = "/gridfleet/grid-secret") -> list[str]:
+    return ["aws", "ssm", "get-parameter", "--region", "ap-northeast-2", "--with-decryption", "--name", name,
+            "--query", "Parameter.Value", "--output", "text"]  # fmt: skip
+
+
+def stored_secret(sb: Sandbox) -> str:
+    """The parameter's value as the hub put it."""
+    return (sb.ssm / "gridfleet" / "grid-secret").read_text()
+
+
 def test_the_hub_makes_the_grid_secret_puts_it_in_ssm_from_a_file_and_starts_the_grid_with_it(sandbox):
-    """`gridfleet grid-secret` runs for real (the sandbox's gridfleet hands it to the project's own command)."""
+    """The first hub of the stack: no parameter yet, so a new secret, put with the run's id. `gridfleet grid-secret`
+    runs for real (the sandbox's gridfleet hands it to the project's own command)."""
     p = sandbox_hub(sandbox)
-    r = sandbox.run(boot_script(render_hub(p)), STUB_TAG_RUN_ID="2026-11-20")
+    r = sandbox.run(boot_script(render_hub(p)), STUB_TAG_RUN_ID=HUB_RUN)
     assert r.returncode == 0, r.stdout + r.stderr
     etc = sandbox.etc
     secret = GridSecret.read(etc / "grid-secret")
     assert secret != SECRET and all(mode(etc / f) == 0o600 for f in ("grid-secret", "grid-hub.toml", "grid-curl.conf"))
     assert (etc / "grid-hub.toml").read_text() == hub_toml(secret)
     assert (etc / "grid-curl.conf").read_text() == f'user = "{GRID_USER}:{secret.password}"\n'
-    (put,) = [c for c in sandbox.calls("aws") if c[1] == "ssm"]
+    get, put = ssm_calls(sandbox)  # one read: a parameter that does not exist is not asked again
+    assert get == get_parameter_call()
     assert put == ["aws", "ssm", "put-parameter", "--region", "ap-northeast-2", "--name", "/gridfleet/grid-secret",
                    "--type", "SecureString", "--key-id", "alias/gridfleet", "--overwrite",
-                   "--value", f"file://{etc}/grid-secret"]  # fmt: skip
-    assert GridSecret.read(sandbox.ssm / "gridfleet" / "grid-secret") == secret  # what the nodes will read
+                   "--value", f"file://{etc}/grid-secret.value"]  # fmt: skip
+    assert stored_secret(sandbox) == f"{HUB_RUN} {secret.value}"  # what the nodes will read
+    assert not (etc / "grid-secret.value").exists() and not (etc / "grid-secret.current").exists()
     wait_for(lambda: sandbox.calls("java"))
     (java,) = sandbox.calls("java")
     assert java[-2:] == ["--config", f"{etc}/grid-hub.toml"]
     calls = sandbox.calls()
-    assert calls.index(sandbox.calls("gridfleet")[0]) < calls.index(put) < calls.index(java)
+    assert calls.index(get) < calls.index(sandbox.calls("gridfleet")[0]) < calls.index(put) < calls.index(java)
     status = sandbox.calls("curl")[-1]
     assert "-fs" in status and status[status.index("-K") + 1] == f"{etc}/grid-curl.conf"
     assert (sandbox.root / "curl-config-seen").read_text() == (etc / "grid-curl.conf").read_text()
+    log = sandbox.boot_log()
+    assert "the SSM parameter /gridfleet/grid-secret does not exist yet" in log
+    assert f"a new Grid secret for run {HUB_RUN} is in the SSM parameter /gridfleet/grid-secret" in log
     assert_nowhere(sandbox, secret.value, secret.password, secret.registration_secret)
+
+
+def test_a_replacement_hub_keeps_the_secret_its_runs_nodes_hold(sandbox):
+    """A hub that boots for a run whose secret the parameter holds (the one before it died): the same secret,
+    so the same Grid config, and nothing put."""
+    p = sandbox_hub(sandbox)
+    put_grid_secret(sandbox, p.grid_secret_parameter, f"{HUB_RUN} {SECRET.value}\n")
+    r = sandbox.run(boot_script(render_hub(p)), STUB_TAG_RUN_ID=HUB_RUN)
+    assert r.returncode == 0, r.stdout + r.stderr
+    etc = sandbox.etc
+    assert GridSecret.read(etc / "grid-secret") == SECRET and (etc / "grid-hub.toml").read_text() == hub_toml(SECRET)
+    assert mode(etc / "grid-secret") == mode(etc / "grid-hub.toml") == 0o600
+    assert ssm_calls(sandbox) == [get_parameter_call()]  # no put-parameter
+    assert stored_secret(sandbox) == f"{HUB_RUN} {SECRET.value}\n"
+    assert not (etc / "grid-secret.current").exists() and not (etc / "grid-secret.value").exists()
+    log = sandbox.boot_log()
+    assert f"holds the Grid secret of run {HUB_RUN} already: this hub keeps it" in log
+    wait_for(lambda: sandbox.calls("java"))
+    assert "bootstrap failed" not in log and sandbox.calls("gridfleet")[-1][1] == "run"
+    assert_nowhere(sandbox, SECRET.value, SECRET.password, SECRET.registration_secret)
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        pytest.param(f"2026-11-19 {SECRET.value}\n", id="the-last-runs"),
+        pytest.param(f"{HUB_RUN}x {SECRET.value}\n", id="a-run-whose-id-starts-alike"),
+        pytest.param(SECRET.value + "\n", id="a-secret-without-its-run"),
+        pytest.param(f"{HUB_RUN} short\n", id="not-a-secret"),
+        pytest.param(f"{HUB_RUN} {SECRET.value} more\n", id="more-than-a-secret"),
+    ],
+)
+def test_a_hub_of_another_run_never_keeps_the_secret_in_the_parameter(sandbox, stored):
+    p = sandbox_hub(sandbox)
+    put_grid_secret(sandbox, p.grid_secret_parameter, stored)
+    r = sandbox.run(boot_script(render_hub(p)), STUB_TAG_RUN_ID=HUB_RUN)
+    assert r.returncode == 0, r.stdout + r.stderr
+    secret = GridSecret.read(sandbox.etc / "grid-secret")
+    assert secret != SECRET and stored_secret(sandbox) == f"{HUB_RUN} {secret.value}"
+    assert [c[2] for c in ssm_calls(sandbox)] == ["get-parameter", "put-parameter"]
+    assert_nowhere(sandbox, SECRET.value, secret.value)
+
+
+def test_a_run_keeps_its_secret_through_its_hubs_and_the_next_run_makes_its_own(sandbox):
+    """Three boots on one parameter: the run's first hub, its replacement, the next day's hub."""
+    p = sandbox_hub(sandbox)
+    script = boot_script(render_hub(p))
+    seen = []
+    for run_id in (HUB_RUN, HUB_RUN, "2026-11-21"):
+        r = sandbox.run(script, STUB_TAG_RUN_ID=run_id)
+        assert r.returncode == 0, r.stdout + r.stderr
+        seen.append(GridSecret.read(sandbox.etc / "grid-secret"))
+        assert stored_secret(sandbox) == f"{run_id} {seen[-1].value}"
+    assert seen[0] == seen[1] != seen[2]
+
+
+def test_a_hub_that_cannot_read_the_parameter_makes_a_new_secret_and_says_what_that_means(sandbox):
+    """Reading is tried three times (the AWS CLI's error in the log); then the secret is new, as a first hub's:
+    the nodes already running cannot join, and the hub replaces them, as it does any node that cannot work."""
+    p = sandbox_hub(sandbox)
+    put_grid_secret(sandbox, p.grid_secret_parameter, f"{HUB_RUN} {SECRET.value}\n")
+    r = sandbox.run(boot_script(render_hub(p)), STUB_TAG_RUN_ID=HUB_RUN, STUB_SSM_GET_FAILS="1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [c[2] for c in ssm_calls(sandbox)] == ["get-parameter"] * 3 + ["put-parameter"]
+    log = sandbox.boot_log()
+    assert (
+        "aws ssm get-parameter /gridfleet/grid-secret failed (attempt 3 of 3): An error occurred "
+        "(AccessDeniedException) when calling the get-parameter operation"
+    ) in log
+    assert (
+        "cannot read the SSM parameter /gridfleet/grid-secret: a new Grid secret, which the nodes of run "
+        f"{HUB_RUN} already running do not hold"
+    ) in log
+    secret = GridSecret.read(sandbox.etc / "grid-secret")
+    assert secret != SECRET and stored_secret(sandbox) == f"{HUB_RUN} {secret.value}"
 
 
 def test_a_hub_that_cannot_put_the_grid_secret_starts_no_grid(sandbox):
@@ -667,6 +753,19 @@ def test_a_hub_that_cannot_put_the_grid_secret_starts_no_grid(sandbox):
     assert sandbox.calls()[-1] == SHUTDOWN and log in sandbox.console.read_text()
 
 
+def test_grid_secret_refuses_a_bad_run_id_in_one_line(tmp_path):
+    """What the boot script hands `gridfleet grid-secret` is checked again there: a run id it could not have
+    read from the tag is one line, exit 2, and no file is written."""
+    root = Path(__file__).resolve().parents[2]
+    files = [a for name in ("secret-file", "hub-config", "curl-config", "parameter-file")
+             for a in (f"--{name}", str(tmp_path / name))]  # fmt: skip
+    cmd = [sys.executable, "-m", "cli.main", "grid-secret", "--run-id", "no run; id", *files]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--run-id 'no run; id' is not a run id" in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_node_reads_the_grid_secret_into_a_file_of_the_crawl_user(sandbox):
     p = booted(sandbox)
     sandbox.run(boot_script(render_node(p)), "agent")  # the calls of the boot were forgotten: read them from disk
@@ -680,13 +779,13 @@ def test_the_node_gets_the_grid_secret_with_decryption_and_hands_the_file_to_the
     upload_node_objects(sandbox, p)
     r = sandbox.run(boot_script(render_node(p)))
     assert r.returncode == 0, r.stdout + r.stderr
-    (get,) = [c for c in sandbox.calls("aws") if c[1] == "ssm"]
-    assert get == ["aws", "ssm", "get-parameter", "--region", "ap-northeast-2", "--with-decryption", "--name",
-                   "/gridfleet/grid-secret", "--query", "Parameter.Value", "--output", "text"]  # fmt: skip
+    (get,) = ssm_calls(sandbox)
+    assert get == get_parameter_call()
     part = f"{sandbox.etc}/grid-secret.part"
     calls = sandbox.calls()
     assert calls.index(sandbox.calls("useradd")[0]) < calls.index(get) < calls.index(["chown", "2000:2000", part])
-    assert "the Grid secret of /gridfleet/grid-secret is in" in sandbox.boot_log()
+    assert f"the Grid secret of run {NODE_RUN} in /gridfleet/grid-secret is in" in sandbox.boot_log()
+    assert (sandbox.etc / "grid-secret").read_text() == SECRET.value + "\n"  # the secret alone, not the run's id
     assert_nowhere(sandbox, SECRET.value)
 
 
@@ -704,8 +803,17 @@ def test_the_node_gets_the_grid_secret_with_decryption_and_hands_the_file_to_the
             "join the Grid", id="missing",
         ),
         pytest.param(
-            "not-a-secret", {}, "short secret!\n",
+            "not-a-secret", {}, f"{NODE_RUN} short secret!\n",
             "the SSM parameter /gridfleet/grid-secret does not hold a Grid secret", id="not-a-secret",
+        ),
+        pytest.param(
+            "no-run-id", {}, SECRET.value + "\n",
+            "the SSM parameter /gridfleet/grid-secret does not hold a Grid secret (a run id, then", id="no-run-id",
+        ),
+        pytest.param(
+            "another-run", {}, f"2026-11-20 {SECRET.value}\n",
+            "the SSM parameter /gridfleet/grid-secret holds the Grid secret of another run than 2026-11-21, which "
+            "this run's Grid hub refuses", id="another-run",
         ),
     ],
 )  # fmt: skip
@@ -722,10 +830,11 @@ def test_a_node_without_the_grid_secret_refuses_to_start_and_says_why(sandbox, c
     log = failed(sandbox, "grid-secret")
     assert f"gridfleet: node bootstrap failed at grid-secret: {line}" in sandbox.console.read_text()
     gets = [c for c in sandbox.calls("aws") if c[1:3] == ["ssm", "get-parameter"]]
-    assert len(gets) == (1 if case == "not-a-secret" else 3)
+    assert len(gets) == (3 if case in ("denied", "missing") else 1)
     assert sandbox.calls("gridfleet")[-1][1:3] == ["node", "report-failure"] and sandbox.calls("mount") == []
-    assert not (sandbox.etc / "grid-secret").exists()
+    assert not (sandbox.etc / "grid-secret").exists() and not (sandbox.etc / "grid-secret.part").exists()
     assert "short secret" not in log
+    assert_nowhere(sandbox, SECRET.value)
 
 
 def test_production_paths_are_the_defaults():

@@ -7,7 +7,7 @@ import json
 from cli.report.check import attach, check_export, check_run, demo_hits
 from fleet import ops
 from fleet.checkpoint import Segment, part_keys
-from fleet.codec import RunInfo
+from fleet.partition import RunInfo
 from fleet.results import EVIDENCE_FILES, evidence_key, evidence_prefix, is_daily_run, result_key
 from fleet.state import SiteSpec, SiteStatus
 from fleet.summary import build_summary, export

@@ -17,7 +17,7 @@ from fleet.state import Reason, RunStatus
 from tests.helpers.fake_node import HANG, RUN, Rig, status
 
 START = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]
-PARTS = "s1/20261121/parts/"
+PARTS = "staging/local:i-1/s1/20261121/parts/"  # node i-1's own prefix (a local node: no IAM role)
 EACH_PAGE = ck.SaveEvery(pages=1)  # a part and the record's checkpoint with each page, as `run.checkpoint_pages: 1`
 
 
@@ -41,6 +41,7 @@ def ids(p_from: int, p_to: int, per_page: int = 2) -> list[str]:
 
 
 def result_ids(rig: Rig) -> list[str]:
+    rig.site()  # the hub makes the staged result the site's
     return [i["id"] for i in json.loads(rig.results.get("s1/20261121/result.json"))["items"]]
 
 
@@ -97,7 +98,7 @@ def test_a_checkpoint_names_its_parts_by_claim_and_a_retry_continues_them(tmp_pa
     rig.agent.run()
     saved = [c for c in seen if c and "parts" in c]
     claim1, claim2 = saved[0]["parts"][0][1], saved[-1]["parts"][1][1]
-    assert saved[-1] == {"next": "p4", "pages": 3, "items": 6, "parts": [[1, claim1, 2], [2, claim2, 1]]}
+    assert saved[-1] == {"next": "p4", "pages": 3, "items": 6, "parts": [[1, claim1, 2, "i-1"], [2, claim2, 1, "i-1"]]}
     assert claim2 > claim1  # each claim moved the record's version
     assert rig.results.keys(PARTS) == [
         f"{PARTS}1-{claim1}/000001.json",
@@ -161,7 +162,7 @@ def test_parts_of_a_fenced_attempt_do_not_reach_the_result(tmp_path):
 def test_a_part_that_could_not_be_stored_stays_staged_and_its_checkpoint_is_not_written(tmp_path):
     script = START + pages(1, 3) + [(4.0, {"event": "result", "items": [], "pages": 3})]
     rig = Rig(tmp_path, [script], heartbeat_interval_s=1000, save_every=EACH_PAGE)
-    put, calls = rig.results.put_part, []
+    put, calls = rig.results.put_staged, []
 
     def throttled_once(key, body):  # S3's answer to a request rate it will not take, at the store's seam
         calls.append(key)
@@ -170,7 +171,7 @@ def test_a_part_that_could_not_be_stored_stays_staged_and_its_checkpoint_is_not_
             raise ClientError({**slow, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
         return put(key, body)
 
-    rig.results.put_part = throttled_once
+    rig.results.put_staged = throttled_once
     saved = []
     write = rig.table.write
     rig.table.write = lambda o, n: saved.append(n.checkpoint if n.checkpoint != o.checkpoint else None) or write(o, n)
@@ -185,6 +186,7 @@ def test_a_part_that_could_not_be_stored_stays_staged_and_its_checkpoint_is_not_
 
 def test_parts_named_by_a_checkpoint_are_checked_before_they_become_keys():
     assert ck.segments({"parts": [[2, 17, 3]]}) == [ck.Segment(2, 17, 3)]
+    assert ck.segments({"parts": [[2, 17, 3, "i-0abc"]]}) == [ck.Segment(2, 17, 3, "i-0abc")]
     for bad in ([[1, 2]], [["1", 2, 3]], [[True, 2, 3]], [[1, -2, 3]], "1-2/3", [[1, 2, 3]] * (ck.MAX_SEGMENTS + 1)):
         with pytest.raises(ValueError):
             ck.segments({"parts": bad})
@@ -194,6 +196,14 @@ def test_parts_named_by_a_checkpoint_are_checked_before_they_become_keys():
         part_key("s1", "20261121", RUN, 0, 2, 1)
     assert part_key("s1", "20261121", RUN, 1, 2, 3) == "s1/20261121/parts/1-2/000003.json"
     assert part_key("s1", "20261121", "demo-1", 1, 2, 3) == "s1/20261121/demo-1/parts/1-2/000003.json"
+    staged = part_key("s1", "20261121", RUN, 1, 2, 3, "AROAX:i-0abc")
+    assert staged == "staging/AROAX:i-0abc/s1/20261121/parts/1-2/000003.json"
+    for bad in ("AROAX", "AROAX:../i-0", "AR/X:i-0", "AROAX:i-0/.."):  # a writer names one node's own prefix only
+        with pytest.raises(ValueError):
+            part_key("s1", "20261121", RUN, 1, 2, 3, bad)
+    for bad in ([[1, 2, 3, "../x"]], [[1, 2, 3, 7]], [[1, 2, 3, "i-1", 4]]):
+        with pytest.raises(ValueError):
+            ck.segments({"parts": bad})
 
 
 def test_a_checkpoint_whose_parts_cannot_be_read_is_not_resumed_from(tmp_path):
@@ -369,8 +379,8 @@ def slow_down(key, body):
 def test_a_save_whose_part_is_missed_is_tried_again_with_the_next_page(tmp_path):
     script = START + pages(1, 3) + [(4.0, {"event": "result", "items": [], "pages": 3})]
     rig = Rig(tmp_path, [script], heartbeat_interval_s=1000, save_every=ck.SaveEvery(pages=2))
-    put, calls = rig.results.put_part, []
-    rig.results.put_part = lambda key, body: calls.append(key) or (slow_down if len(calls) == 1 else put)(key, body)
+    put, calls = rig.results.put_staged, []
+    rig.results.put_staged = lambda key, body: calls.append(key) or (slow_down if len(calls) == 1 else put)(key, body)
     rig.seed()
     saves = record_checkpoints(rig)
     rig.agent.run()
@@ -382,8 +392,9 @@ def test_a_save_whose_part_is_missed_is_tried_again_with_the_next_page(tmp_path)
 def test_an_end_is_written_even_when_the_save_before_it_fails(tmp_path, fault):
     first = START + pages(1, 2) + [(3.0, {"event": "error", "message": "boom"})]
     rig = Rig(tmp_path, [first, START + [(1.0, {"event": "result", "items": [], "pages": 0})]])
-    if fault == "part":
-        rig.results.put_part = slow_down
+    if fault == "part":  # every part refused (the result, staged under the same prefix, is not)
+        put = rig.results.put_staged
+        rig.results.put_staged = lambda key, body, *a: (slow_down if "/parts/" in key else put)(key, body, *a)
     else:  # the table refuses the checkpoint as invalid (ValidationException)
         write = rig.table.write
 

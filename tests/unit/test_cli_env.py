@@ -26,9 +26,9 @@ from cli.envs.aws import AwsEnv
 from cli.envs.base import Environment, RunHold
 from cli.envs.choose import on_aws
 from cli.envs.local import LocalEnv, stack_stops
-from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.errors import UsageError
+from fleet.partition import RunInfo
 from fleet.state import RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 
@@ -186,6 +186,9 @@ class FakeEnv:
 
     def finished_export(self, run_id: str, out: Path) -> dict[str, Any] | None:
         return self.export
+
+    def node_role(self) -> str:
+        return "local"
 
     def stores_up(self) -> bool:
         return self.up

@@ -63,6 +63,7 @@ def hub_script(user_data: str) -> str:
 
 NODE_UNIT = "/etc/systemd/system/gridfleet-node.service"
 LOGS_UNIT = "/etc/systemd/system/gridfleet-logs.service"
+MOUNTS_UNIT = "/etc/systemd/system/gridfleet-mounts.service"
 
 
 # --- the documents --------------------------------------------------------------------------------
@@ -79,7 +80,10 @@ def test_cloud_config_shape(kind):
     script = render_mod.boot_script(text)
     if kind == "node":  # a node boots once: cloud-init runs its script, which hands the work to a service
         assert doc["runcmd"] == [[script_path]]
-        assert set(files) == {script_path, env_path, NODE_UNIT, LOGS_UNIT}
+        assert set(files) == {script_path, env_path, NODE_UNIT, LOGS_UNIT, MOUNTS_UNIT}
+        mounts = files[MOUNTS_UNIT]["content"]  # root's helper: no User=, and started by the boot script only
+        assert f"ExecStart={script_path} site-mounts\n" in mounts and "User=" not in mounts
+        assert "[Install]" not in mounts
         unit = files[NODE_UNIT]["content"]
         assert f"ExecStart={script_path} agent\n" in unit and f"ExecStopPost={script_path} stopped\n" in unit
         assert f"StandardOutput=append:{render_mod.NODE_AGENT_LOG}\n" in unit  # not the console
@@ -194,7 +198,7 @@ def test_hostile_values_are_reproduced_exactly(tmp_path):
     block = parameter_block(script)
     got = bash_values(
         f"cd {tmp_path}\n{block}",
-        ["BUNDLE_KEY", "CONFIG_KEY", "EFS_UTILS_KEY", "HUB", "EFS_ID", "RUN_ID", "GRID_PORT", "INSTALL_DIR"],
+        ["BUNDLE_KEY", "CONFIG_KEY", "EFS_UTILS_KEY", "HUB", "EFS_MOUNT", "RUN_ID", "GRID_PORT", "INSTALL_DIR"],
     )
     efs_utils_key = HOSTILE_KEY.rsplit("/", 1)[0] + "/amazon-efs-utils.deb"
     assert got == [
@@ -202,7 +206,7 @@ def test_hostile_values_are_reproduced_exactly(tmp_path):
         HOSTILE_CONFIG_KEY,
         efs_utils_key,
         "hub.internal.example",
-        EFS_ID,
+        "/efs",
         "2026-11-21",
         "4444",
         "/opt/gridfleet",
@@ -402,7 +406,6 @@ NODE_PATTERNED = {
     "region": "ap-northeast-2",
     "bucket": "gridfleet-artifacts",
     "efs_id": EFS_ID,
-    "efs_access_point_id": "fsap-0123456789abcdef0",
     "hub_address": "10.0.1.10",
     "imds_url": "http://169.254.169.254",
     "table": "TrendlyzeStatus",

@@ -9,7 +9,7 @@ import logging
 from rich.console import Console
 
 from cli.views.run import print_sites
-from fleet.codec import RunInfo
+from fleet.partition import RunInfo
 from fleet.state import Attempt, Counts, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from fleet.summary import build_summary, site_entry, totals
 from node.counts import AttemptCounter
@@ -114,6 +114,7 @@ def test_counts_a_node_wrote_that_are_no_counts_read_as_nothing_not_as_a_failed_
 
     rec = item_to_site({
         "run_id": "r", "Site": "s", "run_status": "RUN", "site_status": "RUNNING", "pages": "many", "items": -3,
+        "spec": {"start_url": "http://s.test/", "crawler": "links"},
         "attempts": [{"n": 1, "instance_id": "i-1", "start": 1.0, "items": "lots", "pages": 2.5, "collisions": True,
                       "skipped": None, "collided": "not a list", "robots_skipped": -1}],
     })  # fmt: skip

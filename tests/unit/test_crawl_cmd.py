@@ -393,3 +393,38 @@ def test_where_chromium_cannot_have_its_sandbox_the_crawl_goes_on_only_when_flee
     assert [json.loads(line)["args"] for line in out.splitlines()] == [["--lang=ko", "--no-sandbox"]]
     warning = "WARNING: chromium without its sandbox (browser.allow_no_sandbox is true): the kernel denies it"
     assert sum(line.startswith(warning) for line in err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("sandbox", ["available", "unavailable"])
+def test_allow_no_sandbox_with_an_aws_section_is_refused_before_anything_starts(tmp_path, cli, monkeypatch, sandbox):
+    """On AWS the browser never runs without its sandbox: a config for AWS that allows it is refused in one line
+    naming the setting, whether or not Chromium could have its sandbox here. The seam: `sandbox_problem`."""
+    problem = None if sandbox == "available" else "the kernel denies it (injected)"
+    monkeypatch.setattr(browser, "sandbox_problem", lambda *a, **k: problem)
+    crawler = f"{__name__}:BrowserArgsCrawler"
+    config = write_config(
+        tmp_path,
+        f'- {{id: b, start_url: "http://b.test/", crawler: "{crawler}"}}\n',
+        "aws: {region: ap-northeast-2}\nbrowser: {allow_no_sandbox: true}\n",
+    )
+    code, out, err = cli("crawl", "b", "--config", config)
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        f"gridfleet: error: {config}: browser.allow_no_sandbox: true is refused with an aws: section: "
+        "on AWS the browser never runs without its sandbox (it is for the embedded default only)"
+    ]
+
+
+def test_with_an_aws_section_a_chromium_without_its_sandbox_is_refused_as_a_node_on_aws_refuses_it(
+    tmp_path, cli, monkeypatch
+):
+    """The nodes' rule on AWS, not the embedded default's: the line does not tell to set allow_no_sandbox."""
+    monkeypatch.setattr(browser, "sandbox_problem", lambda *a, **k: "the kernel denies it (injected)")
+    crawler = f"{__name__}:BrowserArgsCrawler"
+    config = write_config(tmp_path, f'- {{id: b, start_url: "http://b.test/", crawler: "{crawler}"}}\n', "aws: {}\n")
+    code, out, err = cli("crawl", "b", "--config", config)
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        "gridfleet: error: Chromium cannot have its sandbox: the kernel denies it (injected); "
+        "a node on AWS never crawls without it"
+    ]

@@ -14,7 +14,7 @@ import pytest
 from cli.report.data import evidence_links
 from cli.report.page import render_report, write_report
 from fleet.grid_auth import GridSecret
-from fleet.results import EVIDENCE_FILES, evidence_key, evidence_prefix, parse_evidence_key, result_key
+from fleet.results import EVIDENCE_FILES, EVIDENCE_TYPES, evidence_key, evidence_prefix, parse_evidence_key, result_key
 from fleet.state import Reason
 from fleet.summary import export
 from node import evidence
@@ -190,8 +190,11 @@ class Captures:
         return Evidence(True, url="http://x.test/?page=1", screenshot=PNG, html="<p>page 1</p>")
 
 
+NODE = "staging/local:i-1/"  # what node i-1 writes is under its own prefix (a local node: no IAM role)
+
+
 def record_of(rig: Rig, attempt: int, run_dir: str = "s1/20261121") -> dict:
-    return json.loads(rig.results.get(f"{run_dir}/evidence/{attempt}/evidence.json"))
+    return json.loads(rig.results.get(f"{NODE}{run_dir}/evidence/{attempt}/evidence.json"))
 
 
 def test_a_watchdog_hang_is_captured_after_the_kill_and_before_the_browser_is_closed(tmp_path):
@@ -203,7 +206,7 @@ def test_a_watchdog_hang_is_captured_after_the_kill_and_before_the_browser_is_cl
     record = record_of(rig, 1)
     assert (record["end"], record["answered"], record["attempt"]) == ("hang", False, 1)
     assert record["last_reported_url"] == "http://x.test/?page=1" and "no answer" in record["why"]
-    assert not rig.results.exists("s1/20261121/evidence/2/evidence.json")  # the completed attempt leaves none
+    assert not rig.results.exists(f"{NODE}s1/20261121/evidence/2/evidence.json")  # the completed attempt leaves none
 
 
 def test_a_crawler_error_is_captured_with_its_page(tmp_path):
@@ -213,8 +216,8 @@ def test_a_crawler_error_is_captured_with_its_page(tmp_path):
     rig.seed()
     rig.agent.run()
     assert [c[0] for c in seen.calls] == ["sess-9"]
-    assert rig.results.get("s1/20261121/evidence/1/screenshot.png") == PNG
-    assert rig.results.get("s1/20261121/evidence/1/page.html") == b"<p>page 1</p>"
+    assert rig.results.get(f"{NODE}s1/20261121/evidence/1/screenshot.png") == PNG
+    assert rig.results.get(f"{NODE}s1/20261121/evidence/1/page.html") == b"<p>page 1</p>"
     record = record_of(rig, 1)
     assert (record["end"], record["error"], record["url"]) == ("error", "HTTP 500 from x", "http://x.test/?page=1")
 
@@ -234,20 +237,23 @@ def test_no_session_or_no_capture_keeps_nothing(tmp_path):
     seen = Captures(rig)
     rig.seed()
     rig.agent.run()
-    assert seen.calls == [] and rig.results.keys("s1/20261121/evidence/") == []
+    assert seen.calls == [] and rig.results.keys(f"{NODE}s1/20261121/evidence/") == []
 
 
 # --- the export and the report ----------------------------------------------------------------------------------
 
 
 def test_the_export_writes_each_evidence_file_under_its_site_and_attempt(tmp_path):
+    """Evidence is read from the prefix of the node that held the attempt, and stored again beside the result as
+    the hub's copy (the report's links); what another node's prefix holds for the site is nobody's evidence."""
     rig = Rig(tmp_path, [pages_script(1)[:3] + [HANG], pages_script(1)])
     Captures(rig)
     rig.seed()
     rig.agent.run()
     results: MemoryResults = rig.results
-    results.objects["s1/20261121/evidence/1/notes.sh"] = b"x"  # not an evidence file: never exported
-    results.objects["s1/20261121/evidence/x/page.html"] = b"x"
+    results.objects[f"{NODE}s1/20261121/evidence/1/notes.sh"] = b"x"  # not an evidence file: never exported
+    results.objects[f"{NODE}s1/20261121/evidence/x/page.html"] = b"x"
+    results.objects["staging/local:i-9/s1/20261121/evidence/1/page.html"] = b"forged"  # not the attempt's node
     summary = {"run_id": RUN, "run_date": "20261121", "sites": {}}
     export(tmp_path / "runs", summary, [rig.site()], results)
     out = tmp_path / "runs" / RUN / "evidence"
@@ -258,6 +264,8 @@ def test_the_export_writes_each_evidence_file_under_its_site_and_attempt(tmp_pat
         "s1/1/screenshot.png",
     ]
     assert (out / "s1/1/screenshot.png").read_bytes() == PNG
+    assert (out / "s1/1/page.html").read_bytes() == b"<p>page 1</p>"
+    assert results.keys("s1/20261121/evidence/") == [f"s1/20261121/evidence/1/{n}" for n in sorted(EVIDENCE_TYPES)]
 
 
 def test_the_report_links_a_thumbnail_of_each_failed_attempt(tmp_path):

@@ -268,7 +268,8 @@ def test_the_site_configs_markers_are_checked_at_load():
 
 def test_the_summary_and_the_report_count_failed_attempts_by_class(table):
     from cli.report.page import render_report
-    from fleet.codec import RunInfo, RunState
+    from fleet.partition import RunInfo
+    from fleet.state import RunState
     from fleet.summary import build_summary
 
     gone = end(table, claimed(table), Failure(C.HTTP_4XX, 404))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fleet import ops
-from fleet.codec import RunInfo
+from fleet.partition import RunInfo
 from fleet.results import result_key
 from fleet.state import Reason, SiteSpec
 from hub.history import previous_items

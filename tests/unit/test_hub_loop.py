@@ -8,9 +8,9 @@ import pytest
 
 from fleet import ops
 from fleet.clock import FakeClock
-from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.errors import MissingResource
+from fleet.partition import RunInfo
 from fleet.state import Reason, RunState, RunStatus, SiteStatus
 from hub.control.base import KillResult
 from hub.loop import Hub

@@ -10,10 +10,10 @@ import pytest
 
 from fleet import ops
 from fleet.clock import FakeClock
-from fleet.codec import RunInfo
 from fleet.errors import StaleWrite
 from fleet.ids import default_run_id
 from fleet.instance import Instance
+from fleet.partition import RunInfo
 from fleet.run_item import RunWatch
 from fleet.state import Reason, RunState, RunStatus, SiteSpec
 from fleet.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK

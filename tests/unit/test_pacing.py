@@ -103,19 +103,19 @@ class Domains:
         self.answers.append((domain, base, status))
         return throttled(base, base, status)
 
-    def count(self, run_id, domain, base, answers, spacing_s, expire_at) -> None:
-        self.counted.append((run_id, domain, base, answers, spacing_s, expire_at))
+    def count(self, run_id, domain, base, answers, spacing_s) -> None:
+        self.counted.append((run_id, domain, base, answers, spacing_s))
 
 
 def test_a_request_waits_for_its_group_then_its_domain_and_each_answer_is_counted_for_the_run():
     order: list[str] = []
     domains = Domains()
     domains.wait = lambda d, b: order.append(f"domain {d} {b}") or 0.0  # type: ignore[method-assign]
-    pacer = Pacer(lambda: order.append("group"), domains, "run-1", per_domain_s=None, expire_at=99)
+    pacer = Pacer(lambda: order.append("group"), domains, "run-1", per_domain_s=None)
     pacer.pace("http://localhost:8900/s/a/", 2.0)
     assert order == ["group", "domain localhost:8900 2.2"]
     pacer.answered("http://localhost:8900/s/a/", 429)  # a back-off is sent at once
-    assert domains.counted == [("run-1", "localhost:8900", (pytest.approx(2.2), FROM_CRAWL_DELAY), (1, 1), 4.4, 99)]
+    assert domains.counted == [("run-1", "localhost:8900", (pytest.approx(2.2), FROM_CRAWL_DELAY), (1, 1), 4.4)]
     for _ in range(COUNT_EVERY + 3):  # answers are sent COUNT_EVERY at a time, the rest when the crawl ends
         pacer.answered("http://localhost:8900/s/a/", 200)
     assert [c[3] for c in domains.counted] == [(1, 1), (COUNT_EVERY, 0)]

@@ -2,9 +2,9 @@
 
 import dataclasses
 
-from fleet.codec import NodeInfo, RunInfo
 from fleet.config import Config
 from fleet.messages import QueueDepth
+from fleet.partition import NodeInfo, RunInfo
 from fleet.state import Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from hub.actions import (
     EndAttempt,

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from fleet import ops
-from fleet.codec import RunInfo
 from fleet.config import Config
+from fleet.partition import RunInfo
 from fleet.state import Attempt, SiteSpec
 from hub.actions import Enqueue, Feed, SeedSites
 from hub.plan import feed_order, metering, wanted_depth
@@ -122,7 +122,7 @@ def test_the_site_cache_keeps_the_held_sites_apart_and_lets_go_of_one_once_it_is
     cache.load(table.read_run(RUN).sites)
     assert cache.held == {"a", "b"} and cache.watch == set()
     ops.mark_enqueued(table, table.get_site(RUN, "a"))
-    cache.refresh(table.open_stamps(RUN), lambda names: table.get_sites(RUN, names))
+    cache.refresh(table.open_stamps(RUN), lambda names, notes: table.get_sites(RUN, names, notes))
     assert cache.held == {"b"}
 
 

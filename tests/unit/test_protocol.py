@@ -7,10 +7,10 @@ import math
 import pytest
 
 from fleet import ops, protocol
-from fleet.codec import RunInfo
 from fleet.config import Config
 from fleet.config.rules import rules_from_config
 from fleet.messages import BadMessage, SiteMessage
+from fleet.partition import RunInfo
 from fleet.protocol import (
     BUSY_RETRY_S,
     CLAIMED_VISIBILITY_S,
@@ -59,7 +59,13 @@ def test_a_message_that_is_not_a_site_message_is_released_to_reach_the_dlq():
     bad = BadMessage("not json", "r-1", "m-1", 1, "not JSON")
     assert protocol.record_of(bad) is None
     step = protocol.on_message(bad, None, RUN, RULES)
-    assert (step.action, step.visibility_s) == (MessageAction.RELEASE, 1.0)
+    assert (step.action, step.visibility_s, step.refused) == (MessageAction.RELEASE, 1.0, "not JSON")
+
+
+def test_a_message_for_a_site_without_a_record_is_refused_and_released_never_deleted():
+    for unknown in (msg(site="nope"), msg(run_id="no-such-run")):  # the hub seeds a record before any message
+        step = protocol.on_message(unknown, None, RUN, RULES)
+        assert (step.action, step.visibility_s, step.refused) == (MessageAction.RELEASE, 1.0, "no such site in its run")
 
 
 def test_a_message_for_a_queued_site_is_claimed_and_names_the_record_to_read():
@@ -68,7 +74,6 @@ def test_a_message_for_a_queued_site_is_claimed_and_names_the_record_to_read():
 
 
 def test_a_message_whose_attempt_has_been_and_gone_is_deleted():
-    assert protocol.on_message(msg(), None, RUN, RULES).action is MessageAction.DELETE  # the site is unknown
     table = MemoryStateTable()
     done = ops.complete(table, claimed(table), "k", 200.0)
     assert protocol.on_message(msg(), done, RUN, RULES).action is MessageAction.DELETE
@@ -85,7 +90,13 @@ def test_a_message_for_an_attempt_running_elsewhere_is_hidden_for_at_most_thirty
 
 def test_a_claimable_message_of_another_run_is_hidden_not_claimed():
     step = protocol.on_message(msg(run_id="another-run"), fresh(), RUN, RULES)
-    assert (step.action, step.visibility_s) == (MessageAction.HIDE, 30.0)
+    assert (step.action, step.visibility_s, step.refused) == (MessageAction.HIDE, 30.0, "a message of another run")
+    table = MemoryStateTable()
+    other = ops.new_site("another-run", "s1", SiteSpec("http://x.test/"), None)
+    table.create_site(other)
+    done = ops.complete(table, ops.claim(table, other, "i-2", 100.0), "k", 200.0)
+    step = protocol.on_message(msg(run_id="another-run"), done, RUN, RULES)  # its attempt over: dropped, as its
+    assert step.action is MessageAction.DELETE  # own nodes would drop it
 
 
 def test_a_lost_claim_race_drops_the_message_only_once_its_attempt_is_over():

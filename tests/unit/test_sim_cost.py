@@ -48,7 +48,7 @@ def test_a_sites_state_grows_in_proportion_to_its_pages():
     for r, p in ((short, pages_short), (long, pages_long)):
         assert page_bytes * p < r.state_bytes_per_site < (page_bytes + 200) * p  # a part and a small checkpoint a page
         assert r.state_write_units_per_site == p  # one write unit per checkpoint, whatever the page
-        assert r.s3_requests_per_site["put"] == p + 1  # a part per page, and the result
+        assert r.s3_requests_per_site["put"] == p + 2  # a part per page, the staged result and the hub's copy
     assert long.state_usd_per_site == pytest.approx(4 * short.state_usd_per_site, rel=0.01)
 
 
@@ -60,15 +60,16 @@ def test_saves_in_batches_cost_a_part_and_a_write_per_batch_and_keep_every_item(
         pages, saves = one.checkpoint_calls_per_site, batched.checkpoint_calls_per_site
         assert 0 < saves <= pages / 4
         assert batched.state_write_units_per_site == saves  # one write unit per save
-        assert batched.s3_requests_per_site["put"] == saves + 1  # a part per save, and the result
+        assert batched.s3_requests_per_site["put"] == saves + 2  # a part per save, the staged result, its copy
         assert batched.requests_usd_per_site < one.requests_usd_per_site / 2
         assert (batched.completed, batched.attempts) == (one.completed, one.attempts)
 
 
 def test_retries_read_the_parts_their_checkpoint_names_and_a_calm_run_reads_none():
     calm, hung = simulate(CALM), simulate(dataclasses.replace(CALM, hang_rate=0.5))
-    assert calm.s3_requests_per_site["get"] == 1.0  # the check for an existing result (a HEAD) only
-    assert hung.attempts.get("hang", 0) > 0 and hung.s3_requests_per_site["get"] > 1.0
+    # the node's look for an existing result, then the hub's looks at the staged result and at its key (HEADs) only
+    assert calm.s3_requests_per_site["get"] == 3.0
+    assert hung.attempts.get("hang", 0) > 0 and hung.s3_requests_per_site["get"] > 3.0
     assert hung.s3_bytes_per_site["get"] > 0
 
 
@@ -94,7 +95,7 @@ def test_a_write_is_billed_by_the_larger_item_and_a_read_by_what_it_returned():
     table.get_site("r", "s1")
     assert meter.n["read_units"] == 1 + units.read_units(size)
     store = Counted(results, "s3", RESULT_CALLS, Counter(), meter.s3)
-    store.put_part("s1/20261121/parts/1-1/000001.json", b"x" * 5000)
+    store.put_staged("s1/20261121/parts/1-1/000001.json", b"x" * 5000)
     assert results.get("s1/20261121/parts/1-1/000001.json") == b"[]"  # sizes are kept, not bytes
     assert (meter.n["state_s3_put"], meter.n["s3_put_bytes"]) == (1, 5000)
 

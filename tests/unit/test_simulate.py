@@ -10,8 +10,8 @@ import hub.loop
 import hub.snapshot
 from cli.main import main
 from fleet import ops
-from fleet.codec import RunInfo
 from fleet.errors import UsageError
+from fleet.partition import RunInfo
 from fleet.protocol import StopWhy
 from fleet.state import NodeState, Reason, RunStatus, SiteSpec
 from hub.history import durations_from_file, previous_durations

@@ -19,9 +19,9 @@ class Reads:
         self.table, self.fetched = table, []
 
     def refresh(self, cache):
-        def fetch(names):
+        def fetch(names, notes):
             self.fetched.extend(names)
-            return self.table.get_sites(RUN, names)
+            return self.table.get_sites(RUN, names, notes)
 
         cache.refresh(self.table.open_stamps(RUN), fetch)
 

@@ -18,7 +18,8 @@ from rich.console import Console
 from cli.views.run import print_sites
 from fleet import ops
 from fleet.clock import FakeClock
-from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, RunInfo
+from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS
+from fleet.partition import RunInfo
 from fleet.results import result_key
 from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
 from fleet.summary import build_summary, export
@@ -53,12 +54,20 @@ def files_under(root: Path) -> set[str]:
 
 
 def test_a_site_id_that_climbs_out_is_logged_and_skipped_and_the_summary_is_still_written(tmp_path, caplog):
+    """A site item whose key is no site id is left out as the run is read (noted once, naming it), so the export
+    never sees it; a record that reaches the export with one anyway is skipped there, one line each."""
     table, results = completed_run(tmp_path, ["good", "../../escaped", "a/b", "..", "/etc/abs"])
     out = tmp_path / "deep" / "runs"
-    rows = table.read_run(RUN)
+    with caplog.at_level(logging.WARNING, logger="gridfleet.readback"):
+        rows = table.read_run(RUN)
+    assert [r.site for r in rows.sites] == ["good"]
+    left = {u.key for u in rows.notes.found if u.why == "its key is not a site id"}
+    assert left == {"../../escaped", "a/b", "..", "/etc/abs"}
+    assert "'/etc/abs': its key is not a site id" in caplog.text
+    forged = [replace(rows.sites[0], site=bad) for bad in sorted(left)]  # as a broken reader would pass them on
     summary = build_summary(rows.run, rows.sites, left_running=0, finished_at=1.0, finish_reason="done")
     with caplog.at_level(logging.ERROR, logger="gridfleet.hub"):
-        path = export(out, summary, rows.sites, results)
+        path = export(out, summary, [*rows.sites, *forged], results)
     assert path == out / RUN / "summary.json" and json.loads(path.read_text())["run_id"] == RUN
     assert files_under(tmp_path) == {f"deep/runs/{RUN}/summary.json", f"deep/runs/{RUN}/results/good.json"}
     skipped = [r.getMessage() for r in caplog.records if "export-skipped" in r.getMessage()]
