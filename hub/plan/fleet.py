@@ -28,14 +28,19 @@ def launch_backoff_s(failures: int) -> float:
     return min(LAUNCH_BACKOFF_MAX_S, 2.0**failures)
 
 
+def busy_nodes(s: Snapshot) -> Collection[str | None]:
+    """The instances holding a RUN site."""
+    if s.busy is not None:
+        return s.busy
+    return {r.instance_id for n in s.watched if (r := s.sites[n]).run_status is RunStatus.RUN}
+
+
 def silent_nodes(s: Snapshot, now: float, config: Config) -> tuple[list[str], float]:
     """Live nodes that never showed a sign of life within boot_timeout_s, or stopped for heartbeat_timeout_s while
     holding no attempt (an attempt's own heartbeat rules a busy node), and when the next boot timeout falls."""
     doomed: list[str] = []
     wake = math.inf
-    busy: Collection[str | None] | None = s.busy
-    if busy is None:
-        busy = {r.instance_id for n in s.watched if (r := s.sites[n]).run_status is RunStatus.RUN}
+    busy = busy_nodes(s)
     node_beat = s.obs.node_beat
     for inst in s.live_instances:
         if inst.id in busy:  # an attempt's own heartbeat rules a busy node (and a booting one holds none)
@@ -86,10 +91,16 @@ def sizing(s: Snapshot, now: float, config: Config, doomed: list[str], open_coun
     actions: list[Action] = []
     surplus = live - wanted
     if surplus > 0:
+        # A node holding an attempt has booted, whatever its node item said when it was read: it claimed between
+        # that read and the sites' read, or its first heartbeat is on its way. It is never the one scaled in.
+        busy = busy_nodes(s)
         booting = sorted(
             i.id
             for i in s.live_instances
-            if i.id not in doomed and (seen := s.obs.node_beat.get(i.id)) is not None and seen.value == NO_SIGN
+            if i.id not in doomed
+            and i.id not in busy
+            and (seen := s.obs.node_beat.get(i.id)) is not None
+            and seen.value == NO_SIGN
         )
         if booting[:surplus]:
             actions.append(Terminate(tuple(booting[-surplus:]), "scale-in"))

@@ -307,6 +307,14 @@ def test_heartbeats_do_not_wake_the_hub_they_are_checked_each_tick():
     assert KillAttempt("s0", "i-1", 1, Reason.LOST, KillLadder.TERMINATE) in w.plan(T0 + 31).actions
 
 
+def test_a_node_that_holds_an_attempt_is_never_scaled_in_as_booting():
+    # i-2's node item, read before the sites, showed no sign yet, nor has its claim beaten; the sites show it holding
+    # s0. Two live nodes for one open site: the surplus is the other, booting, node, never the one holding the attempt.
+    w = World(config(1), [running("s0", node="i-2", heartbeat=None)], instances=("i-1", "i-2"), nodes={})
+    terminated = [a for a in w.plan(T0).actions if isinstance(a, Terminate)]
+    assert terminated == [Terminate(("i-1",), "scale-in")]
+
+
 def test_the_fleet_is_kept_at_min_nodes_while_sites_remain():
     cfg = Config.model_validate(
         {"fleet": {"max_nodes": 5, "min_nodes": 3}, "sites": [{"id": "s0", "start_url": "http://x.test/"}]}
