@@ -1,11 +1,11 @@
 """Benchmark: what node and hub boots download from Debian's mirror, and what that costs a fleet through its NAT.
 
-Measured with real apt in this run (`twin.debian.measure_boots`: `apt-get install --print-uris` of each
+Measured with real apt in this run (`twin.instance.debian.measure_boots`: `apt-get install --print-uris` of each
 template's APT_PACKAGES onto a synthesized stock Debian 12 EC2 image, Debian's own lists of this machine only), so
 it needs a Debian 12 machine with its package lists (`make setup`). Prints packages and MB per stock node boot,
 stock hub boot and baked node boot; then `--nodes` stock and baked node boots at once through one NAT instance of
 `--nat` type at its baseline bandwidth, against the boot timeout, with the ratios; then the figures
-fleet/nat.py keeps, over this run's.
+cli/envs/nat.py keeps, over this run's.
 
     .venv/bin/python bench/boot_bytes.py
     .venv/bin/python bench/boot_bytes.py --nodes 50 --nat t3.small --boot-timeout-s 900
@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fleet import nat  # noqa: E402
-from twin.debian import BootBytes, Fetch, measure_boots  # noqa: E402
+from cli.envs import nat  # noqa: E402
+from twin.instance.debian import BootBytes, Fetch, measure_boots  # noqa: E402
 
 COMPARED = ("t3.micro", "t3.small", "t3.medium", "c6gn.medium", "c7gn.medium")
 MB = 1e6
@@ -35,7 +35,7 @@ def boot_row(label: str, fetch: Fetch, update: int) -> str:
 def fleet_rows(m: BootBytes, nodes: int, nat_type: str, timeout_s: float) -> list[str]:
     gbps = nat.BASELINE_GBPS.get(nat_type)
     if gbps is None:
-        return [f"  {nat_type}: its baseline bandwidth is not in fleet/nat.py's BASELINE_GBPS"]
+        return [f"  {nat_type}: its baseline bandwidth is not in cli/envs/nat.py's BASELINE_GBPS"]
     stock = nodes * (m.node.bytes + m.apt_update_bytes)
     baked = nodes * m.baked_node.bytes
     stock_s, baked_s = stock * 8 / (gbps * 1e9), baked * 8 / (gbps * 1e9)
@@ -73,7 +73,7 @@ def main() -> int:
         (nat.APT_UPDATE_BYTES, m.apt_update_bytes),
     )
     print(
-        "fleet/nat.py keeps / this run: node {:.3f}x, hub {:.3f}x, apt-get update {:.3f}x".format(
+        "cli/envs/nat.py keeps / this run: node {:.3f}x, hub {:.3f}x, apt-get update {:.3f}x".format(
             *(k / max(fresh, 1) for k, fresh in kept)
         )
     )

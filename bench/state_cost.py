@@ -1,8 +1,8 @@
 """Benchmark: what a site's crawl state costs, the older layout against the current one, in the same run.
 
 One attempt of a site of P pages of N items of B bytes is written through the
-real code (`fleet.ops` on the in-memory table, the agent's `node.parts`, the
-record encoded by `fleet.codec`) and priced as AWS bills it (`fleet.units`:
+real code (`fleet.record.ops` on the in-memory table, the agent's `node.parts`, the
+record encoded by `fleet.record.codec`) and priced as AWS bills it (`sim.units`:
 DynamoDB by the kilobyte of the item each write touches, S3 by the request):
 
 - old: every checkpoint carries every item so far on the site record, as nodes
@@ -33,10 +33,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fleet import checkpoint as ck  # noqa: E402
-from fleet import ops, units  # noqa: E402
-from fleet.state import SiteRecord, SiteSpec  # noqa: E402
+from fleet.outputs import checkpoint as ck  # noqa: E402
+from fleet.record import ops  # noqa: E402
+from fleet.record.state import SiteRecord, SiteSpec  # noqa: E402
 from node.parts import Parts  # noqa: E402
+from sim import units  # noqa: E402
 from sim.cost import Meter, SimResults  # noqa: E402
 from sim.engine import RESULT_CALLS, TABLE_CALLS, Counted  # noqa: E402
 from sim.memory import MemoryStateTable  # noqa: E402

@@ -26,8 +26,8 @@ from cli.commands import run as run_cmd
 from cli.commands import simulate as sim_cli
 from fleet.aws.errors import aws_failure
 from fleet.errors import GridfleetError, quote
-from fleet.ids import RUN_ID_RULE, SITE_ID_RULE, is_run_id, is_site_id
 from fleet.logs import setup
+from fleet.record.ids import RUN_ID_RULE, SITE_ID_RULE, is_run_id, is_site_id
 from hub.loop import EXIT_ERROR
 
 log = logging.getLogger("gridfleet")

@@ -155,7 +155,7 @@ def page_html(name: str, page: int, next_href: str | None, items: int = ITEMS_PE
     return document(f"{name} page {page}", "\n".join(lines))
 
 
-#: A bot-check interstitial as common defences serve it (its title is one of `fleet.blocked`'s default markers).
+#: A bot-check interstitial as common defences serve it (its title is one of `fleet.record.blocked`'s default markers).
 CHALLENGE_TITLE = "Just a moment..."
 
 

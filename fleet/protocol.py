@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from fleet import ops
-from fleet.checkpoint import SaveEvery
-from fleet.failures import Failure, FailureClass, RetryPolicy
-from fleet.messages import BadMessage, SiteMessage
-from fleet.partition import NodeInfo, RunInfo
-from fleet.state import NodeState, Reason, RunStatus, SiteRecord, SiteStatus
+from fleet.outputs.checkpoint import SaveEvery
+from fleet.record import ops
+from fleet.record.failures import Failure, FailureClass, RetryPolicy
+from fleet.record.messages import BadMessage, SiteMessage
+from fleet.record.partition import NodeInfo, RunInfo
+from fleet.record.state import NodeState, Reason, RunStatus, SiteRecord, SiteStatus
 
 #: AWS errors in a row (after botocore's retries) after which the node gives up and exits.
 MAX_AWS_FAILURES = 10

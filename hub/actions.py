@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fleet.state import Reason, SiteSpec
+from fleet.record.state import Reason, SiteSpec
 
 
 @dataclass(frozen=True)

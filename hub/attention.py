@@ -16,8 +16,8 @@ import heapq
 from collections.abc import Iterable, Mapping
 
 from fleet.config import Config
-from fleet.instance import Instance
-from fleet.state import RunStatus
+from fleet.record.instance import Instance
+from fleet.record.state import RunStatus
 from hub.plan.attempts import recheck_at
 from hub.snapshot import Observations, SiteCache
 

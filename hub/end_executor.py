@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet import ops
 from fleet.clock import Clock
 from fleet.errors import StaleWrite
 from fleet.logs import event
-from fleet.partition import HistoryEvent
-from fleet.state import RunState
-from fleet.table import StateTable
+from fleet.record import ops
+from fleet.record.partition import HistoryEvent
+from fleet.record.state import RunState
+from fleet.record.table import StateTable
 from hub.actions import Action, Done, FailSites, Finish, Terminate
 from hub.providers.base import ComputeProvider
 from hub.snapshot import Snapshot

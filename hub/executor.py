@@ -16,15 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fleet import ops
 from fleet.aws.notify import notify_finished
 from fleet.config import Config
 from fleet.errors import StaleWrite
 from fleet.logs import event
-from fleet.messages import BadMessage, SiteMessage, SiteQueue
-from fleet.partition import RunInfo
-from fleet.results import EXISTED, LOCAL_ROLE, MISSING, RESULT_MAX_BYTES, ResultStore
-from fleet.state import Reason, RunState, RunStatus, SiteRecord
+from fleet.outputs.results import EXISTED, LOCAL_ROLE, MISSING, RESULT_MAX_BYTES, ResultStore
+from fleet.record import ops
+from fleet.record.messages import BadMessage, SiteMessage, SiteQueue
+from fleet.record.partition import RunInfo
+from fleet.record.state import Reason, RunState, RunStatus, SiteRecord
 from hub.actions import (
     Action,
     Done,

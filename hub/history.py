@@ -15,10 +15,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fleet.codec import count_or_none
 from fleet.errors import UsageError
-from fleet.state import Outcome, RunStatus, SiteRecord
-from fleet.table import StateTable
+from fleet.record.codec import count_or_none
+from fleet.record.state import Outcome, RunStatus, SiteRecord
+from fleet.record.table import StateTable
 
 log = logging.getLogger("gridfleet.hub")
 

@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleet.clock import Clock
-from fleet.codec import site_to_item
 from fleet.config import Config
 from fleet.logs import event
-from fleet.messages import SiteQueue
-from fleet.partition import RunInfo
-from fleet.readback import Unread, UnreadableItem
-from fleet.results import LOCAL_ROLE, ResultStore, checked_result_key
-from fleet.state import RunStatus
-from fleet.summary import build_summary, export, instances_section
-from fleet.table import StateTable
+from fleet.outputs.results import LOCAL_ROLE, ResultStore, checked_result_key
+from fleet.outputs.summary import build_summary, export, instances_section
+from fleet.record.codec import site_to_item
+from fleet.record.messages import SiteQueue
+from fleet.record.partition import RunInfo
+from fleet.record.readback import Unread, UnreadableItem
+from fleet.record.state import RunStatus
+from fleet.record.table import StateTable
 from hub.actions import Ending, Plan, action_sites
 from hub.attention import Attention
 from hub.control.base import NodeControl

@@ -25,9 +25,9 @@ from prometheus_client.registry import Collector
 from fleet.aws.metrics import CloudWatchSink, Datum, JobStats
 from fleet.clock import Clock
 from fleet.config import Config
-from fleet.messages import QueueDepth, SiteQueue
-from fleet.state import RunStatus
-from fleet.summary import site_entry, totals
+from fleet.outputs.summary import site_entry, totals
+from fleet.record.messages import QueueDepth, SiteQueue
+from fleet.record.state import RunStatus
 from hub.snapshot import Snapshot
 
 log = logging.getLogger("gridfleet.hub")
@@ -67,7 +67,7 @@ def last_beat(snap: Snapshot, node: Any) -> float:
 
 
 def run_totals(snap: Snapshot) -> dict[str, int]:
-    """The run's item and page counts (`fleet.summary.totals`) from the snapshot's records."""
+    """The run's item and page counts (`fleet.outputs.summary.totals`) from the snapshot's records."""
     return totals({name: site_entry(r) for name, r in snap.sites.items()})
 
 

@@ -1,6 +1,6 @@
 """Making a staged result a site's result: what the hub does for an attempt its node left SAVED.
 
-A node may write only under its own prefix of the bucket (`fleet.results.staging_prefix`), so the result a node
+A node may write only under its own prefix of the bucket (`fleet.outputs.results.staging_prefix`), so the result a node
 stages is no site's result until the hub copies it to the key the site, the run's date and the run derive (never a
 key a node named), from the prefix of the node the record says holds the attempt, under the claim the record says
 it staged. A SAVED that nothing staged backs (a node that wrote it into a record it does not hold, or a build that
@@ -9,10 +9,7 @@ staged elsewhere) makes no result: the attempt ends as an error instead (`hub.ex
 
 from __future__ import annotations
 
-from fleet import ops
-from fleet.ids import is_node_id
-from fleet.messages import SiteQueue
-from fleet.results import (
+from fleet.outputs.results import (
     EXISTED,
     MISSING,
     PROMOTED,
@@ -21,8 +18,11 @@ from fleet.results import (
     staged_result_key,
     writer_id,
 )
-from fleet.state import SiteRecord
-from fleet.table import StateTable
+from fleet.record import ops
+from fleet.record.ids import is_node_id
+from fleet.record.messages import SiteQueue
+from fleet.record.state import SiteRecord
+from fleet.record.table import StateTable
 
 
 def staged_of(rec: SiteRecord, run_date: str, role: str) -> str | None:
@@ -37,7 +37,7 @@ def promote(
     table: StateTable, results: ResultStore, queue: SiteQueue, rec: SiteRecord, run_date: str, role: str, now: float
 ) -> tuple[str, SiteRecord | None]:
     """Make `rec`'s staged result its site's result, then COMPLETED (its counts as its node wrote them) and the
-    attempt's message deleted. Returns what the store answered (`fleet.results.PROMOTED`, EXISTED, MISSING,
+    attempt's message deleted. Returns what the store answered (`fleet.outputs.results.PROMOTED`, EXISTED, MISSING,
     TOO_LARGE) and the new record, None when there is no result to complete with (the caller ends the attempt).
     StaleWrite when the record moved on since it was read."""
     key = checked_result_key(rec.site, run_date, rec.run_id)

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from fleet.codec import as_seeded
-from fleet.instance import Instance
-from fleet.messages import QueueDepth
-from fleet.partition import NodeInfo, RunInfo
-from fleet.readback import Notes, UnreadableItem
-from fleet.stamp import TRANSITION_FIELDS, Stamp, patch_from_stamp, patchable, record_stamp
-from fleet.state import RunStatus, SiteRecord, SiteStatus
+from fleet.record.codec import as_seeded
+from fleet.record.instance import Instance
+from fleet.record.messages import QueueDepth
+from fleet.record.partition import NodeInfo, RunInfo
+from fleet.record.readback import Notes, UnreadableItem
+from fleet.record.stamp import TRANSITION_FIELDS, Stamp, patch_from_stamp, patchable, record_stamp
+from fleet.record.state import RunStatus, SiteRecord, SiteStatus
 from hub.actions import Ending
 
 
@@ -216,7 +216,8 @@ class Snapshot:
     retrying: Collection[str] | None = None  # watched QUEUED sites (message not sent); None: found from `sites`
     expected: Mapping[str, float] = field(default_factory=dict)  # site -> seconds its last successful crawl took
     ending: Ending | None = None  # the run is being ended (decided by an earlier plan, or a teardown request)
-    #: Configured sites whose record a hub seeded but no one can read now (`fleet.readback`): the hub repairs them.
+    #: Configured sites whose record a hub seeded but no one can read now (`fleet.record.readback`): the hub repairs
+    #: them.
     repairs: Mapping[str, UnreadableItem] = field(default_factory=dict)
 
     @cached_property
@@ -305,10 +306,10 @@ class SiteCache:
     """The hub's copy of a run's site records, refreshed by reading only what can have changed.
 
     The first refresh reads the whole partition; each later one reads the stamps of the open sites (one
-    paginated Query of the sparse index, see `fleet.codec.STAMP_ATTRS`) and fetches, in batches, the
+    paginated Query of the sparse index, see `fleet.record.codec.STAMP_ATTRS`) and fetches, in batches, the
     records that went through a transition, are new, or left the index (they became terminal). A stamp
     that moved only by a node's progress, heartbeat or the enqueued mark is patched without a read.
-    Sites as seeded are not in that Query (`fleet.codec.HELD_PREFIX`): nobody but the hub's feed moves one
+    Sites as seeded are not in that Query (`fleet.record.codec.HELD_PREFIX`): nobody but the hub's feed moves one
     on, and the sites the hub itself wrote are named to `recheck`, so a tick costs what is crawled and
     queued, however many sites wait their turn.
     """
@@ -318,7 +319,7 @@ class SiteCache:
         self.watch: set[str] = set()
         self.held = RankedSet()  # see `held`
         self.open: set[str] = set()  # not terminal, and in the Query of open stamps (not as seeded)
-        self.seeded: set[str] = set()  # open, and as seeded: not in that Query (`fleet.codec.as_seeded`)
+        self.seeded: set[str] = set()  # open, and as seeded: not in that Query (`fleet.record.codec.as_seeded`)
         self.rechecks: set[str] = set()  # sites as seeded the hub wrote: read by name at the next refresh
         self.stamps: dict[str, Stamp] = {}  # the stamp of each cached open record
         self.tally: dict[str, int] = {s.value: 0 for s in RunStatus}

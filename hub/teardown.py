@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from fleet.clock import Clock
 from fleet.errors import MissingResource
 from fleet.logs import event
-from fleet.ops import fail_open_sites  # re-exported for callers that still import it from here
-from fleet.state import Reason
-from fleet.table import StateTable
+from fleet.record.ops import fail_open_sites  # re-exported for callers that still import it from here
+from fleet.record.state import Reason
+from fleet.record.table import StateTable
 from hub.actions import Ending, FailSites, Terminate
 from hub.end_executor import EndExecutor
 from hub.plan import end_plan, teardown_request

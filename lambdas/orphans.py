@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.ids import is_run_id
-from fleet.instance import Instance
-from fleet.partition import RunInfo
-from fleet.state import RunState
-from fleet.tags import LIVE_STATES, ROLE_HUB, ROLE_NODE
+from fleet.record.ids import is_run_id
+from fleet.record.instance import Instance
+from fleet.record.partition import RunInfo
+from fleet.record.state import RunState
+from fleet.record.tags import LIVE_STATES, ROLE_HUB, ROLE_NODE
 from lambdas.settings import LambdaSettings
 
 

@@ -14,8 +14,8 @@ from fleet.aws.clients import AwsClients
 from fleet.aws.table import DynamoStateTable
 from fleet.config.aws import AwsConfig
 from fleet.errors import quote
-from fleet.ids import RUN_ID_RULE, is_run_id
 from fleet.logs import event
+from fleet.record.ids import RUN_ID_RULE, is_run_id
 from lambdas.settings import LambdaSettings
 
 log = logging.getLogger("gridfleet.lambdas")

@@ -20,12 +20,12 @@ from typing import Any
 from fleet.aws import ec2 as ec2_api
 from fleet.aws.ec2 import Instance
 from fleet.clock import Clock, SystemClock
-from fleet.ids import default_run_id
 from fleet.logs import event
-from fleet.run_item import RunWatch
-from fleet.state import RunState
-from fleet.table import WatchTable
-from fleet.tags import ROLE_HUB, TAG_STACK
+from fleet.record.ids import default_run_id
+from fleet.record.run_item import RunWatch
+from fleet.record.state import RunState
+from fleet.record.table import WatchTable
+from fleet.record.tags import ROLE_HUB, TAG_STACK
 from lambdas.runtime import ClientsFactory, default_clients, event_run_id, log, outermost, state_table
 from lambdas.settings import LambdaSettings
 

@@ -26,21 +26,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.archive import RunArchive
 from fleet.aws import ec2 as ec2_api
 from fleet.aws.archive import S3RunArchive
 from fleet.aws.ec2 import STOPPED_STATES, Instance
 from fleet.aws.notify import notify_overdue
 from fleet.clock import Clock, SystemClock
-from fleet.ids import is_run_id
 from fleet.logs import event
-from fleet.ops import fail_open_sites
-from fleet.partition import HistoryEvent, RunInfo
-from fleet.run_item import RunExpect, RunWatch
-from fleet.state import Reason, RunState
-from fleet.summary import build_summary
-from fleet.table import WatchTable
-from fleet.tags import LIVE_STATES, ROLE_HUB
+from fleet.outputs.archive import RunArchive
+from fleet.outputs.summary import build_summary
+from fleet.record.ids import is_run_id
+from fleet.record.ops import fail_open_sites
+from fleet.record.partition import HistoryEvent, RunInfo
+from fleet.record.run_item import RunExpect, RunWatch
+from fleet.record.state import Reason, RunState
+from fleet.record.table import WatchTable
+from fleet.record.tags import LIVE_STATES, ROLE_HUB
 from lambdas.orphans import Orphans, is_abandoned, orphan_reason, retire
 from lambdas.runtime import ClientsFactory, default_clients, log, outermost, state_table
 from lambdas.settings import LambdaSettings

@@ -17,18 +17,19 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from fleet import ops, protocol
+from fleet import protocol
 from fleet.aws.clients import error_code, is_transient
 from fleet.aws.metrics import CloudWatchSink, JobStats, node_heartbeat, node_job_data
 from fleet.clock import Clock
-from fleet.codec import ERROR_MAX_CHARS, capped
 from fleet.errors import StaleWrite, quote
 from fleet.logs import event
-from fleet.messages import BadMessage, SiteMessage, SiteQueue
+from fleet.outputs.results import ResultStore
 from fleet.protocol import CrawlEndKind, MessageAction, Stop, StopWhy
-from fleet.results import ResultStore
-from fleet.state import NodeState, SiteRecord
-from fleet.table import StateTable
+from fleet.record import ops
+from fleet.record.codec import ERROR_MAX_CHARS, capped
+from fleet.record.messages import BadMessage, SiteMessage, SiteQueue
+from fleet.record.state import NodeState, SiteRecord
+from fleet.record.table import StateTable
 from node.attempt import Attempt
 from node.closing import Closer
 from node.evidence import Capture

@@ -21,17 +21,19 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from fleet import contract, crawlerfile, ops, protocol
+from fleet import protocol
 from fleet import protocol as crawl_end  # how an attempt ends (CrawlEnd, settle) is part of the protocol
 from fleet.aws.clients import error_code, is_transient
-from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, capped
+from fleet.crawl import contract, crawlerfile
 from fleet.errors import StaleWrite
-from fleet.failures import failure_of_event
 from fleet.logs import event
-from fleet.messages import SiteMessage
+from fleet.outputs.results import result_key, staged_quarantine_key, staged_result_key
 from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, Stop, Watch
-from fleet.results import result_key, staged_quarantine_key, staged_result_key
-from fleet.state import Counts, SiteRecord, SiteStatus
+from fleet.record import ops
+from fleet.record.codec import ERROR_MAX_CHARS, URL_MAX_CHARS, capped
+from fleet.record.failures import failure_of_event
+from fleet.record.messages import SiteMessage
+from fleet.record.state import Counts, SiteRecord, SiteStatus
 from node import evidence, parts
 from node.counts import AttemptCounter
 from node.kit import NodeKit

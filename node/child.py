@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleet.failures import Failure, FailureClass, failure_to_event, of_exception
 from fleet.grid_auth import GridSecret
+from fleet.record.failures import Failure, FailureClass, failure_to_event, of_exception
 from node.crawler import CrawlContext, CrawlError, RobotsDenied
 from node.pacing import Pacer
 from node.registry import load_crawler

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.logs import event
-from fleet.state import Counts
+from fleet.record.state import Counts
 
 
 def _whole(value: object) -> int | None:

@@ -13,7 +13,7 @@ starts from, `self.known` the item ids an incremental site saw last time (stop
 there), and every request waits for its slot of the site's fleet-wide rate
 limit and of its domain (`pace(url)`, done by `open()` and `get_json()`, which
 also report each answer's status with `answered(url, status)`: the domain's
-AutoThrottle, `fleet.pacing`).
+AutoThrottle, `fleet.crawl.pacing`).
 
 And that no item vanishes silently (`node.itemids`): `fresh()` and what `run()` hands out give each item id
 once; another item of the same id is a duplicate (the same content, dropped) or a collision (other content,
@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from fleet.blocked import MARKED_CHARS, Markers
-from fleet.failures import Failure, FailureClass, of_os_error, of_status, retry_after
 from fleet.grid_auth import GRID_USER, GridSecret
+from fleet.record.blocked import MARKED_CHARS, Markers
+from fleet.record.failures import Failure, FailureClass, of_os_error, of_status, retry_after
 from node.browser import capabilities, chrome_args
 from node.itemids import Ledger, Tally, item_id
 from node.robots import ROBOTS_TIMEOUT_S, Robots, fetch_robots
@@ -54,7 +54,7 @@ Answered = Callable[[str, int | None], None]
 #: Called after each page has answered: (the WebDriver, or None for `get_json`; the URL; its HTTP status or None).
 OnPage = Callable[[Any, str, int | None], None]
 
-#: The page's title and the start of its HTML, for the blocked markers (`fleet.blocked`).
+#: The page's title and the start of its HTML, for the blocked markers (`fleet.record.blocked`).
 _PAGE_JS = (
     "return (document.title || '') + '\\n' + "
     f"(document.documentElement ? document.documentElement.outerHTML : '').slice(0, {MARKED_CHARS});"
@@ -87,7 +87,7 @@ def web_url(href: Any, page_url: str) -> str | None:
 
 class CrawlError(Exception):
     """The site answered, but not with what the crawl needs (HTTP error, missing element...). `failure` says how,
-    by class (`fleet.failures`); without one the crawl's failure is classed from the exception."""
+    by class (`fleet.record.failures`); without one the crawl's failure is classed from the exception."""
 
     def __init__(self, message: str, failure: Failure | None = None):
         super().__init__(message)

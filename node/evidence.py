@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.grid_auth import GridSecret, grid_request
+from fleet.outputs.results import EVIDENCE_TYPES, ResultStore, evidence_key
 from fleet.protocol import CrawlEndKind
-from fleet.results import EVIDENCE_TYPES, ResultStore, evidence_key
 
 #: The time all calls of one capture share; the attempt's kill never waits for it (the crawler is killed first).
 CAPTURE_BUDGET_S = 5.0
@@ -52,8 +52,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: A WebDriver session id as the Grid makes them (a UUID, or chromedriver's hex): nothing that reshapes a URL.
 SESSION_ID_RE = re.compile(r"[A-Za-z0-9-]{1,128}")
 
-#: The files of an evidence record, with their content types (`fleet.results.EVIDENCE_TYPES`: the page's own HTML is
-#: kept as text, never served as a page).
+#: The files of an evidence record, with their content types (`fleet.outputs.results.EVIDENCE_TYPES`: the page's own
+#: HTML is kept as text, never served as a page).
 SCREENSHOT, HTML, CONSOLE, RECORD = "screenshot.png", "page.html", "console.json", "evidence.json"
 CONTENT_TYPES = EVIDENCE_TYPES
 

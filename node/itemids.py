@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.state import MAX_COLLIDED
+from fleet.record.state import MAX_COLLIDED
 
 #: Characters of an item kept to show it (a collision's two items, the first skipped one).
 SHOWN_CHARS = 300

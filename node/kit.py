@@ -10,11 +10,11 @@ from typing import Any
 from fleet.clock import Clock
 from fleet.config import Config
 from fleet.config.rules import rule_fields
-from fleet.messages import SiteQueue
+from fleet.outputs.results import LOCAL_ROLE, ResultStore, writer_id
 from fleet.protocol import CrawlEndKind, NodeRules
-from fleet.results import LOCAL_ROLE, ResultStore, writer_id
-from fleet.state import SiteRecord
-from fleet.table import StateTable
+from fleet.record.messages import SiteQueue
+from fleet.record.state import SiteRecord
+from fleet.record.table import StateTable
 from node.closing import Closer
 from node.evidence import Capture
 from node.runner import CrawlProcess
@@ -68,7 +68,7 @@ class AgentSettings(NodeRules):
     user_agent: str = ""  # every request of the crawl sends it ("": Chromium's own); robots.txt is read for it
     #: how a crawler reaches the state table for its rate-limit slots: {table, region, endpoint_url, local}
     limits_table: tuple[tuple[str, Any], ...] = ()
-    #: whose prefix of the bucket the node writes under (`fleet.results.staging_prefix`): its credentials'
+    #: whose prefix of the bucket the node writes under (`fleet.outputs.results.staging_prefix`): its credentials'
     #: `aws:userid` on AWS, `<role id>:<instance id>`; "": a node with no IAM role (`local:<instance id>`)
     writer: str = ""
 

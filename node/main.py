@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-from fleet import crawlerfile
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.imds import Imds, ImdsError
 from fleet.aws.metrics import CloudWatchSink
@@ -35,10 +34,11 @@ from fleet.clock import SystemClock
 from fleet.config import Config
 from fleet.config.bundle import bundle_mismatch
 from fleet.config.load import load_config
+from fleet.crawl import crawlerfile
 from fleet.errors import ConfigError, GridfleetError, MissingResource, SandboxUnavailable
 from fleet.grid_auth import read_optional
 from fleet.logs import event, setup
-from fleet.partition import NodeInfo
+from fleet.record.partition import NodeInfo
 from node import browser, evidence
 from node.agent import Agent, AgentSettings
 from node.closing import Closer

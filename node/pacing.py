@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from fleet.aws.ratelimit import PACE_MARGIN
-from fleet.pacing import backs_off, base_spacing, domain_of
+from fleet.crawl.pacing import backs_off, base_spacing, domain_of
 
 
 class Domains(Protocol):

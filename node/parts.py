@@ -1,4 +1,5 @@
-"""An attempt's side of the checkpoint (`fleet.checkpoint`): the parts it reads when it resumes and those it writes.
+"""An attempt's side of the checkpoint (`fleet.outputs.checkpoint`): the parts it reads when it resumes and those it
+writes.
 
 A resumed attempt reads the parts its checkpoint names (its ids checked before
 they become keys) and hands their items to the crawler, which skips them, and to
@@ -17,19 +18,19 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from fleet import checkpoint as ck
-from fleet import ops
-from fleet.codec import ERROR_MAX_CHARS, capped
 from fleet.logs import event
-from fleet.results import ResultStore
-from fleet.state import SiteRecord
+from fleet.outputs import checkpoint as ck
+from fleet.outputs.results import ResultStore
+from fleet.record import ops
+from fleet.record.codec import ERROR_MAX_CHARS, capped
+from fleet.record.state import SiteRecord
 
 log = logging.getLogger("gridfleet.node")
 
 
 @dataclass
 class Parts:
-    """This claim's parts (`fleet.checkpoint.ClaimParts`) and the items waiting for the next one."""
+    """This claim's parts (`fleet.outputs.checkpoint.ClaimParts`) and the items waiting for the next one."""
 
     claim: ck.ClaimParts
     staged: list[dict[str, Any]] = field(default_factory=list)  # items no stored part holds yet

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from fleet.crawlers import resolve_name, split_dotted
+from fleet.crawl.crawlers import resolve_name, split_dotted
 from node.crawler import BaseCrawler
 
 

@@ -8,9 +8,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from fleet.codec import ITEM_ID_MAX_CHARS, capped
-from fleet.results import ResultStore
-from fleet.state import SiteRecord
+from fleet.outputs.results import ResultStore
+from fleet.record.codec import ITEM_ID_MAX_CHARS, capped
+from fleet.record.state import SiteRecord
 
 log = logging.getLogger("gridfleet.node")
 

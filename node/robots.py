@@ -3,7 +3,7 @@
 Each host's robots.txt (`<scheme>://<host>/robots.txt`) is fetched once per crawl, the first time a URL of that
 host is asked about: without the browser, with the crawl's user agent, a short timeout, and paced like every
 request of the site. protego reads it (groups by product token, `*` and `$` patterns, Allow/Disallow precedence,
-`Crawl-delay`, which paces the host's domain: `fleet.pacing`).
+`Crawl-delay`, which paces the host's domain: `fleet.crawl.pacing`).
 What its answer means:
 - 2xx: its rules;
 - 4xx (none there, or not for us): no rules, everything allowed;

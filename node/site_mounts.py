@@ -42,9 +42,9 @@ from fleet.aws.imds import Imds, ImdsError
 from fleet.aws.table import DynamoStateTable
 from fleet.config.load import load_config
 from fleet.errors import ConfigError
-from fleet.ids import check_instance_id, is_site_id
 from fleet.logs import event, setup
-from fleet.state import RunStatus, SiteRecord
+from fleet.record.ids import check_instance_id, is_site_id
+from fleet.record.state import RunStatus, SiteRecord
 from profiles.mounts import MAX_LINE, SiteMountFailed, SocketMounts
 
 log = logging.getLogger("gridfleet.node")

@@ -14,7 +14,7 @@ JAR_SHA256=c3119218bcd07b221622ffd57874519891718029358c85a2dccf506e17815cd7
 # tests that check rendered user-data and the SSH kill path against the real tools; the AWS CLI, nfs-common and
 # a C compiler for the EC2 twin's instances (what the boot scripts install is already there, as on a baked image;
 # the compiler builds the twin's clock for instances, twin/native/clockshift.c); nftables, with which the twin
-# enforces its instances' security groups (twin/firewall.py).
+# enforces its instances' security groups (twin/instance/firewall.py).
 DEB_PACKAGES=(chromium chromium-headless-shell chromium-driver default-jre-headless cloud-init shellcheck openssh-server awscli nfs-common gcc libc6-dev nftables)
 PYTHON=${PYTHON:-python3}
 
@@ -35,7 +35,7 @@ missing_debs() {
 }
 
 # --- Debian's package lists ------------------------------------------------
-# The EC2 twin's apt-get and bench/boot_bytes.py answer from Debian 12's own lists (twin/debian.py);
+# The EC2 twin's apt-get and bench/boot_bytes.py answer from Debian 12's own lists (twin/instance/debian.py);
 # an image fresh from its build has none.
 debian_lists_missing() {
     local suite

@@ -2,13 +2,13 @@
 
 `Meter` is called after each adapter call the hub and nodes make (beside the
 call counting of `engine.Counted`) and prices it as AWS would bill it
-(`fleet.units`): a site record write by the size of its item as `fleet.codec`
+(`sim.units`): a site record write by the size of its item as `fleet.record.codec`
 encodes it (an update by the larger of the item before and after), a read by
 the size of what it returned, an S3 request by its kind. Items that are not
 site records (the run item, node items, history lines, marks) are each under a
 kilobyte and count one unit. The state of a site is what its checkpoints wrote:
 the record's `checkpoint` attribute at each checkpoint write, and the part
-objects beside the result (`fleet.checkpoint`).
+objects beside the result (`fleet.outputs.checkpoint`).
 
 `SimResults` is the result store of the simulation: it keeps each object's size
 and not its bytes (the results and parts of 10,000 sites would not fit), and
@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from fleet import units
-from fleet.codec import encode_checkpoint, site_to_item
-from fleet.results import PROMOTED
-from fleet.state import SiteRecord
+from fleet.outputs.results import PROMOTED
+from fleet.record.codec import encode_checkpoint, site_to_item
+from fleet.record.state import SiteRecord
+from sim import units
 from sim.memory import MemoryResults, MemoryStateTable
 
 STAMP_BYTES = 150  # a stamp of the open index (its projection: a dozen small attributes)
@@ -67,7 +67,7 @@ class Meter:
 
     def size(self, rec: SiteRecord, stored: bool = True) -> int:
         """The item size of `rec` as the table holds it (`stored`: the table's item is `rec`'s, just written or
-        read), else as `fleet.codec` encodes it."""
+        read), else as `fleet.record.codec` encodes it."""
         key = (rec.run_id, rec.site)
         item = self.stored.get(key) if stored and self.stored is not None else None
         if item is None:

@@ -15,10 +15,11 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, Unpack
 
-from fleet.codec import HELD_PREFIX, MARKS_PARTITION, OPEN_ATTR, item_to_site, num, site_to_item, site_update
+from fleet.crawl.pacing import PACING_PARTITION_PREFIX, pacing_section
 from fleet.errors import StaleWrite
-from fleet.pacing import PACING_PARTITION_PREFIX, pacing_section
-from fleet.partition import (
+from fleet.outputs.results import EXISTED, MISSING, PROMOTED, RESULT_MAX_BYTES, TOO_LARGE, aside_key, is_result_key
+from fleet.record.codec import HELD_PREFIX, MARKS_PARTITION, OPEN_ATTR, item_to_site, num, site_to_item, site_update
+from fleet.record.partition import (
     NODE_PREFIX,
     RUN_ITEM,
     RUNS_PARTITION,
@@ -32,12 +33,11 @@ from fleet.partition import (
     run_to_item,
     split_partition,
 )
-from fleet.readback import Notes, UnreadableItem
-from fleet.results import EXISTED, MISSING, PROMOTED, RESULT_MAX_BYTES, TOO_LARGE, aside_key, is_result_key
-from fleet.run_item import HUB_STARTS, RunExpect, RunFields, RunWatch, WatchFields, assign, holds, item_to_watch
-from fleet.stamp import Stamp, item_stamp
-from fleet.state import RunState, SiteRecord
-from fleet.table import REPAIR_FENCE, RunIndexEntry, RunRows, mark_of, nodes_of, runs_of
+from fleet.record.readback import Notes, UnreadableItem
+from fleet.record.run_item import HUB_STARTS, RunExpect, RunFields, RunWatch, WatchFields, assign, holds, item_to_watch
+from fleet.record.stamp import Stamp, item_stamp
+from fleet.record.state import RunState, SiteRecord
+from fleet.record.table import REPAIR_FENCE, RunIndexEntry, RunRows, mark_of, nodes_of, runs_of
 from sim.queue import MemoryQueue
 
 __all__ = ["MemoryQueue", "MemoryResults", "MemoryStateTable"]

@@ -1,7 +1,7 @@
 """The simulator's node: the node protocol (`fleet.protocol`) driven by events on virtual time.
 
 A `SimNode` makes every decision the real agent makes by calling the same
-`fleet.protocol` functions, and writes with the same `fleet.ops` on the same
+`fleet.protocol` functions, and writes with the same `fleet.record.ops` on the same
 table, queue and result store; only its I/O differs. It is event-driven
 instead of a blocking loop, so that 500 nodes cost no threads: a long poll is
 a wake-up when a message arrives, a crawl is a timeline of progress reports
@@ -15,15 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet import checkpoint as ck
-from fleet import ops, protocol
+from fleet import protocol
 from fleet import protocol as crawl_end  # how an attempt ends (CrawlEnd, settle) is part of the protocol
 from fleet.errors import StaleWrite
-from fleet.failures import Failure, FailureClass
-from fleet.messages import BadMessage, SiteMessage
+from fleet.outputs import checkpoint as ck
+from fleet.outputs.results import LOCAL_ROLE, result_key, staged_result_key, writer_id
 from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, MessageAction, NodeCard, NodeRules, Stop, Watch
-from fleet.results import LOCAL_ROLE, result_key, staged_result_key, writer_id
-from fleet.state import NodeState, SiteRecord
+from fleet.record import ops
+from fleet.record.failures import Failure, FailureClass
+from fleet.record.messages import BadMessage, SiteMessage
+from fleet.record.state import NodeState, SiteRecord
 from node.counts import AttemptCounter
 from sim.engine import Engine
 from sim.model import Crawl, VInstance

@@ -25,7 +25,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from fleet.clock import Clock, SystemClock
-from fleet.messages import DEDUP_WINDOW_S, BadMessage, QueueDepth, SiteMessage, decode, dedup_id, encode, group_id
+from fleet.record.messages import (
+    DEDUP_WINDOW_S,
+    BadMessage,
+    QueueDepth,
+    SiteMessage,
+    decode,
+    dedup_id,
+    encode,
+    group_id,
+)
 
 
 @dataclass

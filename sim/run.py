@@ -2,7 +2,7 @@
 
 The hub is the real `Hub` (its `plan()`, executor and site cache) on the
 in-memory table; the nodes are `SimNode`s making the agent's decisions with
-`fleet.protocol` and writing with `fleet.ops`; the cloud and the crawls are
+`fleet.protocol` and writing with `fleet.record.ops`; the cloud and the crawls are
 simulated (`sim.cloud`, `sim.node`, `sim.workload`).
 The figures it reports are defined in `SimResult`.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from fleet.config import Config
 from fleet.config.rules import rules_from_config
-from fleet.summary import failed_attempts, site_entry
+from fleet.outputs.summary import failed_attempts, site_entry
 from hub.control.base import KillResult
 from hub.loop import Hub
 from hub.plan import run_date_for
@@ -254,7 +254,7 @@ class SimResult:
     sim_events: int
     wall_s: float
     cpu_s: float
-    # What the sites' state and the run's DynamoDB and S3 requests cost (sim/cost.py, fleet/units.py):
+    # What the sites' state and the run's DynamoDB and S3 requests cost (sim/cost.py, sim/units.py):
     state_bytes_per_site: float = 0.0  # bytes the checkpoints wrote: the record's checkpoint and the parts
     state_write_units_per_site: float = 0.0  # DynamoDB write units of the checkpoint writes
     state_usd_per_site: float = 0.0  # those units, the parts' PUTs and a retry's GETs, in USD

@@ -25,9 +25,9 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from fleet import ops
-from fleet.failures import Failure, FailureClass, of_status
-from fleet.state import SiteStatus
+from fleet.record import ops
+from fleet.record.failures import Failure, FailureClass, of_status
+from fleet.record.state import SiteStatus
 from sim.model import Crawl, SimParams
 
 MAX_SPREAD = 20.0  # the longest drawn site is at most this many times the median

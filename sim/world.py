@@ -12,7 +12,7 @@ from typing import Protocol
 
 from fleet.config import Config
 from fleet.protocol import NodeRules
-from fleet.state import SiteRecord
+from fleet.record.state import SiteRecord
 from sim.engine import Counted, Engine, SimClock
 from sim.model import Crawl, SimParams, Stats
 

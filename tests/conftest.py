@@ -40,8 +40,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
 @pytest.fixture(autouse=True)
 def _unreadable_logged_afresh():
-    """What could not be read is logged once per process (`fleet.readback`): each test sees its own lines."""
-    from fleet import readback
+    """What could not be read is logged once per process (`fleet.record.readback`): each test sees its own lines."""
+    from fleet.record import readback
 
     readback.forget()
 

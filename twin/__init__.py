@@ -1,11 +1,9 @@
-"""The EC2 twin: a real boot of an instance's user-data on this machine, in its own namespaces (root only).
+"""The EC2 twin: a stack of infra/terraform applied to a moto server, whose instances boot their user-data for
+real on this machine, each in namespaces of its own (root only).
 
-`cloud_config` reads a ``#cloud-config`` document into a plan, `guest` carries the plan out inside the
-instance, `network` owns the bridge and the instances' network namespaces, `imds` serves each instance's
-metadata inside its namespace, and `sandbox.InstanceSandbox` puts them together for one instance.
+Its rooms: `twin.terraform` applies infra/terraform to moto (an evaluator of the expressions the .tf files use,
+and the calls each resource becomes); `twin.instance` is one instance (its sandbox and the init inside it, its
+network namespace and security groups, its metadata service, SSH server, the packages and commands it finds,
+a baked image). At the top: the twin's AWS and its control (`stack`, `ec2twin`, `ssm`, `schedules`,
+`account`), a deployment (`deploy`), the service (`serve`) and the day the tests run on it (`day`).
 """
-
-from twin.cloud_config import TwinError, plan_user_data
-from twin.sandbox import BootResult, InstanceSandbox, cleanup_leftovers
-
-__all__ = ["BootResult", "InstanceSandbox", "TwinError", "cleanup_leftovers", "plan_user_data"]

@@ -14,8 +14,8 @@ import yaml
 from botocore.exceptions import ClientError
 
 from embedded.demo_server import DemoServer
-from twin import network
 from twin.deploy import Deployed, deploy, node_image_parameter
+from twin.instance import network
 from twin.schedules import cron_at, stack_handlers
 from twin.stack import TwinStack
 

@@ -4,7 +4,7 @@
 
 0. with `node_image`, a node image baked as infra/packer bakes it, from the bundle of `gridfleet bundle`
    (`TwinStack.bake_node_image`), its AMI id in the SSM parameter the stack's `node_ami_parameter` names;
-1. the stack's resources as infra/terraform defines them (`twin.infra`, in place of `terraform apply`),
+1. the stack's resources as infra/terraform defines them (`twin.terraform.apply`, in place of `terraform apply`),
    with the hub's user-data rendered by `gridfleet render hub` from the operator's fleet.yaml;
 2. the `aws:` section of fleet.yaml from the stack's `gridfleet_aws` output (`gridfleet config from-terraform`);
 3. `gridfleet aws bootstrap` and `gridfleet bundle --upload --efs-utils-deb` (the code bundle, the Lambda package,
@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from twin.account import DEBIAN_PARAMETER
-from twin.infra import StackOutputs, apply_stack
+from twin.terraform.apply import StackOutputs, apply_stack
 
 REPO = Path(__file__).resolve().parents[1]
 TERRAFORM_DIR = REPO / "infra" / "terraform"

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fleet.tags import TAG_ROLE, TAG_STACK, tags_of
+from fleet.record.tags import TAG_ROLE, TAG_STACK, tags_of
 
 log = logging.getLogger("gridfleet.twin")
 

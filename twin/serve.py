@@ -76,8 +76,8 @@ def schedule_start(twin: Any, stack: str, now: float) -> tuple[str, float]:
 
 def serve(home: Path, config: Path, stack: str, stop: threading.Event) -> None:
     from embedded.demo_server import DemoServer
-    from twin import network
     from twin.deploy import deploy
+    from twin.instance import network
     from twin.stack import TwinStack
 
     twin = TwinStack(home / "root", stack=stack)

@@ -8,7 +8,7 @@ ListCommands each command's `response_object()` (its `status`, `status_details`,
 
 What the twin changes, all in `_MotoCommands`: the backend object's `send_command` is wrapped (that object
 only, not moto's class; wrapped again on the next pass after a reset of moto) so that a command to an instance
-that is not managed (not running in the twin, or running no SSM agent: see `twin.standins`) is refused
+that is not managed (not running in the twin, or running no SSM agent: see `twin.instance.standins`) is refused
 with AWS's own error, `InvalidInstanceId` ("Instances [[i-...]] not in a valid state for account ..."); a command
 goes to the instances it names only (moto adds every instance of the region when no Targets are given), and an
 `AWS-RunShellScript` command starts Pending, as on AWS, instead of Success; an invocation is replaced by a

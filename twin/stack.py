@@ -9,11 +9,11 @@ instances reach it and the twin can read and change moto's state. A loop thread 
   for its instance profile's role; moto is told the instance's address on the bridge and its launch time on
   the twin's clock, so what the code reads back from EC2 is where and when the instance really is; an
   instance of a baked node image (`bake_node_image`: infra/packer's bake script run once, an AMI id in moto)
-  starts with what the bake left (`twin.images`); the security groups it was launched in filter its traffic
-  as EC2's do, each instance's rules rebuilt as instances come and go (`twin.firewall`);
+  starts with what the bake left (`twin.instance.images`); the security groups it was launched in filter its traffic
+  as EC2's do, each instance's rules rebuilt as instances come and go (`twin.instance.firewall`);
 - runs the SSM commands sent to instances whose SSM agent runs inside them (`twin.ssm`; the agent is
-  the twin's stand-in package, which the twin's S3 serves where AWS serves the real one: `twin.standins`);
-  with `ssh_key`, every instance also runs a real sshd that admits that key (`twin.sshd`); each
+  the twin's stand-in package, which the twin's S3 serves where AWS serves the real one: `twin.instance.standins`);
+  with `ssh_key`, every instance also runs a real sshd that admits that key (`twin.instance.sshd`); each
   instance's console, where cloud-init prints its host keys when its final stage gets there, is what
   GetConsoleOutput answers;
 - fires the stack's EventBridge schedules on the twin's clock (`twin.schedules`), the Lambda handlers
@@ -43,15 +43,15 @@ from pathlib import Path
 from typing import Any
 
 from embedded.moto_server import make_dynamodb_writes_atomic
-from twin import network
 from twin.account import AccountLimits, publish_debian_images
 from twin.account import install as install_limits
 from twin.ec2twin import Ec2Twin, InstanceSpec
-from twin.firewall import Firewalls
-from twin.sandbox import InstanceSandbox
-from twin.sshd import publish_instance_console, start_sshd
+from twin.instance import network
+from twin.instance.firewall import Firewalls
+from twin.instance.sandbox import InstanceSandbox
+from twin.instance.sshd import publish_instance_console, start_sshd
+from twin.instance.standins import efs_utils_deb, publish_ssm_agent
 from twin.ssm import TwinSsmAgent
-from twin.standins import efs_utils_deb, publish_ssm_agent
 
 log = logging.getLogger("gridfleet.twin")
 
@@ -334,7 +334,7 @@ class TwinStack:
     def bake_node_image(self, bundle: Path, parameter: str) -> str:
         """Bake a node image from `bundle` (infra/packer's bake script, in a sandbox), register it in moto and
         put its AMI id in the SSM parameter `parameter`; the AMI id. Instances launched from it boot on it."""
-        from twin.bake import bake, register
+        from twin.instance.bake import bake, register
 
         image = bake(self.root, bundle, self.efs_utils_deb, endpoint=self.endpoint, region=self.region,
                      stock_users=self.stock_users)  # fmt: skip

@@ -29,8 +29,8 @@ from fleet.config.bundle import platform_of
 from fleet.config.load import dump_config, load_config
 from fleet.errors import MissingResource, UsageError, quote
 from fleet.grid_auth import make_hub_files
-from fleet.ids import RUN_ID_RULE, default_run_id, is_run_id
 from fleet.platform import S3_METADATA, BundlePlatform
+from fleet.record.ids import RUN_ID_RULE, default_run_id, is_run_id
 
 log = logging.getLogger("gridfleet")
 

@@ -12,7 +12,7 @@ from cli.commands import tf_config
 from cli.packaging.crawler_ship import project_of
 from cli.views.plain import say
 from fleet.config.load import load_config
-from fleet.crawler_project import CrawlerProject
+from fleet.crawl.project import CrawlerProject
 from hub.loop import EXIT_OK
 
 

@@ -57,7 +57,7 @@ class CrawlFailed(GridfleetError):
 
 def _failed_as(e: BaseException, config: Config) -> str:
     """`[<class>, a fleet would retry|fail] `: how a node would class the failure and what `run.retry` says."""
-    from fleet.failures import Failure, FailureClass, of_exception
+    from fleet.record.failures import Failure, FailureClass, of_exception
     from node.crawler import RobotsDenied
 
     failure = Failure(FailureClass.ROBOTS) if isinstance(e, RobotsDenied) else of_exception(e)
@@ -69,7 +69,7 @@ def judge_contract(site: str, expect: dict[str, Any], out: CrawlOutput, pages: i
     """The crawl against the site's data contract (`expect`), as a node judges its result: each broken rule on
     stderr, and CrawlFailed (exit 1) naming them. `max_drop` needs the previous run's count, which only the
     fleet has: not judged here. A crawl `--max-pages` cut short is not judged."""
-    from fleet.contract import broken
+    from fleet.crawl.contract import broken
 
     if not expect:
         return

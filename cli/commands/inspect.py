@@ -19,12 +19,12 @@ from cli.envs import choose
 from cli.envs.base import Environment
 from cli.views.plain import say
 from cli.views.run import print_sites
-from fleet import archive as run_archive
 from fleet.aws.archive import S3RunArchive
 from fleet.clock import SystemClock
 from fleet.config.load import load_config
 from fleet.errors import MissingResource, UsageError
-from fleet.summary import build_summary, counts, export, site_entry, totals, write_json
+from fleet.outputs import archive as run_archive
+from fleet.outputs.summary import build_summary, counts, export, site_entry, totals, write_json
 from hub.loop import EXIT_ERROR, EXIT_OK
 from hub.teardown import teardown_run
 

@@ -30,7 +30,7 @@ from fleet.aws.clients import AwsClients
 from fleet.clock import Clock, SystemClock
 from fleet.config.load import load_config
 from fleet.errors import UsageError, quote
-from fleet.ids import SITE_ID_RULE, is_site_id
+from fleet.record.ids import SITE_ID_RULE, is_site_id
 
 POLL_S = 1.0
 FLUSH_AFTER_S = 5.0  # the longest a line read waits in the shipper before it is sent

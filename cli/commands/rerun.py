@@ -21,15 +21,15 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from fleet import ops
 from fleet.config import Config
 from fleet.errors import StaleWrite, UsageError, quote
 from fleet.logs import event
-from fleet.messages import SiteQueue
-from fleet.partition import RunInfo
-from fleet.results import ResultStore, checked_result_key
-from fleet.state import RunState, RunStatus, SiteRecord
-from fleet.table import StateTable
+from fleet.outputs.results import ResultStore, checked_result_key
+from fleet.record import ops
+from fleet.record.messages import SiteQueue
+from fleet.record.partition import RunInfo
+from fleet.record.state import RunState, RunStatus, SiteRecord
+from fleet.record.table import StateTable
 from hub.plan import spec_of
 
 log = logging.getLogger("gridfleet.hub")

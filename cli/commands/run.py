@@ -32,13 +32,13 @@ from fleet.clock import Clock, SystemClock
 from fleet.config import Config
 from fleet.config.load import load_config
 from fleet.errors import UsageError
-from fleet.ids import default_run_id
 from fleet.logs import event
-from fleet.messages import SiteQueue
-from fleet.partition import RunInfo
-from fleet.results import LOCAL_ROLE, ResultStore
-from fleet.summary import build_summary, export, site_entry
-from fleet.table import StateTable
+from fleet.outputs.results import LOCAL_ROLE, ResultStore
+from fleet.outputs.summary import build_summary, export, site_entry
+from fleet.record.ids import default_run_id
+from fleet.record.messages import SiteQueue
+from fleet.record.partition import RunInfo
+from fleet.record.table import StateTable
 from hub.loop import EXIT_OK, Hub, RunOutcome
 from hub.monitor import HubMonitor
 from hub.providers.base import ComputeProvider

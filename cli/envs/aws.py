@@ -32,7 +32,7 @@ from fleet.clock import Clock, SystemClock
 from fleet.config import Config, NotifyConfig
 from fleet.config.load import dump_config
 from fleet.errors import MissingResource, UsageError
-from fleet.partition import RunInfo
+from fleet.record.partition import RunInfo
 from hub.control.aws import LadderControl, ec2_node_control
 from hub.loop import RunOutcome
 from hub.providers.ec2 import Ec2Provider

@@ -20,19 +20,19 @@ from typing import Any, TypeGuard
 
 from botocore.exceptions import ClientError
 
+from cli.envs.nat import estimate
 from fleet.aws.clients import AwsClients, error_code
 from fleet.config import Config
 from fleet.config.bundle import platform_of
 from fleet.errors import MissingResource
-from fleet.nat import estimate
 from fleet.platform import S3_METADATA, Arch, BundlePlatform, deb_arch, fleet_arch
-from fleet.tags import TAG_STACK
+from fleet.record.tags import TAG_STACK
 
 AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
 INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
 ARCHES: tuple[Arch, ...] = ("x86_64", "arm64")
-#: What infra/packer tags a baked node image with (twin.images.IMAGE_TAGS gives the twin's the same).
+#: What infra/packer tags a baked node image with (twin.instance.images.IMAGE_TAGS gives the twin's the same).
 TAG_IMAGE, TAG_BAKED = "gridfleet:image", "gridfleet:baked"
 BAKED_PACKAGES = frozenset({"amazon-efs-utils", "amazon-ssm-agent"})
 _NO_OBJECT = ("404", "NoSuchKey", "NotFound")

@@ -28,7 +28,7 @@ from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.config import Config
 from fleet.errors import GridfleetError, MissingResource
-from fleet.results import result_key
+from fleet.outputs.results import result_key
 from hub.plan import run_date_for
 
 

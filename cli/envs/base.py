@@ -25,10 +25,10 @@ from fleet.aws.stores import Stores, open_stores
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import Clock
 from fleet.config import Config
-from fleet.messages import SiteQueue
-from fleet.partition import RunInfo
-from fleet.results import ResultStore
-from fleet.table import StateTable
+from fleet.outputs.results import ResultStore
+from fleet.record.messages import SiteQueue
+from fleet.record.partition import RunInfo
+from fleet.record.table import StateTable
 from hub.control.base import NodeControl
 from hub.loop import RunOutcome
 from hub.providers.base import ComputeProvider
@@ -150,8 +150,8 @@ class Environment(Protocol):
     def hub_alive(self, hub_id: str) -> bool: ...
 
     def node_role(self) -> str:
-        """The nodes' role id, the first half of each node's writer id (`fleet.results.writer_id`): the unique id of
-        the role of `aws.instance_profile` on AWS, `local` for nodes with no IAM role (the embedded default)."""
+        """The nodes' role id, the first half of each node's writer id (`fleet.outputs.results.writer_id`): the unique
+        id of the role of `aws.instance_profile` on AWS, `local` for nodes with no IAM role (the embedded default)."""
 
     def save_run_config(self, run_id: str) -> str:
         """Put the run's config where its nodes read it (the stack's runs/<id>/fleet.yaml, or the bucket);

@@ -38,10 +38,10 @@ from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import Clock, SystemClock
 from fleet.config import Config
 from fleet.config.load import dump_config, load_config
-from fleet.crawler_project import CrawlerProject
+from fleet.crawl.project import CrawlerProject
 from fleet.errors import UsageError
-from fleet.partition import RunInfo
-from fleet.results import LOCAL_ROLE
+from fleet.outputs.results import LOCAL_ROLE
+from fleet.record.partition import RunInfo
 from hub.control.local import LocalNodeControl
 from hub.loop import EXIT_OK, RunOutcome
 from hub.providers.local import LocalProvider, local_hub_id

@@ -23,7 +23,7 @@ from pathlib import Path
 from cli.packaging.requirements import dists_in, pip, refuse_unmet, unmet
 from fleet.config import Config
 from fleet.config.crawlers import InstalledCrawlers
-from fleet.crawler_project import CrawlerProject, ProjectError, copy_shipped
+from fleet.crawl.project import CrawlerProject, ProjectError, copy_shipped
 from fleet.errors import UsageError
 
 log = logging.getLogger("gridfleet")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from fleet.crawler_project import CrawlerProject, ProjectError, pinned_requirements
+from fleet.crawl.project import CrawlerProject, ProjectError, pinned_requirements
 from fleet.errors import UsageError
 
 log = logging.getLogger("gridfleet")

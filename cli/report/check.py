@@ -30,11 +30,11 @@ from typing import Any, Protocol
 
 from fleet.config import Config
 from fleet.logs import event
-from fleet.messages import BadMessage, SiteMessage, SiteQueue
-from fleet.results import ResultStore, result_key
-from fleet.state import Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
-from fleet.summary import write_json
-from fleet.table import StateTable
+from fleet.outputs.results import ResultStore, result_key
+from fleet.outputs.summary import write_json
+from fleet.record.messages import BadMessage, SiteMessage, SiteQueue
+from fleet.record.state import Attempt, Outcome, Reason, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.record.table import StateTable
 from hub.providers.base import ComputeProvider
 
 log = logging.getLogger("gridfleet.hub")

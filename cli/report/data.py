@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from fleet.ids import is_site_id
+from fleet.record.ids import is_site_id
 
 #: Outcomes with a colour of their own in the template's stylesheet; any other is drawn as "other".
 OUTCOMES = ("completed", "skipped", "hang", "lost", "error", "deadline", "spot", "killed", "no-nodes", "busy", "robots")

@@ -13,8 +13,8 @@ from typing import Any
 
 from cli.report.data import as_dict, sites_of
 from cli.report.data import whole_count as whole
-from fleet.state import MAX_COLLIDED
-from fleet.summary import totals
+from fleet.outputs.summary import totals
+from fleet.record.state import MAX_COLLIDED
 
 MAX_CHART_ROWS = 40  # sites drawn in the chart (the largest changes first); the rest are counted
 DROP_RATIO = 0.5  # a site whose items fell by at least this fraction is marked

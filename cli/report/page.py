@@ -48,10 +48,10 @@ from cli.report.data import (
 )
 from cli.report.items import items_chart, run_totals, site_counts
 from cli.report.timeline import timeline
-from fleet.archive import RunArchive
-from fleet.archive import previous as archive_previous
-from fleet.failures import failure_label
-from fleet.summary import failed_attempts
+from fleet.outputs.archive import RunArchive
+from fleet.outputs.archive import previous as archive_previous
+from fleet.outputs.summary import failed_attempts
+from fleet.record.failures import failure_label
 
 TEMPLATE = "report.html.j2"
 

@@ -18,8 +18,8 @@ from rich.table import Table
 
 from cli.views.plain import markup as _markup
 from cli.views.plain import text as _text
-from fleet.failures import failure_label
-from fleet.summary import totals
+from fleet.outputs.summary import totals
+from fleet.record.failures import failure_label
 
 STYLE = {"COMPLETED": "green", "FAILED": "red", "RUN": "yellow", "QUEUED": "cyan"}
 
@@ -107,7 +107,7 @@ def counts_line(counts: Mapping[str, int]) -> str:
 
 
 def totals_line(sites: Mapping[str, Mapping[str, Any]]) -> str:
-    """The run's counts in one line (`fleet.summary.totals`): items and pages of the results, pages fetched,
+    """The run's counts in one line (`fleet.outputs.summary.totals`): items and pages of the results, pages fetched,
     and the items left out."""
     t = totals(sites)
     line = f"items {t['items']:,} from {t['pages']:,} pages (pages fetched, retries included: {t['pages_fetched']:,})"

@@ -1,4 +1,5 @@
-"""The runs' record in an S3 bucket (`fleet.archive.RunArchive`): the keys as `fleet.archive` makes them."""
+"""The runs' record in an S3 bucket (`fleet.outputs.archive.RunArchive`): the keys as `fleet.outputs.archive` makes
+them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from fleet.archive import PREFIX, is_summary, report_key, run_id_of, summary_key
 from fleet.aws.clients import error_code
+from fleet.outputs.archive import PREFIX, is_summary, report_key, run_id_of, summary_key
 
 log = logging.getLogger("gridfleet")
 

@@ -13,10 +13,10 @@ from botocore.exceptions import ClientError
 
 from fleet.aws.clients import AwsClients, error_code
 from fleet.aws.table import wait_table_active
-from fleet.codec import OPEN_ATTR, OPEN_INDEX
-from fleet.stamp import STAMP_ATTRS
+from fleet.record.codec import OPEN_ATTR, OPEN_INDEX
+from fleet.record.stamp import STAMP_ATTRS
 
-#: The attributes the index `open` carries besides the keys: those of a stamp (`fleet.codec.item_stamp`).
+#: The attributes the index `open` carries besides the keys: those of a stamp (`fleet.record.codec.item_stamp`).
 OPEN_INDEX_ATTRIBUTES = STAMP_ATTRS
 
 

@@ -36,7 +36,7 @@ from watchtower import CloudWatchLogHandler, WatchtowerWarning
 
 from fleet.aws.clients import error_code
 from fleet.aws.errors import Kind, aws_failure
-from fleet.ids import is_instance_id, is_run_id
+from fleet.record.ids import is_instance_id, is_run_id
 
 #: CloudWatch's largest event, counting the 26 bytes it adds to each (watchtower cuts above this, silently).
 MAX_EVENT_BYTES = 256 * 1024

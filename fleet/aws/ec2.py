@@ -1,9 +1,9 @@
 """EC2: every call gridfleet makes to it, for the hub, the Lambdas and the command line.
 
-Listings select by the stack's tag (`fleet.tags.filters`), so no program ever sees an instance of another
+Listings select by the stack's tag (`fleet.record.tags.filters`), so no program ever sees an instance of another
 stack; lookups by id (the hub's own instance, a configured hub, a node to reach) answer whatever EC2 knows and
-leave the stack check to the caller. Every instance read becomes a `fleet.instance.Instance`, its id checked
-(`fleet.ids.check_instance_id`) before anything uses it; the ids RunInstances answers with are checked too.
+leave the stack check to the caller. Every instance read becomes a `fleet.record.instance.Instance`, its id checked
+(`fleet.record.ids.check_instance_id`) before anything uses it; the ids RunInstances answers with are checked too.
 Errors are EC2's own `ClientError`s: what a caller does with them (capacity fallbacks, a missing hub, a rung
 that fails) stays with the caller.
 """
@@ -16,9 +16,9 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
-from fleet.ids import check_instance_id, is_instance_id
-from fleet.instance import STOPPED_STATES, Instance
-from fleet.tags import ROLE_HUB, TAG_ROLE, TAG_RUN_ID, filters, instance_tags, tags_of
+from fleet.record.ids import check_instance_id, is_instance_id
+from fleet.record.instance import STOPPED_STATES, Instance
+from fleet.record.tags import ROLE_HUB, TAG_ROLE, TAG_RUN_ID, filters, instance_tags, tags_of
 
 __all__ = [
     "Instance",

@@ -3,7 +3,7 @@
 A crawl sees its own site's files only: each site of a run's config has an access point rooted at a directory
 of that site alone (`site_root`, `/gridfleet/sites/<site>`, which EFS creates on the first mount as the crawl
 user's, mode 0700), whose POSIX user is the crawl user, tagged with the stack and the site
-(`fleet.tags.site_tags`). The hub makes the missing ones at the start of a run (`ensure_site_points`); a later
+(`fleet.record.tags.site_tags`). The hub makes the missing ones at the start of a run (`ensure_site_points`); a later
 run, or the same run resumed, finds them again by their tags. Nothing here relies on a creation token: moto
 ignores ClientToken, and the tags are what the nodes go by anyway. Two access points of one site (two hubs that
 raced) open the same directory; everyone takes the one of the lowest id. One whose root or POSIX user is not
@@ -27,8 +27,8 @@ from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
 from fleet.errors import UsageError, quote
-from fleet.ids import check_site_id
-from fleet.tags import TAG_SITE, TAG_STACK, site_tags, tags_of
+from fleet.record.ids import check_site_id
+from fleet.record.tags import TAG_SITE, TAG_STACK, site_tags, tags_of
 
 __all__ = [
     "ACCESS_POINT_ID_RE",

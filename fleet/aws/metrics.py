@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.readback import as_count, as_number
+from fleet.record.readback import as_count, as_number
 
 log = logging.getLogger("gridfleet.metrics")
 

@@ -2,7 +2,7 @@
 
 Each send is one bounded try: the webhook one POST with `notify.timeout_s` on the connection and each read, no
 redirect followed, no retry; SNS one `Publish` through a client that makes at most two attempts. Failures come
-back to `fleet.notify.send_all`, which logs them and goes on. The webhook URL is a secret: it lives only in the
+back to `fleet.outputs.notify.send_all`, which logs them and goes on. The webhook URL is a secret: it lives only in the
 channel, which names itself by scheme and host alone and its errors by status, class or the OS's words, never
 by an exception's text (urllib's quote the URL).
 
@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from fleet.archive import RunArchive, report_key
 from fleet.config import Config, NotifyConfig
-from fleet.ids import is_run_id
 from fleet.logs import event
-from fleet.notify import Channel, Message, overdue_message, redact_url, run_message, send_all
-from fleet.summary import build_summary
-from fleet.table import StateTable
+from fleet.outputs.archive import RunArchive, report_key
+from fleet.outputs.notify import Channel, Message, overdue_message, redact_url, run_message, send_all
+from fleet.outputs.summary import build_summary
+from fleet.record.ids import is_run_id
+from fleet.record.table import StateTable
 
 if TYPE_CHECKING:
     from fleet.aws.clients import AwsClients

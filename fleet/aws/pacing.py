@@ -1,4 +1,4 @@
-"""Per-domain pacing on the state table (`fleet.pacing` says what a domain and its pace are).
+"""Per-domain pacing on the state table (`fleet.crawl.pacing` says what a domain and its pace are).
 
 A domain holds one item beside the rate limit groups', `run_id = "#limits"`, `Site = "domain:<host[:port]>"`, with
 `next_at` (N, epoch seconds: the earliest time its next request may go) and, once it was backed off, `spacing`
@@ -24,7 +24,7 @@ from botocore.exceptions import ClientError
 from fleet.aws.clients import error_code
 from fleet.aws.ratelimit import LIMITS_PARTITION, MAX_ROUNDS, RateLimitContention, wait_for_slot
 from fleet.clock import Clock, SystemClock
-from fleet.pacing import DOMAIN_PREFIX, PACING_PARTITION_PREFIX, backs_off, spacing_read_back, throttled
+from fleet.crawl.pacing import DOMAIN_PREFIX, PACING_PARTITION_PREFIX, backs_off, spacing_read_back, throttled
 
 
 def _number(attr: object) -> float | None:

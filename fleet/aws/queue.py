@@ -1,6 +1,6 @@
-"""The site queue on SQS (`fleet.messages.SiteQueue`), and its dead-letter queue.
+"""The site queue on SQS (`fleet.record.messages.SiteQueue`), and its dead-letter queue.
 
-A message is `{"run_id", "site", "attempt"}`: "attempt N of this site may start" (`fleet.messages`).
+A message is `{"run_id", "site", "attempt"}`: "attempt N of this site may start" (`fleet.record.messages`).
 Duplicates are harmless (a claim is conditional on the record), so sending is
 at-least-once. A body that is not such a message is left alone: SQS moves it
 to the DLQ after `max_receive_count` receives, and the hub reports it.
@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
 from fleet.errors import MissingResource
-from fleet.messages import BadMessage, QueueDepth, SiteMessage, decode, encode, fifo_fields
+from fleet.record.messages import BadMessage, QueueDepth, SiteMessage, decode, encode, fifo_fields
 
 
 class SqsSiteQueue:

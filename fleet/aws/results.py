@@ -1,11 +1,11 @@
-"""The result store on S3: `s3://<bucket>/<key>`, the keys as `fleet.results` makes them.
+"""The result store on S3: `s3://<bucket>/<key>`, the keys as `fleet.outputs.results` makes them.
 
 `put_new` writes with `IfNoneMatch="*"`: of two writers (a zombie node and the
 attempt that replaced it) exactly one result lands and nothing is overwritten.
 Results and evidence carry `RESULT_TAG`, which the bucket's expiry rule
-selects them by; what nodes write (under `staging/`: `fleet.results`) carries
+selects them by; what nodes write (under `staging/`: `fleet.outputs.results`) carries
 no tag, and the bucket's rule for that prefix expires it. The page's HTML in evidence is
-stored as plain text to download (`fleet.results.evidence_headers`), never as
+stored as plain text to download (`fleet.outputs.results.evidence_headers`), never as
 a page of the bucket's origin.
 """
 
@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 
 from fleet.aws.clients import error_code
 from fleet.errors import MissingResource, quote
-from fleet.results import (
+from fleet.outputs.results import (
     EXISTED,
     MISSING,
     PROMOTED,
@@ -37,7 +37,7 @@ RESULT_TAG = "gridfleet=result"
 
 def node_role_id(iam: Any, instance_profile: str | None) -> str:
     """The unique id of the nodes' role (the role of `instance_profile`): the first half of every node's writer id,
-    its `aws:userid` (`fleet.results.writer_id`). MissingResource when there is no such profile or role."""
+    its `aws:userid` (`fleet.outputs.results.writer_id`). MissingResource when there is no such profile or role."""
     if not instance_profile:
         raise MissingResource("aws.instance_profile is not set: the hub cannot tell whose prefix a node writes under")
     try:

@@ -1,9 +1,9 @@
-"""The state table on DynamoDB (`fleet.table.StateTable`): site records, the run item, node items, history lines,
+"""The state table on DynamoDB (`fleet.record.table.StateTable`): site records, the run item, node items, history lines,
 the run index and the sites' high-water marks, in one table through one boto3 client.
 
 Every write of a site record is conditional on the fence of the record it was computed from (`fence_condition`);
 a write that does not hold raises `StaleWrite` with the record as it is now. Reads of a run are a paginated Query
-of its partition. The watchdog's writes of the run item are conditional on what it read (`fleet.run_item`).
+of its partition. The watchdog's writes of the run item are conditional on what it read (`fleet.record.run_item`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from typing import Any, Unpack
 
 from botocore.exceptions import ClientError
 
-from fleet import run_item
 from fleet.aws.clients import error_code
-from fleet.codec import (
+from fleet.crawl.pacing import PACING_PARTITION_PREFIX, pacing_section
+from fleet.errors import GridfleetError, MissingResource, StaleWrite
+from fleet.record import run_item
+from fleet.record.codec import (
     HELD_PREFIX,
     MARKS_PARTITION,
     OPEN_ATTR,
@@ -27,9 +29,7 @@ from fleet.codec import (
     site_to_item,
     site_update,
 )
-from fleet.errors import GridfleetError, MissingResource, StaleWrite
-from fleet.pacing import PACING_PARTITION_PREFIX, pacing_section
-from fleet.partition import (
+from fleet.record.partition import (
     NODE_ATTRS,
     NODE_PREFIX,
     RUN_ITEM,
@@ -44,11 +44,11 @@ from fleet.partition import (
     run_to_item,
     split_partition,
 )
-from fleet.readback import Notes, UnreadableItem
-from fleet.run_item import RunFields, RunWatch
-from fleet.stamp import STAMP_ATTRS, Stamp, item_stamp
-from fleet.state import RunState, SiteRecord
-from fleet.table import REPAIR_FENCE, RunIndexEntry, RunRows, mark_of, nodes_of, runs_of
+from fleet.record.readback import Notes, UnreadableItem
+from fleet.record.run_item import RunFields, RunWatch
+from fleet.record.stamp import STAMP_ATTRS, Stamp, item_stamp
+from fleet.record.state import RunState, SiteRecord
+from fleet.record.table import REPAIR_FENCE, RunIndexEntry, RunRows, mark_of, nodes_of, runs_of
 
 log = logging.getLogger("gridfleet.table")
 
@@ -109,7 +109,7 @@ class DynamoStateTable:
             raise
 
     def get_site(self, run_id: str, site: str) -> SiteRecord | None:
-        """The site's record; None when there is none, or none that can be read (`fleet.readback`)."""
+        """The site's record; None when there is none, or none that can be read (`fleet.record.readback`)."""
         out = self._c.get_item(TableName=self.name, Key=self._key(run_id, site), ConsistentRead=True)
         return self._site_or_none(out.get("Item"))
 
@@ -164,7 +164,7 @@ class DynamoStateTable:
 
     def open_stamps(self, run_id: str) -> dict[str, Stamp]:
         """The stamps of the sites that can still change (QUEUED or RUN) but for those still as seeded (the hub's
-        own, see `fleet.codec.HELD_PREFIX`): a Query of the sparse index `open` below that prefix.
+        own, see `fleet.record.codec.HELD_PREFIX`): a Query of the sparse index `open` below that prefix.
 
         The index holds only the items carrying OPEN_ATTR, with the few attributes of a stamp, so the read
         costs in proportion to the sites being crawled or waiting in the queue, not to the run. A table made

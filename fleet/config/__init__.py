@@ -29,16 +29,16 @@ from pydantic import (
     model_validator,
 )
 
-from fleet import contract
-from fleet.blocked import MAX_MARKERS, marker_problem
-from fleet.checkpoint import SAVE_PAGES, SAVE_S
 from fleet.config.aws import AwsConfig, image_problem
 from fleet.config.crawlers import PROJECT_PROBLEM, CrawlersConfig, crawler_roots
-from fleet.crawlers import BUILTIN_OPTIONS, crawler_problem
+from fleet.crawl import contract
+from fleet.crawl.crawlers import BUILTIN_OPTIONS, crawler_problem
 from fleet.errors import quote
-from fleet.failures import RULE_KEY, RetryPolicy
-from fleet.ids import SITE_ID_RULE, is_site_id
+from fleet.outputs.checkpoint import SAVE_PAGES, SAVE_S
 from fleet.platform import fleet_arch
+from fleet.record.blocked import MAX_MARKERS, marker_problem
+from fleet.record.failures import RULE_KEY, RetryPolicy
+from fleet.record.ids import SITE_ID_RULE, is_site_id
 
 #: Replaced by the demo site server's base URL on the embedded default.
 DEMO_PLACEHOLDER = "{demo}"
@@ -60,7 +60,7 @@ class SchemaError(ValueError):
 
 
 class ExpectConfig(_Model):
-    """A site's data contract (`fleet.contract`): a result that breaks it is quarantined and the site FAILED."""
+    """A site's data contract (`fleet.crawl.contract`): a result that breaks it is quarantined and the site FAILED."""
 
     min_items: int | None = Field(None, ge=0, strict=True, description="the fewest items a result may have")
     min_pages: int | None = Field(None, ge=0, strict=True, description="the fewest pages a result may have")

@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from fleet.errors import quote
-from fleet.ids import check_run_id
 from fleet.platform import Arch, ami_parameter_arch, deb_arch, uname_machine
+from fleet.record.ids import check_run_id
 
 AMI_PATTERN = r"^(ami-[0-9a-f]{8,17}|/[A-Za-z0-9_./-]{1,2047})$"  # an AMI id, or an SSM parameter name
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from fleet.crawler_project import CrawlerProject, ProjectError, pinned_requirements
+from fleet.crawl.project import CrawlerProject, ProjectError, pinned_requirements
 
 #: Keys of the validation context `fleet.config.load` passes: the config file's directory, and the project
 #: found there (or why not).

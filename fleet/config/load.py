@@ -18,7 +18,7 @@ from pydantic_core import ErrorDetails
 from fleet.config import Config, DuplicateSiteError, SchemaError
 from fleet.config.crawlers import project_context
 from fleet.config.guard import BOOL, MAX_FILE_BYTES, Composer, Loc, Problem, Refused, compose, field_name
-from fleet.crawlers import OptionsError, error_text
+from fleet.crawl.crawlers import OptionsError, error_text
 from fleet.errors import ConfigError, quote
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet.checkpoint import SaveEvery
 from fleet.config import Config
+from fleet.outputs.checkpoint import SaveEvery
 from fleet.protocol import NodeRules
 
 

@@ -1,7 +1,7 @@
 """Kill a crawl on a local instance: signal the crawler's process group.
 
 The local twin of the command that SSM or SSH runs on an EC2 node (`gridfleet
-node kill`): both read the node's `crawler.json` (see `fleet.crawlerfile`). The
+node kill`): both read the node's `crawler.json` (see `fleet.crawl.crawlerfile`). The
 agent notices its crawler died and closes the browser session itself.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleet import crawlerfile, procs
+from fleet import procs
+from fleet.crawl import crawlerfile
 from hub.control.base import KillResult
 
 

@@ -15,7 +15,7 @@ launches) and `end` (the one way a run ends).
 from __future__ import annotations
 
 from fleet.config import Config
-from fleet.state import RunStatus
+from fleet.record.state import RunStatus
 from hub.actions import Plan
 from hub.plan.attempts import BACKUP_GRACE_S, attempt_rules, hang_after_s, kill_ladder
 from hub.plan.end import (

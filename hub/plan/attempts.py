@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from fleet.config import Config
-from fleet.state import Reason, RunStatus, SiteRecord, SiteStatus, known_reason
+from fleet.record.state import Reason, RunStatus, SiteRecord, SiteStatus, known_reason
 from hub.actions import Action, EndAttempt, Enqueue, KillAttempt, KillLadder, Promote, Repair
 from hub.plan.feed import metering
 from hub.snapshot import Observations, Snapshot

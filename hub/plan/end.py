@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.config import Config
-from fleet.state import Reason
+from fleet.record.state import Reason
 from hub.actions import Action, Drain, Ending, FailSites, Finish, Plan, Repair, Terminate
 from hub.plan.fleet import BOOT_FAILED
 from hub.snapshot import Snapshot

@@ -19,7 +19,7 @@ import math
 from collections.abc import Collection, Mapping
 
 from fleet.config import Config
-from fleet.state import RunStatus
+from fleet.record.state import RunStatus
 from hub.actions import Action, Feed
 from hub.snapshot import RankedSet, Snapshot
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Collection
 
 from fleet.config import Config
-from fleet.state import RunStatus
+from fleet.record.state import RunStatus
 from hub.actions import Action, Launch, Terminate
 from hub.snapshot import NO_SIGN, Snapshot
 

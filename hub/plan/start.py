@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 
 from fleet.config import Config, SiteConfig
-from fleet.state import SiteSpec
+from fleet.record.state import SiteSpec
 from hub.actions import Action, SeedSites, StartRun
 from hub.plan.feed import metering
 from hub.snapshot import Snapshot

@@ -23,7 +23,7 @@ from fleet.aws import ec2 as ec2_api
 from fleet.aws.clients import error_code
 from fleet.aws.ec2 import Instance
 from fleet.config import Config
-from fleet.tags import ALL_STATES
+from fleet.record.tags import ALL_STATES
 from hub.providers.base import LaunchResult
 
 log = logging.getLogger("gridfleet.hub")

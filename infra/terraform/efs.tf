@@ -45,7 +45,7 @@ resource "aws_efs_mount_target" "private" {
 # this file system (the resource) can only go through one of its own.
 locals {
   efs_access_point_arns = "arn:${local.partition}:elasticfilesystem:${local.region}:${local.account_id}:access-point/*"
-  tag_site              = "gridfleet:site" # fleet/tags.py TAG_SITE: the site a site's access point is of
+  tag_site              = "gridfleet:site" # fleet/record/tags.py TAG_SITE: the site a site's access point is of
 }
 
 data "aws_iam_policy_document" "efs" {

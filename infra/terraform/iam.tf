@@ -229,7 +229,7 @@ data "aws_iam_policy_document" "hub" {
     resources = ["${aws_s3_bucket.results.arn}/runs/*"]
   }
 
-  # hub.promote and fleet.summary.export_evidence: the hub's copies of what its nodes staged, where readers take
+  # hub.promote and fleet.outputs.summary.export_evidence: the hub's copies of what its nodes staged, where readers take
   # them from: each site's result (<site>/<date>[/<run id>]/result.json, copied within S3 from the node's prefix
   # with the result's own type and tag), its attempts' evidence and a quarantined result beside it. Tagging: the
   # result tag the bucket's expiry rule selects (gridfleet=result), set by the copy and the evidence's PutObject.
@@ -563,7 +563,7 @@ data "aws_iam_policy_document" "node" {
     resources = [aws_dynamodb_table.status.arn]
   }
 
-  # What a node writes, and nothing else (fleet.ops through fleet.aws.table.write; put_node;
+  # What a node writes, and nothing else (fleet.record.ops through fleet.aws.table.write; put_node;
   # fleet.aws.ratelimit, fleet.aws.pacing): UpdateItem of the attributes of an attempt (claim,
   # report, beat, checkpoint, SAVED, end, requeue) and of its node item, a rate-limit group's
   # slot (next_at) and a domain's pace. Never a site's spec, mark or attemptBase, its result_key,

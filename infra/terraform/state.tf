@@ -23,7 +23,7 @@ resource "aws_dynamodb_table" "status" {
   }
 
   # The sparse index of the sites that can still change, with the attributes of their stamps
-  # (fleet.codec.item_stamp): the hub's per-tick read of what moved. Local, so that read can be
+  # (fleet.record.codec.item_stamp): the hub's per-tick read of what moved. Local, so that read can be
   # strongly consistent; a local index exists only if the table is created with it.
   local_secondary_index {
     name               = "open"

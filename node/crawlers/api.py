@@ -1,7 +1,7 @@
 """The `api` crawler: a paginated JSON API, no browser (so no Grid session and no Chrome).
 
 Options (per site in fleet.yaml): `items`, `next`, `token_param`, `id`,
-`max_pages` and `headers` (e.g. {Accept-Language: ko}), as `fleet.crawlers.ApiOptions`
+`max_pages` and `headers` (e.g. {Accept-Language: ko}), as `fleet.crawl.crawlers.ApiOptions`
 defines them with their defaults; the config is checked against it when it loads,
 and the crawler reads them through it.
 The first request is `start_url`; each next one is `start_url` with `token_param`
@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from fleet.crawlers import ApiOptions, OptionsError
+from fleet.crawl.crawlers import ApiOptions, OptionsError
 from node.crawler import BaseCrawler, CrawlError, Disallowed
 
 

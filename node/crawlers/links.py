@@ -1,8 +1,8 @@
 """The generic `links` crawler: items by CSS selector, pages by a "next" link, no code per site.
 
 Options (per site in fleet.yaml): `item`, `next` (null: one page only), `max_pages` (listing pages), `fields`,
-`detail` and `id`, as `fleet.crawlers.LinksOptions` defines them with their defaults; the config is checked against
-it when it loads (each CSS selector parsed, `fleet.css`), and the crawler reads them through it. The page
+`detail` and `id`, as `fleet.crawl.crawlers.LinksOptions` defines them with their defaults; the config is checked
+against it when it loads (each CSS selector parsed, `fleet.crawl.css`), and the crawler reads them through it. The page
 scripts still try each selector in the browser before using it (`bad`): one the config's parser passed and
 Chromium refuses fails the attempt naming it.
 
@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from fleet.crawlers import LinksOptions, OptionsError, id_template, render_id, split_field
+from fleet.crawl.crawlers import LinksOptions, OptionsError, id_template, render_id, split_field
 from node.crawler import BaseCrawler, CrawlError, Disallowed, web_url
 
 #: Reads fields (arguments: a root element, [[name, selector, attribute or null]...]); shared by both scripts.

@@ -25,7 +25,7 @@ from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
 from fleet.config.aws import AwsConfig
-from fleet.partition import NODE_PREFIX
+from fleet.record.partition import NODE_PREFIX
 from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 
 REGION = "ap-northeast-2"

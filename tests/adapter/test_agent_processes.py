@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet import ops, procs
+from fleet import procs
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.queue import SqsSiteQueue
@@ -19,8 +19,9 @@ from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import SystemClock
 from fleet.config.aws import AwsConfig
-from fleet.partition import RunInfo
-from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import Reason, RunStatus, SiteSpec, SiteStatus
 from hub.control.local import LocalNodeControl
 from node.agent import Agent, AgentSettings
 from node.runner import ChildProcess

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from fleet import crawlerfile, procs
+from fleet import procs
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import FakeClock
 from fleet.config.aws import AwsConfig
+from fleet.crawl import crawlerfile
 from hub.control.aws import (
     AcceptNewHostKeys,
     ConsoleHostKeys,

@@ -23,14 +23,14 @@ from rich.console import Console
 from cli.envs import aws as aws_env
 from cli.envs.aws_plan import dry_run
 from cloud_init import boot_script
-from fleet import ops
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.table import DynamoStateTable
 from fleet.config.load import parse_config
-from fleet.partition import RunInfo
-from fleet.results import result_key
-from fleet.state import RunState, RunStatus, SiteSpec
+from fleet.outputs.results import result_key
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import RunState, RunStatus, SiteSpec
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
-from fleet.codec import OPEN_ATTR, OPEN_INDEX
 from fleet.errors import MissingResource
-from fleet.stamp import STAMP_ATTRS
+from fleet.record.codec import OPEN_ATTR, OPEN_INDEX
+from fleet.record.stamp import STAMP_ATTRS
 
 from .conftest import moto_clients
 

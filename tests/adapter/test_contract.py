@@ -18,17 +18,17 @@ from decimal import Decimal
 import pytest
 from botocore.exceptions import ClientError
 
-from fleet import ops
 from fleet.aws.table import DynamoStateTable, wait_table_active
-from fleet.codec import HELD_PREFIX, OPEN_ATTR
 from fleet.errors import GridfleetError, StaleWrite
-from fleet.messages import BadMessage, QueueDepth, SiteMessage
-from fleet.partition import NODE_ATTRS, HistoryEvent, NodeInfo, RunInfo, node_to_item
-from fleet.results import result_key
-from fleet.run_item import RunWatch
-from fleet.stamp import record_stamp
-from fleet.state import Attempt, Counts, Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
-from fleet.table import RunIndexEntry
+from fleet.outputs.results import result_key
+from fleet.record import ops
+from fleet.record.codec import HELD_PREFIX, OPEN_ATTR
+from fleet.record.messages import BadMessage, QueueDepth, SiteMessage
+from fleet.record.partition import NODE_ATTRS, HistoryEvent, NodeInfo, RunInfo, node_to_item
+from fleet.record.run_item import RunWatch
+from fleet.record.stamp import record_stamp
+from fleet.record.state import Attempt, Counts, Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.record.table import RunIndexEntry
 
 NOW = 1_800_000_000.0
 RUN = "20270115-0600-ab12"
@@ -492,7 +492,7 @@ def test_running_runs_are_the_running_ones_among_the_last_of_the_index(table):
 
 
 def stamp(rec: SiteRecord) -> tuple:
-    """What open_stamps says of a record (`fleet.codec.STAMP_ATTRS`)."""
+    """What open_stamps says of a record (`fleet.record.codec.STAMP_ATTRS`)."""
     return record_stamp(rec)
 
 
@@ -917,7 +917,7 @@ def test_an_empty_body_is_a_result(results):
 
 
 def test_evidence_is_written_beside_the_result_replaced_by_a_later_capture_and_listed(results):
-    from fleet.results import evidence_key, evidence_prefix, parse_evidence_key
+    from fleet.outputs.results import evidence_key, evidence_prefix, parse_evidence_key
 
     key = evidence_key("s-ev", "20270115", None, 2, "evidence.json")
     results.put_evidence(key, b'{"answered": false}', "application/json")
@@ -951,7 +951,7 @@ def test_results_carry_the_tag_the_expiry_rule_selects(moto_endpoint):
 
 
 def test_what_a_node_writes_is_a_new_object_only_and_a_part_a_missing_one_is_no_such_key(results):
-    from fleet.results import part_key
+    from fleet.outputs.results import part_key
 
     key = part_key("s-pt", "20270115", None, 1, 4, 1, "local:i-0aaa")
     assert results.put_staged(key, b'[{"id":"a"}]')
@@ -964,7 +964,7 @@ def test_what_a_node_writes_is_a_new_object_only_and_a_part_a_missing_one_is_no_
 
 
 def test_a_staged_result_is_promoted_once_never_over_a_result_and_nothing_staged_is_missing(results):
-    from fleet.results import EXISTED, MISSING, PROMOTED, staged_result_key
+    from fleet.outputs.results import EXISTED, MISSING, PROMOTED, staged_result_key
 
     staged = staged_result_key("local:i-0aaa", "s-pr", "20270115", None, 1, 3)
     key = result_key("s-pr", "20270115")
@@ -985,7 +985,7 @@ def test_promoted_results_carry_the_result_tag_and_type_whatever_the_node_wrote(
     from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
     from fleet.aws.results import RESULT_TAG, S3ResultStore
     from fleet.config.aws import AwsConfig
-    from fleet.results import staged_result_key
+    from fleet.outputs.results import staged_result_key
 
     hx = uuid.uuid4().hex[:10]
     clients = AwsClients(
@@ -1075,7 +1075,7 @@ def test_no_read_raises_on_what_a_node_wrote_and_each_unreadable_value_reads_as_
 
 @backends()
 def test_a_record_whose_fence_or_status_cannot_be_read_is_left_out_and_repaired_only_as_it_was_read(backend):
-    from fleet.readback import Notes
+    from fleet.record.readback import Notes
 
     table = backend.table
     table.create_run(run_info())
@@ -1108,7 +1108,7 @@ def test_a_site_item_no_hub_seeded_is_taken_over_by_the_seeding_and_one_it_seede
 
 @backends()
 def test_the_hub_gives_the_items_no_hub_made_the_runs_expiry(backend):
-    from fleet.pacing import PACING_PARTITION_PREFIX
+    from fleet.crawl.pacing import PACING_PARTITION_PREFIX
 
     table = backend.table
     table.create_run(run_info())

@@ -18,7 +18,7 @@ from botocore.stub import Stubber
 from fleet.aws import ec2 as ec2_api
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.config import AwsConfig
-from fleet.tags import ROLE_HUB, ROLE_NODE, TAG_ROLE, TAG_RUN_ID, instance_tags
+from fleet.record.tags import ROLE_HUB, ROLE_NODE, TAG_ROLE, TAG_RUN_ID, instance_tags
 
 UNKNOWN = "i-0000000000000dead"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import boto3
 import pytest
 
-from fleet.tags import ROLE_HUB, ROLE_NODE, instance_tags
+from fleet.record.tags import ROLE_HUB, ROLE_NODE, instance_tags
 from twin.ec2twin import Ec2Twin, InstanceSpec
 
 REGION = "ap-northeast-2"

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from fleet.aws.results import S3ResultStore
-from fleet.state import Attempt, RunStatus, SiteRecord, SiteSpec, SiteStatus
-from fleet.summary import export_evidence
+from fleet.outputs.summary import export_evidence
+from fleet.record.state import Attempt, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from node.evidence import Evidence, keep
 
 from .conftest import REGION, moto_clients

@@ -1,4 +1,4 @@
-"""A run's export (`fleet.summary.export`) read from a bucket on the moto server: a re-export replaces the
+"""A run's export (`fleet.outputs.summary.export`) read from a bucket on the moto server: a re-export replaces the
 earlier `results/` and `evidence/` only when every read for them succeeded.
 
 S3 failing midway is what moto cannot do: a botocore `before-call` hook on this test's own client fails the
@@ -16,9 +16,9 @@ from botocore.exceptions import EndpointConnectionError
 
 from fleet.aws.clients import AwsClients
 from fleet.aws.results import S3ResultStore
-from fleet.results import evidence_key, result_key
-from fleet.state import Attempt, RunStatus, SiteRecord, SiteSpec
-from fleet.summary import export
+from fleet.outputs.results import evidence_key, result_key
+from fleet.outputs.summary import export
+from fleet.record.state import Attempt, RunStatus, SiteRecord, SiteSpec
 
 from .conftest import REGION, moto_clients
 

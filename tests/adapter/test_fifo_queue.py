@@ -25,7 +25,7 @@ from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.queue import SqsSiteQueue
 from fleet.clock import FakeClock
 from fleet.config.aws import AwsConfig
-from fleet.messages import DEDUP_WINDOW_S, QueueDepth, SiteMessage, dedup_id, group_id
+from fleet.record.messages import DEDUP_WINDOW_S, QueueDepth, SiteMessage, dedup_id, group_id
 from sim.memory import MemoryQueue
 
 from .conftest import NamedClients, moto_clients
@@ -298,9 +298,9 @@ def test_terraform_output_carries_queue_fifo():
 def test_an_attempt_given_back_is_asked_for_again_under_a_new_id():
     """A spot interruption gives its attempt back: the next message has the same (run, site, attempt) as the
     deleted one, and must not be dropped as a duplicate; a repeated send of that request still is."""
-    from fleet import ops
     from fleet.clock import FakeClock
-    from fleet.state import Reason, SiteSpec
+    from fleet.record import ops
+    from fleet.record.state import Reason, SiteSpec
     from sim.memory import MemoryStateTable
 
     clock = FakeClock()

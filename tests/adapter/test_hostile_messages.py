@@ -14,15 +14,15 @@ import time
 import pytest
 from botocore.exceptions import ClientError
 
-from fleet import ops
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.logs import JsonFormatter
-from fleet.messages import SiteMessage
-from fleet.partition import RunInfo
-from fleet.state import RunStatus, SiteSpec
+from fleet.record import ops
+from fleet.record.messages import SiteMessage
+from fleet.record.partition import RunInfo
+from fleet.record.state import RunStatus, SiteSpec
 from node.agent import Agent, AgentSettings
 from profiles import ProfileStore
 from tests.helpers.fake_node import ScriptedCrawl, Spy, pages_script, promoted

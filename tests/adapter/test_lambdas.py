@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from fleet import ops
 from fleet.aws import ec2 as ec2_api
 from fleet.aws.archive import S3RunArchive
 from fleet.aws.bootstrap import ensure_resources
@@ -27,9 +26,10 @@ from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
 from fleet.config.aws import AwsConfig
-from fleet.partition import RunInfo
-from fleet.state import RunState, SiteSpec
-from fleet.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import RunState, SiteSpec
+from fleet.record.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from lambdas import starter, watchdog
 from lambdas.orphans import FINISHING_HUB_S
 from lambdas.starter import LambdaSettings, client_token, run_starter, start_hub

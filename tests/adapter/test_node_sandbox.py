@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from fleet import ops
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.queue import SqsSiteQueue
 from fleet.aws.table import DynamoStateTable
-from fleet.partition import RunInfo
-from fleet.state import SiteSpec
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import SiteSpec
 from node import browser
 from node import main as node_main
 from tests.adapter.conftest import moto_clients

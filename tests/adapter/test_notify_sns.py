@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from fleet import ops
 from fleet.aws.archive import S3RunArchive
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.notify import notify_overdue, previous_summary
 from fleet.aws.table import DynamoStateTable
 from fleet.config import Config
-from fleet.partition import RunInfo
-from fleet.state import Reason
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import Reason
 from tests.unit.test_hub_loop import RUN, Rig, config
 
 from .conftest import NamedClients

@@ -11,7 +11,7 @@ from fleet.aws.pacing import UNPACED_FOR_S, DynamoDomainPacer
 from fleet.aws.ratelimit import LIMITS_PARTITION
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
-from fleet.pacing import DOMAIN_PREFIX, FROM_CRAWL_DELAY
+from fleet.crawl.pacing import DOMAIN_PREFIX, FROM_CRAWL_DELAY
 
 
 @pytest.fixture(scope="module")

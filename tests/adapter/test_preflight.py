@@ -41,7 +41,7 @@ from fleet.aws import clients as fleet_aws
 from fleet.aws.bootstrap import ensure_resources
 from fleet.config.aws import AwsConfig
 from tests.adapter.conftest import REGION, NamedClients, fresh_names
-from twin.images import IMAGE_TAGS
+from twin.instance.images import IMAGE_TAGS
 
 READ_ONLY = ("Describe", "Get", "List", "Head")
 AGENT_BUCKET, AGENT_KEY = f"amazon-ssm-{REGION}", "latest/debian_amd64/amazon-ssm-agent.deb"

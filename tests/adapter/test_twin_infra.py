@@ -1,4 +1,4 @@
-"""infra/terraform applied to a moto server by `twin.infra`, read back through the AWS APIs.
+"""infra/terraform applied to a moto server by `twin.terraform.apply`, read back through the AWS APIs.
 
 The server is this module's own (ThreadedMotoServer on 127.0.0.1, any free port). The expectations come from
 the .tf files as tests/infra reads them (python-hcl2, literals unquoted), from the variables the test passes,
@@ -23,12 +23,12 @@ from moto.server import ThreadedMotoServer
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.clock import FakeClock
 from fleet.config.aws import AwsConfig
-from fleet.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
+from fleet.record.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from tests.helpers.stacks import stack_names
 from tests.infra.test_terraform import SSM_AGENT_ACTIONS, TF_DIR, blocks, one, statements_of
 from tests.infra.test_terraform import config as terraform
-from twin.infra import SKIPPED, StackOutputs, TfError, apply_stack
 from twin.schedules import Schedules, stack_handlers
+from twin.terraform.apply import SKIPPED, StackOutputs, TfError, apply_stack
 
 REGION = "ap-northeast-2"
 HUB_USER_DATA = "#cloud-config\nruncmd:\n  - [echo, hub]\n"
@@ -443,7 +443,7 @@ locals {
 
 @pytest.fixture
 def evaluate(tmp_path):
-    from twin.hcl_eval import Evaluator, TfModule, Where
+    from twin.terraform.expressions import Evaluator, TfModule, Where
 
     (tmp_path / "main.tf").write_text(EXPRESSIONS)
     module = TfModule(tmp_path)

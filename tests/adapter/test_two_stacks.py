@@ -21,15 +21,15 @@ from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
 from fleet.config import Config
 from fleet.config.aws import AwsConfig
-from fleet.partition import RunInfo
-from fleet.tags import TAG_STACK
+from fleet.record.partition import RunInfo
+from fleet.record.tags import TAG_STACK
 from hub.providers.ec2 import Ec2Provider
 from hub.teardown import teardown_run
 from lambdas.settings import LambdaSettings
 from lambdas.watchdog import watch
 from tests.helpers.stacks import stack_names
 from tests.infra.conftest import HUB_USER_DATA, REGION, TF_DIR
-from twin.infra import apply_stack
+from twin.terraform.apply import apply_stack
 
 from .conftest import NamedClients
 

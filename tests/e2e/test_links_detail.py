@@ -19,7 +19,7 @@ from selenium.common.exceptions import TimeoutException
 
 from embedded.demo_pages import news_time
 from embedded.demo_server import DemoServer
-from fleet.codec import decode_checkpoint, encode_checkpoint
+from fleet.record.codec import decode_checkpoint, encode_checkpoint
 from node.browser import NO_SANDBOX, sandbox_problem
 from node.crawler import CrawlContext, CrawlError
 from node.crawlers.links import LinksCrawler
@@ -146,7 +146,7 @@ def other_options(demo: DemoServer, webdriver: str, tmp_path: Path) -> None:
     assert [sorted(set(i) - set(NEWS["fields"])) for i in few["items"]] == [["body", "headline", "id"], ["id"]]
     assert demo.stats()["sites"]["few"]["hits"] == {"p1": 1, "p1/a1": 1, "p2": 1}
 
-    # a selector the config refuses (fleet.css) stops the crawl before any page opens, as it stops `validate`
+    # a selector the config refuses (fleet.crawl.css) stops the crawl before any page opens, as it stops `validate`
     bad = {**NEWS, "detail": {"link": "link", "fields": {"bad": "h1.title", "body": "div.body["}}}
     with pytest.raises(CrawlError, match=r"options: detail\.fields\.body: not a CSS selector: 'div\.body\['"):
         crawl(url % "bad", webdriver, tmp_path / "p5", bad, page_load_timeout_s=30)
@@ -160,11 +160,11 @@ def other_options(demo: DemoServer, webdriver: str, tmp_path: Path) -> None:
 
 
 def test_what_the_config_says_of_a_selector_chromium_says_too(tmp_path, webdriver_url):
-    """`fleet.css` against Chromium's own parser (`querySelector`), in one session: every selector the unit tests
+    """`fleet.crawl.css` against Chromium's own parser (`querySelector`), in one session: every selector the unit tests
     hold valid Chromium accepts, and every one they hold invalid it refuses, but those ended inside a bracket or a
     string, which Chromium's error recovery closes (refused by the config as the typos they are); and each
     pseudo-class the config leaves to the browser is one Chromium knows."""
-    from fleet.css import BROWSER_PSEUDO_CLASSES, selector_problem
+    from fleet.crawl.css import BROWSER_PSEUDO_CLASSES, selector_problem
     from tests.unit.test_css import INVALID, VALID
 
     pseudo = [f"a:{name}" for name in sorted(BROWSER_PSEUDO_CLASSES - {"state", "active-view-transition-type"})]

@@ -12,7 +12,6 @@ import uuid
 from botocore.awsrequest import AWSResponse
 
 from cli.report.check import check_run
-from fleet import ops
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.queue import SqsSiteQueue
@@ -20,8 +19,9 @@ from fleet.aws.results import S3ResultStore
 from fleet.aws.table import DynamoStateTable
 from fleet.clock import FakeClock
 from fleet.config.load import parse_config
-from fleet.partition import RunInfo
-from fleet.state import RunStatus, SiteSpec
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import RunStatus, SiteSpec
 from node.agent import Agent, AgentSettings
 from profiles import ProfileStore
 from tests.helpers.fake_node import ScriptedCrawl, pages_script, promoted

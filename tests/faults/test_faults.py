@@ -13,7 +13,7 @@ import json
 import pytest
 from botocore.exceptions import ClientError
 
-from fleet.state import RunStatus
+from fleet.record.state import RunStatus
 from hub.control.aws import LadderControl, SshControl, SsmControl
 from hub.providers.base import LaunchResult
 from hub.snapshot import held

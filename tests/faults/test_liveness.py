@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet.state import RunStatus, SiteStatus
+from fleet.record.state import RunStatus, SiteStatus
 from tests.helpers.fake_node import pages_script
 from tests.helpers.fleet_sim import ATTEMPT_SCRIPTS, BEHAVIOURS, RUN, SimCloud, sim_config
 

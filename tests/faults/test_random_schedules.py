@@ -17,7 +17,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.state import RunStatus
+from fleet.record.state import RunStatus
 from tests.helpers.fleet_sim import BEHAVIOURS, RUN, SimCloud, sim_config
 
 FAULTS = ("crash_hub", "kill_node", "spot_notice", "reclaim_spot", "duplicates", "partition")

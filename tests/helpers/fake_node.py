@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fleet import ops
 from fleet.clock import FakeClock
-from fleet.partition import RunInfo
-from fleet.results import LOCAL_ROLE
-from fleet.state import SiteSpec, SiteStatus
+from fleet.outputs.results import LOCAL_ROLE
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import SiteSpec, SiteStatus
 from hub.promote import promote
 from node.agent import Agent, AgentSettings
 from node.runner import Exited

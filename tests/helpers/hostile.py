@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from fleet.messages import encode
+from fleet.record.messages import encode
 
 RUN = "2026-11-21"  # the run of tests.helpers.fake_node's Rig
 

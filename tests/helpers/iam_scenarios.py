@@ -23,15 +23,15 @@ from typing import Any
 
 from rich.console import Console
 
-from fleet import ops
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import CLIENT_HOOKS, LOCAL_CREDENTIALS, AwsClients
-from fleet.checkpoint import SaveEvery
 from fleet.clock import FakeClock, SystemClock
 from fleet.config import Config, NotifyConfig
 from fleet.config.load import parse_config
-from fleet.partition import NodeInfo, RunInfo
-from fleet.state import SiteSpec
+from fleet.outputs.checkpoint import SaveEvery
+from fleet.record import ops
+from fleet.record.partition import NodeInfo, RunInfo
+from fleet.record.state import SiteSpec
 from tests.helpers.iam_eval import request_context
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,8 +224,8 @@ def _act_as_a_node(config: Config, node: str, role: str) -> None:
     """Unrecorded: what nodes would have written, so the hub takes its promotion and kill paths."""
     from fleet.aws.results import S3ResultStore
     from fleet.aws.table import DynamoStateTable
-    from fleet.results import staged_result_key, writer_id
-    from fleet.state import Reason, SiteStatus
+    from fleet.outputs.results import staged_result_key, writer_id
+    from fleet.record.state import Reason, SiteStatus
 
     clients = AwsClients(config.aws, credentials=LOCAL_CREDENTIALS)
     table = DynamoStateTable(clients.client("dynamodb"), config.aws.table)

@@ -143,7 +143,7 @@ def forged_history(values: dict[str, Any]) -> bool:
     """Values a reader can take for an attempt history (a list for `attempts`, a count for `spot_requeues`): a
     history forged readably, which `gridfleet check` is there to catch (it does: a violation), not a value no one
     can read. The fuzz writes the honest sites only the latter."""
-    from fleet.readback import as_count
+    from fleet.record.readback import as_count
 
     return isinstance(values.get("attempts"), list) or as_count(values.get("spot_requeues", "x")) is not None
 
@@ -156,7 +156,7 @@ def node_policy(terraform_dir: Path) -> tuple[list[Statement], str, list[str]]:
     from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
     from fleet.config.aws import AwsConfig
     from tests.helpers.stacks import stack_names
-    from twin.infra import apply_stack
+    from twin.terraform.apply import apply_stack
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -190,8 +190,8 @@ def to_memory(table: Any, w: Write) -> None:
     """`w` applied to a `sim.memory.MemoryStateTable` as DynamoDB applies it: the item made if absent (or, a PutItem,
     replaced), its index entry and node key kept as the table's own writes keep them. A value DynamoDB would refuse
     for the index's key (`openSite` must be a string) is refused here too (ValueError)."""
-    from fleet.codec import OPEN_ATTR
-    from fleet.partition import NODE_PREFIX
+    from fleet.record.codec import OPEN_ATTR
+    from fleet.record.partition import NODE_PREFIX
 
     if OPEN_ATTR in w.values and not isinstance(w.values[OPEN_ATTR], str):
         raise ValueError("the index key openSite must be a string")

@@ -18,7 +18,7 @@ from embedded.moto_server import make_dynamodb_writes_atomic
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.config.aws import AwsConfig
 from tests.helpers.stacks import stack_names
-from twin.infra import StackOutputs, apply_stack
+from twin.terraform.apply import StackOutputs, apply_stack
 
 TF_DIR = Path(__file__).resolve().parents[2] / "infra" / "terraform"
 REGION = "ap-northeast-2"

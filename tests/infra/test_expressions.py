@@ -1,6 +1,6 @@
 """infra/terraform's variable validations and computed locals, evaluated for chosen variables.
 
-The EC2 twin's evaluator (`twin.hcl_eval`) computes an expression of the .tf files with the variables
+The EC2 twin's evaluator (`twin.terraform.expressions`) computes an expression of the .tf files with the variables
 given over their defaults; data sources stand in as what AWS would answer (the partition, the account). No
 endpoint is involved: what is checked here is the expression, for values a single applied stack would not
 show, such as a variable's refused values or a parameter of the account's own beside AWS's public one.
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.infra.conftest import TF_DIR
-from twin.hcl_eval import Evaluator, Namespace, TfModule, Where
+from twin.terraform.expressions import Evaluator, Namespace, TfModule, Where
 
 ACCOUNT = "123456789012"
 REGION = "eu-west-1"

@@ -23,7 +23,7 @@ from cloud_init.render import TEMPLATES_DIR
 from fleet.aws import ec2 as ec2_api
 from fleet.config import Config, SiteConfig
 from fleet.config.aws import AwsConfig
-from fleet.tags import ROLE_HUB, ROLE_NODE, TAG_ROLE, TAG_RUN_ID, TAG_STACK
+from fleet.record.tags import ROLE_HUB, ROLE_NODE, TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from hub.providers.ec2 import Ec2Provider
 from tests.infra.test_terraform import blocks, one
 from tests.infra.test_terraform import config as terraform

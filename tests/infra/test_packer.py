@@ -2,7 +2,7 @@
 tags by which a preflight check knows a baked node image and what it holds.
 
 No `packer` binary is here. The template is HCL like the Terraform files, so the EC2 twin's evaluator
-(`twin.hcl_eval`) computes its expressions for given variables; the data source's value (the base
+(`twin.terraform.expressions`) computes its expressions for given variables; the data source's value (the base
 AMI id) and the build's timestamp are stand-ins. tests/unit/test_node_image.py checks the rest of the template
 (encryption, IMDSv2, the bake's provisioners).
 """
@@ -16,7 +16,7 @@ import pytest
 
 from fleet.config.aws import AwsConfig
 from fleet.platform import instance_type_arch
-from twin.hcl_eval import Evaluator, Namespace, TfModule, Where
+from twin.terraform.expressions import Evaluator, Namespace, TfModule, Where
 
 PACKER = Path(__file__).resolve().parents[2] / "infra" / "packer"
 BASE_AMI = "ami-0123456789abcdef0"

@@ -26,9 +26,9 @@ import hcl2
 import pytest
 
 from fleet.aws.bootstrap import OPEN_INDEX_ATTRIBUTES
-from fleet.codec import OPEN_ATTR, OPEN_INDEX
 from fleet.config import FleetConfig, MetricsConfig
 from fleet.config.aws import AwsConfig
+from fleet.record.codec import OPEN_ATTR, OPEN_INDEX
 
 ROOT = Path(__file__).resolve().parents[2]
 TF_DIR = ROOT / "infra" / "terraform"
@@ -620,7 +620,7 @@ def test_every_sites_access_point_is_the_crawl_users():
     (not root's), in a directory of that site alone that EFS creates as that user's, 0700; its tags are the stack's
     and the site's, the ones the hub's policy lets it create with (TagKeys)."""
     from fleet.aws import efs
-    from fleet.tags import TAG_SITE, TAG_STACK
+    from fleet.record.tags import TAG_SITE, TAG_STACK
 
     calls: list[dict] = []
 

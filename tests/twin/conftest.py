@@ -42,7 +42,7 @@ def twin_ok():
     why = _why_not()
     if why:
         pytest.skip(why)
-    from twin import cleanup_leftovers
+    from twin.instance.sandbox import cleanup_leftovers
 
     cleanup_leftovers()  # a crashed earlier run's namespaces, veths and bridge
     yield
@@ -60,7 +60,7 @@ def twin_root(twin_ok):
 @pytest.fixture
 def sandboxes(twin_root):
     """Make sandboxes with `make(instance_id, user_data, **kw)`; each is stopped at the end of the test."""
-    from twin import InstanceSandbox
+    from twin.instance.sandbox import InstanceSandbox
 
     made = []
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from twin.sandbox import CLOCK_LIB
+from twin.instance.sandbox import CLOCK_LIB
 from twin.stack import FAKE_CLOCK_FROM_S, TwinClock
 
 DAY = 86400.0

@@ -10,8 +10,8 @@ import pytest
 
 from cloud_init import HubUserData, NodeUserData, render_hub, render_node
 from cloud_init.render import HUB_BOOT_SCRIPT, NODE_BOOT_SCRIPT, NODE_ENV_FILE
-from twin.cloud_config import TwinError, plan_user_data
-from twin.shims import shutdown_delay
+from twin.instance.cloud_config import TwinError, plan_user_data
+from twin.instance.shims import shutdown_delay
 
 
 def node_user_data() -> str:
@@ -115,8 +115,8 @@ def test_a_shutdowns_delay_is_read_as_systemd_reads_it(said, delay):
 
 def test_an_instance_id_or_ssh_user_ending_in_a_newline_is_refused(tmp_path):
     """Matched whole: with `re.match` and `$`, a trailing newline passed into a path and a shell line."""
-    from twin.sandbox import InstanceSandbox
-    from twin.sshd import authorize
+    from twin.instance.sandbox import InstanceSandbox
+    from twin.instance.sshd import authorize
 
     with pytest.raises(TwinError, match="instance id"):
         InstanceSandbox("i-0123456789abcdef0\n", node_user_data(), tmp_path)

@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 from cloud_init import render as render_mod
 from hub.control.ssh import HOST_KEYS_BEGIN, HOST_KEYS_END, console_text
 from tests.helpers.wait import wait_for
-from twin.standins import AGENT_PID_FILE
+from twin.instance.standins import AGENT_PID_FILE
 
 REGION = "ap-northeast-2"
 

@@ -13,7 +13,9 @@ from pathlib import Path
 import boto3
 
 from tests.helpers.wait import wait_for
-from twin import TwinError, cleanup_leftovers, network
+from twin.instance import network
+from twin.instance.cloud_config import TwinError
+from twin.instance.sandbox import cleanup_leftovers
 
 IMDS_GET = (
     "t=$(curl -fsS -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token)"
@@ -130,7 +132,7 @@ def test_leftovers_of_a_crashed_run_are_removed(twin_ok):
 
 def test_an_instance_id_that_is_not_one_is_refused(twin_root):
     try:
-        from twin import InstanceSandbox
+        from twin.instance.sandbox import InstanceSandbox
 
         InstanceSandbox("i-../../etc", "#cloud-config\n", twin_root)
     except TwinError as e:

@@ -1,5 +1,5 @@
 """What a node that is taken over can reach: the stack's own security groups (infra/terraform applied to the twin's
-EC2 by `twin.infra`) enforced on a hub and two nodes booted from the stack's launch templates.
+EC2 by `twin.terraform.apply`) enforced on a hub and two nodes booted from the stack's launch templates.
 
 Each instance runs small servers on the ports in question (the hub: the Grid's 4442, 4443, 4444, SSH's 22 and the
 dashboard's port; a node: the Grid node's 5555, 22, and 443, a port every instance may send to). A connection the
@@ -22,10 +22,10 @@ import pytest
 from fleet.config import HubConfig
 from tests.helpers.stacks import stack_names
 from tests.helpers.wait import wait_for
-from twin import network
 from twin.account import DEBIAN_PARAMETER
 from twin.deploy import TERRAFORM_DIR
-from twin.firewall import TABLE, dropped, nft
+from twin.instance import network
+from twin.instance.firewall import TABLE, dropped, nft
 
 REGION = "ap-northeast-2"
 GRID_PORTS = (4442, 4443, 4444)
@@ -83,8 +83,8 @@ def listening(*ports: int) -> str:
 def fleet(twin_ok):
     """The twin with the stack applied; the hub (from its template, its user-data the hub's servers) booted first,
     then two nodes (from theirs, in the stack's private subnet), so the nodes join a hub already filtered."""
-    from twin.infra import apply_stack
     from twin.stack import TwinStack
+    from twin.terraform.apply import apply_stack
 
     root = Path(tempfile.mkdtemp(prefix="gridfleet-twin-sg-"))
     twin = TwinStack(root, region=REGION, tick_s=0.2)

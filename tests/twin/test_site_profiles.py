@@ -1,8 +1,8 @@
 """A crawl sees its own site's profile and lock, and no other site's: on an instance of the twin, root's site-mount
 helper (`gridfleet node site-mounts`, node/site_mounts.py) mounts, when the crawl user asks, the access point of the
 site this instance holds a claim of, which the hub's code made on the twin's EFS (fleet/aws/efs.py) after the
-instance booted, at /efs/<site>, through amazon-efs-utils' mount.efs (the twin's stand-in, twin/standins.py); it
-refuses a site the instance does not hold, and unmounts after the crawl.
+instance booted, at /efs/<site>, through amazon-efs-utils' mount.efs (the twin's stand-in, twin/instance/standins.py);
+it refuses a site the instance does not hold, and unmounts after the crawl.
 
 Real parts: moto as the twin's DynamoDB and EFS, the instance's network and mount namespaces, its IMDS, the stand-in
 amazon-efs-utils package installed by the boot scripts' own step, mount(8), the real ProfileStore and its fcntl lock,
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from fleet import ops
 from fleet.aws.bootstrap import ensure_resources
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.efs import ensure_site_points, site_root
 from fleet.aws.table import DynamoStateTable
 from fleet.config.load import parse_config
-from fleet.partition import RunInfo
-from fleet.state import SiteSpec
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import SiteSpec
 from tests.helpers.wait import wait_for
 from tests.twin.test_fidelity import install_steps
 

@@ -16,8 +16,8 @@ import pytest
 
 from hub.control.ssh import SshControl, host_key_policy, host_keys_from_console
 from tests.twin.node_kill import install_gridfleet, running, start_crawl
-from twin import network
-from twin.sshd import (
+from twin.instance import network
+from twin.instance.sshd import (
     CONFIG,
     HOST_KEYS_BEGIN,
     HOST_KEYS_END,
@@ -45,7 +45,7 @@ def twin(twin_ok):
     from moto.ec2.models import ec2_backends
     from moto.server import ThreadedMotoServer
 
-    from twin import InstanceSandbox
+    from twin.instance.sandbox import InstanceSandbox
 
     network.ensure_bridge()
     server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=0, verbose=False)

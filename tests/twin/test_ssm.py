@@ -16,7 +16,7 @@ from fleet.clock import SystemClock
 from hub.control.ssm import SsmControl
 from tests.helpers.wait import wait_for
 from tests.twin.node_kill import install_gridfleet, running, start_crawl
-from twin import network
+from twin.instance import network
 from twin.ssm import MAX_STDERR_CHARS, MAX_STDOUT_CHARS, TwinSsmAgent
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
@@ -29,7 +29,7 @@ def twin(twin_ok):
     """A moto server on the bridge, an instance moto launched booted in the twin, and the agent polling."""
     from moto.server import ThreadedMotoServer
 
-    from twin import InstanceSandbox
+    from twin.instance.sandbox import InstanceSandbox
 
     network.ensure_bridge()
     server = ThreadedMotoServer(ip_address=network.HOST_ADDRESS, port=0, verbose=False)

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from fleet import ops
 from fleet.protocol import CLAIMED_VISIBILITY_S
-from fleet.state import Reason, RunState, RunStatus, SiteStatus
+from fleet.record import ops
+from fleet.record.state import Reason, RunState, RunStatus, SiteStatus
 from tests.helpers.fake_node import HANG, RUN, Rig, pages_script, spied, status
 
 

@@ -7,10 +7,10 @@ import json
 
 from botocore.exceptions import ClientError
 
-from fleet import ops
-from fleet.checkpoint import SaveEvery
-from fleet.codec import ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, URL_MAX_CHARS
-from fleet.state import Counts, RunStatus, SiteSpec, SiteStatus
+from fleet.outputs.checkpoint import SaveEvery
+from fleet.record import ops
+from fleet.record.codec import ERROR_MAX_CHARS, ITEM_ID_MAX_CHARS, URL_MAX_CHARS
+from fleet.record.state import Counts, RunStatus, SiteSpec, SiteStatus
 from tests.helpers.fake_node import HANG, RUN, Rig, pages_script, spied, status
 
 # --- checkpoints and incremental marks ------------------------------------------------------------

@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 
-from fleet.state import Reason, RunStatus, SiteStatus
+from fleet.record.state import Reason, RunStatus, SiteStatus
 from node.closing import Closer
 from node.phases import phase_timings
 from node.runner import ChildProcess, Exited, SpareCrawlers

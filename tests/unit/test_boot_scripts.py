@@ -16,7 +16,7 @@ import pytest
 
 from cloud_init import HubUserData, NodeUserData, RenderError, boot_script, render_hub, render_node
 from cloud_init import render as render_mod
-from fleet import crawlerfile
+from fleet.crawl import crawlerfile
 from fleet.grid_auth import GRID_USER, GridSecret, hub_toml
 from tests.helpers.boot_sandbox import (
     BASH,

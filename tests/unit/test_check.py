@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 from cli.report.check import attach, check_export, check_run, demo_hits
-from fleet import ops
-from fleet.checkpoint import Segment, part_keys
-from fleet.partition import RunInfo
-from fleet.results import EVIDENCE_FILES, evidence_key, evidence_prefix, is_daily_run, result_key
-from fleet.state import SiteSpec, SiteStatus
-from fleet.summary import build_summary, export
+from fleet.outputs.checkpoint import Segment, part_keys
+from fleet.outputs.results import EVIDENCE_FILES, evidence_key, evidence_prefix, is_daily_run, result_key
+from fleet.outputs.summary import build_summary, export
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import SiteSpec, SiteStatus
 from hub.plan import run_date_for
 from hub.snapshot import Instance
 from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
@@ -150,8 +150,8 @@ def test_a_finished_run_is_checked_from_its_export_alone_once_its_stores_are_gon
 def test_a_quarantined_result_is_no_result_to_the_check():
     """A contract's FAILED site with its result in quarantine is as it should be; a COMPLETED site whose only
     object is in quarantine has no result."""
-    from fleet.results import quarantine_key
-    from fleet.state import Reason, RunStatus
+    from fleet.outputs.results import quarantine_key
+    from fleet.record.state import Reason, RunStatus
 
     table, queue, results = MemoryStateTable(), MemoryQueue(), MemoryResults()
     table.create_run(RunInfo("b", "FINISHED", 1000.0, 4600.0, "20261121", finished_at=1020.0))

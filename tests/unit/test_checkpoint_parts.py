@@ -9,11 +9,12 @@ import json
 import pytest
 from botocore.exceptions import ClientError
 
-from fleet import checkpoint as ck
-from fleet import ops, units
-from fleet.codec import ITEM_ID_MAX_CHARS, encode_checkpoint, site_to_item
-from fleet.results import part_key
-from fleet.state import Reason, RunStatus
+from fleet.outputs import checkpoint as ck
+from fleet.outputs.results import part_key
+from fleet.record import ops
+from fleet.record.codec import ITEM_ID_MAX_CHARS, encode_checkpoint, site_to_item
+from fleet.record.state import Reason, RunStatus
+from sim import units
 from tests.helpers.fake_node import HANG, RUN, Rig, status
 
 START = [(0.5, {"event": "session", "id": "sess-1"}), (0.6, status("RUNNING"))]

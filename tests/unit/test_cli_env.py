@@ -28,8 +28,8 @@ from cli.envs.choose import on_aws
 from cli.envs.local import LocalEnv, stack_stops
 from fleet.config import Config
 from fleet.errors import UsageError
-from fleet.partition import RunInfo
-from fleet.state import RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.record.partition import RunInfo
+from fleet.record.state import RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from sim.memory import MemoryQueue, MemoryResults, MemoryStateTable
 
 RUN = "r1"

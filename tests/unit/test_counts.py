@@ -9,9 +9,9 @@ import logging
 from rich.console import Console
 
 from cli.views.run import print_sites
-from fleet.partition import RunInfo
-from fleet.state import Attempt, Counts, RunStatus, SiteRecord, SiteSpec, SiteStatus
-from fleet.summary import build_summary, site_entry, totals
+from fleet.outputs.summary import build_summary, site_entry, totals
+from fleet.record.partition import RunInfo
+from fleet.record.state import Attempt, Counts, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from node.counts import AttemptCounter
 
 RUN = "2026-11-21"
@@ -110,7 +110,7 @@ def test_the_node_counts_an_attempt_from_its_crawlers_events(caplog):
 
 
 def test_counts_a_node_wrote_that_are_no_counts_read_as_nothing_not_as_a_failed_read():
-    from fleet.codec import item_to_site
+    from fleet.record.codec import item_to_site
 
     rec = item_to_site({
         "run_id": "r", "Site": "s", "run_status": "RUN", "site_status": "RUNNING", "pages": "many", "items": -3,

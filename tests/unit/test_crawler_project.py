@@ -14,7 +14,7 @@ from cli.packaging.crawler_ship import build_wheel, install_local, installed_con
 from cli.packaging.requirements import dists_in, pinned, unmet
 from fleet.config.bundle import bundle_mismatch
 from fleet.config.load import dump_config, load_config, parse_config
-from fleet.crawler_project import MAX_FILES, CrawlerProject, ProjectError, content_hash, shipped_files
+from fleet.crawl.project import MAX_FILES, CrawlerProject, ProjectError, content_hash, shipped_files
 from fleet.errors import ConfigError, UsageError
 from tests.helpers.crawler_project import CRAWLER, make_project
 

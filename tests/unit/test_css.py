@@ -1,5 +1,5 @@
-"""`fleet.css.selector_problem`: the CSS selectors of a config parsed as Chromium reads them, before any page loads.
-What Chromium itself says of the same selectors: tests/e2e/test_links_detail.py."""
+"""`fleet.crawl.css.selector_problem`: the CSS selectors of a config parsed as Chromium reads them, before any page
+loads. What Chromium itself says of the same selectors: tests/e2e/test_links_detail.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.css import BROWSER_PSEUDO_CLASSES, selector_problem
+from fleet.crawl.css import BROWSER_PSEUDO_CLASSES, selector_problem
 
 #: Selectors Chromium accepts in `querySelector` (each checked in Chromium too: tests/e2e/test_links_detail.py).
 VALID = [
@@ -135,8 +135,8 @@ def test_any_text_gets_an_answer(parts):
 def test_the_parser_loads_on_the_first_check_not_with_the_config():
     """The Lambdas import the config's models and carry no soupsieve: only a check loads it."""
     code = (
-        "import sys, fleet.config, fleet.crawlers, lambdas.settings; assert 'soupsieve' not in sys.modules; "
-        "from fleet.css import selector_problem; selector_problem('a'); assert 'soupsieve' in sys.modules"
+        "import sys, fleet.config, fleet.crawl.crawlers, lambdas.settings; assert 'soupsieve' not in sys.modules; "
+        "from fleet.crawl.css import selector_problem; selector_problem('a'); assert 'soupsieve' in sys.modules"
     )
     probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert probe.returncode == 0, probe.stderr

@@ -1,13 +1,13 @@
-"""A site's data contract: the pure check (`fleet.contract`), and what fleet.yaml's `expect:` may say."""
+"""A site's data contract: the pure check (`fleet.crawl.contract`), and what fleet.yaml's `expect:` may say."""
 
 from __future__ import annotations
 
 import pytest
 
-from fleet import contract
 from fleet.config.load import parse_config
+from fleet.crawl import contract
 from fleet.errors import ConfigError
-from fleet.state import SiteSpec
+from fleet.record.state import SiteSpec
 from hub.plan import spec_of
 
 SCHEMA = {"type": "object", "required": ["price"], "properties": {"sku": {"type": "string", "pattern": "^[A-Z]+$"}}}
@@ -89,8 +89,8 @@ def test_every_bad_expect_is_reported_with_its_line_and_key():
 
 
 def test_a_contract_travels_on_the_record_as_written():
-    from fleet.codec import item_to_site, site_to_item
-    from fleet.ops import new_site
+    from fleet.record.codec import item_to_site, site_to_item
+    from fleet.record.ops import new_site
 
     spec = SiteSpec("https://a.test", expect={"fields": {"minimum": 0.0001}, "max_drop": 0.25}, baseline_items=7)
     back = item_to_site(site_to_item(new_site("r", "a", spec, None)))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from twin import debian
-from twin.debian import DebianIndexError, apt_get_shim, debian_targets, load_index, version_key, write_names
+from twin.instance import debian
+from twin.instance.debian import DebianIndexError, apt_get_shim, debian_targets, load_index, version_key, write_names
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -14,9 +14,16 @@ import pytest
 from cli.report.data import evidence_links
 from cli.report.page import render_report, write_report
 from fleet.grid_auth import GridSecret
-from fleet.results import EVIDENCE_FILES, EVIDENCE_TYPES, evidence_key, evidence_prefix, parse_evidence_key, result_key
-from fleet.state import Reason
-from fleet.summary import export
+from fleet.outputs.results import (
+    EVIDENCE_FILES,
+    EVIDENCE_TYPES,
+    evidence_key,
+    evidence_prefix,
+    parse_evidence_key,
+    result_key,
+)
+from fleet.outputs.summary import export
+from fleet.record.state import Reason
 from node import evidence
 from node.evidence import Evidence, cap_console, cap_html, capture, png_of
 from sim.memory import MemoryResults

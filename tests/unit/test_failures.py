@@ -12,11 +12,13 @@ import urllib.error
 
 import pytest
 
-from fleet import ops, protocol
-from fleet.blocked import Markers, marker_problem
-from fleet.codec import item_to_site, site_to_item
+from fleet import protocol
 from fleet.config import Config
-from fleet.failures import (
+from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, MessageAction, NodeRules
+from fleet.record import ops
+from fleet.record.blocked import Markers, marker_problem
+from fleet.record.codec import item_to_site, site_to_item
+from fleet.record.failures import (
     Failure,
     FailureClass,
     RetryPolicy,
@@ -27,9 +29,8 @@ from fleet.failures import (
     of_status,
     retry_after,
 )
-from fleet.messages import SiteMessage
-from fleet.protocol import CrawlEnd, CrawlEndKind, FollowUp, MessageAction, NodeRules
-from fleet.state import Reason, RunStatus, SiteSpec
+from fleet.record.messages import SiteMessage
+from fleet.record.state import Reason, RunStatus, SiteSpec
 from hub.actions import Enqueue
 from node.crawler import Blocked, CrawlError
 from sim.memory import MemoryStateTable
@@ -268,9 +269,9 @@ def test_the_site_configs_markers_are_checked_at_load():
 
 def test_the_summary_and_the_report_count_failed_attempts_by_class(table):
     from cli.report.page import render_report
-    from fleet.partition import RunInfo
-    from fleet.state import RunState
-    from fleet.summary import build_summary
+    from fleet.outputs.summary import build_summary
+    from fleet.record.partition import RunInfo
+    from fleet.record.state import RunState
 
     gone = end(table, claimed(table), Failure(C.HTTP_4XX, 404))
     r = ops.new_site("r1", "s2", SiteSpec("http://y.test/"), None)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fleet import ops
-from fleet.partition import RunInfo
-from fleet.results import result_key
-from fleet.state import Reason, SiteSpec
+from fleet.outputs.results import result_key
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import Reason, SiteSpec
 from hub.history import previous_items
 from sim.memory import MemoryStateTable
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet import ops
-from fleet.ids import is_run_id, is_site_id
 from fleet.logs import JsonFormatter
-from fleet.messages import MAX_ATTEMPT, BadMessage, SiteMessage, decode
-from fleet.state import RunStatus, SiteSpec
+from fleet.record import ops
+from fleet.record.ids import is_run_id, is_site_id
+from fleet.record.messages import MAX_ATTEMPT, BadMessage, SiteMessage, decode
+from fleet.record.state import RunStatus, SiteSpec
 from sim.memory import MemoryQueue
 from tests.helpers.fake_node import RUN, Rig, pages_script, spied
 from tests.helpers.hostile import HOSTILE, NO_RECORD, NOT_SITE_MESSAGES

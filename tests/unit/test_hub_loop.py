@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from fleet import ops
 from fleet.clock import FakeClock
 from fleet.config import Config
 from fleet.errors import MissingResource
-from fleet.partition import RunInfo
-from fleet.state import Reason, RunState, RunStatus, SiteStatus
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import Reason, RunState, RunStatus, SiteStatus
 from hub.control.base import KillResult
 from hub.loop import Hub
 from hub.plan import END_WAIT_S

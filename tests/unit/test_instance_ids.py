@@ -1,10 +1,10 @@
-"""The EC2 instance id rule (fleet.ids): what EC2 issues passes, anything else is refused, matched whole."""
+"""The EC2 instance id rule (fleet.record.ids): what EC2 issues passes, anything else is refused, matched whole."""
 
 from __future__ import annotations
 
 import pytest
 
-from fleet.ids import check_instance_id, is_instance_id
+from fleet.record.ids import check_instance_id, is_instance_id
 
 
 @pytest.mark.parametrize("iid", ["i-0123abcd", "i-0123456789abcdef0"])

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from fleet.config.load import parse_config
-from fleet.crawlers import LinksOptions, OptionsError, id_template, render_id
+from fleet.crawl.crawlers import LinksOptions, OptionsError, id_template, render_id
 from fleet.errors import ConfigError
 from node.crawler import BaseCrawler, CrawlContext
 from node.crawlers.links import _DETAIL_JS, _ITEMS_JS, _NEXT_JS, LinksCrawler, make_item

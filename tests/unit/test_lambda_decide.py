@@ -8,15 +8,15 @@ import sys
 
 import pytest
 
-from fleet import ops
 from fleet.clock import FakeClock
 from fleet.errors import StaleWrite
-from fleet.ids import default_run_id
-from fleet.instance import Instance
-from fleet.partition import RunInfo
-from fleet.run_item import RunWatch
-from fleet.state import Reason, RunState, RunStatus, SiteSpec
-from fleet.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
+from fleet.record import ops
+from fleet.record.ids import default_run_id
+from fleet.record.instance import Instance
+from fleet.record.partition import RunInfo
+from fleet.record.run_item import RunWatch
+from fleet.record.state import Reason, RunState, RunStatus, SiteSpec
+from fleet.record.tags import TAG_ROLE, TAG_RUN_ID, TAG_STACK
 from lambdas.orphans import FINISHING_HUB_S, Orphan, Orphans
 from lambdas.settings import LambdaSettings
 from lambdas.starter import Fallback, Launch, Refuse, Skip, StarterView, StartStopped

@@ -117,7 +117,7 @@ def import_without_boto(modules: list[str]) -> subprocess.CompletedProcess[str]:
 def test_the_kernel_the_hubs_planning_and_the_simulator_import_without_boto3_or_botocore():
     kernel = modules_of("fleet", skip=ADAPTERS)
     simulator = [m for package in SIMULATOR for m in modules_of(package)]
-    assert {"fleet.protocol", "fleet.config.load", "fleet.table"} <= set(kernel)
+    assert {"fleet.protocol", "fleet.config.load", "fleet.record.table"} <= set(kernel)
     assert ADAPTERS not in kernel and not any(m.startswith(ADAPTERS + ".") for m in kernel)
     assert "sim.run" in simulator
     done = import_without_boto([*kernel, *modules_of("hub.plan"), *simulator])

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from fleet.config.load import parse_config
-from fleet.crawlers import LinksOptions, OptionsError, split_field
+from fleet.crawl.crawlers import LinksOptions, OptionsError, split_field
 from fleet.errors import ConfigError
 from node.crawlers.links import (
     field_specs,

@@ -246,7 +246,7 @@ def test_the_node_kill_command_kills_only_the_named_crawl(rig, tmp_path):
     crawler = rig.start_crawler()
     state = tmp_path / "state"
     state.mkdir()
-    from fleet import crawlerfile
+    from fleet.crawl import crawlerfile
 
     crawlerfile.write(state, "example.com", 2, crawler.pid)
     cmd = [sys.executable, "-m", "node", "kill", "--state-dir", str(state), "--site", "example.com"]

@@ -6,7 +6,7 @@ and the FIFO groups over many messages.
 """
 
 from fleet.clock import FakeClock
-from fleet.messages import QueueDepth, SiteMessage
+from fleet.record.messages import QueueDepth, SiteMessage
 from sim.memory import MemoryQueue as FakesQueue
 from sim.queue import MemoryQueue
 
@@ -85,7 +85,7 @@ def test_fifo_a_group_moves_on_when_its_first_message_goes_to_the_dlq():
 def test_a_group_id_sqs_would_refuse_is_hashed_a_trailing_newline_too():
     """`<run>/<site>` when SQS takes it whole, else its sha256 hex (the rule is matched whole: `$` alone would
     pass a name ending in a newline on to SQS)."""
-    from fleet.messages import group_id
+    from fleet.record.messages import group_id
 
     assert group_id(RUN, "shop") == f"{RUN}/shop"
     for site in ("shop\n", "s p", "x" * 200):

@@ -260,8 +260,8 @@ def test_watch_on_a_terminal_draws_the_bar_and_the_open_sites_in_place():
 
 def test_a_busy_nodes_last_sign_of_life_is_its_attempts_heartbeat():
     """A busy node writes only its site's heartbeat; its item's heartbeat is from when it claimed."""
-    from fleet.partition import NodeInfo
-    from fleet.state import RunStatus, SiteRecord, SiteSpec, SiteStatus
+    from fleet.record.partition import NodeInfo
+    from fleet.record.state import RunStatus, SiteRecord, SiteSpec, SiteStatus
     from hub.monitor import last_beat
     from hub.snapshot import Observations, Snapshot
 

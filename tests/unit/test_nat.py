@@ -1,12 +1,12 @@
-"""The NAT estimate of fleet/nat.py, and its measured figures against a fresh measurement with real apt."""
+"""The NAT estimate of cli/envs/nat.py, and its measured figures against a fresh measurement with real apt."""
 
 from __future__ import annotations
 
 import pytest
 
-from fleet import nat
-from fleet.nat import BASELINE_GBPS, estimate
-from twin.debian import BootBytes, measure_boots, template_packages
+from cli.envs import nat
+from cli.envs.nat import BASELINE_GBPS, estimate
+from twin.instance.debian import BootBytes, measure_boots, template_packages
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_the_measurement_reads_each_templates_packages() -> None:
 
 @pytest.mark.slow
 def test_the_kept_figures_agree_with_a_fresh_measurement(measured: BootBytes) -> None:
-    """fleet/nat.py's constants within 25 % of what real apt says now: `bench/boot_bytes.py` gives new ones."""
+    """cli/envs/nat.py's constants within 25 % of what real apt says now: `bench/boot_bytes.py` gives new ones."""
     for kept, fresh in (
         (nat.STOCK_NODE_BOOT_BYTES, measured.node.bytes),
         (nat.STOCK_HUB_BOOT_BYTES, measured.hub.bytes),

@@ -1,4 +1,4 @@
-"""The run's end message (fleet/notify.py), fleet.yaml's `notify` section, and sending that never fails a run.
+"""The run's end message (fleet/outputs/notify.py), fleet.yaml's `notify` section, and sending that never fails a run.
 
 The webhook tests post to a real HTTP receiver on 127.0.0.1 (a tiny http.server in the test): one that answers
 200 and keeps the body, one that answers 500, and one that accepts the connection and never answers.
@@ -21,7 +21,7 @@ from fleet.aws.notify import WebhookChannel, channels, notify_run_end, previous_
 from fleet.config import Config, NotifyConfig
 from fleet.config.load import dump_config, parse_config
 from fleet.errors import ConfigError
-from fleet.notify import MAX_LISTED, Message, changes, overdue_message, redact_url, run_message, send_all
+from fleet.outputs.notify import MAX_LISTED, Message, changes, overdue_message, redact_url, run_message, send_all
 
 ARN = "arn:aws:sns:ap-northeast-2:123456789012:gridfleet-runs"
 SECRET_PATH = "/services/T000/B000/s3cr3tT0ken"
@@ -381,8 +381,8 @@ def test_channels_are_those_configured():
 def finished_run(tmp_path, webhook_url: str, caplog) -> Any:
     """A whole run of the hub loop's fakes (memory table, queue and provider) whose config has a webhook; s1
     fails with an error. What `Hub._finish` returned."""
-    from fleet import ops
-    from fleet.state import Reason
+    from fleet.record import ops
+    from fleet.record.state import Reason
     from tests.unit.test_hub_loop import Rig, config
 
     cfg = config().model_copy(update={"notify": NotifyConfig(webhook_url=webhook_url, timeout_s=2)})

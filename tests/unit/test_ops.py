@@ -4,10 +4,10 @@ import random
 
 import pytest
 
-from fleet import ops
-from fleet.codec import diff_items, site_to_item, site_update
 from fleet.errors import StaleWrite
-from fleet.state import COLLIDED_ID_MAX_CHARS, MAX_COLLIDED, Counts, Reason, RunStatus, SiteSpec, SiteStatus
+from fleet.record import ops
+from fleet.record.codec import diff_items, site_to_item, site_update
+from fleet.record.state import COLLIDED_ID_MAX_CHARS, MAX_COLLIDED, Counts, Reason, RunStatus, SiteSpec, SiteStatus
 from sim.memory import MemoryQueue, MemoryStateTable
 
 NOW = 1_800_000_000.0

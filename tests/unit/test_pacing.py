@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fleet.aws.ratelimit import PACE_MARGIN
-from fleet.pacing import (
+from fleet.crawl.pacing import (
     FIRST_BACKOFF_S,
     FROM_CONFIG,
     FROM_CRAWL_DELAY,
@@ -133,9 +133,9 @@ def test_the_summarys_pacing_is_keyed_by_domain():
 
 
 def test_a_sites_per_domain_rate_overrides_the_fleets_and_rides_on_its_spec():
-    from fleet.codec import item_to_site, site_to_item
     from fleet.config.load import parse_config
-    from fleet.ops import new_site
+    from fleet.record.codec import item_to_site, site_to_item
+    from fleet.record.ops import new_site
     from hub.plan.start import spec_of
 
     config = parse_config(
@@ -151,7 +151,7 @@ def test_a_sites_per_domain_rate_overrides_the_fleets_and_rides_on_its_spec():
 
 
 def test_a_crawl_delay_or_a_stored_spacing_past_the_cap_counts_as_the_cap():
-    from fleet.pacing import MAX_SPACING_S, spacing_read_back
+    from fleet.crawl.pacing import MAX_SPACING_S, spacing_read_back
 
     assert base_spacing(86400, None, 1.0) == (MAX_SPACING_S, FROM_CRAWL_DELAY)  # one a day would look stuck
     assert spacing_read_back(1e12) == MAX_SPACING_S and spacing_read_back(2.5) == 2.5

@@ -3,9 +3,9 @@
 import dataclasses
 
 from fleet.config import Config
-from fleet.messages import QueueDepth
-from fleet.partition import NodeInfo, RunInfo
-from fleet.state import Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
+from fleet.record.messages import QueueDepth
+from fleet.record.partition import NodeInfo, RunInfo
+from fleet.record.state import Reason, RunState, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from hub.actions import (
     EndAttempt,
     Enqueue,

@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from fleet.messages import QueueDepth
-from fleet.state import Reason, RunState, RunStatus, SiteStatus
+from fleet.record.messages import QueueDepth
+from fleet.record.state import Reason, RunState, RunStatus, SiteStatus
 from hub.actions import Drain, Ending, FailSites, Finish, Launch, Terminate
 from hub.plan import END_WAIT_S, drain_wait_s, end_plan, plan, teardown_request
 from hub.snapshot import Instance, Observations, Snapshot

@@ -6,8 +6,8 @@ import typing
 
 import pytest
 
-from fleet import ops
-from fleet.state import Reason, RunStatus, SiteStatus
+from fleet.record import ops
+from fleet.record.state import Reason, RunStatus, SiteStatus
 from hub import actions
 from hub.actions import Action, Drain, FailSites, Finish, KillAttempt, KillLadder, Launch, StartRun
 from hub.end_executor import EndExecutor

@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from fleet import ops
 from fleet.config import Config
-from fleet.partition import RunInfo
-from fleet.state import Attempt, SiteSpec
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import Attempt, SiteSpec
 from hub.actions import Enqueue, Feed, SeedSites
 from hub.plan import feed_order, metering, wanted_depth
 from hub.snapshot import SiteCache, held, watched

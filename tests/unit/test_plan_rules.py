@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from fleet.state import Reason, SiteStatus
+from fleet.record.state import Reason, SiteStatus
 from hub.actions import KillAttempt, KillLadder, Launch
 from hub.plan import LAUNCH_BACKOFF_MAX_S, kill_ladder, launch_backoff_s
 from tests.unit.test_plan import RUN, T0, World, config, running, site

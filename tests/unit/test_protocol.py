@@ -6,11 +6,9 @@ import math
 
 import pytest
 
-from fleet import ops, protocol
+from fleet import protocol
 from fleet.config import Config
 from fleet.config.rules import rules_from_config
-from fleet.messages import BadMessage, SiteMessage
-from fleet.partition import RunInfo
 from fleet.protocol import (
     BUSY_RETRY_S,
     CLAIMED_VISIBILITY_S,
@@ -24,7 +22,10 @@ from fleet.protocol import (
     StopWhy,
     Watch,
 )
-from fleet.state import NodeState, Reason, RunStatus, SiteSpec, SiteStatus
+from fleet.record import ops
+from fleet.record.messages import BadMessage, SiteMessage
+from fleet.record.partition import RunInfo
+from fleet.record.state import NodeState, Reason, RunStatus, SiteSpec, SiteStatus
 from sim.memory import MemoryStateTable
 
 RUN = "2026-11-21"

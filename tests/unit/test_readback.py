@@ -13,11 +13,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.codec import item_to_site, site_to_item
-from fleet.partition import split_partition
-from fleet.readback import UnreadableItem, as_count, as_epoch
-from fleet.stamp import UNREAD, item_stamp, patchable
-from fleet.state import RunStatus, SiteRecord, SiteSpec
+from fleet.record.codec import item_to_site, site_to_item
+from fleet.record.partition import split_partition
+from fleet.record.readback import UnreadableItem, as_count, as_epoch
+from fleet.record.stamp import UNREAD, item_stamp, patchable
+from fleet.record.state import RunStatus, SiteRecord, SiteSpec
 from hub.snapshot import SiteCache
 from sim.memory import MemoryStateTable
 from tests.helpers import scribbles
@@ -139,7 +139,7 @@ def test_what_is_read_back_is_plain_python_a_crawlers_job_can_carry_as_json():
     numbers, which the crawler's job (JSON on its stdin) and the dashboard take."""
     import json
 
-    from fleet.partition import NodeInfo, item_to_node, node_to_item
+    from fleet.record.partition import NodeInfo, item_to_node, node_to_item
 
     spec = SiteSpec("http://s1.test/", options={"depth": 2, "ratio": 0.25, "nested": {"n": [1, 2.5]}})
     rec = item_to_site(site_to_item(SiteRecord(RUN, "s1", spec)))

@@ -9,7 +9,7 @@ import pytest
 
 from cli.commands.rerun import choose, reopen
 from fleet.errors import UsageError
-from fleet.state import RunStatus
+from fleet.record.state import RunStatus
 from tests.helpers.fleet_sim import RUN, SimCloud, sim_config
 
 SITES = {"a": "ok", "e": "hang-always", "f": "error-always"}

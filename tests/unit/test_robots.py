@@ -21,12 +21,12 @@ from protego import Protego
 from cli.report.items import left_out as report_left_out
 from cli.views.run import left_out, totals_line
 from embedded.demo_server import ROBOTS_TXT, DemoServer
-from fleet import ops
-from fleet.codec import item_to_site, site_to_item
 from fleet.config import PolitenessConfig
 from fleet.config.load import load_config
-from fleet.state import Attempt, Counts, Reason, RunStatus, SiteRecord, SiteSpec
-from fleet.summary import site_entry, totals
+from fleet.outputs.summary import site_entry, totals
+from fleet.record import ops
+from fleet.record.codec import item_to_site, site_to_item
+from fleet.record.state import Attempt, Counts, Reason, RunStatus, SiteRecord, SiteSpec
 from node import child
 from node.browser import chrome_args
 from node.crawler import BaseCrawler, CrawlContext, RobotsDenied

@@ -10,10 +10,11 @@ from collections import Counter
 import pytest
 
 from cli.main import main
-from fleet import ops, units
-from fleet.codec import site_to_item
 from fleet.config import Config
-from fleet.state import SiteSpec
+from fleet.record import ops
+from fleet.record.codec import site_to_item
+from fleet.record.state import SiteSpec
+from sim import units
 from sim.cost import Meter, SimResults
 from sim.engine import RESULT_CALLS, TABLE_CALLS, Counted
 from sim.memory import MemoryStateTable

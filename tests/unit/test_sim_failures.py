@@ -9,8 +9,8 @@ import pytest
 
 from cli.main import main
 from fleet.config import Config
-from fleet.failures import Failure, FailureClass
-from fleet.state import RunStatus
+from fleet.record.failures import Failure, FailureClass
+from fleet.record.state import RunStatus
 from sim.model import SimParams
 from sim.run import Sim
 from sim.workload import failure_for

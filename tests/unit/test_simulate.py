@@ -1,4 +1,4 @@
-"""The simulator: the real hub in virtual time, nodes on fleet.ops, a simulated cloud. Small runs, fast."""
+"""The simulator: the real hub in virtual time, nodes on fleet.record.ops, a simulated cloud. Small runs, fast."""
 
 import dataclasses
 import json
@@ -9,11 +9,11 @@ import hub.attention
 import hub.loop
 import hub.snapshot
 from cli.main import main
-from fleet import ops
 from fleet.errors import UsageError
-from fleet.partition import RunInfo
 from fleet.protocol import StopWhy
-from fleet.state import NodeState, Reason, RunStatus, SiteSpec
+from fleet.record import ops
+from fleet.record.partition import RunInfo
+from fleet.record.state import NodeState, Reason, RunStatus, SiteSpec
 from hub.history import durations_from_file, previous_durations
 from sim.memory import MemoryStateTable
 from sim.model import SimParams

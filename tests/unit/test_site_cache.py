@@ -3,8 +3,8 @@ agrees with a full read of the table."""
 
 import random
 
-from fleet import ops
-from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
+from fleet.record import ops
+from fleet.record.state import Reason, RunStatus, SiteSpec, SiteStatus
 from hub.snapshot import Observations, SiteCache, observe, observe_changes, watched
 from sim.memory import MemoryStateTable
 

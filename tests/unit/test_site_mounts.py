@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fleet.state import RunStatus
+from fleet.record.state import RunStatus
 from node.site_mounts import SiteMounter, serve
 from profiles import SiteMountFailed, SocketMounts
 

@@ -5,7 +5,15 @@ import dataclasses
 import pytest
 
 from fleet.errors import IllegalTransition
-from fleet.state import RUN_TRANSITIONS, SITE_TRANSITIONS, RunStatus, SiteRecord, SiteSpec, SiteStatus, transition
+from fleet.record.state import (
+    RUN_TRANSITIONS,
+    SITE_TRANSITIONS,
+    RunStatus,
+    SiteRecord,
+    SiteSpec,
+    SiteStatus,
+    transition,
+)
 
 SPEC = SiteSpec("http://example.test/")
 

@@ -16,13 +16,13 @@ import pytest
 from rich.console import Console
 
 from cli.views.run import print_sites
-from fleet import ops
 from fleet.clock import FakeClock
-from fleet.codec import ERROR_MAX_CHARS, URL_MAX_CHARS
-from fleet.partition import RunInfo
-from fleet.results import result_key
-from fleet.state import Reason, RunStatus, SiteSpec, SiteStatus
-from fleet.summary import build_summary, export
+from fleet.outputs.results import result_key
+from fleet.outputs.summary import build_summary, export
+from fleet.record import ops
+from fleet.record.codec import ERROR_MAX_CHARS, URL_MAX_CHARS
+from fleet.record.partition import RunInfo
+from fleet.record.state import Reason, RunStatus, SiteSpec, SiteStatus
 from sim.memory import MemoryResults, MemoryStateTable
 from tests.helpers.cli_env import without_aws_credentials
 

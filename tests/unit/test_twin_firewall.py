@@ -1,5 +1,5 @@
-"""The twin's security groups as nftables rulesets (`twin.firewall.ruleset`, pure), the rebuilds as instances come
-and go (`Firewalls`, its loader and EC2 given: the seam is the `nft` call and DescribeSecurityGroups), and which
+"""The twin's security groups as nftables rulesets (`twin.instance.firewall.ruleset`, pure), the rebuilds as instances
+come and go (`Firewalls`, its loader and EC2 given: the seam is the `nft` call and DescribeSecurityGroups), and which
 groups an instance was launched in (`twin.ec2twin`). The groups are written as EC2's DescribeSecurityGroups gives
 them; tests/twin/test_security_groups.py loads the stack's own into real namespaces."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from twin.cloud_config import TwinError
 from twin.ec2twin import _groups
-from twin.firewall import TABLE, Firewalls, ruleset
+from twin.instance.cloud_config import TwinError
+from twin.instance.firewall import TABLE, Firewalls, ruleset
 
 HUB, NODE, EFS = "sg-0hub", "sg-0node", "sg-0efs"
 

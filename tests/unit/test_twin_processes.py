@@ -1,4 +1,4 @@
-"""What a twin day that does not end says of its instances' processes (`twin.network.describe`)."""
+"""What a twin day that does not end says of its instances' processes (`twin.instance.network.describe`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from tests.helpers.wait import wait_for
-from twin import network
+from twin.instance import network
 
 
 def test_a_process_is_described_by_its_state_what_it_waits_in_and_its_command_line():
