@@ -134,15 +134,14 @@ def _status(state: dict[str, object], console: Console) -> int:
         return 1
     import boto3
 
+    from fleet.aws import ec2 as ec2_api
+
     ec2 = boto3.client("ec2", region_name=str(state["region"]), endpoint_url=str(state["endpoint"]),
                        aws_access_key_id="twin", aws_secret_access_key="twin")  # fmt: skip
     t = Table(title=f"twin stack {state['stack']} at {state['endpoint']}", title_justify="left")
     for c in ("instance", "role", "run", "state", "address"):
         t.add_column(c)
-    for r in ec2.describe_instances()["Reservations"]:
-        for i in r["Instances"]:
-            tags = {x["Key"]: x["Value"] for x in i.get("Tags", [])}
-            t.add_row(i["InstanceId"], tags.get("gridfleet:role", "-"), tags.get("gridfleet:run_id", "-"),
-                      i["State"]["Name"], i.get("PrivateIpAddress", "-"))  # fmt: skip
+    for i in ec2_api.describe(ec2, str(state["stack"])):
+        t.add_row(i.id, i.role or "-", i.run_id or "-", i.state, i.private_ip or "-")
     console.print(t)
     return 0

@@ -21,6 +21,7 @@ from typing import Any, TypeGuard
 from botocore.exceptions import ClientError
 
 from cli.envs.nat import estimate
+from fleet.aws import ec2 as ec2_api
 from fleet.aws.clients import AwsClients, error_code
 from fleet.config import Config
 from fleet.config.bundle import platform_of
@@ -29,7 +30,6 @@ from fleet.platform import S3_METADATA, Arch, BundlePlatform, deb_arch, fleet_ar
 from fleet.record.tags import TAG_STACK
 
 AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
-INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
 ARCHES: tuple[Arch, ...] = ("x86_64", "arm64")
 #: What infra/packer tags a baked node image with (twin.instance.images.IMAGE_TAGS gives the twin's the same).
@@ -199,23 +199,15 @@ class Account:
     def nat(self) -> tuple[str, str, str] | None:
         """The stack's NAT instance (infra/terraform tags it Name=<stack>-nat): its id, type and state."""
         stack = self.config.aws.stack
-        pages = (
-            self.client("ec2")
-            .get_paginator("describe_instances")
-            .paginate(
-                Filters=[
-                    {"Name": f"tag:{TAG_STACK}", "Values": [stack]},
-                    {"Name": "tag:Name", "Values": [f"{stack}-nat"]},
-                    {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]},
-                ]
-            )
-        )
-        found = [i for page in pages for r in page.get("Reservations", []) for i in r.get("Instances", [])]
-        for i in sorted(found, key=lambda i: (i.get("State") or {}).get("Name") != "running"):
-            iid, itype, state = i.get("InstanceId"), i.get("InstanceType"), (i.get("State") or {}).get("Name")
-            if isinstance(iid, str) and INSTANCE_ID.fullmatch(iid) and isinstance(itype, str):
-                if INSTANCE_TYPE.fullmatch(itype) and state in ("pending", "running", "stopping", "stopped"):
-                    return iid, itype, state
+        states = ("pending", "running", "stopping", "stopped")
+        found = [
+            i
+            for i in ec2_api.describe(self.client("ec2"), stack, states=states)
+            if i.tags.get("Name") == f"{stack}-nat"
+        ]
+        for i in sorted(found, key=lambda i: i.state != "running"):
+            if i.instance_type and INSTANCE_TYPE.fullmatch(i.instance_type):
+                return i.id, i.instance_type, i.state
         return None
 
     @property

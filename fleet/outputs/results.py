@@ -29,6 +29,7 @@ use an in-memory one.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Protocol
 
 from fleet.errors import quote
@@ -232,6 +233,70 @@ def staged_result_key(writer: str, site: str, run_date: str, run_id: str | None,
     _count(attempt, "attempt", 1, 999_999)
     _count(claim, "claim version", 1, 10**12)
     return f"{staged_beside(writer, site, run_date, run_id, 'result')}{attempt}-{claim}.json"
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """The keys of one run's objects, for code that walks many of its sites (the export): the run id, its date and
+    the nodes' role id are checked once, when `of` makes it, and each site's id once, by `site`; what is derived
+    from them after that is not checked again. Attempt numbers and node ids still are, each where it is used."""
+
+    run_id: str
+    run_date: str
+    role: str
+
+    @classmethod
+    def of(cls, run_id: str, run_date: str, role: str = LOCAL_ROLE) -> RunKeys:
+        """ValueError, naming it, when the run id, the date (YYYYMMDD) or the role id is not one."""
+        check_run_id(run_id)
+        if not (len(run_date) == 8 and run_date.isdigit() and run_date.isascii()):
+            raise ValueError(f"run date {run_date!r} is not YYYYMMDD")
+        if not re.fullmatch(r"[A-Za-z0-9]{1,128}", role):
+            raise ValueError(f"role id {quote(role)} is not one")
+        return cls(run_id, run_date, role)
+
+    def site(self, site: str) -> SiteKeys:
+        """The keys of one site of the run; ValueError when `site` is not a site id."""
+        check_site_id(site)
+        return SiteKeys(self, site, result_key(site, self.run_date, self.run_id))
+
+
+@dataclass(frozen=True)
+class SiteKeys:
+    """The keys of one site of a run (`RunKeys.site`): its result, and its attempts' evidence and quarantine."""
+
+    run: RunKeys
+    site: str
+    result: str  # `result_key`
+
+    def _beside(self, folder: str) -> str:
+        return f"{self.result.rpartition('/')[0]}/{folder}/"
+
+    def writer(self, node: str) -> str:
+        """The writer id of the node that held an attempt (ValueError when the node is no node id)."""
+        return writer_id(self.run.role, node)
+
+    def staged_evidence_prefix(self, writer: str, attempt: int) -> str:
+        """`staging/<writer>/<site>/<date>[/<run>]/evidence/<attempt>/`: what the node wrote of the attempt."""
+        _count(attempt, "attempt", 1, 999_999)
+        return f"{staging_prefix(writer)}{self._beside('evidence')}{attempt}/"
+
+    def evidence(self, attempt: int, name: str) -> str:
+        """The hub's copy of an evidence file, beside the result (`evidence_key`)."""
+        _count(attempt, "attempt", 1, 999_999)
+        if name not in EVIDENCE_FILES:
+            raise ValueError(f"{name!r} is not an evidence file ({', '.join(EVIDENCE_FILES)})")
+        return f"{self._beside('evidence')}{attempt}/{name}"
+
+    def staged_quarantine(self, writer: str, attempt: int) -> str:
+        """`staged_quarantine_key` of the attempt."""
+        _count(attempt, "attempt", 1, 999_999)
+        return f"{staging_prefix(writer)}{self._beside('quarantine')}{attempt}.json"
+
+    def quarantine(self, attempt: int) -> str:
+        """`quarantine_key` of the attempt: the hub's copy, beside the result."""
+        _count(attempt, "attempt", 1, 999_999)
+        return f"{self._beside('quarantine')}{attempt}.json"
 
 
 def aside_key(key: str, suffix: str) -> str:

@@ -28,16 +28,12 @@ from fleet.outputs.results import (
     EVIDENCE_TYPES,
     LOCAL_ROLE,
     ResultStore,
-    checked_result_key,
-    evidence_key,
-    evidence_prefix,
+    RunKeys,
+    SiteKeys,
     parse_evidence_key,
-    quarantine_key,
-    staged_quarantine_key,
-    writer_id,
 )
 from fleet.record.failures import failures_by_class
-from fleet.record.ids import check_run_id, is_site_id
+from fleet.record.ids import check_run_id
 from fleet.record.partition import RunInfo
 from fleet.record.readback import Unread
 from fleet.record.state import Attempt, RunStatus, SiteRecord
@@ -207,35 +203,45 @@ def export(
         raise
     run_dir = (out_dir / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        keys = RunKeys.of(run_id, str(summary.get("run_date") or ""), role)
+    except ValueError as e:  # no key of the run can be made: its summary still is
+        log.error("export-skipped run_id=%s why=%s", run_id, e)
+        keys = None
+    if keys is not None:
+        export_results(run_dir, keys, sites, results)
+        export_evidence(run_dir, keys, sites, results)
+    write_json(run_dir / "summary.json", summary)
+    return out_dir / run_id / "summary.json"
+
+
+def export_results(run_dir: Path, keys: RunKeys, sites: list[SiteRecord], results: ResultStore) -> None:
+    """`<run_dir>/results/<site>.json` of every COMPLETED site whose record names the key its ids derive."""
     with Staged(run_dir, "results") as staged:
         for r in sites:
             if r.run_status is not RunStatus.COMPLETED or not r.result_key:
                 continue
-            if not is_site_id(r.site):
-                log.error("export-skipped site=%r why=not a site id", r.site)
+            try:
+                site = keys.site(r.site)
+            except ValueError as e:
+                log.error("export-skipped site=%s why=%s", quote(r.site), e)
                 continue
             target = (staged.dir / f"{r.site}.json").resolve()
             if target.parent != staged.dir:
                 log.error("export-skipped site=%s why=%s is outside %s", r.site, target, staged.final)
                 continue
-            try:
-                key = checked_result_key(r.site, str(summary.get("run_date") or ""), run_id)
-            except ValueError as e:
-                log.error("export-skipped site=%s why=%s", r.site, e)
-                continue
-            if r.result_key != key:
-                log.error("export-skipped site=%s why=its record names result %r, not %r", r.site, r.result_key, key)
+            if r.result_key != site.result:
+                log.error(
+                    "export-skipped site=%s why=its record names result %r, not %r", r.site, r.result_key, site.result
+                )
                 continue
             try:
-                body = results.get(key)
+                body = results.get(site.result)
             except Exception as e:  # one unreadable result must not lose the summary
-                log.error("export-failed site=%s key=%s error=%s", r.site, key, e)
+                log.error("export-failed site=%s key=%s error=%s", r.site, site.result, e)
                 staged.failed = True
                 continue
             target.write_bytes(body)
-    export_evidence(run_dir, str(summary.get("run_date") or ""), run_id, sites, results, role)
-    write_json(run_dir / "summary.json", summary)
-    return out_dir / run_id / "summary.json"
 
 
 class Staged:
@@ -281,35 +287,36 @@ class Staged:
 CLEAN_OUTCOMES = frozenset({"completed", "skipped", "spot", "busy"})
 
 
-def export_evidence(
-    run_dir: Path, run_date: str, run_id: str, sites: list[SiteRecord], results: ResultStore, role: str = LOCAL_ROLE
-) -> None:
+def export_evidence(run_dir: Path, keys: RunKeys, sites: list[SiteRecord], results: ResultStore) -> None:
     """`<run_dir>/evidence/<site>/<attempt>/<file>` for every attempt that did not end cleanly, read from the prefix of
-    the node that held it (its writer id: `role` and the attempt's node), and stored again in the bucket beside the
-    run's result as the hub's copy (`evidence_headers`: the page's HTML, or anything a browser would open as a
-    page, as text to download), which the report links; a quarantined result likewise. What a node wrote is
-    never served as it wrote it. Keys are parsed back to (attempt, one of EVIDENCE_FILES) and the ids checked
-    again, so nothing lands outside `evidence/`."""
+    the node that held it (its writer id: the run's role and the attempt's node), and stored again in the bucket
+    beside the run's result as the hub's copy (`evidence_headers`: the page's HTML, or anything a browser would open
+    as a page, as text to download), which the report links; a quarantined result likewise. What a node wrote is
+    never served as it wrote it. Keys are parsed back to (attempt, one of EVIDENCE_FILES), so nothing lands outside
+    `evidence/`."""
     with Staged(run_dir, "evidence") as staged:
         for r in sites:
+            try:
+                site = keys.site(r.site)
+            except ValueError as e:
+                log.error("evidence-skipped site=%s why=%s", quote(r.site), e)
+                continue
             for a in r.attempts:
                 if a.outcome not in CLEAN_OUTCOMES:
-                    _attempt_evidence(staged, run_date, run_id, r, a, results, role)
+                    _attempt_evidence(staged, site, a, results)
 
 
-def _attempt_evidence(
-    staged: Staged, run_date: str, run_id: str, r: SiteRecord, a: Attempt, results: ResultStore, role: str
-) -> None:
+def _attempt_evidence(staged: Staged, site: SiteKeys, a: Attempt, results: ResultStore) -> None:
     """One attempt's evidence (and quarantined result) from its node's prefix, to the export and the hub's copy."""
     try:
-        writer = writer_id(role, a.instance_id)
-        prefix = f"{evidence_prefix(r.site, run_date, run_id, writer)}{a.n}/"
+        writer = site.writer(a.instance_id)
+        prefix = site.staged_evidence_prefix(writer, a.n)
         keys = results.keys(prefix)
     except ValueError as e:
-        log.error("evidence-skipped site=%s attempt=%d why=%s", quote(r.site), a.n, e)
+        log.error("evidence-skipped site=%s attempt=%d why=%s", site.site, a.n, e)
         return
     except Exception as e:  # evidence is a help: one unreadable listing must not lose the summary
-        log.error("evidence-failed site=%s error=%s", r.site, e)
+        log.error("evidence-failed site=%s error=%s", site.site, e)
         staged.failed = True
         return
     for key in keys:
@@ -319,23 +326,22 @@ def _attempt_evidence(
         name = parsed[1]
         try:
             body = results.get(key)
-            results.put_evidence(evidence_key(r.site, run_date, run_id, a.n, name), body, EVIDENCE_TYPES[name])
+            results.put_evidence(site.evidence(a.n, name), body, EVIDENCE_TYPES[name])
         except Exception as e:
-            log.error("evidence-failed site=%s key=%s error=%s", r.site, key, e)
+            log.error("evidence-failed site=%s key=%s error=%s", site.site, key, e)
             staged.failed = True
             continue
-        target = staged.dir / r.site / str(a.n) / name
+        target = staged.dir / site.site / str(a.n) / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(body)
     if a.outcome == "contract":
-        _quarantined(r, a, run_date, run_id, writer, results)
+        _quarantined(site, a, writer, results)
 
 
-def _quarantined(r: SiteRecord, a: Attempt, run_date: str, run_id: str, writer: str, results: ResultStore) -> None:
+def _quarantined(site: SiteKeys, a: Attempt, writer: str, results: ResultStore) -> None:
     """The hub's copy of a result an attempt kept in quarantine, beside the run's result (`quarantine_key`)."""
     try:
-        staged = staged_quarantine_key(writer, r.site, run_date, run_id, a.n)
-        body = results.get(staged)
-        results.put_new(quarantine_key(checked_result_key(r.site, run_date, run_id), a.n), body)
+        body = results.get(site.staged_quarantine(writer, a.n))
+        results.put_new(site.quarantine(a.n), body)
     except Exception as e:  # noqa: BLE001 - a quarantined result is a help to the crawler's authors, not the run's
-        log.warning("quarantine-not-copied site=%s attempt=%d error=%s", r.site, a.n, e)
+        log.warning("quarantine-not-copied site=%s attempt=%d error=%s", site.site, a.n, e)

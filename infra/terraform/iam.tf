@@ -814,14 +814,9 @@ resource "aws_iam_role_policy" "node" {
 # repeats the starter's statements (with its own log group and DLQ) and adds
 # its own.
 
-data "aws_iam_policy_document" "starter" {
-  # lambdas.starter.start_hub: the run item (is the run FINISHED? note the hub start).
-  statement {
-    sid       = "StateTable"
-    actions   = ["dynamodb:GetItem", "dynamodb:UpdateItem"]
-    resources = [aws_dynamodb_table.status.arn]
-  }
-
+# What the starter and the watchdog both do to start a hub (lambdas.starter.start_hub, which the watchdog calls
+# for a restart): one copy of those statements, merged into each function's own document.
+data "aws_iam_policy_document" "start_hub" {
   # fleet.aws.ec2: live hubs of the run. Describe* has no resource-level permissions.
   statement {
     sid       = "DescribeInstances"
@@ -935,26 +930,15 @@ data "aws_iam_policy_document" "starter" {
       values   = ["ec2.amazonaws.com"]
     }
   }
+}
 
-  # The Lambda runtime: the function's log group.
-  statement {
-    sid       = "OwnLogGroup"
-    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
-    resources = ["${aws_cloudwatch_log_group.this["starter"].arn}:*"]
-  }
-
+# What the Lambda runtime needs of both functions (each also writes its own log group and dead-letter queue).
+data "aws_iam_policy_document" "lambda_runtime" {
   # Active tracing. X-Ray has no resource-level permissions.
   statement {
     sid       = "Tracing"
     actions   = ["xray:PutTelemetryRecords", "xray:PutTraceSegments"]
     resources = ["*"]
-  }
-
-  # Lambda: failed asynchronous invocations go to the function's DLQ.
-  statement {
-    sid       = "OwnDeadLetterQueue"
-    actions   = ["sqs:SendMessage"]
-    resources = [aws_sqs_queue.lambda_dlq["starter"].arn]
   }
 
   # The key, used through Lambda (the encrypted environment) and DynamoDB (the table) only.
@@ -971,6 +955,34 @@ data "aws_iam_policy_document" "starter" {
   }
 }
 
+data "aws_iam_policy_document" "starter" {
+  source_policy_documents = [
+    data.aws_iam_policy_document.start_hub.json,
+    data.aws_iam_policy_document.lambda_runtime.json,
+  ]
+
+  # lambdas.starter.start_hub: the run item (is the run FINISHED? note the hub start).
+  statement {
+    sid       = "StateTable"
+    actions   = ["dynamodb:GetItem", "dynamodb:UpdateItem"]
+    resources = [aws_dynamodb_table.status.arn]
+  }
+
+  # The Lambda runtime: the function's log group.
+  statement {
+    sid       = "OwnLogGroup"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.this["starter"].arn}:*"]
+  }
+
+  # Lambda: failed asynchronous invocations go to the function's DLQ.
+  statement {
+    sid       = "OwnDeadLetterQueue"
+    actions   = ["sqs:SendMessage"]
+    resources = [aws_sqs_queue.lambda_dlq["starter"].arn]
+  }
+}
+
 resource "aws_iam_role_policy" "starter" {
   name   = "${var.name_prefix}-starter"
   role   = aws_iam_role.starter.id
@@ -978,6 +990,11 @@ resource "aws_iam_role_policy" "starter" {
 }
 
 data "aws_iam_policy_document" "watchdog" {
+  source_policy_documents = [
+    data.aws_iam_policy_document.start_hub.json,
+    data.aws_iam_policy_document.lambda_runtime.json,
+  ]
+
   # lambdas.watchdog.watch: recent runs (Query), the heartbeat it watches and the
   # restart it claims (GetItem, UpdateItem), as the starter for a restart.
   # lambdas.watchdog.end_abandoned, ending a run whose hub is gone past deadline +
@@ -1001,107 +1018,6 @@ data "aws_iam_policy_document" "watchdog" {
     sid       = "RunSummaryWrite"
     actions   = ["s3:PutObject"]
     resources = ["${aws_s3_bucket.results.arn}/runs/*/summary.json"]
-  }
-
-  # fleet.aws.ec2: live hubs of the run. Describe* has no resource-level permissions.
-  statement {
-    sid       = "DescribeInstances"
-    actions   = ["ec2:DescribeInstances"]
-    resources = ["*"]
-  }
-
-  # lambdas.starter.start_hub: a hub from the hub launch template, tagged gridfleet:role=hub and
-  # this stack's gridfleet:stack.
-  statement {
-    sid       = "RunHubInstance"
-    actions   = ["ec2:RunInstances"]
-    resources = [local.instance_arns]
-
-    condition {
-      test     = "StringEquals"
-      variable = "aws:RequestTag/${local.tag_role}"
-      values   = ["hub"]
-    }
-
-    condition {
-      test     = "StringEquals"
-      variable = "aws:RequestTag/${local.tag_stack}"
-      values   = [var.name_prefix]
-    }
-  }
-
-  # lambdas.starter.start_hub: what the hub launch uses besides the instance.
-  statement {
-    sid     = "RunHubResources"
-    actions = ["ec2:RunInstances"]
-    resources = concat(
-      [
-        local.volume_arns,
-        local.eni_arns,
-        local.image_arns,
-        aws_security_group.hub.arn,
-        aws_launch_template.hub.arn,
-      ],
-      local.private_subnet,
-    )
-  }
-
-  # lambdas.starter.start_hub: the tags of the launch (TagSpecifications).
-  statement {
-    sid       = "TagHubAtLaunch"
-    actions   = ["ec2:CreateTags"]
-    resources = [local.instance_arns, local.volume_arns]
-
-    condition {
-      test     = "StringEquals"
-      variable = "ec2:CreateAction"
-      values   = ["RunInstances"]
-    }
-  }
-
-  # lambdas.starter.start_hub: the run id on a stopped, reusable hub of this stack before starting it
-  # (the operator tags that instance gridfleet:stack; the Lambda may not change the tag).
-  statement {
-    sid       = "TagReusableHub"
-    actions   = ["ec2:CreateTags"]
-    resources = [local.instance_arns]
-
-    condition {
-      test     = "StringEquals"
-      variable = "aws:ResourceTag/${local.tag_role}"
-      values   = ["hub"]
-    }
-
-    condition {
-      test     = "StringEquals"
-      variable = "aws:ResourceTag/${local.tag_stack}"
-      values   = [var.name_prefix]
-    }
-
-    condition {
-      test     = "ForAllValues:StringEquals"
-      variable = "aws:TagKeys"
-      values   = [local.tag_role, local.tag_run_id]
-    }
-  }
-
-  # lambdas.starter.start_hub: starting the stopped, reusable hub of this stack.
-  statement {
-    sid       = "StartHub"
-    actions   = ["ec2:StartInstances"]
-    resources = [local.instance_arns]
-
-    condition {
-      test     = "StringEquals"
-      variable = "aws:ResourceTag/${local.tag_role}"
-      values   = ["hub"]
-    }
-
-    condition {
-      test     = "StringEquals"
-      variable = "aws:ResourceTag/${local.tag_stack}"
-      values   = [var.name_prefix]
-    }
   }
 
   # lambdas.watchdog.apply (lambdas.orphans.retire): instances of a finished, abandoned or unknown run, and stopped
@@ -1145,53 +1061,6 @@ data "aws_iam_policy_document" "watchdog" {
     }
   }
 
-  # The hub launch template's instance profile.
-  statement {
-    sid       = "PassHubRole"
-    actions   = ["iam:PassRole"]
-    resources = [aws_iam_role.hub.arn]
-
-    condition {
-      test     = "StringEquals"
-      variable = "iam:PassedToService"
-      values   = ["ec2.amazonaws.com"]
-    }
-  }
-
-  # The Lambda runtime: the function's log group.
-  statement {
-    sid       = "OwnLogGroup"
-    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
-    resources = ["${aws_cloudwatch_log_group.this["watchdog"].arn}:*"]
-  }
-
-  # Active tracing. X-Ray has no resource-level permissions.
-  statement {
-    sid       = "Tracing"
-    actions   = ["xray:PutTelemetryRecords", "xray:PutTraceSegments"]
-    resources = ["*"]
-  }
-
-  # Lambda: failed asynchronous invocations go to the function's DLQ.
-  statement {
-    sid       = "OwnDeadLetterQueue"
-    actions   = ["sqs:SendMessage"]
-    resources = [aws_sqs_queue.lambda_dlq["watchdog"].arn]
-  }
-
-  # The key, used through Lambda (the encrypted environment) and DynamoDB (the table) only.
-  statement {
-    sid       = "FleetKey"
-    actions   = ["kms:Decrypt"]
-    resources = [aws_kms_key.main.arn]
-
-    condition {
-      test     = "StringEquals"
-      variable = "kms:ViaService"
-      values   = [local.via_lambda, local.via_dynamodb]
-    }
-  }
-
   # lambdas.watchdog.end_abandoned (fleet.aws.notify.notify_overdue): the message that
   # it ended an overdue run, to the stack's topic only.
   statement {
@@ -1211,6 +1080,20 @@ data "aws_iam_policy_document" "watchdog" {
       variable = "kms:ViaService"
       values   = [local.via_s3]
     }
+  }
+
+  # The Lambda runtime: the function's log group.
+  statement {
+    sid       = "OwnLogGroup"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.this["watchdog"].arn}:*"]
+  }
+
+  # Lambda: failed asynchronous invocations go to the function's DLQ.
+  statement {
+    sid       = "OwnDeadLetterQueue"
+    actions   = ["sqs:SendMessage"]
+    resources = [aws_sqs_queue.lambda_dlq["watchdog"].arn]
   }
 }
 

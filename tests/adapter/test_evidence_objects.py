@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from fleet.aws.results import S3ResultStore
+from fleet.outputs.results import RunKeys
 from fleet.outputs.summary import export_evidence
 from fleet.record.state import Attempt, RunStatus, SiteRecord, SiteSpec, SiteStatus
 from node.evidence import Evidence, keep
@@ -55,7 +56,7 @@ def test_the_pages_html_is_stored_as_text_to_download(bucket, tmp_path):
     rec = SiteRecord(
         RUN, "s1", spec, RunStatus.FAILED, SiteStatus.FAILED, 1, attempts=(Attempt(1, "i-0aaa", 1.0, 2.0, "error"),)
     )
-    export_evidence(tmp_path, "20261121", RUN, [rec], store)
+    export_evidence(tmp_path, RunKeys.of(RUN, "20261121"), [rec], store)
 
     assert stored(s3, store, "page.html") == ("text/plain; charset=utf-8", "attachment")
     assert store.get(PREFIX + "page.html") == HOSTILE.encode()  # the bytes as the page wrote them

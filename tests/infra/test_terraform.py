@@ -863,11 +863,14 @@ def test_each_role_gets_exactly_its_actions(tf):
 
 def test_pass_role_only_where_needed(tf):
     passes = {}
-    for name, doc in tf.data["aws_iam_policy_document"].items():
-        for s in blocks(doc, "statement"):
+    for name in ("hub", "node", "starter", "watchdog"):  # each role's document, its sources merged in
+        for s in statements_of(tf, name):
             if "iam:PassRole" in s["actions"]:
                 passes.setdefault(name, []).append(s)
     assert set(passes) == {"hub", "starter", "watchdog"}
+    written = [n for n, doc in tf.data["aws_iam_policy_document"].items() for s in blocks(doc, "statement")
+               if "iam:PassRole" in s["actions"]]  # fmt: skip
+    assert sorted(written) == ["hub", "start_hub"]  # the starter's and the watchdog's, written once
     expected = {
         "hub": "${aws_iam_role.node.arn}",
         "starter": "${aws_iam_role.hub.arn}",

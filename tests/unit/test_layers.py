@@ -147,3 +147,40 @@ def test_a_module_over_600_lines_or_a_function_over_60_fails_and_one_over_400_is
 def test_no_module_is_over_600_lines_and_no_function_over_60():
     done = subprocess.run([sys.executable, SIZES], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout
+
+
+#: The EC2 calls on instances, each only ever made by fleet/aws/ec2.py (`fleet.aws.ec2`): launch, describe,
+#: terminate, stop, start, tags and console output.
+EC2_INSTANCE_CALLS = frozenset(
+    {
+        "run_instances",
+        "describe_instances",
+        "terminate_instances",
+        "stop_instances",
+        "start_instances",
+        "create_tags",
+        "delete_tags",
+        "get_console_output",
+    }
+)
+#: What stands for EC2 itself rather than calls it: the twin's control and the simulator's cloud.
+EC2_ITSELF = ("twin/", "sim/")
+
+
+def test_every_ec2_instance_call_goes_through_the_one_adapter():
+    calls = []
+    for package in ("fleet", "hub", "node", "lambdas", "cli", "embedded", "sim", "twin"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel == "fleet/aws/ec2.py" or rel.startswith(EC2_ITSELF):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), rel)):
+                called = None
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    adapter = isinstance(node.func.value, ast.Name) and node.func.value.id == "ec2_api"
+                    called = None if adapter else node.func.attr  # `ec2_api.run_instances`: the adapter's own
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    called = node.value  # get_paginator("describe_instances")
+                if called in EC2_INSTANCE_CALLS:
+                    calls.append(f"{rel}:{node.lineno}: {called}")
+    assert calls == []
