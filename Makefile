@@ -8,7 +8,7 @@ LINT_IMPORTS := .venv/bin/lint-imports
 RUFF := .venv/bin/ruff
 MYPY := .venv/bin/mypy
 
-.PHONY: setup demo test test-fast lint clean
+.PHONY: setup demo test test-fast lint rules clean
 
 setup:
 	@bash scripts/setup.sh
@@ -29,6 +29,10 @@ demo: setup
 # formatting (ruff), the types of every package (mypy), the sizes of modules and functions (scripts/sizes.py).
 # Every tool runs even when one before it failed, so that one run reports all that is broken.
 lint: setup
+	@$(MAKE) --no-print-directory rules
+
+# `make lint` without the set-up (`make test` runs it beside the tests, once set up).
+rules:
 	@rc=0; \
 	echo "lint: layers (lint-imports)"; $(LINT_IMPORTS) || rc=1; \
 	echo "lint: ruff check"; $(RUFF) check . || rc=1; \
@@ -40,9 +44,10 @@ lint: setup
 
 # The suite runs in one pytest-xdist session: JOBS workers (by default one more than the cores: the browser and
 # twin tests spend much of their time waiting on timers, instances and browsers). The EC2 twin's tests run on a
-# worker of their own, in the suite's order (the day and the week on one deployed stack); tests that must stay
-# together run on one worker each (--dist loadgroup; the groups and why: tests/helpers/parallel.py). `make test
-# JOBS=1` runs it all in one process. The end of the output lists the 15 slowest tests.
+# worker of their own, in the suite's order (the day, the lost hub and the week on one deployed stack); tests that
+# must stay together run on one worker each (--dist loadgroup; the groups and why: tests/helpers/parallel.py).
+# The house rules (`make rules`, what `make lint` runs) run beside the tests, and their report follows the tests'.
+# `make test JOBS=1` runs it all in one process. The end of the output lists the 15 slowest tests.
 #
 # The suite starts hundreds of Python processes of this code (the CLI, agents, hubs, Lambdas, the pytest workers):
 # each compiles every module it imports again unless Python may keep the bytecode (__pycache__, ignored by git),
@@ -54,8 +59,11 @@ PARALLEL = $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup)
 
 # The whole suite: the house rules, then unit, adapter (moto), faults, infra, e2e (Selenium Grid + Chromium) and
 # the twin's tests (the EC2 twin: namespaces, a deployed stack's day and week).
-test: setup lint
-	@$(PYTEST) $(PARALLEL) --durations=15 $(PYTEST_ARGS)
+test: setup
+	@lint_log=$$(mktemp); ( $(MAKE) --no-print-directory rules > "$$lint_log" 2>&1; echo $$? >> "$$lint_log.rc" ) & \
+	rc=0; $(PYTEST) $(PARALLEL) --durations=15 $(PYTEST_ARGS) || rc=$$?; wait; \
+	cat "$$lint_log"; lint_rc=$$(cat "$$lint_log.rc"); rm -f "$$lint_log" "$$lint_log.rc"; \
+	if [ "$$lint_rc" != 0 ]; then echo "make test: the house rules failed (make lint, above)"; exit 1; fi; exit $$rc
 
 # Everything but the browser tests, the EC2 twin's and the slow ones (a whole build, run or scan of their own): the
 # loop while working, in under 2 minutes. `make test` runs them all.

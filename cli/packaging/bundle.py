@@ -12,7 +12,10 @@ for the Lambda runtime (Linux x86_64, CPython 3.11); boto3 comes with the runtim
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -48,6 +51,20 @@ def _pip(args: list[str]) -> subprocess.CompletedProcess[str]:
     if p.returncode != 0:
         raise GridfleetError(f"pip failed ({' '.join(args[:2])}): {_tail(p)}")
     return p
+
+
+def _own_wheel(project: Path, into: Path) -> None:
+    """gridfleet's wheel, built from the checkout at `project` into `into`. pip builds it in the checkout itself
+    (setuptools' build/ and egg-info), so two builds of one checkout at once break each other: one at a time,
+    held by an flock of the checkout's own (released however the build ends)."""
+    name = hashlib.sha256(str(project.resolve()).encode()).hexdigest()[:16]
+    lock = Path(tempfile.gettempdir()) / f"gridfleet-wheel-{name}.lock"
+    fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _pip(["wheel", "-q", "--no-deps", "--wheel-dir", str(into), str(project)])
+    finally:
+        os.close(fd)
 
 
 def dependency_set(wheels: Path) -> str:
@@ -181,7 +198,7 @@ def build_bundle(
     with tempfile.TemporaryDirectory() as tmp:
         wheels = Path(tmp) / "wheels"
         own = Path(tmp) / "own"
-        _pip(["wheel", "-q", "--no-deps", "--wheel-dir", str(own), str(project)])
+        _own_wheel(project, own)
         (wheel,) = own.glob("gridfleet-*.whl")
         wheels.mkdir()
         _pure_here(Path(shutil.copy2(wheel, wheels / wheel.name)), "gridfleet", target)

@@ -403,3 +403,29 @@ def test_upload_built_refuses_a_bundle_of_another_gridfleet(graviton_bundle, tmp
     (dist / graviton_bundle.name).write_bytes(b"not a tar")
     with pytest.raises(UsageError, match="not a bundle"):
         built.check_built(dist, GRAVITON, None)
+
+
+@pytest.mark.slow
+def test_two_bundles_built_at_once_from_one_checkout_each_hold_gridfleets_wheel(tmp_path):
+    """pip builds gridfleet's wheel in the checkout itself: two builds at once (two stacks deployed side by side)
+    took each other's build directory and one failed. They take turns now, and both bundles come out whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jar = tmp_path / "selenium-server.jar"
+    jar.write_bytes(b"PK fake jar")
+    target = platform_of(load_config_text(tmp_path))
+
+    def build(n: int) -> list[str]:
+        out = build_bundle(PROJECT_ROOT, tmp_path / f"dist{n}", jar, target=target, deps=False)
+        with tarfile.open(out) as tar:
+            return [m for m in tar.getnames() if m.startswith("wheels/gridfleet-")]
+
+    with ThreadPoolExecutor(2) as pool:
+        built_ = list(pool.map(build, (1, 2)))
+    assert all(len(w) == 1 for w in built_), built_
+
+
+def load_config_text(tmp_path: Path):
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text("sites: [{id: a, start_url: 'http://a.test/'}]\n")
+    return load_config(cfg)

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(sysconfig.get_paths()["purelib"]).resolve()
 _RUN = "import sys; sys.path[:0] = sys.argv[1:3]; from node.main import main; sys.exit(main(sys.argv[3:]))"
 _WRITE = (
-    "import sys; sys.path[:0] = sys.argv[1:3]; from pathlib import Path; from fleet import crawlerfile;"
+    "import sys; sys.path[:0] = sys.argv[1:3]; from pathlib import Path; from fleet.crawl import crawlerfile;"
     "crawlerfile.write(Path(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))"
 )
 
