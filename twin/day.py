@@ -155,6 +155,26 @@ class TwinDay:
         self.run_ids.append(str(fired[0].result["run_id"]))
         return self.run_ids[-1]
 
+    def restart_by_watchdog(self, passes: int = 4) -> dict[str, Any]:
+        """Move the twin's clock to the watchdog's passes (one that sees the hub heartbeat, one `hub_stale_s` later
+        that sees it unchanged) until one restarts a hub; that pass's answer. AssertionError if none did."""
+        seen_passes = []
+        for _ in range(passes):
+            rule = next(t for t in self.twin.schedules.timers if t.rule == f"{self.stack}-watchdog")
+            seen = len(self.twin.fired)
+            self.twin.clock.jump(rule.next_at)
+
+            def fired(n: int = seen, r: str = rule.rule) -> list[Any]:
+                return [f for f in self.twin.fired[n:] if f.rule == r]
+
+            new = wait_until(fired, 60, "a pass")
+            seen_passes.append(new[-1])  # appended once its handler returned
+            if seen_passes[-1].result and seen_passes[-1].result.get("restarted"):
+                return dict(seen_passes[-1].result)
+        raise AssertionError(
+            f"no hub started after the watchdog's passes: {[(f.result, f.error) for f in seen_passes]}"
+        )
+
     def launch_from(self, role: str, image_id: str) -> None:
         """The `role` ("hub" or "node") launch template's default version now names `image_id`, as an operator's
         apply with another `hub_ami_parameter` or `node_ami_parameter` leaves it."""

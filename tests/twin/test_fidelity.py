@@ -6,8 +6,6 @@ Root only (see conftest). One twin (moto on the bridge, instances booted for rea
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from botocore.exceptions import ClientError
 
 from cloud_init import render as render_mod
 from hub.control.ssh import HOST_KEYS_BEGIN, HOST_KEYS_END, console_text
+from tests.helpers.twin_stacks import running_twin
 from tests.helpers.wait import wait_for
 from twin.instance.standins import AGENT_PID_FILE
 
@@ -24,16 +23,8 @@ REGION = "ap-northeast-2"
 
 @pytest.fixture(scope="module")
 def twin(twin_ok):
-    from twin.stack import TwinStack
-
-    root = Path(tempfile.mkdtemp(prefix="gridfleet-twin-fidelity-"))
-    stack = TwinStack(root, region=REGION, tick_s=0.2)
-    try:
-        stack.start().run()
+    with running_twin("gridfleet-twin-fidelity-", REGION) as stack:
         yield stack
-    finally:
-        stack.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def install_steps(*steps: str) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from fleet.config.load import parse_config
 from fleet.record import ops
 from fleet.record.partition import RunInfo
 from fleet.record.state import SiteSpec
+from tests.helpers.twin_stacks import running_twin
 from tests.helpers.wait import wait_for
 from tests.twin.test_fidelity import install_steps
 
@@ -44,16 +44,8 @@ GO = "/var/lib/gridfleet/go"
 
 @pytest.fixture(scope="module")
 def twin(twin_ok):
-    from twin.stack import TwinStack
-
-    root = Path(tempfile.mkdtemp(prefix="gridfleet-twin-sites-"))
-    stack = TwinStack(root, region=REGION, tick_s=0.2)
-    try:
-        stack.start().run()
+    with running_twin("gridfleet-twin-sites-", REGION) as stack:
         yield stack
-    finally:
-        stack.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # What the crawl user does on the instance, with the project's own client and profile store.

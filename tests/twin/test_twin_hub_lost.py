@@ -37,21 +37,6 @@ def hubs(d: TwinDay) -> list:
     return [b for b in d.twin.boots if b.role == "hub"]
 
 
-def restart_by_watchdog(d: TwinDay) -> dict:
-    """Move the twin's clock to the watchdog's passes (one that sees the heartbeat, one `hub_stale_s` later that
-    sees it unchanged) until one restarts the run's hub; that pass's answer."""
-    passes = []
-    for _ in range(4):
-        rule = next(t for t in d.twin.schedules.timers if t.rule == f"{d.stack}-watchdog")
-        seen = len(d.twin.fired)
-        d.twin.clock.jump(rule.next_at)
-        new = wait_until(lambda n=seen, r=rule.rule: [f for f in d.twin.fired[n:] if f.rule == r], 60, "a pass")
-        passes.append(new[-1])  # appended once its handler returned
-        if passes[-1].result and passes[-1].result.get("restarted"):
-            return dict(passes[-1].result)
-    raise AssertionError(f"no hub started after the watchdog's passes: {[(f.result, f.error) for f in passes]}")
-
-
 @pytest.fixture(scope="module")
 def lost(twin_stack):
     d = twin_stack
@@ -66,7 +51,7 @@ def lost(twin_stack):
                                  explain=d.processes) for site in SITES}  # fmt: skip
         d.twin.client("ec2").terminate_instances(InstanceIds=[first.instance_id])
         wait_until(lambda: first.instance_id not in d.twin.ec2twin.running, 60, "the hub's processes ended")
-        restarted = restart_by_watchdog(d)
+        restarted = d.restart_by_watchdog()
         wait_until(lambda: d.stack_idle() and d.summary(run_id), 900, "the run archived and the stack idle",
                    explain=d.processes)  # fmt: skip
         d.lost = {"run_id": run_id, "first": first, "held": held, "restarted": restarted, "hubs": hubs(d)[before:]}
