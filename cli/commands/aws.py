@@ -72,6 +72,10 @@ def cmd_render(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+#: The most `--current` can hold: an SSM parameter's value (4 KB), with room for a line's end.
+CURRENT_MAX_CHARS = 4097
+
+
 def cmd_grid_secret(args: argparse.Namespace, console: Console) -> int:
     """`gridfleet grid-secret`, which the hub's boot script runs: the files of the run's Grid secret, nothing
     printed of it."""
@@ -80,9 +84,12 @@ def cmd_grid_secret(args: argparse.Namespace, console: Console) -> int:
     current = None
     if args.current is not None:
         try:
-            current = args.current.read_text()
+            with open(args.current, encoding="utf-8", errors="replace") as f:
+                current = f.read(CURRENT_MAX_CHARS + 1)  # an SSM parameter's value: 4 KB at most
         except OSError as e:
             raise MissingResource(f"cannot read --current {args.current}: {e.strerror}") from None
+        if len(current) > CURRENT_MAX_CHARS:
+            raise UsageError(f"--current {args.current} holds more than an SSM parameter can")
     kept = make_hub_files(
         args.secret_file,
         args.hub_config,

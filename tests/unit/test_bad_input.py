@@ -67,6 +67,16 @@ def render_node(content: str, expected: str) -> Case:
 
 
 CASES: dict[str, Case] = {
+    "grid-secret --current larger than an SSM parameter": Case(
+        ["grid-secret", "--run-id", "r1", "--current", "{F}"]
+        + [
+            x
+            for name in ("secret-file", "hub-config", "curl-config", "parameter-file")
+            for x in (f"--{name}", f"{{F}}.{name}")
+        ],
+        "--current {F} holds more than an SSM parameter can",
+        "r1 " + "x" * 100_000,
+    ),
     "user_agent on two lines": validate(
         'politeness: {user_agent: "gridfleet/1\\nX-Evil: 1"}\n' + SITE,
         "{F}:1: politeness.user_agent: must be printable ASCII on one line",
