@@ -95,6 +95,10 @@ def _check_ids(site: str, run_date: str, run_id: str | None) -> None:
     check_site_id(site)
     if run_id is not None:
         check_run_id(run_id)
+    _check_date(run_date)
+
+
+def _check_date(run_date: str) -> None:
     if not (len(run_date) == 8 and run_date.isdigit() and run_date.isascii()):
         raise ValueError(f"run date {run_date!r} is not YYYYMMDD")
 
@@ -195,17 +199,21 @@ def evidence_headers(key: str, content_type: str) -> dict[str, str]:
 STAGING = "staging/"
 #: A writer id: the role's unique id (IAM's `AROA...`, or `local` for the nodes of one machine, which have no IAM)
 #: and the node's id, as `aws:userid` spells an instance role's session: `<role id>:<instance id>`.
-WRITER_RE = re.compile(r"(?P<role>[A-Za-z0-9]{1,128}):(?P<node>i-[0-9A-Za-z-]{1,40})")
+ROLE_RE = re.compile(r"[A-Za-z0-9]{1,128}")
+WRITER_RE = re.compile(rf"(?P<role>{ROLE_RE.pattern}):(?P<node>i-[0-9A-Za-z-]{{1,40}})")
 #: The role part of the writer ids of nodes that have no IAM role (the embedded default, the simulator).
 LOCAL_ROLE = "local"
 
 
 def writer_id(role: str, node: str) -> str:
     """The writer id of node `node` whose role's unique id is `role`; ValueError when either is not of its shape."""
-    w = f"{role}:{node}"
-    if WRITER_RE.fullmatch(w) is None:
-        raise ValueError(f"writer {quote(w)} is not <role id>:<node id>")
-    return w
+    return _checked_writer(f"{role}:{node}")
+
+
+def _checked_writer(writer: str) -> str:
+    if WRITER_RE.fullmatch(writer) is None:
+        raise ValueError(f"writer {quote(writer)} is not <role id>:<node id>")
+    return writer
 
 
 def writer_node(writer: str) -> str | None:
@@ -216,9 +224,7 @@ def writer_node(writer: str) -> str | None:
 
 def staging_prefix(writer: str) -> str:
     """`staging/<writer>/`, everything node `writer` may write."""
-    if WRITER_RE.fullmatch(writer) is None:
-        raise ValueError(f"writer {quote(writer)} is not <role id>:<node id>")
-    return f"{STAGING}{writer}/"
+    return f"{STAGING}{_checked_writer(writer)}/"
 
 
 def staged_beside(writer: str, site: str, run_date: str, run_id: str | None, folder: str) -> str:
@@ -249,9 +255,8 @@ class RunKeys:
     def of(cls, run_id: str, run_date: str, role: str = LOCAL_ROLE) -> RunKeys:
         """ValueError, naming it, when the run id, the date (YYYYMMDD) or the role id is not one."""
         check_run_id(run_id)
-        if not (len(run_date) == 8 and run_date.isdigit() and run_date.isascii()):
-            raise ValueError(f"run date {run_date!r} is not YYYYMMDD")
-        if not re.fullmatch(r"[A-Za-z0-9]{1,128}", role):
+        _check_date(run_date)
+        if not ROLE_RE.fullmatch(role):
             raise ValueError(f"role id {quote(role)} is not one")
         return cls(run_id, run_date, role)
 
