@@ -40,6 +40,8 @@ OTHER_NODE = "i-0fedcba9876543210"
 #: Where the crawl user's check writes what it saw (the instance's state directory).
 OUT = "/var/lib/gridfleet/out.json"
 GO = "/var/lib/gridfleet/go"
+#: The code the crawl user's check imports (the profile store and its lock library), copied in for it.
+CODE = "/var/lib/gridfleet/crawl-code"
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +127,11 @@ def steps(share_on_host: Path) -> str:
         f"touch {OUT} && chown 2000:2000 {OUT}",
         f"until [ -e {GO} ]; do sleep 0.2; done",
         "until [ -S /var/lib/gridfleet/site-mounts.sock ]; do sleep 0.2; done",
+        # the crawl user's code where it can read it (as a node's installed bundle is): the checkout may be a
+        # directory only its owner can read
+        f"mkdir -p {CODE} && cp -r {ROOT}/profiles {SITE_PACKAGES}/fasteners {CODE}/ && chmod -R a+rX {CODE}",
         f"setpriv --reuid=2000 --regid=2000 --clear-groups --no-new-privs env HOME=/tmp /usr/bin/python3 "
-        f"/etc/gridfleet/check.py {ROOT} {SITE_PACKAGES} /var/lib/cloud/twin/efs {share_on_host} {OUT}",
+        f"/etc/gridfleet/check.py {CODE} {CODE} /var/lib/cloud/twin/efs {share_on_host} {OUT}",
         'kill "$helper"',
     )
 
