@@ -224,15 +224,25 @@ def answer(conn: socket.socket, mounter: SiteMounter, allowed: frozenset[int]) -
         return {"ok": False, "error": str(e)}
 
 
-def serve(path: Path, mounter: SiteMounter, allowed: frozenset[int]) -> None:
-    """Answer requests on the unix socket `path`, one at a time, until the process is ended."""
+def listen(path: Path) -> socket.socket:
+    """The unix socket `path`, bound and listening: anyone may connect (`answer` judges who did)."""
     if path.is_socket():
         path.unlink()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
         srv.bind(str(path))
-        os.chmod(path, 0o666)  # anyone may connect; `answer` judges who did
+        os.chmod(path, 0o666)
         srv.listen(16)
-        event(log, "site-mounts-ready", socket=str(path), root=str(mounter.root))
+    except BaseException:
+        srv.close()
+        raise
+    return srv
+
+
+def serve(srv: socket.socket, mounter: SiteMounter, allowed: frozenset[int]) -> None:
+    """Answer requests on the listening socket `srv` (from `listen`), one at a time, until the process is ended."""
+    with srv:
+        event(log, "site-mounts-ready", socket=str(srv.getsockname()), root=str(mounter.root))
         while True:
             conn, _ = srv.accept()
             with conn:
@@ -287,7 +297,7 @@ def serve_main(argv: list[str]) -> int:
         instance_id=iid,
         root=Path(aws.efs_mount),
     )
-    serve(args.socket, mounter, frozenset({0, uid}))
+    serve(listen(args.socket), mounter, frozenset({0, uid}))
     return 0
 
 

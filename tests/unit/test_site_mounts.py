@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from fleet.record.state import RunStatus
-from node.site_mounts import SiteMounter, serve
+from node.site_mounts import SiteMounter, listen, serve
 from profiles import SiteMountFailed, SocketMounts
 
 FS = "fs-0123456789abcdef0"
@@ -85,12 +85,9 @@ def helper(tmp_path):
                               is_mounted=lambda p: str(p) in mounts.now, sleep=lambda s: None)  # fmt: skip
         sock = tmp_path / "mounts.sock"
         uids = frozenset({os.geteuid()}) if allowed is None else allowed
-        threading.Thread(target=serve, args=(sock, mounter, uids), daemon=True).start()
+        srv = listen(sock)  # listening before the thread answers: the client's first ask never finds it missing
+        threading.Thread(target=serve, args=(srv, mounter, uids), daemon=True).start()
         client = SocketMounts(sock, timeout_s=10)
-        for _ in range(200):
-            if sock.is_socket():
-                break
-            threading.Event().wait(0.01)
         return SimpleNamespace(client=client, mounts=mounts, efs=efs, root=root)
 
     return start
