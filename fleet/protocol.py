@@ -68,6 +68,11 @@ class NodeRules:
 
 # --- how an attempt ends --------------------------------------------------------------------------------------------
 
+#: How long a node may take from a hang's deadline to the attempt's end in the table: the crawler's kill, the evidence
+#: (its capture has a 5 s budget), the browser's end and the writes. With node watchdogs on, the hub's backup kill of
+#: a hang waits this much longer than the node's, so the node's own kill (cheaper, with its evidence) wins.
+NODE_HANG_END_S = 12.0
+
 #: A site whose profile was locked elsewhere is offered again after this long.
 BUSY_RETRY_S = 30.0
 

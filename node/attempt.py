@@ -169,7 +169,7 @@ class Attempt:
             if end.kind is CrawlEndKind.RESULT:  # saved while the crawler quits its browser (it does so by itself)
                 self.settled, self.stop = True, self._settle(end)
             else:  # the node ends it: the staged pages are saved at once, not after the evidence and the browser
-                self._save_before_end()  # (with node watchdogs the hub's backup kill comes 2 s after the node's)
+                self._save_before_end()  # (with node watchdogs the hub's backup kill waits NODE_HANG_END_S)
         except Fenced as f:
             end = CrawlEnd(CrawlEndKind.FENCED, forced=True, current=f.current)
         return end

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import math
 
+from fleet import protocol
 from fleet.config import Config
 from fleet.record.state import Reason, RunStatus, SiteRecord, SiteStatus, known_reason
 from hub.actions import Action, EndAttempt, Enqueue, KillAttempt, KillLadder, Promote, Repair
 from hub.plan.feed import metering
 from hub.snapshot import Observations, Snapshot
 
-#: With node watchdogs on, the hub is the backup for a hang: it waits this much longer, so the node's own
-#: (cheaper, exact) kill normally wins and the two do not race.
-BACKUP_GRACE_S = 2.0
+#: With node watchdogs on, the hub is the backup for a hang: it waits as long more as the node's own kill may take
+#: to reach the table (evidence included), so the node's kill wins and the two do not race.
+BACKUP_GRACE_S = protocol.NODE_HANG_END_S
 
 #: What one watched site needs now (if anything), and the earliest moment it could need something else.
 Verdict = tuple[Action | None, float]

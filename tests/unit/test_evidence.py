@@ -13,6 +13,7 @@ import pytest
 
 from cli.report.data import evidence_links
 from cli.report.page import render_report, write_report
+from fleet import protocol
 from fleet.grid_auth import GridSecret
 from fleet.outputs.results import (
     EVIDENCE_FILES,
@@ -309,3 +310,6 @@ def test_the_report_links_a_thumbnail_of_each_failed_attempt(tmp_path):
 def test_the_capture_budget_is_small_and_every_file_has_a_type():
     assert evidence.CAPTURE_BUDGET_S <= 5 and set(evidence.CONTENT_TYPES) == set(EVIDENCE_FILES)
     assert evidence.FIRST_ANSWER_S == evidence.CAPTURE_BUDGET_S / 2  # the rest is DevTools' when WebDriver is busy
+    # the node's kill of a hang, evidence included, reaches the table before the hub's backup kill would fire: the
+    # budget leaves the kill, the browser's end and the writes more than 5 s
+    assert evidence.CAPTURE_BUDGET_S + 5 < protocol.NODE_HANG_END_S
