@@ -82,10 +82,16 @@ def effective_config(config: Config, state: StackState, cpus: int | None = None)
     return config.with_endpoint(state.moto_url).model_copy(update={"sites": sites, "fleet": fleet})
 
 
+def installed_crawlers(stack: LocalStack) -> Path:
+    """Where the stack's local nodes import crawler projects from: a copy per content hash."""
+    return stack.dir / "crawlers"
+
+
 def run_config(stack: LocalStack, run_id: str) -> Config | None:
-    """The effective config a run on this stack used (its table, queue and bucket names)."""
+    """The effective config a run on this stack used (its table, queue and bucket names); its crawlers are found
+    in the stack's copy of the crawler project it names, as its nodes found them."""
     path = stack.dir / "runs" / run_id / "fleet.yaml"
-    return load_config(path) if path.is_file() else None
+    return load_config(path, installed_root=installed_crawlers(stack)) if path.is_file() else None
 
 
 def latest_run_on_stack(stack: LocalStack) -> str | None:
@@ -237,7 +243,7 @@ class LocalEnv(StoresOf):
         assert self.config.crawlers is not None
         requirements = self.config.crawlers.requirements
         pins = install_requirements(requirements, requirements_root(self.home))
-        path = install_local(project, self.stack.dir / "crawlers", pins, requirements)
+        path = install_local(project, installed_crawlers(self.stack), pins, requirements)
         self.crawler_path = (path, pins) if pins is not None else (path,)
         self.crawler_project = project
         b = project.build

@@ -8,6 +8,7 @@ and optionally a pinned requirements file. The configs gridfleet writes for the 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,12 @@ from fleet.crawl.project import CrawlerProject, ProjectError, pinned_requirement
 BASE_DIR = "base_dir"
 PROJECT = "crawler_project"
 PROJECT_PROBLEM = "crawler_project_problem"
+#: The source roots of an installed copy of the project a config names by identity (`installed`), where a reader
+#: of that config other than its hub and nodes finds it (a local stack's directory of installed projects).
+INSTALLED_ROOTS = "crawler_installed_roots"
+
+
+_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 class InstalledCrawlers(BaseModel):
@@ -27,7 +34,7 @@ class InstalledCrawlers(BaseModel):
 
     name: str = Field(min_length=1, max_length=200)
     version: str = Field(min_length=1, max_length=200)
-    hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    hash: str = Field(pattern=_HASH.pattern)
 
 
 class CrawlersConfig(BaseModel):
@@ -83,11 +90,17 @@ class CrawlersConfig(BaseModel):
         return self
 
 
-def project_context(data: Any, base_dir: Path | None) -> dict[str, Any]:
+def project_context(data: Any, base_dir: Path | None, installed_root: Path | None = None) -> dict[str, Any]:
     """The validation context for raw config data: the crawler project its `crawlers.project` names, found
-    relative to `base_dir` (the config file's directory), or why it cannot be used."""
+    relative to `base_dir` (the config file's directory), or why it cannot be used. A config that names its
+    project by identity (`installed`) finds its crawlers in that project's copy under `installed_root`, when
+    given (a directory of copies, each named by the first 12 hex digits of its hash)."""
     context: dict[str, Any] = {BASE_DIR: base_dir}
     section = data.get("crawlers") if isinstance(data, dict) else None
+    installed = section.get("installed") if isinstance(section, dict) else None
+    digest = installed.get("hash") if isinstance(installed, dict) else None
+    if installed_root is not None and isinstance(digest, str) and _HASH.fullmatch(digest):
+        context[INSTALLED_ROOTS] = [str(installed_root / digest.partition(":")[2][:12])]
     project = section.get("project") if isinstance(section, dict) else None
     if base_dir is None or not isinstance(project, str) or not project or len(project) > 1024:
         return context
@@ -99,6 +112,10 @@ def project_context(data: Any, base_dir: Path | None) -> dict[str, Any]:
 
 
 def crawler_roots(context: dict[str, Any] | None) -> list[str] | None:
-    """Where dotted crawler names must be found: the project's source roots; None: on the import path."""
+    """Where dotted crawler names must be found: the project's source roots (or its installed copy's); None: on
+    the import path."""
     project = (context or {}).get(PROJECT)
-    return project.source_roots if project is not None else None
+    if project is not None:
+        return list(project.source_roots)
+    roots = (context or {}).get(INSTALLED_ROOTS)
+    return list(roots) if roots else None

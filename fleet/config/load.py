@@ -63,9 +63,12 @@ def _message(err: ErrorDetails, allowed: list[str] | None) -> str:
     return error_text(err)
 
 
-def parse_config(text: str, file: str = "<config>", base_dir: Path | None = None) -> Config:
+def parse_config(
+    text: str, file: str = "<config>", base_dir: Path | None = None, installed_root: Path | None = None
+) -> Config:
     """Validate YAML text as a Config; raise ConfigError naming file, line and field. Paths in the config
-    (`crawlers.project`) are found relative to `base_dir` and made absolute; without it they are not checked."""
+    (`crawlers.project`) are found relative to `base_dir` and made absolute; without it they are not checked. A
+    config naming its crawler project by identity finds it under `installed_root` (see `project_context`)."""
     if len(text) > MAX_FILE_BYTES:
         raise ConfigError([Problem(file, None, "", f"larger than {MAX_FILE_BYTES // 2**20} MB: not a config")])
     loader, root = compose(text, file)
@@ -82,7 +85,7 @@ def parse_config(text: str, file: str = "<config>", base_dir: Path | None = None
     if not isinstance(data, dict):
         raise ConfigError([Problem(file, 1, "", "the top level must be a mapping with run, fleet, aws and sites")])
     try:
-        return Config.model_validate(data, context=project_context(data, base_dir))
+        return Config.model_validate(data, context=project_context(data, base_dir, installed_root))
     except ValidationError as e:
         problems = []
         for err in e.errors(include_url=False):
@@ -93,7 +96,7 @@ def parse_config(text: str, file: str = "<config>", base_dir: Path | None = None
         raise ConfigError(problems) from None
 
 
-def load_config(path: str | Path) -> Config:
+def load_config(path: str | Path, installed_root: Path | None = None) -> Config:
     p = Path(path)
     try:
         with p.open("rb") as f:
@@ -111,7 +114,7 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(
             [Problem(str(p), line, "", f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})")]
         ) from None
-    return parse_config(text, str(p), p.resolve().parent)
+    return parse_config(text, str(p), p.resolve().parent, installed_root)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -272,3 +272,23 @@ def test_the_wheel_holds_only_files_the_hash_covers(tmp_path):
     hashed = {rel.as_posix(): (root / rel).read_bytes() for rel in shipped_files(root)}
     assert packed == {n: hashed[n] for n in hashed if n.startswith("teamcrawlers/")}
     assert "teamcrawlers/helpers.py" in packed
+
+
+def test_a_run_config_read_on_the_operators_machine_finds_its_crawlers_in_the_stacks_installed_copy(tmp_path):
+    """`status` or `check` beside a running local stack read the run's config, which names the project by its
+    identity: its crawlers are found in the stack's copy (not on the command's own import path)."""
+    make_project(tmp_path / "conf" / "team")
+    config = load_config(config_file(tmp_path))
+    project = project_of(config)
+    assert project is not None
+    installed = tmp_path / "stack" / "crawlers"
+    install_local(project, installed)
+    run_yaml = tmp_path / "stack" / "runs" / "r1" / "fleet.yaml"
+    run_yaml.parent.mkdir(parents=True)
+    run_yaml.write_text(dump_config(installed_config(config, project)))
+    with pytest.raises(ConfigError, match="'teamcrawlers.shop' cannot be imported"):
+        load_config(run_yaml)  # the copy is not on this process's import path
+    again = load_config(run_yaml, installed_root=installed)
+    assert again.sites[0].crawler == config.sites[0].crawler
+    with pytest.raises(ConfigError, match="is not in the crawler project"):
+        load_config(run_yaml, installed_root=tmp_path / "nowhere")  # another stack's copy does not stand in
