@@ -1,6 +1,6 @@
 """An operator's deployment of a gridfleet stack, done on the EC2 twin the way it is done on AWS.
 
-`deploy()` follows the README's AWS path, each step through the same code an operator runs:
+`deploy()` follows the AWS path of docs/aws/first-night.md, each step through the same code an operator runs:
 
 0. with `node_image`, a node image baked as infra/packer bakes it, from the bundle of `gridfleet bundle`
    (`TwinStack.bake_node_image`), its AMI id in the SSM parameter the stack's `node_ami_parameter` names;

@@ -39,7 +39,7 @@ from fleet.record.ids import default_run_id
 from fleet.record.messages import SiteQueue
 from fleet.record.partition import RunInfo
 from fleet.record.table import StateTable
-from hub.loop import EXIT_OK, Hub, RunOutcome
+from hub.loop import EXIT_FAILED_SITES, EXIT_OK, Hub, RunOutcome
 from hub.monitor import HubMonitor
 from hub.providers.base import ComputeProvider
 
@@ -77,7 +77,7 @@ def export_finished(
     path = export(out, summary, rows.sites, results, role)
     print_sites(console, run_id, summary["sites"], summary["counts"])
     console.print(f"run {run_id} had already finished; summary: {path}")
-    return 3 if summary["counts"]["FAILED"] else 0
+    return EXIT_FAILED_SITES if summary["counts"]["FAILED"] else EXIT_OK
 
 
 def report_finished_export(summary: dict[str, Any], path: Path, run_id: str, resume: bool, console: Console) -> int:
@@ -90,7 +90,7 @@ def report_finished_export(summary: dict[str, Any], path: Path, run_id: str, res
     counts = summary.get("counts") or {}
     print_sites(console, run_id, summary.get("sites") or {}, counts)
     console.print(f"run {run_id} had already finished; nothing to resume. summary: {path}")
-    return 3 if counts.get("FAILED") else EXIT_OK
+    return EXIT_FAILED_SITES if counts.get("FAILED") else EXIT_OK
 
 
 class HubStopped(BaseException):

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 #: The simulator's policies (sim.run.POLICIES).
 POLICIES = ("gridfleet", "unmetered", "seed")
 
-#: The figures we aim for (reported next to what a run reaches; see docs/ARCHITECTURE.md).
+#: The figures we aim for (reported next to what a run reaches; see docs/architecture/simulator.md).
 TARGETS = {
     "ratio": ("<=", 1.10),
     "hang_lag_max_s": ("<=", 2.0),

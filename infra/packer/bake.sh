@@ -10,7 +10,7 @@
 # usage: bake.sh BUNDLE.tar.gz AMAZON-EFS-UTILS.deb
 #   BUNDLE.tar.gz          the bundle of `gridfleet bundle` (the one the nodes will fetch, or one with the
 #                          same pinned dependencies)
-#   AMAZON-EFS-UTILS.deb   amazon-efs-utils, which Debian does not package (README: building it on Debian 12);
+#   AMAZON-EFS-UTILS.deb   amazon-efs-utils, which Debian does not package (docs/aws/efs-utils.md);
 #                          not needed when the source image has it
 #   GRIDFLEET_CRAWL_USER, GRIDFLEET_CRAWL_UID: the stack's crawl user (fleet.crawl_user, fleet.crawl_uid)
 #   GRIDFLEET_REGION: where the SSM agent's package comes from (default: this instance's region, from IMDSv2)
@@ -164,7 +164,7 @@ install_efs_utils() {
   fi
   efs_utils_deb "$WORK_DIR/amazon-efs-utils.deb" ||
     fail "amazon-efs-utils is not installed and no .deb of it is at hand: bake it into the node image, or upload it \
-with gridfleet bundle --upload --efs-utils-deb FILE (README: building amazon-efs-utils on Debian 12)"
+with gridfleet bundle --upload --efs-utils-deb FILE (docs/aws/efs-utils.md)"
   [[ $(dpkg-deb -f "$WORK_DIR/amazon-efs-utils.deb" Package 2>/dev/null) == amazon-efs-utils ]] ||
     fail "the amazon-efs-utils .deb is not the amazon-efs-utils package"
   apt_get install -y "$WORK_DIR/amazon-efs-utils.deb" || fail "cannot install amazon-efs-utils from its .deb"

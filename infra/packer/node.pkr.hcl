@@ -57,7 +57,7 @@ variable "bundle" {
 
 variable "efs_utils_deb" {
   type        = string
-  description = "amazon-efs-utils .deb of arch (Debian does not package it; see the main README); empty only when the base image has it."
+  description = "amazon-efs-utils .deb of arch (Debian does not package it; see docs/aws/efs-utils.md); empty only when the base image has it."
   default     = ""
 }
 

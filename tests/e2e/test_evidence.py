@@ -35,7 +35,8 @@ sites:
 """
 
 # No node watchdog: the hub sees the hang and kills the crawl; the retry completes, so the run ends after the node
-# kept the killed attempt's evidence (a kill that ends the run itself may race its export: see ARCHITECTURE).
+# kept the killed attempt's evidence (a kill that ends the run itself may race its export: see
+# docs/architecture/not-built-yet.md).
 HUB_KILL = """\
 run:
   max_attempts: 2

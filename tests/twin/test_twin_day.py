@@ -1,6 +1,6 @@
 """A day of the AWS path on the EC2 twin, whole: nothing is called directly that AWS would call.
 
-The stack is made as infra/terraform defines it and deployed as the README says (`twin.deploy`).
+The stack is made as infra/terraform defines it and deployed as docs/aws/first-night.md says (`twin.deploy`).
 The starter Lambda is fired by its EventBridge schedule, launches the hub from the hub template; the hub boots
 its rendered user-data, launches nodes through `Ec2Provider`, the nodes boot theirs and crawl with Chromium
 through the hub's Selenium Grid. Three sites: one plain; one that hangs on its first attempt, with the nodes'
