@@ -1,5 +1,4 @@
-"""`gridfleet`: the command line. Exit codes: 0 every site COMPLETED, 3 some FAILED,
-2 invalid config or usage (nothing launched), 1 any other error.
+"""`gridfleet`: the command line. Its exit codes, and what each means, are `hub.loop.EXIT_CODES`.
 
 This module is the parser (one small function per command), the table of commands and the outer edge that
 turns errors into one line and an exit code; each command's body lives in a module of its topic. Nothing here
@@ -28,7 +27,7 @@ from fleet.aws.errors import aws_failure
 from fleet.errors import GridfleetError, quote
 from fleet.logs import setup
 from fleet.record.ids import RUN_ID_RULE, SITE_ID_RULE, is_run_id, is_site_id
-from hub.loop import EXIT_ERROR
+from hub.loop import EXIT_CODES, EXIT_ERROR, EXIT_INTERRUPTED
 
 log = logging.getLogger("gridfleet")
 DEFAULT_CONFIG = "fleet.yaml"
@@ -382,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gridfleet",
         description="Run a daily crawl on a self-healing Selenium Grid fleet (EC2 spot, or this machine).",
-        epilog="Exit codes: 0 all sites COMPLETED, 3 finished with FAILED sites, 2 bad config or usage, 1 error.",
+        epilog="Exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()) + ".",
     )
     ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -414,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         print("gridfleet: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except run_cmd.HubStopped as e:
         print(f"gridfleet: {e}", file=sys.stderr)
         return EXIT_ERROR

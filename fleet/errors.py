@@ -36,6 +36,8 @@ def quote(value: object, keep: int = QUOTE_KEEP, *, bare: bool = False) -> str:
 
 
 class GridfleetError(Exception):
+    """An error gridfleet raises on purpose: the command prints it as one line and exits with `exit_code`."""
+
     exit_code = 1
 
 

@@ -46,6 +46,15 @@ if TYPE_CHECKING:  # the Lambda package imports this module without prometheus_c
 log = logging.getLogger("gridfleet.hub")
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_SITES = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program Ctrl-C stopped
+#: What each exit code of `gridfleet` means: its `--help` and its reference page say it from here.
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "every site COMPLETED (any other command: it did what was asked)",
+    EXIT_FAILED_SITES: "the run finished with FAILED sites",
+    EXIT_USAGE: "bad config or usage: nothing was launched",
+    EXIT_ERROR: "any other error",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
 HUB_BEAT_S = 5.0  # how often the hub writes its heartbeat on the run item (the watchdog reads it)
 #: The records a tick should find changed, at most: at scale the hub looks again before more have (`pause`).
 TICK_CHANGES = 1000

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fleet.outputs.results import ResultStore
+from fleet.outputs.shapes import Key
 from fleet.record.codec import ITEM_ID_MAX_CHARS, capped
 from fleet.record.state import SiteRecord
 
@@ -33,6 +34,25 @@ def merged_items(before: list[dict[str, Any]], now: list[Any]) -> list[dict[str,
         if held is None or len(str(held.get("id"))) < len(str(item.get("id"))):
             out[key] = item
     return list(out.values())
+
+
+#: The result document (`result_body`), key by key: `<site>/<YYYYMMDD>[/<run_id>]/result.json` in the bucket, and
+#: `runs/<run_id>/results/<site>.json` once exported.
+RESULT: Mapping[str, Key] = {
+    "run_id": Key("string", "the run it is the result of"),
+    "site": Key("string", "the site's id"),
+    "attempt": Key("integer", "the attempt that produced it"),
+    "instance_id": Key("string", "the node that crawled it"),
+    "start_url": Key("string", "where the crawl started"),
+    "started_at": Key("number | null", "when the node claimed that attempt (epoch seconds)"),
+    "finished_at": Key("number", "when the node wrote it (epoch seconds)"),
+    "pages": Key("integer", "the pages the crawl got to (a resumed crawl counts its checkpoint's)"),
+    "items": Key(
+        "array",
+        "the items, each once: those of the checkpoint's saves, then the crawler's",
+        each=Key("object", "one item, as the crawler made it (an item that is no object is kept as {value})"),
+    ),
+}
 
 
 def result_body(rec: SiteRecord, instance_id: str, finished_at: float, result: Mapping[str, Any]) -> bytes:

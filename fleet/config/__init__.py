@@ -87,7 +87,7 @@ class ExpectConfig(_Model):
 
 
 class RetryRuleConfig(_Model):
-    """A `run.retry` rule: each key unset (None) keeps the default rule's (README: "Failures by class")."""
+    """A `run.retry` rule: each key unset (None) keeps the default rule's (docs/guide/failures.md)."""
 
     retry: bool | None = Field(None, description="retry (while attempts remain) or fail at once")
     backoff_s: float | None = Field(None, ge=0, le=86400, description="the wait before the first retry")
@@ -113,6 +113,8 @@ def _retry_keys(v: dict[str, Any]) -> dict[str, Any]:
 
 
 class RunConfig(_Model):
+    """How a run goes: attempts per site, the timeouts that find hangs and lost nodes, seeding, retries."""
+
     max_attempts: int = Field(3, ge=1, le=100, description="attempts (claims) per site before FAILED")
     hang_after_s: float = Field(120, gt=0, description="URL_CALL unchanged this long = hung")
     heartbeat_timeout_s: float = Field(90, gt=0, description="no heartbeat this long = lost")
@@ -154,11 +156,17 @@ class RunConfig(_Model):
 
 
 class FleetConfig(_Model):
-    max_nodes: int = Field(20, ge=1, le=10000)
+    """The nodes: how many, of which instance types and market, and the user the crawls run as."""
+
+    max_nodes: int = Field(20, ge=1, le=10000, description="nodes of the run at once, at most")
     min_nodes: int = Field(0, ge=0, description="nodes kept launched while sites remain open, even if fewer are queued")
     sites_per_node: int = Field(0, ge=0, description="0 = until the queue is empty; 1 = one site then exit")
-    instance_types: tuple[str, ...] = Field(("t3.medium", "t3a.medium"), min_length=1)
-    spot: bool = True
+    instance_types: tuple[str, ...] = Field(
+        ("t3.medium", "t3a.medium"),
+        min_length=1,
+        description="EC2 instance types of the nodes, tried in this order (all of one architecture)",
+    )
+    spot: bool = Field(True, description="launch nodes as spot instances; false: on demand")
     boot_timeout_s: float = Field(600, gt=0, description="a node that never heartbeats by then is replaced")
     idle_exit_s: float = Field(20, gt=0, description="a node with no message for this long exits")
     node_watchdog: bool = Field(True, description="nodes kill their own hung crawls (fastest kill path)")
@@ -201,7 +209,7 @@ class MetricsConfig(_Model):
     """Custom metrics in CloudWatch (the hub's fleet gauges, each node's jobs and heartbeat)."""
 
     cloudwatch: bool = Field(False, description="put_metric_data from the hub and the nodes")
-    namespace: str = Field("gridfleet", min_length=1, max_length=255)
+    namespace: str = Field("gridfleet", min_length=1, max_length=255, description="the metrics' CloudWatch namespace")
     interval_s: float = Field(60, gt=0, description="the hub publishes its gauges at most this often")
 
 
@@ -229,10 +237,16 @@ def _allowed_switch(arg: str) -> str:
 
 
 class BrowserConfig(_Model):
-    chromium: str = "/usr/bin/chromium"
-    chromedriver: str = "/usr/bin/chromedriver"
-    extra_args: tuple[Annotated[str, AfterValidator(_allowed_switch)], ...] = ()
-    page_load_timeout_s: float = Field(600, gt=0)
+    """The Chromium every crawl runs in, and its chromedriver."""
+
+    chromium: str = Field("/usr/bin/chromium", description="the Chromium binary the crawls' browser runs")
+    chromedriver: str = Field("/usr/bin/chromedriver", description="the chromedriver that starts it")
+    extra_args: tuple[Annotated[str, AfterValidator(_allowed_switch)], ...] = Field(
+        (), description="more Chromium switches for every crawl (the sandbox's and debugging ones are refused)"
+    )
+    page_load_timeout_s: float = Field(
+        600, gt=0, description="longest page load, and longest answer to a crawler's own HTTP request"
+    )
     allow_no_sandbox: bool = Field(
         False,
         strict=True,
@@ -244,7 +258,9 @@ class BrowserConfig(_Model):
 class LocalConfig(_Model):
     """Settings of the embedded default's local stack."""
 
-    grid_session_request_timeout_s: float = Field(60, gt=0)
+    grid_session_request_timeout_s: float = Field(
+        60, gt=0, description="the local Grid's --session-request-timeout: how long a new session may wait for a slot"
+    )
     max_nodes: int | None = Field(
         None, ge=1, description="local nodes at most (each is a JVM and a Chromium); default 2 x CPUs"
     )
@@ -363,6 +379,8 @@ class PolitenessConfig(_Model):
 
 
 class SitePoliteness(_Model):
+    """A site's own politeness: its robots.txt, and its pace over the fleet's `politeness`."""
+
     robots: bool = Field(
         True,
         strict=True,
@@ -377,10 +395,16 @@ class SitePoliteness(_Model):
 
 
 class SiteConfig(_Model):
-    id: str
-    start_url: str
-    crawler: str = "links"
-    options: dict[str, Any] = Field(default_factory=dict)
+    """One site to crawl: its id, where its crawl starts, and the crawler that crawls it."""
+
+    id: str = Field(description="the site's id: its name in the table, the result keys, the logs and the report")
+    start_url: str = Field(description="where its crawl starts: an http(s) URL ({demo}/... on the embedded default)")
+    crawler: str = Field(
+        "links", description="a built-in crawler (links, api) or 'package.module:Class' of the project"
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the crawler's options (a built-in crawler's are checked at load)"
+    )
     rate_limit: str | None = Field(None, description="the group of `rate_limits` whose rate this site's requests share")
     incremental: bool = Field(
         False,
@@ -465,6 +489,8 @@ class SiteConfig(_Model):
 
 
 class Config(_Model):
+    """fleet.yaml: a run, its fleet, its AWS resources and its sites."""
+
     run: RunConfig = Field(default_factory=RunConfig)
     fleet: FleetConfig = Field(default_factory=FleetConfig)
     aws: AwsConfig = Field(default_factory=AwsConfig)

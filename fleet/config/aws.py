@@ -35,19 +35,21 @@ _BRACED = re.compile(r"\{[^{}]*\}")
 
 
 class AwsConfig(BaseModel):
+    """The AWS resources a run uses, where nodes find the hub and the code, and how the hub kills a crawl."""
+
     # allow_inf_nan: as every section of the config (fleet.config._Model)
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    region: str = "ap-northeast-2"
+    region: str = Field("ap-northeast-2", description="the AWS region of every resource and call")
     stack: str = Field(
         "gridfleet",
         pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,31}$",
         description="the stack's name (Terraform's name_prefix): every instance is tagged gridfleet:stack=<stack>, "
         "and nothing of another stack in the account is listed, adopted or terminated",
     )
-    endpoint_url: str | None = None
-    table: str = "TrendlyzeStatus"
-    queue: str = "trendlyze-sites"
+    endpoint_url: str | None = Field(None, description="the endpoint of every AWS call (a moto server); default AWS's")
+    table: str = Field("TrendlyzeStatus", description="the DynamoDB table of the runs' sites, nodes and history")
+    queue: str = Field("trendlyze-sites", description="the SQS queue of the site messages, one per attempt")
     queue_fifo: bool = Field(
         False,
         description="a FIFO queue: each (run, site, attempt) message is sent at most once within SQS's "
@@ -55,16 +57,20 @@ class AwsConfig(BaseModel):
     )
     dlq: str | None = Field(None, description="dead-letter queue name; default <queue>-dlq")
     max_receive_count: int = Field(10, ge=2, description="receives before a message goes to the DLQ")
-    bucket: str = "trendlyze-results"
+    bucket: str = Field(
+        "trendlyze-results", description="the S3 bucket of results, evidence, the code bundle, configs and summaries"
+    )
     efs_id: str | None = Field(
         None, description="EFS file system of the sites' profiles: each site has its own access point on it"
     )
-    subnet_ids: tuple[str, ...] = ()
-    security_group_ids: tuple[str, ...] = ()
-    instance_profile: str | None = None
+    subnet_ids: tuple[str, ...] = Field((), description="subnets nodes launch in, in turn; none: the default subnet")
+    security_group_ids: tuple[str, ...] = Field((), description="security groups of the nodes")
+    instance_profile: str | None = Field(
+        None, description="the nodes' IAM instance profile (its role names their writer id)"
+    )
     ami: str | None = Field(None, pattern=AMI_PATTERN, description="an AMI id, or an SSM parameter holding one")
     node_ami: str | None = Field(None, pattern=AMI_PATTERN, description="nodes' AMI (a baked image); default aws.ami")
-    key_name: str | None = None
+    key_name: str | None = Field(None, description="the EC2 key pair nodes launch with")
     node_launch_template: str | None = Field(
         None, description="launch nodes from this template (type, subnet, market and user-data overridden)"
     )
@@ -77,10 +83,10 @@ class AwsConfig(BaseModel):
     hub_address: str | None = Field(
         None, description="address nodes reach the hub's Grid on; default the hub's private IPv4 from IMDS"
     )
-    grid_port: int = Field(4444, ge=1, le=65535)
-    grid_publish_port: int = Field(4442, ge=1, le=65535)
-    grid_subscribe_port: int = Field(4443, ge=1, le=65535)
-    node_port: int = Field(5555, ge=1, le=65535)
+    grid_port: int = Field(4444, ge=1, le=65535, description="the port of the hub's Selenium Grid")
+    grid_publish_port: int = Field(4442, ge=1, le=65535, description="the Grid's event bus: its publish port")
+    grid_subscribe_port: int = Field(4443, ge=1, le=65535, description="the Grid's event bus: its subscribe port")
+    node_port: int = Field(5555, ge=1, le=65535, description="the port each node's Grid node listens on")
     bundle_key: str = Field("bundle/gridfleet-bundle.tar.gz", description="S3 key of the code bundle")
     hub_config_key: str = Field(
         "hub/fleet.yaml",
@@ -90,12 +96,12 @@ class AwsConfig(BaseModel):
         "runs/{run_id}/fleet.yaml",
         description="S3 key of a run's config, for its nodes: {run_id}, its one placeholder, is the run's id",
     )
-    install_dir: str = "/opt/gridfleet"
-    state_dir: str = "/var/lib/gridfleet"
-    efs_mount: str = "/efs"
+    install_dir: str = Field("/opt/gridfleet", description="where hub and nodes install the bundle (and its venv/)")
+    state_dir: str = Field("/var/lib/gridfleet", description="the hub's and the nodes' working directory: state, logs")
+    efs_mount: str = Field("/efs", description="where a node mounts each site it claimed, at <efs_mount>/<site>")
     # How the hub kills a crawl on a node (SSM, then SSH, then TerminateInstances).
-    ssm_timeout_s: float = Field(60, gt=0)
-    ssh_user: str = "admin"
+    ssm_timeout_s: float = Field(60, gt=0, description="longest wait for an SSM kill command to finish")
+    ssh_user: str = Field("admin", description="the user the hub's SSH kill logs in as (sudo -n unless root)")
     ssh_key_path: str | None = Field(None, description="private key the hub uses for SSH to nodes; none: no SSH")
     ssh_host_keys: Literal["console", "accept-new"] = Field(
         "console", description="console: trust only the host keys the node printed to its EC2 console output"

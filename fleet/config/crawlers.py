@@ -30,14 +30,18 @@ _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 class InstalledCrawlers(BaseModel):
+    """The crawler project as installed beside gridfleet: which code the crawls run (`fleet.crawl.project`)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, max_length=200)
-    version: str = Field(min_length=1, max_length=200)
-    hash: str = Field(pattern=_HASH.pattern)
+    name: str = Field(min_length=1, max_length=200, description="the project's name")
+    version: str = Field(min_length=1, max_length=200, description="its version (a plain package's is 0)")
+    hash: str = Field(pattern=_HASH.pattern, description="sha256 of the files it ships: the same files, the same hash")
 
 
 class CrawlersConfig(BaseModel):
+    """The crawler project the sites' crawlers come from."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     project: str | None = Field(
