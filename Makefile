@@ -7,8 +7,9 @@ PYTHON := .venv/bin/python
 LINT_IMPORTS := .venv/bin/lint-imports
 RUFF := .venv/bin/ruff
 MYPY := .venv/bin/mypy
+SPHINX_BUILD := .venv/bin/sphinx-build
 
-.PHONY: setup demo test test-fast lint rules clean
+.PHONY: setup demo test test-fast lint rules docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -69,6 +70,12 @@ test: setup
 # loop while working, in under 2 minutes. `make test` runs them all.
 test-fast: setup
 	@$(PYTEST) $(PARALLEL) --durations=15 -m "not e2e and not twin and not slow" $(PYTEST_ARGS)
+
+# The docs site (docs/, Sphinx with Markdown pages) into docs/_build/html. The reference pages are written from
+# the code first, by scripts/docs_reference.py; every warning is an error, so a broken link fails the build.
+docs: setup
+	@if [ -f scripts/docs_reference.py ]; then $(PYTHON) scripts/docs_reference.py; fi
+	@$(SPHINX_BUILD) -W --keep-going -b html docs docs/_build/html
 
 clean:
 	rm -rf .venv vendor runs .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

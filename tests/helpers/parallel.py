@@ -60,6 +60,7 @@ GROUPS: dict[str, str] = {
     "tests/adapter/test_ec2_adapter.py::": "ec2-adapter",
     "tests/adapter/test_ec2_provider.py::": "ec2-provider",
     "tests/adapter/test_aws_run.py::": "aws-run",
+    "tests/infra/test_docs_site.py::": "docs-site",  # the site, built with Sphinx once for the module
 }
 #: The twin's tests: on a worker of their own (see above).
 TWIN = "tests/twin/"

@@ -10,10 +10,10 @@ What the fuzz leaves out of the honest sites' records, and why: their status, fe
 `site_status`, `version`, `attemptCount`, `instance_id`, `enqueued`, `openSite`, `staged`, `receipt`), and a history a
 reader can take as one (`forged_history`). A node may write them (IAM cannot tell the site a node holds), and then it
 ends or takes over that site's attempt, or rewrites its history, by design: no reading can tell that write from the
-holder's own (`gridfleet check` catches a history that does not add up). That is a row of docs/ARCHITECTURE.md's table
-of what a compromised node can do, shown by its own tests (a record whose fence cannot be read is repaired, a
-completion no hub made is undone); the fuzz holds that nothing else a node writes stops the run or changes an honest
-site's end.
+holder's own (`gridfleet check` catches a history that does not add up). That is a row of the table of what a
+compromised node can do (docs/architecture/compromised-node.md), shown by its own tests (a record whose fence cannot
+be read is repaired, a completion no hub made is undone); the fuzz holds that nothing else a node writes stops the
+run or changes an honest site's end.
 """
 
 from __future__ import annotations

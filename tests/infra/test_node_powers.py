@@ -1,4 +1,4 @@
-"""What a compromised node can do (docs/ARCHITECTURE.md, "What a compromised node can do"), row by row where IAM
+"""What a compromised node can do (docs/architecture/compromised-node.md), row by row where IAM
 decides it: a web page that escaped Chromium holds the node's instance-profile credentials and may send any request
 they sign, so each test sends the request the real call would carry (action, resource ARN, condition keys) through
 tests/helpers/iam_eval.py. moto evaluates no IAM, so the evaluator is the seam: it reads the node role's policy and
