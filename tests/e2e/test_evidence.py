@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from node.evidence import capture
 from tests.e2e.conftest import attempts
-from tests.e2e.test_report import ARGS, CHROMEDRIVER, CHROMIUM
+from tests.e2e.test_report import chromium
 
 pytestmark = pytest.mark.e2e
 
@@ -54,16 +52,8 @@ sites:
 
 @pytest.fixture
 def chrome(tmp_path):
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (*ARGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
+    with chromium(tmp_path / "chromium-profile", **{"goog:loggingPrefs": {"browser": "ALL"}}) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_a_live_browser_gives_its_url_screenshot_html_and_console(chrome):

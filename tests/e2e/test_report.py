@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,22 @@ ARGS = (
 )
 
 
+@contextlib.contextmanager
+def chromium(profile: Path, **capabilities: object) -> Iterator[webdriver.Chrome]:
+    """Headless Chromium through its chromedriver, with its own profile directory; quit when the block ends."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (*ARGS, f"--user-data-dir={profile}"):
+        options.add_argument(arg)
+    for name, value in capabilities.items():
+        options.set_capability(name, value)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
 @pytest.fixture(autouse=True)
 def _prerequisites():
     """Replaces the tier's check: this test needs the browser and its driver, not the Grid (java, server jar)."""
@@ -40,15 +58,8 @@ def _prerequisites():
 
 @pytest.fixture
 def browser(tmp_path: Path):
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (*ARGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
+    with chromium(tmp_path / "chromium-profile") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def fill(driver: webdriver.Chrome, selector: str) -> str:

@@ -348,6 +348,22 @@ class SimControl:
         return KillResult(True, "local", "no crawler of that attempt running")
 
 
+def viewer_hub(cloud: SimCloud, out_dir: Path) -> Hub:
+    """A hub over the cloud's run that only looks (`snapshot`): what a status view or a monitor reads from."""
+    return Hub(
+        run_id=RUN,
+        config=cloud.config,
+        table=cloud.table,
+        queue=cloud.queue,
+        results=cloud.results,
+        provider=SimProvider(cloud),
+        control=SimControl(cloud),
+        clock=cloud.clock,
+        out_dir=out_dir,
+        hub_id="viewer",
+    )
+
+
 class HostLocks:
     """Profile locks as several hosts see them on one EFS: a lock held by another node makes `acquire`
     wait (in virtual time) up to its timeout, then ProfileBusy. One test process cannot hold fcntl locks

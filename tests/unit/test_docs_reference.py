@@ -36,7 +36,7 @@ from fleet.record.failures import DEFAULT_RULES, FailureClass
 from fleet.record.state import Reason, RunStatus
 from hub.monitor import HubMonitor
 from node.result import RESULT
-from tests.helpers.fleet_sim import RUN, SimCloud, SimControl, SimProvider, sim_config
+from tests.helpers.fleet_sim import RUN, SimCloud, sim_config, viewer_hub
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ROOT / "docs" / "reference"
@@ -283,18 +283,7 @@ def finished(tmp_path_factory):
     sent: list[dict[str, Any]] = []
     cw = type("CloudWatch", (), {"put_metric_data": lambda self, **kw: sent.append(kw)})()
     mon = HubMonitor(RUN, cloud.config, cloud.queue, cloud.clock, CloudWatchSink(cw, "gridfleet", cloud.clock))
-    viewer = hub.loop.Hub(
-        run_id=RUN,
-        config=cloud.config,
-        table=cloud.table,
-        queue=cloud.queue,
-        results=cloud.results,
-        provider=SimProvider(cloud),
-        control=SimControl(cloud),
-        clock=cloud.clock,
-        out_dir=tmp / "viewer",
-        hub_id="viewer",
-    )
+    viewer = viewer_hub(cloud, tmp / "viewer")
     for _ in range(2):  # the second publish carries the kills since the first
         mon.observe(viewer.snapshot(cloud.clock.now()), finished=True)
     summary_path = cloud.outcomes[-1].summary_path

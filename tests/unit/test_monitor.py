@@ -14,10 +14,9 @@ from rich.console import Console
 from cli.views.run import watch
 from fleet.aws.metrics import BATCH, CloudWatchSink, Datum, JobStats
 from fleet.logs import JsonFormatter, event, use_json
-from hub.loop import Hub
 from hub.monitor import HubMonitor
 from node.agent import error_type
-from tests.helpers.fleet_sim import RUN, SimCloud, SimControl, SimProvider, sim_config
+from tests.helpers.fleet_sim import RUN, SimCloud, sim_config, viewer_hub
 
 SITES = {"a": "ok", "b": "hang-once", "e": "hang-always", "f": "error-always"}
 
@@ -40,18 +39,7 @@ def run_and_monitor(tmp_path, cw=None):
     cloud.start_hub()
     cloud.run()
     mon = HubMonitor(RUN, cloud.config, cloud.queue, cloud.clock, CloudWatchSink(cw, "gridfleet", cloud.clock))
-    hub = Hub(
-        run_id=RUN,
-        config=cloud.config,
-        table=cloud.table,
-        queue=cloud.queue,
-        results=cloud.results,
-        provider=SimProvider(cloud),
-        control=SimControl(cloud),
-        clock=cloud.clock,
-        out_dir=tmp_path / "o",
-        hub_id="viewer",
-    )
+    hub = viewer_hub(cloud, tmp_path / "o")
     mon.observe(hub.snapshot(cloud.clock.now()))
     return cloud, mon
 
