@@ -78,7 +78,10 @@ class SocketMounts:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(self.timeout_s)
                 s.connect(self.path)
-                s.sendall(json.dumps(request).encode() + b"\n")
+                try:
+                    s.sendall(json.dumps(request).encode() + b"\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # a helper that refuses the asker answers before it reads: its answer is still there
                 answer = _read_line(s)
         except OSError as e:
             raise SiteMountFailed(site, f"the site-mount helper at {self.path} did not answer: {e}") from None
