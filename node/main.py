@@ -22,7 +22,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from fleet.aws.clients import LOCAL_CREDENTIALS, AwsClients
 from fleet.aws.imds import Imds, ImdsError
@@ -44,7 +46,7 @@ from node.agent import Agent, AgentSettings
 from node.closing import Closer
 from node.grid_node import GridNode, GridNodeSpec, RunAs
 from node.runner import SpareCrawlers
-from node.site_mounts import ask_main, serve_main
+from node.site_mounts import ask_main, ask_parser, serve_main, serve_parser
 from node.spot import SpotWatcher
 from profiles import NO_MOUNTS, ProfileStore, SocketMounts
 
@@ -156,22 +158,25 @@ def sandbox_args(user: RunAs | None, *, on_aws: bool, allow_no_sandbox: bool) ->
     return flags
 
 
-def kill_main(argv: list[str]) -> int:
-    """`gridfleet node kill`: what SSM or SSH runs on a node to end one crawl (exit 0: it no longer runs)."""
+def kill_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gridfleet node kill", description="Kill the crawler of one site and attempt on this node, if it runs."
     )
     ap.add_argument("--state-dir", type=Path, default=Path("/var/lib/gridfleet"))
     ap.add_argument("--site", required=True)
     ap.add_argument("--attempt", type=int, required=True)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def kill_main(argv: list[str]) -> int:
+    """`gridfleet node kill`: what SSM or SSH runs on a node to end one crawl (exit 0: it no longer runs)."""
+    args = kill_parser().parse_args(argv)
     k = crawlerfile.kill(args.state_dir, args.site, args.attempt)
     print(f"{'ok' if k.ok else 'failed'}: {k.detail}")
     return 0 if k.ok else 1
 
 
-def report_failure_main(argv: list[str]) -> int:
-    """`gridfleet node report-failure`: a node whose bootstrap failed says why, on its node item."""
+def report_failure_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gridfleet node report-failure",
         description="Record that this node's bootstrap failed, and why, for the hub.",
@@ -180,7 +185,12 @@ def report_failure_main(argv: list[str]) -> int:
     ap.add_argument("--run-id", required=True)
     ap.add_argument("--instance-id", required=True)
     ap.add_argument("--message", required=True)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def report_failure_main(argv: list[str]) -> int:
+    """`gridfleet node report-failure`: a node whose bootstrap failed says why, on its node item."""
+    args = report_failure_parser().parse_args(argv)
     config = load_config(args.config)
     report_boot_failed(AwsClients(config.aws), config, args.run_id, args.instance_id, args.message)
     print(f"reported: {args.instance_id} {BOOT_FAILED}: {args.message}")
@@ -199,16 +209,26 @@ class _Usage(Exception):
     """A command line or config this node cannot start with (exit 2); args[0] says why."""
 
 
+class NodeCommand(NamedTuple):
+    """One of the node's own commands (`gridfleet node <word>`): its parser, and what runs it."""
+
+    parser: Callable[[], argparse.ArgumentParser]
+    main: Callable[[list[str]], int]
+
+
+#: The node's own commands by their first word; anything else starts the agent.
+COMMANDS: dict[str, NodeCommand] = {
+    "kill": NodeCommand(kill_parser, kill_main),
+    "report-failure": NodeCommand(report_failure_parser, report_failure_main),
+    "site-mounts": NodeCommand(serve_parser, serve_main),
+    "site-mount": NodeCommand(ask_parser, ask_main),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["kill"]:
-        return kill_main(argv[1:])
-    if argv[:1] == ["report-failure"]:
-        return report_failure_main(argv[1:])
-    if argv[:1] == ["site-mounts"]:
-        return serve_main(argv[1:])
-    if argv[:1] == ["site-mount"]:
-        return ask_main(argv[1:])
+    if argv[:1] and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]].main(argv[1:])
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:

@@ -258,8 +258,7 @@ def serve(srv: socket.socket, mounter: SiteMounter, allowed: frozenset[int]) -> 
 
 
 # --- the commands --------------------------------------------------------------------------------------------------
-def serve_main(argv: list[str]) -> int:
-    """`gridfleet node site-mounts`: the helper, as root (gridfleet-mounts.service)."""
+def serve_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gridfleet node site-mounts",
         description="As root: mount a site's EFS access point for the crawl of it this node claimed, when the "
@@ -269,7 +268,12 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--run-id", required=True)
     ap.add_argument("--instance-id", help="this node's id; default: from IMDS")
     ap.add_argument("--socket", type=Path, required=True, help="the unix socket the agent asks on")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def serve_main(argv: list[str]) -> int:
+    """`gridfleet node site-mounts`: the helper, as root (gridfleet-mounts.service)."""
+    args = serve_parser().parse_args(argv)
     if os.geteuid() != 0:
         print("gridfleet node site-mounts: must run as root (it mounts)", file=sys.stderr)
         return 2
@@ -301,13 +305,17 @@ def serve_main(argv: list[str]) -> int:
     return 0
 
 
-def ask_main(argv: list[str]) -> int:
-    """`gridfleet node site-mount`: one request to the helper (what the agent asks; also a check by hand)."""
+def ask_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gridfleet node site-mount", description="Ask the site-mount helper.")
     ap.add_argument("op", choices=("ping", "mount", "unmount"))
     ap.add_argument("site", nargs="?")
     ap.add_argument("--socket", type=Path, required=True)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def ask_main(argv: list[str]) -> int:
+    """`gridfleet node site-mount`: one request to the helper (what the agent asks; also a check by hand)."""
+    args = ask_parser().parse_args(argv)
     if (args.op == "ping") != (args.site is None):
         print("gridfleet node site-mount: mount and unmount name a site, ping none", file=sys.stderr)
         return 2

@@ -4,10 +4,7 @@ commands from `node.main`, which parses its own arguments (`gridfleet node` runs
 from __future__ import annotations
 
 import argparse
-import ast
-import inspect
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from reference_pages import exits_page
@@ -41,7 +38,7 @@ def subparsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.
 
 def walk(parser: argparse.ArgumentParser, summary: str = "") -> Iterator[Command]:
     """The command of `parser`, then each of its subcommands and theirs, depth first. `gridfleet node` is the node
-    agent's own parser (`node.main.parser`) and the commands `node.main.main` hands on."""
+    agent's own parser (`node.main.parser`) and its own commands (`node.main.COMMANDS`)."""
     subs = list(subparsers(parser))
     yield Command(parser, summary, tuple(sub.prog for _, sub, _ in subs))
     for name, sub, help_text in subs:
@@ -51,59 +48,10 @@ def walk(parser: argparse.ArgumentParser, summary: str = "") -> Iterator[Command
             yield from walk(sub, help_text)
 
 
-class _Built(Exception):
-    def __init__(self, parser: argparse.ArgumentParser):
-        self.parser = parser
-
-
-@contextmanager
-def _stop_at_parse() -> Iterator[None]:
-    """While it holds, a parser's `parse_args` raises the parser instead of parsing: a command's `main` builds its
-    parser and goes no further, so nothing it would do (read a config, mount, ask IMDS) is done."""
-    original = argparse.ArgumentParser.parse_args
-
-    def stop(self: argparse.ArgumentParser, *_: object, **__: object) -> None:
-        raise _Built(self)
-
-    argparse.ArgumentParser.parse_args = stop  # type: ignore[assignment,method-assign]
-    try:
-        yield
-    finally:
-        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
-
-
-def built_parser(main: Callable[[list[str]], int], argv: list[str]) -> argparse.ArgumentParser:
-    """The parser `main(argv)` builds (it is stopped before it parses)."""
-    with _stop_at_parse():
-        try:
-            main(argv)
-        except _Built as built:
-            return built.parser
-    raise RuntimeError(f"{main.__module__}.{main.__name__}({argv}) parsed no arguments")
-
-
-def dispatched(main: Callable[[list[str]], int]) -> list[str]:
-    """The first words `main` hands on to another command (`if argv[:1] == ["kill"]: ...`), in its order."""
-    tree = ast.parse(inspect.getsource(main))
-    words = []
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Compare)
-            and isinstance(node.left, ast.Subscript)
-            and len(node.comparators) == 1
-            and isinstance(node.comparators[0], ast.List)
-            and len(node.comparators[0].elts) == 1
-            and isinstance(word := node.comparators[0].elts[0], ast.Constant)
-        ):
-            words.append((node.lineno, str(word.value)))
-    return [w for _, w in sorted(words)]
-
-
 def node_commands(summary: str) -> Iterator[Command]:
     import node.main as node_main  # the node agent: imported here only, as `gridfleet node` runs it
 
-    words = dispatched(node_main.main)
-    subs = [built_parser(node_main.main, [w]) for w in words]
+    subs = [c.parser() for c in node_main.COMMANDS.values()]
     yield Command(node_main.parser(), summary, tuple(p.prog for p in subs))
     for p in subs:
         yield Command(p, "")
